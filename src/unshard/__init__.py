@@ -1,0 +1,59 @@
+"""unshard: sharded training checkpoints -> Hugging Face model folders.
+
+    import unshard
+    ckpt = unshard.open_checkpoint("checkpoints/global_step_100/actor")
+    ckpt.tensors["model.embed_tokens.weight"].shape   # every logical tensor, nothing read yet
+    ckpt.read("model.embed_tokens.weight")              # one whole tensor, assembled from its shards
+    unshard.convert("checkpoints/global_step_100/actor", "hf_model")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import (
+    CheckpointError,
+    ConfigMismatchError,
+    OutputExistsError,
+    UnsafeCheckpointError,
+    UnshardError,
+)
+from .execute import Result
+from .plan import Plan, build_plan
+from .readers import Checkpoint, open_checkpoint
+
+__version__ = "0.1.0"
+
+
+def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
+         config_from: str | Path | None = None, check: bool = True) -> Plan:
+    """Open SRC and plan its conversion; reads metadata only."""
+    return build_plan(open_checkpoint(src), dtype=dtype, max_shard_size=max_shard_size,
+                      config_from=config_from, check=check)
+
+
+def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
+            config_from: str | Path | None = None, overwrite: bool = False, threads: int = 1,
+            verify: bool = False, check: bool = True, progress: bool | None = None) -> Result:
+    """Convert the checkpoint at SRC into a Hugging Face folder OUT."""
+    from .execute import convert as run
+
+    the_plan = plan(src, dtype=dtype, max_shard_size=max_shard_size, config_from=config_from, check=check)
+    try:
+        return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, progress=progress)
+    finally:
+        the_plan.checkpoint.close()
+
+
+def inspect(src: str | Path, **plan_options: Any) -> dict[str, Any]:
+    """What unshard found at SRC and what a conversion would write, as plain data."""
+    from .report import describe
+
+    return describe(plan(src, **plan_options))
+
+
+__all__ = [
+    "Checkpoint", "CheckpointError", "ConfigMismatchError", "OutputExistsError", "Plan", "Result",
+    "UnsafeCheckpointError", "UnshardError", "convert", "inspect", "open_checkpoint", "plan",
+]

@@ -1,0 +1,84 @@
+"""The `unshard` command: arguments in, plan, run, one line out. Errors are one line unless --debug."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from .errors import UnshardError
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="unshard", description="Sharded training checkpoints to Hugging Face folders.")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def plan_options(p):
+        p.add_argument("src", help="checkpoint folder (e.g. verl's global_step_N or global_step_N/actor)")
+        p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                       help="output dtype; auto: the config's dtype, else the checkpoint's")
+        p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
+        p.add_argument("--config-from", metavar="DIR", help="Hugging Face folder with config and tokenizer files")
+        p.add_argument("--no-check", dest="check", action="store_false",
+                       help="write even if the tensors do not fit the config")
+
+    convert = sub.add_parser("convert", help="write a Hugging Face model folder")
+    plan_options(convert)
+    convert.add_argument("out", help="output folder (must not exist or be empty, unless --overwrite)")
+    convert.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    convert.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
+    convert.add_argument("--threads", type=int, default=2, help="tensors assembled in parallel (default 2)")
+    convert.add_argument("--verify", action="store_true", help="re-read the output and compare with the source")
+    convert.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+
+    inspect = sub.add_parser("inspect", help="say what the checkpoint is and what convert would write")
+    plan_options(inspect)
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        return _run(args)
+    except (UnshardError, FileNotFoundError, PermissionError) as e:
+        if args.debug:
+            raise
+        print(f"unshard: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("unshard: interrupted; nothing was written to the output", file=sys.stderr)
+        return 130
+
+
+def _run(args) -> int:
+    import unshard
+    from .report import as_text, describe
+
+    options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, config_from=args.config_from, check=args.check)
+    if args.command == "inspect":
+        info = unshard.inspect(args.src, **options)
+        print(json.dumps(info, indent=2, default=str) if args.json else as_text(info))
+        return 0
+    plan = unshard.plan(args.src, **options)
+    if args.dry_run:
+        print(as_text(describe(plan)))
+        return 0
+    from .execute import convert
+
+    print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
+    for note in plan.notes:
+        print(f"note: {note}", file=sys.stderr)
+    result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
+                     progress=args.progress)
+    print(result.line() + (", verified" if args.verify else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Checkpoint names -> the names `save_pretrained` writes, and the check against the model config.
+
+Trainers save in-memory names. Hugging Face folders hold on-disk names, which differ where
+transformers converts weights when loading (transformers >= 5 fuses MoE experts in memory, for
+example). Rather than keep our own tables for that, we ask transformers: a model is built on the
+meta device (no memory, no weights) and transformers' own reverse conversion tells which names and
+shapes `save_pretrained` would write. Without transformers, names are kept as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .errors import ConfigMismatchError
+
+log = logging.getLogger("unshard")
+
+# Module wrappers that add a prefix to every parameter name when a model is saved through them.
+WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "module.")
+
+
+def strip_wrappers(name: str) -> str:
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+@dataclass
+class Naming:
+    """How checkpoint tensors become output tensors."""
+
+    # checkpoint name -> [(output name, shape)]; one entry for a rename, several for a split
+    outputs: dict[str, list[tuple[str, tuple[int, ...]]]]
+    # checkpoint name -> converts the whole tensor into {output name: tensor}; absent for renames
+    converters: dict[str, Callable[[torch.Tensor], dict[str, torch.Tensor]]]
+    dropped: dict[str, str]
+    notes: list[str]
+
+
+def read_config(folder: Path | None) -> dict[str, Any] | None:
+    if folder is None or not (folder / "config.json").exists():
+        return None
+    return json.loads((folder / "config.json").read_text())
+
+
+def _meta_model(config_folder: Path, config: dict) -> Any:
+    """The model class the config names, built on the meta device; None if that cannot be done safely."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    if config.get("auto_map"):
+        return None  # custom code: building it would run code from the checkpoint
+    architectures = config.get("architectures") or []
+    model_class = getattr(transformers, architectures[0], None) if architectures else None
+    if model_class is None:
+        return None
+    hf_config = transformers.AutoConfig.from_pretrained(config_folder)
+    with torch.device("meta"):
+        return model_class._from_config(hf_config)
+
+
+def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, check: bool = True) -> Naming:
+    """Decide the output names for checkpoint tensors of the given shapes."""
+    renamed: dict[str, str] = {}
+    for name in shapes:
+        clean = strip_wrappers(name)
+        if clean in renamed.values():
+            raise ConfigMismatchError(f"two checkpoint tensors are both named {clean} once wrappers are removed")
+        renamed[name] = clean
+    config = read_config(config_folder) or {}
+    notes: list[str] = []
+    model = _meta_model(config_folder, config) if config else None
+    if model is None:
+        if config:
+            notes.append("tensor names kept as saved (transformers not installed, or a custom-code model)")
+        dropped = {}
+        if config.get("tie_word_embeddings") and "lm_head.weight" in renamed.values():
+            dropped = {n: "tied to model.embed_tokens.weight" for n, c in renamed.items() if c == "lm_head.weight"}
+        outputs = {n: [(c, shapes[n])] for n, c in renamed.items() if n not in dropped}
+        return Naming(outputs, {}, dropped, notes)
+
+    if check:
+        _check_against_model(model, {renamed[n]: s for n, s in shapes.items()}, config_folder)
+    kept = dict(model.named_parameters())
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - set(kept)
+    dropped = {n: "tied weight, saved once" for n, c in renamed.items() if c in tied}
+    live = {n: c for n, c in renamed.items() if n not in dropped}
+    outputs, converters = _reverse_conversion(model, {c: shapes[n] for n, c in live.items()})
+    return Naming(
+        {n: outputs[c] for n, c in live.items()},
+        {n: converters[c] for n, c in live.items() if c in converters},
+        dropped,
+        notes,
+    )
+
+
+def _check_against_model(model, shapes: dict[str, tuple[int, ...]], config_folder: Path) -> None:
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    wrong = sorted(n for n in set(expected) & set(shapes) if expected[n] != shapes[n])
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} (e.g. {missing[0]})")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} (e.g. {unexpected[0]})")
+        if wrong:
+            parts.append(f"{len(wrong)} with other shapes (e.g. {wrong[0]}: {shapes[wrong[0]]} vs {expected[wrong[0]]})")
+        raise ConfigMismatchError(
+            f"{config_folder / 'config.json'}: the checkpoint does not fit this config: {'; '.join(parts)}. "
+            "Pass the config the model was trained with (--config-from DIR), or --no-check to write anyway"
+        )
+
+
+def _reverse_conversion(model, shapes: dict[str, tuple[int, ...]]):
+    """Ask transformers which on-disk tensors each in-memory tensor becomes."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers < 5 saves in-memory names as they are
+        return {n: [(n, s)] for n, s in shapes.items()}, {}
+
+    def meta(shape):
+        return torch.empty(shape, device="meta")
+
+    whole = revert_weight_conversion(model, {n: meta(s) for n, s in shapes.items()})
+    outputs, converters = {}, {}
+    for name, shape in shapes.items():
+        if name in whole and tuple(whole[name].shape) == shape:
+            outputs[name] = [(name, shape)]
+            continue
+        alone = revert_weight_conversion(model, {name: meta(shape)})
+        outputs[name] = [(n, tuple(t.shape)) for n, t in alone.items()]
+        converters[name] = lambda tensor, name=name: revert_weight_conversion(model, {name: tensor})
+    produced = {n: s for outs in outputs.values() for n, s in outs}
+    if produced != {n: tuple(t.shape) for n, t in whole.items()}:
+        raise ConfigMismatchError(
+            f"transformers' conversion for {type(model).__name__} combines several checkpoint tensors into one; "
+            "unshard cannot stream that yet. Please report it with the output of `unshard inspect`"
+        )
+    return outputs, converters

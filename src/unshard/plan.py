@@ -1,0 +1,126 @@
+"""The conversion plan: every output tensor and file, decided before any tensor byte is read.
+
+Dry runs, `inspect`, the memory estimate and the writer all work from this one object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import hf_names
+from .readers import Checkpoint, SourceTensor
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class Group:
+    """One checkpoint tensor and the output tensors made from it (one, unless it is split)."""
+
+    source: SourceTensor
+    outputs: list[OutputTensor]
+    convert: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(o.nbytes for o in self.outputs)
+
+
+@dataclass
+class Plan:
+    checkpoint: Checkpoint
+    config_folder: Path | None
+    dtype: torch.dtype
+    dtype_reason: str
+    files: dict[str, list[Group]]
+    dropped: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def groups(self) -> list[Group]:
+        return [g for groups in self.files.values() for g in groups]
+
+    @property
+    def outputs(self) -> list[OutputTensor]:
+        return [o for g in self.groups for o in g.outputs]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(g.nbytes for g in self.groups)
+
+    def peak_memory_estimate(self, threads: int = 1) -> int:
+        """Bytes held at once: per tensor in flight, the assembled source plus its converted outputs."""
+        largest = max((g.source.nbytes + g.nbytes for g in self.groups), default=0)
+        return largest * max(1, threads)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "dtype": DTYPE_NAMES.get(self.dtype, str(self.dtype)),
+            "dtype_reason": self.dtype_reason,
+            "tensors": len(self.outputs),
+            "bytes": self.total_bytes,
+            "files": {name: sum(g.nbytes for g in groups) for name, groups in self.files.items()},
+            "dropped": self.dropped,
+            "notes": self.notes,
+            "config_from": str(self.config_folder) if self.config_folder else None,
+        }
+
+
+def choose_dtype(requested: str, config: dict | None, checkpoint: Checkpoint) -> tuple[torch.dtype, str]:
+    if requested != "auto":
+        return DTYPES[requested], "asked for with --dtype"
+    declared = (config or {}).get("dtype") or (config or {}).get("torch_dtype")
+    if declared in DTYPES:
+        return DTYPES[declared], "declared by config.json"
+    floats = [t.dtype for t in checkpoint.tensors.values() if t.dtype.is_floating_point]
+    if floats:
+        most = max(set(floats), key=floats.count)
+        return most, "as stored in the checkpoint"
+    return torch.float32, "default"
+
+
+def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
+               config_from: str | Path | None = None, check: bool = True) -> Plan:
+    from huggingface_hub import split_state_dict_into_shards_factory
+
+    config_folder = Path(config_from) if config_from else checkpoint.hf_folder
+    config = hf_names.read_config(config_folder)
+    out_dtype, reason = choose_dtype(dtype, config, checkpoint)
+    naming = hf_names.plan_names({n: t.shape for n, t in checkpoint.tensors.items()}, config_folder, check)
+
+    groups: dict[str, Group] = {}
+    for name, outputs in naming.outputs.items():
+        source = checkpoint.tensors[name]
+        # Only floating-point tensors change dtype; integer buffers keep theirs.
+        target = out_dtype if source.dtype.is_floating_point else source.dtype
+        groups[name] = Group(source, [OutputTensor(n, s, target) for n, s in outputs], naming.converters.get(name))
+    split = split_state_dict_into_shards_factory(
+        groups,
+        get_storage_size=lambda g: g.nbytes,
+        filename_pattern="model{suffix}.safetensors",
+        max_shard_size=max_shard_size,
+    )
+    files = {filename: [groups[n] for n in names] for filename, names in split.filename_to_tensors.items()}
+    notes = list(naming.notes)
+    if config is None:
+        notes.append("no config.json found: pass --config-from DIR so the output folder loads with transformers")
+    return Plan(checkpoint, config_folder, out_dtype, reason, files, naming.dropped, notes)

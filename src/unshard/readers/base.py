@@ -1,0 +1,81 @@
+"""What every reader returns: a Checkpoint that lists whole tensors and the pieces they are made of.
+
+A reader looks at file names and metadata only. Tensor bytes are read later, one whole tensor at a
+time, by `Checkpoint.read`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+from ..placements import Block, assemble
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One box of a tensor, held by `key` (local shard `part`) in `file`."""
+
+    file: Path
+    key: str
+    block: Block
+    part: int = 0
+
+
+@dataclass
+class SourceTensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    pieces: list[Piece]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+def deduplicate(name: str, shape: tuple[int, ...], pieces: list[Piece]) -> list[Piece]:
+    """Keep one copy of each box (replicas hold the same bytes) and check the boxes tile the tensor."""
+    unique: dict[tuple, Piece] = {}
+    for piece in pieces:
+        if piece.block.numel:
+            unique.setdefault((piece.block.global_offsets, piece.block.sizes), piece)
+    covered = sum(p.block.numel for p in unique.values())
+    if covered != math.prod(shape):
+        files = sorted({str(p.file) for p in pieces})
+        raise CheckpointError(
+            f"{files[0]}: the shards of {name} cover {covered} of {math.prod(shape)} elements; a rank file is "
+            f"missing or comes from another run (files seen: {len(files)})"
+        )
+    return list(unique.values())
+
+
+@dataclass
+class Checkpoint:
+    """A sharded checkpoint, opened: every logical tensor with its pieces, nothing read yet."""
+
+    layout: str
+    path: Path
+    tensors: dict[str, SourceTensor]
+    hf_folder: Path | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def local_tensor(self, piece: Piece) -> torch.Tensor:
+        raise NotImplementedError
+
+    def read(self, name: str) -> torch.Tensor:
+        """The whole tensor `name`, assembled from its pieces; nothing else is loaded."""
+        source = self.tensors[name]
+        return assemble(source.shape, source.dtype, [(p.block, lambda p=p: self.local_tensor(p)) for p in source.pieces])
+
+    def close(self) -> None:
+        """Drop open file maps."""

@@ -1,0 +1,170 @@
+"""verl-style FSDP checkpoints: one `torch.save(model.state_dict())` per rank.
+
+Folder: `model_world_size_{W}_rank_{r}.pt` for r in 0..W-1, optional `fsdp_config.json`
+(`{"FSDP_version", "world_size"}`, verl >= 0.4.1) and `huggingface/` (config, tokenizer...).
+Values are DTensors (FSDP2, or FSDP1 with a device mesh), ShardedTensors (FSDP1 without one) or
+plain tensors (replicated, or a world size of 1).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from .. import safe_pickle
+from ..errors import CheckpointError
+from ..placements import Block, ShardSpec, blocks_from_runs, local_runs, runs_shape
+from .base import Checkpoint, Piece, SourceTensor, deduplicate
+
+LAYOUT = "fsdp-rank-files"
+RANK_FILE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+
+
+def _rank_files(folder: Path) -> dict[int, dict[int, Path]]:
+    found: dict[int, dict[int, Path]] = {}
+    if folder.is_dir():
+        for path in folder.iterdir():
+            m = RANK_FILE.match(path.name)
+            if m:
+                found.setdefault(int(m.group(1)), {})[int(m.group(2))] = path
+    return found
+
+
+def find_folder(src: Path) -> Path | None:
+    """The folder holding the rank files: SRC itself, or its actor/ (or critic/) subfolder."""
+    for candidate in (src, src / "actor", src / "critic"):
+        if _rank_files(candidate):
+            return candidate
+    return None
+
+
+def _placement(p) -> ShardSpec:
+    kind = type(p).__name__
+    if kind == "_StridedShard":
+        return ShardSpec("strided", p.dim, int(p.split_factor))
+    if kind == "Shard":
+        return ShardSpec("shard", p.dim)
+    if kind == "Replicate":
+        return ShardSpec("replicate")
+    raise CheckpointError(f"placement {p} is not supported (Partial tensors hold unreduced sums, not weights)")
+
+
+def _pieces(path: Path, key: str, value) -> tuple[tuple[int, ...], torch.dtype, list[Piece], str]:
+    """Global shape, dtype, pieces and a short description of how `value` is sharded."""
+    if type(value).__name__ == "DTensor":
+        mesh = value.device_mesh
+        placements = [_placement(p) for p in value.placements]
+        coordinate = mesh.get_coordinate()
+        runs = local_runs(value.shape, mesh.shape, placements, coordinate)
+        local = value._local_tensor
+        if runs_shape(runs) != tuple(local.shape):
+            raise CheckpointError(
+                f"{path}: {key} holds a shard of shape {tuple(local.shape)}, but its placement "
+                f"{tuple(value.placements)} on a mesh of shape {tuple(mesh.shape)} at {tuple(coordinate)} "
+                f"implies {runs_shape(runs)}; the file is corrupt or from another checkpoint"
+            )
+        names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+        how = f"DTensor {dict(zip(names, mesh.shape))} {tuple(str(p) for p in value.placements)}"
+        return tuple(value.shape), value.dtype, [Piece(path, key, b) for b in blocks_from_runs(runs)], how
+    if isinstance(value, safe_pickle.ShardedTensorRecord):
+        pieces = []
+        for part, shard in enumerate(value.local_shards):
+            sizes, offsets = tuple(shard.metadata.shard_sizes), tuple(shard.metadata.shard_offsets)
+            if tuple(shard.tensor.shape) != sizes:
+                raise CheckpointError(f"{path}: {key} shard {part} has shape {tuple(shard.tensor.shape)}, "
+                                      f"its metadata says {sizes}; the file is corrupt")
+            pieces.append(Piece(path, key, Block((0,) * len(sizes), offsets, sizes), part))
+        return tuple(value.shape), value.dtype, pieces, "ShardedTensor"
+    if isinstance(value, torch.Tensor):
+        shape = tuple(value.shape)
+        return shape, value.dtype, [Piece(path, key, Block((0,) * len(shape), (0,) * len(shape), shape))], "tensor"
+    raise CheckpointError(f"{path}: {key} is a {type(value).__name__}, not a tensor")
+
+
+class FsdpRankFiles(Checkpoint):
+    def local_tensor(self, piece: Piece) -> torch.Tensor:
+        value = self._states[piece.file][piece.key]
+        if isinstance(value, safe_pickle.ShardedTensorRecord):
+            return value.local_shards[piece.part].tensor
+        return value._local_tensor if type(value).__name__ == "DTensor" else value
+
+    def close(self) -> None:
+        self._states.clear()
+
+
+def open_folder(src: Path) -> FsdpRankFiles:
+    folder = find_folder(src)
+    if folder is None:
+        raise CheckpointError(f"{src}: no model_world_size_*_rank_*.pt files here or in actor/")
+    by_world = _rank_files(folder)
+    if len(by_world) > 1:
+        sizes = ", ".join(str(w) for w in sorted(by_world))
+        raise CheckpointError(f"{folder}: rank files of several world sizes ({sizes}); keep only one run's files")
+    (world, ranks), = by_world.items()
+    missing = sorted(set(range(world)) - set(ranks))
+    if missing:
+        names = ", ".join(f"model_world_size_{world}_rank_{r}.pt" for r in missing[:4])
+        raise CheckpointError(f"{folder}: missing {len(missing)} of {world} rank files ({names}); copy every rank's file")
+    fsdp_config = _read_fsdp_config(folder, world)
+
+    states, pieces, how_sharded = {}, {}, Counter()
+    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    sharding: dict[str, str] = {}
+    keys0 = None
+    for rank in range(world):
+        path = ranks[rank]
+        state = safe_pickle.load(path)
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a state dict")
+        if keys0 is None:
+            keys0 = list(state)
+        elif set(state) != set(keys0):
+            diff = sorted(set(state) ^ set(keys0))[:3]
+            raise CheckpointError(f"{path}: its tensor names differ from rank 0's (e.g. {diff}); mixed checkpoints?")
+        states[path] = state
+        for key, value in state.items():
+            shape, dtype, found, how = _pieces(path, key, value)
+            if shapes.setdefault(key, (shape, dtype)) != (shape, dtype):
+                raise CheckpointError(f"{path}: {key} is {shape} {dtype} here but {shapes[key]} on rank 0")
+            if sharding.setdefault(key, how) != how:
+                raise CheckpointError(f"{path}: {key} is a {how} here but a {sharding[key]} on rank 0; "
+                                      "the file comes from another run")
+            pieces.setdefault(key, []).extend(found)
+            if rank == 0:
+                how_sharded[how] += 1
+    tensors = {
+        key: SourceTensor(key, shapes[key][0], shapes[key][1], deduplicate(key, shapes[key][0], pieces[key]))
+        for key in keys0
+    }
+    hf = folder / "huggingface"
+    checkpoint = FsdpRankFiles(
+        layout=LAYOUT,
+        path=folder,
+        tensors=tensors,
+        hf_folder=hf if hf.is_dir() else None,
+        facts={
+            "world_size": world,
+            "fsdp_version": fsdp_config.get("FSDP_version"),
+            "fsdp_config_json": bool(fsdp_config),
+            "sharding": dict(how_sharded),
+        },
+    )
+    checkpoint._states = states
+    return checkpoint
+
+
+def _read_fsdp_config(folder: Path, world: int) -> dict:
+    path = folder / "fsdp_config.json"
+    if not path.exists():
+        return {}  # verl before 0.4.1: the world size comes from the file names
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e}); delete it or restore it from the run") from None
+    if config.get("world_size", world) != world:
+        raise CheckpointError(f"{path}: says world_size {config['world_size']} but the rank files are for {world}")
+    return config

@@ -1,0 +1,60 @@
+"""What `unshard inspect` and `--dry-run` print: the checkpoint's facts and the plan, as data and text."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from .plan import DTYPE_NAMES, Plan
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def describe(plan: Plan) -> dict[str, Any]:
+    ckpt = plan.checkpoint
+    dtypes = Counter(DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", "")) for t in ckpt.tensors.values())
+    return {
+        "source": str(ckpt.path),
+        "layout": ckpt.layout,
+        **ckpt.facts,
+        "huggingface_folder": str(ckpt.hf_folder) if ckpt.hf_folder else None,
+        "tensors": len(ckpt.tensors),
+        "parameters": sum(t.numel for t in ckpt.tensors.values()),
+        "dtypes": dict(dtypes),
+        "bytes": sum(t.nbytes for t in ckpt.tensors.values()),
+        "output": plan.summary(),
+        "peak_memory_estimate": plan.peak_memory_estimate(),
+    }
+
+
+def as_text(info: dict[str, Any]) -> str:
+    out = info["output"]
+    lines = [
+        f"source       {info['source']}",
+        f"layout       {info['layout']}, world size {info.get('world_size')}"
+        + (f", FSDP{info['fsdp_version']}" if info.get("fsdp_version") else "")
+        + ("" if info.get("fsdp_config_json", True) else " (no fsdp_config.json: world size from file names)"),
+    ]
+    for how, count in info.get("sharding", {}).items():
+        lines.append(f"  sharding   {count:4d} x {how}")
+    lines += [
+        f"hf files     {info['huggingface_folder'] or 'none (pass --config-from DIR)'}",
+        f"tensors      {info['tensors']}, {info['parameters']:,} parameters, "
+        + ", ".join(f"{n} {d}" for d, n in info["dtypes"].items()) + f", {human_bytes(info['bytes'])}",
+        f"will write   {out['tensors']} tensors in {out['dtype']} ({out['dtype_reason']}), {human_bytes(out['bytes'])} "
+        f"in {len(out['files'])} file(s)",
+    ]
+    for name, size in out["files"].items():
+        lines.append(f"  {name}  {human_bytes(size)}")
+    for name, why in out["dropped"].items():
+        lines.append(f"  skipped {name}: {why}")
+    for note in out["notes"]:
+        lines.append(f"note         {note}")
+    lines.append(f"peak memory  about {human_bytes(info['peak_memory_estimate'])} per conversion thread")
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""Unpickle torch checkpoint files without letting them run code.
+
+torch's own `weights_only` unpickler does the work: it only builds objects from an allow-list.
+We add to that list the few torch.distributed classes that sharded checkpoints contain. A
+`ShardedTensor` (FSDP1 without a device mesh) refuses to unpickle without a process group, so its
+name is mapped to `ShardedTensorRecord`, a plain holder of its local shards and their offsets.
+Anything else a pickle names, `os.system` for instance, is refused and reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import pickle
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CheckpointError, UnsafeCheckpointError
+
+
+class ShardedTensorRecord(torch.Tensor):
+    """Stands in for torch.distributed's ShardedTensor: its global size, dtype and local shards."""
+
+    @dataclasses.dataclass
+    class ProcessGroupState:
+        local_rank: int
+        global_rank: int
+        local_world_size: int
+        global_world_size: int
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise TypeError("a ShardedTensorRecord only describes shards; read its local_shards")
+
+    def __setstate__(self, state):
+        self.local_shards, self.sharded_metadata, self.process_group_state = state[:3]
+
+
+def _nested_class_getattr(owner: Any, name: str) -> Any:
+    # ShardedTensor pickles reach their ProcessGroupState through getattr(ShardedTensor, ...).
+    # Only that lookup is allowed: a general getattr could reach anything.
+    if owner is ShardedTensorRecord and name == "ProcessGroupState":
+        return ShardedTensorRecord.ProcessGroupState
+    raise pickle.UnpicklingError(f"getattr({owner!r}, {name!r}) is not allowed")
+
+
+def _allowed_globals() -> list:
+    import torch.distributed.tensor  # noqa: F401  (registers DTensor classes with torch.load)
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor.metadata import (
+        MEM_FORMAT_ENCODING,
+        ShardedTensorMetadata,
+        TensorProperties,
+    )
+    from torch.distributed._shard.sharded_tensor.shard import Shard
+    from torch.distributed._shard.sharding_spec.chunk_sharding_spec import ChunkShardingSpec
+    from torch.distributed.remote_device import _remote_device
+
+    return [
+        (ShardedTensorRecord, "torch.distributed._shard.sharded_tensor.api.ShardedTensor"),
+        (_nested_class_getattr, "builtins.getattr"),
+        ShardedTensorRecord.ProcessGroupState,
+        ShardedTensorMetadata,
+        TensorProperties,
+        MEM_FORMAT_ENCODING,
+        ShardMetadata,
+        Shard,
+        ChunkShardingSpec,
+        _remote_device,
+    ]
+
+
+@contextlib.contextmanager
+def _quiet_device_mesh():
+    # Unpickling a DeviceMesh without process groups logs a warning per tensor; it is harmless here.
+    log = logging.getLogger("torch.distributed.device_mesh")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def load(path: Path, mmap: bool = True) -> Any:
+    """torch.load a checkpoint file safely; tensor data stays on disk (mmap) until touched."""
+    try:
+        with torch.serialization.safe_globals(_allowed_globals()), _quiet_device_mesh():
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f"asks for {found.group(1)}, which is" if found else "holds an object that is"
+        raise UnsafeCheckpointError(
+            f"{path}: refused to load: its pickle {what} not a tensor or checkpoint metadata type; unshard "
+            "never runs code from a checkpoint. Re-save the state dict as plain tensors, or report the type "
+            "if it is a legitimate torch class"
+        ) from None
+    except (RuntimeError, zipfile.BadZipFile, EOFError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{path}: cannot be read ({first}); the file is truncated or corrupt: copy it again from "
+            "the training job's storage"
+        ) from None

@@ -1,0 +1,124 @@
+"""The one writer: Hugging Face folders of safetensors shards, streamed tensor by tensor.
+
+The safetensors library wants every tensor of a file in memory at once. Here the header comes from
+the plan (names, dtypes, shapes, so every byte offset is known in advance), and each tensor is
+written as soon as it is assembled, then dropped. The folder is built beside OUT under a hidden name
+and renamed into place only when complete, so a failed run never leaves an OUT that looks finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+import torch
+
+from .errors import OutputExistsError
+
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+}
+# Files of a Hugging Face folder that hold weights; everything else (config, tokenizer, chat
+# template, processor, custom code) is copied into OUT as it is.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+
+
+class SafetensorsStream:
+    """Write one safetensors file whose tensors arrive one at a time, in header order."""
+
+    def __init__(self, path: Path, tensors: list[tuple[str, torch.dtype, tuple[int, ...]]]):
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        self._expected = []
+        for name, dtype, shape in tensors:
+            size = dtype.itemsize
+            for d in shape:
+                size *= d
+            header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+            self._expected.append((name, dtype, tuple(shape), size))
+            offset += size
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # the format asks for 8-byte alignment of the data
+        self.path = path
+        self._file = open(path, "wb")
+        self._file.write(struct.pack("<Q", len(raw)) + raw)
+        self._next = 0
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        want_name, dtype, shape, size = self._expected[self._next]
+        if (name, tensor.dtype, tuple(tensor.shape)) != (want_name, dtype, shape):
+            raise AssertionError(f"writer expected {want_name} {dtype} {shape}, got {name} {tensor.dtype} {tuple(tensor.shape)}")
+        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy() if size else b""
+        self._file.write(memoryview(data))
+        self._next += 1
+
+    @property
+    def complete(self) -> bool:
+        return self._next == len(self._expected)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._next != len(self._expected):
+            raise AssertionError(f"{self.path}: {len(self._expected) - self._next} tensors were never written")
+
+
+class OutputFolder:
+    """A staging folder beside OUT that becomes OUT on `commit`, or vanishes on `abort`."""
+
+    def __init__(self, out: Path, overwrite: bool = False):
+        self.out = out
+        if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+            raise OutputExistsError(f"{out}: already exists and is not empty; choose another OUT or pass --overwrite")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.path = out.parent / f".{out.name}.unshard-partial-{os.getpid()}"
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        self.path.mkdir()
+
+    def commit(self) -> None:
+        old = None
+        if self.out.exists():
+            old = self.out.parent / f".{self.out.name}.unshard-old-{os.getpid()}"
+            os.replace(self.out, old)
+        os.replace(self.path, self.out)
+        if old is not None:
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+    def abort(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def write_index(folder: Path, files: dict[str, list[str]], total_size: int) -> None:
+    """model.safetensors.index.json; total_size counts bytes, as the Hub expects."""
+    if len(files) <= 1:
+        return
+    weight_map = {name: filename for filename, names in files.items() for name in names}
+    index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def copy_model_files(source: Path | None, folder: Path, dtype_name: str) -> list[str]:
+    """Copy config, generation config, tokenizer, chat template, processor and code files into OUT.
+
+    config.json gets the dtype of the written weights, under the key(s) it already uses.
+    """
+    copied = []
+    if source is None:
+        return copied
+    for path in sorted(source.iterdir()):
+        if not path.is_file() or path.name.endswith(WEIGHT_SUFFIXES):
+            continue
+        if path.name == "config.json":
+            config = json.loads(path.read_text())
+            keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["dtype"]
+            for key in keys:
+                config[key] = dtype_name
+            (folder / path.name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        else:
+            shutil.copyfile(path, folder / path.name)
+        copied.append(path.name)
+    return copied
+

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+
+import generate  # noqa: E402  (tests/fixtures/generate.py)
+
+SHIPPED = FIXTURES / "fsdp"
+
+
+@pytest.fixture(scope="session")
+def fresh_fixtures(tmp_path_factory):
+    """Fixtures generated now with the installed torch / transformers, once per case per session."""
+    root = tmp_path_factory.mktemp("fresh")
+    made: dict[str, Path] = {}
+
+    def get(case: str) -> Path:
+        if case not in made:
+            made[case] = generate.generate(case, root)
+        return made[case]
+
+    return get
+
+
+@pytest.fixture(params=["shipped", "fresh"])
+def fixture_case(request, fresh_fixtures):
+    """A function case -> fixture folder, for the shipped copy and for a freshly generated one."""
+    if request.param == "shipped":
+        return lambda case: SHIPPED / case
+    return fresh_fixtures

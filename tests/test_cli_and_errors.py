@@ -1,0 +1,175 @@
+"""The command line, and bad input: one clear line, a non-zero exit, no OUT left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import unshard
+from conftest import SHIPPED
+from unshard import execute
+
+LLAMA = SHIPPED / "llama-fsdp2"
+
+
+def run_cli(*args, cwd=None):
+    done = subprocess.run([sys.executable, "-m", "unshard", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+    return done.returncode, done.stdout, done.stderr
+
+
+def copy_actor(tmp_path, case="llama-fsdp2"):
+    dest = tmp_path / "ckpt"
+    shutil.copytree(SHIPPED / case / "global_step_1" / "actor", dest)
+    return dest
+
+
+def leftovers(folder):
+    return [p.name for p in folder.iterdir() if ".unshard-" in p.name]
+
+
+def test_convert_cli_prints_summary(tmp_path):
+    code, out, err = run_cli("convert", LLAMA / "global_step_1", tmp_path / "hf", "--verify")
+    assert code == 0, err
+    assert "wrote 21 tensors" in out and "verified" in out and "peak memory" in out
+    assert "output dtype float32 (declared by config.json)" in err
+    assert (tmp_path / "hf" / "model.safetensors").exists()
+
+
+def test_inspect_reports_layout_mesh_and_plan():
+    code, out, err = run_cli("inspect", SHIPPED / "llama-fsdp2-tp" / "global_step_1", "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["layout"] == "fsdp-rank-files" and info["world_size"] == 4 and info["fsdp_version"] == 2
+    assert info["sharding"]["DTensor {'dp': 2, 'tp': 2} ('_S(0, 2)', 'S(0)')"] == 10
+    assert info["tensors"] == 21 and info["output"]["tensors"] == 21
+    assert info["output"]["files"] == {"model.safetensors": info["bytes"]}
+    assert 0 < info["peak_memory_estimate"] < info["bytes"]
+
+    code, out, _ = run_cli("inspect", SHIPPED / "llama-ws1-bf16-noconfig" / "global_step_1")
+    assert code == 0 and "world size from file names" in out and "bfloat16" in out
+
+
+def test_dry_run_writes_nothing(tmp_path):
+    code, out, _ = run_cli("convert", LLAMA / "global_step_1", tmp_path / "hf", "--dry-run")
+    assert code == 0 and "will write   21 tensors" in out
+    assert not (tmp_path / "hf").exists() and not leftovers(tmp_path)
+
+
+def test_existing_output_is_refused_then_overwritten(tmp_path):
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, _, err = run_cli("convert", LLAMA / "global_step_1", out)
+    assert code == 1 and "already exists" in err and "--overwrite" in err and "Traceback" not in err
+    assert (out / "keep.txt").read_text() == "mine"
+    code, _, err = run_cli("convert", LLAMA / "global_step_1", out, "--overwrite")
+    assert code == 0, err
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
+    assert not leftovers(tmp_path)
+
+
+def test_missing_rank_file(tmp_path):
+    ckpt = copy_actor(tmp_path)
+    (ckpt / "model_world_size_4_rank_2.pt").unlink()
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf")
+    assert code == 1 and "missing 1 of 4 rank files (model_world_size_4_rank_2.pt)" in err
+    assert err.count("\n") == 1 and not (tmp_path / "hf").exists()
+
+
+def test_mixed_world_sizes(tmp_path):
+    ckpt = copy_actor(tmp_path)
+    shutil.copy(ckpt / "model_world_size_4_rank_0.pt", ckpt / "model_world_size_2_rank_0.pt")
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf")
+    assert code == 1 and "several world sizes (2, 4)" in err
+
+
+def test_truncated_rank_file(tmp_path):
+    ckpt = copy_actor(tmp_path)
+    rank1 = ckpt / "model_world_size_4_rank_1.pt"
+    rank1.write_bytes(rank1.read_bytes()[:5000])
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf")
+    assert code == 1 and str(rank1) in err and "truncated or corrupt" in err
+    assert not (tmp_path / "hf").exists() and not leftovers(tmp_path)
+
+
+def test_rank_file_from_another_model(tmp_path):
+    ckpt = copy_actor(tmp_path, "llama-fsdp2")
+    shutil.copy(SHIPPED / "llama-fsdp1-shardedtensor/global_step_1/actor/model_world_size_4_rank_3.pt",
+                ckpt / "model_world_size_4_rank_3.pt")
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf")
+    assert code == 1 and "model_world_size_4_rank_3.pt" in err
+
+
+class RunsShellCommand:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pickle_that_runs_code_is_refused(tmp_path):
+    ckpt = copy_actor(tmp_path)
+    marker = tmp_path / "pwned"
+    state = {"model.embed_tokens.weight": torch.zeros(2), "payload": RunsShellCommand(marker)}
+    torch.save(state, ckpt / "model_world_size_4_rank_0.pt")
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf")
+    assert code == 1, err
+    assert "refused to load" in err and "system" in err and "never runs code" in err
+    assert not marker.exists() and not (tmp_path / "hf").exists()
+
+
+def test_unknown_layout(tmp_path):
+    (tmp_path / "stuff").mkdir()
+    (tmp_path / "stuff" / "weights.txt").write_text("hello")
+    code, _, err = run_cli("inspect", tmp_path / "stuff")
+    assert code == 1 and "not a checkpoint layout unshard knows" in err
+
+
+def test_config_that_does_not_fit(tmp_path):
+    ckpt = copy_actor(tmp_path)
+    config = json.loads((ckpt / "huggingface/config.json").read_text())
+    config["intermediate_size"] = 128
+    (ckpt / "huggingface/config.json").write_text(json.dumps(config))
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf")
+    assert code == 1 and "does not fit this config" in err and "--config-from" in err
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf", "--no-check")
+    assert code == 0, err
+
+
+def test_missing_config_needs_config_from(tmp_path):
+    ckpt = copy_actor(tmp_path)
+    shutil.move(ckpt / "huggingface", tmp_path / "hfdir")
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf")
+    assert code == 1 and "--config-from" in err and not (tmp_path / "hf").exists()
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf", "--config-from", tmp_path / "hfdir")
+    assert code == 0, err
+    assert (tmp_path / "hf" / "tokenizer.json").exists()
+
+
+def test_failure_mid_write_leaves_no_output(tmp_path, monkeypatch):
+    real, calls = execute.materialise, []
+
+    def fail_on_third(plan, group):
+        calls.append(group)
+        if len(calls) == 3:
+            raise OSError("disk full")
+        return real(plan, group)
+
+    monkeypatch.setattr(execute, "materialise", fail_on_third)
+    with pytest.raises(OSError, match="disk full"):
+        unshard.convert(LLAMA / "global_step_1", tmp_path / "hf", progress=False, max_shard_size="60KB")
+    assert not (tmp_path / "hf").exists() and not leftovers(tmp_path)
+
+
+def test_src_may_be_step_or_actor_folder():
+    a = unshard.open_checkpoint(LLAMA / "global_step_1")
+    b = unshard.open_checkpoint(LLAMA / "global_step_1" / "actor")
+    assert a.path == b.path and list(a.tensors) == list(b.tensors)

@@ -1,0 +1,120 @@
+"""Every FSDP fixture converts to a folder equal to what save_pretrained wrote before sharding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+import unshard
+from conftest import SHIPPED
+from generate import CASES
+
+transformers = pytest.importorskip("transformers")
+
+
+def load_folder_tensors(folder):
+    tensors = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(path))
+    return tensors
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_output_equals_save_pretrained(case, fixture_case, tmp_path):
+    fixture = fixture_case(case)
+    out = tmp_path / "out"
+    result = unshard.convert(fixture / "global_step_1", out, progress=False)
+
+    reference = load_folder_tensors(fixture / "reference")
+    written = load_folder_tensors(out)
+    assert sorted(written) == sorted(reference)
+    for name, expected in reference.items():
+        assert written[name].dtype == expected.dtype, name
+        assert torch.equal(written[name], expected), name
+    assert result.tensors == len(reference)
+    assert result.bytes == sum(t.numel() * t.element_size() for t in reference.values())
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == json.loads((fixture / "reference" / "config.json").read_text())["dtype"]
+    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (out / name).read_bytes() == (fixture / "global_step_1/actor/huggingface" / name).read_bytes()
+
+
+@pytest.mark.parametrize("case", ["llama-fsdp2-tp", "qwen2-fsdp2", "mixtral-fsdp2", "llama-ws1-bf16-noconfig"])
+def test_transformers_loads_it_and_logits_match(case, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    src = SHIPPED / case
+    out = tmp_path / "out"
+    unshard.convert(src / "global_step_1", out, progress=False)
+
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    original = AutoModelForCausalLM.from_pretrained(src / "reference")
+    ids = torch.tensor([[1, 5, 17, 42, 99, 3, 7, 2]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, original(ids).logits)
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False,
+                                           add_generation_prompt=True)
+    assert prompt.endswith("<|assistant|>")
+    generation = GenerationConfig.from_pretrained(out)
+    assert generation.eos_token_id == [2, 0] and generation.temperature == 0.7
+
+
+def test_tied_embeddings_written_once(tmp_path):
+    out = tmp_path / "out"
+    unshard.convert(SHIPPED / "qwen2-fsdp2" / "global_step_1", out, progress=False)
+    with safe_open(out / "model.safetensors", framework="pt") as f:
+        names = set(f.keys())
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+    assert "model.layers.0.self_attn.q_proj.bias" in names
+
+
+def test_moe_experts_use_save_pretrained_names(tmp_path):
+    out = tmp_path / "out"
+    unshard.convert(SHIPPED / "mixtral-fsdp2" / "global_step_1", out, progress=False)
+    with safe_open(out / "model.safetensors", framework="pt") as f:
+        names = set(f.keys())
+    assert "model.layers.1.block_sparse_moe.experts.2.w3.weight" in names
+    assert not any("gate_up_proj" in n for n in names)
+
+
+def test_sharded_output_and_index(tmp_path):
+    out = tmp_path / "out"
+    result = unshard.convert(SHIPPED / "llama-fsdp2" / "global_step_1", out, max_shard_size="60KB",
+                             progress=False, verify=True)
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == result.bytes == sum(
+        t.numel() * t.element_size() for t in load_folder_tensors(out).values())
+    assert set(index["weight_map"].values()) == set(files)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_dtype_cast_matches_torch_cast(dtype, tmp_path):
+    src = SHIPPED / "llama-fsdp2"
+    out = tmp_path / "out"
+    unshard.convert(src / "global_step_1", out, dtype=dtype, progress=False)
+    want = getattr(torch, dtype)
+    written = load_folder_tensors(out)
+    for name, tensor in load_folder_tensors(src / "reference").items():
+        assert torch.equal(written[name], tensor.to(want)), name
+    assert json.loads((out / "config.json").read_text())["dtype"] == dtype
+
+
+def test_open_checkpoint_reads_one_tensor(tmp_path):
+    ckpt = unshard.open_checkpoint(SHIPPED / "llama-fsdp2-tp" / "global_step_1")
+    assert ckpt.facts["world_size"] == 4
+    gate = ckpt.tensors["model.layers.0.mlp.gate_proj.weight"]
+    assert gate.shape == (90, 64) and gate.dtype == torch.float32
+    reference = load_file(SHIPPED / "llama-fsdp2-tp" / "reference" / "model.safetensors")
+    assert torch.equal(ckpt.read(gate.name), reference[gate.name])
