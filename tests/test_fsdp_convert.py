@@ -44,7 +44,7 @@ def test_output_equals_save_pretrained(case, fixture_case, tmp_path):
         assert (out / name).read_bytes() == (fixture / "global_step_1/actor/huggingface" / name).read_bytes()
 
 
-@pytest.mark.parametrize("case", ["llama-fsdp2-tp", "qwen2-fsdp2", "mixtral-fsdp2", "llama-ws1-bf16-noconfig"])
+@pytest.mark.parametrize("case", list(CASES))
 def test_transformers_loads_it_and_logits_match(case, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -118,3 +118,29 @@ def test_open_checkpoint_reads_one_tensor(tmp_path):
     assert gate.shape == (90, 64) and gate.dtype == torch.float32
     reference = load_file(SHIPPED / "llama-fsdp2-tp" / "reference" / "model.safetensors")
     assert torch.equal(ckpt.read(gate.name), reference[gate.name])
+
+
+def test_shard_that_does_not_fit_its_placement_is_reported():
+    from unshard import safe_pickle
+    from unshard.errors import CheckpointError
+    from unshard.readers.fsdp_rank_files import _pieces
+
+    path = SHIPPED / "llama-fsdp2" / "global_step_1" / "actor" / "model_world_size_4_rank_1.pt"
+    state = safe_pickle.load(path)
+    value = state["model.embed_tokens.weight"]
+    _pieces(path, "model.embed_tokens.weight", value)  # the real shard fits
+    value._local_tensor = value._local_tensor[:-1]  # as if the file held a row too few
+    with pytest.raises(CheckpointError, match=r"rank_1.pt: model.embed_tokens.weight holds a shard of shape \(25, 64\)"):
+        _pieces(path, "model.embed_tokens.weight", value)
+
+
+def test_pages_dropped_after_reading_read_back_unchanged():
+    """Reading unmaps the rank files' pages it copied (so RSS does not grow with the model); the
+    data must come back intact when touched again."""
+    ckpt = unshard.open_checkpoint(SHIPPED / "llama-fsdp2" / "global_step_1")
+    name = "model.embed_tokens.weight"
+    before = torch.cat([ckpt.local_tensor(p).flatten() for p in ckpt.tensors[name].pieces])
+    ckpt.read(name)
+    after = torch.cat([ckpt.local_tensor(p).flatten() for p in ckpt.tensors[name].pieces])
+    assert torch.equal(before, after)
+    assert torch.equal(ckpt.read(name), before.reshape(-1)[: before.numel()].view(103, 64))

@@ -10,10 +10,13 @@ Anything else a pickle names, `os.system` for instance, is refused and reported.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import logging
 import pickle
+import mmap as _mmap
 import re
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -106,3 +109,23 @@ def load(path: Path, mmap: bool = True) -> Any:
             f"{path}: cannot be read ({first}); the file is truncated or corrupt: copy it again from "
             "the training job's storage"
         ) from None
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_MADV_DONTNEED = 4
+
+
+def forget_pages(tensor: torch.Tensor) -> None:
+    """Unmap the pages of a tensor that `load` mapped from a file, once its bytes have been copied.
+
+    Pages read through a memory map stay counted in the process's resident memory until unmapped,
+    which would make a conversion's RSS grow with the model. The file is never written through the
+    map, so dropping the pages loses nothing: touching them again reads them back from the file.
+    Only for tensors from `load` (file-backed); on anonymous memory this would zero the data.
+    """
+    if _LIBC is None or tensor.numel() == 0:
+        return
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    start -= start % _mmap.PAGESIZE
+    _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)

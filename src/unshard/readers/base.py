@@ -72,10 +72,16 @@ class Checkpoint:
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         raise NotImplementedError
 
+    def release(self, piece: Piece) -> None:
+        """Called once a piece's bytes are copied: a reader may free what it held for it."""
+
     def read(self, name: str) -> torch.Tensor:
         """The whole tensor `name`, assembled from its pieces; nothing else is loaded."""
         source = self.tensors[name]
-        return assemble(source.shape, source.dtype, [(p.block, lambda p=p: self.local_tensor(p)) for p in source.pieces])
+        whole = assemble(source.shape, source.dtype, [(p.block, lambda p=p: self.local_tensor(p)) for p in source.pieces])
+        for piece in source.pieces:
+            self.release(piece)
+        return whole
 
     def close(self) -> None:
         """Drop open file maps."""

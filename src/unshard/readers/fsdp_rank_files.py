@@ -92,6 +92,9 @@ class FsdpRankFiles(Checkpoint):
             return value.local_shards[piece.part].tensor
         return value._local_tensor if type(value).__name__ == "DTensor" else value
 
+    def release(self, piece: Piece) -> None:
+        safe_pickle.forget_pages(self.local_tensor(piece))
+
     def close(self) -> None:
         self._states.clear()
 
