@@ -11,7 +11,7 @@ sys.path.insert(0, str(FIXTURES))
 
 import generate  # noqa: E402  (tests/fixtures/generate.py)
 
-SHIPPED = FIXTURES / "fsdp"
+SHIPPED = FIXTURES / "checkpoints"
 
 
 @pytest.fixture(scope="session")

@@ -53,7 +53,7 @@ def test_inspect_reports_layout_mesh_and_plan():
     assert 0 < info["peak_memory_estimate"] < info["bytes"]
 
     code, out, _ = run_cli("inspect", SHIPPED / "llama-ws1-bf16-noconfig" / "global_step_1")
-    assert code == 0 and "world size from file names" in out and "bfloat16" in out
+    assert code == 0 and "world size taken from the file names" in out and "bfloat16" in out
 
 
 def test_dry_run_writes_nothing(tmp_path):
@@ -173,3 +173,44 @@ def test_src_may_be_step_or_actor_folder():
     a = unshard.open_checkpoint(LLAMA / "global_step_1")
     b = unshard.open_checkpoint(LLAMA / "global_step_1" / "actor")
     assert a.path == b.path and list(a.tensors) == list(b.tensors)
+
+
+def copy_dcp(tmp_path):
+    dest = tmp_path / "dcp"
+    shutil.copytree(SHIPPED / "llama-fsdp1-dcp" / "dcp", dest)
+    shutil.copy(SHIPPED / "llama-fsdp1-dcp" / "train_params.yaml", tmp_path / "train_params.yaml")
+    return dest
+
+
+def test_dcp_without_config_names_the_base_model(tmp_path):
+    dcp = copy_dcp(tmp_path)
+    code, _, err = run_cli("convert", dcp, tmp_path / "hf")
+    assert code == 1 and "--config-from" in err and "tiny/base-model" in err
+    assert err.strip().count("\n") == 0 and not (tmp_path / "hf").exists()
+
+
+def test_dcp_missing_distcp_file(tmp_path):
+    dcp = copy_dcp(tmp_path)
+    (dcp / "__2_0.distcp").unlink()
+    code, _, err = run_cli("convert", dcp, tmp_path / "hf", "--config-from", SHIPPED / "llama-fsdp1-dcp" / "hf")
+    assert code == 1 and "__2_0.distcp: missing" in err and "copy every .distcp file" in err
+
+
+def test_dcp_truncated_distcp_file(tmp_path):
+    dcp = copy_dcp(tmp_path)
+    data = (dcp / "__3_0.distcp").read_bytes()
+    (dcp / "__3_0.distcp").write_bytes(data[: len(data) // 2])
+    code, _, err = run_cli("convert", dcp, tmp_path / "hf", "--config-from", SHIPPED / "llama-fsdp1-dcp" / "hf")
+    assert code == 1 and "__3_0.distcp" in err and "truncated" in err
+    assert not (tmp_path / "hf").exists() and not leftovers(tmp_path)
+
+
+def test_dcp_metadata_that_runs_code_is_refused(tmp_path):
+    import pickle
+
+    dcp = copy_dcp(tmp_path)
+    marker = tmp_path / "pwned"
+    (dcp / ".metadata").write_bytes(pickle.dumps(RunsShellCommand(marker)))
+    code, _, err = run_cli("inspect", dcp)
+    assert code == 1 and "refused to load" in err and "system" in err
+    assert not marker.exists()

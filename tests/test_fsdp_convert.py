@@ -23,11 +23,23 @@ def load_folder_tensors(folder):
     return tensors
 
 
+def convert_case(name, fixture, out, **options):
+    case = CASES[name]
+    config_from = fixture / case.config_from if case.config_from else None
+    return unshard.convert(fixture / case.src, out, config_from=config_from, progress=False, **options)
+
+
+def model_files_folder(name, fixture):
+    """Where the fixture keeps config and tokenizer: verl's huggingface/, else the --config-from folder."""
+    case = CASES[name]
+    return fixture / case.config_from if case.config_from else fixture / case.src / "actor" / "huggingface"
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_output_equals_save_pretrained(case, fixture_case, tmp_path):
     fixture = fixture_case(case)
     out = tmp_path / "out"
-    result = unshard.convert(fixture / "global_step_1", out, progress=False)
+    result = convert_case(case, fixture, out)
 
     reference = load_folder_tensors(fixture / "reference")
     written = load_folder_tensors(out)
@@ -41,7 +53,7 @@ def test_output_equals_save_pretrained(case, fixture_case, tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["dtype"] == json.loads((fixture / "reference" / "config.json").read_text())["dtype"]
     for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        assert (out / name).read_bytes() == (fixture / "global_step_1/actor/huggingface" / name).read_bytes()
+        assert (out / name).read_bytes() == (model_files_folder(case, fixture) / name).read_bytes()
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -50,7 +62,7 @@ def test_transformers_loads_it_and_logits_match(case, tmp_path):
 
     src = SHIPPED / case
     out = tmp_path / "out"
-    unshard.convert(src / "global_step_1", out, progress=False)
+    convert_case(case, src, out)
 
     model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
@@ -144,3 +156,23 @@ def test_pages_dropped_after_reading_read_back_unchanged():
     after = torch.cat([ckpt.local_tensor(p).flatten() for p in ckpt.tensors[name].pieces])
     assert torch.equal(before, after)
     assert torch.equal(ckpt.read(name), before.reshape(-1)[: before.numel()].view(103, 64))
+
+
+def test_dcp_skips_optimizer_and_reports_it():
+    info = unshard.inspect(SHIPPED / "llama-fsdp1-dcp" / "dcp", config_from=SHIPPED / "llama-fsdp1-dcp" / "hf")
+    assert info["layout"] == "torch-dcp" and info["tensors"] == 21
+    assert info["skipped"]["optimizer entries"] > 0 and info["base_model"] == "tiny/base-model"
+
+
+def test_accelerate_save_state_folder_and_whole_file(tmp_path):
+    fixture = SHIPPED / "accelerate-fsdp2-full"
+    whole = fixture / "state" / "pytorch_model_fsdp.bin"
+    assert unshard.open_checkpoint(fixture / "state").path == whole
+    # llama-recipes' FULL_STATE_DICT is the same kind of file under another name: SRC may be a file.
+    renamed = tmp_path / "llama-recipes-0.pt"
+    renamed.write_bytes(whole.read_bytes())
+    unshard.convert(renamed, tmp_path / "out", config_from=fixture / "hf", progress=False)
+    reference = load_folder_tensors(fixture / "reference")
+    written = load_folder_tensors(tmp_path / "out")
+    assert all(torch.equal(written[n], t) for n, t in reference.items()) and len(written) == len(reference)
+    assert unshard.open_checkpoint(SHIPPED / "accelerate-fsdp2-dcp" / "state").layout == "torch-dcp"

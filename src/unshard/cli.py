@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("unshard: interrupted; nothing was written to the output", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug, not bad input: still one line, the traceback with --debug
+        if args.debug:
+            raise
+        print(f"unshard: internal error: {type(e).__name__}: {e}; rerun with --debug and report it", file=sys.stderr)
+        return 2
 
 
 def _run(args) -> int:
@@ -71,6 +76,7 @@ def _run(args) -> int:
         return 0
     from .execute import convert
 
+    plan.require_config()
     print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
     for note in plan.notes:
         print(f"note: {note}", file=sys.stderr)

@@ -59,9 +59,7 @@ def _progress(total: int, enabled: bool | None):
 def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: int = 1, verify: bool = False,
             progress: bool | None = None) -> Result:
     out = Path(out)
-    if plan.config_folder is None or not (plan.config_folder / "config.json").exists():
-        raise UnshardError(f"{plan.checkpoint.path}: has no huggingface/config.json; pass --config-from DIR "
-                           "(a Hugging Face folder of the same model) so OUT loads with transformers")
+    plan.require_config()
     start = time.perf_counter()
     folder = OutputFolder(out, overwrite)
     try:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import torch
 
 from . import hf_names
+from .errors import UnshardError
 from .readers import Checkpoint, SourceTensor
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,6 +67,14 @@ class Plan:
     @property
     def total_bytes(self) -> int:
         return sum(g.nbytes for g in self.groups)
+
+    def require_config(self) -> None:
+        """A folder without config.json does not load anywhere: stop before writing anything."""
+        if self.config_folder is None or not (self.config_folder / "config.json").exists():
+            base = self.checkpoint.facts.get("base_model")
+            hint = f" (train_params.yaml names the base model: {base})" if base else ""
+            raise UnshardError(f"{self.checkpoint.path}: the checkpoint has no config.json; pass --config-from DIR, "
+                               f"a Hugging Face folder of the model it was trained from{hint}")
 
     def peak_memory_estimate(self, threads: int = 1) -> int:
         """Bytes held at once: per tensor in flight, the assembled source plus its converted outputs."""

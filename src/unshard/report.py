@@ -35,14 +35,16 @@ def describe(plan: Plan) -> dict[str, Any]:
 
 def as_text(info: dict[str, Any]) -> str:
     out = info["output"]
-    lines = [
-        f"source       {info['source']}",
-        f"layout       {info['layout']}, world size {info.get('world_size')}"
-        + (f", FSDP{info['fsdp_version']}" if info.get("fsdp_version") else "")
-        + ("" if info.get("fsdp_config_json", True) else " (no fsdp_config.json: world size from file names)"),
-    ]
+    lines = [f"source       {info['source']}", f"layout       {info['layout']}"]
+    for key in ("world_size", "naming", "fsdp_version", "files", "chunks", "base_model"):
+        if info.get(key) is not None:
+            lines.append(f"  {key.replace('_', ' '):11s}{info[key]}")
+    if info.get("fsdp_config_json") is False:
+        lines.append("  (no fsdp_config.json: world size taken from the file names)")
     for how, count in info.get("sharding", {}).items():
         lines.append(f"  sharding   {count:4d} x {how}")
+    for what, count in info.get("skipped", {}).items():
+        lines.append(f"  skipped    {count:4d} {what}")
     lines += [
         f"hf files     {info['huggingface_folder'] or 'none (pass --config-from DIR)'}",
         f"tensors      {info['tensors']}, {info['parameters']:,} parameters, "

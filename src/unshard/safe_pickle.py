@@ -129,3 +129,29 @@ def forget_pages(tensor: torch.Tensor) -> None:
     end = start + tensor.numel() * tensor.element_size()
     start -= start % _mmap.PAGESIZE
     _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
+
+
+class _AllowListUnpickler(pickle.Unpickler):
+    def __init__(self, file, allowed: dict[tuple[str, str], Any], path: Path):
+        super().__init__(file)
+        self._allowed, self._path = allowed, path
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return self._allowed[(module, name)]
+        except KeyError:
+            raise UnsafeCheckpointError(
+                f"{self._path}: refused to load: its pickle asks for {module}.{name}, which is not checkpoint "
+                "metadata; unshard never runs code from a checkpoint. Report the type if it is legitimate"
+            ) from None
+
+
+def load_plain_pickle(path: Path, allowed: dict[tuple[str, str], Any]) -> Any:
+    """pickle.load a metadata file (not a torch.save archive), building only allowed classes."""
+    try:
+        with open(path, "rb") as f:
+            return _AllowListUnpickler(f, allowed, path).load()
+    except UnsafeCheckpointError:
+        raise
+    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot be read ({e}); the file is truncated or corrupt") from None

@@ -1,7 +1,10 @@
-"""verl-style FSDP checkpoints: one `torch.save(model.state_dict())` per rank.
+"""Per-rank `torch.save(model.state_dict())` files of FSDP / DTensor training, and whole state dicts.
 
-Folder: `model_world_size_{W}_rank_{r}.pt` for r in 0..W-1, optional `fsdp_config.json`
-(`{"FSDP_version", "world_size"}`, verl >= 0.4.1) and `huggingface/` (config, tokenizer...).
+- verl: `model_world_size_{W}_rank_{r}.pt` for r in 0..W-1, optional `fsdp_config.json`
+  (`{"FSDP_version", "world_size"}`, verl >= 0.4.1) and `huggingface/` (config, tokenizer...).
+- accelerate `save_fsdp_model(..., use_dcp=False)`: `pytorch_model_fsdp_0_rank{R}.bin`.
+- one whole state dict: accelerate's FULL_STATE_DICT `pytorch_model_fsdp.bin`, llama-recipes'
+  FULL_STATE_DICT `*.pt`, or any `.pt` / `.bin` file given as SRC.
 Values are DTensors (FSDP2, or FSDP1 with a device mesh), ShardedTensors (FSDP1 without one) or
 plain tensors (replicated, or a world size of 1).
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,25 +24,54 @@ from ..errors import CheckpointError
 from ..placements import Block, ShardSpec, blocks_from_runs, local_runs, runs_shape
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
 
-LAYOUT = "fsdp-rank-files"
-RANK_FILE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+VERL_FILE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+ACCELERATE_FILE = re.compile(r"^pytorch_model_fsdp_0_rank(\d+)\.bin$")
+WHOLE_FILES = ("pytorch_model_fsdp.bin",)
+WHOLE_SUFFIXES = (".pt", ".bin", ".pth")
 
 
-def _rank_files(folder: Path) -> dict[int, dict[int, Path]]:
+@dataclass
+class RankFiles:
+    folder: Path
+    files: dict[int, Path]  # rank -> file
+    world: int
+    naming: str  # "verl", "accelerate" or "whole"
+
+    def name_for(self, rank: int) -> str:
+        if self.naming == "verl":
+            return f"model_world_size_{self.world}_rank_{rank}.pt"
+        return f"pytorch_model_fsdp_0_rank{rank}.bin"
+
+
+def _verl_files(folder: Path) -> dict[int, dict[int, Path]]:
     found: dict[int, dict[int, Path]] = {}
-    if folder.is_dir():
-        for path in folder.iterdir():
-            m = RANK_FILE.match(path.name)
-            if m:
-                found.setdefault(int(m.group(1)), {})[int(m.group(2))] = path
+    for path in folder.iterdir():
+        m = VERL_FILE.match(path.name)
+        if m:
+            found.setdefault(int(m.group(1)), {})[int(m.group(2))] = path
     return found
 
 
-def find_folder(src: Path) -> Path | None:
-    """The folder holding the rank files: SRC itself, or its actor/ (or critic/) subfolder."""
-    for candidate in (src, src / "actor", src / "critic"):
-        if _rank_files(candidate):
-            return candidate
+def find_files(src: Path) -> RankFiles | None:
+    """The rank files SRC holds: SRC itself, its actor/ (or critic/) subfolder, or one file."""
+    if src.is_file():
+        return RankFiles(src.parent, {0: src}, 1, "whole") if src.suffix in WHOLE_SUFFIXES else None
+    for folder in (src, src / "actor", src / "critic"):
+        if not folder.is_dir():
+            continue
+        verl = _verl_files(folder)
+        if len(verl) > 1:
+            sizes = ", ".join(str(w) for w in sorted(verl))
+            raise CheckpointError(f"{folder}: rank files of several world sizes ({sizes}); keep only one run's files")
+        if verl:
+            (world, files), = verl.items()
+            return RankFiles(folder, files, world, "verl")
+        accelerate = {int(m.group(1)): p for p in folder.iterdir() if (m := ACCELERATE_FILE.match(p.name))}
+        if accelerate:
+            return RankFiles(folder, accelerate, max(accelerate) + 1, "accelerate")
+        for name in WHOLE_FILES:
+            if (folder / name).is_file():
+                return RankFiles(folder, {0: folder / name}, 1, "whole")
     return None
 
 
@@ -100,29 +133,23 @@ class FsdpRankFiles(Checkpoint):
 
 
 def open_folder(src: Path) -> FsdpRankFiles:
-    folder = find_folder(src)
-    if folder is None:
-        raise CheckpointError(f"{src}: no model_world_size_*_rank_*.pt files here or in actor/")
-    by_world = _rank_files(folder)
-    if len(by_world) > 1:
-        sizes = ", ".join(str(w) for w in sorted(by_world))
-        raise CheckpointError(f"{folder}: rank files of several world sizes ({sizes}); keep only one run's files")
-    (world, ranks), = by_world.items()
-    missing = sorted(set(range(world)) - set(ranks))
+    found = find_files(src)
+    if found is None:
+        raise CheckpointError(f"{src}: no rank files (model_world_size_*_rank_*.pt) here or in actor/")
+    folder, world = found.folder, found.world
+    missing = sorted(set(range(world)) - set(found.files))
     if missing:
-        names = ", ".join(f"model_world_size_{world}_rank_{r}.pt" for r in missing[:4])
+        names = ", ".join(found.name_for(r) for r in missing[:4])
         raise CheckpointError(f"{folder}: missing {len(missing)} of {world} rank files ({names}); copy every rank's file")
-    fsdp_config = _read_fsdp_config(folder, world)
+    fsdp_config = _read_fsdp_config(folder, world) if found.naming == "verl" else {}
 
-    states, pieces, how_sharded = {}, {}, Counter()
+    states, pieces, how_sharded, skipped = {}, {}, Counter(), Counter()
     shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
     sharding: dict[str, str] = {}
     keys0 = None
     for rank in range(world):
-        path = ranks[rank]
-        state = safe_pickle.load(path)
-        if not isinstance(state, dict):
-            raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a state dict")
+        path = found.files[rank]
+        state = _model_state(path, safe_pickle.load(path))
         if keys0 is None:
             keys0 = list(state)
         elif set(state) != set(keys0):
@@ -130,34 +157,47 @@ def open_folder(src: Path) -> FsdpRankFiles:
             raise CheckpointError(f"{path}: its tensor names differ from rank 0's (e.g. {diff}); mixed checkpoints?")
         states[path] = state
         for key, value in state.items():
-            shape, dtype, found, how = _pieces(path, key, value)
+            if not isinstance(value, torch.Tensor):
+                skipped[f"{type(value).__name__} values"] += rank == 0
+                continue
+            shape, dtype, found_pieces, how = _pieces(path, key, value)
             if shapes.setdefault(key, (shape, dtype)) != (shape, dtype):
                 raise CheckpointError(f"{path}: {key} is {shape} {dtype} here but {shapes[key]} on rank 0")
             if sharding.setdefault(key, how) != how:
                 raise CheckpointError(f"{path}: {key} is a {how} here but a {sharding[key]} on rank 0; "
                                       "the file comes from another run")
-            pieces.setdefault(key, []).extend(found)
+            pieces.setdefault(key, []).extend(found_pieces)
             if rank == 0:
                 how_sharded[how] += 1
     tensors = {
         key: SourceTensor(key, shapes[key][0], shapes[key][1], deduplicate(key, shapes[key][0], pieces[key]))
-        for key in keys0
+        for key in keys0 if key in shapes
     }
     hf = folder / "huggingface"
+    facts = {"world_size": world, "naming": found.naming, "sharding": dict(how_sharded)}
+    if found.naming == "verl":
+        facts.update(fsdp_version=fsdp_config.get("FSDP_version"), fsdp_config_json=bool(fsdp_config))
+    if skipped:
+        facts["skipped"] = dict(skipped)
     checkpoint = FsdpRankFiles(
-        layout=LAYOUT,
-        path=folder,
+        layout="torch-state-dict" if found.naming == "whole" else "fsdp-rank-files",
+        path=folder if found.naming != "whole" else found.files[0],
         tensors=tensors,
         hf_folder=hf if hf.is_dir() else None,
-        facts={
-            "world_size": world,
-            "fsdp_version": fsdp_config.get("FSDP_version"),
-            "fsdp_config_json": bool(fsdp_config),
-            "sharding": dict(how_sharded),
-        },
+        facts=facts,
     )
     checkpoint._states = states
     return checkpoint
+
+
+def _model_state(path: Path, state) -> dict:
+    """The model's state dict, also when saved nested as {"model": ...} or {"state_dict": ...}."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a state dict")
+    for key in ("model", "state_dict", "module"):
+        if isinstance(state.get(key), dict):
+            return state[key]
+    return state
 
 
 def _read_fsdp_config(folder: Path, world: int) -> dict:

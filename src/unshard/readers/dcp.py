@@ -1,0 +1,157 @@
+"""torch.distributed.checkpoint (DCP) folders: `.metadata` plus `__{rank}_{n}.distcp` files.
+
+Written by llama-recipes / llama-cookbook and accelerate (state nested under `"model"`), torchtitan,
+torchtune and Megatron's torch_dist backend. `.metadata` lists, for every tensor, its global size and
+chunks; `storage_data` says where each chunk's bytes are (file, offset, length). Each chunk is read
+straight from that byte range; no process group and no whole-model load.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from .. import safe_pickle
+from ..errors import CheckpointError
+from ..placements import Block
+from .base import Checkpoint, Piece, SourceTensor, deduplicate
+
+LAYOUT = "torch-dcp"
+# Top-level keys trainers save beside the model in the same DCP folder; none of them is a weight.
+NOT_MODEL = {"optimizer", "optim", "optimizers", "lr_scheduler", "lr_schedulers", "scheduler", "dataloader",
+             "train_state", "rng", "rng_state", "extra_state", "args", "epoch", "step", "global_step"}
+
+
+def find_folder(src: Path) -> Path | None:
+    """SRC itself, or accelerate's `pytorch_model_fsdp_0/` inside a save_state folder."""
+    for candidate in (src, src / "pytorch_model_fsdp_0"):
+        if (candidate / ".metadata").is_file():
+            return candidate
+    return None
+
+
+def _metadata_classes() -> dict[tuple[str, str], object]:
+    import collections
+    import pathlib
+
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    allowed = {("torch.distributed.checkpoint.metadata", name): getattr(metadata, name) for name in (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")}
+    allowed[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = filesystem._StorageInfo
+    allowed[("torch", "Size")] = torch.Size
+    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+    allowed[("collections", "OrderedDict")] = collections.OrderedDict
+    for name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
+        allowed[("pathlib", name)] = getattr(pathlib, name)
+    for name in dir(torch):
+        if isinstance(getattr(torch, name, None), torch.dtype):
+            allowed[("torch", name)] = getattr(torch, name)
+    return allowed
+
+
+def read_metadata(folder: Path):
+    return safe_pickle.load_plain_pickle(folder / ".metadata", _metadata_classes())
+
+
+def model_names(metadata) -> tuple[dict[str, str], Counter]:
+    """fqn in the DCP folder -> model tensor name, and counts of what is skipped and why."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    paths = metadata.planner_data or {}
+    entries = {fqn: tuple(paths.get(fqn, (fqn,))) for fqn in metadata.state_dict_metadata}
+    nested = any(path[0] == "model" and len(path) > 1 for path in entries.values())
+    names, skipped = {}, Counter()
+    for fqn, path in entries.items():
+        if not isinstance(metadata.state_dict_metadata[fqn], TensorStorageMetadata):
+            skipped["non-tensor entries"] += 1
+        elif (path[0] != "model") if nested else (str(path[0]).split(".")[0] in NOT_MODEL):
+            skipped[f"{path[0]} entries"] += 1
+        elif fqn.endswith("_extra_state"):
+            skipped["_extra_state entries"] += 1
+        else:
+            names[fqn] = ".".join(str(p) for p in (path[1:] if nested else path))
+    return names, skipped
+
+
+class DcpFolder(Checkpoint):
+    def local_tensor(self, piece: Piece) -> torch.Tensor:
+        info = self._storage[(piece.key, piece.block.global_offsets)]
+        if getattr(info, "transform_descriptors", None):
+            raise CheckpointError(f"{self.path / info.relative_path}: chunk of {piece.key} is stored with "
+                                  f"transforms {info.transform_descriptors}, which unshard cannot read yet")
+        with open(piece.file, "rb") as f:
+            f.seek(info.offset)
+            blob = f.read(info.length)
+        if len(blob) != info.length:
+            raise CheckpointError(f"{piece.file}: ends before the chunk of {piece.key} at byte {info.offset}; "
+                                  "the file is truncated: copy it again")
+        if blob[:2] == b"PK":  # the default: each chunk is its own torch.save archive
+            try:
+                tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+            except Exception as e:
+                raise CheckpointError(f"{piece.file}: the chunk of {piece.key} is corrupt ({e})") from None
+        else:  # raw bytes (SerializationFormat.SAFETENSORS)
+            tensor = torch.frombuffer(bytearray(blob), dtype=self.tensors[self._names[piece.key]].dtype)
+        return tensor.reshape(piece.block.sizes)
+
+
+def open_folder(src: Path) -> DcpFolder:
+    folder = find_folder(src)
+    if folder is None:
+        raise CheckpointError(f"{src}: no .metadata file here (not a torch.distributed.checkpoint folder)")
+    metadata = read_metadata(folder)
+    names, skipped = model_names(metadata)
+    storage = {(index.fqn, tuple(index.offset)): info for index, info in metadata.storage_data.items()
+               if index.offset is not None}
+    tensors, chunks = {}, 0
+    for fqn, name in names.items():
+        md = metadata.state_dict_metadata[fqn]
+        shape = tuple(md.size)
+        pieces = []
+        for chunk in md.chunks:
+            offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
+            info = storage.get((fqn, offsets))
+            if info is None:
+                raise CheckpointError(f"{folder / '.metadata'}: no storage entry for a chunk of {fqn}; the metadata is corrupt")
+            path = folder / info.relative_path
+            if not path.is_file():
+                raise CheckpointError(f"{path}: missing (it holds part of {fqn}); copy every .distcp file of the checkpoint")
+            pieces.append(Piece(path, fqn, Block((0,) * len(shape), offsets, sizes)))
+        chunks += len(pieces)
+        tensors[name] = SourceTensor(name, shape, md.properties.dtype, deduplicate(fqn, shape, pieces))
+    if not tensors:
+        raise CheckpointError(f"{folder}: this DCP checkpoint holds no model tensors ({dict(skipped)})")
+    files = sorted({p.file.name for t in tensors.values() for p in t.pieces})
+    checkpoint = DcpFolder(
+        layout=LAYOUT,
+        path=folder,
+        tensors=tensors,
+        hf_folder=_find_hf_folder(folder),
+        facts={"files": len(files), "chunks": chunks, "skipped": dict(skipped),
+               **_train_params(folder)},
+    )
+    checkpoint._storage, checkpoint._names = storage, {fqn: name for fqn, name in names.items()}
+    return checkpoint
+
+
+def _find_hf_folder(folder: Path) -> Path | None:
+    for candidate in (folder / "huggingface", folder.parent / "huggingface", folder, folder.parent):
+        if (candidate / "config.json").is_file():
+            return candidate
+    return None
+
+
+def _train_params(folder: Path) -> dict:
+    """llama-recipes writes train_params.yaml beside its checkpoint; it names the base model."""
+    for candidate in (folder / "train_params.yaml", folder.parent / "train_params.yaml"):
+        if candidate.is_file():
+            for line in candidate.read_text(errors="replace").splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() == "model_name" and value.strip():
+                    return {"base_model": value.strip().strip("'\"")}
+    return {}
