@@ -214,3 +214,12 @@ def test_dcp_metadata_that_runs_code_is_refused(tmp_path):
     code, _, err = run_cli("inspect", dcp)
     assert code == 1 and "refused to load" in err and "system" in err
     assert not marker.exists()
+
+
+def test_dcp_safetensors_missing_rank(tmp_path):
+    sharded = tmp_path / "sharded"
+    shutil.copytree(SHIPPED / "llama-fsdp2-dcp-safetensors" / "sharded", sharded)
+    for path in sharded.glob("shard-00002-*"):
+        path.unlink()
+    code, _, err = run_cli("inspect", sharded)
+    assert code == 1 and "no files from rank(s) [2]" in err

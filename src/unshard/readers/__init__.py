@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import CheckpointError
-from . import dcp, fsdp_rank_files
+from . import dcp, dcp_safetensors, fsdp_rank_files
 from .base import Checkpoint, Piece, SourceTensor
 
 # Each entry: (does SRC look like this layout?, open it). Tried in order.
 READERS = [
     (lambda src: dcp.find_folder(src) is not None, dcp.open_folder),
+    (lambda src: dcp_safetensors.find_folder(src) is not None, dcp_safetensors.open_folder),
     (lambda src: fsdp_rank_files.find_files(src) is not None, fsdp_rank_files.open_folder),
 ]
 
@@ -25,7 +26,7 @@ def open_checkpoint(src: str | Path) -> Checkpoint:
             return open_(src)
     raise CheckpointError(
         f"{src}: not a checkpoint layout unshard knows; point at the folder holding "
-        "model_world_size_*_rank_*.pt (verl: global_step_N/actor) or a DCP folder's .metadata"
+        "model_world_size_*_rank_*.pt (verl: global_step_N/actor) a DCP folder (.metadata), or DCP-written shard-*-model-*.safetensors"
     )
 
 

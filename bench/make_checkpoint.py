@@ -1,0 +1,75 @@
+"""Write a large FSDP2 checkpoint cheaply, for benchmarks: meta-device init, then random weights.
+
+    torchrun --nproc_per_node 2 bench/make_checkpoint.py --gb 2 --writer verl|dcp --out DIR
+
+DIR/ckpt holds the checkpoint (verl rank files in actor/, or a DCP folder with {"model": ...}),
+DIR/hf the model's config.json for --config-from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+HIDDEN, FFN, VOCAB = 2048, 5632, 32000
+
+
+def layers_for(gb: float) -> int:
+    per_layer = 2 * HIDDEN * HIDDEN + 2 * HIDDEN * HIDDEN // 4 + 3 * HIDDEN * FFN + 2 * HIDDEN
+    fixed = 2 * VOCAB * HIDDEN + HIDDEN
+    return max(1, round((gb * 1e9 / 4 - fixed) / per_layer))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gb", type=float, required=True, help="approximate fp32 size")
+    ap.add_argument("--writer", choices=("verl", "dcp"), default="verl")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN,
+                         num_hidden_layers=layers_for(args.gb), num_attention_heads=16, num_key_value_heads=4,
+                         dtype=torch.float32, tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    torch.manual_seed(rank)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    out = Path(args.out)
+    if rank == 0:
+        config.save_pretrained(out / "hf")
+    dist.barrier()
+    state = model.state_dict()
+    if args.writer == "verl":
+        actor = out / "ckpt" / "actor"
+        actor.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            config.save_pretrained(actor / "huggingface")
+            (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
+        torch.save(state, actor / f"model_world_size_{world}_rank_{rank}.pt")
+    else:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save({"model": state}, checkpoint_id=out / "ckpt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Benchmark unshard against the alternatives on the same checkpoints, in one run.
+
+    python bench/run.py [--sizes 0.5,2] [--layouts verl,dcp] [--work /tmp/unshard-bench]
+
+For each layout and size: make a real FSDP2 checkpoint (bench/make_checkpoint.py under torchrun),
+then time every tool on it, reading from a warm page cache:
+  cp                      copying the input bytes: the floor
+  unshard                 unshard convert (this checkout)
+  dcp_to_torch_save       torch.distributed.checkpoint.format_utils dcp_to_torch (DCP only)
+  accelerate merge-weights  from PyPI, in its own venv (DCP only)
+Reports wall time, peak RSS of the process tree and throughput as a markdown table, and appends
+every measurement with the machine and versions to bench/results/results.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+VENVS = HERE / ".venvs"
+PEERS = {"accelerate": ["accelerate==1.15.0"]}
+
+
+def sh(cmd: list[str], **kw) -> None:
+    subprocess.run(cmd, check=True, **kw)
+
+
+def peer_python(name: str) -> Path:
+    """A venv of its own for a peer tool, with the same local torch build."""
+    venv = VENVS / name
+    python = venv / "bin" / "python"
+    if not python.exists():
+        sh([sys.executable, "-m", "venv", str(venv)])
+        sh([str(python), "-m", "pip", "install", "-q", "torch==2.13.0"])
+        sh([str(python), "-m", "pip", "install", "-q", *PEERS[name]])
+    return python
+
+
+def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
+    folder = work / f"{layout}-{gb}gb"
+    if (folder / "done").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    sh([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+        str(HERE / "make_checkpoint.py"), "--gb", str(gb), "--writer", layout, "--out", str(folder)],
+       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (folder / "done").write_text("")
+    return folder
+
+
+def size_of(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def tools(layout: str, folder: Path, out: Path) -> dict[str, list[str]]:
+    src, hf = folder / "ckpt", folder / "hf"
+    found = {
+        "cp": ["cp", "-r", str(src), str(out)],
+        "unshard": [sys.executable, "-m", "unshard", "convert", str(src), str(out), "--config-from", str(hf),
+                    "--no-progress"],
+    }
+    if layout == "dcp":
+        found["dcp_to_torch_save"] = [sys.executable, "-m", "torch.distributed.checkpoint.format_utils",
+                                      "dcp_to_torch", str(src), str(out)]
+        found["accelerate merge-weights"] = [str(peer_python("accelerate")), "-m", "accelerate.commands.accelerate_cli",
+                                             "merge-weights", str(src), str(out)]
+    return found
+
+
+def measure(cmd: list[str]) -> dict:
+    done = subprocess.run([sys.executable, str(HERE / "timed.py"), "--", *cmd], capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout)
+
+
+def versions() -> dict:
+    import torch
+
+    import unshard
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "unshard": unshard.__version__,
+            "machine": f"{platform.machine()} {os.cpu_count()} cores", "host": platform.node()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="0.5,2")
+    ap.add_argument("--layouts", default="verl,dcp")
+    ap.add_argument("--work", default="/tmp/unshard-bench")
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    rows, stamp = [], time.strftime("%Y-%m-%dT%H:%M:%S")
+    for layout in args.layouts.split(","):
+        for gb in [float(s) for s in args.sizes.split(",")]:
+            folder = make_checkpoint(work, layout, gb)
+            nbytes = size_of(folder / "ckpt")
+            for name, cmd in tools(layout, folder, work / "out").items():
+                shutil.rmtree(work / "out", ignore_errors=True)
+                (work / "out.pt").unlink(missing_ok=True)
+                if cmd[-1] == str(work / "out") and name == "dcp_to_torch_save":
+                    cmd[-1] = str(work / "out.pt")
+                sh(["cat", *map(str, (p for p in (folder / "ckpt").rglob("*") if p.is_file()))],
+                   stdout=subprocess.DEVNULL)  # warm the page cache: every tool reads from memory
+                result = measure(cmd)
+                rows.append({"when": stamp, "layout": layout, "gb": gb, "input_bytes": nbytes, "tool": name, **result})
+                print(f"{layout} {gb} GB {name}: {result['seconds']:.1f}s, peak {result['peak_rss'] / 1e9:.2f} GB"
+                      + (f" FAILED: {result['stderr'][-300:]}" if result["returncode"] else ""), flush=True)
+    shutil.rmtree(work / "out", ignore_errors=True)
+    (work / "out.pt").unlink(missing_ok=True)
+    meta = versions()
+    (HERE / "results").mkdir(exist_ok=True)
+    with open(HERE / "results" / "results.jsonl", "a") as f:
+        for row in rows:
+            f.write(json.dumps({**row, **meta}) + "\n")
+    print(table(rows))
+
+
+def table(rows: list[dict]) -> str:
+    floor = {(r["layout"], r["gb"]): r["seconds"] for r in rows if r["tool"] == "cp"}
+    lines = ["| layout | size | tool | wall s | × cp | peak RSS GB | GB/s |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ok = r["returncode"] == 0
+        lines.append(f"| {r['layout']} | {r['input_bytes'] / 1e9:.2f} GB | {r['tool']} | "
+                     f"{r['seconds']:.1f}{'' if ok else ' (failed)'} | {r['seconds'] / floor[(r['layout'], r['gb'])]:.1f} | "
+                     f"{r['peak_rss'] / 1e9:.2f} | {r['input_bytes'] / 1e9 / r['seconds']:.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

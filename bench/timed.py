@@ -1,0 +1,49 @@
+"""Run one command; print its wall time and the peak RSS of its whole process tree as JSON.
+
+    python bench/timed.py -- CMD ARGS...
+
+Peak RSS is sampled every 20 ms over the tree (psutil) and also read from the kernel's
+RUSAGE_CHILDREN (the largest single process), and the larger is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import psutil
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def main() -> None:
+    cmd = sys.argv[sys.argv.index("--") + 1:]
+    start = time.perf_counter()
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    watched, peak = psutil.Process(child.pid), 0
+    while child.poll() is None:
+        try:
+            peak = max(peak, tree_rss(watched))
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    seconds = time.perf_counter() - start
+    kernel_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    err = child.stderr.read().decode(errors="replace")
+    print(json.dumps({"seconds": seconds, "peak_rss": max(peak, kernel_peak), "returncode": child.returncode,
+                      "stderr": err[-2000:] if child.returncode else ""}))
+
+
+if __name__ == "__main__":
+    main()
