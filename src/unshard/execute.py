@@ -6,6 +6,7 @@ stays at a few tensors. Nothing is written outside the staging folder until ever
 
 from __future__ import annotations
 
+import itertools
 import resource
 import sys
 import time
@@ -63,25 +64,8 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
     start = time.perf_counter()
     folder = OutputFolder(out, overwrite)
     try:
-        with ThreadPoolExecutor(max(1, threads)) as pool, _progress(plan.total_bytes, progress) as bar:
-            groups = [(filename, g) for filename, gs in plan.files.items() for g in gs]
-            pending: deque = deque()
-            streams: dict[str, SafetensorsStream] = {}
-            upcoming = iter(groups)
-            for _ in range(max(1, threads)):
-                _submit(pool, plan, upcoming, pending)
-            while pending:
-                filename, future = pending.popleft()
-                stream = streams.get(filename)
-                if stream is None:
-                    entries = [(o.name, o.dtype, o.shape) for g in plan.files[filename] for o in g.outputs]
-                    stream = streams[filename] = SafetensorsStream(folder.path / filename, entries)
-                for name, tensor in future.result():
-                    stream.write(name, tensor)
-                    bar.update(tensor.numel() * tensor.element_size())
-                if stream.complete:
-                    stream.close()
-                _submit(pool, plan, upcoming, pending)
+        with _progress(plan.total_bytes, progress) as bar:
+            _write_weights(plan, folder.path, threads, bar)
         write_index(folder.path, {f: [o.name for g in gs for o in g.outputs] for f, gs in plan.files.items()},
                     plan.total_bytes)
         copied = copy_model_files(plan.config_folder, folder.path, DTYPE_NAMES.get(plan.dtype, "float32"))
@@ -95,11 +79,31 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
                   list(plan.files), copied)
 
 
-def _submit(pool, plan, upcoming, pending) -> None:
-    item = next(upcoming, None)
-    if item is not None:
-        filename, group = item
-        pending.append((filename, pool.submit(materialise, plan, group)))
+def _write_weights(plan: Plan, folder: Path, threads: int, bar) -> None:
+    """Every safetensors file of the plan. Up to `threads` groups are materialised ahead, in order."""
+    threads = max(1, threads)
+    work = ((filename, group) for filename, groups in plan.files.items() for group in groups)
+    streams: dict[str, SafetensorsStream] = {}
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            pending = deque((f, pool.submit(materialise, plan, g)) for f, g in itertools.islice(work, threads))
+            while pending:
+                filename, future = pending.popleft()
+                stream = streams.get(filename)
+                if stream is None:
+                    entries = [(o.name, o.dtype, o.shape) for g in plan.files[filename] for o in g.outputs]
+                    stream = streams[filename] = SafetensorsStream(folder / filename, entries)
+                for name, tensor in future.result():
+                    stream.write(name, tensor)
+                    bar.update(tensor.numel() * tensor.element_size())
+                if stream.complete:
+                    stream.close()
+                # Refill only now, so no more than `threads` groups are held at once.
+                for f, g in itertools.islice(work, 1):
+                    pending.append((f, pool.submit(materialise, plan, g)))
+    finally:
+        for stream in streams.values():
+            stream.close(check=False)
 
 
 def verify_folder(plan: Plan, folder: Path) -> None:

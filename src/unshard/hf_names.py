@@ -57,13 +57,16 @@ def _meta_model(config_folder: Path, config: dict) -> Any:
         return None
     if config.get("auto_map"):
         return None  # custom code: building it would run code from the checkpoint
+    hf_config = transformers.AutoConfig.from_pretrained(config_folder)
     architectures = config.get("architectures") or []
     model_class = getattr(transformers, architectures[0], None) if architectures else None
-    if model_class is None:
-        return None
-    hf_config = transformers.AutoConfig.from_pretrained(config_folder)
     with torch.device("meta"):
-        return model_class._from_config(hf_config)
+        if model_class is not None:
+            return model_class._from_config(hf_config)
+        try:  # a config saved without `architectures`: the causal LM of its model_type
+            return transformers.AutoModelForCausalLM.from_config(hf_config)
+        except ValueError:
+            return None
 
 
 def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, check: bool = True) -> Naming:
@@ -79,7 +82,8 @@ def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, c
     model = _meta_model(config_folder, config) if config else None
     if model is None:
         if config:
-            notes.append("tensor names kept as saved (transformers not installed, or a custom-code model)")
+            notes.append("tensor names kept as saved and not checked against the config "
+                         "(transformers not installed, a custom-code model, or no model class for this config)")
         dropped = {}
         if config.get("tie_word_embeddings") and "lm_head.weight" in renamed.values():
             dropped = {n: "tied to model.embed_tokens.weight" for n, c in renamed.items() if c == "lm_head.weight"}

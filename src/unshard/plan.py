@@ -107,11 +107,31 @@ def choose_dtype(requested: str, config: dict | None, checkpoint: Checkpoint) ->
     return torch.float32, "default"
 
 
+# Everything of a Hugging Face model repository but its weights.
+MODEL_FILE_PATTERNS = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken", "*.py", "*.md"]
+
+
+def resolve_config_source(config_from: str | Path) -> Path:
+    """A local folder as it is; otherwise a Hub repository id, whose non-weight files are downloaded."""
+    path = Path(config_from)
+    if path.is_dir():
+        return path
+    if path.exists() or str(config_from).count("/") != 1 or str(config_from).startswith((".", "/")):
+        raise UnshardError(f"{config_from}: --config-from needs a folder with config.json, or a Hub model id")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(config_from), allow_patterns=MODEL_FILE_PATTERNS))
+    except Exception as e:
+        raise UnshardError(f"{config_from}: not a local folder, and the Hub copy could not be fetched "
+                           f"({type(e).__name__}); download it and pass the folder to --config-from") from None
+
+
 def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
                config_from: str | Path | None = None, check: bool = True) -> Plan:
     from huggingface_hub import split_state_dict_into_shards_factory
 
-    config_folder = Path(config_from) if config_from else checkpoint.hf_folder
+    config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
     config = hf_names.read_config(config_folder)
     out_dtype, reason = choose_dtype(dtype, config, checkpoint)
     naming = hf_names.plan_names({n: t.shape for n, t in checkpoint.tensors.items()}, config_folder, check)
