@@ -30,9 +30,12 @@ def convert_case(name, fixture, out, **options):
 
 
 def model_files_folder(name, fixture):
-    """Where the fixture keeps config and tokenizer: verl's huggingface/, else the --config-from folder."""
+    """Where the fixture keeps config and tokenizer: --config-from, verl's huggingface/, or SRC itself."""
     case = CASES[name]
-    return fixture / case.config_from if case.config_from else fixture / case.src / "actor" / "huggingface"
+    if case.config_from:
+        return fixture / case.config_from
+    verl = fixture / case.src / "actor" / "huggingface"
+    return verl if verl.is_dir() else fixture / case.src
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--config-from", metavar="DIR", help="Hugging Face folder with config and tokenizer files")
         p.add_argument("--no-check", dest="check", action="store_false",
                        help="write even if the tensors do not fit the config")
+        p.add_argument("--weights", default="master", choices=("master", "module"),
+                       help="DeepSpeed: fp32 master weights from the optimizer (default) or the 16-bit module states")
 
     convert = sub.add_parser("convert", help="write a Hugging Face model folder")
     plan_options(convert)
@@ -65,7 +67,8 @@ def _run(args) -> int:
     import unshard
     from .report import as_text, describe
 
-    options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, config_from=args.config_from, check=args.check)
+    options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, config_from=args.config_from, check=args.check,
+                   weights=args.weights)
     if args.command == "inspect":
         info = unshard.inspect(args.src, **options)
         print(json.dumps(info, indent=2, default=str) if args.json else as_text(info))

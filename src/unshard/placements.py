@@ -112,11 +112,14 @@ def box(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[slice, ...]:
 
 def assemble(shape: Sequence[int], dtype: torch.dtype, pieces: Sequence[tuple[Block, Callable[[], torch.Tensor]]],
              out: torch.Tensor | None = None) -> torch.Tensor:
-    """Build the whole tensor from (block, loader of the local tensor) pairs."""
+    """Build the whole tensor from (block, loader of the local tensor) pairs.
+
+    A one-dimensional block of a tensor with more dimensions addresses its flattened elements,
+    as flat partitions (DeepSpeed ZeRO) hold them.
+    """
     whole = torch.empty(tuple(shape), dtype=dtype) if out is None else out
-    if whole.dim() == 0:
-        (block, load), = pieces
-        return load().reshape(()).clone()
+    flat = whole.view(-1)
     for block, load in pieces:
-        whole[box(block.global_offsets, block.sizes)].copy_(load()[box(block.local_offsets, block.sizes)])
+        target = flat if len(block.sizes) == 1 and whole.dim() != 1 else whole
+        target[box(block.global_offsets, block.sizes)].copy_(load()[box(block.local_offsets, block.sizes)])
     return whole

@@ -13,6 +13,7 @@ import torch
 
 from . import hf_names
 from .errors import UnshardError
+from .writer import MODEL_FILE_PATTERNS
 from .readers import Checkpoint, SourceTensor
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -107,10 +108,6 @@ def choose_dtype(requested: str, config: dict | None, checkpoint: Checkpoint) ->
     return torch.float32, "default"
 
 
-# Everything of a Hugging Face model repository but its weights.
-MODEL_FILE_PATTERNS = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken", "*.py", "*.md"]
-
-
 def resolve_config_source(config_from: str | Path) -> Path:
     """A local folder as it is; otherwise a Hub repository id, whose non-weight files are downloaded."""
     path = Path(config_from)
@@ -121,7 +118,7 @@ def resolve_config_source(config_from: str | Path) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(str(config_from), allow_patterns=MODEL_FILE_PATTERNS))
+        return Path(snapshot_download(str(config_from), allow_patterns=list(MODEL_FILE_PATTERNS)))
     except Exception as e:
         raise UnshardError(f"{config_from}: not a local folder, and the Hub copy could not be fetched "
                            f"({type(e).__name__}); download it and pass the folder to --config-from") from None

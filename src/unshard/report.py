@@ -36,9 +36,10 @@ def describe(plan: Plan) -> dict[str, Any]:
 def as_text(info: dict[str, Any]) -> str:
     out = info["output"]
     lines = [f"source       {info['source']}", f"layout       {info['layout']}"]
-    for key in ("world_size", "ranks", "naming", "fsdp_version", "files", "chunks", "base_model"):
+    for key in ("zero_stage", "weights", "optimizer_files", "world_size", "ranks", "naming", "fsdp_version", "files",
+                "chunks", "base_model"):
         if info.get(key) is not None:
-            lines.append(f"  {key.replace('_', ' '):11s}{info[key]}")
+            lines.append(f"  {key.replace('_', ' '):<15s} {info[key]}")
     if info.get("fsdp_config_json") is False:
         lines.append("  (no fsdp_config.json: world size taken from the file names)")
     for how, count in info.get("sharding", {}).items():

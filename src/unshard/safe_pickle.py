@@ -44,6 +44,31 @@ class ShardedTensorRecord(torch.Tensor):
         self.local_shards, self.sharded_metadata, self.process_group_state = state[:3]
 
 
+class Record:
+    """Stands in for a trainer's bookkeeping object (a loss scaler, a fragment address): keeps its
+    arguments and state as plain data, runs none of its code."""
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+    def __setstate__(self, state):
+        self.state = state
+
+
+def _enum_value(value):
+    """Enums such as DeepSpeed's ZeroStageEnum unpickle as their plain value."""
+    return value
+
+
+# Classes of DeepSpeed (and other trainers) that appear in their checkpoints' pickles.
+FOREIGN_RECORDS = {
+    "deepspeed.runtime.zero.config.ZeroStageEnum": _enum_value,
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler": Record,
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": Record,
+    "deepspeed.utils.tensor_fragment.fragment_address": Record,
+}
+
+
 def _nested_class_getattr(owner: Any, name: str) -> Any:
     # ShardedTensor pickles reach their ProcessGroupState through getattr(ShardedTensor, ...).
     # Only that lookup is allowed: a general getattr could reach anything.
@@ -65,6 +90,7 @@ def _allowed_globals() -> list:
     from torch.distributed.remote_device import _remote_device
 
     return [
+        *((stand_in, name) for name, stand_in in FOREIGN_RECORDS.items()),
         (ShardedTensorRecord, "torch.distributed._shard.sharded_tensor.api.ShardedTensor"),
         (_nested_class_getattr, "builtins.getattr"),
         ShardedTensorRecord.ProcessGroupState,

@@ -8,6 +8,7 @@ and renamed into place only when complete, so a failed run never leaves an OUT t
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -22,9 +23,16 @@ SAFETENSORS_DTYPES = {
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
     torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
 }
-# Files of a Hugging Face folder that hold weights; everything else (config, tokenizer, chat
-# template, processor, custom code) is copied into OUT as it is.
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+# The files of a Hugging Face model folder other than weights. Only these are copied into OUT, so
+# a trainer's own files beside them (`latest`, `zero_to_fp32.py`, `trainer_state.json`,
+# `training_args.bin`, optimizer states) stay behind. Python files are custom model code and are
+# copied only when config.json points at them (`auto_map`).
+MODEL_FILE_PATTERNS = (
+    "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
+    "vocab.*", "merges.txt", "*.model", "*.tiktoken", "chat_template.*", "preprocessor_config.json",
+    "processor_config.json", "video_preprocessor_config.json", "image_processor_config.json",
+    "feature_extractor_config.json", "*.py",
+)
 
 
 class SafetensorsStream:
@@ -108,11 +116,13 @@ def copy_model_files(source: Path | None, folder: Path, dtype_name: str) -> list
     copied = []
     if source is None:
         return copied
+    config = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() else {}
     for path in sorted(source.iterdir()):
-        if not path.is_file() or path.name.endswith(WEIGHT_SUFFIXES):
+        if not path.is_file() or not any(fnmatch.fnmatch(path.name, p) for p in MODEL_FILE_PATTERNS):
+            continue
+        if path.suffix == ".py" and not config.get("auto_map"):
             continue
         if path.name == "config.json":
-            config = json.loads(path.read_text())
             keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["dtype"]
             for key in keys:
                 config[key] = dtype_name

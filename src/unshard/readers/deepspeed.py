@@ -1,0 +1,188 @@
+"""DeepSpeed ZeRO checkpoints (`save_checkpoint`), read without DeepSpeed installed.
+
+Folder: `latest` names the tag; `<tag>/` holds `mp_rank_00_model_states.pt` (ZeRO 1/2) or
+`zero_pp_rank_{dp}_mp_rank_00_model_states.pt` (ZeRO 3), and the optimizer partitions
+`[bf16_]zero_pp_rank_{dp}_mp_rank_00_optim_states.pt`. The fp32 master weights live only in the
+optimizer partitions, as flat vectors per parameter group:
+- ZeRO 1/2: `single_partition_of_fp32_groups[g]`, one equal slice per rank; the ranks' slices
+  concatenated hold the group's parameters one after another, in `param_shapes[g]` order.
+- ZeRO 3: `fp32_flat_groups[g]`; every parameter is cut into `ceil(numel / world)` elements per
+  rank (the last rank padded), parameters one after another across the groups.
+Each parameter becomes a list of element ranges in those vectors; nothing else is read.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from .. import safe_pickle
+from ..errors import CheckpointError
+from ..placements import Block
+from .base import Checkpoint, Piece, SourceTensor, deduplicate
+
+LAYOUT = "deepspeed-zero"
+MODEL_FILE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+
+
+def _tag_folder(src: Path) -> Path | None:
+    if (src / "latest").is_file():
+        tag = src / (src / "latest").read_text().strip()
+        return tag if tag.is_dir() else None
+    if src.is_dir() and any(MODEL_FILE.match(p.name) for p in src.iterdir()):
+        return src
+    return None
+
+
+def find_folder(src: Path) -> Path | None:
+    return _tag_folder(src)
+
+
+def _files(folder: Path, pattern: re.Pattern) -> dict[tuple[int, int], Path]:
+    found = {}
+    for path in folder.iterdir():
+        m = pattern.match(path.name)
+        if m:
+            found[(int(m.group(1) or 0), int(m.group(2)))] = path
+    return found
+
+
+class DeepSpeedZero(Checkpoint):
+    def local_tensor(self, piece: Piece) -> torch.Tensor:
+        state = self._states[piece.file]
+        kind, _, name = piece.key.partition("/")
+        if kind == "module":
+            return state["module"][name]
+        if kind == "frozen":
+            return state["frozen_param_fragments"][name].reshape(-1)
+        return state["optimizer_state_dict"][kind][piece.part]
+
+    def release(self, piece: Piece) -> None:
+        safe_pickle.forget_pages(self.local_tensor(piece))
+
+    def close(self) -> None:
+        self._states.clear()
+
+
+def _ranges(path: Path, key: str, part: int, local_start: int, global_start: int, count: int) -> Piece:
+    return Piece(path, key, Block((local_start,), (global_start,), (count,)), part)
+
+
+def open_folder(src: Path, weights: str = "master") -> DeepSpeedZero:
+    folder = find_folder(src)
+    if folder is None:
+        raise CheckpointError(f"{src}: no DeepSpeed `latest` file or *_model_states.pt files here")
+    model_files, optim_files = _files(folder, MODEL_FILE), _files(folder, OPTIM_FILE)
+    if any(mp for _, mp in [*model_files, *optim_files]):
+        raise CheckpointError(f"{folder}: tensor-parallel DeepSpeed checkpoints (mp_rank_01 and up) are not supported yet")
+    first_model = model_files[min(model_files)]
+    model_state = safe_pickle.load(first_model)
+    world = int(model_state.get("dp_world_size") or len(optim_files))
+    missing = sorted(set(range(world)) - {dp for dp, _ in optim_files})
+    if missing:
+        raise CheckpointError(f"{folder}: optimizer partitions of rank(s) {missing[:4]} are missing "
+                              f"(zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt); copy every rank's files")
+    states = {first_model: model_state}
+    optims = []
+    for dp in range(world):
+        path = optim_files[(dp, 0)]
+        states[path] = safe_pickle.load(path)
+        optims.append(path)
+    optim0 = states[optims[0]]["optimizer_state_dict"]
+    stage = int(optim0["zero_stage"])
+    param_shapes = model_state["param_shapes"]
+    tensors: dict[str, SourceTensor] = {}
+    facts = {"zero_stage": stage, "world_size": world, "weights": weights}
+
+    if weights == "module":
+        if stage == 3:
+            raise CheckpointError(f"{first_model}: ZeRO-3 keeps no whole weights in the model states; "
+                                  "use the default fp32 master weights (--weights master)")
+        for name, t in model_state["module"].items():
+            shape = tuple(t.shape)
+            tensors[name] = SourceTensor(name, shape, t.dtype, [Piece(first_model, f"module/{name}",
+                                                                      Block((0,) * len(shape), (0,) * len(shape), shape))])
+    else:
+        dtype = torch.float32
+        if stage <= 2:
+            key = "single_partition_of_fp32_groups"
+            paddings = optim0.get("param_alignment_paddings")
+            for g, shapes in enumerate(param_shapes):
+                partition = states[optims[0]]["optimizer_state_dict"][key][g].numel()
+                offset = 0
+                for i, (name, shape) in enumerate(shapes.items()):
+                    numel, pieces = math.prod(shape), []
+                    for rank, path in enumerate(optims):
+                        lo, hi = max(offset, rank * partition), min(offset + numel, (rank + 1) * partition)
+                        if lo < hi:
+                            pieces.append(_ranges(path, key, g, lo - rank * partition, lo - offset, hi - lo))
+                    tensors[name] = SourceTensor(name, tuple(shape), dtype, deduplicate(name, tuple(shape), pieces))
+                    offset += numel + (paddings[g][i] if paddings else 0)
+        else:
+            key = "fp32_flat_groups"
+            group_sizes = [t.numel() for t in optim0[key]]
+            group_starts = [sum(group_sizes[:g]) for g in range(len(group_sizes))]
+            offset = 0
+            for shapes in param_shapes:
+                for name, shape in shapes.items():
+                    numel = math.prod(shape)
+                    per_rank = -(-numel // world)
+                    pieces = []
+                    for rank, path in enumerate(optims):
+                        count = min(per_rank, numel - rank * per_rank)
+                        if count > 0:
+                            g = max(i for i, start in enumerate(group_starts) if start <= offset)
+                            pieces.append(_ranges(path, key, g, offset - group_starts[g], rank * per_rank, count))
+                    tensors[name] = SourceTensor(name, tuple(shape), dtype, deduplicate(name, tuple(shape), pieces))
+                    offset += per_rank
+        _add_frozen(tensors, model_state, first_model, folder, model_files, states, stage, world)
+        for name in model_state.get("buffer_names") or []:
+            t = model_state["module"][name]
+            shape = tuple(t.shape)
+            tensors[name] = SourceTensor(name, shape, t.dtype, [Piece(first_model, f"module/{name}",
+                                                                      Block((0,) * len(shape), (0,) * len(shape), shape))])
+        facts["optimizer_files"] = Counter("bf16" if p.name.startswith("bf16_") else "fp32" for p in optims).most_common(1)[0][0]
+    for alias, source in (model_state.get("shared_params") or {}).items():
+        if source in tensors:
+            tensors[alias] = SourceTensor(alias, tensors[source].shape, tensors[source].dtype, tensors[source].pieces)
+    hf = _hf_folder(folder)
+    checkpoint = DeepSpeedZero(layout=LAYOUT, path=folder, tensors=tensors, hf_folder=hf, facts=facts)
+    checkpoint._states = states
+    return checkpoint
+
+
+def _add_frozen(tensors, model_state, first_model, folder, model_files, states, stage, world) -> None:
+    """Frozen parameters are not in the optimizer: whole in the model states (ZeRO 1/2) or in
+    per-rank fragments of ceil(numel / world) elements (ZeRO 3)."""
+    frozen = model_state.get("frozen_param_shapes") or {}
+    if not frozen:
+        return
+    if stage == 3:
+        for dp in range(world):
+            path = model_files[(dp, 0)]
+            states.setdefault(path, safe_pickle.load(path))
+    for name, shape in frozen.items():
+        numel, pieces = math.prod(shape), []
+        if stage <= 2:
+            pieces.append(_ranges(first_model, f"frozen/{name}", 0, 0, 0, numel))
+        else:
+            per_rank = -(-numel // world)
+            for dp in range(world):
+                count = min(per_rank, numel - dp * per_rank)
+                if count > 0:
+                    pieces.append(_ranges(model_files[(dp, 0)], f"frozen/{name}", 0, 0, dp * per_rank, count))
+        dtype = model_state["frozen_param_fragments"][name].dtype
+        tensors[name] = SourceTensor(name, tuple(shape), dtype, deduplicate(name, tuple(shape), pieces))
+
+
+def _hf_folder(tag_folder: Path) -> Path | None:
+    """The Hugging Face Trainer keeps config and tokenizer in checkpoint-N/, the folder above the tag."""
+    for candidate in (tag_folder, tag_folder.parent):
+        if (candidate / "config.json").is_file():
+            return candidate
+    return None

@@ -1,0 +1,86 @@
+"""DeepSpeed ZeRO checkpoints: equal, bit for bit, to what DeepSpeed's own zero_to_fp32 returns."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import unshard
+from conftest import SHIPPED
+from test_cli_and_errors import RunsShellCommand, leftovers, run_cli
+
+STAGES = ["deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero2-bf16", "deepspeed-zero3-bf16"]
+
+
+@pytest.mark.parametrize("case", STAGES)
+def test_fp32_master_weights_equal_deepspeeds_own(case, fixture_case, tmp_path):
+    fixture = fixture_case(case)
+    unshard.convert(fixture / "checkpoint-1", tmp_path / "out", dtype="float32", progress=False)
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    oracle = load_file(fixture / "reference-fp32.safetensors")  # get_fp32_state_dict_from_zero_checkpoint
+    before = load_file(fixture / "before.safetensors")
+    assert sorted(written) == sorted(oracle)
+    for name, expected in oracle.items():
+        assert written[name].dtype == torch.float32 and torch.equal(written[name], expected), name
+    assert any(not torch.equal(written[n], before[n]) for n in before)  # the step really happened
+
+
+def test_oracle_recomputed_by_installed_deepspeed(tmp_path):
+    """The shipped oracle files are DeepSpeed's answer; ask the installed DeepSpeed again."""
+    zero_to_fp32 = pytest.importorskip("deepspeed.utils.zero_to_fp32")
+    for case in ("deepspeed-zero2", "deepspeed-zero3"):
+        checkpoint = SHIPPED / case / "checkpoint-1"
+        expected = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
+        ckpt = unshard.open_checkpoint(checkpoint)
+        for name, tensor in expected.items():
+            assert torch.equal(ckpt.read(name), tensor), name
+
+
+def test_module_weights_are_the_16bit_copy(tmp_path):
+    checkpoint = SHIPPED / "deepspeed-zero2-bf16" / "checkpoint-1"
+    info = unshard.inspect(checkpoint, weights="module")
+    assert info["weights"] == "module" and info["dtypes"] == {"bfloat16": 21}
+    unshard.convert(checkpoint, tmp_path / "out", weights="module", progress=False)
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    masters = load_file(SHIPPED / "deepspeed-zero2-bf16" / "reference-fp32.safetensors")
+    for name, master in masters.items():
+        assert written[name].dtype == torch.bfloat16
+        assert torch.equal(written[name], master.to(torch.bfloat16)), name
+    with pytest.raises(unshard.CheckpointError, match="ZeRO-3 keeps no whole weights"):
+        unshard.open_checkpoint(SHIPPED / "deepspeed-zero3" / "checkpoint-1", weights="module")
+
+
+def test_inspect_says_stage_and_weights():
+    code, out, err = run_cli("inspect", SHIPPED / "deepspeed-zero3-bf16" / "checkpoint-1")
+    assert code == 0, err
+    assert "deepspeed-zero" in out and "zero stage      3" in out and "weights         master" in out
+    assert "optimizer files bf16" in out and "world size      3" in out
+
+
+def test_trainer_files_are_not_copied(tmp_path):
+    unshard.convert(SHIPPED / "deepspeed-zero2" / "checkpoint-1", tmp_path / "out", progress=False)
+    names = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"config.json", "tokenizer.json", "chat_template.jinja", "generation_config.json"} <= names
+    assert not names & {"latest", "zero_to_fp32.py", "zero_to_torch.py"}
+
+
+def test_missing_optimizer_partition(tmp_path):
+    checkpoint = tmp_path / "checkpoint-1"
+    shutil.copytree(SHIPPED / "deepspeed-zero3" / "checkpoint-1", checkpoint)
+    (checkpoint / "global_step1" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    code, _, err = run_cli("convert", checkpoint, tmp_path / "out")
+    assert code == 1 and "rank(s) [1] are missing" in err and not (tmp_path / "out").exists()
+    assert not leftovers(tmp_path)
+
+
+def test_optimizer_file_that_runs_code_is_refused(tmp_path):
+    checkpoint = tmp_path / "checkpoint-1"
+    shutil.copytree(SHIPPED / "deepspeed-zero2" / "checkpoint-1", checkpoint)
+    marker = tmp_path / "pwned"
+    torch.save({"optimizer_state_dict": RunsShellCommand(marker)},
+               checkpoint / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    code, _, err = run_cli("inspect", checkpoint)
+    assert code == 1 and "refused to load" in err and not marker.exists()
