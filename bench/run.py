@@ -1,13 +1,15 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2] [--layouts verl,dcp] [--work /tmp/unshard-bench]
+    python bench/run.py [--sizes 0.5,2] [--layouts verl,dcp,zero2,zero3] [--work /tmp/unshard-bench]
 
-For each layout and size: make a real FSDP2 checkpoint (bench/make_checkpoint.py under torchrun),
+For each layout and size: make a real checkpoint (FSDP2 by bench/make_checkpoint.py, DeepSpeed by
+tests/fixtures/make_deepspeed.py, both under torchrun),
 then time every tool on it, reading from a warm page cache:
   cp                      copying the input bytes: the floor
   unshard                 unshard convert (this checkout)
   dcp_to_torch_save       torch.distributed.checkpoint.format_utils dcp_to_torch (DCP only)
   accelerate merge-weights  from PyPI, in its own venv (DCP only)
+  zero_to_fp32.py         DeepSpeed's own script, DeepSpeed from PyPI in its own venv (zero2 / zero3)
 Reports wall time, peak RSS of the process tree and throughput as a markdown table, and appends
 every measurement with the machine and versions to bench/results/results.jsonl.
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 VENVS = HERE / ".venvs"
-PEERS = {"accelerate": ["accelerate==1.15.0"]}
+PEERS = {"accelerate": ["accelerate==1.15.0"], "deepspeed": ["deepspeed==0.19.8", "transformers", "tokenizers"]}
 
 
 def sh(cmd: list[str], **kw) -> None:
@@ -54,10 +56,20 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    sh([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-        str(HERE / "make_checkpoint.py"), "--gb", str(gb), "--writer", layout, "--out", str(folder)],
-       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", DS_BUILD_OPS="0")
+    if layout.startswith("zero"):
+        # DeepSpeed itself trains a step and saves; layers chosen so the fp32 weights are about `gb`.
+        from make_checkpoint import FFN, HIDDEN, VOCAB, layers_for
+
+        size = [str(HIDDEN), str(layers_for(gb)), str(VOCAB), str(FFN)]
+        script = [str(ROOT / "tests" / "fixtures" / "make_deepspeed.py"), "--stage", layout[-1], "--size", *size]
+        python = peer_python("deepspeed")
+    else:
+        script = [str(HERE / "make_checkpoint.py"), "--gb", str(gb), "--writer", layout]
+        python = Path(sys.executable)
+    sh([str(python), "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+        *script, "--out", str(folder)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+       cwd=ROOT / "tests" / "fixtures")
     (folder / "done").write_text("")
     return folder
 
@@ -66,13 +78,21 @@ def size_of(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def source(layout: str, folder: Path) -> Path:
+    return folder / "checkpoint-1" if layout.startswith("zero") else folder / "ckpt"
+
+
 def tools(layout: str, folder: Path, out: Path) -> dict[str, list[str]]:
-    src, hf = folder / "ckpt", folder / "hf"
+    src = source(layout, folder)
+    config = [] if layout.startswith("zero") else ["--config-from", str(folder / "hf")]
     found = {
         "cp": ["cp", "-r", str(src), str(out)],
-        "unshard": [sys.executable, "-m", "unshard", "convert", str(src), str(out), "--config-from", str(hf),
+        "unshard": [sys.executable, "-m", "unshard", "convert", str(src), str(out), *config, "--dtype", "float32",
                     "--no-progress"],
     }
+    if layout.startswith("zero"):
+        found["zero_to_fp32.py"] = [str(peer_python("deepspeed")), str(src / "zero_to_fp32.py"), str(src), str(out),
+                                    "--safe_serialization"]
     if layout == "dcp":
         found["dcp_to_torch_save"] = [sys.executable, "-m", "torch.distributed.checkpoint.format_utils",
                                       "dcp_to_torch", str(src), str(out)]
@@ -108,13 +128,13 @@ def main() -> None:
     for layout in args.layouts.split(","):
         for gb in [float(s) for s in args.sizes.split(",")]:
             folder = make_checkpoint(work, layout, gb)
-            nbytes = size_of(folder / "ckpt")
+            nbytes = size_of(source(layout, folder))
             for name, cmd in tools(layout, folder, work / "out").items():
                 shutil.rmtree(work / "out", ignore_errors=True)
                 (work / "out.pt").unlink(missing_ok=True)
                 if cmd[-1] == str(work / "out") and name == "dcp_to_torch_save":
                     cmd[-1] = str(work / "out.pt")
-                sh(["cat", *map(str, (p for p in (folder / "ckpt").rglob("*") if p.is_file()))],
+                sh(["cat", *map(str, (p for p in source(layout, folder).rglob("*") if p.is_file()))],
                    stdout=subprocess.DEVNULL)  # warm the page cache: every tool reads from memory
                 result = measure(cmd)
                 rows.append({"when": stamp, "layout": layout, "gb": gb, "input_bytes": nbytes, "tool": name, **result})

@@ -10,15 +10,17 @@ from safetensors.torch import load_file
 
 import unshard
 from conftest import SHIPPED
+from generate import CASES
 from test_cli_and_errors import RunsShellCommand, leftovers, run_cli
 
-STAGES = ["deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero2-bf16", "deepspeed-zero3-bf16"]
+STAGES = ["deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero2-bf16", "deepspeed-zero3-bf16", "deepspeed-zero1-bf16",
+          "deepspeed-zero2-fp16"]
 
 
-@pytest.mark.parametrize("case", STAGES)
+@pytest.mark.parametrize("case", [*STAGES, "deepspeed-zero2-universal"])
 def test_fp32_master_weights_equal_deepspeeds_own(case, fixture_case, tmp_path):
     fixture = fixture_case(case)
-    unshard.convert(fixture / "checkpoint-1", tmp_path / "out", dtype="float32", progress=False)
+    unshard.convert(fixture / CASES[case].src, tmp_path / "out", dtype="float32", progress=False)
     written = load_file(tmp_path / "out" / "model.safetensors")
     oracle = load_file(fixture / "reference-fp32.safetensors")  # get_fp32_state_dict_from_zero_checkpoint
     before = load_file(fixture / "before.safetensors")
@@ -84,3 +86,30 @@ def test_optimizer_file_that_runs_code_is_refused(tmp_path):
                checkpoint / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     code, _, err = run_cli("inspect", checkpoint)
     assert code == 1 and "refused to load" in err and not marker.exists()
+
+
+def test_universal_folder_is_found_from_latest_universal(tmp_path):
+    checkpoint = SHIPPED / "deepspeed-zero2-universal" / "checkpoint-1"
+    # `latest` (the original ZeRO files) wins when both are there; the universal folder is read directly.
+    assert unshard.open_checkpoint(checkpoint).layout == "deepspeed-zero"
+    assert unshard.open_checkpoint(checkpoint / "global_step1_universal").layout == "deepspeed-universal"
+
+
+def test_tag_picks_another_save(tmp_path):
+    checkpoint = tmp_path / "checkpoint-1"
+    shutil.copytree(SHIPPED / "deepspeed-zero2" / "checkpoint-1", checkpoint)
+    (checkpoint / "global_step1").rename(checkpoint / "global_step7")
+    code, _, err = run_cli("inspect", checkpoint)  # `latest` still names global_step1
+    assert code == 1 and "names 'global_step1', which is not here; tags here: global_step7; pass --tag" in err
+    code, out, err = run_cli("inspect", checkpoint, "--tag", "global_step7")
+    assert code == 0 and "global_step7" in out, err
+    code, _, err = run_cli("inspect", checkpoint, "--tag", "global_step9")
+    assert code == 1 and "no tag folder 'global_step9'; tags here: global_step7" in err
+
+
+def test_frozen_parameter_comes_from_the_model_states():
+    for case in ("deepspeed-zero2", "deepspeed-zero3"):
+        ckpt = unshard.open_checkpoint(SHIPPED / case / "checkpoint-1")
+        oracle = load_file(SHIPPED / case / "reference-fp32.safetensors")
+        assert torch.equal(ckpt.read("model.norm.weight"), oracle["model.norm.weight"])
+        assert all(p.key.startswith("frozen/") for p in ckpt.tensors["model.norm.weight"].pieces)

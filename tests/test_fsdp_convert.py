@@ -30,12 +30,15 @@ def convert_case(name, fixture, out, **options):
 
 
 def model_files_folder(name, fixture):
-    """Where the fixture keeps config and tokenizer: --config-from, verl's huggingface/, or SRC itself."""
+    """Where the fixture keeps config and tokenizer: --config-from, verl's huggingface/, SRC or above."""
     case = CASES[name]
     if case.config_from:
         return fixture / case.config_from
-    verl = fixture / case.src / "actor" / "huggingface"
-    return verl if verl.is_dir() else fixture / case.src
+    src = fixture / case.src
+    for folder in (src / "actor" / "huggingface", src, src.parent):  # verl, HF Trainer, DeepSpeed universal
+        if (folder / "config.json").is_file():
+            return folder
+    raise AssertionError(f"no config.json for {name}")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -179,3 +182,18 @@ def test_accelerate_save_state_folder_and_whole_file(tmp_path):
     written = load_folder_tensors(tmp_path / "out")
     assert all(torch.equal(written[n], t) for n, t in reference.items()) and len(written) == len(reference)
     assert unshard.open_checkpoint(SHIPPED / "accelerate-fsdp2-dcp" / "state").layout == "torch-dcp"
+
+
+def test_wrapper_prefixes_are_removed(tmp_path):
+    """torch.compile saves every name under `_orig_mod.`; DDP under `module.`."""
+    from transformers import AutoModelForCausalLM
+
+    reference = SHIPPED / "llama-fsdp2" / "reference"
+    model = AutoModelForCausalLM.from_pretrained(reference)
+    compiled = torch.compile(model)
+    state = compiled.state_dict()
+    assert all(name.startswith("_orig_mod.") for name in state)
+    torch.save(state, tmp_path / "compiled.pt")
+    unshard.convert(tmp_path / "compiled.pt", tmp_path / "out", config_from=reference, progress=False)
+    written = load_folder_tensors(tmp_path / "out")
+    assert sorted(written) == sorted(load_folder_tensors(reference))

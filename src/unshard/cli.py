@@ -27,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="write even if the tensors do not fit the config")
         p.add_argument("--weights", default="master", choices=("master", "module"),
                        help="DeepSpeed: fp32 master weights from the optimizer (default) or the 16-bit module states")
+        p.add_argument("--tag", help="DeepSpeed: the tag folder to read (default: the one `latest` names)")
 
     convert = sub.add_parser("convert", help="write a Hugging Face model folder")
     plan_options(convert)
@@ -68,7 +69,7 @@ def _run(args) -> int:
     from .report import as_text, describe
 
     options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, config_from=args.config_from, check=args.check,
-                   weights=args.weights)
+                   weights=args.weights, tag=args.tag)
     if args.command == "inspect":
         info = unshard.inspect(args.src, **options)
         print(json.dumps(info, indent=2, default=str) if args.json else as_text(info))

@@ -6,15 +6,17 @@ import inspect
 from pathlib import Path
 
 from ..errors import CheckpointError
-from . import dcp, dcp_safetensors, deepspeed, fsdp_rank_files
+from . import dcp, dcp_safetensors, deepspeed, deepspeed_universal, fsdp_rank_files
 from .base import Checkpoint, Piece, SourceTensor
 
-# Each entry: (does SRC look like this layout?, open it). Tried in order.
+# Each entry: (does SRC look like this layout, given the options?, open it). Tried in order.
 READERS = [
-    (lambda src: deepspeed.find_folder(src) is not None, deepspeed.open_folder),
-    (lambda src: dcp.find_folder(src) is not None, dcp.open_folder),
-    (lambda src: dcp_safetensors.find_folder(src) is not None, dcp_safetensors.open_folder),
-    (lambda src: fsdp_rank_files.find_files(src) is not None, fsdp_rank_files.open_folder),
+    (lambda src, opts: deepspeed_universal.find_folder(src) is not None, deepspeed_universal.open_folder),
+    (lambda src, opts: deepspeed.find_folder(src, opts.get("tag")) is not None or (src / "latest").is_file(),
+     deepspeed.open_folder),
+    (lambda src, opts: dcp.find_folder(src) is not None, dcp.open_folder),
+    (lambda src, opts: dcp_safetensors.find_folder(src) is not None, dcp_safetensors.open_folder),
+    (lambda src, opts: fsdp_rank_files.find_files(src) is not None, fsdp_rank_files.open_folder),
 ]
 
 
@@ -28,15 +30,16 @@ def open_checkpoint(src: str | Path, **options) -> Checkpoint:
     if not src.exists():
         raise CheckpointError(f"{src}: no such file or folder")
     for matches, open_ in READERS:
-        if matches(src):
+        if matches(src, options):
             accepted = inspect.signature(open_).parameters
             unknown = [name for name in options if name not in accepted]
             if unknown:
                 raise CheckpointError(f"{src}: --{unknown[0]} does not apply to this checkpoint's layout; drop it")
             return open_(src, **options)
     raise CheckpointError(
-        f"{src}: not a checkpoint layout unshard knows; point at the folder holding "
-        "model_world_size_*_rank_*.pt (verl: global_step_N/actor) a DCP folder (.metadata), or DCP-written shard-*-model-*.safetensors"
+        f"{src}: not a checkpoint layout unshard knows; point at the folder holding model_world_size_*_rank_*.pt "
+        "(verl: global_step_N/actor), a DCP folder (.metadata), DCP-written shard-*-model-*.safetensors, "
+        "a DeepSpeed folder with `latest`, or a whole state-dict .pt/.bin file"
     )
 
 

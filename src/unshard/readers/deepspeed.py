@@ -30,17 +30,14 @@ MODEL_FILE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.p
 OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 
 
-def _tag_folder(src: Path) -> Path | None:
-    if (src / "latest").is_file():
-        tag = src / (src / "latest").read_text().strip()
-        return tag if tag.is_dir() else None
+def find_folder(src: Path, tag: str | None = None) -> Path | None:
+    """The tag folder: the one `latest` names (or `tag`), or SRC itself if it holds model states."""
+    if tag is not None or (src / "latest").is_file():
+        folder = src / (tag or (src / "latest").read_text().strip())
+        return folder if folder.is_dir() else None
     if src.is_dir() and any(MODEL_FILE.match(p.name) for p in src.iterdir()):
         return src
     return None
-
-
-def find_folder(src: Path) -> Path | None:
-    return _tag_folder(src)
 
 
 def _files(folder: Path, pattern: re.Pattern) -> dict[tuple[int, int], Path]:
@@ -73,9 +70,16 @@ def _ranges(path: Path, key: str, part: int, local_start: int, global_start: int
     return Piece(path, key, Block((local_start,), (global_start,), (count,)), part)
 
 
-def open_folder(src: Path, weights: str = "master") -> DeepSpeedZero:
-    folder = find_folder(src)
+def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> DeepSpeedZero:
+    folder = find_folder(src, tag)
     if folder is None:
+        tags = sorted(p.name for p in src.iterdir() if p.is_dir() and any(MODEL_FILE.match(f.name) for f in p.iterdir()))
+        found = f"tags here: {', '.join(tags) or 'none'}"
+        if tag is not None:
+            raise CheckpointError(f"{src}: no tag folder {tag!r}; {found}")
+        if (src / "latest").is_file():
+            named = (src / "latest").read_text().strip()
+            raise CheckpointError(f"{src / 'latest'}: names {named!r}, which is not here; {found}; pass --tag")
         raise CheckpointError(f"{src}: no DeepSpeed `latest` file or *_model_states.pt files here")
     model_files, optim_files = _files(folder, MODEL_FILE), _files(folder, OPTIM_FILE)
     if any(mp for _, mp in [*model_files, *optim_files]):
