@@ -232,3 +232,34 @@ def test_config_from_hub_id_offline_says_what_to_do(tmp_path, monkeypatch):
     assert code == 1 and "could not be fetched" in err and "pass the folder to --config-from" in err
     code, _, err = run_cli("convert", dcp, tmp_path / "hf", "--config-from", tmp_path / "nothing-here")
     assert code == 1 and "needs a folder with config.json, or a Hub model id" in err
+
+
+def test_custom_code_is_copied_but_never_run(tmp_path):
+    ckpt = copy_actor(tmp_path)
+    config = json.loads((ckpt / "huggingface/config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
+    (ckpt / "huggingface/config.json").write_text(json.dumps(config))
+    marker = tmp_path / "ran"
+    (ckpt / "huggingface/modeling_custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf")
+    assert code == 0, err
+    assert "not checked against the config" in err
+    assert (tmp_path / "hf" / "modeling_custom.py").exists() and not marker.exists()
+
+
+def test_strip_wrappers_only_removes_whole_wrapper_components():
+    from unshard.hf_names import strip_wrappers
+
+    assert strip_wrappers("module.model._fsdp_wrapped_module.layers.0._checkpoint_wrapped_module.mlp.weight") == \
+        "model.layers.0.mlp.weight"
+    assert strip_wrappers("_orig_mod.model.norm.weight") == "model.norm.weight"
+    assert strip_wrappers("model.submodule.weight") == "model.submodule.weight"
+
+
+def test_bad_shard_size_and_broken_config(tmp_path):
+    code, _, err = run_cli("convert", LLAMA / "global_step_1", tmp_path / "hf", "--max-shard-size", "lots")
+    assert code == 1 and "give a size such as 5GB" in err
+    ckpt = copy_actor(tmp_path)
+    (ckpt / "huggingface/config.json").write_text("{not json")
+    code, _, err = run_cli("inspect", ckpt)
+    assert code == 1 and "config.json: not valid JSON" in err

@@ -63,10 +63,14 @@ def test_inspect_says_stage_and_weights():
 
 
 def test_trainer_files_are_not_copied(tmp_path):
-    unshard.convert(SHIPPED / "deepspeed-zero2" / "checkpoint-1", tmp_path / "out", progress=False)
+    checkpoint = tmp_path / "checkpoint-1"
+    shutil.copytree(SHIPPED / "deepspeed-zero2" / "checkpoint-1", checkpoint)
+    (checkpoint / "zero_to_fp32.py").write_text("# a trainer's script, not model code\n")
+    (checkpoint / "trainer_state.json").write_text("{}")
+    unshard.convert(checkpoint, tmp_path / "out", progress=False)
     names = {p.name for p in (tmp_path / "out").iterdir()}
     assert {"config.json", "tokenizer.json", "chat_template.jinja", "generation_config.json"} <= names
-    assert not names & {"latest", "zero_to_fp32.py", "zero_to_torch.py"}
+    assert not names & {"latest", "zero_to_fp32.py", "trainer_state.json", "global_step1"}
 
 
 def test_missing_optimizer_partition(tmp_path):

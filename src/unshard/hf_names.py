@@ -21,14 +21,16 @@ from .errors import ConfigMismatchError
 
 log = logging.getLogger("unshard")
 
-# Module wrappers that add a prefix to every parameter name when a model is saved through them.
-WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "module.")
+# Module wrappers insert these path components into every parameter name below them (FSDP1,
+# activation checkpointing, torch.compile); DDP and DeepSpeed put `module.` in front of all names.
+WRAPPER_COMPONENTS = {"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"}
 
 
 def strip_wrappers(name: str) -> str:
-    for prefix in WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
+    parts = [p for p in name.split(".") if p not in WRAPPER_COMPONENTS]
+    if parts[0] == "module" and len(parts) > 1:
+        parts = parts[1:]
+    return ".".join(parts)
 
 
 @dataclass
@@ -46,7 +48,10 @@ class Naming:
 def read_config(folder: Path | None) -> dict[str, Any] | None:
     if folder is None or not (folder / "config.json").exists():
         return None
-    return json.loads((folder / "config.json").read_text())
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigMismatchError(f"{folder / 'config.json'}: not valid JSON ({e}); fix it or pass --config-from") from None
 
 
 def _meta_model(config_folder: Path, config: dict) -> Any:
@@ -71,12 +76,10 @@ def _meta_model(config_folder: Path, config: dict) -> Any:
 
 def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, check: bool = True) -> Naming:
     """Decide the output names for checkpoint tensors of the given shapes."""
-    renamed: dict[str, str] = {}
-    for name in shapes:
-        clean = strip_wrappers(name)
-        if clean in renamed.values():
-            raise ConfigMismatchError(f"two checkpoint tensors are both named {clean} once wrappers are removed")
-        renamed[name] = clean
+    renamed = {name: strip_wrappers(name) for name in shapes}
+    if len(set(renamed.values())) < len(renamed):
+        clash = next(c for c in renamed.values() if list(renamed.values()).count(c) > 1)
+        raise ConfigMismatchError(f"two checkpoint tensors are both named {clash} once wrappers are removed")
     config = read_config(config_folder) or {}
     notes: list[str] = []
     model = _meta_model(config_folder, config) if config else None

@@ -139,12 +139,15 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
         # Only floating-point tensors change dtype; integer buffers keep theirs.
         target = out_dtype if source.dtype.is_floating_point else source.dtype
         groups[name] = Group(source, [OutputTensor(n, s, target) for n, s in outputs], naming.converters.get(name))
-    split = split_state_dict_into_shards_factory(
-        groups,
-        get_storage_size=lambda g: g.nbytes,
-        filename_pattern="model{suffix}.safetensors",
-        max_shard_size=max_shard_size,
-    )
+    try:
+        split = split_state_dict_into_shards_factory(
+            groups,
+            get_storage_size=lambda g: g.nbytes,
+            filename_pattern="model{suffix}.safetensors",
+            max_shard_size=max_shard_size,
+        )
+    except ValueError:
+        raise UnshardError(f"--max-shard-size {max_shard_size!r}: give a size such as 5GB or 500MB") from None
     files = {filename: [groups[n] for n in names] for filename, names in split.filename_to_tensors.items()}
     notes = list(naming.notes)
     if config is None:
