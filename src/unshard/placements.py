@@ -30,6 +30,16 @@ class Block:
     def numel(self) -> int:
         return math.prod(self.sizes)
 
+    @classmethod
+    def placed(cls, offsets: Sequence[int], sizes: Sequence[int]) -> "Block":
+        """A whole local tensor that sits at `offsets` in the global one."""
+        return cls((0,) * len(sizes), tuple(offsets), tuple(sizes))
+
+    @classmethod
+    def whole(cls, shape: Sequence[int]) -> "Block":
+        """The block of a tensor held entirely by one piece."""
+        return cls.placed((0,) * len(shape), shape)
+
 
 @dataclass(frozen=True)
 class ShardSpec:

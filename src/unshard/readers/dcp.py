@@ -121,7 +121,7 @@ def open_folder(src: Path) -> DcpFolder:
             path = folder / info.relative_path
             if not path.is_file():
                 raise CheckpointError(f"{path}: missing (it holds part of {fqn}); copy every .distcp file of the checkpoint")
-            pieces.append(Piece(path, fqn, Block((0,) * len(shape), offsets, sizes)))
+            pieces.append(Piece(path, fqn, Block.placed(offsets, sizes)))
         chunks += len(pieces)
         tensors[name] = SourceTensor(name, shape, md.properties.dtype, deduplicate(fqn, shape, pieces))
     if not tensors:

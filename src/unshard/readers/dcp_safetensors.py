@@ -63,7 +63,7 @@ def open_folder(src: Path) -> DcpSafetensors:
                     dtype = TORCH_DTYPES[piece_slice.get_dtype()]
                     if dtypes.setdefault(key, dtype) != dtype:
                         raise CheckpointError(f"{path}: {key} is {dtype} here but {dtypes[key]} in another shard")
-                    pieces.setdefault(key, []).append(Piece(path, key, Block((0,) * len(sizes), offsets, sizes)))
+                    pieces.setdefault(key, []).append(Piece(path, key, Block.placed(offsets, sizes)))
         except (OSError, json.JSONDecodeError) as e:
             raise CheckpointError(f"{path}: cannot be read ({e}); the file is truncated or corrupt") from None
         except Exception as e:  # safetensors raises its own error type on a bad header

@@ -108,48 +108,14 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
             raise CheckpointError(f"{first_model}: ZeRO-3 keeps no whole weights in the model states; "
                                   "use the default fp32 master weights (--weights master)")
         for name, t in model_state["module"].items():
-            shape = tuple(t.shape)
-            tensors[name] = SourceTensor(name, shape, t.dtype, [Piece(first_model, f"module/{name}",
-                                                                      Block((0,) * len(shape), (0,) * len(shape), shape))])
+            tensors[name] = _from_module(first_model, name, t)
     else:
-        dtype = torch.float32
-        if stage <= 2:
-            key = "single_partition_of_fp32_groups"
-            paddings = optim0.get("param_alignment_paddings")
-            for g, shapes in enumerate(param_shapes):
-                partition = states[optims[0]]["optimizer_state_dict"][key][g].numel()
-                offset = 0
-                for i, (name, shape) in enumerate(shapes.items()):
-                    numel, pieces = math.prod(shape), []
-                    for rank, path in enumerate(optims):
-                        lo, hi = max(offset, rank * partition), min(offset + numel, (rank + 1) * partition)
-                        if lo < hi:
-                            pieces.append(_ranges(path, key, g, lo - rank * partition, lo - offset, hi - lo))
-                    tensors[name] = SourceTensor(name, tuple(shape), dtype, deduplicate(name, tuple(shape), pieces))
-                    offset += numel + (paddings[g][i] if paddings else 0)
-        else:
-            key = "fp32_flat_groups"
-            group_sizes = [t.numel() for t in optim0[key]]
-            group_starts = [sum(group_sizes[:g]) for g in range(len(group_sizes))]
-            offset = 0
-            for shapes in param_shapes:
-                for name, shape in shapes.items():
-                    numel = math.prod(shape)
-                    per_rank = -(-numel // world)
-                    pieces = []
-                    for rank, path in enumerate(optims):
-                        count = min(per_rank, numel - rank * per_rank)
-                        if count > 0:
-                            g = max(i for i, start in enumerate(group_starts) if start <= offset)
-                            pieces.append(_ranges(path, key, g, offset - group_starts[g], rank * per_rank, count))
-                    tensors[name] = SourceTensor(name, tuple(shape), dtype, deduplicate(name, tuple(shape), pieces))
-                    offset += per_rank
+        masters = _zero12_masters if stage <= 2 else _zero3_masters
+        for name, shape, pieces in masters(param_shapes, optims, states, world):
+            tensors[name] = SourceTensor(name, tuple(shape), torch.float32, deduplicate(name, tuple(shape), pieces))
         _add_frozen(tensors, model_state, first_model, folder, model_files, states, stage, world)
         for name in model_state.get("buffer_names") or []:
-            t = model_state["module"][name]
-            shape = tuple(t.shape)
-            tensors[name] = SourceTensor(name, shape, t.dtype, [Piece(first_model, f"module/{name}",
-                                                                      Block((0,) * len(shape), (0,) * len(shape), shape))])
+            tensors[name] = _from_module(first_model, name, model_state["module"][name])
         facts["optimizer_files"] = Counter("bf16" if p.name.startswith("bf16_") else "fp32" for p in optims).most_common(1)[0][0]
     for alias, source in (model_state.get("shared_params") or {}).items():
         if source in tensors:
@@ -158,6 +124,48 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
     checkpoint = DeepSpeedZero(layout=LAYOUT, path=folder, tensors=tensors, hf_folder=hf, facts=facts)
     checkpoint._states = states
     return checkpoint
+
+
+def _from_module(path: Path, name: str, tensor: torch.Tensor) -> SourceTensor:
+    """A tensor held whole in the model states' `module` dict (16-bit weights, buffers)."""
+    return SourceTensor(name, tuple(tensor.shape), tensor.dtype, [Piece(path, f"module/{name}", Block.whole(tensor.shape))])
+
+
+def _zero12_masters(param_shapes, optims, states, world):
+    """ZeRO 1/2: per group, the ranks' equal slices concatenated hold the parameters in order."""
+    key = "single_partition_of_fp32_groups"
+    optim0 = states[optims[0]]["optimizer_state_dict"]
+    paddings = optim0.get("param_alignment_paddings")
+    for g, shapes in enumerate(param_shapes):
+        partition, offset = optim0[key][g].numel(), 0
+        for i, (name, shape) in enumerate(shapes.items()):
+            numel, pieces = math.prod(shape), []
+            for rank, path in enumerate(optims):
+                lo, hi = max(offset, rank * partition), min(offset + numel, (rank + 1) * partition)
+                if lo < hi:
+                    pieces.append(_ranges(path, key, g, lo - rank * partition, lo - offset, hi - lo))
+            yield name, shape, pieces
+            offset += numel + (paddings[g][i] if paddings else 0)
+
+
+def _zero3_masters(param_shapes, optims, states, world):
+    """ZeRO 3: every parameter is ceil(numel / world) elements on each rank, one after another."""
+    key = "fp32_flat_groups"
+    group_sizes = [t.numel() for t in states[optims[0]]["optimizer_state_dict"][key]]
+    group_starts = [sum(group_sizes[:g]) for g in range(len(group_sizes))]
+    offset = 0
+    for shapes in param_shapes:
+        for name, shape in shapes.items():
+            numel = math.prod(shape)
+            per_rank, pieces = -(-numel // world), []
+            # A parameter's partition lies inside one group's flat vector.
+            g = max(i for i, start in enumerate(group_starts) if start <= offset)
+            for rank, path in enumerate(optims):
+                count = min(per_rank, numel - rank * per_rank)
+                if count > 0:
+                    pieces.append(_ranges(path, key, g, offset - group_starts[g], rank * per_rank, count))
+            yield name, shape, pieces
+            offset += per_rank
 
 
 def _add_frozen(tensors, model_state, first_model, folder, model_files, states, stage, world) -> None:

@@ -41,9 +41,8 @@ def open_folder(src: Path) -> DeepSpeedUniversal:
     for path in sorted((folder / "zero").glob("*/fp32.pt")):
         # The shape and dtype come from the file's metadata; the data stays on disk until read.
         param = safe_pickle.load(path)["param"]
-        name, shape = path.parent.name, tuple(param.shape)
-        block = Block((0,) * len(shape), (0,) * len(shape), shape)
-        tensors[name] = SourceTensor(name, shape, param.dtype, [Piece(path, "param", block)])
+        name = path.parent.name
+        tensors[name] = SourceTensor(name, tuple(param.shape), param.dtype, [Piece(path, "param", Block.whole(param.shape))])
     hf = next((c for c in (folder, folder.parent) if (c / "config.json").is_file()), None)
     return DeepSpeedUniversal(layout="deepspeed-universal", path=folder, tensors=tensors, hf_folder=hf,
                               facts={"files": len(tensors)})

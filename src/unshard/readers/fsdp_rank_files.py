@@ -110,11 +110,10 @@ def _pieces(path: Path, key: str, value) -> tuple[tuple[int, ...], torch.dtype, 
             if tuple(shard.tensor.shape) != sizes:
                 raise CheckpointError(f"{path}: {key} shard {part} has shape {tuple(shard.tensor.shape)}, "
                                       f"its metadata says {sizes}; the file is corrupt")
-            pieces.append(Piece(path, key, Block((0,) * len(sizes), offsets, sizes), part))
+            pieces.append(Piece(path, key, Block.placed(offsets, sizes), part))
         return tuple(value.shape), value.dtype, pieces, "ShardedTensor"
     if isinstance(value, torch.Tensor):
-        shape = tuple(value.shape)
-        return shape, value.dtype, [Piece(path, key, Block((0,) * len(shape), (0,) * len(shape), shape))], "tensor"
+        return tuple(value.shape), value.dtype, [Piece(path, key, Block.whole(value.shape))], "tensor"
     raise CheckpointError(f"{path}: {key} is a {type(value).__name__}, not a tensor")
 
 
