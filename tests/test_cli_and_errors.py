@@ -263,3 +263,18 @@ def test_bad_shard_size_and_broken_config(tmp_path):
     (ckpt / "huggingface/config.json").write_text("{not json")
     code, _, err = run_cli("inspect", ckpt)
     assert code == 1 and "config.json: not valid JSON" in err
+
+
+def test_lora_alpha_must_be_known(tmp_path):
+    ckpt = copy_actor(tmp_path, "llama-fsdp2-lora")
+    (ckpt / "lora_train_meta.json").unlink()
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf")
+    assert code == 1 and "no lora_alpha" in err and "--lora-alpha" in err and not (tmp_path / "hf").exists()
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf", "--lora-alpha", "8")
+    assert code == 0 and "alpha 8 from --lora-alpha" in err
+    from safetensors.torch import load_file
+
+    written = load_file(tmp_path / "hf" / "model.safetensors")
+    merged = load_file(SHIPPED / "llama-fsdp2-lora" / "reference" / "model.safetensors")  # peft's own merge
+    assert all(torch.allclose(written[n], t, atol=1e-5, rtol=0) for n, t in merged.items())
+    assert not any("lora" in n for n in written)

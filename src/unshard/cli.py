@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--weights", default="master", choices=("master", "module"),
                        help="DeepSpeed: fp32 master weights from the optimizer (default) or the 16-bit module states")
         p.add_argument("--tag", help="DeepSpeed: the tag folder to read (default: the one `latest` names)")
+        p.add_argument("--lora-alpha", type=float,
+                       help="LoRA alpha, when no lora_train_meta.json / adapter_config.json records it")
 
     convert = sub.add_parser("convert", help="write a Hugging Face model folder")
     plan_options(convert)
@@ -69,7 +71,7 @@ def _run(args) -> int:
     from .report import as_text, describe
 
     options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, config_from=args.config_from, check=args.check,
-                   weights=args.weights, tag=args.tag)
+                   weights=args.weights, tag=args.tag, lora_alpha=args.lora_alpha)
     if args.command == "inspect":
         info = unshard.inspect(args.src, **options)
         print(json.dumps(info, indent=2, default=str) if args.json else as_text(info))

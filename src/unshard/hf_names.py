@@ -74,9 +74,11 @@ def _meta_model(config_folder: Path, config: dict) -> Any:
             return None
 
 
-def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, check: bool = True) -> Naming:
-    """Decide the output names for checkpoint tensors of the given shapes."""
-    renamed = {name: strip_wrappers(name) for name in shapes}
+def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, check: bool = True,
+               renames: dict[str, str] | None = None) -> Naming:
+    """Decide the output names for checkpoint tensors of the given shapes (after `renames`)."""
+    renames = renames or {}
+    renamed = {name: strip_wrappers(renames.get(name, name)) for name in shapes}
     if len(set(renamed.values())) < len(renamed):
         clash = next(c for c in renamed.values() if list(renamed.values()).count(c) > 1)
         raise ConfigMismatchError(f"two checkpoint tensors are both named {clash} once wrappers are removed")

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import hf_names
+from . import hf_names, lora
 from .errors import UnshardError
 from .writer import MODEL_FILE_PATTERNS
 from .readers import Checkpoint, SourceTensor
@@ -125,20 +125,23 @@ def resolve_config_source(config_from: str | Path) -> Path:
 
 
 def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
-               config_from: str | Path | None = None, check: bool = True) -> Plan:
+               config_from: str | Path | None = None, check: bool = True, lora_alpha: float | None = None) -> Plan:
     from huggingface_hub import split_state_dict_into_shards_factory
 
     config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
     config = hf_names.read_config(config_folder)
     out_dtype, reason = choose_dtype(dtype, config, checkpoint)
-    naming = hf_names.plan_names({n: t.shape for n, t in checkpoint.tensors.items()}, config_folder, check)
+    fold = lora.plan_fold(checkpoint, lora_alpha)
+    shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
+    naming = hf_names.plan_names(shapes, config_folder, check, renames=fold.renames)
 
     groups: dict[str, Group] = {}
     for name, outputs in naming.outputs.items():
         source = checkpoint.tensors[name]
         # Only floating-point tensors change dtype; integer buffers keep theirs.
         target = out_dtype if source.dtype.is_floating_point else source.dtype
-        groups[name] = Group(source, [OutputTensor(n, s, target) for n, s in outputs], naming.converters.get(name))
+        groups[name] = Group(source, [OutputTensor(n, s, target) for n, s in outputs],
+                             _compose(fold.folds.get(name), naming.converters.get(name), outputs[0][0]))
     try:
         split = split_state_dict_into_shards_factory(
             groups,
@@ -149,7 +152,16 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
     except ValueError:
         raise UnshardError(f"--max-shard-size {max_shard_size!r}: give a size such as 5GB or 500MB") from None
     files = {filename: [groups[n] for n in names] for filename, names in split.filename_to_tensors.items()}
-    notes = list(naming.notes)
+    notes = fold.notes + naming.notes
     if config is None:
         notes.append("no config.json found: pass --config-from DIR so the output folder loads with transformers")
-    return Plan(checkpoint, config_folder, out_dtype, reason, files, naming.dropped, notes)
+    return Plan(checkpoint, config_folder, out_dtype, reason, files, {**fold.dropped, **naming.dropped}, notes)
+
+
+def _compose(fold, convert, only_output: str):
+    """One whole-tensor step for a group: fold a LoRA adapter in, then transformers' conversion."""
+    if fold is None:
+        return convert
+    if convert is None:
+        return lambda tensor: {only_output: fold(tensor)}
+    return lambda tensor: convert(fold(tensor))

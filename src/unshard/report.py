@@ -55,8 +55,9 @@ def as_text(info: dict[str, Any]) -> str:
     ]
     for name, size in out["files"].items():
         lines.append(f"  {name}  {human_bytes(size)}")
-    for name, why in out["dropped"].items():
-        lines.append(f"  skipped {name}: {why}")
+    for why, count in Counter(out["dropped"].values()).items():
+        example = next(name for name, reason in out["dropped"].items() if reason == why)
+        lines.append(f"  skipped {count} tensor(s): {why} (e.g. {example})")
     for note in out["notes"]:
         lines.append(f"note         {note}")
     lines.append(f"peak memory  about {human_bytes(info['peak_memory_estimate'])} per conversion thread")
