@@ -3,8 +3,10 @@
 torch's own `weights_only` unpickler does the work: it only builds objects from an allow-list.
 We add to that list the few torch.distributed classes that sharded checkpoints contain. A
 `ShardedTensor` (FSDP1 without a device mesh) refuses to unpickle without a process group, so its
-name is mapped to `ShardedTensorRecord`, a plain holder of its local shards and their offsets.
+name is mapped to `ShardedTensorRecord`, a plain holder of its local shards and their offsets;
+DeepSpeed's bookkeeping classes become plain `Record`s, so DeepSpeed need not be installed.
 Anything else a pickle names, `os.system` for instance, is refused and reported.
+`load_plain_pickle` does the same for plain pickles (DCP's .metadata) with an explicit allow-list.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import contextlib
 import ctypes
 import dataclasses
 import logging
-import pickle
 import mmap as _mmap
+import pickle
 import re
 import sys
 import zipfile
