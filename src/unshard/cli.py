@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--weights", default="master", choices=("master", "module"),
                        help="DeepSpeed: fp32 master weights from the optimizer (default) or the 16-bit module states")
         p.add_argument("--tag", help="DeepSpeed: the tag folder to read (default: the one `latest` names)")
+        p.add_argument("--iteration", type=int,
+                       help="Megatron: the iteration to read (default: latest_checkpointed_iteration.txt's)")
         p.add_argument("--lora-alpha", type=float,
                        help="LoRA alpha, when no lora_train_meta.json / adapter_config.json records it")
 
@@ -71,7 +73,7 @@ def _run(args) -> int:
     from .report import as_text, describe
 
     options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, config_from=args.config_from, check=args.check,
-                   weights=args.weights, tag=args.tag, lora_alpha=args.lora_alpha)
+                   weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha)
     if args.command == "inspect":
         info = unshard.inspect(args.src, **options)
         print(json.dumps(info, indent=2, default=str) if args.json else as_text(info))

@@ -95,12 +95,20 @@ def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, c
         outputs = {n: [(c, shapes[n])] for n, c in renamed.items() if n not in dropped}
         return Naming(outputs, {}, dropped, notes)
 
-    if check:
-        _check_against_model(model, {renamed[n]: s for n, s in shapes.items()}, config_folder)
     kept = dict(model.named_parameters())
     tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - set(kept)
     dropped = {n: "tied weight, saved once" for n, c in renamed.items() if c in tied}
     live = {n: c for n, c in renamed.items() if n not in dropped}
+    in_memory = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    saved = _saved_shapes(model, in_memory)
+    if not set(renamed.values()) <= set(in_memory) and set(live.values()) <= set(saved):
+        # Already the names save_pretrained writes (a reader that names tensors itself, as for Megatron).
+        if check:
+            _check_against_model({n: s for n, s in saved.items() if n not in tied}, {c: shapes[n] for n, c in live.items()},
+                                 config_folder)
+        return Naming({n: [(c, shapes[n])] for n, c in live.items()}, {}, dropped, notes)
+    if check:
+        _check_against_model(in_memory, {renamed[n]: s for n, s in shapes.items()}, config_folder)
     outputs, converters = _reverse_conversion(model, {c: shapes[n] for n, c in live.items()})
     return Naming(
         {n: outputs[c] for n, c in live.items()},
@@ -110,8 +118,18 @@ def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, c
     )
 
 
-def _check_against_model(model, shapes: dict[str, tuple[int, ...]], config_folder: Path) -> None:
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+def _saved_shapes(model, in_memory: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Names and shapes save_pretrained writes for this model (transformers >= 5 converts some)."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return in_memory
+    meta = {n: torch.empty(s, device="meta") for n, s in in_memory.items()}
+    return {n: tuple(t.shape) for n, t in revert_weight_conversion(model, meta).items()}
+
+
+def _check_against_model(expected: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]],
+                         config_folder: Path) -> None:
     missing = sorted(set(expected) - set(shapes))
     unexpected = sorted(set(shapes) - set(expected))
     wrong = sorted(n for n in set(expected) & set(shapes) if expected[n] != shapes[n])

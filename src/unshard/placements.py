@@ -133,3 +133,17 @@ def assemble(shape: Sequence[int], dtype: torch.dtype, pieces: Sequence[tuple[Bl
         target = flat if len(block.sizes) == 1 and whole.dim() != 1 else whole
         target[box(block.global_offsets, block.sizes)].copy_(load()[box(block.local_offsets, block.sizes)])
     return whole
+
+
+def compose(piece: Block, rule: Block) -> Block | None:
+    """Chain two copies: `piece` puts part of a local tensor into tensor M, `rule` puts part of M into
+    tensor H. The result puts what both touch straight from the local tensor into H (None if nothing)."""
+    lo = [max(p, r) for p, r in zip(piece.global_offsets, rule.local_offsets)]
+    hi = [min(p + ps, r + rs) for p, ps, r, rs in zip(piece.global_offsets, piece.sizes, rule.local_offsets, rule.sizes)]
+    if any(h <= l for l, h in zip(lo, hi)):
+        return None
+    return Block(
+        tuple(pl + l - pg for pl, l, pg in zip(piece.local_offsets, lo, piece.global_offsets)),
+        tuple(rg + l - rl for rg, l, rl in zip(rule.global_offsets, lo, rule.local_offsets)),
+        tuple(h - l for l, h in zip(lo, hi)),
+    )

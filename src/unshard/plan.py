@@ -16,6 +16,7 @@ from .errors import UnshardError
 from .writer import MODEL_FILE_PATTERNS
 from .readers import Checkpoint, SourceTensor
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "spiece.model")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -130,6 +131,7 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
 
     config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
     config = hf_names.read_config(config_folder)
+    checkpoint.fit_config(config)
     out_dtype, reason = choose_dtype(dtype, config, checkpoint)
     fold = lora.plan_fold(checkpoint, lora_alpha)
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
@@ -155,6 +157,9 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
     notes = fold.notes + naming.notes
     if config is None:
         notes.append("no config.json found: pass --config-from DIR so the output folder loads with transformers")
+    elif not any((config_folder / name).exists() for name in TOKENIZER_FILES):
+        notes.append("no tokenizer beside the checkpoint: pass --config-from DIR (the Hugging Face model it was "
+                     "trained from) to include tokenizer, chat template and generation config")
     return Plan(checkpoint, config_folder, out_dtype, reason, files, {**fold.dropped, **naming.dropped}, notes)
 
 

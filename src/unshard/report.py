@@ -36,10 +36,16 @@ def describe(plan: Plan) -> dict[str, Any]:
 def as_text(info: dict[str, Any]) -> str:
     out = info["output"]
     lines = [f"source       {info['source']}", f"layout       {info['layout']}"]
-    for key in ("zero_stage", "weights", "optimizer_files", "world_size", "ranks", "naming", "fsdp_version", "files",
-                "chunks", "base_model"):
+    for key in ("format", "iteration", "architecture", "zero_stage", "weights", "optimizer_files", "world_size", "ranks",
+                "naming", "fsdp_version", "files", "chunks", "base_model"):
         if info.get(key) is not None:
             lines.append(f"  {key.replace('_', ' '):<15s} {info[key]}")
+    if info.get("parallel"):
+        lines.append("  parallel        " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info["parallel"].items()))
+    if info.get("padded_vocab_size"):
+        lines.append(f"  vocabulary      {info['vocab_size']} (padded to {info['padded_vocab_size']} in the checkpoint)")
+    if info.get("config"):
+        lines.append(f"  config.json     {info['config']}")
     if info.get("fsdp_config_json") is False:
         lines.append("  (no fsdp_config.json: world size taken from the file names)")
     for how, count in info.get("sharding", {}).items():

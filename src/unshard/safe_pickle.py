@@ -11,6 +11,7 @@ Anything else a pickle names, `os.system` for instance, is refused and reported.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import dataclasses
@@ -68,6 +69,10 @@ FOREIGN_RECORDS = {
     "deepspeed.runtime.fp16.loss_scaler.LossScaler": Record,
     "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": Record,
     "deepspeed.utils.tensor_fragment.fragment_address": Record,
+    # Megatron-LM's args hold a few enums (--attention-backend, the model type).
+    "megatron.core.transformer.enums.AttnBackend": _enum_value,
+    "megatron.core.transformer.enums.ModelType": _enum_value,
+    "megatron.core.enums.ModelType": _enum_value,
 }
 
 
@@ -77,6 +82,15 @@ def _nested_class_getattr(owner: Any, name: str) -> Any:
     if owner is ShardedTensorRecord and name == "ProcessGroupState":
         return ShardedTensorRecord.ProcessGroupState
     raise pickle.UnpicklingError(f"getattr({owner!r}, {name!r}) is not allowed")
+
+
+def _numpy_arrays() -> list:
+    """What a plain numpy array unpickles through (Megatron-LM saves numpy's RNG state)."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    dtypes = [type(np.dtype(t)) for t in (np.uint32, np.int64, np.float64, np.float32)]
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
 
 
 def _allowed_globals() -> list:
@@ -93,6 +107,8 @@ def _allowed_globals() -> list:
 
     return [
         *((stand_in, name) for name, stand_in in FOREIGN_RECORDS.items()),
+        argparse.Namespace,  # Megatron-LM's `args`: plain attributes
+        *_numpy_arrays(),
         (ShardedTensorRecord, "torch.distributed._shard.sharded_tensor.api.ShardedTensor"),
         (_nested_class_getattr, "builtins.getattr"),
         ShardedTensorRecord.ProcessGroupState,

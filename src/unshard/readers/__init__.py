@@ -6,7 +6,7 @@ import inspect
 from pathlib import Path
 
 from ..errors import CheckpointError
-from . import dcp, dcp_safetensors, deepspeed, deepspeed_universal, fsdp_rank_files
+from . import dcp, dcp_safetensors, deepspeed, deepspeed_universal, fsdp_rank_files, megatron, megatron_dist
 from .base import Checkpoint, Piece, SourceTensor
 
 # Each entry: (does SRC look like this layout, given the options?, open it). Tried in order.
@@ -14,6 +14,8 @@ READERS = [
     (lambda src, opts: deepspeed_universal.find_folder(src) is not None, deepspeed_universal.open_folder),
     (lambda src, opts: deepspeed.find_folder(src, opts.get("tag")) is not None or (src / "latest").is_file(),
      deepspeed.open_folder),
+    (lambda src, opts: megatron.find_folder(src, opts.get("iteration")) is not None, megatron.open_folder),
+    (lambda src, opts: megatron_dist.find_folder(src, opts.get("iteration")) is not None, megatron_dist.open_folder),
     (lambda src, opts: dcp.find_folder(src) is not None, dcp.open_folder),
     (lambda src, opts: dcp_safetensors.find_folder(src) is not None, dcp_safetensors.open_folder),
     (lambda src, opts: fsdp_rank_files.find_files(src) is not None, fsdp_rank_files.open_folder),

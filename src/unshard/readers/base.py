@@ -72,6 +72,10 @@ class Checkpoint:
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         raise NotImplementedError
 
+    def fit_config(self, config: dict[str, Any] | None) -> None:
+        """Called with the output's config before planning; a reader may re-cut tensors to it
+        (Megatron pads the vocabulary, and only the config knows the true size)."""
+
     def release(self, piece: Piece) -> None:
         """Called once a piece's bytes are copied: a reader may free what it held for it."""
 

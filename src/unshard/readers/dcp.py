@@ -37,12 +37,19 @@ def _metadata_classes() -> dict[tuple[str, str], object]:
     import collections
     import pathlib
 
-    from torch.distributed.checkpoint import filesystem, metadata
+    from torch.distributed.checkpoint import filesystem, metadata, planner
 
     allowed = {("torch.distributed.checkpoint.metadata", name): getattr(metadata, name) for name in (
         "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
         "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")}
     allowed[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = filesystem._StorageInfo
+    # Some writers (megatron's) also keep every rank's save plan in .metadata.
+    allowed.update({("torch.distributed.checkpoint.planner", name): getattr(planner, name) for name in (
+        "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData")})
+    # megatron-core <= 0.15 pickled subclasses of these two; the torch classes hold the same fields.
+    mcore = "megatron.core.dist_checkpointing.strategies.torch"
+    allowed[(mcore, "MCoreMetadata")] = metadata.Metadata
+    allowed[(mcore, "MCoreSavePlan")] = planner.SavePlan
     allowed[("torch", "Size")] = torch.Size
     allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
     allowed[("collections", "OrderedDict")] = collections.OrderedDict
@@ -78,26 +85,31 @@ def model_names(metadata) -> tuple[dict[str, str], Counter]:
     return names, skipped
 
 
+def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], what: str) -> torch.Tensor:
+    """One chunk, from the byte range `info` (a `_StorageInfo`) names in `file`."""
+    if getattr(info, "transform_descriptors", None):
+        raise CheckpointError(f"{file}: the chunk of {what} is stored with transforms {info.transform_descriptors}, "
+                              "which unshard cannot read yet")
+    with open(file, "rb") as f:
+        f.seek(info.offset)
+        blob = f.read(info.length)
+    if len(blob) != info.length:
+        raise CheckpointError(f"{file}: ends before the chunk of {what} at byte {info.offset}; "
+                              "the file is truncated: copy it again")
+    if blob[:2] == b"PK":  # the default: each chunk is its own torch.save archive
+        try:
+            tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise CheckpointError(f"{file}: the chunk of {what} is corrupt ({e})") from None
+    else:  # raw bytes (SerializationFormat.SAFETENSORS)
+        tensor = torch.frombuffer(bytearray(blob), dtype=dtype)
+    return tensor.reshape(sizes)
+
+
 class DcpFolder(Checkpoint):
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         info = self._storage[(piece.key, piece.block.global_offsets)]
-        if getattr(info, "transform_descriptors", None):
-            raise CheckpointError(f"{self.path / info.relative_path}: chunk of {piece.key} is stored with "
-                                  f"transforms {info.transform_descriptors}, which unshard cannot read yet")
-        with open(piece.file, "rb") as f:
-            f.seek(info.offset)
-            blob = f.read(info.length)
-        if len(blob) != info.length:
-            raise CheckpointError(f"{piece.file}: ends before the chunk of {piece.key} at byte {info.offset}; "
-                                  "the file is truncated: copy it again")
-        if blob[:2] == b"PK":  # the default: each chunk is its own torch.save archive
-            try:
-                tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-            except Exception as e:
-                raise CheckpointError(f"{piece.file}: the chunk of {piece.key} is corrupt ({e})") from None
-        else:  # raw bytes (SerializationFormat.SAFETENSORS)
-            tensor = torch.frombuffer(bytearray(blob), dtype=self.tensors[self._names[piece.key]].dtype)
-        return tensor.reshape(piece.block.sizes)
+        return read_chunk(piece.file, info, self.tensors[self._names[piece.key]].dtype, piece.block.sizes, piece.key)
 
 
 def open_folder(src: Path) -> DcpFolder:

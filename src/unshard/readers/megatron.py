@@ -1,0 +1,257 @@
+"""Megatron-LM's legacy `torch` checkpoint format: one file per model-parallel rank.
+
+    latest_checkpointed_iteration.txt      "2000" or "release"
+    iter_0002000/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt
+
+TT is the tensor-parallel rank, PPP the pipeline stage (when there are several), EEE the expert rank
+(when experts are split). Each file holds `args` and `model`, or `model0`..`modelV` with virtual
+pipeline stages; layer numbers inside are local to the (virtual) stage and expert numbers local to
+the expert rank. This module renumbers them and places each rank's slice, so the checkpoint reads
+as whole Megatron tensors; `megatron_rules` names them as Hugging Face does. The shared parts
+(finding the iteration, the config from `args`) serve the torch_dist reader too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import tempfile
+import weakref
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import megatron_rules, safe_pickle
+from ..errors import CheckpointError
+from ..placements import Block
+from .base import Checkpoint, Piece, SourceTensor, deduplicate
+
+LAYOUT = "megatron"
+TRACKER = "latest_checkpointed_iteration.txt"
+RANK_FOLDER = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")
+RANK_FILES = ("model_optim_rng.pt", "model_rng.pt")
+LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
+
+
+def iteration_folder(src: Path, iteration: int | None = None) -> Path:
+    """The folder of one saved iteration: SRC itself, or the one the tracker file (or --iteration) names."""
+    tracker = src / TRACKER
+    if iteration is None and not tracker.is_file():
+        return src
+    if iteration is None:
+        text = tracker.read_text().strip()
+        if text != "release" and not text.isdigit():
+            raise CheckpointError(f"{tracker}: holds {text!r}, not an iteration number; pass --iteration N")
+        folder = src / ("release" if text == "release" else f"iter_{int(text):07d}")
+        said = f"{tracker.name} names {text}"
+    else:
+        folder, said = src / f"iter_{iteration:07d}", f"--iteration {iteration} asks for it"
+    if not folder.is_dir():
+        saved = sorted(p.name for p in src.glob("iter_*")) + (["release"] if (src / "release").is_dir() else [])
+        raise CheckpointError(f"{folder}: missing, but {said}; saved here: {', '.join(saved) or 'no iteration'}. "
+                              "Pass --iteration N with one of them")
+    return folder
+
+
+def rank_files(folder: Path) -> dict[tuple[int, int | None, int | None], Path]:
+    files = {}
+    for sub in sorted(folder.glob("mp_rank_*")):
+        match = RANK_FOLDER.match(sub.name)
+        found = next((sub / f for f in RANK_FILES if (sub / f).is_file()), None)
+        if match and found:
+            files[tuple(int(g) if g is not None else None for g in match.groups())] = found
+    return files
+
+
+def find_folder(src: Path, iteration: int | None = None) -> Path | None:
+    folder = iteration_folder(src, iteration)
+    return folder if rank_files(folder) else None
+
+
+def plain_args(args: Any, where: Path) -> dict[str, Any]:
+    if isinstance(args, argparse.Namespace):
+        return vars(args)
+    if isinstance(args, dict):
+        return args
+    raise CheckpointError(f"{where}: holds no Megatron `args`, where the parallel layout and model sizes are "
+                          "recorded; unshard reads checkpoints saved by Megatron-LM's save_checkpoint")
+
+
+class MegatronCheckpoint(Checkpoint):
+    """Hugging Face tensors over Megatron files; re-cut when a config names another vocabulary size."""
+
+    megatron: dict[str, SourceTensor]
+    args: dict[str, Any]
+    model_type: str
+
+    def fit_config(self, config: dict[str, Any] | None) -> None:
+        if config is None:
+            return
+        model_type = config.get("model_type", self.model_type)
+        vocab = config.get("vocab_size", self.facts["vocab_size"])
+        if (model_type, vocab) != (self.model_type, self.facts["vocab_size"]):
+            self.model_type, self.facts["vocab_size"] = model_type, vocab
+            self.tensors = megatron_rules.to_hf(self.megatron, model_type,
+                                                megatron_rules.shapes_from_args(self.args, vocab), str(self.path))
+            self.facts["architecture"] = model_type
+
+
+def finish(checkpoint: MegatronCheckpoint, megatron: dict[str, SourceTensor], args: dict[str, Any],
+           facts: dict[str, Any]) -> MegatronCheckpoint:
+    """Name the Megatron tensors as Hugging Face does, and find or make the config folder."""
+    where = str(checkpoint.path)
+    padded = megatron.get("embedding.word_embeddings.weight", megatron.get("output_layer.weight"))
+    if padded is None:
+        raise CheckpointError(f"{where}: no embedding or output layer found; a pipeline stage's files are missing")
+    vocab = args.get("vocab_size") or padded.shape[0]
+    model_type = megatron_rules.model_type_from_args(args, where)
+    checkpoint.megatron, checkpoint.args, checkpoint.model_type = megatron, args, model_type
+    checkpoint.tensors = megatron_rules.to_hf(megatron, model_type, megatron_rules.shapes_from_args(args, vocab), where)
+    checkpoint.facts.update(facts)
+    checkpoint.facts.update(architecture=model_type, vocab_size=vocab, padded_vocab_size=padded.shape[0])
+    checkpoint.hf_folder = _hf_folder(checkpoint.path)
+    if checkpoint.hf_folder is None:
+        dtype = "bfloat16" if args.get("bf16") else "float16" if args.get("fp16") else "float32"
+        folder = Path(tempfile.mkdtemp(prefix="unshard-megatron-config-"))
+        weakref.finalize(checkpoint, shutil.rmtree, folder, True)  # gone with the checkpoint object
+        (folder / "config.json").write_text(json.dumps(
+            megatron_rules.hf_config(args, model_type, vocab, dtype), indent=2) + "\n")
+        checkpoint.hf_folder = folder
+        checkpoint.facts["config"] = f"made from the checkpoint's args ({model_type})"
+    return checkpoint
+
+
+def _hf_folder(folder: Path) -> Path | None:
+    """verl saves a Hugging Face folder beside its Megatron checkpoint (`huggingface/`)."""
+    for candidate in (folder / "huggingface", folder.parent / "huggingface"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    return None
+
+
+def layer_offsets(chunks: dict[tuple[int, int], set[int]]) -> dict[tuple[int, int], int]:
+    """First global layer of each (virtual stage, pipeline stage): Megatron numbers layers through the
+    stages in that order, virtual stage first. Counting each chunk's layers also covers uneven splits."""
+    offsets, next_layer = {}, 0
+    for key in sorted(chunks):
+        offsets[key] = next_layer
+        next_layer += len(chunks[key])
+    return offsets
+
+
+def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
+    folder = find_folder(src, iteration)
+    if folder is None:
+        raise CheckpointError(f"{iteration_folder(src, iteration)}: no mp_rank_*/model_optim_rng.pt here; "
+                              "pass the Megatron checkpoint folder or one of its iter_* folders")
+    files = rank_files(folder)
+    states = {rank: safe_pickle.load(path) for rank, path in files.items()}
+    first_rank = min(states)
+    args = plain_args(states[first_rank].get("args"), files[first_rank])
+    tp = args.get("tensor_model_parallel_size", 1)
+    pp = args.get("pipeline_model_parallel_size", 1)
+    ep = args.get("expert_model_parallel_size", 1)
+    etp = args.get("expert_tensor_parallel_size") or tp
+    iterations = {state.get("iteration") for state in states.values()}
+    if len(iterations) > 1:
+        raise CheckpointError(f"{folder}: the rank files come from different iterations {sorted(iterations)}; "
+                              "copy the folder again from one save")
+
+    def coordinates(rank):
+        """(tp, pp, ep) of a file name: the second number is the stage with PP > 1, else the expert rank."""
+        t, second, third = rank
+        if pp > 1:
+            return t, second or 0, third or 0
+        return t, 0, second or 0
+
+    found = {coordinates(rank) for rank in files}
+    # Every (tensor rank, stage) must be there, and every expert rank.
+    missing_tp_pp = {(t, p) for t in range(tp) for p in range(pp)} - {(t, p) for t, p, _ in found}
+    missing_ep = set(range(ep)) - {e for _, _, e in found}
+    if missing_tp_pp or missing_ep:
+        what = (f"tensor rank {min(missing_tp_pp)[0]}, stage {min(missing_tp_pp)[1]}" if missing_tp_pp
+                else f"expert rank {min(missing_ep)}")
+        raise CheckpointError(f"{folder}: no mp_rank_* file for {what} (the args say TP={tp}, PP={pp}, EP={ep}); "
+                              "copy every mp_rank_* folder of the iteration")
+
+    chunk_keys = sorted({k for s in states.values() for k in s if re.fullmatch(r"model\d*", k)})
+    if not chunk_keys:
+        raise CheckpointError(f"{files[first_rank]}: holds no `model` state; is this an optimizer-only file?")
+    layers: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for rank, state in states.items():
+        for vp, key in enumerate(chunk_keys):
+            for name in state.get(key, {}):
+                match = LAYER.match(name)
+                if match:
+                    layers[(vp, coordinates(rank)[1])].add(int(match.group(1)))
+    offsets = layer_offsets(layers)
+    total = sum(len(v) for v in layers.values())
+    if args.get("num_layers") and total != args["num_layers"]:
+        raise CheckpointError(f"{folder}: the files hold {total} layers, the args say {args['num_layers']}; "
+                              "a pipeline stage's files are missing")
+
+    pieces: dict[str, list[Piece]] = defaultdict(list)
+    shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    local_experts = (args.get("num_experts") or 0) // ep
+    gated = bool(args.get("swiglu"))
+    for rank, state in states.items():
+        t, p, e = coordinates(rank)
+        for vp, key in enumerate(chunk_keys):
+            for local_name, tensor in state.get(key, {}).items():
+                if not isinstance(tensor, torch.Tensor) or local_name.endswith("_extra_state"):
+                    continue
+                name = LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + offsets[(vp, p)]}.", local_name)
+                expert = LOCAL_EXPERT.search(name)
+                if expert:
+                    name = LOCAL_EXPERT.sub(f".mlp.experts.{e * local_experts + int(expert.group(1))}.", name)
+                parts, index = (etp, t % etp) if expert else (tp, t)
+                blocks, shape = tp_blocks(tuple(tensor.shape), megatron_rules.tp_dim(name), parts, index,
+                                          gated and "linear_fc1.weight" in name)
+                pieces[name] += [Piece(files[rank], f"{key}/{local_name}", block) for block in blocks]
+                shapes[name], dtypes[name] = shape, tensor.dtype
+    megatron = {name: SourceTensor(name, shapes[name], dtypes[name], deduplicate(name, shapes[name], found))
+                for name, found in pieces.items()}
+    checkpoint = MegatronFiles(layout=LAYOUT, path=folder, tensors={})
+    checkpoint._states = {files[rank]: state for rank, state in states.items()}
+    return finish(checkpoint, megatron, args, {
+        "format": "torch (legacy: one file per rank)", "iteration": next(iter(iterations)),
+        "parallel": {"tensor": tp, "pipeline": pp, "virtual_pipeline": len(chunk_keys), "expert": ep,
+                     "expert_tensor": etp},
+        "files": len(files),
+    })
+
+
+def tp_blocks(local: tuple[int, ...], dim: int | None, parts: int, index: int, gated: bool):
+    """Where tensor-parallel rank `index` of `parts` puts its slice, and the whole tensor's shape.
+
+    A gated MLP's fc1 slice is [gate slice; up slice]; the whole tensor is laid out [gate; up].
+    """
+    if dim is None or parts == 1:
+        return [Block.whole(local)], local
+    whole = tuple(n * parts if d == dim else n for d, n in enumerate(local))
+    if not gated:
+        offsets = tuple(n * index if d == dim else 0 for d, n in enumerate(local))
+        return [Block.placed(offsets, local)], whole
+    half = local[0] // 2
+    sizes = (half, *local[1:])
+    rest = (0,) * (len(local) - 1)
+    return [Block((0, *rest), (index * half, *rest), sizes),
+            Block((half, *rest), (parts * half + index * half, *rest), sizes)], whole
+
+
+class MegatronFiles(MegatronCheckpoint):
+    def local_tensor(self, piece: Piece) -> torch.Tensor:
+        chunk, name = piece.key.split("/", 1)
+        return self._states[piece.file][chunk][name]
+
+    def release(self, piece: Piece) -> None:
+        safe_pickle.forget_pages(self.local_tensor(piece))
+
+    def close(self) -> None:
+        self._states.clear()

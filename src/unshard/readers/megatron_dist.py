@@ -1,0 +1,127 @@
+"""Megatron's `torch_dist` checkpoint format (dist_checkpointing): a DCP folder with Megatron's keys.
+
+    iter_0002000/metadata.json   {"sharded_backend": "torch_dist", ...}
+    iter_0002000/common.pt       args, iteration: everything that is not a sharded tensor
+    iter_0002000/.metadata, __R_N.distcp
+
+Keys are global, whatever the parallel layout: identical layers are stacked under one key with a
+leading layer axis (`decoder.layers.self_attention.linear_qkv.weight` is [layers, rows, hidden]), and
+experts under a second axis (`decoder.layers.mlp.experts.experts.linear_fc1.weight`). Each chunk is
+one layer's (and expert's) tensor-parallel slice. This module unstacks them into per-layer Megatron
+tensors, read chunk by chunk from their byte ranges; `megatron_rules` names them as Hugging Face does.
+megatron itself is never imported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import Counter, OrderedDict, defaultdict
+from pathlib import Path
+
+import torch
+
+from .. import safe_pickle
+from ..errors import CheckpointError
+from ..placements import Block
+from . import dcp
+from .base import Piece, SourceTensor, deduplicate
+from .megatron import MegatronCheckpoint, finish, iteration_folder, plain_args
+
+LAYOUT = "megatron-torch-dist"
+# Saved beside the model in the same folder; none of it is a weight.
+NOT_MODEL = ("optimizer.", "rng_state", "rerun_state_machine_state")
+STACKED = re.compile(r"^decoder\.layers\.(?!\d)")
+STACKED_EXPERTS = ".mlp.experts.experts."
+
+
+def find_folder(src: Path, iteration: int | None = None) -> Path | None:
+    folder = iteration_folder(src, iteration)
+    try:
+        backend = json.loads((folder / "metadata.json").read_text()).get("sharded_backend")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return folder if backend == "torch_dist" and (folder / ".metadata").is_file() else None
+
+
+class MegatronDist(MegatronCheckpoint):
+    # The fused QKV and gate/up chunks each feed two or three Hugging Face tensors, planned one after
+    # the other: keep the last few chunks read so each is read from disk once.
+    KEEP = 4
+
+    def local_tensor(self, piece: Piece) -> torch.Tensor:
+        with self._lock:
+            tensor = self._recent.get(piece.part)
+        if tensor is None:
+            info, dtype, sizes, index = self._chunks[piece.part]
+            tensor = dcp.read_chunk(piece.file, info, dtype, sizes, piece.key)[index]
+            with self._lock:
+                self._recent[piece.part] = tensor
+                while len(self._recent) > self.KEEP:
+                    self._recent.popitem(last=False)
+        return tensor
+
+    def close(self) -> None:
+        self._recent.clear()
+
+
+def _unstack(fqn: str, offsets: tuple[int, ...]) -> tuple[str, int]:
+    """The per-layer (and per-expert) name of a chunk of a stacked tensor, and how many axes to drop."""
+    if not STACKED.match(fqn):
+        return fqn, 0
+    rest = fqn[len("decoder.layers."):]
+    if STACKED_EXPERTS in "." + rest:
+        head, tail = ("." + rest).split(STACKED_EXPERTS, 1)
+        return f"decoder.layers.{offsets[0]}{head}.mlp.experts.{offsets[1]}.{tail}", 2
+    return f"decoder.layers.{offsets[0]}.{rest}", 1
+
+
+def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
+    folder = find_folder(src, iteration)
+    if folder is None:
+        raise CheckpointError(f"{iteration_folder(src, iteration)}: no torch_dist metadata.json here")
+    common = folder / "common.pt"
+    if not common.is_file():
+        raise CheckpointError(f"{common}: missing; it holds the args the conversion needs: copy it with the checkpoint")
+    saved = safe_pickle.load(common)
+    args = plain_args(saved.get("args"), common)
+    metadata = dcp.read_metadata(folder)
+    storage = {(index.fqn, tuple(index.offset)): info for index, info in metadata.storage_data.items()
+               if index.offset is not None}
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    pieces: dict[str, list[Piece]] = defaultdict(list)
+    shapes, dtypes, skipped, chunks = {}, {}, Counter(), []
+    for fqn, md in metadata.state_dict_metadata.items():
+        if not isinstance(md, TensorStorageMetadata) or "_extra_state" in fqn or fqn.startswith(NOT_MODEL):
+            skipped[fqn.split(".")[0] if fqn.startswith(NOT_MODEL) else "_extra_state and other non-tensor"] += 1
+            continue
+        for chunk in md.chunks:
+            offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
+            info = storage.get((fqn, offsets))
+            if info is None:
+                raise CheckpointError(f"{folder / '.metadata'}: no storage entry for a chunk of {fqn}; the metadata is corrupt")
+            path = folder / info.relative_path
+            if not path.is_file():
+                raise CheckpointError(f"{path}: missing (it holds part of {fqn}); copy every .distcp file of the checkpoint")
+            name, stacked = _unstack(fqn, offsets)
+            if any(size != 1 for size in sizes[:stacked]):
+                raise CheckpointError(f"{folder / '.metadata'}: a chunk of {fqn} spans several layers or experts; "
+                                      "unshard reads one layer per chunk, as megatron-core saves them. Please report it")
+            shapes[name], dtypes[name] = tuple(md.size[stacked:]), md.properties.dtype
+            chunks.append((info, md.properties.dtype, sizes, (0,) * stacked))
+            pieces[name].append(Piece(path, fqn, Block.placed(offsets[stacked:], sizes[stacked:]), len(chunks) - 1))
+    megatron = {name: SourceTensor(name, shapes[name], dtypes[name], deduplicate(name, shapes[name], found))
+                for name, found in pieces.items()}
+    checkpoint = MegatronDist(layout=LAYOUT, path=folder, tensors={})
+    checkpoint._chunks, checkpoint._recent, checkpoint._lock = chunks, OrderedDict(), threading.Lock()
+    files = {p.file for found in pieces.values() for p in found}
+    return finish(checkpoint, megatron, args, {
+        "format": "torch_dist (dist_checkpointing)", "iteration": saved.get("iteration"),
+        "parallel": {"tensor": args.get("tensor_model_parallel_size", 1),
+                     "pipeline": args.get("pipeline_model_parallel_size", 1),
+                     "virtual_pipeline": args.get("virtual_pipeline_model_parallel_size") or 1,
+                     "expert": args.get("expert_model_parallel_size", 1)},
+        "files": len(files), "chunks": len(chunks), "skipped": dict(skipped),
+    })

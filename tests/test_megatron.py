@@ -1,0 +1,168 @@
+"""Megatron checkpoints (legacy torch and torch_dist formats) convert to folders whose logits match
+megatron-core's own forward pass, and bad layouts get one clear error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import unshard
+from conftest import SHIPPED
+from generate import CASES
+from test_cli_and_errors import leftovers, run_cli
+
+transformers = pytest.importorskip("transformers")
+
+MEGATRON_CASES = [name for name in CASES if name.startswith("megatron-")]
+# Regenerated with the installed megatron-core too: dense with virtual stages, MoE with TP x PP x EP and
+# shared experts, MoE with data parallelism.
+FRESH = ["megatron-llama-tp2-pp2-vpp2", "megatron-qwen2moe-tp2-pp2-ep2", "megatron-qwen3moe-pp2-ep2-dp2"]
+FORMATS = ["torch", "torch_dist"]
+LLAMA = SHIPPED / "megatron-llama-tp2-pp2-vpp2"
+
+
+def megatron_logits_match(fixture, out):
+    oracle = torch.load(fixture / "oracle.pt")
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True,
+                                                                   dtype=torch.float32)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    with torch.no_grad():
+        logits = model.eval()(oracle["tokens"]).logits
+    assert logits.shape == oracle["logits"].shape  # the padded vocabulary rows are cut
+    torch.testing.assert_close(logits, oracle["logits"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("case", MEGATRON_CASES)
+def test_logits_match_megatron(case, fmt, tmp_path):
+    fixture = SHIPPED / case
+    out = tmp_path / "out"
+    unshard.convert(fixture / fmt, out, progress=False, verify=True)
+    megatron_logits_match(fixture, out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == json.loads((fixture / "fixture.json").read_text())["true_vocab"]
+
+
+@pytest.mark.parametrize("case", FRESH)
+def test_freshly_generated_logits_match_megatron(case, fresh_fixtures, tmp_path):
+    fixture = fresh_fixtures(case)
+    for fmt in FORMATS:
+        unshard.convert(fixture / fmt, tmp_path / fmt, progress=False)
+        megatron_logits_match(fixture, tmp_path / fmt)
+
+
+@pytest.mark.parametrize("case", MEGATRON_CASES)
+def test_both_formats_give_the_same_tensors(case, tmp_path):
+    written = {}
+    for fmt in FORMATS:
+        unshard.convert(SHIPPED / case / fmt, tmp_path / fmt, progress=False)
+        written[fmt] = load_file(tmp_path / fmt / "model.safetensors")
+    assert sorted(written["torch"]) == sorted(written["torch_dist"])
+    for name, tensor in written["torch"].items():
+        assert torch.equal(tensor, written["torch_dist"][name]), name
+
+
+def test_inspect_shows_the_parallel_layout():
+    code, out, _ = run_cli("inspect", SHIPPED / "megatron-qwen2moe-tp2-pp2-ep2" / "torch")
+    assert code == 0
+    assert "layout       megatron" in out
+    assert "tensor 2, pipeline 2, virtual pipeline 1, expert 2" in out
+    assert "architecture    qwen2_moe" in out
+    assert "100 (padded to 128 in the checkpoint)" in out
+    assert "made from the checkpoint's args" in out
+    code, out, _ = run_cli("inspect", LLAMA / "torch_dist", "--json")
+    info = json.loads(out)
+    assert info["layout"] == "megatron-torch-dist"
+    assert info["parallel"]["virtual_pipeline"] == 2 and info["iteration"] == 10
+    assert info["output"]["tensors"] == 39
+
+
+def test_config_from_is_used_and_checked(tmp_path):
+    hf = tmp_path / "hf"
+    unshard.convert(LLAMA / "torch", hf, progress=False)
+    (hf / "tokenizer_config.json").write_text("{}")
+    out = tmp_path / "out"
+    unshard.convert(LLAMA / "torch_dist", out, config_from=hf, progress=False)
+    assert (out / "tokenizer_config.json").exists()
+    megatron_logits_match(LLAMA, out)
+
+    config = json.loads((hf / "config.json").read_text())
+    config["intermediate_size"] = 64
+    (hf / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli("convert", LLAMA / "torch", tmp_path / "bad", "--config-from", hf)
+    assert code == 1 and "does not fit this config" in err and "with other shapes" in err
+    assert not (tmp_path / "bad").exists()
+
+
+def copy_fixture(tmp_path, fmt="torch", case="megatron-llama-tp2-pp2-vpp2"):
+    dest = tmp_path / "ckpt"
+    shutil.copytree(SHIPPED / case / fmt, dest)
+    return dest
+
+
+def test_missing_rank_folder(tmp_path):
+    ckpt = copy_fixture(tmp_path)
+    shutil.rmtree(ckpt / "iter_0000010" / "mp_rank_01_001")
+    code, _, err = run_cli("convert", ckpt, tmp_path / "out")
+    assert code == 1 and err.count("\n") == 1
+    assert "no mp_rank_* file for tensor rank 1, stage 1" in err and "TP=2, PP=2" in err
+    assert not (tmp_path / "out").exists() and not leftovers(tmp_path)
+
+
+def resave_rank_file(path, change):
+    state = torch.load(path, weights_only=False)  # our own fixture, to make a broken one from it
+    change(state)
+    torch.save(state, path)
+
+
+def test_rank_files_from_different_iterations(tmp_path):
+    ckpt = copy_fixture(tmp_path)
+    resave_rank_file(ckpt / "iter_0000010" / "mp_rank_00_001" / "model_optim_rng.pt",
+                     lambda state: state.update(iteration=20))
+    code, _, err = run_cli("convert", ckpt, tmp_path / "out")
+    assert code == 1 and "different iterations [10, 20]" in err
+
+
+def test_unknown_architecture(tmp_path):
+    ckpt = copy_fixture(tmp_path)
+    for path in (ckpt / "iter_0000010").glob("mp_rank_*/model_optim_rng.pt"):
+        resave_rank_file(path, lambda state: setattr(state["args"], "normalization", "LayerNorm"))
+    code, _, err = run_cli("inspect", ckpt)
+    assert code == 1 and "a normalization other than RMSNorm" in err
+
+
+def test_iteration_choice(tmp_path):
+    ckpt = copy_fixture(tmp_path)
+    code, _, err = run_cli("inspect", ckpt, "--iteration", "7")
+    assert code == 1 and "iter_0000007: missing" in err and "saved here: iter_0000010" in err
+    (ckpt / "iter_0000010").rename(ckpt / "release")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("release")
+    code, out, _ = run_cli("inspect", ckpt)
+    assert code == 0 and "release" in out
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("10")
+    code, _, err = run_cli("inspect", ckpt)
+    assert code == 1 and "names 10" in err and "saved here: release" in err
+
+
+def test_torch_dist_missing_distcp_file(tmp_path):
+    ckpt = copy_fixture(tmp_path, "torch_dist")
+    (ckpt / "iter_0000010" / "__1_0.distcp").unlink()
+    code, _, err = run_cli("convert", ckpt, tmp_path / "out")
+    assert code == 1 and "__1_0.distcp: missing" in err
+
+
+def test_conversion_never_imports_megatron(tmp_path):
+    import subprocess
+    import sys
+
+    script = ("import sys, unshard\n"
+              f"unshard.convert({str(LLAMA / 'torch')!r}, {str(tmp_path / 'a')!r}, progress=False)\n"
+              f"unshard.convert({str(LLAMA / 'torch_dist')!r}, {str(tmp_path / 'b')!r}, progress=False)\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'megatron'))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
