@@ -73,7 +73,7 @@ def test_inspect_shows_the_parallel_layout():
     assert "tensor 2, pipeline 2, virtual pipeline 1, expert 2" in out
     assert "architecture    qwen2_moe" in out
     assert "100 (padded to 128 in the checkpoint)" in out
-    assert "made from the checkpoint's args" in out
+    assert "hf files     none; made from the checkpoint's args (qwen2_moe)" in out
     code, out, _ = run_cli("inspect", LLAMA / "torch_dist", "--json")
     info = json.loads(out)
     assert info["layout"] == "megatron-torch-dist"
@@ -166,3 +166,20 @@ def test_conversion_never_imports_megatron(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_verl_layout_without_megatron_args(tmp_path):
+    """verl saves model/dist_ckpt with no Megatron-LM args; sizes come from its model/huggingface/config.json."""
+    fixture = SHIPPED / "megatron-qwen2-tp2-pp2"
+    unshard.convert(fixture / "torch", tmp_path / "megatron-lm", progress=False)
+    expected = load_file(tmp_path / "megatron-lm" / "model.safetensors")
+    for i, src in enumerate(["verl", "verl/global_step_10", "verl/global_step_10/actor"]):
+        out = tmp_path / f"out{i}"
+        unshard.convert(fixture / src, out, progress=False)
+        written = load_file(out / "model.safetensors")
+        assert sorted(written) == sorted(expected)
+        assert all(torch.equal(written[name], expected[name]) for name in expected)
+    megatron_logits_match(fixture, tmp_path / "out0")
+    info = unshard.inspect(fixture / "verl")
+    assert info["parallel"] == {"tensor": 2, "pipeline": 2, "virtual_pipeline": 1, "expert": 1}
+    assert info["naming"].startswith("verl")

@@ -101,14 +101,15 @@ def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, c
     live = {n: c for n, c in renamed.items() if n not in dropped}
     in_memory = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     saved = _saved_shapes(model, in_memory)
-    if not set(renamed.values()) <= set(in_memory) and set(live.values()) <= set(saved):
+    # A tied weight is saved once; the checkpoint may hold both copies or one.
+    live_shapes = {c: shapes[n] for n, c in live.items()}
+    if not set(live.values()) <= set(in_memory) and set(live.values()) <= set(saved):
         # Already the names save_pretrained writes (a reader that names tensors itself, as for Megatron).
         if check:
-            _check_against_model({n: s for n, s in saved.items() if n not in tied}, {c: shapes[n] for n, c in live.items()},
-                                 config_folder)
+            _check_against_model({n: s for n, s in saved.items() if n not in tied}, live_shapes, config_folder)
         return Naming({n: [(c, shapes[n])] for n, c in live.items()}, {}, dropped, notes)
     if check:
-        _check_against_model(in_memory, {renamed[n]: s for n, s in shapes.items()}, config_folder)
+        _check_against_model({n: s for n, s in in_memory.items() if n not in tied}, live_shapes, config_folder)
     outputs, converters = _reverse_conversion(model, {c: shapes[n] for n, c in live.items()})
     return Naming(
         {n: outputs[c] for n, c in live.items()},

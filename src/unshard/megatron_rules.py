@@ -95,6 +95,12 @@ def shapes_from_args(args: dict[str, Any], vocab: int) -> Shapes:
     return Shapes(heads, groups or heads, head_dim, vocab)
 
 
+def shapes_from_config(config: dict[str, Any]) -> Shapes:
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return Shapes(heads, config.get("num_key_value_heads") or heads, head_dim, config["vocab_size"])
+
+
 def _boxes(kind: str, names: tuple[str, ...], shape: tuple[int, ...], dims: Shapes, source: str):
     """(output name, output shape, block from the Megatron tensor into it) for each output."""
     rest = tuple(shape[1:])

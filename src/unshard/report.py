@@ -44,8 +44,6 @@ def as_text(info: dict[str, Any]) -> str:
         lines.append("  parallel        " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info["parallel"].items()))
     if info.get("padded_vocab_size"):
         lines.append(f"  vocabulary      {info['vocab_size']} (padded to {info['padded_vocab_size']} in the checkpoint)")
-    if info.get("config"):
-        lines.append(f"  config.json     {info['config']}")
     if info.get("fsdp_config_json") is False:
         lines.append("  (no fsdp_config.json: world size taken from the file names)")
     for how, count in info.get("sharding", {}).items():
@@ -53,7 +51,8 @@ def as_text(info: dict[str, Any]) -> str:
     for what, count in info.get("skipped", {}).items():
         lines.append(f"  skipped    {count:4d} {what}")
     lines += [
-        f"hf files     {info['huggingface_folder'] or 'none (pass --config-from DIR)'}",
+        f"hf files     {info['huggingface_folder'] or 'none (pass --config-from DIR)'}"
+        if not info.get("config") else f"hf files     none; {info['config']}",
         f"tensors      {info['tensors']}, {info['parameters']:,} parameters, "
         + ", ".join(f"{n} {d}" for d, n in info["dtypes"].items()) + f", {human_bytes(info['bytes'])}",
         f"will write   {out['tensors']} tensors in {out['dtype']} ({out['dtype_reason']}), {human_bytes(out['bytes'])} "

@@ -14,6 +14,7 @@ as whole Megatron tensors; `megatron_rules` names them as Hugging Face does. The
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import shutil
@@ -47,12 +48,14 @@ def iteration_folder(src: Path, iteration: int | None = None) -> Path:
         text = tracker.read_text().strip()
         if text != "release" and not text.isdigit():
             raise CheckpointError(f"{tracker}: holds {text!r}, not an iteration number; pass --iteration N")
-        folder = src / ("release" if text == "release" else f"iter_{int(text):07d}")
-        said = f"{tracker.name} names {text}"
+        iteration, said = (None if text == "release" else int(text)), f"{tracker.name} names {text}"
     else:
-        folder, said = src / f"iter_{iteration:07d}", f"--iteration {iteration} asks for it"
+        said = f"--iteration {iteration} asks for it"
+    # Megatron-LM saves iter_0000010/ (or release/), verl global_step_10/.
+    names = ["release"] if iteration is None else [f"iter_{iteration:07d}", f"global_step_{iteration}"]
+    folder = next((src / name for name in names if (src / name).is_dir()), src / names[0])
     if not folder.is_dir():
-        saved = sorted(p.name for p in src.glob("iter_*")) + (["release"] if (src / "release").is_dir() else [])
+        saved = sorted(p.name for pattern in ("iter_*", "global_step_*", "release") for p in src.glob(pattern))
         raise CheckpointError(f"{folder}: missing, but {said}; saved here: {', '.join(saved) or 'no iteration'}. "
                               "Pass --iteration N with one of them")
     return folder
@@ -86,41 +89,52 @@ class MegatronCheckpoint(Checkpoint):
     """Hugging Face tensors over Megatron files; re-cut when a config names another vocabulary size."""
 
     megatron: dict[str, SourceTensor]
-    args: dict[str, Any]
     model_type: str
+    shapes: megatron_rules.Shapes
 
     def fit_config(self, config: dict[str, Any] | None) -> None:
         if config is None:
             return
         model_type = config.get("model_type", self.model_type)
-        vocab = config.get("vocab_size", self.facts["vocab_size"])
-        if (model_type, vocab) != (self.model_type, self.facts["vocab_size"]):
-            self.model_type, self.facts["vocab_size"] = model_type, vocab
-            self.tensors = megatron_rules.to_hf(self.megatron, model_type,
-                                                megatron_rules.shapes_from_args(self.args, vocab), str(self.path))
-            self.facts["architecture"] = model_type
+        vocab = config.get("vocab_size", self.shapes.vocab)
+        if (model_type, vocab) != (self.model_type, self.shapes.vocab):
+            self.model_type, self.shapes = model_type, dataclasses.replace(self.shapes, vocab=vocab)
+            self.tensors = megatron_rules.to_hf(self.megatron, model_type, self.shapes, str(self.path))
+            self.facts.update(architecture=model_type, vocab_size=vocab)
 
 
-def finish(checkpoint: MegatronCheckpoint, megatron: dict[str, SourceTensor], args: dict[str, Any],
+def finish(checkpoint: MegatronCheckpoint, megatron: dict[str, SourceTensor], args: dict[str, Any] | None,
            facts: dict[str, Any]) -> MegatronCheckpoint:
-    """Name the Megatron tensors as Hugging Face does, and find or make the config folder."""
+    """Name the Megatron tensors as Hugging Face does, and find or make the config folder.
+
+    Sizes and family come from Megatron-LM's `args`; without them (verl saves none), from the
+    Hugging Face config saved beside the checkpoint.
+    """
     where = str(checkpoint.path)
     padded = megatron.get("embedding.word_embeddings.weight", megatron.get("output_layer.weight"))
     if padded is None:
         raise CheckpointError(f"{where}: no embedding or output layer found; a pipeline stage's files are missing")
-    vocab = args.get("vocab_size") or padded.shape[0]
-    model_type = megatron_rules.model_type_from_args(args, where)
-    checkpoint.megatron, checkpoint.args, checkpoint.model_type = megatron, args, model_type
-    checkpoint.tensors = megatron_rules.to_hf(megatron, model_type, megatron_rules.shapes_from_args(args, vocab), where)
-    checkpoint.facts.update(facts)
-    checkpoint.facts.update(architecture=model_type, vocab_size=vocab, padded_vocab_size=padded.shape[0])
     checkpoint.hf_folder = _hf_folder(checkpoint.path)
+    if args is not None:
+        vocab = args.get("vocab_size") or padded.shape[0]
+        model_type = megatron_rules.model_type_from_args(args, where)
+        shapes = megatron_rules.shapes_from_args(args, vocab)
+    elif checkpoint.hf_folder is not None:
+        config = json.loads((checkpoint.hf_folder / "config.json").read_text())
+        model_type, shapes = config.get("model_type"), megatron_rules.shapes_from_config(config)
+    else:
+        raise CheckpointError(f"{where}: holds no Megatron-LM args and has no huggingface/config.json beside it; "
+                              "unshard needs one of them for the model's sizes")
+    checkpoint.megatron, checkpoint.model_type, checkpoint.shapes = megatron, model_type, shapes
+    checkpoint.tensors = megatron_rules.to_hf(megatron, model_type, shapes, where)
+    checkpoint.facts.update(facts)
+    checkpoint.facts.update(architecture=model_type, vocab_size=shapes.vocab, padded_vocab_size=padded.shape[0])
     if checkpoint.hf_folder is None:
         dtype = "bfloat16" if args.get("bf16") else "float16" if args.get("fp16") else "float32"
         folder = Path(tempfile.mkdtemp(prefix="unshard-megatron-config-"))
         weakref.finalize(checkpoint, shutil.rmtree, folder, True)  # gone with the checkpoint object
         (folder / "config.json").write_text(json.dumps(
-            megatron_rules.hf_config(args, model_type, vocab, dtype), indent=2) + "\n")
+            megatron_rules.hf_config(args, model_type, shapes.vocab, dtype), indent=2) + "\n")
         checkpoint.hf_folder = folder
         checkpoint.facts["config"] = f"made from the checkpoint's args ({model_type})"
     return checkpoint

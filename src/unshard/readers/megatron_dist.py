@@ -36,13 +36,39 @@ STACKED = re.compile(r"^decoder\.layers\.(?!\d)")
 STACKED_EXPERTS = ".mlp.experts.experts."
 
 
-def find_folder(src: Path, iteration: int | None = None) -> Path | None:
-    folder = iteration_folder(src, iteration)
+def _is_torch_dist(folder: Path) -> bool:
     try:
         backend = json.loads((folder / "metadata.json").read_text()).get("sharded_backend")
     except (OSError, ValueError, AttributeError):
-        return None
-    return folder if backend == "torch_dist" and (folder / ".metadata").is_file() else None
+        return False
+    return backend == "torch_dist" and (folder / ".metadata").is_file()
+
+
+def find_folder(src: Path, iteration: int | None = None) -> Path | None:
+    """The torch_dist folder: the iteration folder itself, or verl's model/dist_ckpt (dist_ckpt before
+    verl's layout v2) inside it or inside its actor/."""
+    folder = iteration_folder(src, iteration)
+    for base in (folder, folder / "actor"):
+        for candidate in (base, base / "model" / "dist_ckpt", base / "dist_ckpt"):
+            if _is_torch_dist(candidate):
+                return candidate
+    return None
+
+
+def _verl_parallel(folder: Path) -> dict:
+    """verl writes its TransformerConfig as transformer_config.json at the actor folder."""
+    for candidate in (folder.parent / "transformer_config.json", folder.parent.parent / "transformer_config.json"):
+        if candidate.is_file():
+            try:
+                config = json.loads(candidate.read_text())
+            except ValueError:
+                return {}
+            return {"parallel": {"tensor": config.get("tensor_model_parallel_size", 1),
+                                 "pipeline": config.get("pipeline_model_parallel_size", 1),
+                                 "virtual_pipeline": config.get("virtual_pipeline_model_parallel_size") or 1,
+                                 "expert": config.get("expert_model_parallel_size", 1)},
+                    "naming": "verl (no Megatron-LM args: sizes from huggingface/config.json)"}
+    return {}
 
 
 class MegatronDist(MegatronCheckpoint):
@@ -85,7 +111,7 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
     if not common.is_file():
         raise CheckpointError(f"{common}: missing; it holds the args the conversion needs: copy it with the checkpoint")
     saved = safe_pickle.load(common)
-    args = plain_args(saved.get("args"), common)
+    args = plain_args(saved["args"], common) if saved.get("args") is not None else None
     metadata = dcp.read_metadata(folder)
     storage = {(index.fqn, tuple(index.offset)): info for index, info in metadata.storage_data.items()
                if index.offset is not None}
@@ -117,11 +143,14 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
     checkpoint = MegatronDist(layout=LAYOUT, path=folder, tensors={})
     checkpoint._chunks, checkpoint._recent, checkpoint._lock = chunks, OrderedDict(), threading.Lock()
     files = {p.file for found in pieces.values() for p in found}
+    if args is not None:
+        layout = {"parallel": {"tensor": args.get("tensor_model_parallel_size", 1),
+                               "pipeline": args.get("pipeline_model_parallel_size", 1),
+                               "virtual_pipeline": args.get("virtual_pipeline_model_parallel_size") or 1,
+                               "expert": args.get("expert_model_parallel_size", 1)}}
+    else:
+        layout = _verl_parallel(folder)
     return finish(checkpoint, megatron, args, {
-        "format": "torch_dist (dist_checkpointing)", "iteration": saved.get("iteration"),
-        "parallel": {"tensor": args.get("tensor_model_parallel_size", 1),
-                     "pipeline": args.get("pipeline_model_parallel_size", 1),
-                     "virtual_pipeline": args.get("virtual_pipeline_model_parallel_size") or 1,
-                     "expert": args.get("expert_model_parallel_size", 1)},
+        "format": "torch_dist (dist_checkpointing)", "iteration": saved.get("iteration"), **layout,
         "files": len(files), "chunks": len(chunks), "skipped": dict(skipped),
     })
