@@ -5,6 +5,7 @@
     ckpt.tensors["model.embed_tokens.weight"].shape   # every logical tensor, nothing read yet
     ckpt.read("model.embed_tokens.weight")              # one whole tensor, assembled from its shards
     unshard.convert("checkpoints/global_step_100/actor", "hf_model")
+    unshard.merge("recipe.yaml", "merged_model")          # mergekit-style recipe, any readable inputs
 """
 
 from __future__ import annotations
@@ -57,6 +58,21 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
         the_plan.checkpoint.close()
 
 
+def merge(recipe: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
+          seed: int = 0, overwrite: bool = False, threads: int = 1, verify: bool = False,
+          progress: bool | None = None) -> Result:
+    """Merge the models a mergekit-style YAML recipe names into one Hugging Face folder OUT."""
+    from .execute import convert as run
+    from .merging import plan_merge, recipe_files
+
+    the_plan = plan_merge(recipe, dtype=dtype, max_shard_size=max_shard_size, seed=seed)
+    try:
+        return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, progress=progress,
+                   extra_files=recipe_files(the_plan))
+    finally:
+        the_plan.checkpoint.close()
+
+
 def inspect(src: str | Path, **plan_options: Any) -> dict[str, Any]:
     """What unshard found at SRC and what a conversion would write, as plain data."""
     from .report import describe
@@ -66,5 +82,5 @@ def inspect(src: str | Path, **plan_options: Any) -> dict[str, Any]:
 
 __all__ = [
     "Checkpoint", "CheckpointError", "ConfigMismatchError", "OutputExistsError", "Plan", "Result",
-    "UnsafeCheckpointError", "UnshardError", "convert", "inspect", "open_checkpoint", "plan",
+    "UnsafeCheckpointError", "UnshardError", "convert", "inspect", "merge", "open_checkpoint", "plan",
 ]

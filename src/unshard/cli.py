@@ -42,6 +42,19 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--verify", action="store_true", help="re-read the output and compare with the source")
     convert.add_argument("--no-progress", dest="progress", action="store_false", default=None)
 
+    merge = sub.add_parser("merge", help="blend models as a mergekit-style YAML recipe says")
+    merge.add_argument("recipe", help="YAML: merge_method, base_model, models, parameters, dtype, out_dtype")
+    merge.add_argument("out", help="output folder (must not exist or be empty, unless --overwrite)")
+    merge.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                       help="output dtype; auto: the recipe's out_dtype or dtype, else the base model's")
+    merge.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
+    merge.add_argument("--seed", type=int, default=0, help="seed of DARE's random drops (default 0)")
+    merge.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    merge.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
+    merge.add_argument("--threads", type=int, default=2, help="tensors merged in parallel (default 2)")
+    merge.add_argument("--verify", action="store_true", help="re-read the output and compare with a fresh merge")
+    merge.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+
     inspect = sub.add_parser("inspect", help="say what the checkpoint is and what convert would write")
     plan_options(inspect)
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
@@ -72,6 +85,8 @@ def _run(args) -> int:
     import unshard
     from .report import as_text, describe
 
+    if args.command == "merge":
+        return _merge(args)
     options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, config_from=args.config_from, check=args.check,
                    weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha)
     if args.command == "inspect":
@@ -90,6 +105,25 @@ def _run(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
                      progress=args.progress)
+    print(result.line() + (", verified" if args.verify else ""))
+    return 0
+
+
+def _merge(args) -> int:
+    from .execute import convert
+    from .merging import plan_merge, recipe_files
+    from .report import as_text, describe
+
+    plan = plan_merge(args.recipe, dtype=args.dtype, max_shard_size=args.max_shard_size, seed=args.seed)
+    try:
+        if args.dry_run:
+            print(as_text(describe(plan)))
+            return 0
+        print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
+        result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
+                         progress=args.progress, extra_files=recipe_files(plan))
+    finally:
+        plan.checkpoint.close()
     print(result.line() + (", verified" if args.verify else ""))
     return 0
 

@@ -58,7 +58,8 @@ def _progress(total: int, enabled: bool | None):
 
 
 def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: int = 1, verify: bool = False,
-            progress: bool | None = None) -> Result:
+            progress: bool | None = None, extra_files: dict[str, str] | None = None) -> Result:
+    """Write the plan's folder at OUT. `extra_files` (name -> text) are added to it (a merge's recipe)."""
     out = Path(out)
     plan.require_config()
     start = time.perf_counter()
@@ -69,6 +70,9 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
         write_index(folder.path, {f: [o.name for g in gs for o in g.outputs] for f, gs in plan.files.items()},
                     plan.total_bytes)
         copied = copy_model_files(plan.config_folder, folder.path, DTYPE_NAMES.get(plan.dtype, "float32"))
+        for name, text in (extra_files or {}).items():
+            (folder.path / name).write_text(text)
+            copied.append(name)
         if verify:
             verify_folder(plan, folder.path)
         folder.commit()

@@ -57,6 +57,7 @@ class Plan:
     files: dict[str, list[Group]]
     dropped: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    copies_per_tensor: int = 1  # whole tensors held while one output is made (a merge holds one per input)
 
     @property
     def groups(self) -> list[Group]:
@@ -80,7 +81,7 @@ class Plan:
 
     def peak_memory_estimate(self, threads: int = 1) -> int:
         """Bytes held at once: per tensor in flight, the assembled source plus its converted outputs."""
-        largest = max((g.source.nbytes + g.nbytes for g in self.groups), default=0)
+        largest = max((g.source.nbytes * self.copies_per_tensor + g.nbytes for g in self.groups), default=0)
         return largest * max(1, threads)
 
     def summary(self) -> dict[str, Any]:

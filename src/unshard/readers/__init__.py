@@ -6,7 +6,16 @@ import inspect
 from pathlib import Path
 
 from ..errors import CheckpointError
-from . import dcp, dcp_safetensors, deepspeed, deepspeed_universal, fsdp_rank_files, megatron, megatron_dist
+from . import (
+    dcp,
+    dcp_safetensors,
+    deepspeed,
+    deepspeed_universal,
+    fsdp_rank_files,
+    hf_safetensors,
+    megatron,
+    megatron_dist,
+)
 from .base import Checkpoint, Piece, SourceTensor
 
 # Each entry: (does SRC look like this layout, given the options?, open it). Tried in order.
@@ -18,6 +27,7 @@ READERS = [
     (lambda src, opts: megatron_dist.find_folder(src, opts.get("iteration")) is not None, megatron_dist.open_folder),
     (lambda src, opts: dcp.find_folder(src) is not None, dcp.open_folder),
     (lambda src, opts: dcp_safetensors.find_folder(src) is not None, dcp_safetensors.open_folder),
+    (lambda src, opts: hf_safetensors.find_folder(src) is not None, hf_safetensors.open_folder),
     (lambda src, opts: fsdp_rank_files.find_files(src) is not None, fsdp_rank_files.open_folder),
 ]
 
@@ -41,7 +51,8 @@ def open_checkpoint(src: str | Path, **options) -> Checkpoint:
     raise CheckpointError(
         f"{src}: not a checkpoint layout unshard knows; point at the folder holding model_world_size_*_rank_*.pt "
         "(verl: global_step_N/actor), a DCP folder (.metadata), DCP-written shard-*-model-*.safetensors, "
-        "a DeepSpeed folder with `latest`, or a whole state-dict .pt/.bin file"
+        "a DeepSpeed folder with `latest`, a Megatron checkpoint (mp_rank_* or torch_dist), a Hugging Face "
+        "safetensors folder, or a whole state-dict .pt/.bin file"
     )
 
 

@@ -1,0 +1,396 @@
+"""Blend several models into one, tensor by tensor, from any layout unshard reads.
+
+Recipes use mergekit's YAML format for what both support, and each method computes what mergekit
+0.1.5 computes (its defaults and parameter names), so a mergekit recipe gives the same model.
+
+A merge is planned and written like a conversion: `MergedCheckpoint` is a Checkpoint whose tensors
+are the output tensors and whose `read` computes one of them from the inputs' tensors of the same
+name. Planner, streaming writer, progress bar, --verify and the output folder are the conversion's;
+memory is one tensor per input at a time.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .errors import UnshardError
+from . import hf_names
+from .plan import DTYPE_NAMES, DTYPES, TOKENIZER_FILES, Group, Plan, build_plan, choose_dtype
+from .readers import Checkpoint, SourceTensor, open_checkpoint
+
+RECIPE_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source"}
+MODEL_KEYS = {"model", "parameters"}
+
+
+class RecipeError(UnshardError, ValueError):
+    pass
+
+
+# ---- parameters: scalars, gradients across layers, filters by tensor name (mergekit's rules) ----
+
+def evaluate(setting: Any, tensor: str, t: float) -> Any:
+    """A parameter's value for one tensor: `t` runs from 0 (first layer) to 1 (last layer)."""
+    if isinstance(setting, dict):
+        setting = [setting]
+    if isinstance(setting, (bool, int, float, str)) or setting is None:
+        return setting
+    if not setting:
+        return None
+    if all(isinstance(v, (bool, int, float)) for v in setting):
+        if any(isinstance(v, bool) for v in setting):
+            return setting[int(t * (len(setting) - 1))]
+        scaled = t * (len(setting) - 1)
+        low = int(scaled)
+        high = min(len(setting) - 1, low + 1)
+        return (1 - (scaled - low)) * setting[low] + (scaled - low) * setting[high]
+    for condition in setting:
+        if not isinstance(condition, dict) or "value" not in condition:
+            raise RecipeError(f"parameter value {setting!r}: a list holds numbers (a gradient) or "
+                              "{filter: ..., value: ...} entries")
+        where = condition.get("filter")
+        if where in (None, "*") or where in tensor:
+            return evaluate(condition["value"], tensor, t)
+    return None
+
+
+def layer_position(name: str, layers: int) -> float:
+    """mergekit's `t`: index / (layers - 1) inside the layer stack, 0 for embeddings, norm and head."""
+    parts = name.split(".")
+    if "layers" in parts:
+        index = parts.index("layers") + 1
+        if index < len(parts) and parts[index].isdigit():
+            return int(parts[index]) / (layers - 1) if layers > 1 else 1.0
+    return 0.0
+
+
+# ---- methods: each takes the base tensor (or None), the other inputs, their parameters ----
+
+@dataclass(frozen=True)
+class Method:
+    needs_base: bool
+    shared: dict[str, Any]  # shared parameter -> default
+    per_input: dict[str, Any]  # per-input parameter -> default (REQUIRED: must be given)
+    merge: Callable[..., torch.Tensor]
+    inputs: tuple[int, int | None] = (1, None)  # least and most models besides the base
+
+
+REQUIRED = object()
+
+
+def _linear(base, others, params, shared, generator):
+    weights = torch.tensor([p["weight"] for p in params], dtype=torch.float32)
+    result = torch.zeros_like(others[0], dtype=torch.float32)
+    for tensor, weight in zip(others, weights):
+        result.add_(tensor.float() * weight)
+    return result / weights.sum() if shared["normalize"] else result
+
+
+def _sparsify(delta, density, method, rescale, generator):
+    """Keep a `density` fraction of a task vector: the largest magnitudes, or at random (DARE)."""
+    if density >= 1:
+        return delta
+    if method == "magnitude":
+        if density <= 0 or delta.numel() == 0:
+            return torch.zeros_like(delta)
+        keep = max(1, int(density * delta.numel()))
+        mask = torch.zeros(delta.numel(), dtype=delta.dtype)
+        # topk finds the threshold without sorting the whole tensor.
+        mask[torch.topk(delta.abs().reshape(-1), keep, sorted=False).indices] = 1
+        mask = mask.reshape(delta.shape)
+    else:
+        mask = torch.bernoulli(torch.full_like(delta, density), generator=generator)
+    kept = delta * mask
+    if not rescale:
+        return kept
+    # Rescale so the kept entries carry the task vector's L1 norm (mergekit's `rescale`).
+    before, after = delta.abs().sum(), kept.abs().sum()
+    return kept if before < 1e-7 or after < 1e-7 else kept * (before / after)
+
+
+def _task_arithmetic(consensus: bool, sparsify: str | None):
+    def merge(base, others, params, shared, generator):
+        base = base.float()
+        deltas = torch.stack([
+            _sparsify(other.float() - base, p["density"], sparsify, shared["rescale"], generator) if sparsify
+            else other.float() - base
+            for other, p in zip(others, params)])
+        weights = torch.tensor([p["weight"] for p in params], dtype=torch.float32)
+        weights = weights.reshape(-1, *([1] * base.dim()))
+        deltas.mul_(weights)
+        if consensus:  # TIES sign election: keep the entries agreeing with the sign of the weighted sum
+            sign = deltas.sign()
+            majority = (deltas.sum(dim=0) >= 0).to(deltas.dtype) * 2 - 1
+            mask = (sign == majority).to(deltas.dtype)
+            mixed, divisor = (deltas * mask).sum(dim=0), (weights * mask).sum(dim=0)
+            divisor[divisor == 0] = 1
+        else:
+            mixed, divisor = deltas.sum(dim=0), weights.sum(dim=0)
+            divisor[divisor.abs() < 1e-8] = 1
+        if shared["normalize"]:
+            mixed = mixed / divisor
+        if shared["lambda"] != 1:
+            mixed = mixed * shared["lambda"]
+        return base + mixed
+    return merge
+
+
+def _slerp(base, others, params, shared, generator, threshold=0.9995, eps=1e-8):
+    """Spherical interpolation from the base (t=0) to the other model (t=1), over the whole tensor;
+    linear where the two are nearly parallel."""
+    t = shared["t"]
+    a, b = base.float().reshape(-1), others[0].float().reshape(-1)
+    norm_a, norm_b = torch.linalg.vector_norm(a), torch.linalg.vector_norm(b)
+    norm_a = norm_a if norm_a > eps else torch.tensor(1.0)
+    norm_b = norm_b if norm_b > eps else torch.tensor(1.0)
+    dot = ((a / norm_a) * (b / norm_b)).sum().clamp(-1, 1)
+    if dot.abs() > threshold:
+        result = (1 - t) * a + t * b
+    else:
+        theta = torch.acos(dot)
+        result = (torch.sin((1 - t) * theta) * a + torch.sin(t * theta) * b) / torch.sin(theta)
+    return result.reshape(base.shape)
+
+
+def _model_stock(base, others, params, shared, generator):
+    """Model Stock: move from the base towards the average by the angle between the fine-tunes."""
+    w0 = base.float().reshape(-1)
+    offsets = [other.float().reshape(-1) - w0 for other in others]
+    cosines = [((x * y).sum() / (x.norm() * y.norm()).clamp(min=1e-6)).clamp(-1, 1)
+               for i, x in enumerate(offsets) for y in offsets[i + 1:]]
+    cos = torch.stack(cosines).mean()
+    n = len(others)
+    denominator = 1 + (n - 1) * cos
+    t = torch.tensor(0.0) if denominator.abs() < 1e-6 else n * cos / denominator
+    average = sum(other.float().reshape(-1) for other in others) / n
+    return (t * average + (1 - t) * w0).reshape(base.shape)
+
+
+def _passthrough(base, others, params, shared, generator):
+    scale = params[0]["scale"]
+    return others[0] if scale is None else others[0] * scale
+
+
+METHODS = {
+    "linear": Method(False, {"normalize": True}, {"weight": REQUIRED}, _linear),
+    "task_arithmetic": Method(True, {"normalize": False, "lambda": 1.0, "rescale": False},
+                              {"weight": REQUIRED}, _task_arithmetic(False, None)),
+    "ties": Method(True, {"normalize": True, "lambda": 1.0, "rescale": False},
+                   {"weight": REQUIRED, "density": 1.0}, _task_arithmetic(True, "magnitude")),
+    "dare_linear": Method(True, {"normalize": False, "lambda": 1.0, "rescale": True},
+                          {"weight": REQUIRED, "density": 1.0}, _task_arithmetic(False, "random")),
+    "dare_ties": Method(True, {"normalize": False, "lambda": 1.0, "rescale": True},
+                        {"weight": REQUIRED, "density": 1.0}, _task_arithmetic(True, "random")),
+    "slerp": Method(True, {"t": REQUIRED}, {}, _slerp, (1, 1)),
+    "model_stock": Method(True, {}, {}, _model_stock, (2, None)),
+    "passthrough": Method(False, {}, {"scale": None}, _passthrough, (1, 1)),
+}
+
+
+# ---- the recipe ----
+
+@dataclass
+class Input:
+    reference: str
+    parameters: dict[str, Any]
+    plan: Plan
+    groups: dict[str, Group] = field(default_factory=dict)  # output name -> the group making it
+
+
+@dataclass
+class Recipe:
+    method: str
+    base: str | None
+    models: list[tuple[str, dict[str, Any]]]
+    parameters: dict[str, Any]
+    dtype: str | None
+    out_dtype: str | None
+    tokenizer_source: str | None
+    text: str
+
+
+def parse_recipe(path: Path) -> Recipe:
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+        data = yaml.safe_load(text)
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: no such recipe file") from None
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe is a YAML mapping with merge_method and models")
+    unknown = sorted(set(data) - RECIPE_KEYS)
+    if unknown:
+        raise RecipeError(f"{path}: unknown key {unknown[0]!r}; unshard reads {', '.join(sorted(RECIPE_KEYS))} "
+                          "(mergekit's slices and per-slice settings are not supported)")
+    method = data.get("merge_method")
+    if method not in METHODS:
+        raise RecipeError(f"{path}: merge_method {method!r} is not one unshard has; use one of "
+                          f"{', '.join(METHODS)}")
+    models = []
+    for i, entry in enumerate(data.get("models") or []):
+        entry = {"model": entry} if isinstance(entry, str) else entry
+        if not isinstance(entry, dict) or "model" not in entry or set(entry) - MODEL_KEYS:
+            raise RecipeError(f"{path}: models[{i}] must be a mapping with `model` and optional `parameters`")
+        models.append((str(entry["model"]), dict(entry.get("parameters") or {})))
+    for key in ("dtype", "out_dtype"):
+        if data.get(key) is not None and data[key] not in DTYPES:
+            raise RecipeError(f"{path}: {key} {data[key]!r}: use one of {', '.join(DTYPES)}")
+    return Recipe(method, str(data["base_model"]) if data.get("base_model") else None, models,
+                  dict(data.get("parameters") or {}), data.get("dtype"), data.get("out_dtype"),
+                  data.get("tokenizer_source"), text)
+
+
+def _resolve(reference: str, recipe_dir: Path) -> Path:
+    if "+" in reference:
+        raise RecipeError(f"{reference}: a LoRA adapter on a base (`path+adapter`) is not supported yet; "
+                          "fold it first (verl's LoRA checkpoints convert with the adapter folded in)")
+    path = Path(reference).expanduser()
+    if not path.is_absolute() and not path.exists() and (recipe_dir / path).exists():
+        path = recipe_dir / path
+    if not path.exists():
+        raise RecipeError(f"{reference}: no such model folder (Hub ids are not fetched for merging: download it first)")
+    return path
+
+
+class MergedCheckpoint(Checkpoint):
+    """The merge's output tensors; reading one computes it from the inputs."""
+
+    def read(self, name: str) -> torch.Tensor:
+        return self._compute(name)
+
+    def close(self) -> None:
+        for item in self._inputs:
+            item.plan.checkpoint.close()
+
+
+def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
+               seed: int = 0, check: bool = True) -> Plan:
+    """Open every input (metadata only) and plan the merged model."""
+    from .execute import materialise
+
+    recipe = parse_recipe(Path(recipe_path))
+    method = METHODS[recipe.method]
+    recipe_dir = Path(recipe_path).resolve().parent
+    if method.needs_base and not recipe.base:
+        raise RecipeError(f"{recipe_path}: {recipe.method} needs base_model")
+    references = [m for m, _ in recipe.models]
+    if recipe.base and recipe.base not in references:
+        references_with_base = [(recipe.base, {})] + recipe.models
+    else:
+        references_with_base = list(recipe.models)
+    work = DTYPES.get(recipe.dtype or "float32")
+    inputs: list[Input] = []
+    for reference, parameters in references_with_base:
+        checkpoint = open_checkpoint(_resolve(reference, recipe_dir))
+        plan = build_plan(checkpoint, dtype="float32", check=check)
+        item = Input(reference, parameters, plan)
+        item.groups = {o.name: g for g in plan.groups for o in g.outputs}
+        inputs.append(item)
+    base = next((i for i in inputs if i.reference == recipe.base), None)
+    others = [i for i in inputs if i is not base] if method.needs_base else [
+        i for i in inputs if i.reference in references]
+    least, most = method.inputs
+    if len(others) < least or (most is not None and len(others) > most):
+        wanted = f"exactly {least}" if least == most else f"at least {least}"
+        raise RecipeError(f"{recipe_path}: {recipe.method} takes {wanted} model(s) besides the base, got {len(others)}")
+    for item in others:
+        for key, default in method.per_input.items():
+            if default is REQUIRED and key not in item.parameters and key not in recipe.parameters:
+                raise RecipeError(f"{recipe_path}: model {item.reference} needs parameters.{key} for {recipe.method}")
+    for key, default in method.shared.items():
+        if default is REQUIRED and key not in recipe.parameters:
+            raise RecipeError(f"{recipe_path}: {recipe.method} needs parameters.{key}")
+
+    # The output: the base's tensors (or the first model's), checked against every input.
+    reference_input = base or others[0]
+    outputs = {o.name: o for g in reference_input.plan.groups for o in g.outputs}
+    for item in inputs:
+        for name, out in outputs.items():
+            theirs = next((o for o in item.groups[name].outputs if o.name == name), None) if name in item.groups else None
+            if theirs is None:
+                raise RecipeError(f"{item.reference}: has no {name}, which {reference_input.reference} has; "
+                                  "models merged together must share an architecture")
+            if theirs.shape != out.shape:
+                raise RecipeError(f"{item.reference}: {name} has shape {tuple(theirs.shape)}, {reference_input.reference} "
+                                  f"{tuple(out.shape)}; unshard merges equal shapes only (different vocabularies: "
+                                  "resize the embeddings first)")
+    layers = 1 + max((int(p[p.index("layers") + 1]) for n in outputs for p in [n.split(".")]
+                      if "layers" in p and p.index("layers") + 1 < len(p) and p[p.index("layers") + 1].isdigit()),
+                     default=0)
+    recent: dict[int, tuple[Group, dict[str, torch.Tensor]]] = {}
+
+    def tensor_of(item: Input, name: str) -> torch.Tensor:
+        # A group may make several outputs (split experts): keep its last result for the next name.
+        group = item.groups[name]
+        cached = recent.get(id(item))
+        if cached is None or cached[0] is not group:
+            cached = (group, dict(materialise(item.plan, group)))
+            recent[id(item)] = cached
+        return cached[1][name].to(work)
+
+    def compute(name: str) -> torch.Tensor:
+        t = layer_position(name, layers)
+        value = lambda key, params: evaluate(params.get(key, recipe.parameters.get(key)), name, t)  # noqa: E731
+        shared = {k: (d if (v := value(k, {})) is None else v) for k, d in method.shared.items()}
+        params = [{k: (d if (v := value(k, item.parameters)) is None else v) for k, d in method.per_input.items()}
+                  for item in others]
+        if not torch.is_floating_point(tensor_of(reference_input, name)):
+            return tensor_of(reference_input, name)  # integer buffers are copied from the base
+        generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
+        merged = method.merge(tensor_of(base, name) if base is not None and method.needs_base else None,
+                              [tensor_of(item, name) for item in others], params, shared, generator)
+        return merged
+
+    tensors = {name: SourceTensor(name, tuple(o.shape), work if o.dtype.is_floating_point else o.dtype, [])
+               for name, o in outputs.items()}
+    source = reference_input if recipe.tokenizer_source in (None, "base") else next(
+        (i for i in inputs if i.reference == recipe.tokenizer_source), None)
+    if source is None:
+        raise RecipeError(f"{recipe_path}: tokenizer_source {recipe.tokenizer_source!r} is neither `base` nor one of "
+                          "the models (mergekit's `union` vocabularies are not supported)")
+    merged = MergedCheckpoint(layout="merge", path=Path(recipe_path), tensors=tensors,
+                              hf_folder=source.plan.config_folder,
+                              facts={"method": recipe.method, "inputs": ", ".join(i.reference for i in inputs),
+                                     "base_model": recipe.base, "seed": seed})
+    merged._compute, merged._inputs, merged.recipe = compute, inputs, recipe
+    requested, reason = next((value, why) for value, why in (
+        (None if dtype == "auto" else dtype, "asked for with --dtype"), (recipe.out_dtype, "the recipe's out_dtype"),
+        (recipe.dtype, "the recipe's dtype"), ("", "the base model's")) if value is not None)
+    if not requested:  # asked for nowhere: the dtype the base would be converted to
+        natural, _ = choose_dtype("auto", hf_names.read_config(reference_input.plan.config_folder),
+                                  reference_input.plan.checkpoint)
+        requested = DTYPE_NAMES.get(natural, "float32")
+    plan = build_plan(merged, dtype=requested, max_shard_size=max_shard_size, check=check)
+    plan.dtype_reason = reason
+    # Per tensor in flight: one copy per input, the stacked task vectors and the result.
+    plan.copies_per_tensor = 2 * len(inputs) + 1
+    plan.notes = [note for note in plan.notes if "--config-from" not in note]
+    if not any((source.plan.config_folder / name).exists() for name in TOKENIZER_FILES):
+        plan.notes.append(f"{source.reference} has no tokenizer: set tokenizer_source to a model that has one")
+    return plan
+
+
+def model_card(plan: Plan) -> str:
+    """README.md for the merged folder: the method, the inputs and the recipe."""
+    recipe = plan.checkpoint.recipe
+    lines = ["---", "tags:", "- merge", "- unshard", "---", "", "# Merged model", "",
+             f"Made with [unshard](https://pypi.org/project/unshard/) `merge` using the **{recipe.method}** method.", ""]
+    if recipe.base:
+        lines += [f"Base model: `{recipe.base}`", ""]
+    lines += ["Models:", ""] + [f"- `{m}`" for m, _ in recipe.models] + ["", "Recipe:", "", "```yaml",
+                                                                          recipe.text.rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def recipe_files(plan: Plan) -> dict[str, str]:
+    return {"mergekit_config.yml": plan.checkpoint.recipe.text, "README.md": model_card(plan)}
+
+
+__all__ = ["METHODS", "RecipeError", "evaluate", "parse_recipe", "plan_merge", "recipe_files"]

@@ -1,0 +1,185 @@
+"""`unshard merge` computes what mergekit computes for the same recipe, from any layout unshard reads.
+
+mergekit runs from PyPI in its own virtual environment (made once per session), on Hugging Face
+folders written by transformers: a tiny Llama and three fine-tunes made by perturbing it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+
+import unshard
+from conftest import SHIPPED
+from test_cli_and_errors import run_cli
+
+transformers = pytest.importorskip("transformers")
+
+MERGEKIT = "mergekit==0.1.5"
+
+
+def perturbed_copy(src: Path, dest: Path, seed: int, scale: float = 0.02) -> Path:
+    """A 'fine-tune': the same folder with every weight moved by seeded noise."""
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.safetensors"))
+    generator = torch.Generator().manual_seed(seed)
+    for path in src.glob("*.safetensors"):
+        tensors = load_file(path)
+        save_file({k: (v + torch.randn(v.shape, generator=generator) * scale).to(v.dtype)
+                   for k, v in tensors.items()}, dest / path.name, metadata={"format": "pt"})
+    return dest
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(root / "base")
+    for i in range(3):
+        perturbed_copy(root / "base", root / f"ft{i}", seed=100 + i)
+    return root
+
+
+@pytest.fixture(scope="session")
+def mergekit(tmp_path_factory) -> Path:
+    """mergekit-yaml from PyPI, in a venv of its own (torch pinned first: the local CPU build)."""
+    venv = Path(os.environ.get("UNSHARD_MERGEKIT_VENV") or tmp_path_factory.mktemp("mergekit") / "venv")
+    if not (venv / "bin" / "mergekit-yaml").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(venv / "bin" / "pip"), "install", "--quiet"]
+        subprocess.run(pip + ["torch==2.13.0"], check=True, timeout=900)
+        subprocess.run(pip + [MERGEKIT], check=True, timeout=900)
+    return venv / "bin" / "mergekit-yaml"
+
+
+def write_recipe(path: Path, recipe: dict) -> Path:
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def run_mergekit(mergekit: Path, recipe: Path, out: Path) -> dict[str, torch.Tensor]:
+    done = subprocess.run([str(mergekit), str(recipe), str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return load_file(out / "model.safetensors")
+
+
+def recipes(m: Path) -> dict[str, dict]:
+    base, ft = str(m / "base"), [str(m / f"ft{i}") for i in range(3)]
+    return {
+        "linear": dict(merge_method="linear", models=[
+            dict(model=ft[0], parameters=dict(weight=0.5)), dict(model=ft[1], parameters=dict(weight=[0.1, 1.0])),
+            dict(model=ft[2], parameters=dict(weight=0.3))]),
+        "linear-unnormalized": dict(merge_method="linear", parameters=dict(normalize=False), models=[
+            dict(model=ft[0], parameters=dict(weight=0.5)), dict(model=ft[1], parameters=dict(weight=0.25))]),
+        "task_arithmetic": dict(merge_method="task_arithmetic", base_model=base, parameters={"lambda": 0.8},
+                                models=[dict(model=ft[0], parameters=dict(weight=0.7)),
+                                        dict(model=ft[1], parameters=dict(weight=-0.2))]),
+        "ties": dict(merge_method="ties", base_model=base, parameters=dict(normalize=True), models=[
+            dict(model=base),
+            dict(model=ft[0], parameters=dict(weight=0.6, density=0.5)),
+            dict(model=ft[1], parameters=dict(weight=[0.2, 0.8], density=0.7)),
+            dict(model=ft[2], parameters=dict(weight=[dict(filter="self_attn", value=0.9), dict(value=0.3)],
+                                              density=0.4))]),
+        "slerp": dict(merge_method="slerp", base_model=base, models=[dict(model=base), dict(model=ft[0])],
+                      parameters=dict(t=[dict(filter="mlp", value=[0.0, 0.7]), dict(value=0.35)])),
+        "model_stock": dict(merge_method="model_stock", base_model=base,
+                            models=[dict(model=ft[0]), dict(model=ft[1]), dict(model=ft[2])]),
+    }
+
+
+@pytest.mark.parametrize("name", ["linear", "linear-unnormalized", "task_arithmetic", "ties", "slerp", "model_stock"])
+def test_same_result_as_mergekit(name, models, mergekit, tmp_path):
+    recipe = write_recipe(tmp_path / "recipe.yml", {**recipes(models)[name], "dtype": "float32"})
+    expected = run_mergekit(mergekit, recipe, tmp_path / "mergekit")
+    result = unshard.merge(recipe, tmp_path / "unshard", progress=False, verify=True)
+    merged = load_file(tmp_path / "unshard" / "model.safetensors")
+    assert sorted(merged) == sorted(expected) and result.tensors == len(expected)
+    for key, tensor in expected.items():
+        assert merged[key].dtype == tensor.dtype, key
+        torch.testing.assert_close(merged[key], tensor, atol=1e-5, rtol=0, msg=key)
+    base = load_file(models / "base" / "model.safetensors")
+    assert any(not torch.equal(merged[k], base[k]) for k in base)  # the merge did something
+
+
+@pytest.mark.parametrize("method", ["dare_linear", "dare_ties"])
+def test_dare_statistics_and_reproducibility(method, models, mergekit, tmp_path):
+    """DARE drops at random: the kept fraction and the L1 rescale match mergekit's; a seed repeats."""
+    density = 0.3
+    recipe = write_recipe(tmp_path / "recipe.yml", dict(
+        merge_method=method, base_model=str(models / "base"), dtype="float32",
+        models=[dict(model=str(models / "ft0"), parameters=dict(weight=1.0, density=density))]))
+    expected = run_mergekit(mergekit, recipe, tmp_path / "mergekit")
+    unshard.merge(recipe, tmp_path / "a", progress=False, seed=7)
+    unshard.merge(recipe, tmp_path / "b", progress=False, seed=7)
+    unshard.merge(recipe, tmp_path / "c", progress=False, seed=8)
+    a, b, c = (load_file(tmp_path / x / "model.safetensors") for x in "abc")
+    base, tuned = load_file(models / "base" / "model.safetensors"), load_file(models / "ft0" / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a[name], c[name])
+    for merged in (a, expected):
+        delta = merged[name] - base[name]
+        kept = (delta != 0).float().mean().item()
+        assert abs(kept - density) < 0.03
+        l1 = delta.abs().sum() / (tuned[name] - base[name]).abs().sum()
+        assert abs(l1.item() - 1) < 1e-4  # rescaled to the task vector's L1 norm
+
+
+def test_sharded_checkpoint_merges_like_its_conversion(tmp_path):
+    """Merging an FSDP checkpoint directly equals converting it first, then merging."""
+    fixture = SHIPPED / "llama-fsdp2"
+    converted = tmp_path / "converted"
+    unshard.convert(fixture / "global_step_1", converted, progress=False)
+    tuned = perturbed_copy(fixture / "reference", tmp_path / "tuned", seed=5)
+    results = {}
+    for label, base in (("sharded", fixture / "global_step_1"), ("converted", converted)):
+        recipe = write_recipe(tmp_path / f"{label}.yml", dict(
+            merge_method="ties", base_model=str(base), dtype="float32",
+            models=[dict(model=str(tuned), parameters=dict(weight=0.5, density=0.5))]))
+        unshard.merge(recipe, tmp_path / f"merged-{label}", progress=False)
+        results[label] = load_file(tmp_path / f"merged-{label}" / "model.safetensors")
+    assert sorted(results["sharded"]) == sorted(results["converted"])
+    assert all(torch.equal(results["sharded"][k], results["converted"][k]) for k in results["sharded"])
+    out = tmp_path / "merged-sharded"
+    assert (out / "tokenizer.json").exists() and (out / "mergekit_config.yml").exists()
+    assert "ties" in (out / "README.md").read_text() and str(tuned) in (out / "README.md").read_text()
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
+
+
+def test_recipe_errors(models, tmp_path):
+    def fails(recipe, expected):
+        path = write_recipe(tmp_path / "r.yml", recipe)
+        code, _, err = run_cli("merge", path, tmp_path / "out")
+        assert code == 1 and expected in err, err
+        assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+    base, ft0 = str(models / "base"), str(models / "ft0")
+    fails(dict(merge_method="frankenmerge", models=[ft0]), "use one of linear, task_arithmetic")
+    fails(dict(merge_method="linear", slices=[], models=[ft0]), "unknown key 'slices'")
+    fails(dict(merge_method="ties", base_model=base, models=[dict(model=ft0)]), "needs parameters.weight")
+    fails(dict(merge_method="slerp", base_model=base, models=[dict(model=ft0)]), "slerp needs parameters.t")
+    fails(dict(merge_method="task_arithmetic", models=[dict(model=ft0, parameters=dict(weight=1))]),
+          "needs base_model")
+    fails(dict(merge_method="linear", models=[dict(model=str(tmp_path / "nowhere"), parameters=dict(weight=1))]),
+          "no such model folder")
+    other = tmp_path / "other"
+    shutil.copytree(models / "ft1", other)
+    tensors = load_file(other / "model.safetensors")
+    tensors["model.embed_tokens.weight"], tensors["lm_head.weight"] = torch.zeros(130, 64), torch.zeros(130, 64)
+    save_file(tensors, other / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "vocab_size": 130}))
+    fails(dict(merge_method="linear", models=[dict(model=ft0, parameters=dict(weight=1)),
+                                              dict(model=str(other), parameters=dict(weight=1))]),
+          "unshard merges equal shapes only")
