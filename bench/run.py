@@ -1,6 +1,6 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2] [--layouts verl,dcp,zero2,zero3] [--work /tmp/unshard-bench]
+    python bench/run.py [--sizes 0.5,2] [--layouts verl,dcp,zero2,zero3,merge] [--work /tmp/unshard-bench]
 
 For each layout and size: make a real checkpoint (FSDP2 by bench/make_checkpoint.py, DeepSpeed by
 tests/fixtures/make_deepspeed.py, both under torchrun),
@@ -10,6 +10,8 @@ then time every tool on it, reading from a warm page cache:
   dcp_to_torch_save       torch.distributed.checkpoint.format_utils dcp_to_torch (DCP only)
   accelerate merge-weights  from PyPI, in its own venv (DCP only)
   zero_to_fp32.py         DeepSpeed's own script, DeepSpeed from PyPI in its own venv (zero2 / zero3)
+  mergekit-yaml           the same TIES recipe as `unshard merge`, mergekit from PyPI in its own venv
+                          (layout "merge": a base and two fine-tunes of the given size each)
 Reports wall time, peak RSS of the process tree and throughput as a markdown table, and appends
 every measurement with the machine and versions to bench/results/results.jsonl.
 """
@@ -30,7 +32,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 VENVS = HERE / ".venvs"
-PEERS = {"accelerate": ["accelerate==1.15.0"], "deepspeed": ["deepspeed==0.19.8", "transformers", "tokenizers"]}
+PEERS = {"accelerate": ["accelerate==1.15.0"], "deepspeed": ["deepspeed==0.19.8", "transformers", "tokenizers"],
+         "mergekit": ["mergekit==0.1.5"]}
 
 
 def sh(cmd: list[str], **kw) -> None:
@@ -57,6 +60,11 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", DS_BUILD_OPS="0")
+    if layout == "merge":  # three Hugging Face folders and a TIES recipe, written by transformers
+        sh([sys.executable, str(HERE / "make_models.py"), "--gb", str(gb), "--out", str(folder)],
+           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE)
+        (folder / "done").write_text("")
+        return folder
     if layout.startswith("zero"):
         # DeepSpeed itself trains a step and saves; layers chosen so the fp32 weights are about `gb`.
         from make_checkpoint import FFN, HIDDEN, VOCAB, layers_for
@@ -79,11 +87,20 @@ def size_of(path: Path) -> int:
 
 
 def source(layout: str, folder: Path) -> Path:
+    if layout == "merge":
+        return folder
     return folder / "checkpoint-1" if layout.startswith("zero") else folder / "ckpt"
 
 
 def tools(layout: str, folder: Path, out: Path) -> dict[str, list[str]]:
     src = source(layout, folder)
+    if layout == "merge":
+        recipe = str(folder / "recipe.yml")
+        return {
+            "cp": ["cp", "-r", str(src), str(out)],
+            "unshard merge": [sys.executable, "-m", "unshard", "merge", recipe, str(out), "--no-progress"],
+            "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), recipe, str(out)],
+        }
     config = [] if layout.startswith("zero") else ["--config-from", str(folder / "hf")]
     found = {
         "cp": ["cp", "-r", str(src), str(out)],

@@ -168,18 +168,21 @@ def test_conversion_never_imports_megatron(tmp_path):
     assert done.stdout.strip() == "[]"
 
 
-def test_verl_layout_without_megatron_args(tmp_path):
-    """verl saves model/dist_ckpt with no Megatron-LM args; sizes come from its model/huggingface/config.json."""
+def test_verl_layouts_without_megatron_args(tmp_path):
+    """verl saves no Megatron-LM args (model/dist_ckpt now, mp_rank_*/model.pt before); sizes come from
+    the Hugging Face config it saves beside."""
     fixture = SHIPPED / "megatron-qwen2-tp2-pp2"
     unshard.convert(fixture / "torch", tmp_path / "megatron-lm", progress=False)
     expected = load_file(tmp_path / "megatron-lm" / "model.safetensors")
-    for i, src in enumerate(["verl", "verl/global_step_10", "verl/global_step_10/actor"]):
+    for i, src in enumerate(["verl", "verl/global_step_10", "verl/global_step_10/actor",
+                             "verl-legacy/global_step_10", "verl-legacy/global_step_10/actor/model"]):
         out = tmp_path / f"out{i}"
         unshard.convert(fixture / src, out, progress=False)
         written = load_file(out / "model.safetensors")
         assert sorted(written) == sorted(expected)
         assert all(torch.equal(written[name], expected[name]) for name in expected)
     megatron_logits_match(fixture, tmp_path / "out0")
+    megatron_logits_match(fixture, tmp_path / "out3")
     info = unshard.inspect(fixture / "verl")
     assert info["parallel"] == {"tensor": 2, "pipeline": 2, "virtual_pipeline": 1, "expert": 1}
     assert info["naming"].startswith("verl")

@@ -34,7 +34,7 @@ from .base import Checkpoint, Piece, SourceTensor, deduplicate
 LAYOUT = "megatron"
 TRACKER = "latest_checkpointed_iteration.txt"
 RANK_FOLDER = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")
-RANK_FILES = ("model_optim_rng.pt", "model_rng.pt")
+RANK_FILES = ("model_optim_rng.pt", "model_rng.pt", "model.pt")  # model.pt: verl before dist_ckpt
 LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
@@ -72,8 +72,17 @@ def rank_files(folder: Path) -> dict[tuple[int, int | None, int | None], Path]:
 
 
 def find_folder(src: Path, iteration: int | None = None) -> Path | None:
+    """The folder of mp_rank_* folders: the iteration folder, or (older verl) its model/ or actor/model/."""
     folder = iteration_folder(src, iteration)
-    return folder if rank_files(folder) else None
+    return next((c for c in (folder, folder / "model", folder / "actor" / "model") if rank_files(c)), None)
+
+
+def model_chunks(state: Any) -> dict[str, dict]:
+    """{"model" or "model0".."modelV": state dict}. Megatron-LM saves a dict holding those keys (and
+    args, optimizer, RNG state); older verl saved a plain list of the virtual stages' state dicts."""
+    if isinstance(state, list):
+        return {"model": state[0]} if len(state) == 1 else {f"model{i}": sd for i, sd in enumerate(state)}
+    return {k: v for k, v in state.items() if re.fullmatch(r"model\d*", k)}
 
 
 def plain_args(args: Any, where: Path) -> dict[str, Any]:
@@ -164,14 +173,22 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
         raise CheckpointError(f"{iteration_folder(src, iteration)}: no mp_rank_*/model_optim_rng.pt here; "
                               "pass the Megatron checkpoint folder or one of its iter_* folders")
     files = rank_files(folder)
-    states = {rank: safe_pickle.load(path) for rank, path in files.items()}
-    first_rank = min(states)
-    args = plain_args(states[first_rank].get("args"), files[first_rank])
-    tp = args.get("tensor_model_parallel_size", 1)
-    pp = args.get("pipeline_model_parallel_size", 1)
-    ep = args.get("expert_model_parallel_size", 1)
+    saved = {rank: safe_pickle.load(path) for rank, path in files.items()}
+    first_rank = min(saved)
+    first = saved[first_rank]
+    args = plain_args(first["args"], files[first_rank]) if isinstance(first, dict) and "args" in first else None
+    if args is not None:
+        tp = args.get("tensor_model_parallel_size", 1)
+        pp = args.get("pipeline_model_parallel_size", 1)
+        ep = args.get("expert_model_parallel_size", 1)
+    else:  # older verl: no args; the folder names say TP and PP (that verl had no expert parallelism)
+        tp, pp, ep = 1 + max(r[0] for r in files), 1 + max(r[1] or 0 for r in files), 1
+    args_or_none, args = args, args or {}
     etp = args.get("expert_tensor_parallel_size") or tp
-    iterations = {state.get("iteration") for state in states.values()}
+    if etp not in (1, tp):
+        raise CheckpointError(f"{files[first_rank]}: experts split over {etp} tensor-parallel ranks, neither 1 nor "
+                              f"the TP size {tp}; unshard cannot place those slices yet, please report it")
+    iterations = {state.get("iteration") for state in saved.values() if isinstance(state, dict)}
     if len(iterations) > 1:
         raise CheckpointError(f"{folder}: the rank files come from different iterations {sorted(iterations)}; "
                               "copy the folder again from one save")
@@ -193,14 +210,15 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
         raise CheckpointError(f"{folder}: no mp_rank_* file for {what} (the args say TP={tp}, PP={pp}, EP={ep}); "
                               "copy every mp_rank_* folder of the iteration")
 
-    chunk_keys = sorted({k for s in states.values() for k in s if re.fullmatch(r"model\d*", k)})
+    states = {rank: model_chunks(state) for rank, state in saved.items()}
+    chunk_keys = sorted({k for s in states.values() for k in s})
     if not chunk_keys:
         raise CheckpointError(f"{files[first_rank]}: holds no `model` state; is this an optimizer-only file?")
     layers: dict[tuple[int, int], set[int]] = defaultdict(set)
     for rank, state in states.items():
         for vp, key in enumerate(chunk_keys):
             for name in state.get(key, {}):
-                match = LAYER.match(name)
+                match = LAYER.match(name.removeprefix("module."))
                 if match:
                     layers[(vp, coordinates(rank)[1])].add(int(match.group(1)))
     offsets = layer_offsets(layers)
@@ -213,14 +231,16 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
     shapes: dict[str, tuple[int, ...]] = {}
     dtypes: dict[str, torch.dtype] = {}
     local_experts = (args.get("num_experts") or 0) // ep
-    gated = bool(args.get("swiglu"))
+    # fc1 is [gate; up] per slice when gated: what --swiglu says, or (no args) what every family has.
+    gated = bool(args.get("swiglu")) if args_or_none else True
     for rank, state in states.items():
         t, p, e = coordinates(rank)
         for vp, key in enumerate(chunk_keys):
             for local_name, tensor in state.get(key, {}).items():
                 if not isinstance(tensor, torch.Tensor) or local_name.endswith("_extra_state"):
                     continue
-                name = LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + offsets[(vp, p)]}.", local_name)
+                name = local_name.removeprefix("module.")  # a DDP wrapper's prefix
+                name = LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + offsets[(vp, p)]}.", name)
                 expert = LOCAL_EXPERT.search(name)
                 if expert:
                     name = LOCAL_EXPERT.sub(f".mlp.experts.{e * local_experts + int(expert.group(1))}.", name)
@@ -233,8 +253,9 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
                 for name, found in pieces.items()}
     checkpoint = MegatronFiles(layout=LAYOUT, path=folder, tensors={})
     checkpoint._states = {files[rank]: state for rank, state in states.items()}
-    return finish(checkpoint, megatron, args, {
-        "format": "torch (legacy: one file per rank)", "iteration": next(iter(iterations)),
+    return finish(checkpoint, megatron, args_or_none, {
+        "format": "torch (legacy: one file per rank)" if args_or_none else "verl mp_rank_*/model.pt (no Megatron-LM args)",
+        "iteration": next(iter(iterations), None),
         "parallel": {"tensor": tp, "pipeline": pp, "virtual_pipeline": len(chunk_keys), "expert": ep,
                      "expert_tensor": etp},
         "files": len(files),
