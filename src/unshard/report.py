@@ -51,7 +51,7 @@ def as_text(info: dict[str, Any]) -> str:
     for what, count in info.get("skipped", {}).items():
         lines.append(f"  skipped    {count:4d} {what}")
     lines += [
-        f"hf files     {info['huggingface_folder'] or 'none (pass --config-from DIR)'}"
+        f"hf files     {out['config_from'] or info['huggingface_folder'] or 'none (pass --config-from DIR)'}"
         if not info.get("config") else f"hf files     none; {info['config']}",
         f"tensors      {info['tensors']}, {info['parameters']:,} parameters, "
         + ", ".join(f"{n} {d}" for d, n in info["dtypes"].items()) + f", {human_bytes(info['bytes'])}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -68,6 +68,8 @@ class Checkpoint:
     tensors: dict[str, SourceTensor]
     hf_folder: Path | None = None
     facts: dict[str, Any] = field(default_factory=dict)
+    # name -> applied to the assembled tensor (a row permutation no box can express, say)
+    transforms: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
 
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         raise NotImplementedError
@@ -85,7 +87,8 @@ class Checkpoint:
         whole = assemble(source.shape, source.dtype, [(p.block, lambda p=p: self.local_tensor(p)) for p in source.pieces])
         for piece in source.pieces:
             self.release(piece)
-        return whole
+        transform = self.transforms.get(name)
+        return whole if transform is None else transform(whole)
 
     def close(self) -> None:
         """Drop open file maps."""

@@ -8,13 +8,14 @@ straight from that byte range; no process group and no whole-model load.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections import Counter
 from pathlib import Path
 
 import torch
 
-from .. import safe_pickle
+from .. import safe_pickle, torchtitan_rules
 from ..errors import CheckpointError
 from ..placements import Block
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
@@ -109,7 +110,15 @@ def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], wha
 class DcpFolder(Checkpoint):
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         info = self._storage[(piece.key, piece.block.global_offsets)]
-        return read_chunk(piece.file, info, self.tensors[self._names[piece.key]].dtype, piece.block.sizes, piece.key)
+        return read_chunk(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key)
+
+    def fit_config(self, config: dict | None) -> None:
+        """torchtitan saves its own parameter names: rename them once the config gives the head counts."""
+        if config is None or not torchtitan_rules.looks_like_torchtitan(self.tensors):
+            return
+        renamed, self.transforms = torchtitan_rules.rename(self.tensors, config, str(self.path))
+        self.tensors = {renamed[n]: dataclasses.replace(t, name=renamed[n]) for n, t in self.tensors.items()}
+        self.facts["naming"] = "torchtitan (q/k rows permuted to Hugging Face's rotary layout)"
 
 
 def open_folder(src: Path) -> DcpFolder:
@@ -147,7 +156,8 @@ def open_folder(src: Path) -> DcpFolder:
         facts={"files": len(files), "chunks": chunks, "skipped": dict(skipped),
                **_train_params(folder)},
     )
-    checkpoint._storage, checkpoint._names = storage, {fqn: name for fqn, name in names.items()}
+    checkpoint._storage = storage
+    checkpoint._dtypes = {fqn: metadata.state_dict_metadata[fqn].properties.dtype for fqn in names}
     return checkpoint
 
 
