@@ -69,7 +69,9 @@ def write_recipe(path: Path, recipe: dict) -> Path:
 
 
 def run_mergekit(mergekit: Path, recipe: Path, out: Path) -> dict[str, torch.Tensor]:
-    done = subprocess.run([str(mergekit), str(recipe), str(out)], capture_output=True, text=True, timeout=600)
+    cache = out.parent / "lora-merge-cache"  # where mergekit folds `base+adapter` models first
+    done = subprocess.run([str(mergekit), str(recipe), str(out), "--lora-merge-cache", str(cache)],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return load_file(out / "model.safetensors")
 
@@ -183,3 +185,46 @@ def test_recipe_errors(models, tmp_path):
     fails(dict(merge_method="linear", models=[dict(model=ft0, parameters=dict(weight=1)),
                                               dict(model=str(other), parameters=dict(weight=1))]),
           "unshard merges equal shapes only")
+
+
+@pytest.fixture(scope="session")
+def lora_adapter(models, tmp_path_factory) -> Path:
+    """A LoRA adapter on the base, made and saved by peft (B filled so it changes something)."""
+    peft = pytest.importorskip("peft")
+    model = transformers.AutoModelForCausalLM.from_pretrained(models / "base")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                             alpha_pattern={"down_proj": 2})
+    wrapped = peft.get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
+    folder = tmp_path_factory.mktemp("adapter")
+    wrapped.save_pretrained(folder)
+    merged = wrapped.merge_and_unload()
+    merged.save_pretrained(folder / "peft-merged")
+    return folder
+
+
+def test_lora_adapter_on_a_base(models, lora_adapter, mergekit, tmp_path):
+    """`base+adapter` folds the adapter as peft's merge_and_unload does, and merges as mergekit does."""
+    alone = write_recipe(tmp_path / "alone.yml", dict(
+        merge_method="passthrough", dtype="float32", models=[dict(model=f"{models / 'base'}+{lora_adapter}")]))
+    unshard.merge(alone, tmp_path / "alone", progress=False)
+    folded = load_file(tmp_path / "alone" / "model.safetensors")
+    expected = load_file(lora_adapter / "peft-merged" / "model.safetensors")
+    assert sorted(folded) == sorted(expected)
+    for key, tensor in expected.items():
+        torch.testing.assert_close(folded[key], tensor, atol=1e-6, rtol=0, msg=key)
+    assert not torch.equal(folded["model.layers.0.self_attn.q_proj.weight"],
+                           load_file(models / "base" / "model.safetensors")["model.layers.0.self_attn.q_proj.weight"])
+
+    recipe = write_recipe(tmp_path / "recipe.yml", dict(merge_method="linear", dtype="float32", models=[
+        dict(model=f"{models / 'base'}+{lora_adapter}", parameters=dict(weight=0.5)),
+        dict(model=str(models / "ft0"), parameters=dict(weight=0.5))]))
+    theirs = run_mergekit(mergekit, recipe, tmp_path / "mergekit")
+    unshard.merge(recipe, tmp_path / "unshard", progress=False)
+    ours = load_file(tmp_path / "unshard" / "model.safetensors")
+    for key, tensor in theirs.items():
+        torch.testing.assert_close(ours[key], tensor, atol=1e-5, rtol=0, msg=key)

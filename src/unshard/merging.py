@@ -11,6 +11,8 @@ memory is one tensor per input at a time.
 
 from __future__ import annotations
 
+import math
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,6 +201,62 @@ class Input:
     parameters: dict[str, Any]
     plan: Plan
     groups: dict[str, Group] = field(default_factory=dict)  # output name -> the group making it
+    adapter: "Adapter | None" = None  # `base+adapter`: a PEFT LoRA adapter applied to this input
+
+
+class Adapter:
+    """A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) applied to a base:
+    weight + scale · B @ A in fp32, scale = alpha / r (alpha / sqrt(r) with rsLoRA), per-module r and
+    alpha from rank_pattern / alpha_pattern; weights in modules_to_save replace the base's."""
+
+    def __init__(self, folder: Path):
+        import json
+
+        from safetensors import safe_open
+
+        config_path, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+        if not config_path.is_file() or not weights.is_file():
+            raise RecipeError(f"{folder}: not a PEFT adapter folder (adapter_config.json and "
+                              "adapter_model.safetensors)")
+        config = json.loads(config_path.read_text())
+        if config.get("peft_type", "LORA") != "LORA" or config.get("use_dora"):
+            raise RecipeError(f"{config_path}: only plain LoRA adapters are folded (not DoRA or {config.get('peft_type')})")
+        self.folder, self.weights, self.config = folder, weights, config
+        self.lora: dict[str, tuple[str, str]] = {}  # HF weight name -> (A key, B key)
+        self.replaced: dict[str, str] = {}  # HF weight name -> key of its full replacement
+        with safe_open(weights, framework="pt") as f:
+            keys = list(f.keys())
+        for key in keys:
+            name = key.removeprefix("base_model.model.")
+            if ".lora_embedding_" in name or ".lora_magnitude" in name:
+                raise RecipeError(f"{weights}: {key}: embedding LoRA and DoRA are not folded yet")
+            if name.endswith(".lora_A.weight"):
+                module = name[: -len(".lora_A.weight")]
+                self.lora[module + ".weight"] = (key, key.replace(".lora_A.", ".lora_B."))
+            elif not name.endswith(".lora_B.weight"):
+                self.replaced[name.replace(".modules_to_save.", ".")] = key
+
+    def _scale(self, module: str, rank: int) -> float:
+        def pattern(patterns: dict, default):
+            for key, value in (patterns or {}).items():
+                if module == key or module.endswith("." + key) or re.fullmatch(key, module):
+                    return value
+            return default
+
+        alpha = pattern(self.config.get("alpha_pattern"), self.config.get("lora_alpha", 8))
+        return alpha / (math.sqrt(rank) if self.config.get("use_rslora") else rank)
+
+    def apply(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        from safetensors import safe_open
+
+        if name in self.replaced:
+            with safe_open(self.weights, framework="pt") as f:
+                return f.get_tensor(self.replaced[name]).float()
+        if name not in self.lora:
+            return tensor
+        with safe_open(self.weights, framework="pt") as f:
+            a, b = (f.get_tensor(k).float() for k in self.lora[name])
+        return tensor.float() + self._scale(name[: -len(".weight")], a.shape[0]) * (b @ a)
 
 
 @dataclass
@@ -248,9 +306,6 @@ def parse_recipe(path: Path) -> Recipe:
 
 
 def _resolve(reference: str, recipe_dir: Path) -> Path:
-    if "+" in reference:
-        raise RecipeError(f"{reference}: a LoRA adapter on a base (`path+adapter`) is not supported yet; "
-                          "fold it first (verl's LoRA checkpoints convert with the adapter folded in)")
     path = Path(reference).expanduser()
     if not path.is_absolute() and not path.exists() and (recipe_dir / path).exists():
         path = recipe_dir / path
@@ -288,9 +343,11 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
     work = DTYPES.get(recipe.dtype or "float32")
     inputs: list[Input] = []
     for reference, parameters in references_with_base:
-        checkpoint = open_checkpoint(_resolve(reference, recipe_dir))
+        # `base+adapter`, as mergekit writes a LoRA on a base model
+        path, _, adapter = reference.partition("+")
+        checkpoint = open_checkpoint(_resolve(path, recipe_dir))
         plan = build_plan(checkpoint, dtype="float32", check=check)
-        item = Input(reference, parameters, plan)
+        item = Input(reference, parameters, plan, adapter=Adapter(_resolve(adapter, recipe_dir)) if adapter else None)
         item.groups = {o.name: g for g in plan.groups for o in g.outputs}
         inputs.append(item)
     base = next((i for i in inputs if i.reference == recipe.base), None)
@@ -321,6 +378,11 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
                 raise RecipeError(f"{item.reference}: {name} has shape {tuple(theirs.shape)}, {reference_input.reference} "
                                   f"{tuple(out.shape)}; unshard merges equal shapes only (different vocabularies: "
                                   "resize the embeddings first)")
+    for item in inputs:
+        stray = sorted({*item.adapter.lora, *item.adapter.replaced} - set(outputs)) if item.adapter else []
+        if stray:
+            raise RecipeError(f"{item.adapter.weights}: adapts {stray[0]}, which {item.reference.partition('+')[0]} "
+                              "does not have; is it the adapter of another model?")
     layers = 1 + max((int(p[p.index("layers") + 1]) for n in outputs for p in [n.split(".")]
                       if "layers" in p and p.index("layers") + 1 < len(p) and p[p.index("layers") + 1].isdigit()),
                      default=0)
@@ -333,7 +395,8 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
         if cached is None or cached[0] is not group:
             cached = (group, dict(materialise(item.plan, group)))
             recent[id(item)] = cached
-        return cached[1][name].to(work)
+        tensor = cached[1][name]
+        return (item.adapter.apply(name, tensor) if item.adapter else tensor).to(work)
 
     def compute(name: str) -> torch.Tensor:
         t = layer_position(name, layers)
