@@ -278,3 +278,17 @@ def test_lora_alpha_must_be_known(tmp_path):
     merged = load_file(SHIPPED / "llama-fsdp2-lora" / "reference" / "model.safetensors")  # peft's own merge
     assert all(torch.allclose(written[n], t, atol=1e-5, rtol=0) for n, t in merged.items())
     assert not any("lora" in n for n in written)
+
+
+def test_model_card_checksums_and_folder_warnings(tmp_path):
+    import hashlib
+
+    out = tmp_path / "out"
+    code, _, err = run_cli("convert", SHIPPED / "llama-fsdp2" / "global_step_1", out)
+    assert code == 0 and "warning:" not in err  # tokenizer, chat template and generation config all there
+    card = (out / "README.md").read_text()
+    digest = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    assert f"| model.safetensors | " in card and digest in card and "world size: 4" in card
+    (out / "generation_config.json").unlink()
+    code, _, err = run_cli("convert", out, tmp_path / "again")  # a Hugging Face folder is a layout too
+    assert code == 0 and "warning: no generation_config.json" in err

@@ -105,6 +105,8 @@ def _run(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
                      progress=args.progress)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(result.line() + (", verified" if args.verify else ""))
     return 0
 
@@ -124,6 +126,8 @@ def _merge(args) -> int:
                          progress=args.progress, extra_files=recipe_files(plan))
     finally:
         plan.checkpoint.close()
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(result.line() + (", verified" if args.verify else ""))
     return 0
 

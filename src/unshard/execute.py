@@ -7,19 +7,20 @@ stays at a few tensors. Nothing is written outside the staging folder until ever
 from __future__ import annotations
 
 import itertools
+import json
 import resource
 import sys
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .errors import UnshardError
 from .plan import DTYPE_NAMES, Group, Plan
-from .report import human_bytes
+from .report import human_bytes, model_card
 from .writer import OutputFolder, SafetensorsStream, copy_model_files, write_index
 
 
@@ -32,6 +33,7 @@ class Result:
     peak_rss: int
     files: list[str]
     copied: list[str]
+    warnings: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         rate = self.bytes / max(self.seconds, 1e-9)
@@ -59,32 +61,71 @@ def _progress(total: int, enabled: bool | None):
 
 def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: int = 1, verify: bool = False,
             progress: bool | None = None, extra_files: dict[str, str] | None = None) -> Result:
-    """Write the plan's folder at OUT. `extra_files` (name -> text) are added to it (a merge's recipe)."""
+    """Write the plan's folder at OUT. `extra_files` (name -> text) are added to it (a merge's recipe);
+    a README.md among them opens the model card."""
     out = Path(out)
     plan.require_config()
     start = time.perf_counter()
     folder = OutputFolder(out, overwrite)
+    extra = dict(extra_files or {})
     try:
         with _progress(plan.total_bytes, progress) as bar:
-            _write_weights(plan, folder.path, threads, bar)
+            checksums = _write_weights(plan, folder.path, threads, bar)
         write_index(folder.path, {f: [o.name for g in gs for o in g.outputs] for f, gs in plan.files.items()},
                     plan.total_bytes)
         copied = copy_model_files(plan.config_folder, folder.path, DTYPE_NAMES.get(plan.dtype, "float32"))
-        for name, text in (extra_files or {}).items():
+        extra["README.md"] = model_card(plan, checksums, extra.get("README.md"))
+        for name, text in extra.items():
             (folder.path / name).write_text(text)
             copied.append(name)
         if verify:
             verify_folder(plan, folder.path)
+        warnings = check_folder(folder.path)
         folder.commit()
     except BaseException:
         folder.abort()
         raise
     return Result(out, len(plan.outputs), plan.total_bytes, time.perf_counter() - start, peak_rss(),
-                  list(plan.files), copied)
+                  list(plan.files), copied, warnings)
 
 
-def _write_weights(plan: Plan, folder: Path, threads: int, bar) -> None:
-    """Every safetensors file of the plan. Up to `threads` groups are materialised ahead, in order."""
+def check_folder(folder: Path) -> list[str]:
+    """Load the written config (and tokenizer) as a serving stack would; what it would miss, as warnings.
+    A config transformers cannot read is an error: the folder would not load anywhere."""
+    warnings = []
+    names = {p.name for p in folder.iterdir()}
+    # (A missing tokenizer is already among the plan's notes.)
+    if names & {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"} and "chat_template.jinja" not in names and "chat_template" not in _read_json(folder / "tokenizer_config.json"):
+        warnings.append("no chat template in the output (fine for a base model; a chat model needs one)")
+    if "generation_config.json" not in names:
+        warnings.append("no generation_config.json: generation falls back to defaults (eos, sampling)")
+    try:
+        import transformers
+    except ImportError:
+        return warnings
+    try:
+        transformers.AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except ValueError as e:
+        if "trust_remote_code" not in str(e):  # custom code is copied, never run
+            raise UnshardError(f"{folder / 'config.json'}: transformers cannot read it ({e})") from None
+    if names & {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"}:
+        try:
+            transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        except Exception as e:  # a missing optional package (sentencepiece) is the user's to install
+            warnings.append(f"the tokenizer does not load here ({type(e).__name__}: {str(e)[:120]})")
+    return warnings
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_weights(plan: Plan, folder: Path, threads: int, bar) -> dict[str, str]:
+    """Every safetensors file of the plan, and their sha256. Up to `threads` groups are materialised
+    ahead, in order."""
     threads = max(1, threads)
     work = ((filename, group) for filename, groups in plan.files.items() for group in groups)
     streams: dict[str, SafetensorsStream] = {}
@@ -108,6 +149,7 @@ def _write_weights(plan: Plan, folder: Path, threads: int, bar) -> None:
     finally:
         for stream in streams.values():
             stream.close(check=False)
+    return {name: stream.sha256 for name, stream in streams.items()}
 
 
 def verify_folder(plan: Plan, folder: Path) -> None:

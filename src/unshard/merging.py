@@ -441,7 +441,8 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
 
 
 def model_card(plan: Plan) -> str:
-    """README.md for the merged folder: the method, the inputs and the recipe."""
+    """The opening of README.md for the merged folder: the method, the inputs and the recipe
+    (the writer adds the dtype and each file's checksum)."""
     recipe = plan.checkpoint.recipe
     lines = ["---", "tags:", "- merge", "- unshard", "---", "", "# Merged model", "",
              f"Made with [unshard](https://pypi.org/project/unshard/) `merge` using the **{recipe.method}** method.", ""]

@@ -67,3 +67,24 @@ def as_text(info: dict[str, Any]) -> str:
         lines.append(f"note         {note}")
     lines.append(f"peak memory  about {human_bytes(info['peak_memory_estimate'])} per conversion thread")
     return "\n".join(lines)
+
+
+def model_card(plan: Plan, checksums: dict[str, str], intro: str | None = None) -> str:
+    """README.md for OUT: where the weights came from, how they were written, and each file's sha256."""
+    from . import __version__
+
+    ckpt = plan.checkpoint
+    if intro is None:
+        lines = ["# Converted model", "", f"Converted with unshard {__version__} from `{ckpt.path}` "
+                 f"(layout `{ckpt.layout}`).", ""]
+        for key in ("world_size", "parallel", "zero_stage", "format", "iteration", "architecture", "naming"):
+            if ckpt.facts.get(key) is not None:
+                lines.append(f"- {key.replace('_', ' ')}: {ckpt.facts[key]}")
+    else:
+        lines = [intro.rstrip(), "", f"Written by unshard {__version__}."]
+    lines += [f"- dtype: {DTYPE_NAMES.get(plan.dtype, str(plan.dtype))} ({plan.dtype_reason})"]
+    lines += [f"- note: {note}" for note in plan.notes]
+    sizes = {name: sum(g.nbytes for g in groups) for name, groups in plan.files.items()}
+    lines += ["", "| file | bytes of tensors | sha256 |", "|---|---|---|"]
+    lines += [f"| {name} | {sizes[name]} | `{digest}` |" for name, digest in checksums.items()]
+    return "\n".join(lines) + "\n"

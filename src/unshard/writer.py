@@ -9,6 +9,7 @@ and renamed into place only when complete, so a failed run never leaves an OUT t
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import os
 import shutil
@@ -52,7 +53,10 @@ class SafetensorsStream:
         raw += b" " * (-len(raw) % 8)  # the format asks for 8-byte alignment of the data
         self.path = path
         self._file = open(path, "wb")
-        self._file.write(struct.pack("<Q", len(raw)) + raw)
+        head = struct.pack("<Q", len(raw)) + raw
+        self._file.write(head)
+        # The file is written front to back, so its checksum comes for free on the way (model card).
+        self._hash = hashlib.sha256(head)
         self._next = 0
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
@@ -61,7 +65,12 @@ class SafetensorsStream:
             raise AssertionError(f"writer expected {want_name} {dtype} {shape}, got {name} {tensor.dtype} {tuple(tensor.shape)}")
         data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy() if size else b""
         self._file.write(memoryview(data))
+        self._hash.update(memoryview(data))
         self._next += 1
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
 
     @property
     def complete(self) -> bool:
