@@ -7,10 +7,8 @@ folders written by transformers: a tiny Llama and three fine-tunes made by pertu
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,12 +17,12 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 import unshard
+import generate
 from conftest import SHIPPED
 from test_cli_and_errors import run_cli
 
 transformers = pytest.importorskip("transformers")
 
-MERGEKIT = "mergekit==0.1.5"
 
 
 def perturbed_copy(src: Path, dest: Path, seed: int, scale: float = 0.02) -> Path:
@@ -52,15 +50,9 @@ def models(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def mergekit(tmp_path_factory) -> Path:
-    """mergekit-yaml from PyPI, in a venv of its own (torch pinned first: the local CPU build)."""
-    venv = Path(os.environ.get("UNSHARD_MERGEKIT_VENV") or tmp_path_factory.mktemp("mergekit") / "venv")
-    if not (venv / "bin" / "mergekit-yaml").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(venv / "bin" / "pip"), "install", "--quiet"]
-        subprocess.run(pip + ["torch==2.13.0"], check=True, timeout=900)
-        subprocess.run(pip + [MERGEKIT], check=True, timeout=900)
-    return venv / "bin" / "mergekit-yaml"
+def mergekit() -> Path:
+    """mergekit-yaml from PyPI, in a venv of its own (tests/fixtures/generate.py's peer venvs)."""
+    return generate.peer_python("mergekit").parent / "mergekit-yaml"
 
 
 def write_recipe(path: Path, recipe: dict) -> Path:

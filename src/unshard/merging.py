@@ -85,59 +85,66 @@ REQUIRED = object()
 
 
 def _linear(base, others, params, shared, generator):
-    weights = torch.tensor([p["weight"] for p in params], dtype=torch.float32)
     result = torch.zeros_like(others[0], dtype=torch.float32)
-    for tensor, weight in zip(others, weights):
-        result.add_(tensor.float() * weight)
-    return result / weights.sum() if shared["normalize"] else result
+    for tensor, p in zip(others, params):
+        result.add_(tensor, alpha=p["weight"])
+    return result / sum(p["weight"] for p in params) if shared["normalize"] else result
 
 
 def _sparsify(delta, density, method, rescale, generator):
-    """Keep a `density` fraction of a task vector: the largest magnitudes, or at random (DARE)."""
+    """Keep a `density` fraction of a task vector (in place): the largest magnitudes, or at random (DARE)."""
     if density >= 1:
         return delta
+    before = delta.abs().sum() if rescale else None
     if method == "magnitude":
         if density <= 0 or delta.numel() == 0:
-            return torch.zeros_like(delta)
+            return delta.zero_()
         keep = max(1, int(density * delta.numel()))
-        mask = torch.zeros(delta.numel(), dtype=delta.dtype)
-        # topk finds the threshold without sorting the whole tensor.
-        mask[torch.topk(delta.abs().reshape(-1), keep, sorted=False).indices] = 1
-        mask = mask.reshape(delta.shape)
+        # The k-th largest magnitude is the threshold: a selection, not a sort of the whole tensor.
+        magnitude = delta.abs().reshape(-1)
+        threshold = magnitude.kthvalue(magnitude.numel() - keep + 1).values
+        delta.mul_(magnitude.reshape(delta.shape) >= threshold)
+        del magnitude
     else:
-        mask = torch.bernoulli(torch.full_like(delta, density), generator=generator)
-    kept = delta * mask
+        delta.mul_(torch.empty_like(delta).bernoulli_(density, generator=generator))
     if not rescale:
-        return kept
+        return delta
     # Rescale so the kept entries carry the task vector's L1 norm (mergekit's `rescale`).
-    before, after = delta.abs().sum(), kept.abs().sum()
-    return kept if before < 1e-7 or after < 1e-7 else kept * (before / after)
+    after = delta.abs().sum()
+    return delta if before < 1e-7 or after < 1e-7 else delta.mul_(before / after)
 
 
 def _task_arithmetic(consensus: bool, sparsify: str | None):
     def merge(base, others, params, shared, generator):
-        base = base.float()
-        deltas = torch.stack([
-            _sparsify(other.float() - base, p["density"], sparsify, shared["rescale"], generator) if sparsify
-            else other.float() - base
-            for other, p in zip(others, params)])
-        weights = torch.tensor([p["weight"] for p in params], dtype=torch.float32)
-        weights = weights.reshape(-1, *([1] * base.dim()))
-        deltas.mul_(weights)
+        # Task vectors are made in the inputs' own buffers, one at a time: memory stays at the inputs
+        # plus a few tensors, however many models are merged.
+        deltas = []
+        for other, p in zip(others, params):
+            delta = other.sub_(base)
+            if sparsify:
+                delta = _sparsify(delta, p["density"], sparsify, shared["rescale"], generator)
+            deltas.append(delta.mul_(p["weight"]))
+        mixed = deltas[0].clone()
+        for delta in deltas[1:]:
+            mixed.add_(delta)
         if consensus:  # TIES sign election: keep the entries agreeing with the sign of the weighted sum
-            sign = deltas.sign()
-            majority = (deltas.sum(dim=0) >= 0).to(deltas.dtype) * 2 - 1
-            mask = (sign == majority).to(deltas.dtype)
-            mixed, divisor = (deltas * mask).sum(dim=0), (weights * mask).sum(dim=0)
+            positive = mixed >= 0
+            mixed.zero_()
+            divisor = torch.zeros_like(base)
+            for delta, p in zip(deltas, params):
+                agree = torch.where(positive, delta > 0, delta < 0)
+                mixed.add_(delta.mul_(agree))
+                divisor.add_(agree, alpha=p["weight"])
             divisor[divisor == 0] = 1
         else:
-            mixed, divisor = deltas.sum(dim=0), weights.sum(dim=0)
-            divisor[divisor.abs() < 1e-8] = 1
+            total = sum(p["weight"] for p in params)
+            divisor = 1 if abs(total) < 1e-8 else total
+        del deltas
         if shared["normalize"]:
-            mixed = mixed / divisor
+            mixed.div_(divisor)
         if shared["lambda"] != 1:
-            mixed = mixed * shared["lambda"]
-        return base + mixed
+            mixed.mul_(shared["lambda"])
+        return mixed.add_(base)
     return merge
 
 
@@ -391,11 +398,14 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
     def tensor_of(item: Input, name: str) -> torch.Tensor:
         # A group may make several outputs (split experts): keep its last result for the next name.
         group = item.groups[name]
-        cached = recent.get(id(item))
-        if cached is None or cached[0] is not group:
-            cached = (group, dict(materialise(item.plan, group)))
-            recent[id(item)] = cached
-        tensor = cached[1][name]
+        if len(group.outputs) == 1:
+            tensor = materialise(item.plan, group)[0][1]
+        else:
+            cached = recent.get(id(item))
+            if cached is None or cached[0] is not group:
+                cached = (group, dict(materialise(item.plan, group)))
+                recent[id(item)] = cached
+            tensor = cached[1][name].clone()  # methods work in their inputs' buffers
         return (item.adapter.apply(name, tensor) if item.adapter else tensor).to(work)
 
     def compute(name: str) -> torch.Tensor:
