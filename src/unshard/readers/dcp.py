@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .. import safe_pickle, torchtitan_rules
+from .. import meta_llama_rules, safe_pickle
 from ..errors import CheckpointError
 from ..placements import Block
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
@@ -113,12 +113,13 @@ class DcpFolder(Checkpoint):
         return read_chunk(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key)
 
     def fit_config(self, config: dict | None) -> None:
-        """torchtitan saves its own parameter names: rename them once the config gives the head counts."""
-        if config is None or not torchtitan_rules.looks_like_torchtitan(self.tensors):
+        """torchtitan and torchtune save Meta's Llama names: rename them once the config gives the head counts."""
+        trainer = meta_llama_rules.trainer(self.tensors)
+        if config is None or trainer is None:
             return
-        renamed, self.transforms = torchtitan_rules.rename(self.tensors, config, str(self.path))
+        renamed, self.transforms = meta_llama_rules.rename(self.tensors, config, str(self.path))
         self.tensors = {renamed[n]: dataclasses.replace(t, name=renamed[n]) for n, t in self.tensors.items()}
-        self.facts["naming"] = "torchtitan (q/k rows permuted to Hugging Face's rotary layout)"
+        self.facts["naming"] = f"{trainer} (q/k rows permuted to Hugging Face's rotary layout)"
 
 
 def open_folder(src: Path) -> DcpFolder:

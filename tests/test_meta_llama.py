@@ -1,5 +1,5 @@
-"""A torchtitan checkpoint converts to exactly what torchtitan's own to_hf adapter makes, and the
-folder's logits match torchtitan's forward pass."""
+"""torchtitan and torchtune checkpoints (Meta's Llama names, interleaved rotary) convert to exactly
+what each library's own Hugging Face converter makes, and the folder's logits match its forward pass."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from generate import CASES
 from test_cli_and_errors import run_cli
 
 transformers = pytest.importorskip("transformers")
-CASE = "torchtitan-llama3-fsdp2"
+CASES_HERE = ["torchtitan-llama3-fsdp2", "torchtune-llama3-fsdp2"]
 
 
-def check(fixture, out):
-    case = CASES[CASE]
+def check(name, fixture, out):
+    case = CASES[name]
     result = unshard.convert(fixture / case.src, out, config_from=fixture / case.config_from, progress=False,
                              verify=True)
     expected = load_file(fixture / "reference" / "model.safetensors")
@@ -33,16 +33,21 @@ def check(fixture, out):
     torch.testing.assert_close(logits, oracle["logits"], atol=1e-5, rtol=0)
 
 
-def test_shipped_checkpoint(tmp_path):
-    check(SHIPPED / CASE, tmp_path / "out")
+@pytest.mark.parametrize("name", CASES_HERE)
+def test_shipped_checkpoint(name, tmp_path):
+    check(name, SHIPPED / name, tmp_path / "out")
+    info = unshard.inspect(SHIPPED / name / CASES[name].src, config_from=SHIPPED / name / "hf")
+    assert info["naming"].startswith(name.split("-")[0])
 
 
-def test_freshly_generated_checkpoint(fresh_fixtures, tmp_path):
-    check(fresh_fixtures(CASE), tmp_path / "out")
+@pytest.mark.parametrize("name", CASES_HERE)
+def test_freshly_generated_checkpoint(name, fresh_fixtures, tmp_path):
+    check(name, fresh_fixtures(name), tmp_path / "out")
 
 
 def test_needs_the_config_for_head_counts(tmp_path):
-    code, out, _ = run_cli("inspect", SHIPPED / CASE / "checkpoint" / "step-1")
-    assert code == 0 and "tok_embeddings.weight" not in out and "pass --config-from" in out
-    code, _, err = run_cli("convert", SHIPPED / CASE / "checkpoint" / "step-1", tmp_path / "out")
+    src = SHIPPED / CASES_HERE[0] / CASES[CASES_HERE[0]].src
+    code, out, _ = run_cli("inspect", src)
+    assert code == 0 and "pass --config-from" in out
+    code, _, err = run_cli("convert", src, tmp_path / "out")
     assert code == 1 and "--config-from" in err and not (tmp_path / "out").exists()
