@@ -288,7 +288,7 @@ def test_model_card_checksums_and_folder_warnings(tmp_path):
     assert code == 0 and "warning:" not in err  # tokenizer, chat template and generation config all there
     card = (out / "README.md").read_text()
     digest = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
-    assert f"| model.safetensors | " in card and digest in card and "world size: 4" in card
+    assert "| model.safetensors | " in card and digest in card and "world size: 4" in card
     (out / "generation_config.json").unlink()
     code, _, err = run_cli("convert", out, tmp_path / "again")  # a Hugging Face folder is a layout too
     assert code == 0 and "warning: no generation_config.json" in err
