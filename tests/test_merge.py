@@ -220,3 +220,17 @@ def test_lora_adapter_on_a_base(models, lora_adapter, mergekit, tmp_path):
     ours = load_file(tmp_path / "unshard" / "model.safetensors")
     for key, tensor in theirs.items():
         torch.testing.assert_close(ours[key], tensor, atol=1e-5, rtol=0, msg=key)
+
+
+def test_megatron_checkpoints_merge_in_place(tmp_path):
+    """Megatron inputs (legacy and torch_dist, the same weights) merge like their conversion."""
+    fixture = SHIPPED / "megatron-llama-tp2-pp2-vpp2"
+    recipe = write_recipe(tmp_path / "recipe.yml", dict(merge_method="linear", dtype="float32", models=[
+        dict(model=str(fixture / "torch"), parameters=dict(weight=0.25)),
+        dict(model=str(fixture / "torch_dist"), parameters=dict(weight=0.75))]))
+    unshard.merge(recipe, tmp_path / "merged", progress=False)
+    unshard.convert(fixture / "torch", tmp_path / "converted", progress=False)
+    merged, converted = (load_file(tmp_path / x / "model.safetensors") for x in ("merged", "converted"))
+    assert sorted(merged) == sorted(converted)
+    for key, tensor in converted.items():
+        torch.testing.assert_close(merged[key], tensor, atol=1e-6, rtol=0, msg=key)
