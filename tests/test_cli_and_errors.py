@@ -292,3 +292,16 @@ def test_model_card_checksums_and_folder_warnings(tmp_path):
     (out / "generation_config.json").unlink()
     code, _, err = run_cli("convert", out, tmp_path / "again")  # a Hugging Face folder is a layout too
     assert code == 0 and "warning: no generation_config.json" in err
+
+
+def test_architecture_override(tmp_path):
+    critic = SHIPPED / "qwen2-fsdp2-critic" / "global_step_1"
+    code, _, err = run_cli("convert", critic, tmp_path / "out", "--architecture", "Qwen2ForTokenClassification")
+    assert code == 0, err
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForTokenClassification"]
+    # A sequence-classification head has no bias: the check says so instead of writing a broken folder.
+    code, _, err = run_cli("convert", critic, tmp_path / "seq", "--architecture", "Qwen2ForSequenceClassification")
+    assert code == 1 and "unexpected 1 (e.g. score.bias)" in err and not (tmp_path / "seq").exists()
+    code, _, err = run_cli("convert", critic, tmp_path / "bad", "--architecture", "Qwen2ForNothing")
+    assert code == 1 and "transformers has no such model class" in err and not (tmp_path / "bad").exists()

@@ -38,7 +38,8 @@ def model_files_folder(name, fixture):
     if case.config_from:
         return fixture / case.config_from
     src = fixture / case.src
-    for folder in (src / "actor" / "huggingface", src, src.parent):  # verl, HF Trainer, DeepSpeed universal
+    # verl actor or critic, HF Trainer, DeepSpeed universal
+    for folder in (src / "actor" / "huggingface", src / "critic" / "huggingface", src, src.parent):
         if (folder / "config.json").is_file():
             return folder
     raise AssertionError(f"no config.json for {name}")
@@ -60,22 +61,28 @@ def test_output_equals_save_pretrained(case, fixture_case, tmp_path):
     assert result.bytes == sum(t.numel() * t.element_size() for t in reference.values())
 
     config = json.loads((out / "config.json").read_text())
-    assert config["dtype"] == json.loads((fixture / "reference" / "config.json").read_text())["dtype"]
+    reference_config = json.loads((fixture / "reference" / "config.json").read_text())
+    assert config["dtype"] == reference_config["dtype"]
+    if "critic" in case:  # verl saved the causal LM's config; the weights carry a score head
+        assert config["architectures"] == reference_config["architectures"] == ["Qwen2ForTokenClassification"]
+        assert config["id2label"] == reference_config["id2label"]
     for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (out / name).read_bytes() == (model_files_folder(case, fixture) / name).read_bytes()
 
 
 @pytest.mark.parametrize("case", REFERENCE_CASES)
 def test_transformers_loads_it_and_logits_match(case, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
 
     src = SHIPPED / case
     out = tmp_path / "out"
     convert_case(case, src, out)
 
-    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    # The class config.json names: a causal LM, or (verl critic) a token-classification model.
+    model_class = getattr(transformers, json.loads((src / "reference" / "config.json").read_text())["architectures"][0])
+    model, info = model_class.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    original = AutoModelForCausalLM.from_pretrained(src / "reference")
+    original = model_class.from_pretrained(src / "reference")
     ids = torch.tensor([[1, 5, 17, 42, 99, 3, 7, 2]])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, original(ids).logits)

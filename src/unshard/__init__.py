@@ -29,29 +29,32 @@ __version__ = "0.1.0"
 
 def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
          config_from: str | Path | None = None, check: bool = True, weights: str = "master",
-         tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None) -> Plan:
+         tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None,
+         architecture: str | None = None) -> Plan:
     """Open SRC and plan its conversion; reads metadata only.
 
     weights: for DeepSpeed, "master" (the fp32 optimizer copy) or "module" (the 16-bit model states).
     tag: for DeepSpeed, the tag folder to read instead of the one `latest` names.
     iteration: for Megatron, the iteration to read instead of the one latest_checkpointed_iteration.txt names.
     lora_alpha: for checkpoints holding a LoRA adapter whose alpha is recorded nowhere beside them.
+    architecture: the transformers class config.json names (by default the one the weights fit).
     """
     reader_options = {k: v for k, v in (("weights", weights), ("tag", tag), ("iteration", iteration))
                       if v not in ("master", None)}
     return build_plan(open_checkpoint(src, **reader_options), dtype=dtype, max_shard_size=max_shard_size,
-                      config_from=config_from, check=check, lora_alpha=lora_alpha)
+                      config_from=config_from, check=check, lora_alpha=lora_alpha, architecture=architecture)
 
 
 def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
             config_from: str | Path | None = None, overwrite: bool = False, threads: int = 1,
             verify: bool = False, check: bool = True, progress: bool | None = None, weights: str = "master",
-            tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None) -> Result:
+            tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None,
+            architecture: str | None = None) -> Result:
     """Convert the checkpoint at SRC into a Hugging Face folder OUT."""
     from .execute import convert as run
 
     the_plan = plan(src, dtype=dtype, max_shard_size=max_shard_size, config_from=config_from, check=check,
-                    weights=weights, tag=tag, iteration=iteration, lora_alpha=lora_alpha)
+                    weights=weights, tag=tag, iteration=iteration, lora_alpha=lora_alpha, architecture=architecture)
     try:
         return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, progress=progress)
     finally:

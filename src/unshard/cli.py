@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--tag", help="DeepSpeed: the tag folder to read (default: the one `latest` names)")
         p.add_argument("--iteration", type=int,
                        help="Megatron: the iteration to read (default: latest_checkpointed_iteration.txt's)")
+        p.add_argument("--architecture", metavar="CLASS",
+                       help="transformers class for config.json (default: what the weights fit, e.g. "
+                            "Qwen2ForTokenClassification for a critic's score head)")
         p.add_argument("--lora-alpha", type=float,
                        help="LoRA alpha, when no lora_train_meta.json / adapter_config.json records it")
 
@@ -88,7 +91,8 @@ def _run(args) -> int:
     if args.command == "merge":
         return _merge(args)
     options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, config_from=args.config_from, check=args.check,
-                   weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha)
+                   weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha,
+                   architecture=args.architecture)
     if args.command == "inspect":
         info = unshard.inspect(args.src, **options)
         print(json.dumps(info, indent=2, default=str) if args.json else as_text(info))

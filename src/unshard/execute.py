@@ -73,7 +73,8 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
             checksums = _write_weights(plan, folder.path, threads, bar)
         write_index(folder.path, {f: [o.name for g in gs for o in g.outputs] for f, gs in plan.files.items()},
                     plan.total_bytes)
-        copied = copy_model_files(plan.config_folder, folder.path, DTYPE_NAMES.get(plan.dtype, "float32"))
+        copied = copy_model_files(plan.config_folder, folder.path, DTYPE_NAMES.get(plan.dtype, "float32"),
+                                  plan.config_updates)
         extra["README.md"] = model_card(plan, checksums, extra.get("README.md"))
         for name, text in extra.items():
             (folder.path / name).write_text(text)

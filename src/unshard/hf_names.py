@@ -54,7 +54,7 @@ def read_config(folder: Path | None) -> dict[str, Any] | None:
         raise ConfigMismatchError(f"{folder / 'config.json'}: not valid JSON ({e}); fix it or pass --config-from") from None
 
 
-def _meta_model(config_folder: Path, config: dict) -> Any:
+def _meta_model(config_folder: Path, config: dict, updates: dict | None = None) -> Any:
     """The model class the config names, built on the meta device; None if that cannot be done safely."""
     try:
         import transformers
@@ -62,9 +62,13 @@ def _meta_model(config_folder: Path, config: dict) -> Any:
         return None
     if config.get("auto_map"):
         return None  # custom code: building it would run code from the checkpoint
-    hf_config = transformers.AutoConfig.from_pretrained(config_folder)
-    architectures = config.get("architectures") or []
+    updates = updates or {}
+    hf_config = transformers.AutoConfig.from_pretrained(
+        config_folder, **{k: v for k, v in updates.items() if k in ("num_labels",)})
+    architectures = updates.get("architectures") or config.get("architectures") or []
     model_class = getattr(transformers, architectures[0], None) if architectures else None
+    if model_class is None and updates.get("architectures"):
+        raise ConfigMismatchError(f"--architecture {architectures[0]}: transformers has no such model class")
     with torch.device("meta"):
         if model_class is not None:
             return model_class._from_config(hf_config)
@@ -74,8 +78,27 @@ def _meta_model(config_folder: Path, config: dict) -> Any:
             return None
 
 
+def head_updates(names: set[str], shapes: dict[str, tuple[int, ...]], config: dict | None,
+                 architecture: str | None = None) -> dict[str, Any]:
+    """config.json changes so the head in the weights loads: verl saves a critic or reward model's
+    weights (a `score` head, one label) beside the config of the causal LM it started from."""
+    updates: dict[str, Any] = {}
+    if architecture:
+        updates["architectures"] = [architecture]
+    score = next((shapes[n] for n in names if strip_wrappers(n) == "score.weight"), None)
+    if score is None or config is None or "lm_head.weight" in {strip_wrappers(n) for n in names}:
+        return updates
+    declared = (config.get("architectures") or [""])[0]
+    if not architecture and declared.endswith("ForCausalLM"):
+        updates["architectures"] = [declared.replace("ForCausalLM", "ForTokenClassification")]
+    if config.get("num_labels", len(config.get("id2label") or {}) or 2) != score[0]:
+        updates.update(num_labels=score[0], id2label={str(i): f"LABEL_{i}" for i in range(score[0])},
+                       label2id={f"LABEL_{i}": i for i in range(score[0])})
+    return updates
+
+
 def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, check: bool = True,
-               renames: dict[str, str] | None = None) -> Naming:
+               renames: dict[str, str] | None = None, updates: dict | None = None) -> Naming:
     """Decide the output names for checkpoint tensors of the given shapes (after `renames`)."""
     renames = renames or {}
     renamed = {name: strip_wrappers(renames.get(name, name)) for name in shapes}
@@ -84,7 +107,7 @@ def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, c
         raise ConfigMismatchError(f"two checkpoint tensors are both named {clash} once wrappers are removed")
     config = read_config(config_folder) or {}
     notes: list[str] = []
-    model = _meta_model(config_folder, config) if config else None
+    model = _meta_model(config_folder, config, updates) if config else None
     if model is None:
         if config:
             notes.append("tensor names kept as saved and not checked against the config "

@@ -57,6 +57,7 @@ class Plan:
     files: dict[str, list[Group]]
     dropped: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    config_updates: dict[str, Any] = field(default_factory=dict)  # written into OUT's config.json
     copies_per_tensor: int = 1  # whole tensors held while one output is made (a merge holds one per input)
 
     @property
@@ -127,7 +128,8 @@ def resolve_config_source(config_from: str | Path) -> Path:
 
 
 def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
-               config_from: str | Path | None = None, check: bool = True, lora_alpha: float | None = None) -> Plan:
+               config_from: str | Path | None = None, check: bool = True, lora_alpha: float | None = None,
+               architecture: str | None = None) -> Plan:
     from huggingface_hub import split_state_dict_into_shards_factory
 
     config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
@@ -136,7 +138,8 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
     out_dtype, reason = choose_dtype(dtype, config, checkpoint)
     fold = lora.plan_fold(checkpoint, lora_alpha)
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
-    naming = hf_names.plan_names(shapes, config_folder, check, renames=fold.renames)
+    updates = hf_names.head_updates(set(shapes), shapes, config, architecture)
+    naming = hf_names.plan_names(shapes, config_folder, check, renames=fold.renames, updates=updates)
 
     groups: dict[str, Group] = {}
     for name, outputs in naming.outputs.items():
@@ -156,12 +159,16 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
         raise UnshardError(f"--max-shard-size {max_shard_size!r}: give a size such as 5GB or 500MB") from None
     files = {filename: [groups[n] for n in names] for filename, names in split.filename_to_tensors.items()}
     notes = fold.notes + naming.notes
+    if "architectures" in updates and not architecture:
+        notes.append(f"the weights end in a `score` head: config.json says {updates['architectures'][0]}"
+                     + (f" with {updates['num_labels']} label(s)" if "num_labels" in updates else ""))
     if config is None:
         notes.append("no config.json found: pass --config-from DIR so the output folder loads with transformers")
     elif not any((config_folder / name).exists() for name in TOKENIZER_FILES):
         notes.append("no tokenizer beside the checkpoint: pass --config-from DIR (the Hugging Face model it was "
                      "trained from) to include tokenizer, chat template and generation config")
-    return Plan(checkpoint, config_folder, out_dtype, reason, files, {**fold.dropped, **naming.dropped}, notes)
+    return Plan(checkpoint, config_folder, out_dtype, reason, files, {**fold.dropped, **naming.dropped}, notes,
+                config_updates=updates)
 
 
 def _compose(fold, convert, only_output: str):

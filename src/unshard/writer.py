@@ -117,10 +117,11 @@ def write_index(folder: Path, files: dict[str, list[str]], total_size: int) -> N
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def copy_model_files(source: Path | None, folder: Path, dtype_name: str) -> list[str]:
+def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates: dict | None = None) -> list[str]:
     """Copy config, generation config, tokenizer, chat template, processor and code files into OUT.
 
-    config.json gets the dtype of the written weights, under the key(s) it already uses.
+    config.json gets the dtype of the written weights, under the key(s) it already uses, and the
+    plan's `updates` (a head the weights have and the config did not say).
     """
     copied = []
     if source is None:
@@ -135,6 +136,7 @@ def copy_model_files(source: Path | None, folder: Path, dtype_name: str) -> list
             keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["dtype"]
             for key in keys:
                 config[key] = dtype_name
+            config.update({k: v for k, v in (updates or {}).items() if k != "num_labels"})
             (folder / path.name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         else:
             shutil.copyfile(path, folder / path.name)
