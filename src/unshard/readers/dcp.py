@@ -107,6 +107,23 @@ def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], wha
     return tensor.reshape(sizes)
 
 
+def storage_index(metadata) -> dict:
+    """(fqn, chunk offsets) -> where the chunk's bytes are (`_StorageInfo`)."""
+    return {(index.fqn, tuple(index.offset)): info for index, info in metadata.storage_data.items()
+            if index.offset is not None}
+
+
+def chunk_location(folder: Path, storage: dict, fqn: str, offsets: tuple[int, ...]):
+    """(file, storage info) of one chunk, checked to exist."""
+    info = storage.get((fqn, offsets))
+    if info is None:
+        raise CheckpointError(f"{folder / '.metadata'}: no storage entry for a chunk of {fqn}; the metadata is corrupt")
+    path = folder / info.relative_path
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (it holds part of {fqn}); copy every .distcp file of the checkpoint")
+    return path, info
+
+
 class DcpFolder(Checkpoint):
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         info = self._storage[(piece.key, piece.block.global_offsets)]
@@ -128,8 +145,7 @@ def open_folder(src: Path) -> DcpFolder:
         raise CheckpointError(f"{src}: no .metadata file here (not a torch.distributed.checkpoint folder)")
     metadata = read_metadata(folder)
     names, skipped = model_names(metadata)
-    storage = {(index.fqn, tuple(index.offset)): info for index, info in metadata.storage_data.items()
-               if index.offset is not None}
+    storage = storage_index(metadata)
     tensors, chunks = {}, 0
     for fqn, name in names.items():
         md = metadata.state_dict_metadata[fqn]
@@ -137,12 +153,7 @@ def open_folder(src: Path) -> DcpFolder:
         pieces = []
         for chunk in md.chunks:
             offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
-            info = storage.get((fqn, offsets))
-            if info is None:
-                raise CheckpointError(f"{folder / '.metadata'}: no storage entry for a chunk of {fqn}; the metadata is corrupt")
-            path = folder / info.relative_path
-            if not path.is_file():
-                raise CheckpointError(f"{path}: missing (it holds part of {fqn}); copy every .distcp file of the checkpoint")
+            path, _ = chunk_location(folder, storage, fqn, offsets)
             pieces.append(Piece(path, fqn, Block.placed(offsets, sizes)))
         chunks += len(pieces)
         tensors[name] = SourceTensor(name, shape, md.properties.dtype, deduplicate(fqn, shape, pieces))

@@ -113,8 +113,7 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
     saved = safe_pickle.load(common)
     args = plain_args(saved["args"], common) if saved.get("args") is not None else None
     metadata = dcp.read_metadata(folder)
-    storage = {(index.fqn, tuple(index.offset)): info for index, info in metadata.storage_data.items()
-               if index.offset is not None}
+    storage = dcp.storage_index(metadata)
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     pieces: dict[str, list[Piece]] = defaultdict(list)
@@ -125,12 +124,7 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
             continue
         for chunk in md.chunks:
             offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
-            info = storage.get((fqn, offsets))
-            if info is None:
-                raise CheckpointError(f"{folder / '.metadata'}: no storage entry for a chunk of {fqn}; the metadata is corrupt")
-            path = folder / info.relative_path
-            if not path.is_file():
-                raise CheckpointError(f"{path}: missing (it holds part of {fqn}); copy every .distcp file of the checkpoint")
+            path, info = dcp.chunk_location(folder, storage, fqn, offsets)
             name, stacked = _unstack(fqn, offsets)
             if any(size != 1 for size in sizes[:stacked]):
                 raise CheckpointError(f"{folder / '.metadata'}: a chunk of {fqn} spans several layers or experts; "
