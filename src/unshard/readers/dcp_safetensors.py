@@ -36,13 +36,15 @@ def find_folder(src: Path) -> Path | None:
     return None
 
 
-class DcpSafetensors(Checkpoint):
+class SafetensorsFiles(Checkpoint):
+    """Pieces that are whole tensors of safetensors files (read through safetensors' memory map)."""
+
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         with safe_open(piece.file, framework="pt") as f:
             return f.get_tensor(piece.key)
 
 
-def open_folder(src: Path) -> DcpSafetensors:
+def open_folder(src: Path) -> SafetensorsFiles:
     folder = find_folder(src)
     if folder is None:
         raise CheckpointError(f"{src}: no shard-*-model-*-of-*.safetensors files")
@@ -78,6 +80,6 @@ def open_folder(src: Path) -> DcpSafetensors:
         shape = tuple(max(p.block.global_offsets[d] + p.block.sizes[d] for p in found) for d in range(len(found[0].block.sizes)))
         tensors[key] = SourceTensor(key, shape, dtypes[key], deduplicate(key, shape, found))
     hf = folder.parent / "huggingface"
-    return DcpSafetensors(layout="dcp-safetensors", path=folder, tensors=tensors,
+    return SafetensorsFiles(layout="dcp-safetensors", path=folder, tensors=tensors,
                           hf_folder=hf if (hf / "config.json").is_file() else None,
                           facts={"ranks": len(ranks), "files": len(_shard_files(folder))})

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from safetensors import safe_open
 
 from ..errors import CheckpointError
 from ..placements import Block
-from .base import Checkpoint, Piece, SourceTensor
+from .base import Piece, SourceTensor
+from .dcp_safetensors import TORCH_DTYPES, SafetensorsFiles
 
 LAYOUT = "huggingface-safetensors"
-DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
-          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-          "BOOL": torch.bool}
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -31,13 +28,7 @@ def find_folder(src: Path) -> Path | None:
     return src if src.is_dir() and (src / "config.json").is_file() and _weight_files(src) else None
 
 
-class HfSafetensors(Checkpoint):
-    def local_tensor(self, piece: Piece) -> torch.Tensor:
-        with safe_open(piece.file, framework="pt") as f:
-            return f.get_tensor(piece.key)
-
-
-def open_folder(src: Path) -> HfSafetensors:
+def open_folder(src: Path) -> SafetensorsFiles:
     folder = find_folder(src)
     if folder is None:
         raise CheckpointError(f"{src}: no config.json and *.safetensors here")
@@ -47,7 +38,7 @@ def open_folder(src: Path) -> HfSafetensors:
             with safe_open(path, framework="pt") as f:
                 for key in f.keys():
                     view = f.get_slice(key)
-                    shape, dtype = tuple(view.get_shape()), DTYPES.get(view.get_dtype())
+                    shape, dtype = tuple(view.get_shape()), TORCH_DTYPES.get(view.get_dtype())
                     if dtype is None:
                         raise CheckpointError(f"{path}: {key} has dtype {view.get_dtype()}, which unshard does not handle")
                     tensors[key] = SourceTensor(key, shape, dtype, [Piece(path, key, Block.whole(shape))])
@@ -55,5 +46,5 @@ def open_folder(src: Path) -> HfSafetensors:
             raise
         except Exception as e:
             raise CheckpointError(f"{path}: cannot be read as safetensors ({e}); copy it again") from None
-    return HfSafetensors(layout=LAYOUT, path=folder, tensors=tensors, hf_folder=folder,
+    return SafetensorsFiles(layout=LAYOUT, path=folder, tensors=tensors, hf_folder=folder,
                          facts={"files": len(_weight_files(folder))})
