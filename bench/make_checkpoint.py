@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 HIDDEN, FFN, VOCAB = 2048, 5632, 32000
+# A real tokenizer and chat template (the test fixtures'), as a trainer saves beside the weights;
+# verl's merger refuses a folder without one.
+TOKENIZER = Path(__file__).resolve().parent.parent / "tests/fixtures/checkpoints/llama-fsdp2/global_step_1/actor/huggingface"
+
+
+def save_hf_files(config, folder: Path) -> None:
+    config.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copyfile(TOKENIZER / name, folder / name)
 
 
 def layers_for(gb: float) -> int:
@@ -39,7 +49,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN,
                          num_hidden_layers=layers_for(args.gb), num_attention_heads=16, num_key_value_heads=4,
-                         dtype=torch.float32, tie_word_embeddings=False)
+                         dtype=torch.float32, tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
@@ -53,14 +63,14 @@ def main() -> None:
             p.normal_(0, 0.02)
     out = Path(args.out)
     if rank == 0:
-        config.save_pretrained(out / "hf")
+        save_hf_files(config, out / "hf")
     dist.barrier()
     state = model.state_dict()
     if args.writer == "verl":
         actor = out / "ckpt" / "actor"
         actor.mkdir(parents=True, exist_ok=True)
         if rank == 0:
-            config.save_pretrained(actor / "huggingface")
+            save_hf_files(config, actor / "huggingface")
             (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
         torch.save(state, actor / f"model_world_size_{world}_rank_{rank}.pt")
     else:

@@ -1,19 +1,23 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2] [--layouts verl,dcp,zero2,zero3,merge] [--work /tmp/unshard-bench]
+    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,dcp,zero2,zero3,merge] [--work /tmp/unshard-bench]
 
 For each layout and size: make a real checkpoint (FSDP2 by bench/make_checkpoint.py, DeepSpeed by
 tests/fixtures/make_deepspeed.py, both under torchrun),
 then time every tool on it, reading from a warm page cache:
   cp                      copying the input bytes: the floor
   unshard                 unshard convert (this checkout)
+  unshard --workers 2     the same, 1 GB output files shared by two processes
+  verl model_merger       verl's own merger, `pip install --no-deps verl` and what its merger imports,
+                          in its own venv (verl rank files only)
   dcp_to_torch_save       torch.distributed.checkpoint.format_utils dcp_to_torch (DCP only)
   accelerate merge-weights  from PyPI, in its own venv (DCP only)
   zero_to_fp32.py         DeepSpeed's own script, DeepSpeed from PyPI in its own venv (zero2 / zero3)
   mergekit-yaml           the same TIES recipe as `unshard merge`, mergekit from PyPI in its own venv
                           (layout "merge": a base and two fine-tunes of the given size each)
-Reports wall time, peak RSS of the process tree and throughput as a markdown table, and appends
-every measurement with the machine and versions to bench/results/results.jsonl.
+Reports wall time, peak RSS of the process tree, throughput and the ratio to `cp` as a markdown
+table, appends every measurement with the machine and versions to bench/results/results.jsonl, and
+plots time and peak memory against checkpoint size, one line per tool, to bench/results/<layout>.png.
 """
 
 from __future__ import annotations
@@ -32,8 +36,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 VENVS = HERE / ".venvs"
-PEERS = {"accelerate": ["accelerate==1.15.0"], "deepspeed": ["deepspeed==0.19.8", "transformers", "tokenizers"],
-         "mergekit": ["mergekit==0.1.5"]}
+# pip install steps per peer venv. verl's declared dependencies (vllm, wandb...) are not what its
+# merger needs; these are, at versions verl 0.9.1 accepts.
+PEERS = {"accelerate": [["accelerate==1.15.0"]], "deepspeed": [["deepspeed==0.19.8", "transformers", "tokenizers"]],
+         "mergekit": [["mergekit==0.1.5"]],
+         "verl": [["--no-deps", "verl==0.9.1"], ["ray", "tensordict==0.10.0", "omegaconf", "hydra-core", "codetiming",
+                                                  "transformers==5.10.2", "accelerate", "safetensors", "peft",
+                                                  "datasets", "pandas"]]}
 
 
 def sh(cmd: list[str], **kw) -> None:
@@ -47,7 +56,8 @@ def peer_python(name: str) -> Path:
     if not python.exists():
         sh([sys.executable, "-m", "venv", str(venv)])
         sh([str(python), "-m", "pip", "install", "-q", "torch==2.13.0"])
-        sh([str(python), "-m", "pip", "install", "-q", *PEERS[name]])
+        for step in PEERS[name]:
+            sh([str(python), "-m", "pip", "install", "-q", *step])
     return python
 
 
@@ -102,11 +112,13 @@ def tools(layout: str, folder: Path, out: Path) -> dict[str, list[str]]:
             "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), recipe, str(out)],
         }
     config = [] if layout.startswith("zero") else ["--config-from", str(folder / "hf")]
-    found = {
-        "cp": ["cp", "-r", str(src), str(out)],
-        "unshard": [sys.executable, "-m", "unshard", "convert", str(src), str(out), *config, "--dtype", "float32",
-                    "--no-progress"],
-    }
+    unshard = [sys.executable, "-m", "unshard", "convert", str(src), str(out), *config, "--dtype", "float32",
+               "--no-progress"]
+    found = {"cp": ["cp", "-r", str(src), str(out)], "unshard": unshard,
+             "unshard --workers 2": [*unshard, "--workers", "2", "--max-shard-size", "1GB"]}
+    if layout == "verl":
+        found["verl model_merger"] = [str(peer_python("verl")), "-m", "verl.model_merger", "merge", "--backend",
+                                      "fsdp", "--local_dir", str(src / "actor"), "--target_dir", str(out)]
     if layout.startswith("zero"):
         found["zero_to_fp32.py"] = [str(peer_python("deepspeed")), str(src / "zero_to_fp32.py"), str(src), str(out),
                                     "--safe_serialization"]
@@ -135,7 +147,7 @@ def versions() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="0.5,2")
+    ap.add_argument("--sizes", default="0.5,2,6")
     ap.add_argument("--layouts", default="verl,dcp")
     ap.add_argument("--work", default="/tmp/unshard-bench")
     args = ap.parse_args()
@@ -165,6 +177,33 @@ def main() -> None:
         for row in rows:
             f.write(json.dumps({**row, **meta}) + "\n")
     print(table(rows))
+    for layout in {r["layout"] for r in rows}:
+        print("plot:", plot([r for r in rows if r["layout"] == layout], HERE / "results" / f"{layout}.png"))
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    """Wall time and peak memory against input size, one line per tool."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for tool in dict.fromkeys(r["tool"] for r in rows):
+        mine = sorted((r for r in rows if r["tool"] == tool and r["returncode"] == 0), key=lambda r: r["input_bytes"])
+        size = [r["input_bytes"] / 1e9 for r in mine]
+        time_ax.plot(size, [r["seconds"] for r in mine], marker="o", label=tool)
+        mem_ax.plot(size, [r["peak_rss"] / 1e9 for r in mine], marker="o", label=tool)
+    for ax, what in ((time_ax, "wall time (s)"), (mem_ax, "peak RSS of the process tree (GB)")):
+        ax.set_xlabel("checkpoint size (GB)")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+    time_ax.legend()
+    fig.suptitle(f"{rows[0]['layout']} checkpoints, {versions()['machine']}, warm page cache")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def table(rows: list[dict]) -> str:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 
-from .errors import UnshardError
+from .errors import PeerFailedError, UnshardError
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
@@ -36,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--lora-alpha", type=float,
                        help="LoRA alpha, when no lora_train_meta.json / adapter_config.json records it")
 
+    def scale_options(p):
+        p.add_argument("--workers", type=int, default=1,
+                       help="processes on this host, each writing its share of the output files (default 1)")
+        p.add_argument("--distributed", action="store_true",
+                       help="run as one rank of `torchrun ... -m unshard convert`: the ranks share the output "
+                            "files on a shared filesystem")
+
     convert = sub.add_parser("convert", help="write a Hugging Face model folder")
     plan_options(convert)
     convert.add_argument("out", help="output folder (must not exist or be empty, unless --overwrite)")
@@ -44,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--threads", type=int, default=2, help="tensors assembled in parallel (default 2)")
     convert.add_argument("--verify", action="store_true", help="re-read the output and compare with the source")
     convert.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    scale_options(convert)
 
     merge = sub.add_parser("merge", help="blend models as a mergekit-style YAML recipe says")
     merge.add_argument("recipe", help="YAML: merge_method, base_model, models, parameters, dtype, out_dtype")
@@ -57,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     merge.add_argument("--threads", type=int, default=2, help="tensors merged in parallel (default 2)")
     merge.add_argument("--verify", action="store_true", help="re-read the output and compare with a fresh merge")
     merge.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    scale_options(merge)
 
     inspect = sub.add_parser("inspect", help="say what the checkpoint is and what convert would write")
     plan_options(inspect)
@@ -67,8 +78,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    # A job scheduler (or torchrun, when another rank failed) stops us with SIGTERM: unwind like
+    # Ctrl-C, so the staging folder is removed and no partial OUT is left.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return _run(args)
+    except PeerFailedError:  # rank 0 prints why
+        return 1
     except (UnshardError, FileNotFoundError, PermissionError) as e:
         if args.debug:
             raise
@@ -82,6 +98,23 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"unshard: internal error: {type(e).__name__}: {e}; rerun with --debug and report it", file=sys.stderr)
         return 2
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _speaks(args) -> bool:
+    """In a distributed run, rank 0 speaks for all (torchrun sets RANK)."""
+    return not args.distributed or os.environ.get("RANK", "0") == "0"
+
+
+def _report(args, result) -> None:
+    if not _speaks(args):
+        return
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(result.line() + (", verified" if args.verify else ""))
 
 
 def _run(args) -> int:
@@ -104,14 +137,13 @@ def _run(args) -> int:
     from .execute import convert
 
     plan.require_config()
-    print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
-    for note in plan.notes:
-        print(f"note: {note}", file=sys.stderr)
+    if _speaks(args):
+        print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
+        for note in plan.notes:
+            print(f"note: {note}", file=sys.stderr)
     result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
-                     progress=args.progress)
-    for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(result.line() + (", verified" if args.verify else ""))
+                     progress=args.progress, workers=args.workers, distributed=args.distributed)
+    _report(args, result)
     return 0
 
 
@@ -125,14 +157,14 @@ def _merge(args) -> int:
         if args.dry_run:
             print(as_text(describe(plan)))
             return 0
-        print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
+        if _speaks(args):
+            print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
         result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
-                         progress=args.progress, extra_files=recipe_files(plan))
+                         progress=args.progress, extra_files=recipe_files(plan), workers=args.workers,
+                         distributed=args.distributed)
     finally:
         plan.checkpoint.close()
-    for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(result.line() + (", verified" if args.verify else ""))
+    _report(args, result)
     return 0
 
 

@@ -25,3 +25,7 @@ class OutputExistsError(UnshardError, FileExistsError):
 
 class ConfigMismatchError(UnshardError, ValueError):
     """The weights do not fit the model config (missing, unexpected or mis-shaped tensors)."""
+
+
+class PeerFailedError(UnshardError):
+    """Another rank of a distributed run failed (rank 0 reports why); this rank stops too."""

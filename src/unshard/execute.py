@@ -2,12 +2,19 @@
 
 Up to `threads` tensors are assembled ahead of the writer, so reading overlaps writing while memory
 stays at a few tensors. Nothing is written outside the staging folder until every file is complete.
+
+The plan's output files can be dealt out to several writers: `workers` processes forked on this host,
+or the ranks of a torchrun job (`distributed`) on a shared filesystem. Every writer builds the same
+plan, writes (and verifies) its own files into one staging folder, and a single process writes the
+index, config and model card, and puts the folder in place only if every writer succeeded.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
+import queue
 import resource
 import sys
 import time
@@ -18,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import UnshardError
+from .errors import PeerFailedError, UnshardError
 from .plan import DTYPE_NAMES, Group, Plan
 from .report import human_bytes, model_card
 from .writer import OutputFolder, SafetensorsStream, copy_model_files, write_index
@@ -34,15 +41,21 @@ class Result:
     files: list[str]
     copied: list[str]
     warnings: list[str] = field(default_factory=list)
+    writers: int = 1  # processes that wrote the files
+    rank: int = 0  # of this process, in a distributed run
 
     def line(self) -> str:
         rate = self.bytes / max(self.seconds, 1e-9)
-        return (f"wrote {self.tensors} tensors, {human_bytes(self.bytes)} in {len(self.files)} file(s) to {self.out} "
-                f"in {self.seconds:.1f}s ({human_bytes(rate)}/s), peak memory {human_bytes(self.peak_rss)}")
+        by = f" by {self.writers} processes" if self.writers > 1 else ""
+        return (f"wrote {self.tensors} tensors, {human_bytes(self.bytes)} in {len(self.files)} file(s) to {self.out}"
+                f"{by} in {self.seconds:.1f}s ({human_bytes(rate)}/s), peak memory "
+                f"{human_bytes(self.peak_rss)}{' per process' if self.writers > 1 else ''}")
 
 
-def peak_rss() -> int:
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def peak_rss(children: bool = False) -> int:
+    """Largest resident set of this process (or, with `children`, of it and any waited-for child)."""
+    who = [resource.RUSAGE_SELF] + ([resource.RUSAGE_CHILDREN] if children else [])
+    kb = max(resource.getrusage(w).ru_maxrss for w in who)
     return kb if sys.platform == "darwin" else kb * 1024
 
 
@@ -60,34 +73,175 @@ def _progress(total: int, enabled: bool | None):
 
 
 def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: int = 1, verify: bool = False,
-            progress: bool | None = None, extra_files: dict[str, str] | None = None) -> Result:
+            progress: bool | None = None, extra_files: dict[str, str] | None = None, workers: int = 1,
+            distributed: bool = False) -> Result:
     """Write the plan's folder at OUT. `extra_files` (name -> text) are added to it (a merge's recipe);
-    a README.md among them opens the model card."""
+    a README.md among them opens the model card.
+
+    workers: processes on this host, each writing its share of the output files (forked, so each
+    has the plan already). distributed: this process is one rank of a torch.distributed job (started
+    by torchrun); every rank must call convert with the same plan and OUT on a shared filesystem.
+    """
     out = Path(out)
     plan.require_config()
+    if distributed:
+        return _convert_distributed(plan, out, overwrite, threads, verify, progress, extra_files)
     start = time.perf_counter()
     folder = OutputFolder(out, overwrite)
-    extra = dict(extra_files or {})
+    workers = max(1, min(workers, len(plan.files)))
     try:
         with _progress(plan.total_bytes, progress) as bar:
-            checksums = _write_weights(plan, folder.path, threads, bar)
-        write_index(folder.path, {f: [o.name for g in gs for o in g.outputs] for f, gs in plan.files.items()},
-                    plan.total_bytes)
-        copied = copy_model_files(plan.config_folder, folder.path, DTYPE_NAMES.get(plan.dtype, "float32"),
-                                  plan.config_updates)
-        extra["README.md"] = model_card(plan, checksums, extra.get("README.md"))
-        for name, text in extra.items():
-            (folder.path / name).write_text(text)
-            copied.append(name)
-        if verify:
-            verify_folder(plan, folder.path)
-        warnings = check_folder(folder.path)
+            if workers > 1:
+                checksums = _write_in_processes(plan, folder.path, threads, verify, bar, workers)
+            else:
+                checksums = _write_part(plan, folder.path, list(plan.files), threads, verify, bar)
+        copied, warnings = _finish(plan, folder.path, checksums, extra_files)
         folder.commit()
     except BaseException:
         folder.abort()
         raise
-    return Result(out, len(plan.outputs), plan.total_bytes, time.perf_counter() - start, peak_rss(),
-                  list(plan.files), copied, warnings)
+    return Result(out, len(plan.outputs), plan.total_bytes, time.perf_counter() - start,
+                  peak_rss(children=workers > 1), list(plan.files), copied, warnings, writers=workers)
+
+
+def split_files(plan: Plan, parts: int) -> list[list[str]]:
+    """The output files dealt to `parts` writers: largest first, each to the least loaded writer.
+    Deterministic, so every rank of a distributed run computes the same split on its own."""
+    sizes = {name: sum(g.nbytes for g in groups) for name, groups in plan.files.items()}
+    shares: list[list[str]] = [[] for _ in range(parts)]
+    load = [0] * parts
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        i = load.index(min(load))
+        shares[i].append(name)
+        load[i] += sizes[name]
+    order = list(plan.files)
+    return [sorted(share, key=order.index) for share in shares]
+
+
+def _write_part(plan: Plan, folder: Path, filenames: list[str], threads: int, verify: bool, bar) -> dict[str, str]:
+    """Write (and with `verify` re-read) some of the plan's files; their sha256 by name."""
+    checksums = _write_weights(plan, folder, filenames, threads, bar)
+    if verify:
+        verify_folder(plan, folder, filenames)
+    return checksums
+
+
+def _finish(plan: Plan, folder: Path, checksums: dict[str, str], extra_files: dict[str, str] | None):
+    """Everything in OUT besides the weights: index, config and tokenizer, model card; then the load check."""
+    write_index(folder, {f: [o.name for g in gs for o in g.outputs] for f, gs in plan.files.items()}, plan.total_bytes)
+    copied = copy_model_files(plan.config_folder, folder, DTYPE_NAMES.get(plan.dtype, "float32"), plan.config_updates)
+    extra = dict(extra_files or {})
+    extra["README.md"] = model_card(plan, {f: checksums[f] for f in plan.files}, extra.get("README.md"))
+    for name, text in extra.items():
+        (folder / name).write_text(text)
+        copied.append(name)
+    return copied, check_folder(folder)
+
+
+class _SharedCounter:
+    """A progress bar's `update` for a forked worker: bytes written, added to a counter the parent shows."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def update(self, n: int) -> None:
+        with self.value.get_lock():
+            self.value.value += n
+
+
+def _worker(plan, folder, filenames, threads, verify, written, results) -> None:
+    try:
+        results.put(("ok", _write_part(plan, folder, filenames, threads, verify, _SharedCounter(written))))
+    except BaseException as e:  # reported to the parent, which fails the whole run
+        results.put(("error", _describe(e), isinstance(e, UnshardError)))
+
+
+def _describe(e: BaseException) -> str:
+    return str(e) if isinstance(e, UnshardError) else f"{type(e).__name__}: {e}"
+
+
+def _write_in_processes(plan: Plan, folder: Path, threads: int, verify: bool, bar, workers: int) -> dict[str, str]:
+    """Fork `workers` processes, each writing its share of the files; any failure fails the run."""
+    # fork: each worker starts with the plan (readers, open maps, a merge's methods) already built.
+    context = multiprocessing.get_context("fork")
+    written, results = context.Value("q", 0), context.Queue()
+    procs = [context.Process(target=_worker, args=(plan, folder, share, threads, verify, written, results), daemon=True)
+             for share in split_files(plan, workers) if share]
+    for proc in procs:
+        proc.start()
+    checksums: dict[str, str] = {}
+    try:
+        for _ in procs:
+            while True:
+                try:
+                    outcome = results.get(timeout=0.2)
+                    break
+                except queue.Empty:
+                    bar.update(written.value - bar.n)
+                    dead = [p for p in procs if p.exitcode not in (None, 0)]
+                    if dead and results.empty():
+                        raise UnshardError(f"a worker process died (exit code {dead[0].exitcode}: killed, or out of "
+                                           "memory?); nothing was written to the output; retry with fewer --workers")
+            if outcome[0] == "error":
+                raise UnshardError(outcome[1]) if outcome[2] else RuntimeError(outcome[1])
+            checksums.update(outcome[1])
+        bar.update(written.value - bar.n)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
+    return checksums
+
+
+def _convert_distributed(plan: Plan, out: Path, overwrite: bool, threads: int, verify: bool, progress: bool | None,
+                         extra_files: dict[str, str] | None) -> Result:
+    """One rank's part of a torchrun conversion. Rank 0 owns the staging folder and everything in OUT
+    besides the weights; each rank writes the files `split_files` deals it; a failure anywhere fails
+    every rank, and rank 0 then removes the staging folder."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")  # the rendezvous torchrun set up in the environment
+    rank, world = dist.get_rank(), dist.get_world_size()
+    start = time.perf_counter()
+    folder, refusal = None, None
+    if rank == 0:
+        try:
+            folder = OutputFolder(out, overwrite)
+        except UnshardError as e:
+            refusal = str(e)
+    shared = [str(folder.path) if folder else None, refusal]
+    dist.broadcast_object_list(shared, src=0)
+    if shared[1]:
+        raise UnshardError(shared[1]) if rank == 0 else PeerFailedError(shared[1])
+    mine = split_files(plan, world)[rank]
+    try:
+        with _progress(sum(sum(g.nbytes for g in plan.files[f]) for f in mine), progress if rank == 0 else False) as bar:
+            outcome = ("ok", _write_part(plan, Path(shared[0]), mine, threads, verify, bar), peak_rss())
+    except Exception as e:
+        outcome = ("error", _describe(e), peak_rss())
+    outcomes: list = [None] * world
+    dist.all_gather_object(outcomes, outcome)
+    failures = [f"rank {r}: {o[1]}" for r, o in enumerate(outcomes) if o[0] == "error"]
+    copied, warnings, status = [], [], [None]
+    if rank == 0:
+        try:
+            if failures:
+                raise UnshardError("; ".join(failures) + "; nothing was written to the output")
+            checksums = {f: s for o in outcomes for f, s in o[1].items()}
+            copied, warnings = _finish(plan, folder.path, checksums, extra_files)
+            folder.commit()
+        except BaseException as e:
+            folder.abort()
+            status = [_describe(e)]
+            dist.broadcast_object_list(status, src=0)
+            raise
+    dist.broadcast_object_list(status, src=0)
+    if status[0] is not None:
+        raise PeerFailedError(status[0])
+    return Result(out, len(plan.outputs), plan.total_bytes, time.perf_counter() - start,
+                  max(o[2] for o in outcomes), list(plan.files), copied, warnings, writers=world, rank=rank)
 
 
 def check_folder(folder: Path) -> list[str]:
@@ -124,11 +278,11 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _write_weights(plan: Plan, folder: Path, threads: int, bar) -> dict[str, str]:
-    """Every safetensors file of the plan, and their sha256. Up to `threads` groups are materialised
+def _write_weights(plan: Plan, folder: Path, filenames: list[str], threads: int, bar) -> dict[str, str]:
+    """These safetensors files of the plan, and their sha256. Up to `threads` groups are materialised
     ahead, in order."""
     threads = max(1, threads)
-    work = ((filename, group) for filename, groups in plan.files.items() for group in groups)
+    work = ((filename, group) for filename in filenames for group in plan.files[filename])
     streams: dict[str, SafetensorsStream] = {}
     try:
         with ThreadPoolExecutor(threads) as pool:
@@ -153,13 +307,13 @@ def _write_weights(plan: Plan, folder: Path, threads: int, bar) -> dict[str, str
     return {name: stream.sha256 for name, stream in streams.items()}
 
 
-def verify_folder(plan: Plan, folder: Path) -> None:
-    """Re-read every written tensor with the safetensors library and compare it with the source."""
+def verify_folder(plan: Plan, folder: Path, filenames: list[str]) -> None:
+    """Re-read every tensor written to these files with the safetensors library and compare it with the source."""
     from safetensors import safe_open
 
-    for filename, groups in plan.files.items():
+    for filename in filenames:
         with safe_open(folder / filename, framework="pt") as f:
-            for group in groups:
+            for group in plan.files[filename]:
                 for name, expected in materialise(plan, group):
                     if not torch.equal(f.get_tensor(name), expected):
                         raise UnshardError(f"{folder / filename}: {name} differs from the checkpoint after writing; "
