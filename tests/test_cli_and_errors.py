@@ -155,7 +155,7 @@ def test_missing_config_needs_config_from(tmp_path):
 
 
 def test_failure_mid_write_leaves_no_output(tmp_path, monkeypatch):
-    real, calls = execute.materialise, []
+    real, calls = execute.ready_to_write, []
 
     def fail_on_third(plan, group):
         calls.append(group)
@@ -163,7 +163,7 @@ def test_failure_mid_write_leaves_no_output(tmp_path, monkeypatch):
             raise OSError("disk full")
         return real(plan, group)
 
-    monkeypatch.setattr(execute, "materialise", fail_on_third)
+    monkeypatch.setattr(execute, "ready_to_write", fail_on_third)
     with pytest.raises(OSError, match="disk full"):
         unshard.convert(LLAMA / "global_step_1", tmp_path / "hf", progress=False, max_shard_size="60KB")
     assert not (tmp_path / "hf").exists() and not leftovers(tmp_path)

@@ -22,11 +22,12 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from .errors import PeerFailedError, UnshardError
-from .plan import DTYPE_NAMES, Group, Plan
+from .plan import DTYPE_NAMES, Group, OutputTensor, Plan
 from .report import human_bytes, model_card
 from .writer import OutputFolder, SafetensorsStream, copy_model_files, write_index
 
@@ -60,10 +61,32 @@ def peak_rss(children: bool = False) -> int:
 
 
 def materialise(plan: Plan, group: Group) -> list[tuple[str, torch.Tensor]]:
-    """The output tensors of one group, in the plan's dtype and order."""
+    """The output tensors of one group, whole, in the plan's dtype and order."""
     whole = plan.checkpoint.read(group.source.name)
     produced = group.convert(whole) if group.convert else {group.outputs[0].name: whole}
     return [(o.name, produced[o.name].to(o.dtype)) for o in group.outputs]
+
+
+@dataclass
+class Parts:
+    """One output tensor ready to write: parts whose bytes, in order, are the tensor's; `then` releases
+    what the reader holds for them, once they are written."""
+
+    output: OutputTensor
+    parts: list[torch.Tensor]
+    then: Callable[[], None] | None = None
+
+
+def ready_to_write(plan: Plan, group: Group) -> list[Parts]:
+    """A group's output tensors for the writer. A tensor that is its pieces one after another (FSDP
+    rows, ZeRO ranges) is streamed piece by piece, each cast on its own: no whole tensor is built."""
+    checkpoint = plan.checkpoint
+    pieces = checkpoint.flat_pieces(group.source.name) if group.convert is None else None
+    if pieces is None:
+        return [Parts(o, [t]) for o, (_, t) in zip(group.outputs, materialise(plan, group))]
+    output = group.outputs[0]
+    parts = [checkpoint.read_piece(p).to(output.dtype) for p in pieces]
+    return [Parts(output, parts, lambda: [checkpoint.release(p) for p in pieces])]
 
 
 def _progress(total: int, enabled: bool | None):
@@ -286,21 +309,22 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], threads: int,
     streams: dict[str, SafetensorsStream] = {}
     try:
         with ThreadPoolExecutor(threads) as pool:
-            pending = deque((f, pool.submit(materialise, plan, g)) for f, g in itertools.islice(work, threads))
+            pending = deque((f, pool.submit(ready_to_write, plan, g)) for f, g in itertools.islice(work, threads))
             while pending:
                 filename, future = pending.popleft()
                 stream = streams.get(filename)
                 if stream is None:
                     entries = [(o.name, o.dtype, o.shape) for g in plan.files[filename] for o in g.outputs]
                     stream = streams[filename] = SafetensorsStream(folder / filename, entries)
-                for name, tensor in future.result():
-                    stream.write(name, tensor)
-                    bar.update(tensor.numel() * tensor.element_size())
+                for ready in future.result():
+                    out = ready.output
+                    stream.write_parts(out.name, out.dtype, out.shape, ready.parts, ready.then)
+                    bar.update(out.nbytes)
                 if stream.complete:
                     stream.close()
                 # Refill only now, so no more than `threads` groups are held at once.
                 for f, g in itertools.islice(work, 1):
-                    pending.append((f, pool.submit(materialise, plan, g)))
+                    pending.append((f, pool.submit(ready_to_write, plan, g)))
     finally:
         for stream in streams.values():
             stream.close(check=False)

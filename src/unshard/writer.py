@@ -12,9 +12,13 @@ import fnmatch
 import hashlib
 import json
 import os
+import queue
 import shutil
 import struct
+import threading
 from pathlib import Path
+from typing import Callable
+
 import torch
 
 from .errors import OutputExistsError
@@ -37,7 +41,11 @@ MODEL_FILE_PATTERNS = (
 
 
 class SafetensorsStream:
-    """Write one safetensors file whose tensors arrive one at a time, in header order."""
+    """Write one safetensors file whose tensors arrive one at a time, in header order.
+
+    The file's sha256 (for the model card) is computed on a thread of its own as the bytes go out:
+    hashing runs at about the speed of writing, so doing both in turn would double the time.
+    """
 
     def __init__(self, path: Path, tensors: list[tuple[str, torch.dtype, tuple[int, ...]]]):
         header, offset = {"__metadata__": {"format": "pt"}}, 0
@@ -55,17 +63,61 @@ class SafetensorsStream:
         self._file = open(path, "wb")
         head = struct.pack("<Q", len(raw)) + raw
         self._file.write(head)
-        # The file is written front to back, so its checksum comes for free on the way (model card).
         self._hash = hashlib.sha256(head)
+        # Bytes waiting to be hashed, or callbacks to run once everything before them is hashed. The
+        # writer waits while more than HASH_BACKLOG bytes are unhashed, so hashing never holds more
+        # than about one extra part in memory.
+        self._to_hash: queue.Queue = queue.Queue()
+        self._unhashed = 0
+        self._hashed = threading.Condition()
+        self._hash_error: BaseException | None = None
+        self._hasher = threading.Thread(target=self._hash_in_order, daemon=True)
+        self._hasher.start()
         self._next = 0
 
+    HASH_BACKLOG = 256 << 20
+
+    def _hash_in_order(self) -> None:
+        while (item := self._to_hash.get()) is not None:
+            try:
+                if callable(item):
+                    item()
+                elif self._hash_error is None:
+                    self._hash.update(item)
+            except BaseException as e:  # noqa: BLE001  (re-raised by the writer)
+                self._hash_error = e
+            with self._hashed:
+                self._unhashed -= 0 if callable(item) else item.nbytes
+                self._hashed.notify_all()
+
+    def _queue_for_hash(self, data: memoryview) -> None:
+        with self._hashed:
+            self._hashed.wait_for(lambda: self._unhashed == 0 or self._unhashed + data.nbytes <= self.HASH_BACKLOG)
+            self._unhashed += data.nbytes
+        if self._hash_error is not None:
+            raise self._hash_error
+        self._to_hash.put(data)
+
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        want_name, dtype, shape, size = self._expected[self._next]
-        if (name, tensor.dtype, tuple(tensor.shape)) != (want_name, dtype, shape):
-            raise AssertionError(f"writer expected {want_name} {dtype} {shape}, got {name} {tensor.dtype} {tuple(tensor.shape)}")
-        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy() if size else b""
-        self._file.write(memoryview(data))
-        self._hash.update(memoryview(data))
+        self.write_parts(name, tensor.dtype, tuple(tensor.shape), [tensor])
+
+    def write_parts(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], parts: list[torch.Tensor],
+                    then: Callable[[], None] | None = None) -> None:
+        """Write tensor `name` from parts whose bytes, one after another, are the tensor's; `then` runs
+        once they are written and hashed (a reader unmaps their pages)."""
+        want_name, want_dtype, want_shape, size = self._expected[self._next]
+        got = sum(part.numel() for part in parts) * dtype.itemsize
+        if (name, dtype, tuple(shape), size) != (want_name, want_dtype, want_shape, got) or any(
+                part.dtype != dtype for part in parts):
+            raise AssertionError(f"writer expected {want_name} {want_dtype} {want_shape}, got {name} {dtype} {shape} "
+                                 f"in parts of {got} bytes")
+        for part in parts:
+            if part.numel():
+                data = memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy())
+                self._file.write(data)
+                self._queue_for_hash(data)  # the view keeps the part alive until it is hashed
+        if then is not None:
+            self._to_hash.put(then)
         self._next += 1
 
     @property
@@ -77,7 +129,12 @@ class SafetensorsStream:
         return self._next == len(self._expected)
 
     def close(self, check: bool = True) -> None:
+        if self._hasher.is_alive():
+            self._to_hash.put(None)
+            self._hasher.join()
         self._file.close()
+        if check and self._hash_error is not None:
+            raise self._hash_error
         if check and self._next != len(self._expected):
             raise AssertionError(f"{self.path}: {len(self._expected) - self._next} tensors were never written")
 

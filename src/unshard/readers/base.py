@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import CheckpointError
-from ..placements import Block, assemble
+from ..placements import Block, assemble, box
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,37 @@ class Checkpoint:
             self.release(piece)
         transform = self.transforms.get(name)
         return whole if transform is None else transform(whole)
+
+    def flat_pieces(self, name: str) -> list[Piece] | None:
+        """The pieces of `name` in order, when the tensor's bytes are simply theirs one after another:
+        rows split along the first dimension (FSDP's Shard(0)) or ranges of the flattened tensor (ZeRO's
+        flat partitions). The writer then streams them without assembling the whole tensor, which
+        saves a copy and bounds memory by the largest piece. None when pieces interleave (column
+        splits, strided shards) or the tensor is transformed after assembly."""
+        source = self.tensors[name]
+        if name in self.transforms or not source.shape:
+            return None
+        row = math.prod(source.shape[1:])
+        starts = []
+        for piece in source.pieces:
+            block = piece.block
+            if len(block.sizes) == 1 and len(source.shape) > 1:  # a range of the flattened tensor
+                starts.append((block.global_offsets[0], piece))
+            elif (tuple(block.sizes[1:]) == tuple(source.shape[1:]) and not any(block.global_offsets[1:])
+                  and not any(block.local_offsets[1:])):
+                starts.append((block.global_offsets[0] * row, piece))
+            else:
+                return None
+        position = 0
+        for start, piece in sorted(starts, key=lambda s: s[0]):
+            if start != position:
+                return None
+            position += piece.block.numel
+        return [piece for _, piece in sorted(starts, key=lambda s: s[0])] if position == source.numel else None
+
+    def read_piece(self, piece: Piece) -> torch.Tensor:
+        """One piece's elements, flattened, as they lie in the whole tensor (see `flat_pieces`)."""
+        return self.local_tensor(piece)[box(piece.block.local_offsets, piece.block.sizes)].reshape(-1)
 
     def close(self) -> None:
         """Drop open file maps."""
