@@ -70,14 +70,14 @@ def test_a_failing_worker_fails_the_run_and_leaves_nothing(tmp_path):
 
     plan = unshard.plan(MIXTRAL, max_shard_size=SHARD)
     last = plan.files[list(plan.files)[-1]][-1].source.name
-    read = plan.checkpoint.read
+    read = plan.checkpoint.local_tensor
 
-    def failing_read(name):  # a read error (a flaky network filesystem, say) in one worker only
-        if name == last:
-            raise OSError(f"simulated read error on {name}")
-        return read(name)
+    def failing_read(piece):  # a read error (a flaky network filesystem, say) in one worker only
+        if piece.key == last:
+            raise OSError(f"simulated read error on {piece.key}")
+        return read(piece)
 
-    plan.checkpoint.read = failing_read
+    plan.checkpoint.local_tensor = failing_read
     with pytest.raises(RuntimeError, match="simulated read error"):
         convert(plan, tmp_path / "out", workers=3, progress=False)
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
@@ -88,14 +88,14 @@ def test_a_killed_worker_fails_the_run_and_leaves_nothing(tmp_path):
 
     plan = unshard.plan(MIXTRAL, max_shard_size=SHARD)
     last = plan.files[list(plan.files)[-1]][-1].source.name
-    read = plan.checkpoint.read
+    read = plan.checkpoint.local_tensor
 
-    def killed_read(name):  # what the kernel's OOM killer does to a worker
-        if name == last:
+    def killed_read(piece):  # what the kernel's OOM killer does to a worker
+        if piece.key == last:
             os.kill(os.getpid(), signal.SIGKILL)
-        return read(name)
+        return read(piece)
 
-    plan.checkpoint.read = killed_read
+    plan.checkpoint.local_tensor = killed_read
     with pytest.raises(unshard.UnshardError, match="worker process died"):
         convert(plan, tmp_path / "out", workers=2, progress=False)
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
@@ -144,9 +144,9 @@ src, out, shard = sys.argv[1:4]
 dist.init_process_group("gloo")
 plan = unshard.plan(src, max_shard_size=shard)
 if dist.get_rank() == 1:  # a read error on one rank only: every rank must stop, rank 0 must clean up
-    def failing_read(name):
-        raise OSError(f"simulated read error on {name}")
-    plan.checkpoint.read = failing_read
+    def failing_read(piece):
+        raise OSError(f"simulated read error on {piece.key}")
+    plan.checkpoint.local_tensor = failing_read
 try:
     convert(plan, out, progress=False, distributed=True)
 except unshard.UnshardError as e:

@@ -30,26 +30,30 @@ __version__ = "0.1.0"
 def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
          config_from: str | Path | None = None, check: bool = True, weights: str = "master",
          tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None,
-         architecture: str | None = None) -> Plan:
+         architecture: str | None = None, lora: str = "merge") -> Plan:
     """Open SRC and plan its conversion; reads metadata only.
 
     weights: for DeepSpeed, "master" (the fp32 optimizer copy) or "module" (the 16-bit model states).
     tag: for DeepSpeed, the tag folder to read instead of the one `latest` names.
     iteration: for Megatron, the iteration to read instead of the one latest_checkpointed_iteration.txt names.
     lora_alpha: for checkpoints holding a LoRA adapter whose alpha is recorded nowhere beside them.
+    lora: "merge" folds a LoRA adapter into the base weights; "separate" writes the base as trained
+    and the adapter as a PEFT folder in OUT/lora_adapter/.
     architecture: the transformers class config.json names (by default the one the weights fit).
     """
     reader_options = {k: v for k, v in (("weights", weights), ("tag", tag), ("iteration", iteration))
                       if v not in ("master", None)}
     return build_plan(open_checkpoint(src, **reader_options), dtype=dtype, max_shard_size=max_shard_size,
-                      config_from=config_from, check=check, lora_alpha=lora_alpha, architecture=architecture)
+                      config_from=config_from, check=check, lora_alpha=lora_alpha, architecture=architecture,
+                      lora_mode=lora)
 
 
 def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
             config_from: str | Path | None = None, overwrite: bool = False, threads: int = 1,
             verify: bool = False, check: bool = True, progress: bool | None = None, weights: str = "master",
             tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None,
-            architecture: str | None = None, workers: int = 1, distributed: bool = False) -> Result:
+            architecture: str | None = None, workers: int = 1, distributed: bool = False,
+            lora: str = "merge") -> Result:
     """Convert the checkpoint at SRC into a Hugging Face folder OUT.
 
     workers: processes on this host sharing the output files. distributed: this process is one rank
@@ -58,7 +62,8 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
     from .execute import convert as run
 
     the_plan = plan(src, dtype=dtype, max_shard_size=max_shard_size, config_from=config_from, check=check,
-                    weights=weights, tag=tag, iteration=iteration, lora_alpha=lora_alpha, architecture=architecture)
+                    weights=weights, tag=tag, iteration=iteration, lora_alpha=lora_alpha, architecture=architecture,
+                    lora=lora)
     try:
         return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, progress=progress,
                    workers=workers, distributed=distributed)

@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--architecture", metavar="CLASS",
                        help="transformers class for config.json (default: what the weights fit, e.g. "
                             "Qwen2ForTokenClassification for a critic's score head)")
+        p.add_argument("--lora", default="merge", choices=("merge", "separate"),
+                       help="a LoRA adapter in the checkpoint: fold it into the base weights (default), or write "
+                            "the base as trained and the adapter as a PEFT folder in OUT/lora_adapter/")
         p.add_argument("--lora-alpha", type=float,
                        help="LoRA alpha, when no lora_train_meta.json / adapter_config.json records it")
 
@@ -124,7 +127,7 @@ def _run(args) -> int:
     if args.command == "merge":
         return _merge(args)
     options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, config_from=args.config_from, check=args.check,
-                   weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha,
+                   weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha, lora=args.lora,
                    architecture=args.architecture)
     if args.command == "inspect":
         info = unshard.inspect(args.src, **options)

@@ -22,7 +22,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -69,24 +69,38 @@ def materialise(plan: Plan, group: Group) -> list[tuple[str, torch.Tensor]]:
 
 @dataclass
 class Parts:
-    """One output tensor ready to write: parts whose bytes, in order, are the tensor's; `then` releases
-    what the reader holds for them, once they are written."""
+    """One output tensor ready to write: parts whose bytes, in order, are the tensor's (a list, or an
+    iterator producing them as the writer goes); `then` releases what the reader holds for them."""
 
     output: OutputTensor
-    parts: list[torch.Tensor]
+    parts: Iterable[torch.Tensor]
     then: Callable[[], None] | None = None
+
+
+CAST_CHUNK = 64 << 20  # elements cast at a time when a streamed tensor changes dtype
 
 
 def ready_to_write(plan: Plan, group: Group) -> list[Parts]:
     """A group's output tensors for the writer. A tensor that is its pieces one after another (FSDP
-    rows, ZeRO ranges) is streamed piece by piece, each cast on its own: no whole tensor is built."""
+    rows, ZeRO ranges) is streamed: each piece is read as the writer asks for it (a dtype cast in
+    chunks), so no whole tensor is built and memory follows the largest piece, not the tensor."""
     checkpoint = plan.checkpoint
     pieces = checkpoint.flat_pieces(group.source.name) if group.convert is None else None
     if pieces is None:
         return [Parts(o, [t]) for o, (_, t) in zip(group.outputs, materialise(plan, group))]
     output = group.outputs[0]
-    parts = [checkpoint.read_piece(p).to(output.dtype) for p in pieces]
-    return [Parts(output, parts, lambda: [checkpoint.release(p) for p in pieces])]
+    release = lambda: [checkpoint.release(p) for p in pieces]  # noqa: E731
+    return [Parts(output, _read_in_order(checkpoint, pieces, output.dtype), release)]
+
+
+def _read_in_order(checkpoint, pieces, dtype: torch.dtype) -> Iterator[torch.Tensor]:
+    for piece in pieces:
+        flat = checkpoint.read_piece(piece)
+        if flat.dtype == dtype:
+            yield flat
+        else:
+            for start in range(0, flat.numel(), CAST_CHUNK):
+                yield flat[start:start + CAST_CHUNK].to(dtype)
 
 
 def _progress(total: int, enabled: bool | None):
@@ -151,11 +165,14 @@ def _write_part(plan: Plan, folder: Path, filenames: list[str], threads: int, ve
 
 def _finish(plan: Plan, folder: Path, checksums: dict[str, str], extra_files: dict[str, str] | None):
     """Everything in OUT besides the weights: index, config and tokenizer, model card; then the load check."""
-    write_index(folder, {f: [o.name for g in gs for o in g.outputs] for f, gs in plan.files.items()}, plan.total_bytes)
+    model_files = plan.model_files
+    write_index(folder, {f: [o.name for g in gs for o in g.outputs] for f, gs in model_files.items()},
+                sum(g.nbytes for gs in model_files.values() for g in gs))
     copied = copy_model_files(plan.config_folder, folder, DTYPE_NAMES.get(plan.dtype, "float32"), plan.config_updates)
-    extra = dict(extra_files or {})
+    extra = {**plan.extra_files, **(extra_files or {})}
     extra["README.md"] = model_card(plan, {f: checksums[f] for f in plan.files}, extra.get("README.md"))
     for name, text in extra.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
         copied.append(name)
     return copied, check_folder(folder)
@@ -315,6 +332,7 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], threads: int,
                 stream = streams.get(filename)
                 if stream is None:
                     entries = [(o.name, o.dtype, o.shape) for g in plan.files[filename] for o in g.outputs]
+                    (folder / filename).parent.mkdir(exist_ok=True)  # lora_adapter/
                     stream = streams[filename] = SafetensorsStream(folder / filename, entries)
                 for ready in future.result():
                     out = ready.output

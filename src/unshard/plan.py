@@ -59,6 +59,12 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     config_updates: dict[str, Any] = field(default_factory=dict)  # written into OUT's config.json
     copies_per_tensor: int = 1  # whole tensors held while one output is made (a merge holds one per input)
+    extra_files: dict[str, str] = field(default_factory=dict)  # path in OUT -> text (a LoRA adapter's config)
+
+    @property
+    def model_files(self) -> dict[str, list[Group]]:
+        """The weight files of the model itself, which the index lists (not lora_adapter/...)."""
+        return {name: groups for name, groups in self.files.items() if "/" not in name}
 
     @property
     def groups(self) -> list[Group]:
@@ -81,9 +87,16 @@ class Plan:
                                f"a Hugging Face folder of the model it was trained from{hint}")
 
     def peak_memory_estimate(self, threads: int = 1) -> int:
-        """Bytes held at once: per tensor in flight, the assembled source plus its converted outputs."""
-        largest = max((g.source.nbytes * self.copies_per_tensor + g.nbytes for g in self.groups), default=0)
-        return largest * max(1, threads)
+        """Bytes held at once: per tensor in flight (one per thread, and one more still being hashed
+        after it is written), the assembled source plus its converted outputs; for a tensor streamed
+        piece by piece, its largest piece (see `Checkpoint.flat_pieces`)."""
+        return max((self._held(g) for g in self.groups), default=0) * (max(1, threads) + 1)
+
+    def _held(self, group: Group) -> int:
+        pieces = self.checkpoint.flat_pieces(group.source.name) if group.convert is None else None
+        if pieces is None:
+            return group.source.nbytes * self.copies_per_tensor + group.nbytes
+        return max((p.block.numel for p in pieces), default=0) * group.source.dtype.itemsize
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -129,14 +142,14 @@ def resolve_config_source(config_from: str | Path) -> Path:
 
 def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
                config_from: str | Path | None = None, check: bool = True, lora_alpha: float | None = None,
-               architecture: str | None = None) -> Plan:
+               architecture: str | None = None, lora_mode: str = "merge") -> Plan:
     from huggingface_hub import split_state_dict_into_shards_factory
 
     config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
     config = hf_names.read_config(config_folder)
     checkpoint.fit_config(config)
     out_dtype, reason = choose_dtype(dtype, config, checkpoint)
-    fold = lora.plan_fold(checkpoint, lora_alpha)
+    fold = lora.plan_fold(checkpoint, lora_alpha, lora_mode)
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
     updates = hf_names.head_updates(set(shapes), shapes, config, architecture)
     naming = hf_names.plan_names(shapes, config_folder, check, renames=fold.renames, updates=updates)
@@ -158,6 +171,9 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
     except ValueError:
         raise UnshardError(f"--max-shard-size {max_shard_size!r}: give a size such as 5GB or 500MB") from None
     files = {filename: [groups[n] for n in names] for filename, names in split.filename_to_tensors.items()}
+    extra_files = {}
+    if fold.adapter is not None:
+        files[lora.ADAPTER_FILE], extra_files = _adapter_plan(checkpoint, fold.adapter, naming.outputs, out_dtype)
     notes = fold.notes + naming.notes
     if "architectures" in updates and not architecture:
         notes.append(f"the weights end in a `score` head: config.json says {updates['architectures'][0]}"
@@ -168,7 +184,41 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
         notes.append("no tokenizer beside the checkpoint: pass --config-from DIR (the Hugging Face model it was "
                      "trained from) to include tokenizer, chat template and generation config")
     return Plan(checkpoint, config_folder, out_dtype, reason, files, {**fold.dropped, **naming.dropped}, notes,
-                config_updates=updates)
+                config_updates=updates, extra_files=extra_files)
+
+
+def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, dtype: torch.dtype):
+    """The adapter's tensors under the names PEFT's save_pretrained writes for the written model, and
+    adapter_config.json."""
+    import json
+
+    def written_name(source: str) -> str:
+        names = [n for n, _ in outputs[source]]
+        if len(names) != 1:
+            raise UnshardError(f"{checkpoint.path}: {source} carries LoRA but is written as {names}; use --lora merge")
+        return names[0]
+
+    hf_modules = {m: written_name(f"{m}.base_layer.weight").removesuffix(".weight") for m in adapter.modules}
+    tensors = {}  # PEFT name -> checkpoint name
+    for module, parts in adapter.modules.items():
+        embedding = module in adapter.embeddings
+        for part, name in parts.items():
+            # PEFT drops the adapter name, and `.weight` where the tensor is a parameter, not a layer's.
+            key = ("lora_magnitude_vector" if part == "magnitude_vector"
+                   else f"lora_embedding_{part}" if embedding else f"lora_{part}.weight")
+            tensors[f"base_model.model.{hf_modules[module]}.{key}"] = name
+    for module in adapter.embeddings:  # as PEFT does, so the adapter also fits a resized vocabulary
+        tensors[f"base_model.model.{hf_modules[module]}.base_layer.weight"] = f"{module}.base_layer.weight"
+    hf_saved = [written_name(original) for original in adapter.saved.values()]
+    for trained, hf_name in zip(adapter.saved, hf_saved):
+        tensors[f"base_model.model.{hf_name}"] = trained
+    groups = []
+    for name, source_name in tensors.items():
+        source = checkpoint.tensors[source_name]
+        target = dtype if source.dtype.is_floating_point else source.dtype
+        groups.append(Group(source, [OutputTensor(name, source.shape, target)]))
+    config = json.dumps(adapter.config(hf_modules, hf_saved), indent=2, sort_keys=True) + "\n"
+    return groups, {f"{lora.ADAPTER_FOLDER}/adapter_config.json": config}
 
 
 def _compose(fold, convert, only_output: str):

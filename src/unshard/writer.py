@@ -17,7 +17,7 @@ import shutil
 import struct
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -101,21 +101,24 @@ class SafetensorsStream:
     def write(self, name: str, tensor: torch.Tensor) -> None:
         self.write_parts(name, tensor.dtype, tuple(tensor.shape), [tensor])
 
-    def write_parts(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], parts: list[torch.Tensor],
+    def write_parts(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], parts: Iterable[torch.Tensor],
                     then: Callable[[], None] | None = None) -> None:
         """Write tensor `name` from parts whose bytes, one after another, are the tensor's; `then` runs
         once they are written and hashed (a reader unmaps their pages)."""
         want_name, want_dtype, want_shape, size = self._expected[self._next]
-        got = sum(part.numel() for part in parts) * dtype.itemsize
-        if (name, dtype, tuple(shape), size) != (want_name, want_dtype, want_shape, got) or any(
-                part.dtype != dtype for part in parts):
-            raise AssertionError(f"writer expected {want_name} {want_dtype} {want_shape}, got {name} {dtype} {shape} "
-                                 f"in parts of {got} bytes")
+        if (name, dtype, tuple(shape)) != (want_name, want_dtype, want_shape):
+            raise AssertionError(f"writer expected {want_name} {want_dtype} {want_shape}, got {name} {dtype} {shape}")
+        written = 0
         for part in parts:
+            if part.dtype != dtype or written + part.numel() * dtype.itemsize > size:
+                raise AssertionError(f"{name}: a part of {part.dtype} {tuple(part.shape)} does not fit what is left")
             if part.numel():
                 data = memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy())
                 self._file.write(data)
                 self._queue_for_hash(data)  # the view keeps the part alive until it is hashed
+                written += data.nbytes
+        if written != size:
+            raise AssertionError(f"{name}: {written} of {size} bytes written")
         if then is not None:
             self._to_hash.put(then)
         self._next += 1
