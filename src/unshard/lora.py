@@ -65,7 +65,8 @@ class Adapter:
             "lora_dropout": self.meta.get("lora_dropout", 0.0),
             "bias": "none",
             "fan_in_fan_out": False,
-            "modules_to_save": sorted({n.rsplit(".", 1)[-1] for n in hf_saved}) or None,
+            # module names, as peft matches them: `lm_head` for lm_head.weight
+            "modules_to_save": sorted({n.rsplit(".", 1)[0].rsplit(".", 1)[-1] for n in hf_saved}) or None,
             "inference_mode": True,
         }
 
