@@ -1,7 +1,7 @@
 """LoRA adapters trained under FSDP2 (peft, sharded by torch, saved as verl does): kept as a PEFT folder.
 
-Cases: plain LoRA on linear layers; DoRA on linear layers and the embedding, with lm_head in
-modules_to_save. Folding them in (`--lora merge`) is checked against peft's merge_and_unload with the
+Cases: plain LoRA on linear layers (verl's rank files, and through DCP); DoRA on linear layers and
+the embedding, with lm_head in modules_to_save. Folding them in (`--lora merge`) is checked against peft's merge_and_unload with the
 other reference cases in test_fsdp_convert.py, bit for bit.
 """
 
@@ -15,16 +15,18 @@ from safetensors.torch import load_file
 
 import unshard
 from conftest import SHIPPED
+from generate import CASES
 
 
-@pytest.mark.parametrize("name", ["llama-fsdp2-lora", "llama-fsdp2-dora"])
+@pytest.mark.parametrize("name", ["llama-fsdp2-lora", "llama-fsdp2-dora", "llama-fsdp2-lora-dcp"])
 def test_lora_separate_writes_what_peft_saves(name, fixture_case, tmp_path):
     import peft
     import transformers
 
     case = fixture_case(name)
     out = tmp_path / "out"
-    unshard.convert(case / "global_step_1", out, lora="separate", verify=True, progress=False)
+    config_from = case / CASES[name].config_from if CASES[name].config_from else None
+    unshard.convert(case / CASES[name].src, out, lora="separate", verify=True, progress=False, config_from=config_from)
 
     # The adapter: peft's own save_pretrained of the same model is the reference, name for name.
     theirs = case / "reference-adapter"
