@@ -222,6 +222,34 @@ def test_lora_adapter_on_a_base(models, lora_adapter, mergekit, tmp_path):
         torch.testing.assert_close(ours[key], tensor, atol=1e-5, rtol=0, msg=key)
 
 
+def test_dora_adapter_with_embedding_and_saved_modules(models, tmp_path):
+    """A DoRA adapter on linear layers and the embedding, lm_head in modules_to_save, made and saved by
+    peft: `base+adapter` folds it as peft's merge_and_unload does."""
+    peft = pytest.importorskip("peft")
+    model = transformers.AutoModelForCausalLM.from_pretrained(models / "base")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj", "embed_tokens"],
+                             use_dora=True, modules_to_save=["lm_head"], init_lora_weights=False)
+    wrapped = peft.get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # as after training: magnitudes and the saved head moved
+        for name, p in wrapped.named_parameters():
+            if "lora_magnitude_vector" in name or "modules_to_save" in name:
+                p.mul_(1 + 0.1 * torch.randn(p.shape, generator=generator))
+    adapter = tmp_path / "adapter"
+    wrapped.save_pretrained(adapter)
+    expected = wrapped.merge_and_unload().state_dict()
+    recipe = write_recipe(tmp_path / "alone.yml", dict(
+        merge_method="passthrough", dtype="float32", models=[dict(model=f"{models / 'base'}+{adapter}")]))
+    unshard.merge(recipe, tmp_path / "merged", progress=False)
+    folded = load_file(tmp_path / "merged" / "model.safetensors")
+    assert sorted(folded) == sorted(expected)
+    for key, tensor in expected.items():
+        assert torch.equal(folded[key], tensor), key
+    base = load_file(models / "base" / "model.safetensors")
+    for key in ("model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight"):
+        assert not torch.equal(folded[key], base[key]), key
+
+
 def test_megatron_checkpoints_merge_in_place(tmp_path):
     """Megatron inputs (legacy and torch_dist, the same weights) merge like their conversion."""
     fixture = SHIPPED / "megatron-llama-tp2-pp2-vpp2"

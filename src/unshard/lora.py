@@ -174,18 +174,23 @@ def plan_fold(checkpoint: Checkpoint, alpha: float | None = None, mode: str = "m
     return fold
 
 
-def _folder(checkpoint: Checkpoint, parts: dict[str, str], scale: float, embedding: bool):
+def fold_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, embedding: bool = False,
+                magnitude: torch.Tensor | None = None) -> torch.Tensor:
     """W + scale * B @ A in fp32 (transposed for an embedding, whose A is [r, vocab]); with DoRA, each
     output row (embedding: each hidden column) rescaled to its trained magnitude. The operations
     are peft's merge's, in its order, so the result is the same to the bit."""
+    a, b = a.float(), b.float()
+    merged = weight.float() + ((b @ a).T * scale if embedding else scale * (b @ a))
+    if magnitude is None:
+        return merged
+    if embedding:
+        return (magnitude.float() / torch.linalg.norm(merged.T, dim=1)).view(1, -1) * merged
+    return (magnitude.float() / torch.linalg.norm(merged, dim=1)).view(-1, 1) * merged
+
+
+def _folder(checkpoint: Checkpoint, parts: dict[str, str], scale: float, embedding: bool):
     def fold(weight: torch.Tensor) -> torch.Tensor:
-        a, b = checkpoint.read(parts["A"]).float(), checkpoint.read(parts["B"]).float()
-        delta = (b @ a).T * scale if embedding else scale * (b @ a)
-        merged = weight.float() + delta
-        if "magnitude_vector" not in parts:
-            return merged
-        magnitude = checkpoint.read(parts["magnitude_vector"]).float()
-        if embedding:
-            return (magnitude / torch.linalg.norm(merged.T, dim=1)).view(1, -1) * merged
-        return (magnitude / torch.linalg.norm(merged, dim=1)).view(-1, 1) * merged
+        magnitude = checkpoint.read(parts["magnitude_vector"]) if "magnitude_vector" in parts else None
+        return fold_weight(weight, checkpoint.read(parts["A"]), checkpoint.read(parts["B"]), scale, embedding,
+                           magnitude)
     return fold

@@ -212,9 +212,9 @@ class Input:
 
 
 class Adapter:
-    """A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) applied to a base:
-    weight + scale · B @ A in fp32, scale = alpha / r (alpha / sqrt(r) with rsLoRA), per-module r and
-    alpha from rank_pattern / alpha_pattern; weights in modules_to_save replace the base's."""
+    """A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) applied to a base,
+    as peft's merge_and_unload does (`lora.fold_weight`): per-module r and alpha from rank_pattern /
+    alpha_pattern, rsLoRA, DoRA magnitudes, embedding LoRA; weights in modules_to_save replace the base's."""
 
     def __init__(self, folder: Path):
         import json
@@ -226,21 +226,23 @@ class Adapter:
             raise RecipeError(f"{folder}: not a PEFT adapter folder (adapter_config.json and "
                               "adapter_model.safetensors)")
         config = json.loads(config_path.read_text())
-        if config.get("peft_type", "LORA") != "LORA" or config.get("use_dora"):
-            raise RecipeError(f"{config_path}: only plain LoRA adapters are folded (not DoRA or {config.get('peft_type')})")
+        if config.get("peft_type", "LORA") != "LORA":
+            raise RecipeError(f"{config_path}: only LoRA adapters are folded (not {config.get('peft_type')})")
         self.folder, self.weights, self.config = folder, weights, config
-        self.lora: dict[str, tuple[str, str]] = {}  # HF weight name -> (A key, B key)
+        self.lora: dict[str, dict[str, str]] = {}  # HF weight name -> {"A", "B"[, "magnitude"]: key}
         self.replaced: dict[str, str] = {}  # HF weight name -> key of its full replacement
         with safe_open(weights, framework="pt") as f:
             keys = list(f.keys())
         for key in keys:
             name = key.removeprefix("base_model.model.")
-            if ".lora_embedding_" in name or ".lora_magnitude" in name:
-                raise RecipeError(f"{weights}: {key}: embedding LoRA and DoRA are not folded yet")
-            if name.endswith(".lora_A.weight"):
-                module = name[: -len(".lora_A.weight")]
-                self.lora[module + ".weight"] = (key, key.replace(".lora_A.", ".lora_B."))
-            elif not name.endswith(".lora_B.weight"):
+            module, _, part = name.partition(".lora_")
+            if part:
+                kind = {"A.weight": "A", "B.weight": "B", "embedding_A": "A", "embedding_B": "B",
+                        "magnitude_vector": "magnitude"}.get(part)
+                if kind is None:
+                    raise RecipeError(f"{weights}: {key}: a LoRA tensor unshard does not know")
+                self.lora.setdefault(module + ".weight", {})[kind] = key
+            elif not name.endswith(".base_layer.weight"):  # peft saves an adapted embedding's base too
                 self.replaced[name.replace(".modules_to_save.", ".")] = key
 
     def _scale(self, module: str, rank: int) -> float:
@@ -256,14 +258,19 @@ class Adapter:
     def apply(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         from safetensors import safe_open
 
+        from .lora import fold_weight
+
         if name in self.replaced:
             with safe_open(self.weights, framework="pt") as f:
                 return f.get_tensor(self.replaced[name]).float()
         if name not in self.lora:
             return tensor
+        keys = self.lora[name]
         with safe_open(self.weights, framework="pt") as f:
-            a, b = (f.get_tensor(k).float() for k in self.lora[name])
-        return tensor.float() + self._scale(name[: -len(".weight")], a.shape[0]) * (b @ a)
+            a, b = f.get_tensor(keys["A"]), f.get_tensor(keys["B"])
+            magnitude = f.get_tensor(keys["magnitude"]) if "magnitude" in keys else None
+        embedding = ".lora_embedding_" in keys["A"]
+        return fold_weight(tensor, a, b, self._scale(name[: -len(".weight")], a.shape[0]), embedding, magnitude)
 
 
 @dataclass
