@@ -1,18 +1,20 @@
-"""A vision-language model (Qwen2-VL, built by transformers, sharded by FSDP2, saved as verl does)."""
+"""Vision-language models (Qwen2-VL, Qwen2.5-VL: built by transformers, sharded by FSDP2, saved as verl does)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import unshard
 
 
-def test_vision_language_model_loads_and_gives_the_same_logits(fixture_case, tmp_path):
+@pytest.mark.parametrize("name", ["qwen2vl-fsdp2", "qwen25vl-fsdp2"])
+def test_vision_language_model_loads_and_gives_the_same_logits(name, fixture_case, tmp_path):
     from PIL import Image
     from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
-    case = fixture_case("qwen2vl-fsdp2")
+    case = fixture_case(name)
     out = tmp_path / "out"
     unshard.convert(case / "global_step_1", out, progress=False)
 
