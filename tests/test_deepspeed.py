@@ -117,3 +117,20 @@ def test_frozen_parameter_comes_from_the_model_states():
         oracle = load_file(SHIPPED / case / "reference-fp32.safetensors")
         assert torch.equal(ckpt.read("model.norm.weight"), oracle["model.norm.weight"])
         assert all(p.key.startswith("frozen/") for p in ckpt.tensors["model.norm.weight"].pieces)
+
+
+@pytest.mark.parametrize("weights", ["master", "module"])
+def test_deepspeed_moe_experts_from_every_expert_parallel_rank(weights, fixture_case):
+    """DeepSpeed's MoE layers (4 experts, ep_size 2, 4 ranks): the experts' fp32 partitions sit in a
+    group of their own, split over the expert-data-parallel ranks under local numbers; the whole
+    state dict, experts under global numbers, is what every rank's module held (gathered by the
+    fixture with DeepSpeed's own expert-parallel rank)."""
+    fixture = fixture_case("deepspeed-moe-ep2-zero2")
+    checkpoint = unshard.open_checkpoint(fixture / "checkpoint", weights=weights)
+    reference, before = (load_file(fixture / f) for f in ("reference.safetensors", "before.safetensors"))
+    assert sorted(checkpoint.tensors) == sorted(reference)
+    assert sum(".deepspeed_experts." in n for n in reference) == 2 * 4 * 4  # 2 layers, 4 experts, 4 tensors
+    for name, expected in reference.items():
+        assert torch.equal(checkpoint.read(name), expected), name
+        assert not torch.equal(expected, before[name]), name  # the step moved every weight
+    assert checkpoint.facts["experts"] == [4, 4]

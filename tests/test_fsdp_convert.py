@@ -16,7 +16,7 @@ from generate import CASES
 transformers = pytest.importorskip("transformers")
 # Cases whose oracle is a `reference/` folder written by save_pretrained (Megatron's is its own forward
 # pass, torchtitan's its own adapter: tests/test_megatron.py, tests/test_torchtitan.py).
-REFERENCE_CASES = [name for name, case in CASES.items() if not case.oracle and case.venv is None]
+REFERENCE_CASES = [name for name, case in CASES.items() if not case.oracle and case.venv is None and case.hf]
 
 
 def load_folder_tensors(folder):

@@ -9,6 +9,12 @@ optimizer partitions, as flat vectors per parameter group:
 - ZeRO 3: `fp32_flat_groups[g]`; every parameter is cut into `ceil(numel / world)` elements per
   rank (the last rank padded), parameters one after another across the groups.
 Each parameter becomes a list of element ranges in those vectors; nothing else is read.
+
+DeepSpeed's own MoE layers (`deepspeed.moe.layer.MoE`, expert parallel) put the experts in groups of
+their own, partitioned only over the expert-data-parallel ranks (`partition_count[g]` of them:
+ranks e, e + ep, e + 2·ep... for expert-parallel rank e), each rank's slice holding its own experts
+under local numbers. Those become global (`ep_rank * local_experts + local`); the 16-bit experts are
+in `layer_{l}_expert_{e}_mp_rank_00_model_states.pt`, already under global numbers.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from .base import Checkpoint, Piece, SourceTensor, deduplicate
 LAYOUT = "deepspeed-zero"
 MODEL_FILE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+EXPERT_FILE = re.compile(r"^layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+EXPERT_NAME = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..*)$")
 
 
 def find_folder(src: Path, tag: str | None = None) -> Path | None:
@@ -57,6 +65,8 @@ class DeepSpeedZero(Checkpoint):
             return state["module"][name]
         if kind == "frozen":
             return state["frozen_param_fragments"][name].reshape(-1)
+        if kind == "expert":
+            return state[name]
         return state["optimizer_state_dict"][kind][piece.part]
 
     def release(self, piece: Piece) -> None:
@@ -82,7 +92,9 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
             raise CheckpointError(f"{src / 'latest'}: names {named!r}, which is not here; {found}; pass --tag")
         raise CheckpointError(f"{src}: no DeepSpeed `latest` file or *_model_states.pt files here")
     model_files, optim_files = _files(folder, MODEL_FILE), _files(folder, OPTIM_FILE)
-    if any(mp for _, mp in [*model_files, *optim_files]):
+    expert_files = [p for p in folder.iterdir() if EXPERT_FILE.match(p.name)]
+    if any(mp for _, mp in [*model_files, *optim_files]) or any(EXPERT_FILE.match(p.name).group(3) != "00"
+                                                                 for p in expert_files):
         raise CheckpointError(f"{folder}: tensor-parallel DeepSpeed checkpoints (mp_rank_01 and up) are not supported yet")
     first_model = model_files[min(model_files)]
     model_state = safe_pickle.load(first_model)
@@ -103,12 +115,21 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
     tensors: dict[str, SourceTensor] = {}
     facts = {"zero_stage": stage, "world_size": world, "weights": weights}
 
+    if expert_files:
+        facts["experts"] = model_state.get("num_experts")
+        if stage == 3:
+            raise CheckpointError(f"{folder}: DeepSpeed MoE experts with ZeRO-3 are not supported")
     if weights == "module":
         if stage == 3:
             raise CheckpointError(f"{first_model}: ZeRO-3 keeps no whole weights in the model states; "
                                   "use the default fp32 master weights (--weights master)")
         for name, t in model_state["module"].items():
             tensors[name] = _from_module(first_model, name, t)
+        for path in sorted(expert_files):
+            states[path] = safe_pickle.load(path)
+            for name, t in states[path].items():
+                tensors[name] = SourceTensor(name, tuple(t.shape), t.dtype, [Piece(path, f"expert/{name}",
+                                                                                   Block.whole(t.shape))])
     else:
         masters = _zero12_masters if stage <= 2 else _zero3_masters
         for name, shape, pieces in masters(param_shapes, optims, states, world):
@@ -132,20 +153,44 @@ def _from_module(path: Path, name: str, tensor: torch.Tensor) -> SourceTensor:
 
 
 def _zero12_masters(param_shapes, optims, states, world):
-    """ZeRO 1/2: per group, the ranks' equal slices concatenated hold the parameters in order."""
+    """ZeRO 1/2: per group, the ranks' equal slices concatenated hold the parameters in order. An
+    expert group is partitioned over fewer ranks, once per expert-parallel rank (see the top)."""
     key = "single_partition_of_fp32_groups"
     optim0 = states[optims[0]]["optimizer_state_dict"]
     paddings = optim0.get("param_alignment_paddings")
+    counts = optim0.get("partition_count") or [world] * len(param_shapes)
     for g, shapes in enumerate(param_shapes):
-        partition, offset = optim0[key][g].numel(), 0
-        for i, (name, shape) in enumerate(shapes.items()):
-            numel, pieces = math.prod(shape), []
-            for rank, path in enumerate(optims):
-                lo, hi = max(offset, rank * partition), min(offset + numel, (rank + 1) * partition)
-                if lo < hi:
-                    pieces.append(_ranges(path, key, g, lo - rank * partition, lo - offset, hi - lo))
-            yield name, shape, pieces
-            offset += numel + (paddings[g][i] if paddings else 0)
+        partition = optim0[key][g].numel()
+        ep = world // counts[g]  # 1 for an ordinary group
+        local_experts = _local_experts(shapes) if ep > 1 else {}
+        for ep_rank in range(ep):
+            ranks = [optims[ep_rank + i * ep] for i in range(counts[g])]
+            offset = 0
+            for i, (name, shape) in enumerate(shapes.items()):
+                numel, pieces = math.prod(shape), []
+                for rank, path in enumerate(ranks):
+                    lo, hi = max(offset, rank * partition), min(offset + numel, (rank + 1) * partition)
+                    if lo < hi:
+                        pieces.append(_ranges(path, key, g, lo - rank * partition, lo - offset, hi - lo))
+                yield _global_expert(name, ep_rank, local_experts), shape, pieces
+                offset += numel + (paddings[g][i] if paddings else 0)
+
+
+def _local_experts(shapes) -> dict[str, int]:
+    """Experts per rank, by MoE layer (the name before the expert number)."""
+    found: dict[str, int] = {}
+    for name in shapes:
+        m = EXPERT_NAME.match(name)
+        if m:
+            found[m.group(1)] = max(found.get(m.group(1), 0), int(m.group(2)) + 1)
+    return found
+
+
+def _global_expert(name: str, ep_rank: int, local_experts: dict[str, int]) -> str:
+    m = EXPERT_NAME.match(name) if local_experts else None
+    if m is None:
+        return name
+    return f"{m.group(1)}{ep_rank * local_experts[m.group(1)] + int(m.group(2))}{m.group(3)}"
 
 
 def _zero3_masters(param_shapes, optims, states, world):
