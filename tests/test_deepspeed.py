@@ -134,3 +134,18 @@ def test_deepspeed_moe_experts_from_every_expert_parallel_rank(weights, fixture_
         assert torch.equal(checkpoint.read(name), expected), name
         assert not torch.equal(expected, before[name]), name  # the step moved every weight
     assert checkpoint.facts["experts"] == [4, 4]
+
+
+def test_shared_params_tied_embeddings(fixture_case, tmp_path):
+    """lm_head tied to the embedding: DeepSpeed optimises one parameter and records the other in
+    `shared_params`. Both names read as DeepSpeed's own answer; the folder holds the weight once."""
+    fixture = fixture_case("deepspeed-zero3-tied")
+    oracle = load_file(fixture / "reference-fp32.safetensors")  # get_fp32_state_dict_from_zero_checkpoint
+    checkpoint = unshard.open_checkpoint(fixture / "checkpoint-1")
+    assert "lm_head.weight" in oracle and sorted(checkpoint.tensors) == sorted(oracle)
+    for name, expected in oracle.items():
+        assert torch.equal(checkpoint.read(name), expected), name
+    unshard.convert(fixture / "checkpoint-1", tmp_path / "out", progress=False)
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    assert "lm_head.weight" not in written
+    assert torch.equal(written["model.embed_tokens.weight"], oracle["lm_head.weight"])
