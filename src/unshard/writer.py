@@ -98,9 +98,6 @@ class SafetensorsStream:
             raise self._hash_error
         self._to_hash.put(data)
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        self.write_parts(name, tensor.dtype, tuple(tensor.shape), [tensor])
-
     def write_parts(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], parts: Iterable[torch.Tensor],
                     then: Callable[[], None] | None = None) -> None:
         """Write tensor `name` from parts whose bytes, one after another, are the tensor's; `then` runs
