@@ -164,3 +164,11 @@ def test_torchrun_one_failing_rank_fails_all_and_leaves_nothing(tmp_path):
     assert "rank 0: UnshardError: rank 1: OSError: simulated read error" in done.stderr, done.stderr[-2000:]
     assert "rank 2: PeerFailedError" in done.stderr
     assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_more_workers_than_files_says_so(tmp_path):
+    from test_cli_and_errors import run_cli
+
+    code, _, err = run_cli("convert", MIXTRAL, tmp_path / "out", "--workers", "3")
+    assert code == 0, err
+    assert "3 writers but 1 output file(s)" in err and "lower --max-shard-size" in err

@@ -107,6 +107,15 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _sharing_notes(args, plan) -> list[str]:
+    """Work is shared by output file: more writers than files leaves some idle."""
+    writers = int(os.environ.get("WORLD_SIZE", 1)) if args.distributed else args.workers
+    if writers > len(plan.files):
+        return [f"{writers} writers but {len(plan.files)} output file(s): only {len(plan.files)} will work; "
+                "lower --max-shard-size for more files"]
+    return []
+
+
 def _speaks(args) -> bool:
     """In a distributed run, rank 0 speaks for all (torchrun sets RANK)."""
     return not args.distributed or os.environ.get("RANK", "0") == "0"
@@ -142,7 +151,7 @@ def _run(args) -> int:
     plan.require_config()
     if _speaks(args):
         print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
-        for note in plan.notes:
+        for note in plan.notes + _sharing_notes(args, plan):
             print(f"note: {note}", file=sys.stderr)
     result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
                      progress=args.progress, workers=args.workers, distributed=args.distributed)
@@ -162,6 +171,8 @@ def _merge(args) -> int:
             return 0
         if _speaks(args):
             print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
+            for note in _sharing_notes(args, plan):
+                print(f"note: {note}", file=sys.stderr)
         result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
                          progress=args.progress, extra_files=recipe_files(plan), workers=args.workers,
                          distributed=args.distributed)
