@@ -284,11 +284,15 @@ def test_model_card_checksums_and_folder_warnings(tmp_path):
     import hashlib
 
     out = tmp_path / "out"
-    code, _, err = run_cli("convert", SHIPPED / "llama-fsdp2" / "global_step_1", out)
+    code, _, err = run_cli("convert", SHIPPED / "llama-fsdp2" / "global_step_1", out, "--checksums")
     assert code == 0 and "warning:" not in err  # tokenizer, chat template and generation config all there
     card = (out / "README.md").read_text()
     digest = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
     assert "| model.safetensors | " in card and digest in card and "world size: 4" in card
+    code, _, err = run_cli("convert", SHIPPED / "llama-fsdp2" / "global_step_1", tmp_path / "plain")
+    card = (tmp_path / "plain" / "README.md").read_text()
+    assert code == 0 and "| model.safetensors | " in card and "sha256" not in card  # hashing is asked for
+    assert (tmp_path / "plain" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
     (out / "generation_config.json").unlink()
     code, _, err = run_cli("convert", out, tmp_path / "again")  # a Hugging Face folder is a layout too
     assert code == 0 and "warning: no generation_config.json" in err

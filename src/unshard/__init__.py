@@ -53,11 +53,12 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
             verify: bool = False, check: bool = True, progress: bool | None = None, weights: str = "master",
             tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None,
             architecture: str | None = None, workers: int = 1, distributed: bool = False,
-            lora: str = "merge") -> Result:
+            lora: str = "merge", checksums: bool = False) -> Result:
     """Convert the checkpoint at SRC into a Hugging Face folder OUT.
 
     workers: processes on this host sharing the output files. distributed: this process is one rank
     of a torchrun job; every rank calls convert with the same arguments (OUT on a shared filesystem).
+    checksums: list each file's sha256 in OUT/README.md (costs about a second per GB).
     """
     from .execute import convert as run
 
@@ -65,23 +66,24 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
                     weights=weights, tag=tag, iteration=iteration, lora_alpha=lora_alpha, architecture=architecture,
                     lora=lora)
     try:
-        return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, progress=progress,
-                   workers=workers, distributed=distributed)
+        return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
+                   progress=progress, workers=workers, distributed=distributed)
     finally:
         the_plan.checkpoint.close()
 
 
 def merge(recipe: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
           seed: int = 0, overwrite: bool = False, threads: int = 1, verify: bool = False,
-          progress: bool | None = None, workers: int = 1, distributed: bool = False) -> Result:
+          progress: bool | None = None, workers: int = 1, distributed: bool = False,
+          checksums: bool = False) -> Result:
     """Merge the models a mergekit-style YAML recipe names into one Hugging Face folder OUT."""
     from .execute import convert as run
     from .merging import plan_merge, recipe_files
 
     the_plan = plan_merge(recipe, dtype=dtype, max_shard_size=max_shard_size, seed=seed)
     try:
-        return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, progress=progress,
-                   extra_files=recipe_files(the_plan), workers=workers, distributed=distributed)
+        return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
+                   progress=progress, extra_files=recipe_files(the_plan), workers=workers, distributed=distributed)
     finally:
         the_plan.checkpoint.close()
 

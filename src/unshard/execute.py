@@ -53,6 +53,15 @@ class Result:
                 f"{human_bytes(self.peak_rss)}{' per process' if self.writers > 1 else ''}")
 
 
+@dataclass(frozen=True)
+class Writing:
+    """How the weight files are written; the same for every writer of one conversion."""
+
+    threads: int = 1  # tensors assembled ahead of the writer
+    verify: bool = False  # re-read every written tensor and compare it with the source
+    checksums: bool = False  # each file's sha256 in the model card (costs a core at about 1 GB/s)
+
+
 def peak_rss(children: bool = False) -> int:
     """Largest resident set of this process (or, with `children`, of it and any waited-for child)."""
     who = [resource.RUSAGE_SELF] + ([resource.RUSAGE_CHILDREN] if children else [])
@@ -110,8 +119,8 @@ def _progress(total: int, enabled: bool | None):
 
 
 def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: int = 1, verify: bool = False,
-            progress: bool | None = None, extra_files: dict[str, str] | None = None, workers: int = 1,
-            distributed: bool = False) -> Result:
+            checksums: bool = False, progress: bool | None = None, extra_files: dict[str, str] | None = None,
+            workers: int = 1, distributed: bool = False) -> Result:
     """Write the plan's folder at OUT. `extra_files` (name -> text) are added to it (a merge's recipe);
     a README.md among them opens the model card.
 
@@ -121,18 +130,19 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
     """
     out = Path(out)
     plan.require_config()
+    writing = Writing(threads, verify, checksums)
     if distributed:
-        return _convert_distributed(plan, out, overwrite, threads, verify, progress, extra_files)
+        return _convert_distributed(plan, out, overwrite, writing, progress, extra_files)
     start = time.perf_counter()
     folder = OutputFolder(out, overwrite)
     workers = max(1, min(workers, len(plan.files)))
     try:
         with _progress(plan.total_bytes, progress) as bar:
             if workers > 1:
-                checksums = _write_in_processes(plan, folder.path, threads, verify, bar, workers)
+                digests = _write_in_processes(plan, folder.path, writing, bar, workers)
             else:
-                checksums = _write_part(plan, folder.path, list(plan.files), threads, verify, bar)
-        copied, warnings = _finish(plan, folder.path, checksums, extra_files)
+                digests = _write_part(plan, folder.path, list(plan.files), writing, bar)
+        copied, warnings = _finish(plan, folder.path, digests, extra_files)
         folder.commit()
     except BaseException:
         folder.abort()
@@ -155,22 +165,22 @@ def split_files(plan: Plan, parts: int) -> list[list[str]]:
     return [sorted(share, key=order.index) for share in shares]
 
 
-def _write_part(plan: Plan, folder: Path, filenames: list[str], threads: int, verify: bool, bar) -> dict[str, str]:
-    """Write (and with `verify` re-read) some of the plan's files; their sha256 by name."""
-    checksums = _write_weights(plan, folder, filenames, threads, bar)
-    if verify:
+def _write_part(plan: Plan, folder: Path, filenames: list[str], writing: Writing, bar) -> dict[str, str | None]:
+    """Write (and verify, if asked) some of the plan's files; their sha256 by name, if asked."""
+    digests = _write_weights(plan, folder, filenames, writing, bar)
+    if writing.verify:
         verify_folder(plan, folder, filenames)
-    return checksums
+    return digests
 
 
-def _finish(plan: Plan, folder: Path, checksums: dict[str, str], extra_files: dict[str, str] | None):
+def _finish(plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
     """Everything in OUT besides the weights: index, config and tokenizer, model card; then the load check."""
     model_files = plan.model_files
     write_index(folder, {f: [o.name for g in gs for o in g.outputs] for f, gs in model_files.items()},
                 sum(g.nbytes for gs in model_files.values() for g in gs))
     copied = copy_model_files(plan.config_folder, folder, DTYPE_NAMES.get(plan.dtype, "float32"), plan.config_updates)
     extra = {**plan.extra_files, **(extra_files or {})}
-    extra["README.md"] = model_card(plan, {f: checksums[f] for f in plan.files}, extra.get("README.md"))
+    extra["README.md"] = model_card(plan, {f: digests[f] for f in plan.files}, extra.get("README.md"))
     for name, text in extra.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
@@ -189,9 +199,9 @@ class _SharedCounter:
             self.value.value += n
 
 
-def _worker(plan, folder, filenames, threads, verify, written, results) -> None:
+def _worker(plan, folder, filenames, writing, written, results) -> None:
     try:
-        results.put(("ok", _write_part(plan, folder, filenames, threads, verify, _SharedCounter(written))))
+        results.put(("ok", _write_part(plan, folder, filenames, writing, _SharedCounter(written))))
     except BaseException as e:  # reported to the parent, which fails the whole run
         results.put(("error", _describe(e), isinstance(e, UnshardError)))
 
@@ -200,16 +210,16 @@ def _describe(e: BaseException) -> str:
     return str(e) if isinstance(e, UnshardError) else f"{type(e).__name__}: {e}"
 
 
-def _write_in_processes(plan: Plan, folder: Path, threads: int, verify: bool, bar, workers: int) -> dict[str, str]:
+def _write_in_processes(plan: Plan, folder: Path, writing: Writing, bar, workers: int) -> dict[str, str | None]:
     """Fork `workers` processes, each writing its share of the files; any failure fails the run."""
     # fork: each worker starts with the plan (readers, open maps, a merge's methods) already built.
     context = multiprocessing.get_context("fork")
     written, results = context.Value("q", 0), context.Queue()
-    procs = [context.Process(target=_worker, args=(plan, folder, share, threads, verify, written, results), daemon=True)
+    procs = [context.Process(target=_worker, args=(plan, folder, share, writing, written, results), daemon=True)
              for share in split_files(plan, workers) if share]
     for proc in procs:
         proc.start()
-    checksums: dict[str, str] = {}
+    digests: dict[str, str | None] = {}
     try:
         for _ in procs:
             while True:
@@ -224,17 +234,17 @@ def _write_in_processes(plan: Plan, folder: Path, threads: int, verify: bool, ba
                                            "memory?); nothing was written to the output; retry with fewer --workers")
             if outcome[0] == "error":
                 raise UnshardError(outcome[1]) if outcome[2] else RuntimeError(outcome[1])
-            checksums.update(outcome[1])
+            digests.update(outcome[1])
         bar.update(written.value - bar.n)
     finally:
         for proc in procs:
             if proc.is_alive():
                 proc.kill()
             proc.join()
-    return checksums
+    return digests
 
 
-def _convert_distributed(plan: Plan, out: Path, overwrite: bool, threads: int, verify: bool, progress: bool | None,
+def _convert_distributed(plan: Plan, out: Path, overwrite: bool, writing: Writing, progress: bool | None,
                          extra_files: dict[str, str] | None) -> Result:
     """One rank's part of a torchrun conversion. Rank 0 owns the staging folder and everything in OUT
     besides the weights; each rank writes the files `split_files` deals it; a failure anywhere fails
@@ -258,7 +268,7 @@ def _convert_distributed(plan: Plan, out: Path, overwrite: bool, threads: int, v
     mine = split_files(plan, world)[rank]
     try:
         with _progress(sum(sum(g.nbytes for g in plan.files[f]) for f in mine), progress if rank == 0 else False) as bar:
-            outcome = ("ok", _write_part(plan, Path(shared[0]), mine, threads, verify, bar), peak_rss())
+            outcome = ("ok", _write_part(plan, Path(shared[0]), mine, writing, bar), peak_rss())
     except Exception as e:
         outcome = ("error", _describe(e), peak_rss())
     outcomes: list = [None] * world
@@ -269,8 +279,8 @@ def _convert_distributed(plan: Plan, out: Path, overwrite: bool, threads: int, v
         try:
             if failures:
                 raise UnshardError("; ".join(failures) + "; nothing was written to the output")
-            checksums = {f: s for o in outcomes for f, s in o[1].items()}
-            copied, warnings = _finish(plan, folder.path, checksums, extra_files)
+            digests = {f: s for o in outcomes for f, s in o[1].items()}
+            copied, warnings = _finish(plan, folder.path, digests, extra_files)
             folder.commit()
         except BaseException as e:
             folder.abort()
@@ -318,10 +328,10 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _write_weights(plan: Plan, folder: Path, filenames: list[str], threads: int, bar) -> dict[str, str]:
-    """These safetensors files of the plan, and their sha256. Up to `threads` groups are materialised
-    ahead, in order."""
-    threads = max(1, threads)
+def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writing, bar) -> dict[str, str | None]:
+    """These safetensors files of the plan, and their sha256 if asked. Up to `writing.threads` groups
+    are materialised ahead, in order."""
+    threads = max(1, writing.threads)
     work = ((filename, group) for filename in filenames for group in plan.files[filename])
     streams: dict[str, SafetensorsStream] = {}
     try:
@@ -333,7 +343,7 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], threads: int,
                 if stream is None:
                     entries = [(o.name, o.dtype, o.shape) for g in plan.files[filename] for o in g.outputs]
                     (folder / filename).parent.mkdir(exist_ok=True)  # lora_adapter/
-                    stream = streams[filename] = SafetensorsStream(folder / filename, entries)
+                    stream = streams[filename] = SafetensorsStream(folder / filename, entries, writing.checksums)
                 for ready in future.result():
                     out = ready.output
                     stream.write_parts(out.name, out.dtype, out.shape, ready.parts, ready.then)

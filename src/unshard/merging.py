@@ -459,7 +459,7 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
 
 def model_card(plan: Plan) -> str:
     """The opening of README.md for the merged folder: the method, the inputs and the recipe
-    (the writer adds the dtype and each file's checksum)."""
+    (the writer adds the dtype and the list of files)."""
     recipe = plan.checkpoint.recipe
     lines = ["---", "tags:", "- merge", "- unshard", "---", "", "# Merged model", "",
              f"Made with [unshard](https://pypi.org/project/unshard/) `merge` using the **{recipe.method}** method.", ""]

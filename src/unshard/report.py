@@ -70,8 +70,9 @@ def as_text(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def model_card(plan: Plan, checksums: dict[str, str], intro: str | None = None) -> str:
-    """README.md for OUT: where the weights came from, how they were written, and each file's sha256."""
+def model_card(plan: Plan, checksums: dict[str, str | None], intro: str | None = None) -> str:
+    """README.md for OUT: where the weights came from, how they were written, its files (and their
+    sha256, when computed)."""
     from . import __version__
 
     ckpt = plan.checkpoint
@@ -86,6 +87,10 @@ def model_card(plan: Plan, checksums: dict[str, str], intro: str | None = None) 
     lines += [f"- dtype: {DTYPE_NAMES.get(plan.dtype, str(plan.dtype))} ({plan.dtype_reason})"]
     lines += [f"- note: {note}" for note in plan.notes]
     sizes = {name: sum(g.nbytes for g in groups) for name, groups in plan.files.items()}
-    lines += ["", "| file | bytes of tensors | sha256 |", "|---|---|---|"]
-    lines += [f"| {name} | {sizes[name]} | `{digest}` |" for name, digest in checksums.items()]
+    if any(digest is not None for digest in checksums.values()):
+        lines += ["", "| file | bytes of tensors | sha256 |", "|---|---|---|"]
+        lines += [f"| {name} | {sizes[name]} | `{digest}` |" for name, digest in checksums.items()]
+    else:
+        lines += ["", "| file | bytes of tensors |", "|---|---|"]
+        lines += [f"| {name} | {sizes[name]} |" for name in checksums]
     return "\n".join(lines) + "\n"
