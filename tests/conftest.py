@@ -14,6 +14,17 @@ import generate  # noqa: E402  (tests/fixtures/generate.py)
 SHIPPED = FIXTURES / "checkpoints"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def transformers_answers_cache(tmp_path_factory):
+    """unshard keeps what transformers said about configs (known.py); the tests keep theirs apart
+    from the user's, and start empty so both the asking and the remembering paths run."""
+    import os
+
+    os.environ["UNSHARD_CACHE"] = str(tmp_path_factory.mktemp("unshard-cache"))
+    yield
+    os.environ.pop("UNSHARD_CACHE", None)
+
+
 @pytest.fixture(scope="session")
 def fresh_fixtures(tmp_path_factory):
     """Fixtures generated now with the installed torch / transformers, once per case per session."""

@@ -21,15 +21,17 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import torch
 
+from . import known
 from .errors import PeerFailedError, UnshardError
 from .plan import DTYPE_NAMES, Group, OutputTensor, Plan
 from .report import human_bytes, model_card
-from .writer import OutputFolder, SafetensorsStream, copy_model_files, write_index
+from .writer import MODEL_FILE_PATTERNS, OutputFolder, SafetensorsStream, copy_model_files, write_index
 
 
 @dataclass
@@ -304,10 +306,21 @@ def check_folder(folder: Path) -> list[str]:
         warnings.append("no chat template in the output (fine for a base model; a chat model needs one)")
     if "generation_config.json" not in names:
         warnings.append("no generation_config.json: generation falls back to defaults (eos, sampling)")
-    try:
-        import transformers
-    except ImportError:
+    version = known.transformers_version()
+    if version is None:
         return warnings
+    # The same config and tokenizer files load the same way with the same transformers: ask once.
+    model_files = [p for p in folder.iterdir() if p.is_file() and any(fnmatch(p.name, pattern) for pattern in MODEL_FILE_PATTERNS)]
+    entry = known.key("folder", version, known.files_digest(model_files))
+    if (cached := known.recall("folders", entry)) is None:
+        cached = _load_as_transformers_would(folder, names)
+        known.remember("folders", entry, cached)
+    return warnings + cached
+
+
+def _load_as_transformers_would(folder: Path, names: set[str]) -> list[str]:
+    import transformers
+
     try:
         transformers.AutoConfig.from_pretrained(folder, trust_remote_code=False)
     except ValueError as e:
@@ -317,8 +330,8 @@ def check_folder(folder: Path) -> list[str]:
         try:
             transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         except Exception as e:  # a missing optional package (sentencepiece) is the user's to install
-            warnings.append(f"the tokenizer does not load here ({type(e).__name__}: {str(e)[:120]})")
-    return warnings
+            return [f"the tokenizer does not load here ({type(e).__name__}: {str(e)[:120]})"]
+    return []
 
 
 def _read_json(path: Path) -> dict:

@@ -4,7 +4,9 @@ Trainers save in-memory names. Hugging Face folders hold on-disk names, which di
 transformers converts weights when loading (transformers >= 5 fuses MoE experts in memory, for
 example). Rather than keep our own tables for that, we ask transformers: a model is built on the
 meta device (no memory, no weights) and transformers' own reverse conversion tells which names and
-shapes `save_pretrained` would write. Without transformers, names are kept as they are.
+shapes `save_pretrained` would write. Those facts are cached per config (known.py), so converting
+the next checkpoint of a run need not import transformers. Without transformers, names are kept as
+they are.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import known
 from .errors import ConfigMismatchError
 
 log = logging.getLogger("unshard")
@@ -78,6 +81,51 @@ def _meta_model(config_folder: Path, config: dict, updates: dict | None = None) 
             return None
 
 
+@dataclass
+class ModelFacts:
+    """What the config's model holds, as plain data: the names and shapes of its state dict, which
+    of them are tied to another (saved once), and what `save_pretrained` writes."""
+
+    in_memory: dict[str, tuple[int, ...]]
+    tied: set[str]
+    saved: dict[str, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, model) -> ModelFacts:
+        kept = {name for name, _ in model.named_parameters()}
+        tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - kept
+        in_memory = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        return cls(in_memory, tied, _saved_shapes(model, in_memory))
+
+    def to_json(self) -> dict:
+        return {"in_memory": self.in_memory, "tied": sorted(self.tied), "saved": self.saved}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ModelFacts:
+        shapes = lambda d: {n: tuple(s) for n, s in d.items()}  # noqa: E731
+        return cls(shapes(data["in_memory"]), set(data["tied"]), shapes(data["saved"]))
+
+
+def model_facts(config_folder: Path, config: dict, updates: dict | None = None) -> ModelFacts | None:
+    """The facts of the model the config describes (None without transformers, or for custom code),
+    from the cache when this transformers version answered for this config.json before."""
+    version = known.transformers_version()
+    if version is None or config.get("auto_map"):
+        return None
+    entry = known.key("model", version, (config_folder / "config.json").read_text(), updates or {})
+    if (cached := known.recall("models", entry)) is not None:
+        try:
+            return ModelFacts.from_json(cached)
+        except (KeyError, TypeError, AttributeError):
+            pass  # an entry of another shape: ask again
+    model = _meta_model(config_folder, config, updates)
+    if model is None:
+        return None
+    facts = ModelFacts.of(model)
+    known.remember("models", entry, facts.to_json())
+    return facts
+
+
 def head_updates(names: set[str], shapes: dict[str, tuple[int, ...]], config: dict | None,
                  architecture: str | None = None) -> dict[str, Any]:
     """config.json changes so the head in the weights loads: verl saves a critic or reward model's
@@ -107,8 +155,8 @@ def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, c
         raise ConfigMismatchError(f"two checkpoint tensors are both named {clash} once wrappers are removed")
     config = read_config(config_folder) or {}
     notes: list[str] = []
-    model = _meta_model(config_folder, config, updates) if config else None
-    if model is None:
+    facts = model_facts(config_folder, config, updates) if config else None
+    if facts is None:
         if config:
             notes.append("tensor names kept as saved and not checked against the config "
                          "(transformers not installed, a custom-code model, or no model class for this config)")
@@ -118,12 +166,9 @@ def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, c
         outputs = {n: [(c, shapes[n])] for n, c in renamed.items() if n not in dropped}
         return Naming(outputs, {}, dropped, notes)
 
-    kept = dict(model.named_parameters())
-    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - set(kept)
+    tied, in_memory, saved = facts.tied, facts.in_memory, facts.saved
     dropped = {n: "tied weight, saved once" for n, c in renamed.items() if c in tied}
     live = {n: c for n, c in renamed.items() if n not in dropped}
-    in_memory = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    saved = _saved_shapes(model, in_memory)
     # A tied weight is saved once; the checkpoint may hold both copies or one.
     live_shapes = {c: shapes[n] for n, c in live.items()}
     if not set(live.values()) <= set(in_memory) and set(live.values()) <= set(saved):
@@ -133,7 +178,11 @@ def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, c
         return Naming({n: [(c, shapes[n])] for n, c in live.items()}, {}, dropped, notes)
     if check:
         _check_against_model({n: s for n, s in in_memory.items() if n not in tied}, live_shapes, config_folder)
-    outputs, converters = _reverse_conversion(model, {c: shapes[n] for n, c in live.items()})
+    if saved == in_memory:  # transformers converts nothing for this model: names stay as they are
+        outputs, converters = {c: [(c, shapes[n])] for n, c in live.items()}, {}
+    else:
+        model = _meta_model(config_folder, config, updates)
+        outputs, converters = _reverse_conversion(model, {c: shapes[n] for n, c in live.items()})
     return Naming(
         {n: outputs[c] for n, c in live.items()},
         {n: converters[c] for n, c in live.items() if c in converters},

@@ -17,6 +17,7 @@ import ctypes
 import dataclasses
 import logging
 import mmap as _mmap
+import math
 import pickle
 import re
 import sys
@@ -58,6 +59,106 @@ class Record:
         self.state = state
 
 
+# DTensors (FSDP2, FSDP1 with a device mesh) unpickle into the stand-ins below rather than the real
+# classes, unless torch.distributed.tensor is imported already: importing it costs about a second
+# (it pulls in sympy and dynamo), more than reading a checkpoint's metadata. The stand-ins keep
+# what a pickled DTensor holds and answer as a DTensor does: global shape and dtype, local tensor,
+# mesh shape and this rank's coordinate on it, placements. (Once the real module is imported, torch
+# registers its classes under the same names; mixing the two would be ambiguous, so then the real
+# classes are used throughout.)
+
+
+def is_dtensor(value) -> bool:
+    return isinstance(value, DTensorRecord) or type(value).__name__ == "DTensor"
+
+
+class DTensorRecord(torch.Tensor):
+    """Stands in for a DTensor: a tensor of its global shape and dtype holding no data, with the
+    `_local_tensor` and `_spec` it was saved with."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise TypeError("a DTensorRecord only describes a shard; read its _local_tensor")
+
+    @property
+    def device_mesh(self) -> MeshRecord:
+        return self._spec.state["mesh"]
+
+    @property
+    def placements(self) -> tuple:
+        return tuple(self._spec.state["placements"])
+
+
+class MeshRecord(Record):
+    """Stands in for a DeviceMesh: its shape, dimension names and this rank's coordinate."""
+
+    def _get(self, *names):
+        state = self.state if isinstance(self.state, dict) else {}
+        return next((state[n] for n in names if n in state), None)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        layout, mesh = self._get("_layout"), self._get("mesh")
+        axes = _field(layout, "axes")
+        if axes is not None:  # newer torch: a CuTe-style layout, one axis per mesh dimension
+            return tuple(math.prod(_field(axis, "shape")) for axis in axes)
+        if isinstance(mesh, torch.Tensor):  # older torch: the tensor of ranks itself
+            return tuple(mesh.shape)
+        raise CheckpointError("a DTensor's device mesh was saved in a form unshard does not know (no layout or "
+                              "mesh tensor); please report the torch version that saved it")
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...] | None:
+        return self._get("_mesh_dim_names", "mesh_dim_names")
+
+    def get_coordinate(self) -> tuple[int, ...]:
+        coordinate = self._get("_coordinate_on_dim")
+        if coordinate is None:
+            raise CheckpointError("a DTensor's device mesh was saved without this rank's coordinate; "
+                                  "please report the torch version that saved it")
+        return tuple(coordinate)
+
+
+def _field(obj, name: str):
+    """A field of an unpickled object, whether torch built it as its own class or as a Record."""
+    if isinstance(obj, Record):
+        return obj.state.get(name) if isinstance(getattr(obj, "state", None), dict) else None
+    return getattr(obj, name, None)
+
+
+class PlacementRecord(Record):
+    """Stands in for a DTensor placement; the subclass name is the placement's (Shard, Replicate...)."""
+
+    def __setstate__(self, state):
+        self.__dict__.update(state or {})
+
+    SHORT = {"Shard": "S({dim})", "_StridedShard": "_S({dim}, {split_factor})", "Replicate": "R", "Partial": "P({reduce_op})"}
+
+    def __repr__(self) -> str:  # as torch prints placements
+        try:
+            return self.SHORT[type(self).__name__].format(**vars(self))
+        except KeyError:
+            return type(self).__name__
+
+
+PLACEMENTS = {name: type(name, (PlacementRecord,), {}) for name in ("Shard", "_StridedShard", "Replicate", "Partial")}
+DTENSOR_MODULES = ("torch.distributed.tensor", "torch.distributed._tensor")  # the second: torch < 2.5
+DTENSOR_RECORDS = {
+    **{f"{m}.{api}DTensor": DTensorRecord for m in DTENSOR_MODULES for api in ("", "api.")},
+    **{f"{m}.placement_types.{name}": cls for m in DTENSOR_MODULES for name, cls in PLACEMENTS.items()},
+    **{f"{m}.{where}.{name}": Record for m in DTENSOR_MODULES for where in ("_dtensor_spec", "placement_types")
+       for name in ("DTensorSpec", "TensorMeta", "ShardOrderEntry")},
+    "torch.distributed.device_mesh.DeviceMesh": MeshRecord,
+    "torch.distributed._tensor.device_mesh.DeviceMesh": MeshRecord,
+    "torch.distributed._mesh_layout._MeshLayout": Record,
+    "torch.distributed._mesh_layout._FlatLayout": Record,
+}
+
+
 def _enum_value(value):
     """Enums such as DeepSpeed's ZeroStageEnum unpickle as their plain value."""
     return value
@@ -94,7 +195,6 @@ def _numpy_arrays() -> list:
 
 
 def _allowed_globals() -> list:
-    import torch.distributed.tensor  # noqa: F401  (registers DTensor classes with torch.load)
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharded_tensor.metadata import (
         MEM_FORMAT_ENCODING,
@@ -107,6 +207,8 @@ def _allowed_globals() -> list:
 
     return [
         *((stand_in, name) for name, stand_in in FOREIGN_RECORDS.items()),
+        *(((stand_in, name) for name, stand_in in DTENSOR_RECORDS.items())
+          if "torch.distributed.tensor" not in sys.modules else ()),
         argparse.Namespace,  # Megatron-LM's `args`: plain attributes
         *_numpy_arrays(),
         (ShardedTensorRecord, "torch.distributed._shard.sharded_tensor.api.ShardedTensor"),
@@ -124,7 +226,7 @@ def _allowed_globals() -> list:
 
 @contextlib.contextmanager
 def _quiet_device_mesh():
-    # Unpickling a DeviceMesh without process groups logs a warning per tensor; it is harmless here.
+    # Unpickling a real DeviceMesh without process groups logs a warning per tensor; harmless here.
     log = logging.getLogger("torch.distributed.device_mesh")
     level = log.level
     log.setLevel(logging.ERROR)

@@ -88,7 +88,7 @@ def _placement(p) -> ShardSpec:
 
 def _pieces(path: Path, key: str, value) -> tuple[tuple[int, ...], torch.dtype, list[Piece], str]:
     """Global shape, dtype, pieces and a short description of how `value` is sharded."""
-    if type(value).__name__ == "DTensor":
+    if safe_pickle.is_dtensor(value):
         mesh = value.device_mesh
         placements = [_placement(p) for p in value.placements]
         coordinate = mesh.get_coordinate()
@@ -122,7 +122,7 @@ class FsdpRankFiles(Checkpoint):
         value = self._states[piece.file][piece.key]
         if isinstance(value, safe_pickle.ShardedTensorRecord):
             return value.local_shards[piece.part].tensor
-        return value._local_tensor if type(value).__name__ == "DTensor" else value
+        return value._local_tensor if safe_pickle.is_dtensor(value) else value
 
     def release(self, piece: Piece) -> None:
         safe_pickle.forget_pages(self.local_tensor(piece))

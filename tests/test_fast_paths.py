@@ -1,0 +1,84 @@
+"""The shortcuts that keep fixed costs down give the same answers as the long way round:
+transformers' answers remembered across runs (known.py), and DTensors read without importing
+torch.distributed.tensor (safe_pickle's stand-ins)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+from conftest import SHIPPED
+
+CONVERT_AND_SAY_IMPORTS = textwrap.dedent("""
+    import sys
+    from unshard.cli import main
+    code = main(["convert", sys.argv[1], sys.argv[2], "--no-progress"])
+    print("IMPORTED", sorted({m.split(".")[0] for m in sys.modules} & {"transformers"}),
+          "torch.distributed.tensor" in sys.modules)
+    sys.exit(code)
+""")
+
+
+def convert_in_subprocess(src, out, cache):
+    done = subprocess.run([sys.executable, "-c", CONVERT_AND_SAY_IMPORTS, str(src), str(out)], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, UNSHARD_CACHE=str(cache)))
+    assert done.returncode == 0, done.stderr
+    line = next(li for li in done.stdout.splitlines() if li.startswith("IMPORTED"))
+    return "transformers" in line, line.endswith("True")
+
+
+def folder_bytes(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "README.md"}
+
+
+def test_second_conversion_of_a_model_does_not_import_transformers(tmp_path):
+    src = tmp_path / "ckpt"
+    shutil.copytree(SHIPPED / "llama-fsdp2" / "global_step_1", src)
+    cache = tmp_path / "cache"
+    transformers_used, dtensor_imported = convert_in_subprocess(src, tmp_path / "first", cache)
+    assert transformers_used and sorted(p.name for p in cache.iterdir()) == ["folders", "models"]
+    transformers_used, dtensor_imported = convert_in_subprocess(src, tmp_path / "second", cache)
+    assert not transformers_used and not dtensor_imported
+    assert folder_bytes(tmp_path / "first") == folder_bytes(tmp_path / "second")
+
+    # Another config is another question: asked again, not answered from the cache.
+    config = json.loads((src / "actor" / "huggingface" / "config.json").read_text())
+    (src / "actor" / "huggingface" / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
+    assert convert_in_subprocess(src, tmp_path / "third", cache)[0]
+
+    # A damaged entry is a miss, not an error.
+    for entry in (cache / "models").iterdir():
+        entry.write_text("{not json")
+    transformers_used, _ = convert_in_subprocess(src, tmp_path / "fourth", cache)
+    assert transformers_used
+    assert (tmp_path / "fourth" / "model.safetensors").read_bytes() == (tmp_path / "first" / "model.safetensors").read_bytes()
+
+
+def test_dtensor_stand_ins_read_as_the_real_classes(tmp_path):
+    """The 2-D mesh fixture (_StridedShard + Shard on dp x tp) opened with the stand-ins (a fresh
+    process) and with torch's own DTensor classes (imported first) gives the same pieces."""
+    import torch.distributed.tensor  # noqa: F401  (this process reads with the real classes)
+
+    from unshard import open_checkpoint
+
+    src = SHIPPED / "llama-fsdp2-tp" / "global_step_1"
+    describe = textwrap.dedent("""
+        import sys
+        from unshard import open_checkpoint
+        ckpt = open_checkpoint(sys.argv[1])
+        print(repr(sorted((n, t.shape, str(t.dtype), t.pieces) for n, t in ckpt.tensors.items())))
+        print(repr(ckpt.facts["sharding"]))
+        print("torch.distributed.tensor" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", describe, str(src)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    pieces, sharding, imported = done.stdout.splitlines()
+    assert imported == "False"
+    ckpt = open_checkpoint(src)
+    assert pieces == repr(sorted((n, t.shape, str(t.dtype), t.pieces) for n, t in ckpt.tensors.items()))
+    assert sharding == repr(ckpt.facts["sharding"])
+    assert "_S(0, 2)" in sharding  # the strided placement was read, not taken for a whole tensor
