@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import io
 import logging
 import mmap as _mmap
 import math
@@ -257,6 +258,45 @@ def load(path: Path, mmap: bool = True) -> Any:
         ) from None
 
 
+class _Window(io.RawIOBase):
+    """Bytes [start, start + length) of an open file, read as a file of their own."""
+
+    def __init__(self, file, start: int, length: int):
+        super().__init__()
+        self._file, self._start, self._length, self._at = file, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._at = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._length}[whence] + offset
+        return self._at
+
+    def readinto(self, buffer) -> int:
+        want = max(0, min(len(buffer), self._length - self._at))
+        self._file.seek(self._start + self._at)
+        got = self._file.readinto(memoryview(buffer)[:want])
+        self._at += got
+        return got
+
+
+def load_embedded(path: Path, start: int, length: int, mapped: torch.UntypedStorage) -> Any:
+    """torch.load the archive that lies at bytes [start, start + length) of a file (DCP keeps one per
+    chunk), as safely as `load`, its tensors mapped from `mapped` (the file's own map) rather than
+    copied. torch.load itself takes only whole files or buffers; this is its loader on a window."""
+    with open(path, "rb") as f:
+        reader = torch._C.PyTorchFileReader(_Window(f, start, length))
+        with torch.serialization.safe_globals(_allowed_globals()):
+            return torch.serialization._load(reader, "cpu", torch._weights_only_unpickler,
+                                             overall_storage=mapped[start:start + length])
+
+
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 _MADV_DONTNEED = 4
 
@@ -269,12 +309,15 @@ def forget_pages(tensor: torch.Tensor) -> None:
     map, so dropping the pages loses nothing: touching them again reads them back from the file.
     Only for tensors from `load` (file-backed); on anonymous memory this would zero the data.
     """
-    if _LIBC is None or tensor.numel() == 0:
+    forget_bytes(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+
+
+def forget_bytes(address: int, nbytes: int) -> None:
+    """`forget_pages` for a byte range of a file map."""
+    if _LIBC is None or nbytes == 0:
         return
-    start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
-    start -= start % _mmap.PAGESIZE
-    _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
+    start = address - address % _mmap.PAGESIZE
+    _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + nbytes - start), _MADV_DONTNEED)
 
 
 class _AllowListUnpickler(pickle.Unpickler):

@@ -86,24 +86,30 @@ def model_names(metadata) -> tuple[dict[str, str], Counter]:
     return names, skipped
 
 
-def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], what: str) -> torch.Tensor:
-    """One chunk, from the byte range `info` (a `_StorageInfo`) names in `file`."""
+def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], what: str,
+               mapped: torch.UntypedStorage | None = None) -> torch.Tensor:
+    """One chunk, from the byte range `info` (a `_StorageInfo`) names in `file`. Given `mapped`, the
+    file's map, an archived chunk's tensor is a view of it: no copy, pages read as they are used."""
     if getattr(info, "transform_descriptors", None):
         raise CheckpointError(f"{file}: the chunk of {what} is stored with transforms {info.transform_descriptors}, "
                               "which unshard cannot read yet")
-    with open(file, "rb") as f:
-        f.seek(info.offset)
-        blob = f.read(info.length)
-    if len(blob) != info.length:
+    if info.offset + info.length > file.stat().st_size:
         raise CheckpointError(f"{file}: ends before the chunk of {what} at byte {info.offset}; "
                               "the file is truncated: copy it again")
-    if blob[:2] == b"PK":  # the default: each chunk is its own torch.save archive
+    with open(file, "rb") as f:
+        f.seek(info.offset)
+        archived = f.read(2) == b"PK"  # the default: each chunk is its own torch.save archive
+        if not archived:  # raw bytes (SerializationFormat.SAFETENSORS)
+            f.seek(info.offset)
+            return torch.frombuffer(bytearray(f.read(info.length)), dtype=dtype).reshape(sizes)
         try:
-            tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+            if mapped is not None:
+                tensor = safe_pickle.load_embedded(file, info.offset, info.length, mapped)
+            else:
+                f.seek(info.offset)
+                tensor = torch.load(io.BytesIO(f.read(info.length)), map_location="cpu", weights_only=True)
         except Exception as e:
             raise CheckpointError(f"{file}: the chunk of {what} is corrupt ({e})") from None
-    else:  # raw bytes (SerializationFormat.SAFETENSORS)
-        tensor = torch.frombuffer(bytearray(blob), dtype=dtype)
     return tensor.reshape(sizes)
 
 
@@ -127,7 +133,20 @@ def chunk_location(folder: Path, storage: dict, fqn: str, offsets: tuple[int, ..
 class DcpFolder(Checkpoint):
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         info = self._storage[(piece.key, piece.block.global_offsets)]
-        return read_chunk(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key)
+        return read_chunk(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key, self._map(piece.file))
+
+    def _map(self, file: Path) -> torch.UntypedStorage:
+        # One private, read-only-in-practice map per .distcp file, as torch.load(mmap=True) makes.
+        if file not in self._maps:
+            self._maps[file] = torch.UntypedStorage.from_file(str(file), shared=False, nbytes=file.stat().st_size)
+        return self._maps[file]
+
+    def release(self, piece: Piece) -> None:
+        info = self._storage[(piece.key, piece.block.global_offsets)]
+        safe_pickle.forget_bytes(self._map(piece.file).data_ptr() + info.offset, info.length)
+
+    def close(self) -> None:
+        self._maps.clear()
 
     def fit_config(self, config: dict | None) -> None:
         """torchtitan and torchtune save Meta's Llama names: rename them once the config gives the head counts."""
@@ -169,6 +188,7 @@ def open_folder(src: Path) -> DcpFolder:
                **_train_params(folder)},
     )
     checkpoint._storage = storage
+    checkpoint._maps = {}
     checkpoint._dtypes = {fqn: metadata.state_dict_metadata[fqn].properties.dtype for fqn in names}
     return checkpoint
 
