@@ -6,7 +6,8 @@ For each layout and size: make a real checkpoint (FSDP2 by bench/make_checkpoint
 tests/fixtures/make_deepspeed.py, both under torchrun),
 then time every tool on it, reading from a warm page cache:
   cp                      copying the input bytes: the floor
-  unshard                 unshard convert (this checkout)
+  unshard (first run)     unshard convert (this checkout), its cache of transformers' answers emptied
+  unshard                 the same again: the next checkpoint of a model converted before
   unshard --workers 2     the same, 1 GB output files shared by two processes
   verl model_merger       verl's own merger, `pip install --no-deps verl` and what its merger imports,
                           in its own venv (verl rank files only)
@@ -102,19 +103,28 @@ def source(layout: str, folder: Path) -> Path:
     return folder / "checkpoint-1" if layout.startswith("zero") else folder / "ckpt"
 
 
-def tools(layout: str, folder: Path, out: Path) -> dict[str, list[str]]:
+FIRST_RUN = " (first run)"  # the row of a tool run with its caches emptied first
+
+
+def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[str]]:
+    """The commands to time, in order. unshard remembers what transformers said about a model
+    (known.py): its first-run row starts from an empty cache (a model converted for the first time),
+    and the rows after it find the answers there (the next checkpoint of the same run)."""
     src = source(layout, folder)
+    python = ["env", f"UNSHARD_CACHE={cache}", sys.executable]
     if layout == "merge":
         recipe = str(folder / "recipe.yml")
+        merge = [*python, "-m", "unshard", "merge", recipe, str(out), "--no-progress"]
         return {
             "cp": ["cp", "-r", str(src), str(out)],
-            "unshard merge": [sys.executable, "-m", "unshard", "merge", recipe, str(out), "--no-progress"],
+            "unshard merge" + FIRST_RUN: merge,
+            "unshard merge": merge,
             "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), recipe, str(out)],
         }
     config = [] if layout.startswith("zero") else ["--config-from", str(folder / "hf")]
-    unshard = [sys.executable, "-m", "unshard", "convert", str(src), str(out), *config, "--dtype", "float32",
+    unshard = [*python, "-m", "unshard", "convert", str(src), str(out), *config, "--dtype", "float32",
                "--no-progress"]
-    found = {"cp": ["cp", "-r", str(src), str(out)], "unshard": unshard,
+    found = {"cp": ["cp", "-r", str(src), str(out)], "unshard" + FIRST_RUN: unshard, "unshard": unshard,
              "unshard --workers 2": [*unshard, "--workers", "2", "--max-shard-size", "1GB"]}
     if layout == "verl":
         found["verl model_merger"] = [str(peer_python("verl")), "-m", "verl.model_merger", "merge", "--backend",
@@ -158,9 +168,11 @@ def main() -> None:
         for gb in [float(s) for s in args.sizes.split(",")]:
             folder = make_checkpoint(work, layout, gb)
             nbytes = size_of(source(layout, folder))
-            for name, cmd in tools(layout, folder, work / "out").items():
+            for name, cmd in tools(layout, folder, work / "out", work / "unshard-cache").items():
                 shutil.rmtree(work / "out", ignore_errors=True)
                 (work / "out.pt").unlink(missing_ok=True)
+                if name.endswith(FIRST_RUN):
+                    shutil.rmtree(work / "unshard-cache", ignore_errors=True)
                 if cmd[-1] == str(work / "out") and name == "dcp_to_torch_save":
                     cmd[-1] = str(work / "out.pt")
                 sh(["cat", *map(str, (p for p in source(layout, folder).rglob("*") if p.is_file()))],

@@ -209,7 +209,7 @@ def _allowed_globals() -> list:
     return [
         *((stand_in, name) for name, stand_in in FOREIGN_RECORDS.items()),
         *(((stand_in, name) for name, stand_in in DTENSOR_RECORDS.items())
-          if "torch.distributed.tensor" not in sys.modules else ()),
+          if not any(module in sys.modules for module in DTENSOR_MODULES) else ()),
         argparse.Namespace,  # Megatron-LM's `args`: plain attributes
         *_numpy_arrays(),
         (ShardedTensorRecord, "torch.distributed._shard.sharded_tensor.api.ShardedTensor"),
