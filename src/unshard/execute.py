@@ -1,7 +1,7 @@
 """Walk a plan: assemble each checkpoint tensor, convert it, write it, drop it.
 
-Up to `threads` tensors are assembled ahead of the writer, so reading overlaps writing while memory
-stays at a few tensors. Nothing is written outside the staging folder until every file is complete.
+`threads` threads each take the next tensor, assemble and write it to its place in its file, so
+reading, copying and writing overlap while memory stays at a few tensors. Nothing is written outside the staging folder until every file is complete.
 
 The plan's output files can be dealt out to several writers: `workers` processes forked on this host,
 or the ranks of a torchrun job (`distributed`) on a shared filesystem. Every writer builds the same
@@ -18,8 +18,7 @@ import queue
 import resource
 import sys
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -31,7 +30,7 @@ from . import known
 from .errors import PeerFailedError, UnshardError
 from .plan import DTYPE_NAMES, Group, OutputTensor, Plan
 from .report import human_bytes, model_card
-from .writer import MODEL_FILE_PATTERNS, OutputFolder, SafetensorsStream, copy_model_files, write_index
+from .writer import MODEL_FILE_PATTERNS, OutputFolder, SafetensorsFile, copy_model_files, sha256_of, write_index
 
 
 @dataclass
@@ -342,34 +341,37 @@ def _read_json(path: Path) -> dict:
 
 
 def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writing, bar) -> dict[str, str | None]:
-    """These safetensors files of the plan, and their sha256 if asked. Up to `writing.threads` groups
-    are materialised ahead, in order."""
-    threads = max(1, writing.threads)
+    """These safetensors files of the plan, and their sha256 if asked. `writing.threads` threads
+    each read, assemble and write one group at a time, so that many groups are held at once."""
+    files: dict[str, SafetensorsFile] = {}
+    for filename in filenames:
+        (folder / filename).parent.mkdir(exist_ok=True)  # lora_adapter/
+        entries = [(o.name, o.dtype, o.shape) for g in plan.files[filename] for o in g.outputs]
+        files[filename] = SafetensorsFile(folder / filename, entries)
+
+    def write(filename: str, group: Group) -> None:
+        for ready in ready_to_write(plan, group):
+            out = ready.output
+            files[filename].write_parts(out.name, out.dtype, out.shape, ready.parts)
+            if ready.then is not None:
+                ready.then()
+            bar.update(out.nbytes)
+
     work = ((filename, group) for filename in filenames for group in plan.files[filename])
-    streams: dict[str, SafetensorsStream] = {}
     try:
-        with ThreadPoolExecutor(threads) as pool:
-            pending = deque((f, pool.submit(ready_to_write, plan, g)) for f, g in itertools.islice(work, threads))
-            while pending:
-                filename, future = pending.popleft()
-                stream = streams.get(filename)
-                if stream is None:
-                    entries = [(o.name, o.dtype, o.shape) for g in plan.files[filename] for o in g.outputs]
-                    (folder / filename).parent.mkdir(exist_ok=True)  # lora_adapter/
-                    stream = streams[filename] = SafetensorsStream(folder / filename, entries, writing.checksums)
-                for ready in future.result():
-                    out = ready.output
-                    stream.write_parts(out.name, out.dtype, out.shape, ready.parts, ready.then)
-                    bar.update(out.nbytes)
-                if stream.complete:
-                    stream.close()
-                # Refill only now, so no more than `threads` groups are held at once.
-                for f, g in itertools.islice(work, 1):
-                    pending.append((f, pool.submit(ready_to_write, plan, g)))
+        with ThreadPoolExecutor(max(1, writing.threads)) as pool:
+            running = {pool.submit(write, f, g) for f, g in itertools.islice(work, max(1, writing.threads))}
+            while running:
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    future.result()  # the first error stops the run
+                running |= {pool.submit(write, f, g) for f, g in itertools.islice(work, len(done))}
+        for file in files.values():
+            file.close()
     finally:
-        for stream in streams.values():
-            stream.close(check=False)
-    return {name: stream.sha256 for name, stream in streams.items()}
+        for file in files.values():
+            file.close(check=False)
+    return {name: sha256_of(folder / name) if writing.checksums else None for name in filenames}
 
 
 def verify_folder(plan: Plan, folder: Path, filenames: list[str]) -> None:

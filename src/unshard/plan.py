@@ -87,10 +87,10 @@ class Plan:
                                f"a Hugging Face folder of the model it was trained from{hint}")
 
     def peak_memory_estimate(self, threads: int = 1) -> int:
-        """Bytes held at once: per tensor in flight (one per thread, and one more still being hashed
-        after it is written), the assembled source plus its converted outputs; for a tensor streamed
-        piece by piece, its largest piece (see `Checkpoint.flat_pieces`)."""
-        return max((self._held(g) for g in self.groups), default=0) * (max(1, threads) + 1)
+        """Bytes held at once: per tensor in flight (one per thread), the assembled source plus its
+        converted outputs; for a tensor streamed piece by piece, its largest piece (see
+        `Checkpoint.flat_pieces`)."""
+        return max((self._held(g) for g in self.groups), default=0) * max(1, threads)
 
     def _held(self, group: Group) -> int:
         pieces = self.checkpoint.flat_pieces(group.source.name) if group.convert is None else None
