@@ -1,7 +1,8 @@
 """Walk a plan: assemble each checkpoint tensor, convert it, write it, drop it.
 
 `threads` threads each take the next tensor, assemble and write it to its place in its file, so
-reading, copying and writing overlap while memory stays at a few tensors. Nothing is written outside the staging folder until every file is complete.
+reading, copying and writing overlap while memory stays at a few tensors. Nothing is written outside
+the staging folder until every file is complete.
 
 The plan's output files can be dealt out to several writers: `workers` processes forked on this host,
 or the ranks of a torchrun job (`distributed`) on a shared filesystem. Every writer builds the same
@@ -59,7 +60,7 @@ class Result:
 class Writing:
     """How the weight files are written; the same for every writer of one conversion."""
 
-    threads: int = 1  # tensors assembled ahead of the writer
+    threads: int = 1  # tensors read, assembled and written at once
     verify: bool = False  # re-read every written tensor and compare it with the source
     checksums: bool = False  # each file's sha256 in the model card (costs a core at about 1 GB/s)
 
@@ -310,7 +311,8 @@ def check_folder(folder: Path) -> list[str]:
     if version is None:
         return warnings
     # The same config and tokenizer files load the same way with the same transformers: ask once.
-    model_files = [p for p in folder.iterdir() if p.is_file() and any(fnmatch(p.name, pattern) for pattern in MODEL_FILE_PATTERNS)]
+    model_files = [p for p in folder.iterdir()
+                   if p.is_file() and any(fnmatch(p.name, pattern) for pattern in MODEL_FILE_PATTERNS)]
     entry = known.key("folder", version, known.files_digest(model_files))
     if (cached := known.recall("folders", entry)) is None:
         cached = _load_as_transformers_would(folder, names)
@@ -343,7 +345,7 @@ def _read_json(path: Path) -> dict:
 
 def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writing, bar) -> dict[str, str | None]:
     """These safetensors files of the plan, and their sha256 if asked. `writing.threads` threads
-    each read, assemble and write one group at a time, so that many groups are held at once."""
+    each read, assemble and write one group at a time, so at most that many groups are held at once."""
     files: dict[str, SafetensorsFile] = {}
     for filename in filenames:
         (folder / filename).parent.mkdir(exist_ok=True)  # lora_adapter/
