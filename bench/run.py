@@ -190,7 +190,18 @@ def main() -> None:
             f.write(json.dumps({**row, **meta}) + "\n")
     print(table(rows))
     for layout in {r["layout"] for r in rows}:
-        print("plot:", plot([r for r in rows if r["layout"] == layout], HERE / "results" / f"{layout}.png"))
+        print("plot:", plot(latest(layout), HERE / "results" / f"{layout}.png"))
+
+
+def latest(layout: str) -> list[dict]:
+    """The newest measurement of each (size, tool) in results.jsonl, so a run of some sizes does
+    not drop the others from the plot."""
+    newest: dict[tuple, dict] = {}
+    for line in (HERE / "results" / "results.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["layout"] == layout:
+            newest[(row["gb"], row["tool"])] = row  # the file is in time order
+    return list(newest.values())
 
 
 def plot(rows: list[dict], path: Path) -> Path:
