@@ -94,8 +94,7 @@ class MeshRecord(Record):
     """Stands in for a DeviceMesh: its shape, dimension names and this rank's coordinate."""
 
     def _get(self, *names):
-        state = self.state if isinstance(self.state, dict) else {}
-        return next((state[n] for n in names if n in state), None)
+        return next((value for name in names if (value := _field(self, name)) is not None), None)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -286,15 +285,14 @@ class _Window(io.RawIOBase):
         return got
 
 
-def load_embedded(path: Path, start: int, length: int, mapped: torch.UntypedStorage) -> Any:
-    """torch.load the archive that lies at bytes [start, start + length) of a file (DCP keeps one per
-    chunk), as safely as `load`, its tensors mapped from `mapped` (the file's own map) rather than
-    copied. torch.load itself takes only whole files or buffers; this is its loader on a window."""
-    with open(path, "rb") as f:
-        reader = torch._C.PyTorchFileReader(_Window(f, start, length))
-        with torch.serialization.safe_globals(_allowed_globals()):
-            return torch.serialization._load(reader, "cpu", torch._weights_only_unpickler,
-                                             overall_storage=mapped[start:start + length])
+def load_embedded(file, start: int, length: int, mapped: torch.UntypedStorage) -> Any:
+    """torch.load the archive that lies at bytes [start, start + length) of an open file (DCP keeps
+    one per chunk), as safely as `load`, its tensors mapped from `mapped` (the file's own map) rather
+    than copied. torch.load itself takes only whole files or buffers; this is its loader on a window."""
+    reader = torch._C.PyTorchFileReader(_Window(file, start, length))
+    with torch.serialization.safe_globals(_allowed_globals()):
+        return torch.serialization._load(reader, "cpu", torch._weights_only_unpickler,
+                                         overall_storage=mapped[start:start + length])
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None

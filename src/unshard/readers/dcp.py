@@ -104,7 +104,7 @@ def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], wha
             return torch.frombuffer(bytearray(f.read(info.length)), dtype=dtype).reshape(sizes)
         try:
             if mapped is not None:
-                tensor = safe_pickle.load_embedded(file, info.offset, info.length, mapped)
+                tensor = safe_pickle.load_embedded(f, info.offset, info.length, mapped)
             else:
                 f.seek(info.offset)
                 tensor = torch.load(io.BytesIO(f.read(info.length)), map_location="cpu", weights_only=True)
