@@ -2,8 +2,9 @@
 
 The safetensors library wants every tensor of a file in memory at once. Here the header comes from
 the plan (names, dtypes, shapes, so every byte offset is known in advance), and each tensor is
-written to its place as soon as it is assembled, by whichever thread assembled it, then dropped. The folder is built beside OUT under a hidden name
-and renamed into place only when complete, so a failed run never leaves an OUT that looks finished.
+written to its place as soon as it is assembled, by whichever thread assembled it, then dropped.
+The folder is built beside OUT under a hidden name and renamed into place only when complete, so a
+failed run never leaves an OUT that looks finished.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ class SafetensorsFile:
 
     The header is written first (names, dtypes and shapes come from the plan, so every byte offset
     is known); each tensor then goes to its own byte range with os.pwrite, in any order and from
-    several threads at once. Copying into the page cache is CPU work: on a warm cache, two threads
-    writing write nearly twice as fast as one.
+    several threads at once. (Into one file, writers take turns on ext4 and xfs; the executor
+    spreads its threads over files, where they do run in parallel.)
     """
 
     def __init__(self, path: Path, tensors: list[tuple[str, torch.dtype, tuple[int, ...]]]):
