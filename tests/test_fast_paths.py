@@ -1,6 +1,7 @@
 """The shortcuts that keep fixed costs down give the same answers as the long way round:
-transformers' answers remembered across runs (known.py), and DTensors read without importing
-torch.distributed.tensor (safe_pickle's stand-ins)."""
+transformers' answers remembered across runs (known.py), DTensors read without importing
+torch.distributed.tensor (safe_pickle's stand-ins), DCP's .metadata read without importing
+torch.distributed.checkpoint (dcp.py's stand-ins)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,53 @@ def test_dtensor_stand_ins_read_as_the_real_classes(tmp_path):
     assert pieces == repr(sorted((n, t.shape, str(t.dtype), t.pieces) for n, t in ckpt.tensors.items()))
     assert sharding == repr(ckpt.facts["sharding"])
     assert "_S(0, 2)" in sharding  # the strided placement was read, not taken for a whole tensor
+
+
+def describe_dcp_metadata(metadata) -> list:
+    """What unshard reads from a DCP `.metadata`: every tensor's size, dtype and chunks, and where
+    each chunk's bytes are."""
+    tensors = sorted((fqn, tuple(md.size), str(md.properties.dtype),
+                      [(tuple(c.offsets), tuple(c.sizes)) for c in md.chunks])
+                     for fqn, md in metadata.state_dict_metadata.items() if hasattr(md, "chunks"))
+    places = sorted((index.fqn, tuple(index.offset or ()), info.relative_path, info.offset, info.length,
+                     getattr(info, "transform_descriptors", None))
+                    for index, info in metadata.storage_data.items())
+    return [tensors, places, sorted(metadata.state_dict_metadata), metadata.planner_data]
+
+
+def test_dcp_metadata_stand_ins_read_as_torch_does():
+    """Every shipped DCP folder (torch, accelerate, torchtitan, torchtune, megatron-core writers):
+    `.metadata` read through unshard's stand-ins says what torch's own reader says."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from unshard.readers import dcp
+
+    folders = sorted(p.parent for p in SHIPPED.rglob(".metadata"))
+    assert len(folders) >= 10
+    for folder in folders:
+        ours = dcp.read_metadata(folder)
+        assert describe_dcp_metadata(ours) == describe_dcp_metadata(FileSystemReader(str(folder)).read_metadata()), folder
+        assert all(dcp.is_tensor_entry(md) == hasattr(md, "chunks") for md in ours.state_dict_metadata.values())
+
+
+def test_dcp_conversion_imports_neither_checkpoint_nor_dtensor_modules(tmp_path):
+    """Once transformers' answers are remembered, a DCP conversion needs neither
+    torch.distributed.checkpoint nor torch.distributed.tensor (a second of imports)."""
+    code = textwrap.dedent("""
+        import sys
+        from unshard.cli import main
+        code = main(["convert", *sys.argv[1:], "--no-progress"])
+        print(sorted(m for m in sys.modules if m.startswith(("torch.distributed.checkpoint", "torch.distributed.tensor"))))
+        sys.exit(code)
+    """)
+    fixture = SHIPPED / "llama-fsdp1-dcp"
+    imported = []
+    for out in ("first", "second"):
+        done = subprocess.run([sys.executable, "-c", code, str(fixture / "dcp"), str(tmp_path / out), "--config-from",
+                               str(fixture / "hf")], capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, UNSHARD_CACHE=str(tmp_path / "cache")))
+        assert done.returncode == 0, done.stderr
+        imported.append(done.stdout.splitlines()[-1])
+    assert imported[0] != "[]"  # transformers, asked on the first run, imports them itself
+    assert imported[1] == "[]"
+    assert folder_bytes(tmp_path / "first") == folder_bytes(tmp_path / "second")

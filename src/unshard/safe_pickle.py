@@ -159,21 +159,21 @@ DTENSOR_RECORDS = {
 }
 
 
-def _enum_value(value):
+def enum_value(value):
     """Enums such as DeepSpeed's ZeroStageEnum unpickle as their plain value."""
     return value
 
 
 # Classes of DeepSpeed (and other trainers) that appear in their checkpoints' pickles.
 FOREIGN_RECORDS = {
-    "deepspeed.runtime.zero.config.ZeroStageEnum": _enum_value,
+    "deepspeed.runtime.zero.config.ZeroStageEnum": enum_value,
     "deepspeed.runtime.fp16.loss_scaler.LossScaler": Record,
     "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": Record,
     "deepspeed.utils.tensor_fragment.fragment_address": Record,
     # Megatron-LM's args hold a few enums (--attention-backend, the model type).
-    "megatron.core.transformer.enums.AttnBackend": _enum_value,
-    "megatron.core.transformer.enums.ModelType": _enum_value,
-    "megatron.core.enums.ModelType": _enum_value,
+    "megatron.core.transformer.enums.AttnBackend": enum_value,
+    "megatron.core.transformer.enums.ModelType": enum_value,
+    "megatron.core.enums.ModelType": enum_value,
 }
 
 

@@ -34,23 +34,54 @@ def find_folder(src: Path) -> Path | None:
     return None
 
 
+class _Fields:
+    """Stands in for one of DCP's metadata dataclasses: the fields it was pickled with, as
+    attributes. Reading `.metadata` this way spares importing torch.distributed.checkpoint, which
+    pulls in torch.distributed.tensor and costs about a second, more than the rest of a plan."""
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple):  # (dict, slots) of a class with __slots__
+            state = {**(state[0] or {}), **state[1]}
+        self.__dict__.update(state)
+
+
+def _fields(name: str, **defaults) -> type:
+    # `defaults`: fields a writer may leave out (older torch, or None values _StorageInfo drops).
+    return type(name, (_Fields,), defaults)
+
+
+class _TensorProperties(_Fields):
+    def __setstate__(self, state):  # torch pickles these as a tuple
+        self.dtype, self.layout, self.requires_grad, self.memory_format, self.pin_memory = state
+
+
 def _metadata_classes() -> dict[tuple[str, str], object]:
+    """What `.metadata` may name, each mapped to its stand-in; anything else is refused."""
     import collections
     import pathlib
 
-    from torch.distributed.checkpoint import filesystem, metadata, planner
-
-    allowed = {("torch.distributed.checkpoint.metadata", name): getattr(metadata, name) for name in (
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
-        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")}
-    allowed[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = filesystem._StorageInfo
-    # Some writers (megatron's) also keep every rank's save plan in .metadata.
-    allowed.update({("torch.distributed.checkpoint.planner", name): getattr(planner, name) for name in (
-        "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData")})
-    # megatron-core <= 0.15 pickled subclasses of these two; the torch classes hold the same fields.
+    save_plan = _fields("SavePlan")
+    stand_ins = {
+        "metadata": {"Metadata": _fields("Metadata", planner_data=None, storage_data=None, storage_meta=None,
+                                         version=None),
+                     "TensorStorageMetadata": _fields("TensorStorageMetadata"),
+                     "BytesStorageMetadata": _fields("BytesStorageMetadata"),
+                     "ChunkStorageMetadata": _fields("ChunkStorageMetadata"),
+                     "TensorProperties": _TensorProperties,
+                     "MetadataIndex": _fields("MetadataIndex", offset=None, index=None),
+                     "StorageMeta": _fields("StorageMeta"),
+                     "_MEM_FORMAT_ENCODING": safe_pickle.enum_value},
+        "filesystem": {"_StorageInfo": _fields("_StorageInfo", transform_descriptors=None)},
+        # Some writers (megatron's) also keep every rank's save plan in .metadata.
+        "planner": {"SavePlan": save_plan, "WriteItem": _fields("WriteItem"), "WriteItemType": safe_pickle.enum_value,
+                    "TensorWriteData": _fields("TensorWriteData")},
+    }
+    allowed = {(f"torch.distributed.checkpoint.{module}", name): cls
+               for module, classes in stand_ins.items() for name, cls in classes.items()}
+    # megatron-core <= 0.15 pickled subclasses of these two, with the same fields.
     mcore = "megatron.core.dist_checkpointing.strategies.torch"
-    allowed[(mcore, "MCoreMetadata")] = metadata.Metadata
-    allowed[(mcore, "MCoreSavePlan")] = planner.SavePlan
+    allowed[(mcore, "MCoreMetadata")] = stand_ins["metadata"]["Metadata"]
+    allowed[(mcore, "MCoreSavePlan")] = save_plan
     allowed[("torch", "Size")] = torch.Size
     allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
     allowed[("collections", "OrderedDict")] = collections.OrderedDict
@@ -62,20 +93,23 @@ def _metadata_classes() -> dict[tuple[str, str], object]:
     return allowed
 
 
+def is_tensor_entry(entry) -> bool:
+    """A tensor's entry in `state_dict_metadata` (the others are pickled objects, kept as bytes)."""
+    return type(entry).__name__ == "TensorStorageMetadata"
+
+
 def read_metadata(folder: Path):
     return safe_pickle.load_plain_pickle(folder / ".metadata", _metadata_classes())
 
 
 def model_names(metadata) -> tuple[dict[str, str], Counter]:
     """fqn in the DCP folder -> model tensor name, and counts of what is skipped and why."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     paths = metadata.planner_data or {}
     entries = {fqn: tuple(paths.get(fqn, (fqn,))) for fqn in metadata.state_dict_metadata}
     nested = any(path[0] == "model" and len(path) > 1 for path in entries.values())
     names, skipped = {}, Counter()
     for fqn, path in entries.items():
-        if not isinstance(metadata.state_dict_metadata[fqn], TensorStorageMetadata):
+        if not is_tensor_entry(metadata.state_dict_metadata[fqn]):
             skipped["non-tensor entries"] += 1
         elif (path[0] != "model") if nested else (str(path[0]).split(".")[0] in NOT_MODEL):
             skipped[f"{path[0]} entries"] += 1

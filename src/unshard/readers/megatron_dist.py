@@ -114,12 +114,11 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
     args = plain_args(saved["args"], common) if saved.get("args") is not None else None
     metadata = dcp.read_metadata(folder)
     storage = dcp.storage_index(metadata)
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     pieces: dict[str, list[Piece]] = defaultdict(list)
     shapes, dtypes, skipped, chunks = {}, {}, Counter(), []
     for fqn, md in metadata.state_dict_metadata.items():
-        if not isinstance(md, TensorStorageMetadata) or "_extra_state" in fqn or fqn.startswith(NOT_MODEL):
+        if not dcp.is_tensor_entry(md) or "_extra_state" in fqn or fqn.startswith(NOT_MODEL):
             skipped[fqn.split(".")[0] if fqn.startswith(NOT_MODEL) else "_extra_state and other non-tensor"] += 1
             continue
         for chunk in md.chunks:
