@@ -126,6 +126,21 @@ def test_pickle_that_runs_code_is_refused(tmp_path):
     assert not marker.exists() and not (tmp_path / "hf").exists()
 
 
+def test_loads_in_several_threads_keep_their_allow_list():
+    """torch's allow-list is one per process: a load finishing in one thread must not take it from a
+    load still unpickling DTensors in another, and none of it outlives unshard's loads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from unshard import safe_pickle
+
+    files = sorted((SHIPPED / "llama-fsdp2" / "global_step_1" / "actor").glob("model_world_size_4_rank_*.pt"))
+    before = torch.serialization.get_safe_globals()
+    with ThreadPoolExecutor(4) as pool:
+        states = list(pool.map(lambda path: safe_pickle.load(path), files * 10))
+    assert len(states) == 40 and all(safe_pickle.is_dtensor(s["model.embed_tokens.weight"]) for s in states)
+    assert torch.serialization.get_safe_globals() == before
+
+
 def test_unknown_layout(tmp_path):
     (tmp_path / "stuff").mkdir()
     (tmp_path / "stuff" / "weights.txt").write_text("hello")

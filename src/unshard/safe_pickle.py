@@ -12,9 +12,9 @@ Anything else a pickle names, `os.system` for instance, is refused and reported.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import dataclasses
+import functools
 import io
 import logging
 import mmap as _mmap
@@ -22,6 +22,7 @@ import math
 import pickle
 import re
 import sys
+import threading
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -194,7 +195,13 @@ def _numpy_arrays() -> list:
     return [core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
 
 
-def _allowed_globals() -> list:
+_IMPORTING = threading.Lock()
+
+
+@functools.cache
+def _fixed_globals() -> tuple:
+    # Imported on first use, by one thread at a time: torch.distributed._shard's modules import
+    # each other, and two threads importing them at once can see one half-initialised.
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharded_tensor.metadata import (
         MEM_FORMAT_ENCODING,
@@ -205,10 +212,8 @@ def _allowed_globals() -> list:
     from torch.distributed._shard.sharding_spec.chunk_sharding_spec import ChunkShardingSpec
     from torch.distributed.remote_device import _remote_device
 
-    return [
+    return (
         *((stand_in, name) for name, stand_in in FOREIGN_RECORDS.items()),
-        *(((stand_in, name) for name, stand_in in DTENSOR_RECORDS.items())
-          if not any(module in sys.modules for module in DTENSOR_MODULES) else ()),
         argparse.Namespace,  # Megatron-LM's `args`: plain attributes
         *_numpy_arrays(),
         (ShardedTensorRecord, "torch.distributed._shard.sharded_tensor.api.ShardedTensor"),
@@ -221,25 +226,56 @@ def _allowed_globals() -> list:
         Shard,
         ChunkShardingSpec,
         _remote_device,
-    ]
+    )
 
 
-@contextlib.contextmanager
-def _quiet_device_mesh():
-    # Unpickling a real DeviceMesh without process groups logs a warning per tensor; harmless here.
-    log = logging.getLogger("torch.distributed.device_mesh")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
+def _allowed_globals() -> list:
+    with _IMPORTING:
+        fixed = _fixed_globals()
+    dtensors = () if any(module in sys.modules for module in DTENSOR_MODULES) else DTENSOR_RECORDS.items()
+    return [*fixed, *((stand_in, name) for name, stand_in in dtensors)]
+
+
+class _SharedAllowList:
+    """torch.serialization.safe_globals, shared by loads running at once in several threads.
+
+    torch keeps one allow-list per process, and the context manager removes its entries on exit: a
+    thread finishing its load would take them away from another still unpickling. So the first load
+    in adds them and the last one out removes them (and the stand-ins never outlive unshard's loads,
+    where they would change what a user's own torch.load builds)."""
+
+    # Unpickling a real DeviceMesh without process groups logs a warning per tensor; harmless here,
+    # so that logger is quiet meanwhile (a level, too, is one per process).
+    MESH_LOG = logging.getLogger("torch.distributed.device_mesh")
+
+    def __init__(self):
+        self._lock, self._users, self._open, self._level = threading.Lock(), 0, None, logging.NOTSET
+
+    def __enter__(self):
+        allowed = _allowed_globals()
+        with self._lock:
+            if self._users == 0:
+                self._open = torch.serialization.safe_globals(allowed)
+                self._open.__enter__()
+                self._level = self.MESH_LOG.level
+                self.MESH_LOG.setLevel(logging.ERROR)
+            self._users += 1
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                self._open.__exit__(None, None, None)
+                self.MESH_LOG.setLevel(self._level)
+
+
+_ALLOWING = _SharedAllowList()
 
 
 def load(path: Path, mmap: bool = True) -> Any:
     """torch.load a checkpoint file safely; tensor data stays on disk (mmap) until touched."""
     try:
-        with torch.serialization.safe_globals(_allowed_globals()), _quiet_device_mesh():
+        with _ALLOWING:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         found = re.search(r"GLOBAL ([\w.]+)", str(e))
@@ -290,7 +326,7 @@ def load_embedded(file, start: int, length: int, mapped: torch.UntypedStorage) -
     one per chunk), as safely as `load`, its tensors mapped from `mapped` (the file's own map) rather
     than copied. torch.load itself takes only whole files or buffers; this is its loader on a window."""
     reader = torch._C.PyTorchFileReader(_Window(file, start, length))
-    with torch.serialization.safe_globals(_allowed_globals()):
+    with _ALLOWING:
         return torch.serialization._load(reader, "cpu", torch._weights_only_unpickler,
                                          overall_storage=mapped[start:start + length])
 
