@@ -1,10 +1,10 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,dcp,zero2,zero3,merge] [--work /tmp/unshard-bench]
+    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,dcp,zero2,zero3,merge] [--repeat 3] [--work /tmp/unshard-bench]
 
 For each layout and size: make a real checkpoint (FSDP2 by bench/make_checkpoint.py, DeepSpeed by
 tests/fixtures/make_deepspeed.py, both under torchrun),
-then time every tool on it, reading from a warm page cache:
+then time every tool on it, reading from a warm page cache, with no earlier output left to write back:
   cp                      copying the input bytes: the floor
   unshard (first run)     unshard convert (this checkout), its cache of transformers' answers emptied
   unshard                 the same again: the next checkpoint of a model converted before
@@ -16,9 +16,10 @@ then time every tool on it, reading from a warm page cache:
   zero_to_fp32.py         DeepSpeed's own script, DeepSpeed from PyPI in its own venv (zero2 / zero3)
   mergekit-yaml           the same TIES recipe as `unshard merge`, mergekit from PyPI in its own venv
                           (layout "merge": a base and two fine-tunes of the given size each)
-Reports wall time, peak RSS of the process tree, throughput and the ratio to `cp` as a markdown
-table, appends every measurement with the machine and versions to bench/results/results.jsonl, and
-plots time and peak memory against checkpoint size, one line per tool, to bench/results/<layout>.png.
+Each tool runs --repeat times (this VM's disk varies run to run). Reports the median wall time and
+the range, peak RSS of the process tree, throughput and the ratio to `cp` as a markdown table,
+appends every measurement with the machine and versions to bench/results/results.jsonl, and plots
+time and peak memory against checkpoint size, one line per tool, to bench/results/<layout>.png.
 """
 
 from __future__ import annotations
@@ -146,6 +147,20 @@ def measure(cmd: list[str]) -> dict:
     return json.loads(done.stdout)
 
 
+def summarise(runs: list[dict]) -> dict:
+    """Several runs of one tool: the median time (this VM's disk varies run to run), every run's
+    time, the highest peak memory; a failed run is reported as the result."""
+    failed = [r for r in runs if r["returncode"]]
+    times = sorted(r["seconds"] for r in runs)
+    return {**(failed[0] if failed else runs[0]), "seconds": times[len(times) // 2],
+            "runs": [r["seconds"] for r in runs], "peak_rss": max(r["peak_rss"] for r in runs)}
+
+
+def spread(row: dict) -> str:
+    runs = row.get("runs") or [row["seconds"]]
+    return f"({min(runs):.1f}–{max(runs):.1f})" if len(runs) > 1 else ""
+
+
 def versions() -> dict:
     import torch
 
@@ -160,6 +175,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="0.5,2,6")
     ap.add_argument("--layouts", default="verl,dcp")
     ap.add_argument("--work", default="/tmp/unshard-bench")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each tool; the median time is reported")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -169,17 +185,22 @@ def main() -> None:
             folder = make_checkpoint(work, layout, gb)
             nbytes = size_of(source(layout, folder))
             for name, cmd in tools(layout, folder, work / "out", work / "unshard-cache").items():
-                shutil.rmtree(work / "out", ignore_errors=True)
-                (work / "out.pt").unlink(missing_ok=True)
-                if name.endswith(FIRST_RUN):
-                    shutil.rmtree(work / "unshard-cache", ignore_errors=True)
                 if cmd[-1] == str(work / "out") and name == "dcp_to_torch_save":
                     cmd[-1] = str(work / "out.pt")
-                sh(["cat", *map(str, (p for p in source(layout, folder).rglob("*") if p.is_file()))],
-                   stdout=subprocess.DEVNULL)  # warm the page cache: every tool reads from memory
-                result = measure(cmd)
+                runs = []
+                while len(runs) < args.repeat and not any(r["returncode"] for r in runs):
+                    shutil.rmtree(work / "out", ignore_errors=True)
+                    (work / "out.pt").unlink(missing_ok=True)
+                    if name.endswith(FIRST_RUN):
+                        shutil.rmtree(work / "unshard-cache", ignore_errors=True)
+                    sh(["cat", *map(str, (p for p in source(layout, folder).rglob("*") if p.is_file()))],
+                       stdout=subprocess.DEVNULL)  # warm the page cache: every tool reads from memory
+                    sh(["sync"])  # and starts with nothing of the previous tool's output left to write back
+                    runs.append(measure(cmd))
+                result = summarise(runs)
                 rows.append({"when": stamp, "layout": layout, "gb": gb, "input_bytes": nbytes, "tool": name, **result})
-                print(f"{layout} {gb} GB {name}: {result['seconds']:.1f}s, peak {result['peak_rss'] / 1e9:.2f} GB"
+                print(f"{layout} {gb} GB {name}: {result['seconds']:.1f}s {spread(result)}, "
+                      f"peak {result['peak_rss'] / 1e9:.2f} GB"
                       + (f" FAILED: {result['stderr'][-300:]}" if result["returncode"] else ""), flush=True)
     shutil.rmtree(work / "out", ignore_errors=True)
     (work / "out.pt").unlink(missing_ok=True)
@@ -231,11 +252,11 @@ def plot(rows: list[dict], path: Path) -> Path:
 
 def table(rows: list[dict]) -> str:
     floor = {(r["layout"], r["gb"]): r["seconds"] for r in rows if r["tool"] == "cp"}
-    lines = ["| layout | size | tool | wall s | × cp | peak RSS GB | GB/s |", "|---|---|---|---|---|---|---|"]
+    lines = ["| layout | size | tool | wall s, median (range) | × cp | peak RSS GB | GB/s |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         ok = r["returncode"] == 0
         lines.append(f"| {r['layout']} | {r['input_bytes'] / 1e9:.2f} GB | {r['tool']} | "
-                     f"{r['seconds']:.1f}{'' if ok else ' (failed)'} | {r['seconds'] / floor[(r['layout'], r['gb'])]:.1f} | "
+                     f"{r['seconds']:.1f} {spread(r)}{'' if ok else ' (failed)'} | {r['seconds'] / floor[(r['layout'], r['gb'])]:.1f} | "
                      f"{r['peak_rss'] / 1e9:.2f} | {r['input_bytes'] / 1e9 / r['seconds']:.2f} |")
     return "\n".join(lines)
 
