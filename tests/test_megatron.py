@@ -81,6 +81,27 @@ def test_inspect_shows_the_parallel_layout():
     assert info["output"]["tensors"] == 39
 
 
+def test_config_made_from_args_is_removed_when_the_command_ends(tmp_path):
+    """The config made from Megatron's args lives in a temporary folder; the command exits without
+    Python's teardown, so the folder must go before, whether the run succeeds or fails."""
+    import os
+    import subprocess
+    import sys
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    src = SHIPPED / "megatron-qwen2moe-tp2-pp2-ep2" / "torch"
+    env = dict(os.environ, TMPDIR=str(scratch))
+    # The second conversion fails: OUT exists.
+    for args, code in ((["convert", src, tmp_path / "out"], 0), (["convert", src, tmp_path / "out"], 1),
+                       (["inspect", src], 0)):
+        done = subprocess.run([sys.executable, "-m", "unshard", *map(str, args)], env=env, capture_output=True,
+                              timeout=300)
+        assert done.returncode == code, done.stderr
+        assert list(scratch.glob("unshard-*")) == [], args
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "qwen2_moe"
+
+
 def test_config_from_is_used_and_checked(tmp_path):
     hf = tmp_path / "hf"
     unshard.convert(LLAMA / "torch", hf, progress=False)

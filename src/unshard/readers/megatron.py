@@ -100,6 +100,11 @@ class MegatronCheckpoint(Checkpoint):
     megatron: dict[str, SourceTensor]
     model_type: str
     shapes: megatron_rules.Shapes
+    _made_config_folder: weakref.finalize | None = None  # removes it; at exit, or at close when sooner
+
+    def close(self) -> None:
+        if self._made_config_folder is not None:
+            self._made_config_folder()
 
     def fit_config(self, config: dict[str, Any] | None) -> None:
         if config is None:
@@ -141,7 +146,7 @@ def finish(checkpoint: MegatronCheckpoint, megatron: dict[str, SourceTensor], ar
     if checkpoint.hf_folder is None:
         dtype = "bfloat16" if args.get("bf16") else "float16" if args.get("fp16") else "float32"
         folder = Path(tempfile.mkdtemp(prefix="unshard-megatron-config-"))
-        weakref.finalize(checkpoint, shutil.rmtree, folder, True)  # gone with the checkpoint object
+        checkpoint._made_config_folder = weakref.finalize(checkpoint, shutil.rmtree, folder, True)
         (folder / "config.json").write_text(json.dumps(
             megatron_rules.hf_config(args, model_type, shapes.vocab, dtype), indent=2) + "\n")
         checkpoint.hf_folder = folder
@@ -290,3 +295,4 @@ class MegatronFiles(MegatronCheckpoint):
 
     def close(self) -> None:
         self._states.clear()
+        super().close()

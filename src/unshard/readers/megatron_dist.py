@@ -90,6 +90,7 @@ class MegatronDist(MegatronCheckpoint):
 
     def close(self) -> None:
         self._recent.clear()
+        super().close()
 
 
 def _unstack(fqn: str, offsets: tuple[int, ...]) -> tuple[str, int]:
