@@ -262,3 +262,85 @@ def test_megatron_checkpoints_merge_in_place(tmp_path):
     assert sorted(merged) == sorted(converted)
     for key, tensor in converted.items():
         torch.testing.assert_close(merged[key], tensor, atol=1e-6, rtol=0, msg=key)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_kth_largest_is_kthvalue(dtype):
+    """The bucketed selection (for tensors of 1M entries and more) finds what kthvalue finds, bit for
+    bit: ties, zeros, infinities, NaN, every rank from the top."""
+    from unshard.merging import _kth_largest
+
+    g = torch.Generator().manual_seed(0)
+    cases = {
+        "normal": torch.randn(3_000_000, generator=g).abs(),
+        "zeros": torch.zeros(1_200_000),
+        "few values": torch.randint(0, 5, (2_000_000,), generator=g).float(),
+        "inf and nan": torch.cat([torch.full((600_000,), float("inf")), torch.rand(600_000, generator=g),
+                                  torch.full((3,), float("nan"))]),
+    }
+    for case, values in cases.items():
+        values = values.to(dtype)
+        n = values.numel()
+        for k in (1, 2, n // 3, n // 2, n - 1, n):
+            want = values.kthvalue(n - k + 1).values
+            got = _kth_largest(values, k)
+            assert got.dtype == dtype and (torch.equal(got, want) or (want.isnan() and got.isnan())), (case, k)
+
+
+def test_ties_sign_election_matches_the_masked_formula():
+    """TIES works in the elected sign's frame; the result is, bit for bit, the textbook masks' (entries
+    agreeing with the sign of the sum kept, divided by the weight that agreed)."""
+    from unshard.merging import METHODS
+
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(50_000, generator=g)
+    others = [base + torch.randn(50_000, generator=g) for _ in range(3)]
+    others[0][::7] = base[::7]  # zero task-vector entries
+    params = [{"weight": w, "density": 1.0} for w in (0.5, 0.3, 0.2)]
+    shared = {"normalize": True, "lambda": 1.0, "rescale": False}
+    deltas = [(o - base) * p["weight"] for o, p in zip(others, params)]
+    positive = sum(deltas) >= 0
+    agree = [torch.where(positive, d > 0, d < 0) for d in deltas]
+    divisor = sum(a * p["weight"] for a, p in zip(agree, params))
+    want = sum(d * a for d, a in zip(deltas, agree)) / torch.where(divisor == 0, 1.0, divisor) + base
+    got = METHODS["ties"].merge(base.clone(), [o.clone() for o in others], params, shared, None)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_threads_keep_to_the_memory_estimate(models, tmp_path, monkeypatch):
+    """The estimate `--dry-run` prints is a bound the writer keeps: with the largest groups queued
+    first, two threads still never hold the two largest together, yet smaller groups run side by side."""
+    import threading
+    import time
+
+    from unshard import execute
+    from unshard.merging import plan_merge
+
+    recipe = write_recipe(tmp_path / "recipe.yml", {**recipes(models)["ties"], "dtype": "float32"})
+    plan = plan_merge(recipe)
+    (filename,) = plan.files
+    plan.files[filename].sort(key=plan.held, reverse=True)
+    budget, lock = plan.peak_memory_estimate(threads=2), threading.Lock()
+    held, most, groups, most_groups = 0, 0, 0, 0
+    real = execute.ready_to_write
+
+    def tracked(plan, group):
+        nonlocal held, most, groups, most_groups
+        with lock:
+            held, groups = held + plan.held(group), groups + 1
+            most, most_groups = max(most, held), max(most_groups, groups)
+        try:
+            time.sleep(0.01)  # long enough for the other thread to start whatever it may
+            yield from real(plan, group)
+        finally:
+            with lock:
+                held, groups = held - plan.held(group), groups - 1
+
+    monkeypatch.setattr(execute, "ready_to_write", tracked)
+    try:
+        execute.convert(plan, tmp_path / "out", threads=2, progress=False)
+    finally:
+        plan.checkpoint.close()
+    largest = plan.held(plan.files[filename][0])
+    assert budget < 2 * largest and most <= budget and most_groups == 2
+    assert len(load_file(tmp_path / "out" / filename)) == len(plan.outputs)

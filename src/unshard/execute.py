@@ -12,7 +12,6 @@ index, config and model card, and puts the folder in place only if every writer 
 
 from __future__ import annotations
 
-import itertools
 import json
 import multiprocessing
 import queue
@@ -360,15 +359,22 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writ
                 ready.then()
             bar.update(out.nbytes)
 
-    work = _across_files(plan, filenames)
+    work = deque((filename, group, plan.held(group)) for filename, group in _across_files(plan, filenames))
+    threads = max(1, writing.threads)
+    budget = plan.peak_memory_estimate(threads)
     try:
-        with ThreadPoolExecutor(max(1, writing.threads)) as pool:
-            running = {pool.submit(write, f, g) for f, g in itertools.islice(work, max(1, writing.threads))}
-            while running:
-                done, running = wait(running, return_when=FIRST_COMPLETED)
+        with ThreadPoolExecutor(threads) as pool:
+            running: dict = {}  # future -> bytes its group holds
+            while work or running:
+                # The next group starts when a thread is free and the groups in flight leave room for it
+                # (or nothing is in flight): a large tensor waits for the others rather than doubling the peak.
+                while work and len(running) < threads and (not running or sum(running.values()) + work[0][2] <= budget):
+                    filename, group, held = work.popleft()
+                    running[pool.submit(write, filename, group)] = held
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
+                    del running[future]
                     future.result()  # the first error stops the run
-                running |= {pool.submit(write, f, g) for f, g in itertools.islice(work, len(done))}
         for file in files.values():
             file.close()
     finally:

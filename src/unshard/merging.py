@@ -91,6 +91,25 @@ def _linear(base, others, params, shared, generator):
     return result / sum(p["weight"] for p in params) if shared["normalize"] else result
 
 
+def _kth_largest(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th largest of a 1-D tensor of magnitudes (no negatives), exactly as `kthvalue` finds it.
+
+    `kthvalue` is one thread's quickselect over a copy: about 1 s for a 65M-entry embedding. Magnitudes
+    sort as their bit patterns do, so a count of the top 16 bits (one pass) finds the bucket holding
+    the k-th largest, and only that bucket is searched: 3x faster.
+    """
+    if magnitudes.numel() < 1 << 20:
+        return magnitudes.kthvalue(magnitudes.numel() - k + 1).values
+    wide = magnitudes if magnitudes.element_size() >= 4 else magnitudes.float()  # exact for 16-bit floats
+    bits = wide.view(torch.int32 if wide.element_size() == 4 else torch.int64)
+    buckets = (bits >> (8 * wide.element_size() - 16)).bitwise_and_(0x7FFF)  # a NaN's sign bit: still the largest
+    from_top = torch.bincount(buckets, minlength=1 << 15).flip(0).cumsum(0)
+    index = int(torch.searchsorted(from_top, k))  # the first bucket from the top where k entries are reached
+    above = int(from_top[index - 1]) if index else 0
+    inside = wide[buckets == (1 << 15) - 1 - index]
+    return inside.kthvalue(inside.numel() - (k - above) + 1).values.to(magnitudes.dtype)
+
+
 def _sparsify(delta, density, method, rescale, generator):
     """Keep a `density` fraction of a task vector (in place): the largest magnitudes, or at random (DARE)."""
     if density >= 1:
@@ -100,10 +119,8 @@ def _sparsify(delta, density, method, rescale, generator):
         if density <= 0 or delta.numel() == 0:
             return delta.zero_()
         keep = max(1, int(density * delta.numel()))
-        # The k-th largest magnitude is the threshold: a selection, not a sort of the whole tensor.
         magnitude = delta.abs().reshape(-1)
-        threshold = magnitude.kthvalue(magnitude.numel() - keep + 1).values
-        delta.mul_(magnitude.reshape(delta.shape) >= threshold)
+        delta.mul_(magnitude.ge_(_kth_largest(magnitude, keep)).reshape(delta.shape))  # 1.0 kept, 0.0 dropped
         del magnitude
     else:
         delta.mul_(torch.empty_like(delta).bernoulli_(density, generator=generator))
@@ -128,14 +145,18 @@ def _task_arithmetic(consensus: bool, sparsify: str | None):
         for delta in deltas[1:]:
             mixed.add_(delta)
         if consensus:  # TIES sign election: keep the entries agreeing with the sign of the weighted sum
-            positive = mixed >= 0
-            mixed.zero_()
-            divisor = torch.zeros_like(base)
+            # Worked in the elected sign's frame (times +-1, exact): agreeing entries are the positive
+            # ones, a clamp drops the rest, and the sum is turned back once. Bool masks would cost
+            # a float copy each (type promotion), twice as slow on a large embedding; buffers are
+            # reused, as a fresh one costs as much again in page faults.
+            elected = mixed.ge_(0).mul_(2).sub_(1)  # +1 where the sum is >= 0, else -1
+            mixed, divisor, agreed = torch.zeros_like(base), torch.zeros_like(base), torch.empty_like(base)
             for delta, p in zip(deltas, params):
-                agree = torch.where(positive, delta > 0, delta < 0)
-                mixed.add_(delta.mul_(agree))
-                divisor.add_(agree, alpha=p["weight"])
-            divisor[divisor == 0] = 1
+                kept = delta.mul_(elected).clamp_(min=0)
+                divisor.add_(torch.sign(kept, out=agreed), alpha=p["weight"])
+                mixed.add_(kept)
+            mixed.mul_(elected)
+            divisor.masked_fill_(divisor == 0, 1)
         else:
             total = sum(p["weight"] for p in params)
             divisor = 1 if abs(total) < 1e-8 else total

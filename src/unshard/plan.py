@@ -87,12 +87,16 @@ class Plan:
                                f"a Hugging Face folder of the model it was trained from{hint}")
 
     def peak_memory_estimate(self, threads: int = 1) -> int:
-        """Bytes held at once: per tensor in flight (one per thread), the assembled source plus its
+        """Bytes of tensors held at once, a bound the writer keeps to (`execute._write_weights`): the
+        largest group's, plus a typical (median) group's for each further thread. So two threads never
+        hold the two largest tensors of a merge together, while groups of the usual size run side by side."""
+        held = sorted(self.held(g) for g in self.groups)
+        return held[-1] + (max(1, threads) - 1) * held[len(held) // 2] if held else 0
+
+    def held(self, group: Group) -> int:
+        """Bytes held while this group is made: the assembled source (one per input of a merge) plus its
         converted outputs; for a tensor streamed piece by piece, its largest piece (see
         `Checkpoint.flat_pieces`)."""
-        return max((self._held(g) for g in self.groups), default=0) * max(1, threads)
-
-    def _held(self, group: Group) -> int:
         pieces = self.checkpoint.flat_pieces(group.source.name) if group.convert is None else None
         if pieces is None:
             return group.source.nbytes * self.copies_per_tensor + group.nbytes
