@@ -1,9 +1,10 @@
 """Write a large FSDP2 checkpoint cheaply, for benchmarks: meta-device init, then random weights.
 
-    torchrun --nproc_per_node 2 bench/make_checkpoint.py --gb 2 --writer verl|dcp --out DIR
+    torchrun --nproc_per_node 2 bench/make_checkpoint.py --gb 2 --writer verl|verl-tp|dcp --out DIR
 
 DIR/ckpt holds the checkpoint (verl rank files in actor/, or a DCP folder with {"model": ...}),
-DIR/hf the model's config.json for --config-from.
+DIR/hf the model's config.json for --config-from. verl-tp is tensor parallelism instead of FSDP:
+projections cut in rows or columns as Megatron-style TP does, the embedding in columns.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def layers_for(gb: float) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gb", type=float, required=True, help="approximate fp32 size")
-    ap.add_argument("--writer", choices=("verl", "dcp"), default="verl")
+    ap.add_argument("--writer", choices=("verl", "verl-tp", "dcp"), default="verl")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -52,10 +53,22 @@ def main() -> None:
                          dtype=torch.float32, tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    if args.writer == "verl-tp":
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+        cols, rows = ColwiseParallel(), RowwiseParallel()
+        plan = {"model.embed_tokens": cols, "lm_head": cols}  # an embedding's columns: Shard(1)
+        for i in range(config.num_hidden_layers):
+            plan.update({f"model.layers.{i}.self_attn.{n}": cols for n in ("q_proj", "k_proj", "v_proj")})
+            plan.update({f"model.layers.{i}.mlp.{n}": cols for n in ("gate_proj", "up_proj")})
+            plan.update({f"model.layers.{i}.self_attn.o_proj": rows, f"model.layers.{i}.mlp.down_proj": rows})
+        parallelize_module(model, mesh, plan)
+    else:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     model.to_empty(device="cpu")
     torch.manual_seed(rank)
     with torch.no_grad():
@@ -66,7 +79,7 @@ def main() -> None:
         save_hf_files(config, out / "hf")
     dist.barrier()
     state = model.state_dict()
-    if args.writer == "verl":
+    if args.writer.startswith("verl"):
         actor = out / "ckpt" / "actor"
         actor.mkdir(parents=True, exist_ok=True)
         if rank == 0:

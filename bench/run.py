@@ -1,8 +1,9 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,dcp,zero2,zero3,merge] [--repeat 3] [--work /tmp/unshard-bench]
+    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,merge] [--repeat 3] [--work /tmp/unshard-bench]
 
-For each layout and size: make a real checkpoint (FSDP2 by bench/make_checkpoint.py, DeepSpeed by
+For each layout and size: make a real checkpoint (FSDP2, or tensor parallelism for verl-tp, by
+bench/make_checkpoint.py; DeepSpeed by
 tests/fixtures/make_deepspeed.py, both under torchrun),
 then time every tool on it, reading from a warm page cache, with no earlier output left to write back:
   cp                      copying the input bytes: the floor
@@ -10,7 +11,7 @@ then time every tool on it, reading from a warm page cache, with no earlier outp
   unshard                 the same again: the next checkpoint of a model converted before
   unshard --workers 2     the same, 1 GB output files shared by two processes
   verl model_merger       verl's own merger, `pip install --no-deps verl` and what its merger imports,
-                          in its own venv (verl rank files only)
+                          in its own venv (verl's FSDP rank files; it refuses a tensor-parallel mesh)
   dcp_to_torch_save       torch.distributed.checkpoint.format_utils dcp_to_torch (DCP only)
   accelerate merge-weights  from PyPI, in its own venv (DCP only)
   zero_to_fp32.py         DeepSpeed's own script, DeepSpeed from PyPI in its own venv (zero2 / zero3)

@@ -94,13 +94,16 @@ CAST_CHUNK = 64 << 20  # elements cast at a time when a streamed tensor changes 
 def ready_to_write(plan: Plan, group: Group) -> list[Parts]:
     """A group's output tensors for the writer. A tensor that is its pieces one after another (FSDP
     rows, ZeRO ranges) is streamed: each piece is read as the writer asks for it (a dtype cast in
-    chunks), so no whole tensor is built and memory follows the largest piece, not the tensor."""
-    checkpoint = plan.checkpoint
-    pieces = checkpoint.flat_pieces(group.source.name) if group.convert is None else None
-    if pieces is None:
+    chunks), so no whole tensor is built and memory follows the largest piece, not the tensor. A large
+    tensor cut otherwise (columns, strided shards) is assembled a band of rows at a time."""
+    checkpoint, source, output = plan.checkpoint, group.source, group.outputs[0]
+    pieces = checkpoint.flat_pieces(source.name) if group.convert is None else None
+    rows = checkpoint.band_rows(source.name) if group.convert is None else None
+    if pieces is None and rows is None:
         return [Parts(o, [t]) for o, (_, t) in zip(group.outputs, materialise(plan, group))]
-    output = group.outputs[0]
-    release = lambda: [checkpoint.release(p) for p in pieces]  # noqa: E731
+    release = lambda: [checkpoint.release(p) for p in pieces or source.pieces]  # noqa: E731
+    if pieces is None:
+        return [Parts(output, _read_in_bands(checkpoint, source, rows, output.dtype), release)]
     return [Parts(output, _read_in_order(checkpoint, pieces, output.dtype), release)]
 
 
@@ -112,6 +115,18 @@ def _read_in_order(checkpoint, pieces, dtype: torch.dtype) -> Iterator[torch.Ten
         else:
             for start in range(0, flat.numel(), CAST_CHUNK):
                 yield flat[start:start + CAST_CHUNK].to(dtype)
+
+
+def _read_in_bands(checkpoint, source, rows: int, dtype: torch.dtype) -> Iterator[torch.Tensor]:
+    loaded: dict[int, torch.Tensor] = {}  # each piece's local tensor, loaded once for all bands
+
+    def local(piece):
+        if id(piece) not in loaded:
+            loaded[id(piece)] = checkpoint.local_tensor(piece)
+        return loaded[id(piece)]
+
+    for start in range(0, source.shape[0], rows):
+        yield checkpoint.read_rows(source.name, start, min(start + rows, source.shape[0]), local).to(dtype)
 
 
 def _progress(total: int, enabled: bool | None):

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import CheckpointError
-from ..placements import Block, assemble, box
+from ..placements import Block, assemble, box, compose
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,28 @@ class Checkpoint:
                 return None
             position += piece.block.numel
         return [piece for _, piece in sorted(starts, key=lambda s: s[0])] if position == source.numel else None
+
+    BAND_BYTES = 64 << 20  # a tensor assembled band by band is held this much at a time
+
+    def band_rows(self, name: str) -> int | None:
+        """Rows per band when `name` is better assembled a band of rows at a time than whole: a tensor
+        larger than a band whose pieces are boxes of it (column splits, strided shards) read as they
+        lie, with nothing applied after. Memory then follows the band, not the tensor. None otherwise
+        (streamed pieces, see `flat_pieces`; transformed, computed or small tensors)."""
+        source = self.tensors[name]
+        if (len(source.shape) < 2 or name in self.transforms or not source.pieces or source.nbytes <= self.BAND_BYTES
+                or any(len(p.block.sizes) != len(source.shape) for p in source.pieces) or self.flat_pieces(name)):
+            return None
+        return max(1, self.BAND_BYTES // (math.prod(source.shape[1:]) * source.dtype.itemsize))
+
+    def read_rows(self, name: str, start: int, stop: int, local: Callable[[Piece], torch.Tensor]) -> torch.Tensor:
+        """Rows [start, stop) of `name`, from the parts of the pieces that fall in them (see `band_rows`);
+        `local` gives a piece's local tensor, so that a caller reading several bands loads each once."""
+        source = self.tensors[name]
+        band = Block((start,) + (0,) * (len(source.shape) - 1), (0,) * len(source.shape),
+                     (stop - start, *source.shape[1:]))
+        parts = [(block, lambda p=p: local(p)) for p in source.pieces if (block := compose(p.block, band)) is not None]
+        return assemble(band.sizes, source.dtype, parts)
 
     def read_piece(self, piece: Piece) -> torch.Tensor:
         """One piece's elements, flattened, as they lie in the whole tensor (see `flat_pieces`)."""
