@@ -161,3 +161,25 @@ def test_tensors_cut_in_columns_assembled_band_by_band(src, tmp_path, monkeypatc
     assert written == sorted(p.name for p in (tmp_path / "bands").glob("*.safetensors"))
     for name in written:
         assert (tmp_path / "bands" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+
+
+def test_pages_of_each_piece_are_handed_back_before_the_next_is_read(tmp_path, monkeypatch):
+    """Mapped pages count in RSS: a streamed tensor hands back each piece once it is written, and a
+    banded one each band's rows, so mapped memory follows a piece or a band, not the tensor."""
+    from unshard.readers.base import Checkpoint
+    from unshard.readers.fsdp_rank_files import FsdpRankFiles
+
+    events = []
+    for method in ("read_piece", "release", "release_rows"):
+        real = getattr(FsdpRankFiles, method)
+        monkeypatch.setattr(FsdpRankFiles, method, lambda self, piece, *rest, real=real, method=method: (
+            events.append((method, piece.key, piece.block.global_offsets)), real(self, piece, *rest))[1])
+    unshard.convert(SHIPPED / "llama-fsdp2" / "global_step_1", tmp_path / "streamed", progress=False, threads=1)
+    reads = [i for i, e in enumerate(events) if e[0] == "read_piece"]
+    assert reads and all(events[i + 1] == ("release", *events[i][1:]) for i in reads)
+
+    events.clear()
+    monkeypatch.setattr(Checkpoint, "BAND_BYTES", 1024)
+    unshard.convert(SHIPPED / "llama-fsdp2-tp" / "global_step_1", tmp_path / "banded", progress=False, threads=1)
+    banded = [e for e in events if e[0] == "release_rows" and e[1] == "model.layers.0.self_attn.o_proj.weight"]
+    assert len(banded) > len({e[2] for e in banded})  # each piece handed back band by band, not once at the end

@@ -101,10 +101,10 @@ def ready_to_write(plan: Plan, group: Group) -> list[Parts]:
     rows = checkpoint.band_rows(source.name) if group.convert is None else None
     if pieces is None and rows is None:
         return [Parts(o, [t]) for o, (_, t) in zip(group.outputs, materialise(plan, group))]
-    release = lambda: [checkpoint.release(p) for p in pieces or source.pieces]  # noqa: E731
     if pieces is None:
+        release = lambda: [checkpoint.release(p) for p in source.pieces]  # noqa: E731
         return [Parts(output, _read_in_bands(checkpoint, source, rows, output.dtype), release)]
-    return [Parts(output, _read_in_order(checkpoint, pieces, output.dtype), release)]
+    return [Parts(output, _read_in_order(checkpoint, pieces, output.dtype))]
 
 
 def _read_in_order(checkpoint, pieces, dtype: torch.dtype) -> Iterator[torch.Tensor]:
@@ -115,6 +115,9 @@ def _read_in_order(checkpoint, pieces, dtype: torch.dtype) -> Iterator[torch.Ten
         else:
             for start in range(0, flat.numel(), CAST_CHUNK):
                 yield flat[start:start + CAST_CHUNK].to(dtype)
+        # The writer asks for the next part once this one is written: its pages can go, so that a
+        # tensor's mapped pages never add up to more than one piece.
+        checkpoint.release(piece)
 
 
 def _read_in_bands(checkpoint, source, rows: int, dtype: torch.dtype) -> Iterator[torch.Tensor]:

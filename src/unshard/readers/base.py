@@ -136,8 +136,16 @@ class Checkpoint:
         source = self.tensors[name]
         band = Block((start,) + (0,) * (len(source.shape) - 1), (0,) * len(source.shape),
                      (stop - start, *source.shape[1:]))
-        parts = [(block, lambda p=p: local(p)) for p in source.pieces if (block := compose(p.block, band)) is not None]
-        return assemble(band.sizes, source.dtype, parts)
+        used = [(block, p) for p in source.pieces if (block := compose(p.block, band)) is not None]
+        rows = assemble(band.sizes, source.dtype, [(block, lambda p=p: local(p)) for block, p in used])
+        for block, piece in used:  # copied: their pages can go before the next band maps its own
+            start = block.local_offsets[0]
+            self.release_rows(piece, local(piece)[start:start + block.sizes[0]])
+        return rows
+
+    def release_rows(self, piece: Piece, rows: torch.Tensor) -> None:
+        """Called once these rows of a piece's local tensor are copied (a band, see `read_rows`): a
+        reader whose local tensors are file maps hands their pages back."""
 
     def read_piece(self, piece: Piece) -> torch.Tensor:
         """One piece's elements, flattened, as they lie in the whole tensor (see `flat_pieces`)."""

@@ -179,6 +179,13 @@ class DcpFolder(Checkpoint):
         info = self._storage[(piece.key, piece.block.global_offsets)]
         safe_pickle.forget_bytes(self._map(piece.file).data_ptr() + info.offset, info.length)
 
+    def release_rows(self, piece: Piece, rows: torch.Tensor) -> None:
+        # Only rows inside the file's map: a chunk of raw bytes was read into memory of its own.
+        mapped = self._map(piece.file)
+        start = rows.data_ptr()
+        if rows.is_contiguous() and mapped.data_ptr() <= start < mapped.data_ptr() + mapped.nbytes():
+            safe_pickle.forget_pages(rows)
+
     def close(self) -> None:
         self._maps.clear()
 
