@@ -5,6 +5,7 @@ torch.distributed.checkpoint (dcp.py's stand-ins)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -164,8 +165,9 @@ def test_tensors_cut_in_columns_assembled_band_by_band(src, tmp_path, monkeypatc
 
 
 def test_pages_of_each_piece_are_handed_back_before_the_next_is_read(tmp_path, monkeypatch):
-    """Mapped pages count in RSS: a streamed tensor hands back each piece once it is written, and a
-    banded one each band's rows, so mapped memory follows a piece or a band, not the tensor."""
+    """Mapped pages count in RSS: a streamed tensor read through memory (here: cast to bfloat16) hands
+    back each piece once it is written, and a banded one each band's rows, so mapped memory follows a
+    piece or a band, not the tensor."""
     from unshard.readers.base import Checkpoint
     from unshard.readers.fsdp_rank_files import FsdpRankFiles
 
@@ -174,7 +176,8 @@ def test_pages_of_each_piece_are_handed_back_before_the_next_is_read(tmp_path, m
         real = getattr(FsdpRankFiles, method)
         monkeypatch.setattr(FsdpRankFiles, method, lambda self, piece, *rest, real=real, method=method: (
             events.append((method, piece.key, piece.block.global_offsets)), real(self, piece, *rest))[1])
-    unshard.convert(SHIPPED / "llama-fsdp2" / "global_step_1", tmp_path / "streamed", progress=False, threads=1)
+    unshard.convert(SHIPPED / "llama-fsdp2" / "global_step_1", tmp_path / "streamed", progress=False, threads=1,
+                    dtype="bfloat16")
     reads = [i for i, e in enumerate(events) if e[0] == "read_piece"]
     assert reads and all(events[i + 1] == ("release", *events[i][1:]) for i in reads)
 
@@ -183,3 +186,60 @@ def test_pages_of_each_piece_are_handed_back_before_the_next_is_read(tmp_path, m
     unshard.convert(SHIPPED / "llama-fsdp2-tp" / "global_step_1", tmp_path / "banded", progress=False, threads=1)
     banded = [e for e in events if e[0] == "release_rows" and e[1] == "model.layers.0.self_attn.o_proj.weight"]
     assert len(banded) > len({e[2] for e in banded})  # each piece handed back band by band, not once at the end
+
+
+@pytest.mark.parametrize("src", [
+    "llama-fsdp2/global_step_1", "llama-fsdp1-dcp/dcp", "llama-fsdp1-shardedtensor/global_step_1", "megatron-qwen3-tp2-dp2/torch",
+    "megatron-qwen3-tp2-dp2/torch_dist", "deepspeed-zero3/checkpoint-1", "llama-fsdp2-dcp-safetensors/sharded", "llama-fsdp2/reference"])
+def test_pieces_that_lie_in_their_files_are_copied_file_to_file(tmp_path, monkeypatch, src):
+    """A same-dtype piece that is one run of bytes in a mapped file (FSDP rows, a DCP chunk) goes file
+    to file through copy_file_range, never through memory; where the kernel refuses, through pread. All
+    three ways write the same bytes as reading the pieces into memory."""
+    from unshard import writer
+    from unshard.readers.base import Checkpoint
+
+    src = SHIPPED / src
+    config_from = {"config_from": src.parent / "hf"} if (src.parent / "hf").is_dir() else {}
+    copied, real_copy = [], writer.SafetensorsFile._copy_at
+    monkeypatch.setattr(writer.SafetensorsFile, "_copy_at", lambda self, at, part: (copied.append(part), real_copy(self, at, part))[1])
+    monkeypatch.setattr(writer, "_KERNEL_COPIES", True)  # restored after the test, whatever a refusal below sets
+    unshard.convert(src, tmp_path / "kernel", progress=False, verify=True, **config_from)
+    assert copied and all(part.path.is_relative_to(src) for part in copied)
+    plan = unshard.plan(src, **config_from)
+    streamed = sum(g.nbytes for g in plan.groups if plan.checkpoint.flat_pieces(g.source.name) and g.convert is None)
+    assert sum(part.nbytes for part in copied) == streamed  # every streamed tensor, whole
+
+    refusals = []
+
+    def refused(*args):
+        refusals.append(args)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(writer.os, "copy_file_range", refused)
+    unshard.convert(src, tmp_path / "pread", progress=False, **config_from)
+    assert len(refusals) == 1 and writer._KERNEL_COPIES is False  # asked once, then not again
+
+    monkeypatch.setattr(Checkpoint, "file_offset", lambda self, piece: None)
+    unshard.convert(src, tmp_path / "memory", progress=False, **config_from)
+    for name in (p.name for p in (tmp_path / "memory").glob("*.safetensors")):
+        memory = (tmp_path / "memory" / name).read_bytes()
+        assert (tmp_path / "kernel" / name).read_bytes() == memory, name
+        assert (tmp_path / "pread" / name).read_bytes() == memory, name
+
+
+@pytest.mark.parametrize("kernel_copies", [True, False])
+def test_a_source_file_shorter_than_its_part_is_named(tmp_path, monkeypatch, kernel_copies):
+    """A rank file cut short after it was opened (a copy still running) is an error naming it, not a
+    short tensor written silently (nor, as through a memory map, a bus error)."""
+    import torch
+
+    from unshard import writer
+    from unshard.errors import CheckpointError
+
+    monkeypatch.setattr(writer, "_KERNEL_COPIES", kernel_copies)
+    short = tmp_path / "model_world_size_2_rank_1.pt"
+    short.write_bytes(b"\0" * 10)
+    out = writer.SafetensorsFile(tmp_path / "model.safetensors", [("t", torch.float32, (4,))])
+    with pytest.raises(CheckpointError, match=f"{short}: ends before byte 16"):
+        out.write_parts("t", torch.float32, (4,), [writer.FileBytes(short, 0, 16)])
+    out.close(check=False)

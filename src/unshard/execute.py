@@ -31,7 +31,7 @@ from . import known
 from .errors import PeerFailedError, UnshardError
 from .plan import DTYPE_NAMES, Group, OutputTensor, Plan
 from .report import human_bytes, model_card
-from .writer import MODEL_FILE_PATTERNS, OutputFolder, SafetensorsFile, copy_model_files, sha256_of, write_index
+from .writer import MODEL_FILE_PATTERNS, FileBytes, OutputFolder, SafetensorsFile, copy_model_files, sha256_of, write_index
 
 
 @dataclass
@@ -84,7 +84,7 @@ class Parts:
     iterator producing them as the writer goes); `then` releases what the reader holds for them."""
 
     output: OutputTensor
-    parts: Iterable[torch.Tensor]
+    parts: Iterable[torch.Tensor | FileBytes]
     then: Callable[[], None] | None = None
 
 
@@ -104,11 +104,15 @@ def ready_to_write(plan: Plan, group: Group) -> list[Parts]:
     if pieces is None:
         release = lambda: [checkpoint.release(p) for p in source.pieces]  # noqa: E731
         return [Parts(output, _read_in_bands(checkpoint, source, rows, output.dtype), release)]
-    return [Parts(output, _read_in_order(checkpoint, pieces, output.dtype))]
+    return [Parts(output, _read_in_order(checkpoint, source, pieces, output.dtype))]
 
 
-def _read_in_order(checkpoint, pieces, dtype: torch.dtype) -> Iterator[torch.Tensor]:
+def _read_in_order(checkpoint, source, pieces, dtype: torch.dtype) -> Iterator[torch.Tensor | FileBytes]:
     for piece in pieces:
+        at = checkpoint.file_offset(piece) if dtype == source.dtype else None
+        if at is not None:  # its bytes, as they are in the file: copied by the kernel
+            yield FileBytes(piece.file, at, piece.block.numel * dtype.itemsize)
+            continue
         flat = checkpoint.read_piece(piece)
         if flat.dtype == dtype:
             yield flat

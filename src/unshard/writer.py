@@ -9,6 +9,7 @@ failed run never leaves an OUT that looks finished.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import json
@@ -16,12 +17,13 @@ import os
 import shutil
 import struct
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 import torch
 
-from .errors import OutputExistsError
+from .errors import CheckpointError, OutputExistsError
 
 SAFETENSORS_DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -38,6 +40,19 @@ MODEL_FILE_PATTERNS = (
     "processor_config.json", "video_preprocessor_config.json", "image_processor_config.json",
     "feature_extractor_config.json", "*.py",
 )
+
+
+@dataclass(frozen=True)
+class FileBytes:
+    """A part of a tensor that lies as it is in a source file: `nbytes` bytes of `path` from `offset`."""
+
+    path: Path
+    offset: int
+    nbytes: int
+
+
+COPY_CHUNK = 16 << 20  # bytes read at a time when the kernel cannot copy file to file
+_KERNEL_COPIES = hasattr(os, "copy_file_range")  # until a filesystem refuses it
 
 
 class SafetensorsFile:
@@ -73,19 +88,52 @@ class SafetensorsFile:
             n = os.pwrite(self._fd, data, at)  # may write less than asked (Linux: at most ~2 GB a call)
             data, at = data[n:], at + n
 
-    def write_parts(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], parts: Iterable[torch.Tensor]) -> None:
+    def _copy_at(self, at: int, part: FileBytes) -> None:
+        """Copy a part file to file with copy_file_range: the kernel moves the bytes between page caches
+        (or the server does, on NFS), none pass through this process, and its memory does not grow.
+        Where that call is missing or refused (another filesystem, macOS), read and write in chunks."""
+        global _KERNEL_COPIES
+        source = os.open(part.path, os.O_RDONLY)
+        try:
+            offset, left = part.offset, part.nbytes
+            while left:
+                n = 0
+                if _KERNEL_COPIES:
+                    try:
+                        n = os.copy_file_range(source, self._fd, left, offset, at)
+                    except OSError as e:
+                        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM):
+                            raise
+                        _KERNEL_COPIES = False
+                if not _KERNEL_COPIES:
+                    data = os.pread(source, min(left, COPY_CHUNK), offset)
+                    self._write_at(at, memoryview(data))
+                    n = len(data)
+                if n == 0:
+                    raise CheckpointError(f"{part.path}: ends before byte {offset + left}; the file is truncated: "
+                                          "copy it again")
+                offset, at, left = offset + n, at + n, left - n
+        finally:
+            os.close(source)
+
+    def write_parts(self, name: str, dtype: torch.dtype, shape: tuple[int, ...],
+                    parts: Iterable[torch.Tensor | FileBytes]) -> None:
         """Write tensor `name` from parts whose bytes, one after another, are the tensor's."""
         want_dtype, want_shape, start, size = self._entries[name]
         if (dtype, tuple(shape)) != (want_dtype, want_shape):
             raise AssertionError(f"{self.path}: {name} is {want_dtype} {want_shape} in the header, got {dtype} {shape}")
         written = 0
         for part in parts:
-            if part.dtype != dtype or written + part.numel() * dtype.itemsize > size:
-                raise AssertionError(f"{name}: a part of {part.dtype} {tuple(part.shape)} does not fit what is left")
-            if part.numel():
-                data = memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy())
-                self._write_at(self._data_start + start + written, data)
-                written += data.nbytes
+            in_file = isinstance(part, FileBytes)
+            nbytes = part.nbytes if in_file else part.numel() * dtype.itemsize
+            if (not in_file and part.dtype != dtype) or written + nbytes > size:
+                raise AssertionError(f"{name}: a part of {nbytes} bytes does not fit what is left")
+            if in_file:
+                self._copy_at(self._data_start + start + written, part)
+            elif nbytes:
+                self._write_at(self._data_start + start + written,
+                               memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy()))
+            written += nbytes
         if written != size:
             raise AssertionError(f"{name}: {written} of {size} bytes written")
         with self._lock:

@@ -70,6 +70,8 @@ class Checkpoint:
     facts: dict[str, Any] = field(default_factory=dict)
     # name -> applied to the assembled tensor (a row permutation no box can express, say)
     transforms: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    # file -> its map, for readers whose local tensors are views of whole-file maps (see file_offset)
+    maps: dict[Path, torch.UntypedStorage] = field(default_factory=dict)
 
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         raise NotImplementedError
@@ -147,9 +149,33 @@ class Checkpoint:
         """Called once these rows of a piece's local tensor are copied (a band, see `read_rows`): a
         reader whose local tensors are file maps hands their pages back."""
 
+    def file_map(self, file: Path) -> torch.UntypedStorage | None:
+        """The map of `file` that this reader's local tensors are views of, if it maps the whole file."""
+        return self.maps.get(file)
+
+    def map_file(self, file: Path) -> torch.UntypedStorage:
+        """A private map of the whole file, made on first use (as torch.load(mmap=True) makes), for
+        readers that load chunks of a file in place, as views of it."""
+        if file not in self.maps:
+            self.maps[file] = torch.UntypedStorage.from_file(str(file), shared=False, nbytes=file.stat().st_size)
+        return self.maps[file]
+
+    def file_offset(self, piece: Piece) -> int | None:
+        """Where `read_piece(piece)`'s bytes begin in `piece.file`, when they lie there as they are, in one
+        run, in a file this reader maps. The writer then copies them file to file in the kernel, and they
+        never pass through this process's memory. None otherwise (a chunk read into memory, a strided box)."""
+        view = self.local_tensor(piece)[box(piece.block.local_offsets, piece.block.sizes)]
+        mapped = self.file_map(piece.file)
+        if mapped is None:
+            return None
+        offset = view.data_ptr() - mapped.data_ptr()
+        inside = 0 <= offset and offset + view.numel() * view.element_size() <= mapped.nbytes()
+        return offset if view.numel() and view.is_contiguous() and inside else None
+
     def read_piece(self, piece: Piece) -> torch.Tensor:
         """One piece's elements, flattened, as they lie in the whole tensor (see `flat_pieces`)."""
         return self.local_tensor(piece)[box(piece.block.local_offsets, piece.block.sizes)].reshape(-1)
 
     def close(self) -> None:
         """Drop open file maps."""
+        self.maps.clear()

@@ -167,27 +167,18 @@ def chunk_location(folder: Path, storage: dict, fqn: str, offsets: tuple[int, ..
 class DcpFolder(Checkpoint):
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         info = self._storage[(piece.key, piece.block.global_offsets)]
-        return read_chunk(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key, self._map(piece.file))
-
-    def _map(self, file: Path) -> torch.UntypedStorage:
-        # One private, read-only-in-practice map per .distcp file, as torch.load(mmap=True) makes.
-        if file not in self._maps:
-            self._maps[file] = torch.UntypedStorage.from_file(str(file), shared=False, nbytes=file.stat().st_size)
-        return self._maps[file]
+        return read_chunk(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key, self.map_file(piece.file))
 
     def release(self, piece: Piece) -> None:
         info = self._storage[(piece.key, piece.block.global_offsets)]
-        safe_pickle.forget_bytes(self._map(piece.file).data_ptr() + info.offset, info.length)
+        safe_pickle.forget_bytes(self.map_file(piece.file).data_ptr() + info.offset, info.length)
 
     def release_rows(self, piece: Piece, rows: torch.Tensor) -> None:
         # Only rows inside the file's map: a chunk of raw bytes was read into memory of its own.
-        mapped = self._map(piece.file)
+        mapped = self.map_file(piece.file)
         start = rows.data_ptr()
         if rows.is_contiguous() and mapped.data_ptr() <= start < mapped.data_ptr() + mapped.nbytes():
             safe_pickle.forget_pages(rows)
-
-    def close(self) -> None:
-        self._maps.clear()
 
     def fit_config(self, config: dict | None) -> None:
         """torchtitan and torchtune save Meta's Llama names: rename them once the config gives the head counts."""
@@ -229,7 +220,6 @@ def open_folder(src: Path) -> DcpFolder:
                **_train_params(folder)},
     )
     checkpoint._storage = storage
-    checkpoint._maps = {}
     checkpoint._dtypes = {fqn: metadata.state_dict_metadata[fqn].properties.dtype for fqn in names}
     return checkpoint
 

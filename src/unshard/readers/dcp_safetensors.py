@@ -8,7 +8,9 @@ against config.json is what catches a missing last rank.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import re
 from pathlib import Path
 
@@ -42,6 +44,26 @@ class SafetensorsFiles(Checkpoint):
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         with safe_open(piece.file, framework="pt") as f:
             return f.get_tensor(piece.key)
+
+    def file_offset(self, piece: Piece) -> int | None:
+        """A safetensors file keeps each tensor as one run of bytes, where its header says."""
+        stat = piece.file.stat()
+        begin, shape, itemsize = _byte_places(piece.file, stat.st_mtime_ns, stat.st_size)[piece.key]
+        block = piece.block
+        if not block.numel or tuple(block.sizes[1:]) != shape[1:] or any(block.local_offsets[1:]):
+            return None  # not whole rows of the stored tensor
+        return begin + (block.local_offsets[0] if shape else 0) * math.prod(shape[1:]) * itemsize
+
+
+@functools.lru_cache(maxsize=1024)
+def _byte_places(path: Path, mtime_ns: int, size: int) -> dict[str, tuple[int, tuple[int, ...], int]]:
+    """Each tensor of a safetensors file: (its first byte in the file, shape, bytes per element).
+    (`mtime_ns` and `size` key the cache: a file written again is read again.)"""
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+    return {name: (8 + length + entry["data_offsets"][0], tuple(entry["shape"]), TORCH_DTYPES[entry["dtype"]].itemsize)
+            for name, entry in header.items() if name != "__metadata__"}
 
 
 def open_folder(src: Path) -> SafetensorsFiles:

@@ -74,6 +74,7 @@ class DeepSpeedZero(Checkpoint):
 
     def close(self) -> None:
         self._states.clear()
+        super().close()
 
 
 def _ranges(path: Path, key: str, part: int, local_start: int, global_start: int, count: int) -> Piece:
@@ -97,7 +98,8 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
                                                                  for p in expert_files):
         raise CheckpointError(f"{folder}: tensor-parallel DeepSpeed checkpoints (mp_rank_01 and up) are not supported yet")
     first_model = model_files[min(model_files)]
-    model_state = safe_pickle.load(first_model)
+    maps: dict[Path, torch.UntypedStorage] = {}
+    model_state, maps[first_model] = safe_pickle.load_mapped(first_model)
     world = int(model_state.get("dp_world_size") or len(optim_files))
     missing = sorted(set(range(world)) - {dp for dp, _ in optim_files})
     if missing:
@@ -107,7 +109,7 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
     optims = []
     for dp in range(world):
         path = optim_files[(dp, 0)]
-        states[path] = safe_pickle.load(path)
+        states[path], maps[path] = safe_pickle.load_mapped(path)
         optims.append(path)
     optim0 = states[optims[0]]["optimizer_state_dict"]
     stage = int(optim0["zero_stage"])
@@ -126,7 +128,7 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
         for name, t in model_state["module"].items():
             tensors[name] = _from_module(first_model, name, t)
         for path in sorted(expert_files):
-            states[path] = safe_pickle.load(path)
+            states[path], maps[path] = safe_pickle.load_mapped(path)
             for name, t in states[path].items():
                 tensors[name] = SourceTensor(name, tuple(t.shape), t.dtype, [Piece(path, f"expert/{name}",
                                                                                    Block.whole(t.shape))])
@@ -134,7 +136,7 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
         masters = _zero12_masters if stage <= 2 else _zero3_masters
         for name, shape, pieces in masters(param_shapes, optims, states, world):
             tensors[name] = SourceTensor(name, tuple(shape), torch.float32, deduplicate(name, tuple(shape), pieces))
-        _add_frozen(tensors, model_state, first_model, folder, model_files, states, stage, world)
+        _add_frozen(tensors, model_state, first_model, folder, model_files, states, maps, stage, world)
         for name in model_state.get("buffer_names") or []:
             tensors[name] = _from_module(first_model, name, model_state["module"][name])
         facts["optimizer_files"] = Counter("bf16" if p.name.startswith("bf16_") else "fp32" for p in optims).most_common(1)[0][0]
@@ -142,7 +144,7 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
         if source in tensors:
             tensors[alias] = SourceTensor(alias, tensors[source].shape, tensors[source].dtype, tensors[source].pieces)
     hf = _hf_folder(folder)
-    checkpoint = DeepSpeedZero(layout=LAYOUT, path=folder, tensors=tensors, hf_folder=hf, facts=facts)
+    checkpoint = DeepSpeedZero(layout=LAYOUT, path=folder, tensors=tensors, hf_folder=hf, facts=facts, maps=maps)
     checkpoint._states = states
     return checkpoint
 
@@ -213,7 +215,7 @@ def _zero3_masters(param_shapes, optims, states, world):
             offset += per_rank
 
 
-def _add_frozen(tensors, model_state, first_model, folder, model_files, states, stage, world) -> None:
+def _add_frozen(tensors, model_state, first_model, folder, model_files, states, maps, stage, world) -> None:
     """Frozen parameters are not in the optimizer: whole in the model states (ZeRO 1/2) or in
     per-rank fragments of ceil(numel / world) elements (ZeRO 3)."""
     frozen = model_state.get("frozen_param_shapes") or {}
@@ -222,7 +224,8 @@ def _add_frozen(tensors, model_state, first_model, folder, model_files, states, 
     if stage == 3:
         for dp in range(world):
             path = model_files[(dp, 0)]
-            states.setdefault(path, safe_pickle.load(path))
+            if path not in states:
+                states[path], maps[path] = safe_pickle.load_mapped(path)
     for name, shape in frozen.items():
         numel, pieces = math.prod(shape), []
         if stage <= 2:

@@ -133,6 +133,7 @@ class FsdpRankFiles(Checkpoint):
 
     def close(self) -> None:
         self._states.clear()
+        super().close()
 
 
 def open_folder(src: Path) -> FsdpRankFiles:
@@ -146,13 +147,14 @@ def open_folder(src: Path) -> FsdpRankFiles:
         raise CheckpointError(f"{folder}: missing {len(missing)} of {world} rank files ({names}); copy every rank's file")
     fsdp_config = _read_fsdp_config(folder, world) if found.naming == "verl" else {}
 
-    states, pieces, how_sharded, skipped = {}, {}, Counter(), Counter()
+    states, maps, pieces, how_sharded, skipped = {}, {}, {}, Counter(), Counter()
     shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
     sharding: dict[str, str] = {}
     keys0 = None
     for rank in range(world):
         path = found.files[rank]
-        state = _model_state(path, safe_pickle.load(path))
+        saved, maps[path] = safe_pickle.load_mapped(path)
+        state = _model_state(path, saved)
         if keys0 is None:
             keys0 = list(state)
         elif set(state) != set(keys0):
@@ -188,6 +190,7 @@ def open_folder(src: Path) -> FsdpRankFiles:
         tensors=tensors,
         hf_folder=hf if hf.is_dir() else None,
         facts=facts,
+        maps=maps,
     )
     checkpoint._states = states
     return checkpoint

@@ -105,6 +105,7 @@ class MegatronCheckpoint(Checkpoint):
     def close(self) -> None:
         if self._made_config_folder is not None:
             self._made_config_folder()
+        super().close()
 
     def fit_config(self, config: dict[str, Any] | None) -> None:
         if config is None:
@@ -178,7 +179,9 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
         raise CheckpointError(f"{iteration_folder(src, iteration)}: no mp_rank_*/model_optim_rng.pt here; "
                               "pass the Megatron checkpoint folder or one of its iter_* folders")
     files = rank_files(folder)
-    saved = {rank: safe_pickle.load(path) for rank, path in files.items()}
+    saved, maps = {}, {}
+    for rank, path in files.items():
+        saved[rank], maps[path] = safe_pickle.load_mapped(path)
     first_rank = min(saved)
     first = saved[first_rank]
     args = plain_args(first["args"], files[first_rank]) if isinstance(first, dict) and "args" in first else None
@@ -256,7 +259,7 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
                 shapes[name], dtypes[name] = shape, tensor.dtype
     megatron = {name: SourceTensor(name, shapes[name], dtypes[name], deduplicate(name, shapes[name], found))
                 for name, found in pieces.items()}
-    checkpoint = MegatronFiles(layout=LAYOUT, path=folder, tensors={})
+    checkpoint = MegatronFiles(layout=LAYOUT, path=folder, tensors={}, maps=maps)
     checkpoint._states = {files[rank]: state for rank, state in states.items()}
     return finish(checkpoint, megatron, args_or_none, {
         "format": "torch (legacy: one file per rank)" if args_or_none else "verl mp_rank_*/model.pt (no Megatron-LM args)",

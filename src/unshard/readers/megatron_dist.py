@@ -81,12 +81,16 @@ class MegatronDist(MegatronCheckpoint):
             tensor = self._recent.get(piece.part)
         if tensor is None:
             info, dtype, sizes, index = self._chunks[piece.part]
-            tensor = dcp.read_chunk(piece.file, info, dtype, sizes, piece.key)[index]
+            tensor = dcp.read_chunk(piece.file, info, dtype, sizes, piece.key, self.map_file(piece.file))[index]
             with self._lock:
                 self._recent[piece.part] = tensor
                 while len(self._recent) > self.KEEP:
                     self._recent.popitem(last=False)
         return tensor
+
+    def release(self, piece: Piece) -> None:
+        info = self._chunks[piece.part][0]
+        safe_pickle.forget_bytes(self.map_file(piece.file).data_ptr() + info.offset, info.length)
 
     def close(self) -> None:
         self._recent.clear()
