@@ -12,6 +12,7 @@ index, config and model card, and puts the folder in place only if every writer 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import multiprocessing
 import queue
@@ -62,6 +63,23 @@ class Writing:
     threads: int = 1  # tensors read, assembled and written at once
     verify: bool = False  # re-read every written tensor and compare it with the source
     checksums: bool = False  # each file's sha256 in the model card (costs a core at about 1 GB/s)
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+OWN_MAP_BYTES = 1 << 20
+
+
+def return_freed_memory() -> None:
+    """Have allocations of 1 MB and more (assembled tensors, bands, merge inputs) mapped on their own,
+    so that freeing one gives its memory back to the system. glibc's default moves that threshold up
+    to 32 MB after the first large free, serves smaller tensors from its heaps and keeps what they
+    free: RSS then crept up with the number of tensors assembled (tensor-parallel 5.94 GB: 0.57 GB
+    peak, 0.44 GB with this, as at 0.70 GB). Process-wide, and a no-op off glibc."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, OWN_MAP_BYTES)
+        except (OSError, AttributeError):
+            pass
 
 
 def peak_rss(children: bool = False) -> int:
@@ -154,6 +172,7 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
     """
     out = Path(out)
     plan.require_config()
+    return_freed_memory()
     writing = Writing(threads, verify, checksums)
     if distributed:
         return _convert_distributed(plan, out, overwrite, writing, progress, extra_files)

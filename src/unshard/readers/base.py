@@ -7,14 +7,19 @@ time, by `Checkpoint.read`.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from .. import safe_pickle
 from ..errors import CheckpointError
 from ..placements import Block, assemble, box, compose
+
+
+_MAPPING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,10 @@ class Checkpoint:
         (Megatron pads the vocabulary, and only the config knows the true size)."""
 
     def release(self, piece: Piece) -> None:
-        """Called once a piece's bytes are copied: a reader may free what it held for it."""
+        """Called once a piece's bytes are copied: a reader may free what it held for it. Here: the
+        pages of a file map the piece's local tensor lies in (see `release_rows`)."""
+        if self.file_map(piece.file) is not None:
+            self.release_rows(piece, self.local_tensor(piece))
 
     def read(self, name: str) -> torch.Tensor:
         """The whole tensor `name`, assembled from its pieces; nothing else is loaded."""
@@ -146,8 +154,14 @@ class Checkpoint:
         return rows
 
     def release_rows(self, piece: Piece, rows: torch.Tensor) -> None:
-        """Called once these rows of a piece's local tensor are copied (a band, see `read_rows`): a
-        reader whose local tensors are file maps hands their pages back."""
+        """Called once these rows of a piece's local tensor are copied (a band, see `read_rows`): if they
+        lie in a file map, their pages are handed back. Pages read through a map count in the process's
+        RSS until then, which would make it grow with the model; the file is never written through the
+        map, so dropping them loses nothing. (Never for memory of its own: that would zero it.)"""
+        mapped = self.file_map(piece.file)
+        start = rows.data_ptr()
+        if mapped is not None and rows.is_contiguous() and mapped.data_ptr() <= start < mapped.data_ptr() + mapped.nbytes():
+            safe_pickle.forget_pages(rows)
 
     def file_map(self, file: Path) -> torch.UntypedStorage | None:
         """The map of `file` that this reader's local tensors are views of, if it maps the whole file."""
@@ -156,9 +170,10 @@ class Checkpoint:
     def map_file(self, file: Path) -> torch.UntypedStorage:
         """A private map of the whole file, made on first use (as torch.load(mmap=True) makes), for
         readers that load chunks of a file in place, as views of it."""
-        if file not in self.maps:
-            self.maps[file] = torch.UntypedStorage.from_file(str(file), shared=False, nbytes=file.stat().st_size)
-        return self.maps[file]
+        with _MAPPING:  # one map per file, also when threads ask at once: a tensor of a second map
+            if file not in self.maps:  # would not be found in the first (file_offset, release_rows)
+                self.maps[file] = torch.UntypedStorage.from_file(str(file), shared=False, nbytes=file.stat().st_size)
+            return self.maps[file]
 
     def file_offset(self, piece: Piece) -> int | None:
         """Where `read_piece(piece)`'s bytes begin in `piece.file`, when they lie there as they are, in one

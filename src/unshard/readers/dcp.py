@@ -173,13 +173,6 @@ class DcpFolder(Checkpoint):
         info = self._storage[(piece.key, piece.block.global_offsets)]
         safe_pickle.forget_bytes(self.map_file(piece.file).data_ptr() + info.offset, info.length)
 
-    def release_rows(self, piece: Piece, rows: torch.Tensor) -> None:
-        # Only rows inside the file's map: a chunk of raw bytes was read into memory of its own.
-        mapped = self.map_file(piece.file)
-        start = rows.data_ptr()
-        if rows.is_contiguous() and mapped.data_ptr() <= start < mapped.data_ptr() + mapped.nbytes():
-            safe_pickle.forget_pages(rows)
-
     def fit_config(self, config: dict | None) -> None:
         """torchtitan and torchtune save Meta's Llama names: rename them once the config gives the head counts."""
         trainer = meta_llama_rules.trainer(self.tensors)

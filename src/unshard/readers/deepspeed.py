@@ -69,9 +69,6 @@ class DeepSpeedZero(Checkpoint):
             return state[name]
         return state["optimizer_state_dict"][kind][piece.part]
 
-    def release(self, piece: Piece) -> None:
-        safe_pickle.forget_pages(self.local_tensor(piece))
-
     def close(self) -> None:
         self._states.clear()
         super().close()

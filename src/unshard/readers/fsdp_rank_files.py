@@ -124,13 +124,6 @@ class FsdpRankFiles(Checkpoint):
             return value.local_shards[piece.part].tensor
         return value._local_tensor if safe_pickle.is_dtensor(value) else value
 
-    def release(self, piece: Piece) -> None:
-        safe_pickle.forget_pages(self.local_tensor(piece))
-
-    def release_rows(self, piece: Piece, rows: torch.Tensor) -> None:
-        if rows.is_contiguous():  # rows of a map torch.load made: forget_pages takes one byte range
-            safe_pickle.forget_pages(rows)
-
     def close(self) -> None:
         self._states.clear()
         super().close()

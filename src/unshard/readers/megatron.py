@@ -293,9 +293,6 @@ class MegatronFiles(MegatronCheckpoint):
         chunk, name = piece.key.split("/", 1)
         return self._states[piece.file][chunk][name]
 
-    def release(self, piece: Piece) -> None:
-        safe_pickle.forget_pages(self.local_tensor(piece))
-
     def close(self) -> None:
         self._states.clear()
         super().close()
