@@ -264,3 +264,22 @@ def test_threads_that_map_a_file_at_once_share_one_map(monkeypatch):
     with ThreadPoolExecutor(4) as pool:
         maps = list(pool.map(lambda _: (together.wait(), checkpoint.map_file(file))[1], range(4)))
     assert all(m is maps[0] for m in maps) and checkpoint.maps[file] is maps[0]
+
+
+def test_a_kernel_copy_that_copies_nothing_is_read_instead(tmp_path, monkeypatch):
+    """Some filesystems answer copy_file_range with 0 bytes rather than an error: the part is read
+    instead, and the tensor written whole."""
+    import torch
+    from safetensors.torch import load_file
+
+    from unshard import writer
+
+    monkeypatch.setattr(writer, "_KERNEL_COPIES", True)
+    monkeypatch.setattr(writer.os, "copy_file_range", lambda *args: 0)
+    source = tmp_path / "source.bin"
+    values = torch.arange(6, dtype=torch.float32)
+    source.write_bytes(b"header" + values.numpy().tobytes())
+    out = writer.SafetensorsFile(tmp_path / "model.safetensors", [("t", torch.float32, (2, 3))])
+    out.write_parts("t", torch.float32, (2, 3), [writer.FileBytes(source, 6, 12), writer.FileBytes(source, 18, 12)])
+    out.close()
+    assert torch.equal(load_file(tmp_path / "model.safetensors")["t"], values.reshape(2, 3))

@@ -55,6 +55,18 @@ COPY_CHUNK = 16 << 20  # bytes read at a time when the kernel cannot copy file t
 _KERNEL_COPIES = hasattr(os, "copy_file_range")  # until a filesystem refuses it
 
 
+def _kernel_copy(source: int, dest: int, offset: int, at: int, count: int) -> int:
+    """Bytes copy_file_range copied; 0 where the filesystem refuses the call (not asked again after)."""
+    global _KERNEL_COPIES
+    try:
+        return os.copy_file_range(source, dest, count, offset, at)
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM):
+            raise
+        _KERNEL_COPIES = False
+        return 0
+
+
 class SafetensorsFile:
     """One safetensors file, written tensor by tensor at offsets known in advance.
 
@@ -92,26 +104,18 @@ class SafetensorsFile:
         """Copy a part file to file with copy_file_range: the kernel moves the bytes between page caches
         (or the server does, on NFS), none pass through this process, and its memory does not grow.
         Where that call is missing or refused (another filesystem, macOS), read and write in chunks."""
-        global _KERNEL_COPIES
         source = os.open(part.path, os.O_RDONLY)
         try:
             offset, left = part.offset, part.nbytes
             while left:
-                n = 0
-                if _KERNEL_COPIES:
-                    try:
-                        n = os.copy_file_range(source, self._fd, left, offset, at)
-                    except OSError as e:
-                        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM):
-                            raise
-                        _KERNEL_COPIES = False
-                if not _KERNEL_COPIES:
+                n = _kernel_copy(source, self._fd, offset, at, left) if _KERNEL_COPIES else 0
+                if n == 0:  # refused, or nothing copied: read it, which also tells the end of the file
                     data = os.pread(source, min(left, COPY_CHUNK), offset)
+                    if not data:
+                        raise CheckpointError(f"{part.path}: ends before byte {offset + left}; the file is "
+                                              "truncated: copy it again")
                     self._write_at(at, memoryview(data))
                     n = len(data)
-                if n == 0:
-                    raise CheckpointError(f"{part.path}: ends before byte {offset + left}; the file is truncated: "
-                                          "copy it again")
                 offset, at, left = offset + n, at + n, left - n
         finally:
             os.close(source)
