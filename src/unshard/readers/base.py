@@ -179,10 +179,10 @@ class Checkpoint:
         """Where `read_piece(piece)`'s bytes begin in `piece.file`, when they lie there as they are, in one
         run, in a file this reader maps. The writer then copies them file to file in the kernel, and they
         never pass through this process's memory. None otherwise (a chunk read into memory, a strided box)."""
-        view = self.local_tensor(piece)[box(piece.block.local_offsets, piece.block.sizes)]
         mapped = self.file_map(piece.file)
-        if mapped is None:
+        if mapped is None:  # (asked first: a reader without maps may read its local tensors whole)
             return None
+        view = self.local_tensor(piece)[box(piece.block.local_offsets, piece.block.sizes)]
         offset = view.data_ptr() - mapped.data_ptr()
         inside = 0 <= offset and offset + view.numel() * view.element_size() <= mapped.nbytes()
         return offset if view.numel() and view.is_contiguous() and inside else None

@@ -169,6 +169,9 @@ class DcpFolder(Checkpoint):
         info = self._storage[(piece.key, piece.block.global_offsets)]
         return read_chunk(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key, self.map_file(piece.file))
 
+    def file_map(self, file: Path) -> torch.UntypedStorage:
+        return self.map_file(file)  # chunks are loaded as views of it
+
     def release(self, piece: Piece) -> None:
         info = self._storage[(piece.key, piece.block.global_offsets)]
         safe_pickle.forget_bytes(self.map_file(piece.file).data_ptr() + info.offset, info.length)

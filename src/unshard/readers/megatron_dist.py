@@ -88,6 +88,9 @@ class MegatronDist(MegatronCheckpoint):
                     self._recent.popitem(last=False)
         return tensor
 
+    def file_map(self, file: Path) -> torch.UntypedStorage:
+        return self.map_file(file)  # chunks are loaded as views of it
+
     def release(self, piece: Piece) -> None:
         info = self._chunks[piece.part][0]
         safe_pickle.forget_bytes(self.map_file(piece.file).data_ptr() + info.offset, info.length)
