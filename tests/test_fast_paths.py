@@ -283,3 +283,27 @@ def test_a_kernel_copy_that_copies_nothing_is_read_instead(tmp_path, monkeypatch
     out.write_parts("t", torch.float32, (2, 3), [writer.FileBytes(source, 6, 12), writer.FileBytes(source, 18, 12)])
     out.close()
     assert torch.equal(load_file(tmp_path / "model.safetensors")["t"], values.reshape(2, 3))
+
+
+def test_dcp_chunks_saved_as_safetensors_are_found_by_their_header(tmp_path, monkeypatch):
+    """torch.distributed.checkpoint's SerializationFormat.SAFETENSORS writes each .distcp as a
+    safetensors file and records offset 0 for every chunk in .metadata: the bytes are where the
+    file's header says (read from offset 0, they were the header: wrong weights, silently)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter, SerializationFormat
+
+    from unshard import writer
+
+    reference = SHIPPED / "llama-fsdp2" / "reference"
+    state = load_file(reference / "model.safetensors")
+    with pytest.warns(UserWarning):  # no process group: torch saves as a single process
+        dcp.save(state, storage_writer=FileSystemWriter(tmp_path / "dcp", serialization_format=SerializationFormat.SAFETENSORS))
+    copied, real_copy = [], writer.SafetensorsFile._copy_at
+    monkeypatch.setattr(writer.SafetensorsFile, "_copy_at", lambda self, at, part: (copied.append(part), real_copy(self, at, part))[1])
+    unshard.convert(tmp_path / "dcp", tmp_path / "out", progress=False, verify=True, config_from=reference)
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    assert written.keys() == state.keys()
+    assert all(written[k].dtype == state[k].dtype and torch.equal(written[k], state[k]) for k in state)
+    assert copied  # chunks are views of the file's map, so copied by the kernel

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from .. import meta_llama_rules, safe_pickle
 from ..errors import CheckpointError
 from ..placements import Block
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
+from .dcp_safetensors import byte_places
 
 LAYOUT = "torch-dcp"
 # Top-level keys trainers save beside the model in the same DCP folder; none of them is a weight.
@@ -132,10 +134,14 @@ def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], wha
                               "the file is truncated: copy it again")
     with open(file, "rb") as f:
         f.seek(info.offset)
-        archived = f.read(2) == b"PK"  # the default: each chunk is its own torch.save archive
-        if not archived:  # raw bytes (SerializationFormat.SAFETENSORS)
-            f.seek(info.offset)
-            return torch.frombuffer(bytearray(f.read(info.length)), dtype=dtype).reshape(sizes)
+        archived = f.read(4) == b"PK\x03\x04"  # the default: each chunk is its own torch.save archive
+        if not archived:  # SerializationFormat.SAFETENSORS: raw bytes, found by the file's header
+            start = _safetensors_start(file, what, dtype, sizes, info.offset)
+            if mapped is not None:  # a view of the map, as an archived chunk's tensor is
+                raw = torch.empty(0, dtype=torch.uint8).set_(mapped[start:start + math.prod(sizes) * dtype.itemsize])
+                return raw.view(dtype).reshape(sizes)
+            f.seek(start)
+            return torch.frombuffer(bytearray(f.read(math.prod(sizes) * dtype.itemsize)), dtype=dtype).reshape(sizes)
         try:
             if mapped is not None:
                 tensor = safe_pickle.load_embedded(f, info.offset, info.length, mapped)
@@ -145,6 +151,21 @@ def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], wha
         except Exception as e:
             raise CheckpointError(f"{file}: the chunk of {what} is corrupt ({e})") from None
     return tensor.reshape(sizes)
+
+
+def _safetensors_start(file: Path, fqn: str, dtype: torch.dtype, sizes: tuple[int, ...], offset: int) -> int:
+    """Where a raw chunk's bytes begin. torch writes each such .distcp as a safetensors file, one tensor
+    per fqn, and records offset 0 in .metadata: the header says where the bytes are."""
+    with open(file, "rb") as f:
+        head = f.read(9)
+    if len(head) < 9 or head[8:9] != b"{":  # no header: the bytes are where .metadata says
+        return offset
+    stat = file.stat()
+    begin, shape, itemsize = byte_places(file, stat.st_mtime_ns, stat.st_size).get(fqn, (None, None, None))
+    if begin is None or shape != tuple(sizes) or itemsize != dtype.itemsize:
+        raise CheckpointError(f"{file}: holds no {dtype} tensor {fqn} of shape {tuple(sizes)}, which .metadata "
+                              "puts there; the checkpoint is corrupt or from another save")
+    return begin
 
 
 def storage_index(metadata) -> dict:

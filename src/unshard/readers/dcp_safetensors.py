@@ -48,7 +48,7 @@ class SafetensorsFiles(Checkpoint):
     def file_offset(self, piece: Piece) -> int | None:
         """A safetensors file keeps each tensor as one run of bytes, where its header says."""
         stat = piece.file.stat()
-        begin, shape, itemsize = _byte_places(piece.file, stat.st_mtime_ns, stat.st_size)[piece.key]
+        begin, shape, itemsize = byte_places(piece.file, stat.st_mtime_ns, stat.st_size)[piece.key]
         block = piece.block
         if not block.numel or tuple(block.sizes[1:]) != shape[1:] or any(block.local_offsets[1:]):
             return None  # not whole rows of the stored tensor
@@ -56,7 +56,7 @@ class SafetensorsFiles(Checkpoint):
 
 
 @functools.lru_cache(maxsize=1024)
-def _byte_places(path: Path, mtime_ns: int, size: int) -> dict[str, tuple[int, tuple[int, ...], int]]:
+def byte_places(path: Path, mtime_ns: int, size: int) -> dict[str, tuple[int, tuple[int, ...], int]]:
     """Each tensor of a safetensors file: (its first byte in the file, shape, bytes per element).
     (`mtime_ns` and `size` key the cache: a file written again is read again.)"""
     with open(path, "rb") as f:
