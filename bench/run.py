@@ -1,11 +1,13 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,merge] [--repeat 3] [--work /tmp/unshard-bench]
+    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,merge] [--repeat 3] [--cache warm|cold]
+                        [--work /tmp/unshard-bench]
 
 For each layout and size: make a real checkpoint (FSDP2, or tensor parallelism for verl-tp, by
 bench/make_checkpoint.py; DeepSpeed by
 tests/fixtures/make_deepspeed.py, both under torchrun),
-then time every tool on it, reading from a warm page cache, with no earlier output left to write back:
+then time every tool on it, reading from a warm page cache (or, with --cache cold, from the disk: the
+input's pages are dropped from the cache before each run), with no earlier output left to write back:
   cp                      copying the input bytes: the floor
   unshard (first run)     unshard convert (this checkout), its cache of transformers' answers emptied
   unshard                 the same again: the next checkpoint of a model converted before
@@ -17,10 +19,11 @@ then time every tool on it, reading from a warm page cache, with no earlier outp
   zero_to_fp32.py         DeepSpeed's own script, DeepSpeed from PyPI in its own venv (zero2 / zero3)
   mergekit-yaml           the same TIES recipe as `unshard merge`, mergekit from PyPI in its own venv
                           (layout "merge": a base and two fine-tunes of the given size each)
-Each tool runs --repeat times (this VM's disk varies run to run). Reports the median wall time and
-the range, peak RSS of the process tree, throughput and the ratio to `cp` as a markdown table,
-appends every measurement with the machine and versions to bench/results/results.jsonl, and plots
-time and peak memory against checkpoint size, one line per tool, to bench/results/<layout>.png.
+Each tool runs --repeat times, the tools taking turns (this VM's disk varies over minutes). Reports
+the median wall time and the range, peak RSS of the process tree, throughput and the ratio to `cp`
+as a markdown table, appends every measurement with the machine and versions to
+bench/results/results.jsonl, and plots time and peak memory against checkpoint size, one line per
+tool, to bench/results/<layout>.png (<layout>-cold.png for --cache cold).
 """
 
 from __future__ import annotations
@@ -177,6 +180,8 @@ def main() -> None:
     ap.add_argument("--layouts", default="verl,dcp")
     ap.add_argument("--work", default="/tmp/unshard-bench")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each tool; the median time is reported")
+    ap.add_argument("--cache", choices=("warm", "cold"), default="warm",
+                    help="input read from memory (warm) or from the disk (cold) by every tool")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -185,21 +190,28 @@ def main() -> None:
         for gb in [float(s) for s in args.sizes.split(",")]:
             folder = make_checkpoint(work, layout, gb)
             nbytes = size_of(source(layout, folder))
-            for name, cmd in tools(layout, folder, work / "out", work / "unshard-cache").items():
-                if cmd[-1] == str(work / "out") and name == "dcp_to_torch_save":
-                    cmd[-1] = str(work / "out.pt")
-                runs = []
-                while len(runs) < args.repeat and not any(r["returncode"] for r in runs):
+            commands = tools(layout, folder, work / "out", work / "unshard-cache")
+            if "dcp_to_torch_save" in commands:
+                commands["dcp_to_torch_save"][-1] = str(work / "out.pt")
+            runs: dict[str, list[dict]] = {name: [] for name in commands}
+            # Round robin: every tool once, then every tool again. This VM's disk speeds up and slows
+            # down over minutes; taking turns gives each tool the same mix of fast and slow periods,
+            # where running one tool's repeats back to back can hand it all of a slow one.
+            for _ in range(args.repeat):
+                for name, cmd in commands.items():
+                    if any(r["returncode"] for r in runs[name]):
+                        continue  # failed once: reported as failed, not run again
                     shutil.rmtree(work / "out", ignore_errors=True)
                     (work / "out.pt").unlink(missing_ok=True)
                     if name.endswith(FIRST_RUN):
                         shutil.rmtree(work / "unshard-cache", ignore_errors=True)
-                    sh(["cat", *map(str, (p for p in source(layout, folder).rglob("*") if p.is_file()))],
-                       stdout=subprocess.DEVNULL)  # warm the page cache: every tool reads from memory
-                    sh(["sync"])  # and starts with nothing of the previous tool's output left to write back
-                    runs.append(measure(cmd))
-                result = summarise(runs)
-                rows.append({"when": stamp, "layout": layout, "gb": gb, "input_bytes": nbytes, "tool": name, **result})
+                    sh(["sync"])  # every tool starts with nothing of the previous one's output left to write back
+                    start_cache(args.cache, [p for p in source(layout, folder).rglob("*") if p.is_file()])
+                    runs[name].append(measure(cmd))
+            for name in commands:
+                result = summarise(runs[name])
+                rows.append({"when": stamp, "layout": layout, "cache": args.cache, "gb": gb, "input_bytes": nbytes,
+                             "tool": name, **result})
                 print(f"{layout} {gb} GB {name}: {result['seconds']:.1f}s {spread(result)}, "
                       f"peak {result['peak_rss'] / 1e9:.2f} GB"
                       + (f" FAILED: {result['stderr'][-300:]}" if result["returncode"] else ""), flush=True)
@@ -212,16 +224,31 @@ def main() -> None:
             f.write(json.dumps({**row, **meta}) + "\n")
     print(table(rows))
     for layout in {r["layout"] for r in rows}:
-        print("plot:", plot(latest(layout), HERE / "results" / f"{layout}.png"))
+        name = layout if args.cache == "warm" else f"{layout}-{args.cache}"
+        print("plot:", plot(latest(layout, args.cache), HERE / "results" / f"{name}.png"))
 
 
-def latest(layout: str) -> list[dict]:
+def start_cache(state: str, files: list[Path]) -> None:
+    """Warm: read every input file, so every tool reads from memory. Cold: drop the files' pages
+    from the page cache (clean pages of files we can read; no root needed), so every tool reads the disk."""
+    if state == "warm":
+        sh(["cat", *map(str, files)], stdout=subprocess.DEVNULL)
+        return
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def latest(layout: str, cache: str) -> list[dict]:
     """The newest measurement of each (size, tool) in results.jsonl, so a run of some sizes does
     not drop the others from the plot."""
     newest: dict[tuple, dict] = {}
     for line in (HERE / "results" / "results.jsonl").read_text().splitlines():
         row = json.loads(line)
-        if row["layout"] == layout:
+        if row["layout"] == layout and row.get("cache", "warm") == cache:
             newest[(row["gb"], row["tool"])] = row  # the file is in time order
     return list(newest.values())
 
@@ -244,7 +271,7 @@ def plot(rows: list[dict], path: Path) -> Path:
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
     time_ax.legend()
-    fig.suptitle(f"{rows[0]['layout']} checkpoints, {versions()['machine']}, warm page cache")
+    fig.suptitle(f"{rows[0]['layout']} checkpoints, {versions()['machine']}, {rows[0].get('cache', 'warm')} page cache")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
