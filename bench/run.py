@@ -183,6 +183,8 @@ def main() -> None:
     ap.add_argument("--cache", choices=("warm", "cold"), default="warm",
                     help="input read from memory (warm) or from the disk (cold) by every tool")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     rows, stamp = [], time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -190,6 +192,12 @@ def main() -> None:
         for gb in [float(s) for s in args.sizes.split(",")]:
             folder = make_checkpoint(work, layout, gb)
             nbytes = size_of(source(layout, folder))
+            shutil.rmtree(work / "out", ignore_errors=True)
+            (work / "out.pt").unlink(missing_ok=True)
+            free = shutil.disk_usage(work).free
+            if free < nbytes * 1.05:  # `cp` writes a copy of the input, the largest output of any tool
+                sys.exit(f"{work}: {free / 1e9:.1f} GB free, and copying the {layout} {gb} GB input needs "
+                         f"{nbytes / 1e9:.1f} GB: free some space or pass --work on a larger disk")
             commands = tools(layout, folder, work / "out", work / "unshard-cache")
             if "dcp_to_torch_save" in commands:
                 commands["dcp_to_torch_save"][-1] = str(work / "out.pt")
