@@ -136,7 +136,7 @@ def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], wha
         f.seek(info.offset)
         archived = f.read(4) == b"PK\x03\x04"  # the default: each chunk is its own torch.save archive
         if not archived:  # SerializationFormat.SAFETENSORS: raw bytes, found by the file's header
-            start = _safetensors_start(file, what, dtype, sizes, info.offset)
+            start = _safetensors_start(f, file, what, dtype, sizes, info.offset)
             if mapped is not None:  # a view of the map, as an archived chunk's tensor is
                 raw = torch.empty(0, dtype=torch.uint8).set_(mapped[start:start + math.prod(sizes) * dtype.itemsize])
                 return raw.view(dtype).reshape(sizes)
@@ -153,11 +153,11 @@ def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], wha
     return tensor.reshape(sizes)
 
 
-def _safetensors_start(file: Path, fqn: str, dtype: torch.dtype, sizes: tuple[int, ...], offset: int) -> int:
-    """Where a raw chunk's bytes begin. torch writes each such .distcp as a safetensors file, one tensor
-    per fqn, and records offset 0 in .metadata: the header says where the bytes are."""
-    with open(file, "rb") as f:
-        head = f.read(9)
+def _safetensors_start(f, file: Path, fqn: str, dtype: torch.dtype, sizes: tuple[int, ...], offset: int) -> int:
+    """Where a raw chunk's bytes begin in `file` (open as `f`). torch writes each such .distcp as a
+    safetensors file, one tensor per fqn, and records offset 0 in .metadata: the header says where."""
+    f.seek(0)
+    head = f.read(9)
     if len(head) < 9 or head[8:9] != b"{":  # no header: the bytes are where .metadata says
         return offset
     stat = file.stat()
