@@ -1,4 +1,5 @@
-"""Vision-language models (Qwen2-VL, Qwen2.5-VL: built by transformers, sharded by FSDP2, saved as verl does)."""
+"""Vision-language models (Qwen2-VL, Qwen2.5-VL, Llama-3.2-Vision: built by transformers, sharded by FSDP2,
+saved as verl does)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,36 @@ def test_vision_language_model_loads_and_gives_the_same_logits(name, fixture_cas
     assert torch.equal(logits, expected)
     with torch.no_grad():  # the image matters: without it the logits differ
         assert not torch.equal(reference(**{**inputs, "pixel_values": pixels["pixel_values"] * 0}).logits, expected)
+
+
+def test_llama_vision_converts_with_its_processor(fixture_case, tmp_path):
+    """Llama-3.2-Vision (Mllama): cross-attention layers and a tiled vision encoder. The trainer saved
+    the whole processor; AutoProcessor loads it from OUT and prepares the model's inputs there."""
+    from PIL import Image
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    case = fixture_case("mllama-fsdp2")
+    out = tmp_path / "out"
+    unshard.convert(case / "global_step_1", out, progress=False)
+
+    # The same names and bytes as save_pretrained of the unsharded model.
+    written, expected_tensors = load_file(out / "model.safetensors"), load_file(case / "reference" / "model.safetensors")
+    assert written.keys() == expected_tensors.keys()
+    assert all(torch.equal(written[name], expected_tensors[name]) for name in expected_tensors)
+    hf_files = case / "global_step_1" / "actor" / "huggingface"
+    for name in ("processor_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (out / name).read_bytes() == (hf_files / name).read_bytes(), name
+
+    processor = AutoProcessor.from_pretrained(out)
+    assert type(processor).__name__ == "MllamaProcessor"
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 56, 3), dtype=np.uint8))  # two tiles
+    inputs = processor(images=[image], text="<|image|>hello world", return_tensors="pt")
+    model, info = AutoModelForImageTextToText.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    reference = AutoModelForImageTextToText.from_pretrained(case / "reference")
+    with torch.no_grad():
+        logits, expected = model(**inputs).logits, reference(**inputs).logits
+        assert torch.equal(logits, expected)
+        # the image reaches the text through the cross-attention layer
+        assert not torch.equal(reference(**{**inputs, "pixel_values": inputs["pixel_values"] * 0}).logits, expected)
