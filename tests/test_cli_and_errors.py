@@ -131,12 +131,12 @@ def test_loads_in_several_threads_keep_their_allow_list():
     load still unpickling DTensors in another, and none of it outlives unshard's loads."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from unshard import safe_pickle
+    from unshard import safe_pickle, safe_torch_load
 
     files = sorted((SHIPPED / "llama-fsdp2" / "global_step_1" / "actor").glob("model_world_size_4_rank_*.pt"))
     before = set(torch.serialization.get_safe_globals())  # torch keeps a set: its list order is arbitrary
     with ThreadPoolExecutor(4) as pool:
-        states = list(pool.map(lambda path: safe_pickle.load(path), files * 10))
+        states = list(pool.map(lambda path: safe_torch_load.load(path), files * 10))
     assert len(states) == 40 and all(safe_pickle.is_dtensor(s["model.embed_tokens.weight"]) for s in states)
     assert set(torch.serialization.get_safe_globals()) == before
 

@@ -65,19 +65,28 @@ def test_split_files_balances_bytes():
     assert split_files(plan, 3) == shares  # every rank computes the same split
 
 
+def when_read(checkpoint, name, action):
+    """Have `action(piece)` run when a piece of tensor `name` is read, whichever way: loaded to be
+    assembled, or located in its file to be copied file to file."""
+    for method in ("local_tensor", "file_offset"):
+        def patched(piece, original=getattr(checkpoint, method)):
+            if piece.key == name:
+                action(piece)
+            return original(piece)
+
+        setattr(checkpoint, method, patched)
+
+
 def test_a_failing_worker_fails_the_run_and_leaves_nothing(tmp_path):
     from unshard.execute import convert
 
     plan = unshard.plan(MIXTRAL, max_shard_size=SHARD)
     last = plan.files[list(plan.files)[-1]][-1].source.name
-    read = plan.checkpoint.local_tensor
 
     def failing_read(piece):  # a read error (a flaky network filesystem, say) in one worker only
-        if piece.key == last:
-            raise OSError(f"simulated read error on {piece.key}")
-        return read(piece)
+        raise OSError(f"simulated read error on {piece.key}")
 
-    plan.checkpoint.local_tensor = failing_read
+    when_read(plan.checkpoint, last, failing_read)
     with pytest.raises(RuntimeError, match="simulated read error"):
         convert(plan, tmp_path / "out", workers=3, progress=False)
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
@@ -88,14 +97,11 @@ def test_a_killed_worker_fails_the_run_and_leaves_nothing(tmp_path):
 
     plan = unshard.plan(MIXTRAL, max_shard_size=SHARD)
     last = plan.files[list(plan.files)[-1]][-1].source.name
-    read = plan.checkpoint.local_tensor
 
     def killed_read(piece):  # what the kernel's OOM killer does to a worker
-        if piece.key == last:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return read(piece)
+        os.kill(os.getpid(), signal.SIGKILL)
 
-    plan.checkpoint.local_tensor = killed_read
+    when_read(plan.checkpoint, last, killed_read)
     with pytest.raises(unshard.UnshardError, match="worker process died"):
         convert(plan, tmp_path / "out", workers=2, progress=False)
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
@@ -146,7 +152,7 @@ plan = unshard.plan(src, max_shard_size=shard)
 if dist.get_rank() == 1:  # a read error on one rank only: every rank must stop, rank 0 must clean up
     def failing_read(piece):
         raise OSError(f"simulated read error on {piece.key}")
-    plan.checkpoint.local_tensor = failing_read
+    plan.checkpoint.local_tensor = plan.checkpoint.file_offset = failing_read  # however it reads
 try:
     convert(plan, out, progress=False, distributed=True)
 except unshard.UnshardError as e:

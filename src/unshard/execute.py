@@ -24,15 +24,18 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
-
-import torch
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from . import known
 from .errors import PeerFailedError, UnshardError
-from .plan import DTYPE_NAMES, Group, OutputTensor, Plan
+from .plan import Group, OutputTensor, Plan
 from .report import human_bytes, model_card
 from .writer import MODEL_FILE_PATTERNS, FileBytes, OutputFolder, SafetensorsFile, copy_model_files, sha256_of, write_index
+
+if TYPE_CHECKING:
+    import torch
+
+    from .dtypes import DType
 
 
 @dataclass
@@ -93,7 +96,7 @@ def materialise(plan: Plan, group: Group) -> list[tuple[str, torch.Tensor]]:
     """The output tensors of one group, whole, in the plan's dtype and order."""
     whole = plan.checkpoint.read(group.source.name)
     produced = group.convert(whole) if group.convert else {group.outputs[0].name: whole}
-    return [(o.name, produced[o.name].to(o.dtype)) for o in group.outputs]
+    return [(o.name, produced[o.name].to(o.dtype.torch)) for o in group.outputs]
 
 
 @dataclass
@@ -125,24 +128,24 @@ def ready_to_write(plan: Plan, group: Group) -> list[Parts]:
     return [Parts(output, _read_in_order(checkpoint, source, pieces, output.dtype))]
 
 
-def _read_in_order(checkpoint, source, pieces, dtype: torch.dtype) -> Iterator[torch.Tensor | FileBytes]:
+def _read_in_order(checkpoint, source, pieces, dtype: DType) -> Iterator[torch.Tensor | FileBytes]:
     for piece in pieces:
         at = checkpoint.file_offset(piece) if dtype == source.dtype else None
         if at is not None:  # its bytes, as they are in the file: copied by the kernel
             yield FileBytes(piece.file, at, piece.block.numel * dtype.itemsize)
             continue
         flat = checkpoint.read_piece(piece)
-        if flat.dtype == dtype:
+        if flat.dtype == dtype.torch:
             yield flat
         else:
             for start in range(0, flat.numel(), CAST_CHUNK):
-                yield flat[start:start + CAST_CHUNK].to(dtype)
+                yield flat[start:start + CAST_CHUNK].to(dtype.torch)
         # The writer asks for the next part once this one is written: its pages can go, so that a
         # tensor's mapped pages never add up to more than one piece.
         checkpoint.release(piece)
 
 
-def _read_in_bands(checkpoint, source, rows: int, dtype: torch.dtype) -> Iterator[torch.Tensor]:
+def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[torch.Tensor]:
     loaded: dict[int, torch.Tensor] = {}  # each piece's local tensor, loaded once for all bands
 
     def local(piece):
@@ -151,7 +154,7 @@ def _read_in_bands(checkpoint, source, rows: int, dtype: torch.dtype) -> Iterato
         return loaded[id(piece)]
 
     for start in range(0, source.shape[0], rows):
-        yield checkpoint.read_rows(source.name, start, min(start + rows, source.shape[0]), local).to(dtype)
+        yield checkpoint.read_rows(source.name, start, min(start + rows, source.shape[0]), local).to(dtype.torch)
 
 
 def _progress(total: int, enabled: bool | None):
@@ -221,7 +224,7 @@ def _finish(plan: Plan, folder: Path, digests: dict[str, str | None], extra_file
     model_files = plan.model_files
     write_index(folder, {f: [o.name for g in gs for o in g.outputs] for f, gs in model_files.items()},
                 sum(g.nbytes for gs in model_files.values() for g in gs))
-    copied = copy_model_files(plan.config_folder, folder, DTYPE_NAMES.get(plan.dtype, "float32"), plan.config_updates)
+    copied = copy_model_files(plan.config_folder, folder, plan.dtype.name, plan.config_updates)
     extra = {**plan.extra_files, **(extra_files or {})}
     extra["README.md"] = model_card(plan, {f: digests[f] for f in plan.files}, extra.get("README.md"))
     for name, text in extra.items():
@@ -442,6 +445,7 @@ def _across_files(plan: Plan, filenames: list[str]) -> Iterator[tuple[str, Group
 
 def verify_folder(plan: Plan, folder: Path, filenames: list[str]) -> None:
     """Re-read every tensor written to these files with the safetensors library and compare it with the source."""
+    import torch
     from safetensors import safe_open
 
     for filename in filenames:

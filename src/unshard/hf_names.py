@@ -15,12 +15,14 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
 
 from . import known
 from .errors import ConfigMismatchError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("unshard")
 
@@ -72,6 +74,8 @@ def _meta_model(config_folder: Path, config: dict, updates: dict | None = None) 
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None and updates.get("architectures"):
         raise ConfigMismatchError(f"--architecture {architectures[0]}: transformers has no such model class")
+    import torch
+
     with torch.device("meta"):
         if model_class is not None:
             return model_class._from_config(hf_config)
@@ -197,6 +201,8 @@ def _saved_shapes(model, in_memory: dict[str, tuple[int, ...]]) -> dict[str, tup
         from transformers.core_model_loading import revert_weight_conversion
     except ImportError:
         return in_memory
+    import torch
+
     meta = {n: torch.empty(s, device="meta") for n, s in in_memory.items()}
     return {n: tuple(t.shape) for n, t in revert_weight_conversion(model, meta).items()}
 
@@ -228,6 +234,8 @@ def _reverse_conversion(model, shapes: dict[str, tuple[int, ...]]):
         return {n: [(n, s)] for n, s in shapes.items()}, {}
 
     def meta(shape):
+        import torch
+
         return torch.empty(shape, device="meta")
 
     whole = revert_weight_conversion(model, {n: meta(s) for n, s in shapes.items()})

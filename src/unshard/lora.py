@@ -15,12 +15,14 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
 
 from .errors import CheckpointError
 from .readers import Checkpoint
+
+if TYPE_CHECKING:
+    import torch
 
 PEFT_PREFIX = "base_model.model."
 ADAPTER = re.compile(r"^(?P<module>.+)\.lora_(?P<part>A|B|embedding_A|embedding_B|magnitude_vector)"
@@ -183,6 +185,8 @@ def fold_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: f
     merged = weight.float() + ((b @ a).T * scale if embedding else scale * (b @ a))
     if magnitude is None:
         return merged
+    import torch
+
     if embedding:
         return (magnitude.float() / torch.linalg.norm(merged.T, dim=1)).view(1, -1) * merged
     return (magnitude.float() / torch.linalg.norm(merged, dim=1)).view(-1, 1) * merged

@@ -21,8 +21,8 @@ from typing import Any, Callable
 import torch
 
 from .errors import UnshardError
-from . import hf_names
-from .plan import DTYPE_NAMES, DTYPES, TOKENIZER_FILES, Group, Plan, build_plan, choose_dtype
+from . import dtypes, hf_names
+from .plan import TOKENIZER_FILES, Group, Plan, build_plan, choose_dtype
 from .readers import Checkpoint, SourceTensor, open_checkpoint
 
 RECIPE_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source"}
@@ -333,8 +333,8 @@ def parse_recipe(path: Path) -> Recipe:
             raise RecipeError(f"{path}: models[{i}] must be a mapping with `model` and optional `parameters`")
         models.append((str(entry["model"]), dict(entry.get("parameters") or {})))
     for key in ("dtype", "out_dtype"):
-        if data.get(key) is not None and data[key] not in DTYPES:
-            raise RecipeError(f"{path}: {key} {data[key]!r}: use one of {', '.join(DTYPES)}")
+        if data.get(key) is not None and data[key] not in dtypes.OUTPUT:
+            raise RecipeError(f"{path}: {key} {data[key]!r}: use one of {', '.join(dtypes.OUTPUT)}")
     return Recipe(method, str(data["base_model"]) if data.get("base_model") else None, models,
                   dict(data.get("parameters") or {}), data.get("dtype"), data.get("out_dtype"),
                   data.get("tokenizer_source"), text)
@@ -375,7 +375,7 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
         references_with_base = [(recipe.base, {})] + recipe.models
     else:
         references_with_base = list(recipe.models)
-    work = DTYPES.get(recipe.dtype or "float32")
+    work = dtypes.OUTPUT[recipe.dtype or "float32"]
     inputs: list[Input] = []
     for reference, parameters in references_with_base:
         # `base+adapter`, as mergekit writes a LoRA on a base model
@@ -434,7 +434,7 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
                 cached = (group, dict(materialise(item.plan, group)))
                 recent[id(item)] = cached
             tensor = cached[1][name].clone()  # methods work in their inputs' buffers
-        return (item.adapter.apply(name, tensor) if item.adapter else tensor).to(work)
+        return (item.adapter.apply(name, tensor) if item.adapter else tensor).to(work.torch)
 
     def compute(name: str) -> torch.Tensor:
         t = layer_position(name, layers)
@@ -467,7 +467,7 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
     if not requested:  # asked for nowhere: the dtype the base would be converted to
         natural, _ = choose_dtype("auto", hf_names.read_config(reference_input.plan.config_folder),
                                   reference_input.plan.checkpoint)
-        requested = DTYPE_NAMES.get(natural, "float32")
+        requested = natural.name if natural.name in dtypes.OUTPUT else "float32"
     plan = build_plan(merged, dtype=requested, max_shard_size=max_shard_size, check=check)
     plan.dtype_reason = reason
     # Per tensor in flight: one copy per input, the stacked task vectors and the result.

@@ -10,9 +10,11 @@ which these checkpoints do not carry.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 
 L = "model.layers.{i}."
 # name (layer number as {i}) -> (Hugging Face name, which rotary permutation: q, k or none)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 Runs = list[tuple[int, int]]  # (global start, length) along one dimension, in local order
 
@@ -127,6 +128,8 @@ def assemble(shape: Sequence[int], dtype: torch.dtype, pieces: Sequence[tuple[Bl
     A one-dimensional block of a tensor with more dimensions addresses its flattened elements,
     as flat partitions (DeepSpeed ZeRO) hold them.
     """
+    import torch  # (imported already by whoever loads the pieces)
+
     whole = torch.empty(tuple(shape), dtype=dtype) if out is None else out
     flat = whole.view(-1)
     for block, load in pieces:

@@ -7,25 +7,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-
-from . import hf_names, lora
+from . import dtypes, hf_names, lora
+from .dtypes import DType
 from .errors import UnshardError
 from .writer import MODEL_FILE_PATTERNS
 from .readers import Checkpoint, SourceTensor
 
+if TYPE_CHECKING:
+    import torch
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "spiece.model")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 @dataclass(frozen=True)
 class OutputTensor:
     name: str
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: DType
 
     @property
     def nbytes(self) -> int:
@@ -52,7 +52,7 @@ class Group:
 class Plan:
     checkpoint: Checkpoint
     config_folder: Path | None
-    dtype: torch.dtype
+    dtype: DType
     dtype_reason: str
     files: dict[str, list[Group]]
     dropped: dict[str, str] = field(default_factory=dict)
@@ -107,7 +107,7 @@ class Plan:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "dtype": DTYPE_NAMES.get(self.dtype, str(self.dtype)),
+            "dtype": self.dtype.name,
             "dtype_reason": self.dtype_reason,
             "tensors": len(self.outputs),
             "bytes": self.total_bytes,
@@ -118,17 +118,17 @@ class Plan:
         }
 
 
-def choose_dtype(requested: str, config: dict | None, checkpoint: Checkpoint) -> tuple[torch.dtype, str]:
+def choose_dtype(requested: str, config: dict | None, checkpoint: Checkpoint) -> tuple[DType, str]:
     if requested != "auto":
-        return DTYPES[requested], "asked for with --dtype"
+        return dtypes.OUTPUT[requested], "asked for with --dtype"
     declared = (config or {}).get("dtype") or (config or {}).get("torch_dtype")
-    if declared in DTYPES:
-        return DTYPES[declared], "declared by config.json"
+    if declared in dtypes.OUTPUT:
+        return dtypes.OUTPUT[declared], "declared by config.json"
     floats = [t.dtype for t in checkpoint.tensors.values() if t.dtype.is_floating_point]
     if floats:
         most = max(set(floats), key=floats.count)
         return most, "as stored in the checkpoint"
-    return torch.float32, "default"
+    return dtypes.float32, "default"
 
 
 def resolve_config_source(config_from: str | Path) -> Path:
@@ -194,7 +194,7 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
                 config_updates=updates, extra_files=extra_files)
 
 
-def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, dtype: torch.dtype):
+def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, dtype: DType):
     """The adapter's tensors under the names PEFT's save_pretrained writes for the written model, and
     adapter_config.json."""
     import json

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from .plan import DTYPE_NAMES, Plan
+from .plan import Plan
 
 
 def human_bytes(n: float) -> str:
@@ -18,7 +18,7 @@ def human_bytes(n: float) -> str:
 
 def describe(plan: Plan) -> dict[str, Any]:
     ckpt = plan.checkpoint
-    dtypes = Counter(DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", "")) for t in ckpt.tensors.values())
+    dtypes = Counter(t.dtype.name for t in ckpt.tensors.values())
     return {
         "source": str(ckpt.path),
         "layout": ckpt.layout,
@@ -84,7 +84,7 @@ def model_card(plan: Plan, checksums: dict[str, str | None], intro: str | None =
                 lines.append(f"- {key.replace('_', ' ')}: {ckpt.facts[key]}")
     else:
         lines = [intro.rstrip(), "", f"Written by unshard {__version__}."]
-    lines += [f"- dtype: {DTYPE_NAMES.get(plan.dtype, str(plan.dtype))} ({plan.dtype_reason})"]
+    lines += [f"- dtype: {plan.dtype.name} ({plan.dtype_reason})"]
     lines += [f"- note: {note}" for note in plan.notes]
     sizes = {name: sum(g.nbytes for g in groups) for name, groups in plan.files.items()}
     if any(digest is not None for digest in checksums.values()):

@@ -19,17 +19,14 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import torch
-
+from .dtypes import DType
 from .errors import CheckpointError, OutputExistsError
 
-SAFETENSORS_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-}
+if TYPE_CHECKING:
+    import torch
+
 # The files of a Hugging Face model folder other than weights. Only these are copied into OUT, so
 # a trainer's own files beside them (`latest`, `zero_to_fp32.py`, `trainer_state.json`,
 # `training_args.bin`, optimizer states) stay behind. Python files are custom model code and are
@@ -76,14 +73,14 @@ class SafetensorsFile:
     spreads its threads over files, where they do run in parallel.)
     """
 
-    def __init__(self, path: Path, tensors: list[tuple[str, torch.dtype, tuple[int, ...]]]):
+    def __init__(self, path: Path, tensors: list[tuple[str, DType, tuple[int, ...]]]):
         header, offset = {"__metadata__": {"format": "pt"}}, 0
-        self._entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
+        self._entries: dict[str, tuple[DType, tuple[int, ...], int, int]] = {}
         for name, dtype, shape in tensors:
             size = dtype.itemsize
             for d in shape:
                 size *= d
-            header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+            header[name] = {"dtype": dtype.safetensors, "shape": list(shape), "data_offsets": [offset, offset + size]}
             self._entries[name] = (dtype, tuple(shape), offset, size)
             offset += size
         raw = json.dumps(header, separators=(",", ":")).encode()
@@ -120,7 +117,7 @@ class SafetensorsFile:
         finally:
             os.close(source)
 
-    def write_parts(self, name: str, dtype: torch.dtype, shape: tuple[int, ...],
+    def write_parts(self, name: str, dtype: DType, shape: tuple[int, ...],
                     parts: Iterable[torch.Tensor | FileBytes]) -> None:
         """Write tensor `name` from parts whose bytes, one after another, are the tensor's."""
         want_dtype, want_shape, start, size = self._entries[name]
@@ -130,11 +127,13 @@ class SafetensorsFile:
         for part in parts:
             in_file = isinstance(part, FileBytes)
             nbytes = part.nbytes if in_file else part.numel() * dtype.itemsize
-            if (not in_file and part.dtype != dtype) or written + nbytes > size:
+            if (not in_file and part.dtype != dtype.torch) or written + nbytes > size:
                 raise AssertionError(f"{name}: a part of {nbytes} bytes does not fit what is left")
             if in_file:
                 self._copy_at(self._data_start + start + written, part)
-            elif nbytes:
+            elif nbytes:  # (a tensor part: torch is imported already)
+                import torch
+
                 self._write_at(self._data_start + start + written,
                                memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy()))
             written += nbytes

@@ -10,14 +10,15 @@ import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-
-from .. import safe_pickle
+from ..dtypes import DType
 from ..errors import CheckpointError
 from ..placements import Block, assemble, box, compose
 
+
+if TYPE_CHECKING:
+    import torch
 
 _MAPPING = threading.Lock()
 
@@ -36,7 +37,7 @@ class Piece:
 class SourceTensor:
     name: str
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: DType
     pieces: list[Piece]
 
     @property
@@ -94,7 +95,7 @@ class Checkpoint:
     def read(self, name: str) -> torch.Tensor:
         """The whole tensor `name`, assembled from its pieces; nothing else is loaded."""
         source = self.tensors[name]
-        whole = assemble(source.shape, source.dtype, [(p.block, lambda p=p: self.local_tensor(p)) for p in source.pieces])
+        whole = assemble(source.shape, source.dtype.torch, [(p.block, lambda p=p: self.local_tensor(p)) for p in source.pieces])
         for piece in source.pieces:
             self.release(piece)
         transform = self.transforms.get(name)
@@ -147,7 +148,7 @@ class Checkpoint:
         band = Block((start,) + (0,) * (len(source.shape) - 1), (0,) * len(source.shape),
                      (stop - start, *source.shape[1:]))
         used = [(block, p) for p in source.pieces if (block := compose(p.block, band)) is not None]
-        rows = assemble(band.sizes, source.dtype, [(block, lambda p=p: local(p)) for block, p in used])
+        rows = assemble(band.sizes, source.dtype.torch, [(block, lambda p=p: local(p)) for block, p in used])
         for block, piece in used:  # copied: their pages can go before the next band maps its own
             start = block.local_offsets[0]
             self.release_rows(piece, local(piece)[start:start + block.sizes[0]])
@@ -161,7 +162,9 @@ class Checkpoint:
         mapped = self.file_map(piece.file)
         start = rows.data_ptr()
         if mapped is not None and rows.is_contiguous() and mapped.data_ptr() <= start < mapped.data_ptr() + mapped.nbytes():
-            safe_pickle.forget_pages(rows)
+            from ..safe_torch_load import forget_pages
+
+            forget_pages(rows)
 
     def file_map(self, file: Path) -> torch.UntypedStorage | None:
         """The map of `file` that this reader's local tensors are views of, if it maps the whole file."""
@@ -172,6 +175,8 @@ class Checkpoint:
         readers that load chunks of a file in place, as views of it."""
         with _MAPPING:  # one map per file, also when threads ask at once: a tensor of a second map
             if file not in self.maps:  # would not be found in the first (file_offset, release_rows)
+                import torch
+
                 self.maps[file] = torch.UntypedStorage.from_file(str(file), shared=False, nbytes=file.stat().st_size)
             return self.maps[file]
 

@@ -11,16 +11,19 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import re
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from .. import meta_llama_rules, safe_pickle
+from .. import dtypes, meta_llama_rules, safe_pickle, torch_archives
 from ..errors import CheckpointError
 from ..placements import Block
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
 from .dcp_safetensors import byte_places
+
+if TYPE_CHECKING:
+    import torch
 
 LAYOUT = "torch-dcp"
 # Top-level keys trainers save beside the model in the same DCP folder; none of them is a weight.
@@ -84,15 +87,24 @@ def _metadata_classes() -> dict[tuple[str, str], object]:
     mcore = "megatron.core.dist_checkpointing.strategies.torch"
     allowed[(mcore, "MCoreMetadata")] = stand_ins["metadata"]["Metadata"]
     allowed[(mcore, "MCoreSavePlan")] = save_plan
-    allowed[("torch", "Size")] = torch.Size
-    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+    allowed[("torch", "Size")] = tuple
+    allowed[("torch.serialization", "_get_layout")] = str  # a layout, by name: "torch.strided"
     allowed[("collections", "OrderedDict")] = collections.OrderedDict
     for name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"):
         allowed[("pathlib", name)] = getattr(pathlib, name)
-    for name in dir(torch):
-        if isinstance(getattr(torch, name, None), torch.dtype):
-            allowed[("torch", name)] = getattr(torch, name)
-    return allowed
+    return _TorchDTypes(allowed)
+
+
+class _TorchDTypes(dict):
+    """The allow-list, answering also for every torch dtype a pickle may name (`torch.float32`)."""
+
+    DTYPE = re.compile(r"(b?float|q?u?int|complex|bool|bits)\w*")
+
+    def __missing__(self, key):
+        module, name = key
+        if module == "torch" and self.DTYPE.fullmatch(name):
+            return dtypes.BY_NAME.get(name) or dtypes.Unhandled(name)
+        raise KeyError(key)
 
 
 def is_tensor_entry(entry) -> bool:
@@ -122,16 +134,21 @@ def model_names(metadata) -> tuple[dict[str, str], Counter]:
     return names, skipped
 
 
-def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], what: str,
+def tensor_dtype(folder: Path, fqn: str, entry) -> dtypes.DType:
+    """The element type `.metadata` gives a tensor that will be written."""
+    dtype = entry.properties.dtype
+    if not isinstance(dtype, dtypes.DType):
+        raise CheckpointError(f"{folder / '.metadata'}: {fqn} is a {dtype} tensor, which unshard does not convert")
+    return dtype
+
+
+def read_chunk(file: Path, info, dtype: dtypes.DType, sizes: tuple[int, ...], what: str,
                mapped: torch.UntypedStorage | None = None) -> torch.Tensor:
     """One chunk, from the byte range `info` (a `_StorageInfo`) names in `file`. Given `mapped`, the
     file's map, an archived chunk's tensor is a view of it: no copy, pages read as they are used."""
-    if getattr(info, "transform_descriptors", None):
-        raise CheckpointError(f"{file}: the chunk of {what} is stored with transforms {info.transform_descriptors}, "
-                              "which unshard cannot read yet")
-    if info.offset + info.length > file.stat().st_size:
-        raise CheckpointError(f"{file}: ends before the chunk of {what} at byte {info.offset}; "
-                              "the file is truncated: copy it again")
+    import torch
+
+    _check_chunk(file, info, what)
     with open(file, "rb") as f:
         f.seek(info.offset)
         archived = f.read(4) == b"PK\x03\x04"  # the default: each chunk is its own torch.save archive
@@ -139,12 +156,14 @@ def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], wha
             start = _safetensors_start(f, file, what, dtype, sizes, info.offset)
             if mapped is not None:  # a view of the map, as an archived chunk's tensor is
                 raw = torch.empty(0, dtype=torch.uint8).set_(mapped[start:start + math.prod(sizes) * dtype.itemsize])
-                return raw.view(dtype).reshape(sizes)
+                return raw.view(dtype.torch).reshape(sizes)
             f.seek(start)
-            return torch.frombuffer(bytearray(f.read(math.prod(sizes) * dtype.itemsize)), dtype=dtype).reshape(sizes)
+            return torch.frombuffer(bytearray(f.read(math.prod(sizes) * dtype.itemsize)), dtype=dtype.torch).reshape(sizes)
         try:
             if mapped is not None:
-                tensor = safe_pickle.load_embedded(f, info.offset, info.length, mapped)
+                from ..safe_torch_load import load_embedded
+
+                tensor = load_embedded(f, info.offset, info.length, mapped)
             else:
                 f.seek(info.offset)
                 tensor = torch.load(io.BytesIO(f.read(info.length)), map_location="cpu", weights_only=True)
@@ -153,7 +172,33 @@ def read_chunk(file: Path, info, dtype: torch.dtype, sizes: tuple[int, ...], wha
     return tensor.reshape(sizes)
 
 
-def _safetensors_start(f, file: Path, fqn: str, dtype: torch.dtype, sizes: tuple[int, ...], offset: int) -> int:
+def chunk_offset(file: Path, info, dtype: dtypes.DType, sizes: tuple[int, ...], what: str) -> int | None:
+    """Where the chunk's elements lie in `file`, in one run, as `read_chunk` would see them; read
+    without torch. None when the chunk is not that simple (then read_chunk it)."""
+    _check_chunk(file, info, what)
+    with open(file, "rb") as f:
+        f.seek(info.offset)
+        if f.read(4) != b"PK\x03\x04":
+            return _safetensors_start(f, file, what, dtype, sizes, info.offset)
+        try:
+            tensor = torch_archives.read(f, info.offset, info.length)
+        except torch_archives.NotPlain:
+            return None
+    if not isinstance(tensor, torch_archives.StoredTensor) or tensor.dtype != dtype or tensor.numel() != math.prod(sizes):
+        return None
+    return tensor.rows_at(0, tensor.shape[0]) if tensor.shape else tensor.rows_at(0, 1)
+
+
+def _check_chunk(file: Path, info, what: str) -> None:
+    if getattr(info, "transform_descriptors", None):
+        raise CheckpointError(f"{file}: the chunk of {what} is stored with transforms {info.transform_descriptors}, "
+                              "which unshard cannot read yet")
+    if info.offset + info.length > file.stat().st_size:
+        raise CheckpointError(f"{file}: ends before the chunk of {what} at byte {info.offset}; "
+                              "the file is truncated: copy it again")
+
+
+def _safetensors_start(f, file: Path, fqn: str, dtype: dtypes.DType, sizes: tuple[int, ...], offset: int) -> int:
     """Where a raw chunk's bytes begin in `file` (open as `f`). torch writes each such .distcp as a
     safetensors file, one tensor per fqn, and records offset 0 in .metadata: the header says where."""
     f.seek(0)
@@ -193,6 +238,11 @@ class DcpFolder(Checkpoint):
     def file_map(self, file: Path) -> torch.UntypedStorage:
         return self.map_file(file)  # chunks are loaded as views of it
 
+    def file_offset(self, piece: Piece) -> int | None:
+        """Read from the chunk's own header (without torch): a piece is a whole chunk."""
+        info = self._storage[(piece.key, piece.block.global_offsets)]
+        return chunk_offset(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key)
+
     def release(self, piece: Piece) -> None:
         info = self._storage[(piece.key, piece.block.global_offsets)]
         safe_pickle.forget_bytes(self.map_file(piece.file).data_ptr() + info.offset, info.length)
@@ -224,7 +274,7 @@ def open_folder(src: Path) -> DcpFolder:
             path, _ = chunk_location(folder, storage, fqn, offsets)
             pieces.append(Piece(path, fqn, Block.placed(offsets, sizes)))
         chunks += len(pieces)
-        tensors[name] = SourceTensor(name, shape, md.properties.dtype, deduplicate(fqn, shape, pieces))
+        tensors[name] = SourceTensor(name, shape, tensor_dtype(folder, fqn, md), deduplicate(fqn, shape, pieces))
     if not tensors:
         raise CheckpointError(f"{folder}: this DCP checkpoint holds no model tensors ({dict(skipped)})")
     files = sorted({p.file.name for t in tensors.values() for p in t.pieces})
@@ -237,7 +287,7 @@ def open_folder(src: Path) -> DcpFolder:
                **_train_params(folder)},
     )
     checkpoint._storage = storage
-    checkpoint._dtypes = {fqn: metadata.state_dict_metadata[fqn].properties.dtype for fqn in names}
+    checkpoint._dtypes = {fqn: tensor_dtype(folder, fqn, metadata.state_dict_metadata[fqn]) for fqn in names}
     return checkpoint
 
 

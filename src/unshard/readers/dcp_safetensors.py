@@ -13,16 +13,15 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors import safe_open
-
+from .. import dtypes
 from ..errors import CheckpointError
 from ..placements import Block
-from ..writer import SAFETENSORS_DTYPES
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
 
-TORCH_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
+if TYPE_CHECKING:
+    import torch
 
 SHARD_FILE = re.compile(r"^shard-(\d+)-model-(\d+)-of-(\d+)\.safetensors$")
 
@@ -42,6 +41,8 @@ class SafetensorsFiles(Checkpoint):
     """Pieces that are whole tensors of safetensors files (read through safetensors' memory map)."""
 
     def local_tensor(self, piece: Piece) -> torch.Tensor:
+        from safetensors import safe_open
+
         with safe_open(piece.file, framework="pt") as f:
             return f.get_tensor(piece.key)
 
@@ -59,11 +60,35 @@ class SafetensorsFiles(Checkpoint):
 def byte_places(path: Path, mtime_ns: int, size: int) -> dict[str, tuple[int, tuple[int, ...], int]]:
     """Each tensor of a safetensors file: (its first byte in the file, shape, bytes per element).
     (`mtime_ns` and `size` key the cache: a file written again is read again.)"""
-    with open(path, "rb") as f:
-        length = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(length))
-    return {name: (8 + length + entry["data_offsets"][0], tuple(entry["shape"]), TORCH_DTYPES[entry["dtype"]].itemsize)
+    header, data_start = read_header(path)
+    return {name: (data_start + entry["data_offsets"][0], tuple(entry["shape"]), dtype_of(path, name, entry).itemsize)
             for name, entry in header.items() if name != "__metadata__"}
+
+
+def read_header(path: Path) -> tuple[dict, int]:
+    """A safetensors file's header (name -> dtype, shape, data_offsets; and `__metadata__`) and where
+    its data begins, checked against the file's size. Read as the format lays it out (8 bytes of
+    length, then JSON): safetensors' own reader would import torch to tell the same."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if not 2 <= length <= size - 8:
+                raise ValueError(f"a header of {length} bytes in a file of {size}")
+            header = json.loads(f.read(length))
+        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:  # (JSONDecodeError is a ValueError)
+        raise CheckpointError(f"{path}: not a valid safetensors file ({e}); copy it again") from None
+    if 8 + length + max(ends, default=0) > size:
+        raise CheckpointError(f"{path}: ends before its last tensor does; the file is truncated: copy it again")
+    return header, 8 + length
+
+
+def dtype_of(path: Path, name: str, entry: dict) -> dtypes.DType:
+    try:
+        return dtypes.BY_SAFETENSORS[entry["dtype"]]
+    except KeyError:
+        raise CheckpointError(f"{path}: {name} has dtype {entry['dtype']}, which unshard does not handle") from None
 
 
 def open_folder(src: Path) -> SafetensorsFiles:
@@ -71,36 +96,32 @@ def open_folder(src: Path) -> SafetensorsFiles:
     if folder is None:
         raise CheckpointError(f"{src}: no shard-*-model-*-of-*.safetensors files")
     pieces: dict[str, list[Piece]] = {}
-    dtypes: dict[str, torch.dtype] = {}
+    found_dtypes: dict[str, dtypes.DType] = {}
     ranks = set()
     for path in _shard_files(folder):
         ranks.add(int(SHARD_FILE.match(path.name).group(1)))
+        header, _ = read_header(path)
         try:
-            with safe_open(path, framework="pt") as f:
-                info = json.loads((f.metadata() or {}).get("DCP_SHARDING_INFO", "{}"))
-                for key in f.keys():
-                    if key not in info:
-                        raise CheckpointError(f"{path}: {key} has no DCP_SHARDING_INFO entry; not a DCP-written shard")
-                    piece_slice = f.get_slice(key)
-                    sizes = tuple(piece_slice.get_shape())
-                    offsets = tuple(info[key]["saved_offsets"])
-                    dtype = TORCH_DTYPES[piece_slice.get_dtype()]
-                    if dtypes.setdefault(key, dtype) != dtype:
-                        raise CheckpointError(f"{path}: {key} is {dtype} here but {dtypes[key]} in another shard")
-                    pieces.setdefault(key, []).append(Piece(path, key, Block.placed(offsets, sizes)))
-        except (OSError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{path}: cannot be read ({e}); the file is truncated or corrupt") from None
-        except Exception as e:  # safetensors raises its own error type on a bad header
-            if isinstance(e, CheckpointError):
-                raise
-            raise CheckpointError(f"{path}: not a valid safetensors file ({e}); copy it again") from None
+            info = json.loads((header.get("__metadata__") or {}).get("DCP_SHARDING_INFO", "{}"))
+        except ValueError as e:
+            raise CheckpointError(f"{path}: its DCP_SHARDING_INFO is not valid JSON ({e}); copy the file again") from None
+        for key, entry in header.items():
+            if key == "__metadata__":
+                continue
+            if key not in info:
+                raise CheckpointError(f"{path}: {key} has no DCP_SHARDING_INFO entry; not a DCP-written shard")
+            dtype = dtype_of(path, key, entry)
+            if found_dtypes.setdefault(key, dtype) != dtype:
+                raise CheckpointError(f"{path}: {key} is {dtype} here but {found_dtypes[key]} in another shard")
+            pieces.setdefault(key, []).append(Piece(path, key, Block.placed(tuple(info[key]["saved_offsets"]),
+                                                                            tuple(entry["shape"]))))
     missing = sorted(set(range(1, max(ranks) + 1)) - ranks)
     if missing:
         raise CheckpointError(f"{folder}: no files from rank(s) {missing} (shard-{missing[0]:05d}-...); copy every rank's files")
     tensors = {}
     for key, found in pieces.items():
         shape = tuple(max(p.block.global_offsets[d] + p.block.sizes[d] for p in found) for d in range(len(found[0].block.sizes)))
-        tensors[key] = SourceTensor(key, shape, dtypes[key], deduplicate(key, shape, found))
+        tensors[key] = SourceTensor(key, shape, found_dtypes[key], deduplicate(key, shape, found))
     hf = folder.parent / "huggingface"
     return SafetensorsFiles(layout="dcp-safetensors", path=folder, tensors=tensors,
                           hf_folder=hf if (hf / "config.json").is_file() else None,

@@ -23,13 +23,16 @@ import math
 import re
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 
-from .. import safe_pickle
+from .. import dtypes
 from ..errors import CheckpointError
 from ..placements import Block
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
+
+if TYPE_CHECKING:
+    import torch
 
 LAYOUT = "deepspeed-zero"
 MODEL_FILE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
@@ -79,6 +82,8 @@ def _ranges(path: Path, key: str, part: int, local_start: int, global_start: int
 
 
 def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> DeepSpeedZero:
+    from .. import safe_torch_load  # (imports torch)
+
     folder = find_folder(src, tag)
     if folder is None:
         tags = sorted(p.name for p in src.iterdir() if p.is_dir() and any(MODEL_FILE.match(f.name) for f in p.iterdir()))
@@ -96,7 +101,7 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
         raise CheckpointError(f"{folder}: tensor-parallel DeepSpeed checkpoints (mp_rank_01 and up) are not supported yet")
     first_model = model_files[min(model_files)]
     maps: dict[Path, torch.UntypedStorage] = {}
-    model_state, maps[first_model] = safe_pickle.load_mapped(first_model)
+    model_state, maps[first_model] = safe_torch_load.load_mapped(first_model)
     world = int(model_state.get("dp_world_size") or len(optim_files))
     missing = sorted(set(range(world)) - {dp for dp, _ in optim_files})
     if missing:
@@ -106,7 +111,7 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
     optims = []
     for dp in range(world):
         path = optim_files[(dp, 0)]
-        states[path], maps[path] = safe_pickle.load_mapped(path)
+        states[path], maps[path] = safe_torch_load.load_mapped(path)
         optims.append(path)
     optim0 = states[optims[0]]["optimizer_state_dict"]
     stage = int(optim0["zero_stage"])
@@ -125,14 +130,14 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
         for name, t in model_state["module"].items():
             tensors[name] = _from_module(first_model, name, t)
         for path in sorted(expert_files):
-            states[path], maps[path] = safe_pickle.load_mapped(path)
+            states[path], maps[path] = safe_torch_load.load_mapped(path)
             for name, t in states[path].items():
-                tensors[name] = SourceTensor(name, tuple(t.shape), t.dtype, [Piece(path, f"expert/{name}",
+                tensors[name] = SourceTensor(name, tuple(t.shape), dtypes.of(t.dtype), [Piece(path, f"expert/{name}",
                                                                                    Block.whole(t.shape))])
     else:
         masters = _zero12_masters if stage <= 2 else _zero3_masters
         for name, shape, pieces in masters(param_shapes, optims, states, world):
-            tensors[name] = SourceTensor(name, tuple(shape), torch.float32, deduplicate(name, tuple(shape), pieces))
+            tensors[name] = SourceTensor(name, tuple(shape), dtypes.float32, deduplicate(name, tuple(shape), pieces))
         _add_frozen(tensors, model_state, first_model, folder, model_files, states, maps, stage, world)
         for name in model_state.get("buffer_names") or []:
             tensors[name] = _from_module(first_model, name, model_state["module"][name])
@@ -148,7 +153,7 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
 
 def _from_module(path: Path, name: str, tensor: torch.Tensor) -> SourceTensor:
     """A tensor held whole in the model states' `module` dict (16-bit weights, buffers)."""
-    return SourceTensor(name, tuple(tensor.shape), tensor.dtype, [Piece(path, f"module/{name}", Block.whole(tensor.shape))])
+    return SourceTensor(name, tuple(tensor.shape), dtypes.of(tensor.dtype), [Piece(path, f"module/{name}", Block.whole(tensor.shape))])
 
 
 def _zero12_masters(param_shapes, optims, states, world):
@@ -215,6 +220,8 @@ def _zero3_masters(param_shapes, optims, states, world):
 def _add_frozen(tensors, model_state, first_model, folder, model_files, states, maps, stage, world) -> None:
     """Frozen parameters are not in the optimizer: whole in the model states (ZeRO 1/2) or in
     per-rank fragments of ceil(numel / world) elements (ZeRO 3)."""
+    from .. import safe_torch_load  # (imports torch)
+
     frozen = model_state.get("frozen_param_shapes") or {}
     if not frozen:
         return
@@ -222,7 +229,7 @@ def _add_frozen(tensors, model_state, first_model, folder, model_files, states, 
         for dp in range(world):
             path = model_files[(dp, 0)]
             if path not in states:
-                states[path], maps[path] = safe_pickle.load_mapped(path)
+                states[path], maps[path] = safe_torch_load.load_mapped(path)
     for name, shape in frozen.items():
         numel, pieces = math.prod(shape), []
         if stage <= 2:
@@ -233,7 +240,7 @@ def _add_frozen(tensors, model_state, first_model, folder, model_files, states, 
                 count = min(per_rank, numel - dp * per_rank)
                 if count > 0:
                     pieces.append(_ranges(model_files[(dp, 0)], f"frozen/{name}", 0, 0, dp * per_rank, count))
-        dtype = model_state["frozen_param_fragments"][name].dtype
+        dtype = dtypes.of(model_state["frozen_param_fragments"][name].dtype)
         tensors[name] = SourceTensor(name, tuple(shape), dtype, deduplicate(name, tuple(shape), pieces))
 
 

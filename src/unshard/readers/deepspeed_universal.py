@@ -8,13 +8,16 @@ tensor, "cat_dim": ...}` (with exp_avg.pt and friends beside it, never read). Th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 
-from .. import safe_pickle
+from .. import dtypes
 from ..errors import CheckpointError
 from ..placements import Block
 from .base import Checkpoint, Piece, SourceTensor
+
+if TYPE_CHECKING:
+    import torch
 
 
 def find_folder(src: Path) -> Path | None:
@@ -27,22 +30,28 @@ def find_folder(src: Path) -> Path | None:
 
 class DeepSpeedUniversal(Checkpoint):
     def local_tensor(self, piece: Piece) -> torch.Tensor:
-        value = safe_pickle.load(piece.file, mmap=False)
+        from .. import safe_torch_load  # (imports torch)
+
+        import torch
+
+        value = safe_torch_load.load(piece.file, mmap=False)
         if not isinstance(value, dict) or not isinstance(value.get("param"), torch.Tensor):
             raise CheckpointError(f"{piece.file}: holds no 'param' tensor; not a universal checkpoint file")
         return value["param"]
 
 
 def open_folder(src: Path) -> DeepSpeedUniversal:
+    from .. import safe_torch_load  # (imports torch)
+
     folder = find_folder(src)
     if folder is None:
         raise CheckpointError(f"{src}: no zero/<parameter>/fp32.pt files (not a DeepSpeed universal checkpoint)")
     tensors = {}
     for path in sorted((folder / "zero").glob("*/fp32.pt")):
         # The shape and dtype come from the file's metadata; the data stays on disk until read.
-        param = safe_pickle.load(path)["param"]
+        param = safe_torch_load.load(path)["param"]
         name = path.parent.name
-        tensors[name] = SourceTensor(name, tuple(param.shape), param.dtype, [Piece(path, "param", Block.whole(param.shape))])
+        tensors[name] = SourceTensor(name, tuple(param.shape), dtypes.of(param.dtype), [Piece(path, "param", Block.whole(param.shape))])
     hf = next((c for c in (folder, folder.parent) if (c / "config.json").is_file()), None)
     return DeepSpeedUniversal(layout="deepspeed-universal", path=folder, tensors=tensors, hf_folder=hf,
                               facts={"files": len(tensors)})

@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from .. import safe_pickle
+from .. import dtypes, safe_pickle, torch_archives
 from ..errors import CheckpointError
 from ..placements import Block, ShardSpec, blocks_from_runs, local_runs, runs_shape
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
+
+if TYPE_CHECKING:
+    import torch
 
 VERL_FILE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 ACCELERATE_FILE = re.compile(r"^pytorch_model_fsdp_0_rank(\d+)\.bin$")
@@ -86,7 +89,16 @@ def _placement(p) -> ShardSpec:
     raise CheckpointError(f"placement {p} is not supported (Partial tensors hold unreduced sums, not weights)")
 
 
-def _pieces(path: Path, key: str, value) -> tuple[tuple[int, ...], torch.dtype, list[Piece], str]:
+def _is_tensor(value) -> bool:
+    """A tensor, a DTensor or a ShardedTensor: as torch_archives stands in for them, or (where torch's
+    loader read the file) as torch and safe_torch_load build them."""
+    if isinstance(value, (torch_archives.StoredTensor, torch_archives.StoredDTensor)):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _pieces(path: Path, key: str, value) -> tuple[tuple[int, ...], dtypes.DType, list[Piece], str]:
     """Global shape, dtype, pieces and a short description of how `value` is sharded."""
     if safe_pickle.is_dtensor(value):
         mesh = value.device_mesh
@@ -102,8 +114,8 @@ def _pieces(path: Path, key: str, value) -> tuple[tuple[int, ...], torch.dtype, 
             )
         names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
         how = f"DTensor {dict(zip(names, mesh.shape))} {tuple(str(p) for p in value.placements)}"
-        return tuple(value.shape), value.dtype, [Piece(path, key, b) for b in blocks_from_runs(runs)], how
-    if isinstance(value, safe_pickle.ShardedTensorRecord):
+        return tuple(value.shape), dtypes.of(value.dtype), [Piece(path, key, b) for b in blocks_from_runs(runs)], how
+    if hasattr(value, "local_shards"):  # safe_torch_load's ShardedTensorRecord
         pieces = []
         for part, shard in enumerate(value.local_shards):
             sizes, offsets = tuple(shard.metadata.shard_sizes), tuple(shard.metadata.shard_offsets)
@@ -111,18 +123,36 @@ def _pieces(path: Path, key: str, value) -> tuple[tuple[int, ...], torch.dtype, 
                 raise CheckpointError(f"{path}: {key} shard {part} has shape {tuple(shard.tensor.shape)}, "
                                       f"its metadata says {sizes}; the file is corrupt")
             pieces.append(Piece(path, key, Block.placed(offsets, sizes), part))
-        return tuple(value.shape), value.dtype, pieces, "ShardedTensor"
-    if isinstance(value, torch.Tensor):
-        return tuple(value.shape), value.dtype, [Piece(path, key, Block.whole(value.shape))], "tensor"
+        return tuple(value.shape), dtypes.of(value.dtype), pieces, "ShardedTensor"
+    if _is_tensor(value):
+        return tuple(value.shape), dtypes.of(value.dtype), [Piece(path, key, Block.whole(value.shape))], "tensor"
     raise CheckpointError(f"{path}: {key} is a {type(value).__name__}, not a tensor")
 
 
 class FsdpRankFiles(Checkpoint):
-    def local_tensor(self, piece: Piece) -> torch.Tensor:
+    def _local(self, piece: Piece):
         value = self._states[piece.file][piece.key]
-        if isinstance(value, safe_pickle.ShardedTensorRecord):
+        if hasattr(value, "local_shards"):
             return value.local_shards[piece.part].tensor
         return value._local_tensor if safe_pickle.is_dtensor(value) else value
+
+    def local_tensor(self, piece: Piece) -> torch.Tensor:
+        local = self._local(piece)
+        if isinstance(local, torch_archives.StoredTensor):
+            return local.torch_view(self.map_file(piece.file))
+        return local
+
+    def file_offset(self, piece: Piece) -> int | None:
+        """Rows of a local tensor read by torch_archives lie where its header says; no torch needed."""
+        local = self._local(piece)
+        if not isinstance(local, torch_archives.StoredTensor):
+            return super().file_offset(piece)  # torch's loader read the file: ask its map
+        block = piece.block
+        if not local.shape:
+            return local.rows_at(0, 1)
+        if any(block.local_offsets[1:]) or tuple(block.sizes[1:]) != local.shape[1:] or not block.numel:
+            return None
+        return local.rows_at(block.local_offsets[0], block.sizes[0])
 
     def close(self) -> None:
         self._states.clear()
@@ -141,12 +171,12 @@ def open_folder(src: Path) -> FsdpRankFiles:
     fsdp_config = _read_fsdp_config(folder, world) if found.naming == "verl" else {}
 
     states, maps, pieces, how_sharded, skipped = {}, {}, {}, Counter(), Counter()
-    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    shapes: dict[str, tuple[tuple[int, ...], dtypes.DType]] = {}
     sharding: dict[str, str] = {}
     keys0 = None
     for rank in range(world):
         path = found.files[rank]
-        saved, maps[path] = safe_pickle.load_mapped(path)
+        saved = _load(path, maps)
         state = _model_state(path, saved)
         if keys0 is None:
             keys0 = list(state)
@@ -155,7 +185,7 @@ def open_folder(src: Path) -> FsdpRankFiles:
             raise CheckpointError(f"{path}: its tensor names differ from rank 0's (e.g. {diff}); mixed checkpoints?")
         states[path] = state
         for key, value in state.items():
-            if not isinstance(value, torch.Tensor):
+            if not _is_tensor(value):
                 skipped[f"{type(value).__name__} values"] += rank == 0
                 continue
             shape, dtype, found_pieces, how = _pieces(path, key, value)
@@ -187,6 +217,19 @@ def open_folder(src: Path) -> FsdpRankFiles:
     )
     checkpoint._states = states
     return checkpoint
+
+
+def _load(path: Path, maps: dict) -> dict:
+    """A rank file's state, read by torch_archives (no torch) or, for what only torch's loader knows
+    (a ShardedTensor, a trainer's object), by safe_torch_load; that one also maps the file."""
+    try:
+        with open(path, "rb") as f:
+            return torch_archives.read(f)
+    except (torch_archives.NotPlain, OSError):  # (torch's loader reports an unreadable file in its words)
+        from .. import safe_torch_load
+
+        saved, maps[path] = safe_torch_load.load_mapped(path)
+        return saved
 
 
 def _model_state(path: Path, state) -> dict:

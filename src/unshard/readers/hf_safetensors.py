@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from safetensors import safe_open
-
 from ..errors import CheckpointError
 from ..placements import Block
 from .base import Piece, SourceTensor
-from .dcp_safetensors import TORCH_DTYPES, SafetensorsFiles
+from .dcp_safetensors import SafetensorsFiles, dtype_of, read_header
 
 LAYOUT = "huggingface-safetensors"
 
@@ -34,17 +32,10 @@ def open_folder(src: Path) -> SafetensorsFiles:
         raise CheckpointError(f"{src}: no config.json and *.safetensors here")
     tensors = {}
     for path in _weight_files(folder):
-        try:
-            with safe_open(path, framework="pt") as f:
-                for key in f.keys():
-                    view = f.get_slice(key)
-                    shape, dtype = tuple(view.get_shape()), TORCH_DTYPES.get(view.get_dtype())
-                    if dtype is None:
-                        raise CheckpointError(f"{path}: {key} has dtype {view.get_dtype()}, which unshard does not handle")
-                    tensors[key] = SourceTensor(key, shape, dtype, [Piece(path, key, Block.whole(shape))])
-        except CheckpointError:
-            raise
-        except Exception as e:
-            raise CheckpointError(f"{path}: cannot be read as safetensors ({e}); copy it again") from None
+        header, _ = read_header(path)
+        for key, entry in header.items():
+            if key != "__metadata__":
+                shape = tuple(entry["shape"])
+                tensors[key] = SourceTensor(key, shape, dtype_of(path, key, entry), [Piece(path, key, Block.whole(shape))])
     return SafetensorsFiles(layout=LAYOUT, path=folder, tensors=tensors, hf_folder=folder,
                          facts={"files": len(_weight_files(folder))})

@@ -22,14 +22,16 @@ import tempfile
 import weakref
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 
-from .. import megatron_rules, safe_pickle
+from .. import dtypes, megatron_rules
 from ..errors import CheckpointError
 from ..placements import Block
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
+
+if TYPE_CHECKING:
+    import torch
 
 LAYOUT = "megatron"
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -174,6 +176,8 @@ def layer_offsets(chunks: dict[tuple[int, int], set[int]]) -> dict[tuple[int, in
 
 
 def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
+    from .. import safe_torch_load  # (imports torch)
+
     folder = find_folder(src, iteration)
     if folder is None:
         raise CheckpointError(f"{iteration_folder(src, iteration)}: no mp_rank_*/model_optim_rng.pt here; "
@@ -181,7 +185,7 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
     files = rank_files(folder)
     saved, maps = {}, {}
     for rank, path in files.items():
-        saved[rank], maps[path] = safe_pickle.load_mapped(path)
+        saved[rank], maps[path] = safe_torch_load.load_mapped(path)
     first_rank = min(saved)
     first = saved[first_rank]
     args = plain_args(first["args"], files[first_rank]) if isinstance(first, dict) and "args" in first else None
@@ -237,7 +241,7 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
 
     pieces: dict[str, list[Piece]] = defaultdict(list)
     shapes: dict[str, tuple[int, ...]] = {}
-    dtypes: dict[str, torch.dtype] = {}
+    found_dtypes: dict[str, dtypes.DType] = {}
     local_experts = (args.get("num_experts") or 0) // ep
     # fc1 is [gate; up] per slice when gated: what --swiglu says, or (no args) what every family has.
     gated = bool(args.get("swiglu")) if args_or_none else True
@@ -245,7 +249,7 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
         t, p, e = coordinates(rank)
         for vp, key in enumerate(chunk_keys):
             for local_name, tensor in state.get(key, {}).items():
-                if not isinstance(tensor, torch.Tensor) or local_name.endswith("_extra_state"):
+                if not hasattr(tensor, "dtype") or local_name.endswith("_extra_state"):  # (not a tensor)
                     continue
                 name = local_name.removeprefix("module.")  # a DDP wrapper's prefix
                 name = LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + offsets[(vp, p)]}.", name)
@@ -256,8 +260,8 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
                 blocks, shape = tp_blocks(tuple(tensor.shape), megatron_rules.tp_dim(name), parts, index,
                                           gated and "linear_fc1.weight" in name)
                 pieces[name] += [Piece(files[rank], f"{key}/{local_name}", block) for block in blocks]
-                shapes[name], dtypes[name] = shape, tensor.dtype
-    megatron = {name: SourceTensor(name, shapes[name], dtypes[name], deduplicate(name, shapes[name], found))
+                shapes[name], found_dtypes[name] = shape, dtypes.of(tensor.dtype)
+    megatron = {name: SourceTensor(name, shapes[name], found_dtypes[name], deduplicate(name, shapes[name], found))
                 for name, found in pieces.items()}
     checkpoint = MegatronFiles(layout=LAYOUT, path=folder, tensors={}, maps=maps)
     checkpoint._states = {files[rank]: state for rank, state in states.items()}

@@ -19,8 +19,8 @@ import re
 import threading
 from collections import Counter, OrderedDict, defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 
 from .. import safe_pickle
 from ..errors import CheckpointError
@@ -28,6 +28,9 @@ from ..placements import Block
 from . import dcp
 from .base import Piece, SourceTensor, deduplicate
 from .megatron import MegatronCheckpoint, finish, iteration_folder, plain_args
+
+if TYPE_CHECKING:
+    import torch
 
 LAYOUT = "megatron-torch-dist"
 # Saved beside the model in the same folder; none of it is a weight.
@@ -112,13 +115,15 @@ def _unstack(fqn: str, offsets: tuple[int, ...]) -> tuple[str, int]:
 
 
 def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
+    from .. import safe_torch_load  # (imports torch)
+
     folder = find_folder(src, iteration)
     if folder is None:
         raise CheckpointError(f"{iteration_folder(src, iteration)}: no torch_dist metadata.json here")
     common = folder / "common.pt"
     if not common.is_file():
         raise CheckpointError(f"{common}: missing; it holds the args the conversion needs: copy it with the checkpoint")
-    saved = safe_pickle.load(common)
+    saved = safe_torch_load.load(common)
     args = plain_args(saved["args"], common) if saved.get("args") is not None else None
     metadata = dcp.read_metadata(folder)
     storage = dcp.storage_index(metadata)
@@ -136,8 +141,8 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
             if any(size != 1 for size in sizes[:stacked]):
                 raise CheckpointError(f"{folder / '.metadata'}: a chunk of {fqn} spans several layers or experts; "
                                       "unshard reads one layer per chunk, as megatron-core saves them. Please report it")
-            shapes[name], dtypes[name] = tuple(md.size[stacked:]), md.properties.dtype
-            chunks.append((info, md.properties.dtype, sizes, (0,) * stacked))
+            shapes[name], dtypes[name] = tuple(md.size[stacked:]), dcp.tensor_dtype(folder, fqn, md)
+            chunks.append((info, dtypes[name], sizes, (0,) * stacked))
             pieces[name].append(Piece(path, fqn, Block.placed(offsets[stacked:], sizes[stacked:]), len(chunks) - 1))
     megatron = {name: SourceTensor(name, shapes[name], dtypes[name], deduplicate(name, shapes[name], found))
                 for name, found in pieces.items()}

@@ -1,0 +1,221 @@
+"""torch.save archives read without torch: what each tensor is and where its bytes lie.
+
+A torch.save file is a zip archive: `<name>/data.pkl`, a pickle of the saved object, and one
+uncompressed record `<name>/data/<key>` per storage. The pickle builds tensors by calling
+`torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...)`, DTensors through
+`_rebuild_from_type_v2`, and asks for storages by key. Here those calls build stand-ins instead:
+`StoredTensor` (dtype, shape, strides and the byte offset of its first element in the file), and
+DTensors holding one. A plan needs no more than that, and copying bytes file to file needs no torch.
+
+Only the classes below are built. A pickle naming anything else is not read here (`NotPlain`): the
+caller reads it with torch's own loader (safe_torch_load), which is just as strict but knows more
+(ShardedTensors, numpy arrays, trainers' objects).
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import math
+import pickle
+import struct
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import dtypes
+from .dtypes import DType
+from .safe_pickle import DTENSOR_MODULES, PLACEMENTS, MeshRecord, Record, _Window
+
+# The storage classes a pickle names for each element type (torch's legacy typed storages).
+STORAGES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
+            "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
+            "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
+            "Float8_e4m3fnStorage": "float8_e4m3fn", "Float8_e5m2Storage": "float8_e5m2"}
+
+
+class NotPlain(Exception):
+    """The archive holds something this reader does not build; torch's loader is needed."""
+
+
+@dataclass(frozen=True)
+class Storage:
+    dtype: DType
+    start: int  # the file offset of its first byte
+    numel: int
+
+
+@dataclass
+class StoredTensor:
+    """A tensor as an archive keeps it: a view (offset, shape, strides) of a storage in the file."""
+
+    storage: Storage
+    offset: int  # in elements of the storage
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    @property
+    def dtype(self) -> DType:
+        return self.storage.dtype
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.stride)):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    def rows_at(self, first_row: int, rows: int) -> int | None:
+        """The file offset of rows [first_row, first_row + rows), when they lie there in one run."""
+        if not self.is_contiguous():
+            return None
+        row = math.prod(self.shape[1:]) if self.shape else 1
+        if self.offset + (first_row + rows) * row > self.storage.numel:
+            return None
+        return self.storage.start + (self.offset + first_row * row) * self.dtype.itemsize
+
+    def torch_view(self, file_map):
+        """This tensor as torch sees it: a view of `file_map`, the whole file's UntypedStorage."""
+        import torch
+
+        tensor = torch.empty(0, dtype=self.dtype.torch)
+        start = self.storage.start // self.dtype.itemsize + self.offset  # archives align storages to 64 bytes
+        return tensor.set_(file_map, start, self.shape, self.stride)
+
+
+class StoredDTensor:
+    """A DTensor as the pickle describes it: global shape and dtype, `_local_tensor`, `_spec`."""
+
+    def __init__(self, dtype: DType, shape: tuple[int, ...]):
+        self.dtype, self.shape = dtype, tuple(shape)
+
+    @property
+    def device_mesh(self) -> MeshRecord:
+        return self._spec.state["mesh"]
+
+    @property
+    def placements(self) -> tuple:
+        return tuple(self._spec.state["placements"])
+
+
+def _rebuild_tensor_v2(storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None):
+    if not isinstance(storage, Storage):
+        raise NotPlain("a tensor built from something other than a storage")
+    return StoredTensor(storage, offset, tuple(size), tuple(stride))
+
+
+def _rebuild_wrapper_subclass(cls, dtype, size, stride, storage_offset, layout, device, requires_grad):
+    if cls is not StoredDTensor or not isinstance(dtype, DType):
+        raise NotPlain(f"a tensor subclass {cls}")
+    return StoredDTensor(dtype, size)
+
+
+def _rebuild_from_type_v2(func, new_type, args, state):
+    tensor = func(*args)
+    if isinstance(state, tuple) and len(state) == 2:  # (__dict__, slots), as DTensor uses slots
+        state = {**(state[0] or {}), **(state[1] or {})}
+    if new_type is not StoredDTensor or not isinstance(tensor, StoredDTensor) or not isinstance(state, dict):
+        raise NotPlain(f"a tensor of type {new_type}")
+    tensor.__dict__.update(state)
+    if not isinstance(getattr(tensor, "_local_tensor", None), StoredTensor):
+        raise NotPlain("a DTensor without a local tensor")
+    return tensor
+
+
+def _classes() -> dict[tuple[str, str], Any]:
+    allowed = {
+        ("collections", "OrderedDict"): collections.OrderedDict,
+        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+        ("torch._utils", "_rebuild_wrapper_subclass"): _rebuild_wrapper_subclass,
+        ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
+        ("torch", "Size"): tuple,
+        ("torch", "device"): str,
+        ("torch.serialization", "_get_layout"): str,
+        ("torch.distributed.device_mesh", "DeviceMesh"): MeshRecord,
+        ("torch.distributed._mesh_layout", "_MeshLayout"): Record,
+        ("torch.distributed._mesh_layout", "_FlatLayout"): Record,
+        **{("torch", name): dtype for name, dtype in dtypes.BY_NAME.items()},
+    }
+    for module in DTENSOR_MODULES:
+        allowed[(module, "DTensor")] = allowed[(module + ".api", "DTensor")] = StoredDTensor
+        for name, cls in PLACEMENTS.items():
+            allowed[(module + ".placement_types", name)] = cls
+        for where in ("_dtensor_spec", "placement_types"):
+            for name in ("DTensorSpec", "TensorMeta", "ShardOrderEntry"):
+                allowed[(f"{module}.{where}", name)] = Record
+    return allowed
+
+
+CLASSES = _classes()
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, storages: dict[str, tuple[int, int]]):
+        super().__init__(io.BytesIO(data))
+        self._storages = storages  # key -> (file offset, bytes)
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch" and name in STORAGES:
+            return ("storage type", dtypes.BY_NAME[STORAGES[name]])
+        try:
+            return CLASSES[(module, name)]
+        except KeyError:
+            raise NotPlain(f"{module}.{name}") from None
+
+    def persistent_load(self, pid) -> Storage:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+                and isinstance(pid[1], tuple) and pid[1][0] == "storage type"):
+            raise NotPlain(f"a storage reference {pid!r}")
+        dtype, key, numel = pid[1][1], str(pid[2]), int(pid[4])
+        start, nbytes = self._storages.get(key, (None, 0))
+        if start is None or nbytes < numel * dtype.itemsize:
+            raise NotPlain(f"storage {key} missing or short")
+        return Storage(dtype, start, numel)
+
+
+def read(file, start: int = 0, length: int | None = None, path: Path | None = None) -> Any:
+    """What the archive at bytes [start, start + length) of the open binary `file` holds, built from
+    stand-ins. Raises NotPlain where torch's own loader is needed."""
+    if length is None:
+        length = file.seek(0, io.SEEK_END) - start
+    try:
+        archive = zipfile.ZipFile(_Window(file, start, length))
+        infos = archive.infolist()
+        pickles = [i for i in infos if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
+        if len(pickles) != 1:
+            raise NotPlain("no single data.pkl")
+        prefix = pickles[0].filename[: -len("data.pkl")]
+        byteorder = next((i for i in infos if i.filename == prefix + "byteorder"), None)
+        if byteorder is not None and archive.read(byteorder).decode() != "little":
+            raise NotPlain("a big-endian archive")
+        storages = {}
+        for info in infos:
+            if info.filename.startswith(prefix + "data/"):
+                if info.compress_type != zipfile.ZIP_STORED:
+                    raise NotPlain("a compressed storage")
+                storages[info.filename[len(prefix) + 5:]] = (start + _data_start(file, start, info), info.file_size)
+        data = archive.read(pickles[0])
+    except (zipfile.BadZipFile, OSError, UnicodeDecodeError, KeyError, ValueError) as e:
+        raise NotPlain(f"not a readable archive ({e})") from None
+    try:
+        return _Unpickler(data, storages).load()
+    except NotPlain:
+        raise
+    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError) as e:
+        raise NotPlain(f"its pickle ({e})") from None
+
+
+def _data_start(file, start: int, info: zipfile.ZipInfo) -> int:
+    """Where a stored record's bytes begin: after its local header, whose name and extra field
+    (torch pads with it to align the data) may differ in length from the central directory's."""
+    file.seek(start + info.header_offset)
+    header = file.read(30)
+    if header[:4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"no local header for {info.filename}")
+    name_length, extra_length = struct.unpack("<HH", header[26:30])
+    return info.header_offset + 30 + name_length + extra_length
