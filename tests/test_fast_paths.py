@@ -62,6 +62,13 @@ def test_second_conversion_of_a_model_does_not_import_transformers(tmp_path):
     assert (tmp_path / "fourth" / "model.safetensors").read_bytes() == (tmp_path / "first" / "model.safetensors").read_bytes()
 
 
+def torch_loader_only(*args, **kwargs):
+    """In place of torch_archives.read: every file is left to torch's own loader."""
+    from unshard import torch_archives
+
+    raise torch_archives.NotPlain("this test reads with torch's loader")
+
+
 def test_dtensor_stand_ins_read_as_the_real_classes(tmp_path, monkeypatch):
     """The 2-D mesh fixture (_StridedShard + Shard on dp x tp) opened with torch_archives' stand-ins
     (a fresh process, without torch) and by torch's own loader with its DTensor classes (imported
@@ -69,9 +76,6 @@ def test_dtensor_stand_ins_read_as_the_real_classes(tmp_path, monkeypatch):
     import torch.distributed.tensor  # noqa: F401  (this process reads with the real classes)
 
     from unshard import open_checkpoint, torch_archives
-
-    def torch_loader_only(*args, **kwargs):
-        raise torch_archives.NotPlain("this test reads with torch's loader")
 
     monkeypatch.setattr(torch_archives, "read", torch_loader_only)
 
@@ -121,9 +125,14 @@ def test_dcp_metadata_stand_ins_read_as_torch_does():
         assert all(dcp.is_tensor_entry(md) == hasattr(md, "chunks") for md in ours.state_dict_metadata.values())
 
 
-def test_dcp_conversion_does_not_import_torch(tmp_path):
-    """Once transformers' answers are remembered, a same-dtype DCP conversion needs no torch: the
-    metadata and each chunk's archive are read by stand-ins, the bytes copied file to file."""
+@pytest.mark.parametrize("src, config_from", [
+    ("llama-fsdp1-dcp/dcp", "llama-fsdp1-dcp/hf"),  # .metadata and each chunk's archive
+    ("deepspeed-zero2/checkpoint-1", None),  # ZeRO's optimizer files, their enums and loss scaler
+    ("deepspeed-zero3/checkpoint-1", None),
+])
+def test_same_dtype_conversion_does_not_import_torch(tmp_path, src, config_from):
+    """Once transformers' answers are remembered, a same-dtype conversion needs no torch: the files'
+    metadata is read by stand-ins and the bytes are copied file to file."""
     code = textwrap.dedent("""
         import sys
         from unshard.cli import main
@@ -131,17 +140,39 @@ def test_dcp_conversion_does_not_import_torch(tmp_path):
         print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.distributed.checkpoint")))
         sys.exit(code)
     """)
-    fixture = SHIPPED / "llama-fsdp1-dcp"
+    config = ["--config-from", str(SHIPPED / config_from)] if config_from else []
     imported = []
     for out in ("first", "second"):
-        done = subprocess.run([sys.executable, "-c", code, str(fixture / "dcp"), str(tmp_path / out), "--config-from",
-                               str(fixture / "hf")], capture_output=True, text=True, timeout=300,
+        done = subprocess.run([sys.executable, "-c", code, str(SHIPPED / src), str(tmp_path / out), *config],
+                              capture_output=True, text=True, timeout=300,
                               env=dict(os.environ, UNSHARD_CACHE=str(tmp_path / "cache")))
         assert done.returncode == 0, done.stderr
         imported.append(done.stdout.splitlines()[-1])
     assert imported[0] != "[]"  # transformers, asked on the first run, imports them itself
     assert imported[1] == "[]"
     assert folder_bytes(tmp_path / "first") == folder_bytes(tmp_path / "second")
+
+
+@pytest.mark.parametrize("src", ["deepspeed-zero2/checkpoint-1", "deepspeed-zero2-fp16/checkpoint-1",
+                                 "deepspeed-zero3/checkpoint-1", "deepspeed-zero1-bf16/checkpoint-1",
+                                 "deepspeed-moe-ep2-zero2/checkpoint"])
+def test_deepspeed_files_read_without_torch_as_with_it(monkeypatch, src):
+    """ZeRO's model and optimizer files read by torch_archives' stand-ins give the same tensors, pieces
+    and bytes as read by torch's own loader."""
+    import torch
+
+    from unshard import open_checkpoint, torch_archives
+
+    ours = open_checkpoint(SHIPPED / src)
+    assert not ours.maps  # no file needed torch's loader
+    monkeypatch.setattr(torch_archives, "read", torch_loader_only)
+    theirs = open_checkpoint(SHIPPED / src)
+    assert theirs.maps
+    assert repr(ours.tensors) == repr(theirs.tensors) and ours.facts == theirs.facts
+    for name in ours.tensors:
+        assert torch.equal(ours.read(name), theirs.read(name)), name
+        pieces = ours.tensors[name].pieces
+        assert [ours.file_offset(p) for p in pieces] == [theirs.file_offset(p) for p in pieces], name
 
 
 @pytest.mark.parametrize("src", [

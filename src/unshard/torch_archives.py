@@ -26,7 +26,7 @@ from typing import Any
 
 from . import dtypes
 from .dtypes import DType
-from .safe_pickle import DTENSOR_MODULES, PLACEMENTS, MeshRecord, Record, _Window
+from .safe_pickle import DTENSOR_MODULES, FOREIGN_RECORDS, PLACEMENTS, MeshRecord, Record, _Window
 
 # The storage classes a pickle names for each element type (torch's legacy typed storages).
 STORAGES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
@@ -70,14 +70,27 @@ class StoredTensor:
             expected *= size
         return True
 
-    def rows_at(self, first_row: int, rows: int) -> int | None:
-        """The file offset of rows [first_row, first_row + rows), when they lie there in one run."""
-        if not self.is_contiguous():
+    def offset_of(self, local_offsets: tuple[int, ...], sizes: tuple[int, ...]) -> int | None:
+        """The file offset of a box of this tensor when its elements lie there in one run: whole rows
+        (a box full in every dimension but the first), or a range of the flattened tensor (a box of one
+        dimension, as ZeRO's flat partitions are cut). None otherwise."""
+        if not math.prod(sizes) or not self.is_contiguous():
             return None
-        row = math.prod(self.shape[1:]) if self.shape else 1
-        if self.offset + (first_row + rows) * row > self.storage.numel:
+        if len(sizes) <= 1:
+            start, count = (local_offsets[0] if sizes else 0), math.prod(sizes)
+        elif any(local_offsets[1:]) or tuple(sizes[1:]) != self.shape[1:]:
             return None
-        return self.storage.start + (self.offset + first_row * row) * self.dtype.itemsize
+        else:
+            row = math.prod(self.shape[1:])
+            start, count = local_offsets[0] * row, sizes[0] * row
+        if start + count > self.numel() or self.offset + start + count > self.storage.numel:
+            return None
+        return self.storage.start + (self.offset + start) * self.dtype.itemsize
+
+    def flattened(self) -> StoredTensor:
+        """This tensor as one dimension (it must be contiguous: the same bytes, read in order)."""
+        assert self.is_contiguous()
+        return StoredTensor(self.storage, self.offset, (self.numel(),), (1,))
 
     def torch_view(self, file_map):
         """This tensor as torch sees it: a view of `file_map`, the whole file's UntypedStorage."""
@@ -117,6 +130,8 @@ def _rebuild_wrapper_subclass(cls, dtype, size, stride, storage_offset, layout, 
 
 def _rebuild_from_type_v2(func, new_type, args, state):
     tensor = func(*args)
+    if new_type is StoredTensor and isinstance(tensor, StoredTensor):
+        return tensor  # a plain tensor saved with Python attributes (ZeRO-3's flat groups): not its bytes
     if isinstance(state, tuple) and len(state) == 2:  # (__dict__, slots), as DTensor uses slots
         state = {**(state[0] or {}), **(state[1] or {})}
     if new_type is not StoredDTensor or not isinstance(tensor, StoredDTensor) or not isinstance(state, dict):
@@ -134,12 +149,14 @@ def _classes() -> dict[tuple[str, str], Any]:
         ("torch._utils", "_rebuild_wrapper_subclass"): _rebuild_wrapper_subclass,
         ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
         ("torch", "Size"): tuple,
+        ("torch", "Tensor"): StoredTensor,
         ("torch", "device"): str,
         ("torch.serialization", "_get_layout"): str,
         ("torch.distributed.device_mesh", "DeviceMesh"): MeshRecord,
         ("torch.distributed._mesh_layout", "_MeshLayout"): Record,
         ("torch.distributed._mesh_layout", "_FlatLayout"): Record,
         **{("torch", name): dtype for name, dtype in dtypes.BY_NAME.items()},
+        **{tuple(name.rsplit(".", 1)): stand_in for name, stand_in in FOREIGN_RECORDS.items()},  # DeepSpeed's enums
     }
     for module in DTENSOR_MODULES:
         allowed[(module, "DTensor")] = allowed[(module + ".api", "DTensor")] = StoredDTensor

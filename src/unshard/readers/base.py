@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from .. import torch_archives
 from ..dtypes import DType
 from ..errors import CheckpointError
 from ..placements import Block, assemble, box, compose
+from ..torch_archives import StoredTensor
 
 
 if TYPE_CHECKING:
@@ -78,9 +80,23 @@ class Checkpoint:
     transforms: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
     # file -> its map, for readers whose local tensors are views of whole-file maps (see file_offset)
     maps: dict[Path, torch.UntypedStorage] = field(default_factory=dict)
+    # file -> what was loaded from it, for readers of torch.save files (see `loaded`)
+    states: dict[Path, Any] = field(default_factory=dict)
+
+    def loaded(self, piece: Piece) -> torch.Tensor | StoredTensor | None:
+        """What this reader holds for a piece's local tensor, for readers of torch.save files: a
+        StoredTensor where torch_archives read the file (no torch), a tensor where torch's loader did."""
+        return None
 
     def local_tensor(self, piece: Piece) -> torch.Tensor:
-        raise NotImplementedError
+        """The piece's local tensor, as torch sees it."""
+        local = self.loaded(piece)
+        if local is None:
+            raise NotImplementedError
+        return self.as_torch(piece, local)
+
+    def as_torch(self, piece: Piece, local: torch.Tensor | StoredTensor) -> torch.Tensor:
+        return local.torch_view(self.map_file(piece.file)) if isinstance(local, StoredTensor) else local
 
     def fit_config(self, config: dict[str, Any] | None) -> None:
         """Called with the output's config before planning; a reader may re-cut tensors to it
@@ -184,6 +200,9 @@ class Checkpoint:
         """Where `read_piece(piece)`'s bytes begin in `piece.file`, when they lie there as they are, in one
         run, in a file this reader maps. The writer then copies them file to file in the kernel, and they
         never pass through this process's memory. None otherwise (a chunk read into memory, a strided box)."""
+        local = self.loaded(piece)
+        if isinstance(local, StoredTensor):  # where its header says; no torch needed
+            return local.offset_of(piece.block.local_offsets, piece.block.sizes)
         mapped = self.file_map(piece.file)
         if mapped is None:  # (asked first: a reader without maps may read its local tensors whole)
             return None
@@ -197,5 +216,19 @@ class Checkpoint:
         return self.local_tensor(piece)[box(piece.block.local_offsets, piece.block.sizes)].reshape(-1)
 
     def close(self) -> None:
-        """Drop open file maps."""
+        """Drop open file maps and what was loaded."""
         self.maps.clear()
+        self.states.clear()
+
+
+def load_archive(path: Path, maps: dict[Path, torch.UntypedStorage]) -> Any:
+    """A torch.save file's contents, read by torch_archives (no torch) or, for what only torch's loader
+    knows (a ShardedTensor, a trainer's object), by safe_torch_load, which also maps the file."""
+    try:
+        with open(path, "rb") as f:
+            return torch_archives.read(f)
+    except (torch_archives.NotPlain, OSError):  # (torch's loader reports an unreadable file in its words)
+        from ..safe_torch_load import load_mapped
+
+        saved, maps[path] = load_mapped(path)
+        return saved

@@ -186,7 +186,7 @@ def chunk_offset(file: Path, info, dtype: dtypes.DType, sizes: tuple[int, ...], 
             return None
     if not isinstance(tensor, torch_archives.StoredTensor) or tensor.dtype != dtype or tensor.numel() != math.prod(sizes):
         return None
-    return tensor.rows_at(0, tensor.shape[0]) if tensor.shape else tensor.rows_at(0, 1)
+    return tensor.offset_of((0,) * len(tensor.shape), tensor.shape)
 
 
 def _check_chunk(file: Path, info, what: str) -> None:

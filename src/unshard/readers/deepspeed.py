@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 from .. import dtypes
 from ..errors import CheckpointError
 from ..placements import Block
-from .base import Checkpoint, Piece, SourceTensor, deduplicate
+from ..torch_archives import StoredTensor
+from .base import Checkpoint, Piece, SourceTensor, deduplicate, load_archive
 
 if TYPE_CHECKING:
     import torch
@@ -61,20 +62,19 @@ def _files(folder: Path, pattern: re.Pattern) -> dict[tuple[int, int], Path]:
 
 
 class DeepSpeedZero(Checkpoint):
-    def local_tensor(self, piece: Piece) -> torch.Tensor:
-        state = self._states[piece.file]
+    def loaded(self, piece: Piece):
+        state = self.states[piece.file]
         kind, _, name = piece.key.partition("/")
         if kind == "module":
             return state["module"][name]
-        if kind == "frozen":
-            return state["frozen_param_fragments"][name].reshape(-1)
+        if kind == "frozen":  # cut as ranges of the flattened parameter, as the masters are
+            fragment = state["frozen_param_fragments"][name]
+            if isinstance(fragment, StoredTensor) and fragment.is_contiguous():
+                return fragment.flattened()
+            return self.as_torch(piece, fragment).reshape(-1)
         if kind == "expert":
             return state[name]
         return state["optimizer_state_dict"][kind][piece.part]
-
-    def close(self) -> None:
-        self._states.clear()
-        super().close()
 
 
 def _ranges(path: Path, key: str, part: int, local_start: int, global_start: int, count: int) -> Piece:
@@ -82,8 +82,6 @@ def _ranges(path: Path, key: str, part: int, local_start: int, global_start: int
 
 
 def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> DeepSpeedZero:
-    from .. import safe_torch_load  # (imports torch)
-
     folder = find_folder(src, tag)
     if folder is None:
         tags = sorted(p.name for p in src.iterdir() if p.is_dir() and any(MODEL_FILE.match(f.name) for f in p.iterdir()))
@@ -101,7 +99,7 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
         raise CheckpointError(f"{folder}: tensor-parallel DeepSpeed checkpoints (mp_rank_01 and up) are not supported yet")
     first_model = model_files[min(model_files)]
     maps: dict[Path, torch.UntypedStorage] = {}
-    model_state, maps[first_model] = safe_torch_load.load_mapped(first_model)
+    model_state = load_archive(first_model, maps)
     world = int(model_state.get("dp_world_size") or len(optim_files))
     missing = sorted(set(range(world)) - {dp for dp, _ in optim_files})
     if missing:
@@ -111,7 +109,7 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
     optims = []
     for dp in range(world):
         path = optim_files[(dp, 0)]
-        states[path], maps[path] = safe_torch_load.load_mapped(path)
+        states[path] = load_archive(path, maps)
         optims.append(path)
     optim0 = states[optims[0]]["optimizer_state_dict"]
     stage = int(optim0["zero_stage"])
@@ -130,7 +128,7 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
         for name, t in model_state["module"].items():
             tensors[name] = _from_module(first_model, name, t)
         for path in sorted(expert_files):
-            states[path], maps[path] = safe_torch_load.load_mapped(path)
+            states[path] = load_archive(path, maps)
             for name, t in states[path].items():
                 tensors[name] = SourceTensor(name, tuple(t.shape), dtypes.of(t.dtype), [Piece(path, f"expert/{name}",
                                                                                    Block.whole(t.shape))])
@@ -146,9 +144,8 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
         if source in tensors:
             tensors[alias] = SourceTensor(alias, tensors[source].shape, tensors[source].dtype, tensors[source].pieces)
     hf = _hf_folder(folder)
-    checkpoint = DeepSpeedZero(layout=LAYOUT, path=folder, tensors=tensors, hf_folder=hf, facts=facts, maps=maps)
-    checkpoint._states = states
-    return checkpoint
+    return DeepSpeedZero(layout=LAYOUT, path=folder, tensors=tensors, hf_folder=hf, facts=facts, maps=maps,
+                         states=states)
 
 
 def _from_module(path: Path, name: str, tensor: torch.Tensor) -> SourceTensor:
@@ -220,8 +217,6 @@ def _zero3_masters(param_shapes, optims, states, world):
 def _add_frozen(tensors, model_state, first_model, folder, model_files, states, maps, stage, world) -> None:
     """Frozen parameters are not in the optimizer: whole in the model states (ZeRO 1/2) or in
     per-rank fragments of ceil(numel / world) elements (ZeRO 3)."""
-    from .. import safe_torch_load  # (imports torch)
-
     frozen = model_state.get("frozen_param_shapes") or {}
     if not frozen:
         return
@@ -229,7 +224,7 @@ def _add_frozen(tensors, model_state, first_model, folder, model_files, states, 
         for dp in range(world):
             path = model_files[(dp, 0)]
             if path not in states:
-                states[path], maps[path] = safe_torch_load.load_mapped(path)
+                states[path] = load_archive(path, maps)
     for name, shape in frozen.items():
         numel, pieces = math.prod(shape), []
         if stage <= 2:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from .. import dtypes, safe_pickle, torch_archives
 from ..errors import CheckpointError
 from ..placements import Block, ShardSpec, blocks_from_runs, local_runs, runs_shape
-from .base import Checkpoint, Piece, SourceTensor, deduplicate
+from .base import Checkpoint, Piece, SourceTensor, deduplicate, load_archive
 
 if TYPE_CHECKING:
     import torch
@@ -130,33 +130,11 @@ def _pieces(path: Path, key: str, value) -> tuple[tuple[int, ...], dtypes.DType,
 
 
 class FsdpRankFiles(Checkpoint):
-    def _local(self, piece: Piece):
-        value = self._states[piece.file][piece.key]
+    def loaded(self, piece: Piece):
+        value = self.states[piece.file][piece.key]
         if hasattr(value, "local_shards"):
             return value.local_shards[piece.part].tensor
         return value._local_tensor if safe_pickle.is_dtensor(value) else value
-
-    def local_tensor(self, piece: Piece) -> torch.Tensor:
-        local = self._local(piece)
-        if isinstance(local, torch_archives.StoredTensor):
-            return local.torch_view(self.map_file(piece.file))
-        return local
-
-    def file_offset(self, piece: Piece) -> int | None:
-        """Rows of a local tensor read by torch_archives lie where its header says; no torch needed."""
-        local = self._local(piece)
-        if not isinstance(local, torch_archives.StoredTensor):
-            return super().file_offset(piece)  # torch's loader read the file: ask its map
-        block = piece.block
-        if not local.shape:
-            return local.rows_at(0, 1)
-        if any(block.local_offsets[1:]) or tuple(block.sizes[1:]) != local.shape[1:] or not block.numel:
-            return None
-        return local.rows_at(block.local_offsets[0], block.sizes[0])
-
-    def close(self) -> None:
-        self._states.clear()
-        super().close()
 
 
 def open_folder(src: Path) -> FsdpRankFiles:
@@ -176,7 +154,7 @@ def open_folder(src: Path) -> FsdpRankFiles:
     keys0 = None
     for rank in range(world):
         path = found.files[rank]
-        saved = _load(path, maps)
+        saved = load_archive(path, maps)
         state = _model_state(path, saved)
         if keys0 is None:
             keys0 = list(state)
@@ -214,22 +192,9 @@ def open_folder(src: Path) -> FsdpRankFiles:
         hf_folder=hf if hf.is_dir() else None,
         facts=facts,
         maps=maps,
+        states=states,
     )
-    checkpoint._states = states
     return checkpoint
-
-
-def _load(path: Path, maps: dict) -> dict:
-    """A rank file's state, read by torch_archives (no torch) or, for what only torch's loader knows
-    (a ShardedTensor, a trainer's object), by safe_torch_load; that one also maps the file."""
-    try:
-        with open(path, "rb") as f:
-            return torch_archives.read(f)
-    except (torch_archives.NotPlain, OSError):  # (torch's loader reports an unreadable file in its words)
-        from .. import safe_torch_load
-
-        saved, maps[path] = safe_torch_load.load_mapped(path)
-        return saved
 
 
 def _model_state(path: Path, state) -> dict:

@@ -263,8 +263,8 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
                 shapes[name], found_dtypes[name] = shape, dtypes.of(tensor.dtype)
     megatron = {name: SourceTensor(name, shapes[name], found_dtypes[name], deduplicate(name, shapes[name], found))
                 for name, found in pieces.items()}
-    checkpoint = MegatronFiles(layout=LAYOUT, path=folder, tensors={}, maps=maps)
-    checkpoint._states = {files[rank]: state for rank, state in states.items()}
+    checkpoint = MegatronFiles(layout=LAYOUT, path=folder, tensors={}, maps=maps,
+                               states={files[rank]: state for rank, state in states.items()})
     return finish(checkpoint, megatron, args_or_none, {
         "format": "torch (legacy: one file per rank)" if args_or_none else "verl mp_rank_*/model.pt (no Megatron-LM args)",
         "iteration": next(iter(iterations), None),
@@ -295,8 +295,4 @@ def tp_blocks(local: tuple[int, ...], dim: int | None, parts: int, index: int, g
 class MegatronFiles(MegatronCheckpoint):
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         chunk, name = piece.key.split("/", 1)
-        return self._states[piece.file][chunk][name]
-
-    def close(self) -> None:
-        self._states.clear()
-        super().close()
+        return self.states[piece.file][chunk][name]
