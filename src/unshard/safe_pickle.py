@@ -114,7 +114,7 @@ FOREIGN_RECORDS = {
 }
 
 
-class _Window(io.RawIOBase):
+class Window(io.RawIOBase):
     """Bytes [start, start + length) of an open file, read as a file of their own."""
 
     def __init__(self, file, start: int, length: int):

@@ -30,7 +30,7 @@ from .safe_pickle import (
     PLACEMENTS,
     MeshRecord,
     Record,
-    _Window,
+    Window,
     forget_bytes,
 )
 
@@ -231,7 +231,7 @@ def load_embedded(file, start: int, length: int, mapped: torch.UntypedStorage) -
     """torch.load the archive that lies at bytes [start, start + length) of an open file (DCP keeps
     one per chunk), as safely as `load`, its tensors mapped from `mapped` (the file's own map) rather
     than copied. torch.load itself takes only whole files or buffers; this is its loader on a window."""
-    reader = torch._C.PyTorchFileReader(_Window(file, start, length))
+    reader = torch._C.PyTorchFileReader(Window(file, start, length))
     with _ALLOWING:
         return torch.serialization._load(reader, "cpu", torch._weights_only_unpickler,
                                          overall_storage=mapped[start:start + length])

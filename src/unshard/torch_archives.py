@@ -26,7 +26,7 @@ from typing import Any
 
 from . import dtypes
 from .dtypes import DType
-from .safe_pickle import DTENSOR_MODULES, FOREIGN_RECORDS, PLACEMENTS, MeshRecord, Record, _Window
+from .safe_pickle import DTENSOR_MODULES, FOREIGN_RECORDS, PLACEMENTS, MeshRecord, Record, Window
 
 # The storage classes a pickle names for each element type (torch's legacy typed storages).
 STORAGES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
@@ -201,7 +201,7 @@ def read(file, start: int = 0, length: int | None = None, path: Path | None = No
     if length is None:
         length = file.seek(0, io.SEEK_END) - start
     try:
-        archive = zipfile.ZipFile(_Window(file, start, length))
+        archive = zipfile.ZipFile(Window(file, start, length))
         infos = archive.infolist()
         pickles = [i for i in infos if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
         if len(pickles) != 1:
