@@ -17,15 +17,11 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .. import dtypes, safe_pickle, torch_archives
 from ..errors import CheckpointError
 from ..placements import Block, ShardSpec, blocks_from_runs, local_runs, runs_shape
 from .base import Checkpoint, Piece, SourceTensor, deduplicate, load_archive
-
-if TYPE_CHECKING:
-    import torch
 
 VERL_FILE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 ACCELERATE_FILE = re.compile(r"^pytorch_model_fsdp_0_rank(\d+)\.bin$")
