@@ -37,6 +37,19 @@ def is_dtensor(value) -> bool:
     return hasattr(value, "_local_tensor") and hasattr(value, "_spec")
 
 
+class DTensorStandIn:
+    """What readers ask of a stand-in for a DTensor (safe_torch_load's, torch_archives'): its mesh and
+    placements, from the `_spec` it was saved with."""
+
+    @property
+    def device_mesh(self) -> MeshRecord:
+        return self._spec.state["mesh"]
+
+    @property
+    def placements(self) -> tuple:
+        return tuple(self._spec.state["placements"])
+
+
 class MeshRecord(Record):
     """Stands in for a DeviceMesh: its shape, dimension names and this rank's coordinate."""
 

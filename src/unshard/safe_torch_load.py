@@ -28,6 +28,7 @@ from .safe_pickle import (
     DTENSOR_MODULES,
     FOREIGN_RECORDS,
     PLACEMENTS,
+    DTensorStandIn,
     MeshRecord,
     Record,
     Window,
@@ -62,21 +63,13 @@ class ShardedTensorRecord(torch.Tensor):
 # classes are used throughout.)
 
 
-class DTensorRecord(torch.Tensor):
+class DTensorRecord(torch.Tensor, DTensorStandIn):
     """Stands in for a DTensor: a tensor of its global shape and dtype holding no data, with the
     `_local_tensor` and `_spec` it was saved with."""
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         raise TypeError("a DTensorRecord only describes a shard; read its _local_tensor")
-
-    @property
-    def device_mesh(self) -> MeshRecord:
-        return self._spec.state["mesh"]
-
-    @property
-    def placements(self) -> tuple:
-        return tuple(self._spec.state["placements"])
 
 
 DTENSOR_RECORDS = {

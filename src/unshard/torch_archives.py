@@ -26,7 +26,7 @@ from typing import Any
 
 from . import dtypes
 from .dtypes import DType
-from .safe_pickle import DTENSOR_MODULES, FOREIGN_RECORDS, PLACEMENTS, MeshRecord, Record, Window
+from .safe_pickle import DTENSOR_MODULES, FOREIGN_RECORDS, PLACEMENTS, DTensorStandIn, MeshRecord, Record, Window
 
 # The storage classes a pickle names for each element type (torch's legacy typed storages).
 STORAGES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
@@ -101,19 +101,11 @@ class StoredTensor:
         return tensor.set_(file_map, start, self.shape, self.stride)
 
 
-class StoredDTensor:
+class StoredDTensor(DTensorStandIn):
     """A DTensor as the pickle describes it: global shape and dtype, `_local_tensor`, `_spec`."""
 
     def __init__(self, dtype: DType, shape: tuple[int, ...]):
         self.dtype, self.shape = dtype, tuple(shape)
-
-    @property
-    def device_mesh(self) -> MeshRecord:
-        return self._spec.state["mesh"]
-
-    @property
-    def placements(self) -> tuple:
-        return tuple(self._spec.state["placements"])
 
 
 def _rebuild_tensor_v2(storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None):
