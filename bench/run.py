@@ -11,6 +11,7 @@ input's pages are dropped from the cache before each run), with no earlier outpu
   cp                      copying the input bytes: the floor
   unshard (first run)     unshard convert (this checkout), its cache of transformers' answers emptied
   unshard                 the same again: the next checkpoint of a model converted before
+  unshard --verify        the same, then every written byte read back and compared with the source
   unshard --workers 2     the same, 1 GB output files shared by two processes
   verl model_merger       verl's own merger, `pip install --no-deps verl` and what its merger imports,
                           in its own venv (verl's FSDP rank files; it refuses a tensor-parallel mesh)
@@ -130,6 +131,7 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
     unshard = [*python, "-m", "unshard", "convert", str(src), str(out), *config, "--dtype", "float32",
                "--no-progress"]
     found = {"cp": ["cp", "-r", str(src), str(out)], "unshard" + FIRST_RUN: unshard, "unshard": unshard,
+             "unshard --verify": [*unshard, "--verify"],
              "unshard --workers 2": [*unshard, "--workers", "2", "--max-shard-size", "1GB"]}
     if layout == "verl":
         found["verl model_merger"] = [str(peer_python("verl")), "-m", "verl.model_merger", "merge", "--backend",

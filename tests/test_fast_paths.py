@@ -132,7 +132,8 @@ def test_dcp_metadata_stand_ins_read_as_torch_does():
 ])
 def test_same_dtype_conversion_does_not_import_torch(tmp_path, src, config_from):
     """Once transformers' answers are remembered, a same-dtype conversion needs no torch: the files'
-    metadata is read by stand-ins and the bytes are copied file to file."""
+    metadata is read by stand-ins and the bytes are copied file to file (and, with --verify, read
+    back and compared byte for byte)."""
     code = textwrap.dedent("""
         import sys
         from unshard.cli import main
@@ -142,8 +143,8 @@ def test_same_dtype_conversion_does_not_import_torch(tmp_path, src, config_from)
     """)
     config = ["--config-from", str(SHIPPED / config_from)] if config_from else []
     imported = []
-    for out in ("first", "second"):
-        done = subprocess.run([sys.executable, "-c", code, str(SHIPPED / src), str(tmp_path / out), *config],
+    for out, verify in (("first", []), ("second", ["--verify"])):
+        done = subprocess.run([sys.executable, "-c", code, str(SHIPPED / src), str(tmp_path / out), *config, *verify],
                               capture_output=True, text=True, timeout=300,
                               env=dict(os.environ, UNSHARD_CACHE=str(tmp_path / "cache")))
         assert done.returncode == 0, done.stderr
@@ -339,3 +340,34 @@ def test_dcp_chunks_saved_as_safetensors_are_found_by_their_header(tmp_path, mon
     assert written.keys() == state.keys()
     assert all(written[k].dtype == state[k].dtype and torch.equal(written[k], state[k]) for k in state)
     assert copied  # chunks are views of the file's map, so copied by the kernel
+
+
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])  # pieces copied file to file; tensors cast in memory
+def test_verify_finds_a_byte_changed_after_writing(tmp_path, monkeypatch, dtype):
+    """--verify reads every written byte back: one byte changed between writing and verifying (a bad
+    disk, another process) fails the run, names the tensor, and leaves no OUT behind."""
+    from unshard import execute
+    from unshard.errors import UnshardError
+    from unshard.writer import WrittenFile
+
+    write = execute._write_weights
+    changed = []
+
+    def write_then_flip_a_byte(plan, folder, filenames, writing, bar):
+        digests = write(plan, folder, filenames, writing, bar)
+        file = WrittenFile(folder / filenames[0])
+        name, (_, _, begin, end) = next(iter(file.entries.items()))
+        with open(file.path, "r+b") as f:
+            at = file._data_start + (begin + end) // 2
+            byte = os.pread(f.fileno(), 1, at)[0]
+            os.pwrite(f.fileno(), bytes([byte ^ 1]), at)
+        changed.append(name)
+        return digests
+
+    monkeypatch.setattr(execute, "_write_weights", write_then_flip_a_byte)
+    src = SHIPPED / "llama-fsdp2" / "global_step_1" / "actor"
+    with pytest.raises(UnshardError) as error:
+        unshard.convert(src, tmp_path / "out", dtype=dtype, verify=True, progress=False)
+    assert f"model.safetensors: {changed[0]} differs from the checkpoint" in str(error.value)
+    assert not list(tmp_path.iterdir())
+    unshard.convert(src, tmp_path / "out", dtype=dtype, progress=False)  # without --verify, nothing notices

@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     convert.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     convert.add_argument("--threads", type=int, default=2, help="tensors assembled in parallel (default 2)")
-    convert.add_argument("--verify", action="store_true", help="re-read the output and compare with the source")
+    convert.add_argument("--verify", action="store_true", help="read every written byte back and compare it with the checkpoint's")
     convert.add_argument("--checksums", action="store_true",
                          help="list each file's sha256 in OUT/README.md (hashing runs at about 1 GB/s per file)")
     convert.add_argument("--no-progress", dest="progress", action="store_false", default=None)

@@ -19,7 +19,7 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from .dtypes import DType
 from .errors import CheckpointError, OutputExistsError
@@ -131,11 +131,8 @@ class SafetensorsFile:
                 raise AssertionError(f"{name}: a part of {nbytes} bytes does not fit what is left")
             if in_file:
                 self._copy_at(self._data_start + start + written, part)
-            elif nbytes:  # (a tensor part: torch is imported already)
-                import torch
-
-                self._write_at(self._data_start + start + written,
-                               memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy()))
+            elif nbytes:
+                self._write_at(self._data_start + start + written, bytes_of(part))
             written += nbytes
         if written != size:
             raise AssertionError(f"{name}: {written} of {size} bytes written")
@@ -148,6 +145,81 @@ class SafetensorsFile:
             self._fd = -1
         if check and self._unwritten:
             raise AssertionError(f"{self.path}: {len(self._unwritten)} tensors were never written")
+
+
+def bytes_of(tensor: torch.Tensor) -> memoryview:
+    """A tensor's bytes as they are stored (torch is imported already, since there is a tensor)."""
+    import torch
+
+    return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+class WrittenFile:
+    """A safetensors file read back, to compare each tensor with its parts byte for byte (--verify).
+
+    Reading goes through os.pread a chunk at a time, never a map, so memory stays at two chunks
+    however large the tensor, and no page of the file counts in the process's RSS afterwards.
+    """
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+
+        self.path = path
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        header.pop("__metadata__", None)
+        self._data_start = 8 + length
+        self.entries = {name: (e["dtype"], tuple(e["shape"]), *e["data_offsets"]) for name, e in header.items()}
+        # The offsets are ours to read; the safetensors library must see the same names, dtypes and shapes.
+        with safe_open(path, "numpy") as f:  # (the header only: no tensor is read)
+            library = {name: (f.get_slice(name).get_dtype(), tuple(f.get_slice(name).get_shape())) for name in f.keys()}
+        if library != {name: entry[:2] for name, entry in self.entries.items()}:
+            raise CheckpointError(f"{path}: the safetensors library reads another header than was written")
+
+    def holds(self, name: str, parts: Iterable[torch.Tensor | FileBytes]) -> bool:
+        """Whether tensor `name`'s bytes in this file are those of `parts`, one after another."""
+        _, _, begin, end = self.entries[name]
+        at = self._data_start + begin
+        expected, actual = _chunk_buffers()
+        with open(self.path, "rb") as out:
+            for part in parts:
+                if isinstance(part, FileBytes):
+                    with open(part.path, "rb") as source:
+                        for done, n in _chunks(part.nbytes):
+                            # (startswith compares with memcmp; == on memoryviews goes element by element)
+                            if not (_read(source, expected, n, part.offset + done) and _read(out, actual, n, at + done)
+                                    and expected.startswith(memoryview(actual)[:n])):
+                                return False
+                    at += part.nbytes
+                else:
+                    data = bytes_of(part)
+                    for done, n in _chunks(data.nbytes):
+                        if not (_read(out, actual, n, at + done) and actual.startswith(data[done:done + n])):
+                            return False
+                    at += data.nbytes
+        return at == self._data_start + end
+
+
+_THREAD = threading.local()
+
+
+def _chunk_buffers() -> tuple[bytearray, bytearray]:
+    """This thread's two chunk buffers, made once: allocating a chunk per read costs more than reading
+    it (each allocation is mapped afresh, see execute.return_freed_memory)."""
+    if not hasattr(_THREAD, "buffers"):
+        _THREAD.buffers = (bytearray(COPY_CHUNK), bytearray(COPY_CHUNK))
+    return _THREAD.buffers
+
+
+def _read(file, buffer: bytearray, n: int, offset: int) -> bool:
+    """Read n bytes at offset into the start of buffer; False if the file ends first."""
+    return os.preadv(file.fileno(), [memoryview(buffer)[:n]], offset) == n
+
+
+def _chunks(nbytes: int) -> Iterator[tuple[int, int]]:
+    """(start, length) of the COPY_CHUNK-sized chunks of `nbytes` bytes."""
+    return ((start, min(COPY_CHUNK, nbytes - start)) for start in range(0, nbytes, COPY_CHUNK))
 
 
 def sha256_of(path: Path) -> str:
