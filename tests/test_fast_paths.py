@@ -129,6 +129,8 @@ def test_dcp_metadata_stand_ins_read_as_torch_does():
     ("llama-fsdp1-dcp/dcp", "llama-fsdp1-dcp/hf"),  # .metadata and each chunk's archive
     ("deepspeed-zero2/checkpoint-1", None),  # ZeRO's optimizer files, their enums and loss scaler
     ("deepspeed-zero3/checkpoint-1", None),
+    ("llama-fsdp2-tp/global_step_1", None),  # tensor-parallel columns, put together as bytes
+    ("qwen2-fsdp2-tp-dcp/dcp", "qwen2-fsdp2-tp-dcp/hf"),
 ])
 def test_same_dtype_conversion_does_not_import_torch(tmp_path, src, config_from):
     """Once transformers' answers are remembered, a same-dtype conversion needs no torch: the files'
@@ -180,23 +182,37 @@ def test_deepspeed_files_read_without_torch_as_with_it(monkeypatch, src):
     "megatron-qwen3-tp2-dp2/torch_dist",  # Megatron row-parallel layers, split along columns
 ])
 def test_tensors_cut_in_columns_assembled_band_by_band(src, tmp_path, monkeypatch):
-    """A large tensor whose pieces interleave is assembled a band of rows at a time, holding one band,
-    not the tensor: with bands shrunk to a few rows, the files are byte-identical to assembling whole."""
+    """A tensor whose pieces interleave is assembled a band of rows at a time, holding one band, not
+    the tensor; where each piece's rows lie in its file, as bytes without torch. With bands shrunk to a
+    few rows, and with torch assembling, the files are byte-identical to assembling whole."""
     from unshard.readers.base import Checkpoint
 
     src = SHIPPED / src
     config_from = {"config_from": src.parent / "hf"} if (src.parent / "hf").is_dir() else {}
-    unshard.convert(src, tmp_path / "whole", progress=False, **config_from)
+    as_bytes, bands = Checkpoint.read_rows_as_bytes, []
+
+    def read_rows_as_bytes(self, *args):
+        bands.append(as_bytes(self, *args))
+        return bands[-1]
+
+    monkeypatch.setattr(Checkpoint, "read_rows_as_bytes", read_rows_as_bytes)
+    unshard.convert(src, tmp_path / "default", progress=False, **config_from)
+    if "megatron" not in str(src):  # (Megatron's files are read by torch's loader: no stand-ins, no bytes)
+        assert any(band is not None for band in bands)
+    monkeypatch.setattr(Checkpoint, "read_rows_as_bytes", lambda self, *args: None)
+    unshard.convert(src, tmp_path / "torch", progress=False, **config_from)
+    monkeypatch.setattr(Checkpoint, "read_rows_as_bytes", as_bytes)
     monkeypatch.setattr(Checkpoint, "BAND_BYTES", 1024)
     plan = unshard.plan(src, **config_from)
     banded = [g for g in plan.groups if g.convert is None and plan.checkpoint.band_rows(g.source.name)]
     assert any(len({p.block.global_offsets[1:] for p in g.source.pieces}) > 1 for g in banded)  # column pieces
     assert all(plan.held(g) <= 2 * 1024 + 2 * g.nbytes // g.source.shape[0] for g in banded)
     unshard.convert(src, tmp_path / "bands", progress=False, verify=True, **config_from)
-    written = sorted(p.name for p in (tmp_path / "whole").glob("*.safetensors"))
-    assert written == sorted(p.name for p in (tmp_path / "bands").glob("*.safetensors"))
-    for name in written:
-        assert (tmp_path / "bands" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    written = sorted(p.name for p in (tmp_path / "default").glob("*.safetensors"))
+    for other in ("torch", "bands"):
+        assert written == sorted(p.name for p in (tmp_path / other).glob("*.safetensors"))
+        for name in written:
+            assert (tmp_path / other / name).read_bytes() == (tmp_path / "default" / name).read_bytes(), (other, name)
 
 
 def test_pages_of_each_piece_are_handed_back_before_the_next_is_read(tmp_path, monkeypatch):
@@ -218,7 +234,8 @@ def test_pages_of_each_piece_are_handed_back_before_the_next_is_read(tmp_path, m
 
     events.clear()
     monkeypatch.setattr(Checkpoint, "BAND_BYTES", 1024)
-    unshard.convert(SHIPPED / "llama-fsdp2-tp" / "global_step_1", tmp_path / "banded", progress=False, threads=1)
+    unshard.convert(SHIPPED / "llama-fsdp2-tp" / "global_step_1", tmp_path / "banded", progress=False, threads=1,
+                    dtype="bfloat16")  # (cast, so assembled by torch from the file maps)
     banded = [e for e in events if e[0] == "release_rows" and e[1] == "model.layers.0.self_attn.o_proj.weight"]
     assert len(banded) > len({e[2] for e in banded})  # each piece handed back band by band, not once at the end
 
@@ -358,7 +375,7 @@ def test_verify_finds_a_byte_changed_after_writing(tmp_path, monkeypatch, dtype)
         file = WrittenFile(folder / filenames[0])
         name, (_, _, begin, end) = next(iter(file.entries.items()))
         with open(file.path, "r+b") as f:
-            at = file._data_start + (begin + end) // 2
+            at = file.data_start + (begin + end) // 2
             byte = os.pread(f.fileno(), 1, at)[0]
             os.pwrite(f.fileno(), bytes([byte ^ 1]), at)
         changed.append(name)

@@ -30,8 +30,8 @@ from . import known
 from .errors import PeerFailedError, UnshardError
 from .plan import Group, OutputTensor, Plan
 from .report import human_bytes, model_card
-from .writer import (MODEL_FILE_PATTERNS, FileBytes, OutputFolder, SafetensorsFile, WrittenFile, copy_model_files,
-                     sha256_of, write_index)
+from .writer import (MODEL_FILE_PATTERNS, FileBytes, OutputFolder, Part, SafetensorsFile, WrittenFile,
+                     copy_model_files, sha256_of, write_index)
 
 if TYPE_CHECKING:
     import torch
@@ -106,18 +106,19 @@ class Parts:
     iterator producing them as the writer goes); `then` releases what the reader holds for them."""
 
     output: OutputTensor
-    parts: Iterable[torch.Tensor | FileBytes]
+    parts: Iterable[Part]
     then: Callable[[], None] | None = None
 
 
-CAST_CHUNK = 64 << 20  # elements cast at a time when a streamed tensor changes dtype
+CAST_CHUNK = 16 << 20  # elements cast at a time when a streamed tensor changes dtype
 
 
 def ready_to_write(plan: Plan, group: Group) -> list[Parts]:
     """A group's output tensors for the writer. A tensor that is its pieces one after another (FSDP
     rows, ZeRO ranges) is streamed: each piece is read as the writer asks for it (a dtype cast in
     chunks), so no whole tensor is built and memory follows the largest piece, not the tensor. A large
-    tensor cut otherwise (columns, strided shards) is assembled a band of rows at a time."""
+    tensor cut otherwise (columns, strided shards) is assembled a band of rows at a time (without torch,
+    as bytes, where the pieces' rows lie in their files and no dtype changes)."""
     checkpoint, source, output = plan.checkpoint, group.source, group.outputs[0]
     pieces = checkpoint.flat_pieces(source.name) if group.convert is None else None
     rows = checkpoint.band_rows(source.name) if group.convert is None else None
@@ -129,7 +130,7 @@ def ready_to_write(plan: Plan, group: Group) -> list[Parts]:
     return [Parts(output, _read_in_order(checkpoint, source, pieces, output.dtype))]
 
 
-def _read_in_order(checkpoint, source, pieces, dtype: DType) -> Iterator[torch.Tensor | FileBytes]:
+def _read_in_order(checkpoint, source, pieces, dtype: DType) -> Iterator[Part]:
     for piece in pieces:
         at = checkpoint.file_offset(piece) if dtype == source.dtype else None
         if at is not None:  # its bytes, as they are in the file: copied by the kernel
@@ -146,7 +147,7 @@ def _read_in_order(checkpoint, source, pieces, dtype: DType) -> Iterator[torch.T
         checkpoint.release(piece)
 
 
-def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[torch.Tensor]:
+def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[Part]:
     loaded: dict[int, torch.Tensor] = {}  # each piece's local tensor, loaded once for all bands
 
     def local(piece):
@@ -155,7 +156,9 @@ def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[torc
         return loaded[id(piece)]
 
     for start in range(0, source.shape[0], rows):
-        yield checkpoint.read_rows(source.name, start, min(start + rows, source.shape[0]), local).to(dtype.torch)
+        stop = min(start + rows, source.shape[0])
+        band = checkpoint.read_rows_as_bytes(source.name, start, stop) if dtype == source.dtype else None
+        yield band if band is not None else checkpoint.read_rows(source.name, start, stop, local).to(dtype.torch)
 
 
 def _progress(total: int, enabled: bool | None):
@@ -411,7 +414,10 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writ
     finally:
         for file in files.values():
             file.close(check=False)
-    return {name: sha256_of(folder / name) if writing.checksums else None for name in filenames}
+    if not writing.checksums:
+        return dict.fromkeys(filenames)
+    with ThreadPoolExecutor(max(1, writing.threads)) as pool:  # (hashlib lets go of the GIL: one core per file)
+        return dict(zip(filenames, pool.map(lambda name: sha256_of(folder / name), filenames)))
 
 
 def _each_group(plan: Plan, filenames: list[str], threads: int, do: Callable[[str, Group], None]) -> None:

@@ -19,10 +19,10 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator, Union
 
 from .dtypes import DType
-from .errors import CheckpointError, OutputExistsError
+from .errors import CheckpointError, OutputExistsError, UnshardError
 
 if TYPE_CHECKING:
     import torch
@@ -46,6 +46,11 @@ class FileBytes:
     path: Path
     offset: int
     nbytes: int
+
+
+# What a tensor is written from: tensors, bytes lying in a source file, or bytes in memory (a band
+# of a tensor assembled without torch). Parts follow one another in the tensor's bytes.
+Part = Union["torch.Tensor", FileBytes, memoryview]
 
 
 COPY_CHUNK = 16 << 20  # bytes read at a time when the kernel cannot copy file to file
@@ -118,22 +123,24 @@ class SafetensorsFile:
             os.close(source)
 
     def write_parts(self, name: str, dtype: DType, shape: tuple[int, ...],
-                    parts: Iterable[torch.Tensor | FileBytes]) -> None:
+                    parts: Iterable[Part]) -> None:
         """Write tensor `name` from parts whose bytes, one after another, are the tensor's."""
         want_dtype, want_shape, start, size = self._entries[name]
         if (dtype, tuple(shape)) != (want_dtype, want_shape):
             raise AssertionError(f"{self.path}: {name} is {want_dtype} {want_shape} in the header, got {dtype} {shape}")
         written = 0
         for part in parts:
-            in_file = isinstance(part, FileBytes)
-            nbytes = part.nbytes if in_file else part.numel() * dtype.itemsize
-            if (not in_file and part.dtype != dtype.torch) or written + nbytes > size:
-                raise AssertionError(f"{name}: a part of {nbytes} bytes does not fit what is left")
-            if in_file:
-                self._copy_at(self._data_start + start + written, part)
-            elif nbytes:
-                self._write_at(self._data_start + start + written, bytes_of(part))
-            written += nbytes
+            if not isinstance(part, (FileBytes, memoryview)) and part.dtype != dtype.torch:
+                raise AssertionError(f"{name}: a part in {part.dtype} for a {dtype} tensor")
+            data = part if isinstance(part, FileBytes) else bytes_of(part)
+            if written + data.nbytes > size:
+                raise AssertionError(f"{name}: a part of {data.nbytes} bytes does not fit what is left")
+            at = self._data_start + start + written
+            if isinstance(data, FileBytes):
+                self._copy_at(at, data)
+            elif data.nbytes:
+                self._write_at(at, data)
+            written += data.nbytes
         if written != size:
             raise AssertionError(f"{name}: {written} of {size} bytes written")
         with self._lock:
@@ -147,11 +154,13 @@ class SafetensorsFile:
             raise AssertionError(f"{self.path}: {len(self._unwritten)} tensors were never written")
 
 
-def bytes_of(tensor: torch.Tensor) -> memoryview:
-    """A tensor's bytes as they are stored (torch is imported already, since there is a tensor)."""
+def bytes_of(part: torch.Tensor | memoryview) -> memoryview:
+    """A part's bytes in memory (for a tensor, torch is imported already, since there is one)."""
+    if isinstance(part, memoryview):
+        return part
     import torch
 
-    return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 class WrittenFile:
@@ -169,23 +178,23 @@ class WrittenFile:
             (length,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(length))
         header.pop("__metadata__", None)
-        self._data_start = 8 + length
+        self.data_start = 8 + length
         self.entries = {name: (e["dtype"], tuple(e["shape"]), *e["data_offsets"]) for name, e in header.items()}
         # The offsets are ours to read; the safetensors library must see the same names, dtypes and shapes.
         with safe_open(path, "numpy") as f:  # (the header only: no tensor is read)
             library = {name: (f.get_slice(name).get_dtype(), tuple(f.get_slice(name).get_shape())) for name in f.keys()}
         if library != {name: entry[:2] for name, entry in self.entries.items()}:
-            raise CheckpointError(f"{path}: the safetensors library reads another header than was written")
+            raise UnshardError(f"{path}: the safetensors library reads another header than was written")
 
-    def holds(self, name: str, parts: Iterable[torch.Tensor | FileBytes]) -> bool:
+    def holds(self, name: str, parts: Iterable[Part]) -> bool:
         """Whether tensor `name`'s bytes in this file are those of `parts`, one after another."""
         _, _, begin, end = self.entries[name]
-        at = self._data_start + begin
+        at = self.data_start + begin
         expected, actual = _chunk_buffers()
-        with open(self.path, "rb") as out:
+        with open(self.path, "rb", buffering=0) as out:
             for part in parts:
                 if isinstance(part, FileBytes):
-                    with open(part.path, "rb") as source:
+                    with open(part.path, "rb", buffering=0) as source:
                         for done, n in _chunks(part.nbytes):
                             # (startswith compares with memcmp; == on memoryviews goes element by element)
                             if not (_read(source, expected, n, part.offset + done) and _read(out, actual, n, at + done)
@@ -198,7 +207,7 @@ class WrittenFile:
                         if not (_read(out, actual, n, at + done) and actual.startswith(data[done:done + n])):
                             return False
                     at += data.nbytes
-        return at == self._data_start + end
+        return at == self.data_start + end
 
 
 _THREAD = threading.local()
@@ -213,8 +222,10 @@ def _chunk_buffers() -> tuple[bytearray, bytearray]:
 
 
 def _read(file, buffer: bytearray, n: int, offset: int) -> bool:
-    """Read n bytes at offset into the start of buffer; False if the file ends first."""
-    return os.preadv(file.fileno(), [memoryview(buffer)[:n]], offset) == n
+    """Read n bytes at offset into the start of buffer (one read call: a regular file gives all of
+    them unless it ends first); False if it ends first. `file` is this thread's own, unbuffered."""
+    file.seek(offset)
+    return file.readinto(memoryview(buffer)[:n]) == n
 
 
 def _chunks(nbytes: int) -> Iterator[tuple[int, int]]:
@@ -223,10 +234,10 @@ def _chunks(nbytes: int) -> Iterator[tuple[int, int]]:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(16 << 20):
-            digest.update(chunk)
+    digest, buffer = hashlib.sha256(), _chunk_buffers()[0]
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            digest.update(memoryview(buffer)[:n])
     return digest.hexdigest()
 
 

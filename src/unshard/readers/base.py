@@ -144,25 +144,57 @@ class Checkpoint:
             position += piece.block.numel
         return [piece for _, piece in sorted(starts, key=lambda s: s[0])] if position == source.numel else None
 
-    BAND_BYTES = 64 << 20  # a tensor assembled band by band is held this much at a time
+    BAND_BYTES = 16 << 20  # a tensor assembled band by band is held this much at a time
 
     def band_rows(self, name: str) -> int | None:
-        """Rows per band when `name` is better assembled a band of rows at a time than whole: a tensor
-        larger than a band whose pieces are boxes of it (column splits, strided shards) read as they
-        lie, with nothing applied after. Memory then follows the band, not the tensor. None otherwise
-        (streamed pieces, see `flat_pieces`; transformed, computed or small tensors)."""
+        """Rows per band when `name` is assembled a band of rows at a time: a tensor whose pieces are
+        boxes of it (column splits, strided shards) read as they lie, with nothing applied after.
+        Memory then follows the band, not the tensor (a tensor smaller than a band is one band). None
+        otherwise (streamed pieces, see `flat_pieces`; transformed, computed or one-dimensional tensors)."""
         source = self.tensors[name]
-        if (len(source.shape) < 2 or name in self.transforms or not source.pieces or source.nbytes <= self.BAND_BYTES
+        if (len(source.shape) < 2 or name in self.transforms or not source.pieces or not source.numel
                 or any(len(p.block.sizes) != len(source.shape) for p in source.pieces) or self.flat_pieces(name)):
             return None
-        return max(1, self.BAND_BYTES // (math.prod(source.shape[1:]) * source.dtype.itemsize))
+        return max(1, min(source.shape[0], self.BAND_BYTES // (math.prod(source.shape[1:]) * source.dtype.itemsize)))
+
+    def read_rows_as_bytes(self, name: str, start: int, stop: int) -> memoryview | None:
+        """Rows [start, stop) of `name` as their bytes, put together without torch: a piece that lies in
+        its file in one run (see `file_offset`; a column shard, a DCP chunk) has its rows of the band
+        there in one run too, read and placed by numpy. None if a piece does not (a strided box, a
+        file read into memory): then `read_rows` does it."""
+        import numpy as np
+
+        source = self.tensors[name]
+        band = self._band(source, start, stop)
+        itemsize = source.dtype.itemsize
+        runs = []
+        for piece in source.pieces:
+            if (block := compose(piece.block, band)) is None:
+                continue
+            if (at := self.file_offset(piece)) is None:
+                return None
+            row_bytes = math.prod(piece.block.sizes[1:]) * itemsize  # (the band holds the piece's whole rows)
+            runs.append((block, piece.file, at + (block.local_offsets[0] - piece.block.local_offsets[0]) * row_bytes))
+        rows = np.empty((*band.sizes, itemsize), np.uint8)  # (elements kept as bytes, a last axis of itemsize)
+        for block, file, at in runs:
+            part = np.empty((*block.sizes, itemsize), np.uint8)
+            with open(file, "rb", buffering=0) as f:
+                f.seek(at)
+                if f.readinto(part) != part.nbytes:
+                    raise CheckpointError(f"{file}: ends before byte {at + part.nbytes}; the file is truncated: copy it again")
+            rows[box(block.global_offsets, block.sizes)] = part
+        return memoryview(rows.reshape(-1))
+
+    @staticmethod
+    def _band(source: SourceTensor, start: int, stop: int) -> Block:
+        """Rows [start, stop) of the whole tensor as a box of the band that holds them."""
+        return Block((start,) + (0,) * (len(source.shape) - 1), (0,) * len(source.shape), (stop - start, *source.shape[1:]))
 
     def read_rows(self, name: str, start: int, stop: int, local: Callable[[Piece], torch.Tensor]) -> torch.Tensor:
         """Rows [start, stop) of `name`, from the parts of the pieces that fall in them (see `band_rows`);
         `local` gives a piece's local tensor, so that a caller reading several bands loads each once."""
         source = self.tensors[name]
-        band = Block((start,) + (0,) * (len(source.shape) - 1), (0,) * len(source.shape),
-                     (stop - start, *source.shape[1:]))
+        band = self._band(source, start, stop)
         used = [(block, p) for p in source.pieces if (block := compose(p.block, band)) is not None]
         rows = assemble(band.sizes, source.dtype.torch, [(block, lambda p=p: local(p)) for block, p in used])
         for block, piece in used:  # copied: their pages can go before the next band maps its own

@@ -244,8 +244,9 @@ class DcpFolder(Checkpoint):
         return chunk_offset(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key)
 
     def release(self, piece: Piece) -> None:
-        info = self._storage[(piece.key, piece.block.global_offsets)]
-        safe_pickle.forget_bytes(self.map_file(piece.file).data_ptr() + info.offset, info.length)
+        if piece.file in self.maps:  # (not mapped: the chunk was read as bytes, or not yet)
+            info = self._storage[(piece.key, piece.block.global_offsets)]
+            safe_pickle.forget_bytes(self.maps[piece.file].data_ptr() + info.offset, info.length)
 
     def fit_config(self, config: dict | None) -> None:
         """torchtitan and torchtune save Meta's Llama names: rename them once the config gives the head counts."""
