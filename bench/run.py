@@ -13,6 +13,7 @@ input's pages are dropped from the cache before each run), with no earlier outpu
   unshard                 the same again: the next checkpoint of a model converted before
   unshard --verify        the same, then every written byte read back and compared with the source
   unshard --workers 2     the same, 1 GB output files shared by two processes
+  unshard --dtype bfloat16  the same, cast to bf16 (what a bf16 config asks for by default)
   verl model_merger       verl's own merger, `pip install --no-deps verl` and what its merger imports,
                           in its own venv (verl's FSDP rank files; it refuses a tensor-parallel mesh)
   dcp_to_torch_save       torch.distributed.checkpoint.format_utils dcp_to_torch (DCP only)
@@ -128,11 +129,11 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
             "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), recipe, str(out)],
         }
     config = [] if layout.startswith("zero") else ["--config-from", str(folder / "hf")]
-    unshard = [*python, "-m", "unshard", "convert", str(src), str(out), *config, "--dtype", "float32",
-               "--no-progress"]
-    found = {"cp": ["cp", "-r", str(src), str(out)], "unshard" + FIRST_RUN: unshard, "unshard": unshard,
-             "unshard --verify": [*unshard, "--verify"],
-             "unshard --workers 2": [*unshard, "--workers", "2", "--max-shard-size", "1GB"]}
+    unshard = [*python, "-m", "unshard", "convert", str(src), str(out), *config, "--no-progress", "--dtype"]
+    found = {"cp": ["cp", "-r", str(src), str(out)], "unshard" + FIRST_RUN: [*unshard, "float32"],
+             "unshard": [*unshard, "float32"], "unshard --verify": [*unshard, "float32", "--verify"],
+             "unshard --workers 2": [*unshard, "float32", "--workers", "2", "--max-shard-size", "1GB"],
+             "unshard --dtype bfloat16": [*unshard, "bfloat16"]}
     if layout == "verl":
         found["verl model_merger"] = [str(peer_python("verl")), "-m", "verl.model_merger", "merge", "--backend",
                                       "fsdp", "--local_dir", str(src / "actor"), "--target_dir", str(out)]

@@ -125,17 +125,17 @@ def test_dcp_metadata_stand_ins_read_as_torch_does():
         assert all(dcp.is_tensor_entry(md) == hasattr(md, "chunks") for md in ours.state_dict_metadata.values())
 
 
-@pytest.mark.parametrize("src, config_from", [
-    ("llama-fsdp1-dcp/dcp", "llama-fsdp1-dcp/hf"),  # .metadata and each chunk's archive
-    ("deepspeed-zero2/checkpoint-1", None),  # ZeRO's optimizer files, their enums and loss scaler
-    ("deepspeed-zero3/checkpoint-1", None),
-    ("llama-fsdp2-tp/global_step_1", None),  # tensor-parallel columns, put together as bytes
-    ("qwen2-fsdp2-tp-dcp/dcp", "qwen2-fsdp2-tp-dcp/hf"),
+@pytest.mark.parametrize("src, config_from, dtype", [
+    ("llama-fsdp1-dcp/dcp", "llama-fsdp1-dcp/hf", "auto"),  # .metadata and each chunk's archive
+    ("deepspeed-zero2/checkpoint-1", None, "auto"),  # ZeRO's optimizer files, their enums and loss scaler
+    ("deepspeed-zero3/checkpoint-1", None, "bfloat16"),  # fp32 master weights cast by numpy
+    ("llama-fsdp2-tp/global_step_1", None, "auto"),  # tensor-parallel columns, put together as bytes
+    ("qwen2-fsdp2-tp-dcp/dcp", "qwen2-fsdp2-tp-dcp/hf", "float16"),
 ])
-def test_same_dtype_conversion_does_not_import_torch(tmp_path, src, config_from):
-    """Once transformers' answers are remembered, a same-dtype conversion needs no torch: the files'
-    metadata is read by stand-ins and the bytes are copied file to file (and, with --verify, read
-    back and compared byte for byte)."""
+def test_conversion_does_not_import_torch(tmp_path, src, config_from, dtype):
+    """Once transformers' answers are remembered, a conversion that keeps the dtype or makes one of
+    the usual casts needs no torch: the files' metadata is read by stand-ins, the bytes are copied file
+    to file or cast by numpy (and, with --verify, read back and compared byte for byte)."""
     code = textwrap.dedent("""
         import sys
         from unshard.cli import main
@@ -143,7 +143,7 @@ def test_same_dtype_conversion_does_not_import_torch(tmp_path, src, config_from)
         print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.distributed.checkpoint")))
         sys.exit(code)
     """)
-    config = ["--config-from", str(SHIPPED / config_from)] if config_from else []
+    config = (["--config-from", str(SHIPPED / config_from)] if config_from else []) + ["--dtype", dtype]
     imported = []
     for out, verify in (("first", []), ("second", ["--verify"])):
         done = subprocess.run([sys.executable, "-c", code, str(SHIPPED / src), str(tmp_path / out), *config, *verify],
@@ -216,12 +216,14 @@ def test_tensors_cut_in_columns_assembled_band_by_band(src, tmp_path, monkeypatc
 
 
 def test_pages_of_each_piece_are_handed_back_before_the_next_is_read(tmp_path, monkeypatch):
-    """Mapped pages count in RSS: a streamed tensor read through memory (here: cast to bfloat16) hands
-    back each piece once it is written, and a banded one each band's rows, so mapped memory follows a
-    piece or a band, not the tensor."""
+    """Mapped pages count in RSS: a streamed tensor read through memory by torch (here: cast to
+    bfloat16, with numpy's casts turned off) hands back each piece once it is written, and a banded one
+    each band's rows, so mapped memory follows a piece or a band, not the tensor."""
+    from unshard import dtypes
     from unshard.readers.base import Checkpoint
     from unshard.readers.fsdp_rank_files import FsdpRankFiles
 
+    monkeypatch.setattr(dtypes, "casts_without_torch", lambda source, target: False)
     events = []
     for method in ("read_piece", "release", "release_rows"):
         real = getattr(FsdpRankFiles, method)
@@ -235,7 +237,7 @@ def test_pages_of_each_piece_are_handed_back_before_the_next_is_read(tmp_path, m
     events.clear()
     monkeypatch.setattr(Checkpoint, "BAND_BYTES", 1024)
     unshard.convert(SHIPPED / "llama-fsdp2-tp" / "global_step_1", tmp_path / "banded", progress=False, threads=1,
-                    dtype="bfloat16")  # (cast, so assembled by torch from the file maps)
+                    dtype="bfloat16")  # (assembled by torch from the file maps)
     banded = [e for e in events if e[0] == "release_rows" and e[1] == "model.layers.0.self_attn.o_proj.weight"]
     assert len(banded) > len({e[2] for e in banded})  # each piece handed back band by band, not once at the end
 
@@ -388,3 +390,44 @@ def test_verify_finds_a_byte_changed_after_writing(tmp_path, monkeypatch, dtype)
     assert f"model.safetensors: {changed[0]} differs from the checkpoint" in str(error.value)
     assert not list(tmp_path.iterdir())
     unshard.convert(src, tmp_path / "out", dtype=dtype, progress=False)  # without --verify, nothing notices
+
+
+def test_casts_by_numpy_round_as_torch_does():
+    """dtypes.cast gives torch's bits for every pair it takes on: millions of random bit patterns and
+    the edge cases (ties, the largest values, subnormals, infinities, NaNs with payloads)."""
+    import numpy as np
+    import torch
+
+    from unshard import dtypes
+
+    edges = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x807FFFFF, 0x7F800001,
+             0xFFC00123, 0x7FA00000, 0x3F808000, 0x3F818000, 0x3F807FFF, 0x477FF000, 0x477FE000, 0x477FEFFF,
+             0x387FC000, 0x33000000, 0x33000001, 0xB3000000]
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([np.array(edges, np.uint32), rng.integers(0, 2**32, 2_000_000, dtype=np.uint64).astype(np.uint32),
+                           rng.standard_normal(500_000).astype(np.float32).view(np.uint32)])
+    float32 = torch.from_numpy(bits.view(np.float32).copy())
+    every_bf16 = np.arange(2**16, dtype=np.uint16)
+    cases = [(bits, float32, "bfloat16"), (bits, float32, "float16"),
+             (every_bf16, torch.from_numpy(every_bf16.view(np.int16).copy()).view(torch.bfloat16), "float32")]
+    for raw, tensor, target in cases:
+        ours = dtypes.cast(raw.view(np.uint8), dtypes.of(tensor.dtype), dtypes.BY_NAME[target])
+        theirs = tensor.to(getattr(torch, target)).view(torch.uint8).numpy()
+        assert ours.tobytes() == theirs.tobytes(), target
+    assert dtypes.cast(bits.view(np.uint8), dtypes.BY_NAME["float16"], dtypes.BY_NAME["bfloat16"]) is None
+
+
+@pytest.mark.parametrize("src, config_from", [
+    ("llama-fsdp2/global_step_1", None), ("llama-fsdp2-tp/global_step_1", None),
+    ("qwen2-fsdp2-tp-dcp/dcp", "qwen2-fsdp2-tp-dcp/hf"), ("deepspeed-zero3/checkpoint-1", None)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_casts_by_numpy_write_what_torch_writes(tmp_path, monkeypatch, src, config_from, dtype):
+    """Row shards, column shards, DCP chunks and ZeRO ranges cast by numpy from the files give the
+    same files as torch casting them from memory maps."""
+    from unshard import dtypes
+
+    config = {"config_from": SHIPPED / config_from} if config_from else {}
+    unshard.convert(SHIPPED / src, tmp_path / "numpy", dtype=dtype, progress=False, **config)
+    monkeypatch.setattr(dtypes, "casts_without_torch", lambda source, target: False)
+    unshard.convert(SHIPPED / src, tmp_path / "torch", dtype=dtype, progress=False, **config)
+    assert folder_bytes(tmp_path / "numpy") == folder_bytes(tmp_path / "torch")

@@ -2,7 +2,9 @@
 
 A plan, `inspect` and a same-dtype conversion (bytes copied file to file) need only a type's name,
 size and safetensors code. Importing torch takes over a second on every run, more than planning
-a 70B checkpoint, so torch is imported only where a tensor is built: `DType.torch`.
+a 70B checkpoint, so torch is imported only where a tensor is built: `DType.torch`. The usual
+casts (fp32 training weights to a bf16 or fp16 model) are bit arithmetic, done here with numpy
+(`cast`) exactly as torch's `tensor.to` rounds.
 """
 
 from __future__ import annotations
@@ -58,3 +60,66 @@ def of(dtype) -> DType:
         return BY_NAME[name]
     except KeyError:
         raise ValueError(f"unshard does not handle tensors of dtype {name}") from None
+
+
+CAST_STEP = 1 << 18  # elements per numpy pass: a pass's arrays stay in the CPU's cache (4.5 GB/s, 0.8 at 16M)
+
+
+def cast(raw, source: DType, target: DType, out=None):
+    """`raw`, whole elements of `source` as bytes (a uint8 numpy array), as `target`'s bytes (into `out`
+    if given), bit for bit as torch's `tensor.to` on this CPU makes them: round to nearest, ties to
+    even; a NaN becomes the NaN torch gives. None for a pair torch must do (see `casts_without_torch`)."""
+    import numpy as np
+
+    convert = _CASTS.get((source.name, target.name))
+    if convert is None:
+        return None
+    count = raw.nbytes // source.itemsize
+    out = np.empty(count * target.itemsize, np.uint8) if out is None else out[:count * target.itemsize]
+    for start in range(0, count, CAST_STEP):
+        stop = min(start + CAST_STEP, count)
+        convert(raw[start * source.itemsize:stop * source.itemsize], out[start * target.itemsize:stop * target.itemsize])
+    return out
+
+
+def casts_without_torch(source: DType, target: DType) -> bool:
+    """Whether `target`'s bytes are made from `source`'s without torch (kept as they are, or `cast`)."""
+    return source == target or (source.name, target.name) in _CASTS
+
+
+def _float32_to_bfloat16(raw, out) -> None:
+    import numpy as np
+
+    bits = raw.view("<u4")
+    rounded = bits >> 16  # the kept half, plus 0x7FFF and the lowest kept bit: ties go to even
+    rounded &= 1
+    rounded += 0x7FFF
+    rounded += bits  # (no wrap: only NaNs lie above -inf's 0xFF800000, and they are replaced below)
+    rounded >>= 16
+    kept = out.view("<u2")
+    kept[:] = rounded
+    nan = np.isnan(bits.view("<f4"))
+    if nan.any():
+        kept[nan] = 0xFFFF  # what torch's vectorised cast gives every NaN
+
+
+def _float32_to_float16(raw, out) -> None:
+    import numpy as np
+
+    values = raw.view("<f4")
+    with np.errstate(over="ignore", invalid="ignore"):  # (beyond fp16's range is inf, as in torch)
+        out.view("<f2")[:] = values
+    nan = np.isnan(values)
+    if nan.any():  # torch keeps the sign and the payload's top bits, and makes the NaN quiet
+        bits = raw.view("<u4")[nan]
+        out.view("<u2")[nan] = ((bits >> 16) & 0x8000) | 0x7E00 | ((bits >> 13) & 0x3FF)
+
+
+def _bfloat16_to_float32(raw, out) -> None:
+    widened = out.view("<u4")
+    widened[:] = raw.view("<u2")
+    widened <<= 16
+
+
+_CASTS = {("float32", "bfloat16"): _float32_to_bfloat16, ("float32", "float16"): _float32_to_float16,
+          ("bfloat16", "float32"): _bfloat16_to_float32}

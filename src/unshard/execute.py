@@ -26,9 +26,10 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from . import known
+from . import dtypes, known
 from .errors import PeerFailedError, UnshardError
 from .plan import Group, OutputTensor, Plan
+from .readers.base import read_bytes
 from .report import human_bytes, model_card
 from .writer import (MODEL_FILE_PATTERNS, FileBytes, OutputFolder, Part, SafetensorsFile, WrittenFile,
                      copy_model_files, sha256_of, write_index)
@@ -131,10 +132,15 @@ def ready_to_write(plan: Plan, group: Group) -> list[Parts]:
 
 
 def _read_in_order(checkpoint, source, pieces, dtype: DType) -> Iterator[Part]:
+    as_bytes = dtypes.casts_without_torch(source.dtype, dtype)
     for piece in pieces:
-        at = checkpoint.file_offset(piece) if dtype == source.dtype else None
-        if at is not None:  # its bytes, as they are in the file: copied by the kernel
-            yield FileBytes(piece.file, at, piece.block.numel * dtype.itemsize)
+        at = checkpoint.file_offset(piece) if as_bytes else None
+        if at is not None:
+            in_file = FileBytes(piece.file, at, piece.block.numel * source.dtype.itemsize)
+            if dtype == source.dtype:  # its bytes, as they are in the file: copied by the kernel
+                yield in_file
+            else:
+                yield from _cast_from_file(in_file, source.dtype, dtype)
             continue
         flat = checkpoint.read_piece(piece)
         if flat.dtype == dtype.torch:
@@ -147,6 +153,23 @@ def _read_in_order(checkpoint, source, pieces, dtype: DType) -> Iterator[Part]:
         checkpoint.release(piece)
 
 
+READ_CHUNK = 16 << 20  # bytes read at a time from a file to be cast
+
+
+def _cast_from_file(part: FileBytes, source: DType, target: DType) -> Iterator[memoryview]:
+    """A part's bytes read from its file a chunk at a time and cast by numpy: no torch, no map, and
+    memory is one chunk however large the piece. (Each chunk is written before the next is asked
+    for, so the two buffers are reused.)"""
+    import numpy as np
+
+    raw = np.empty(min(part.nbytes, READ_CHUNK), np.uint8)
+    cast = np.empty(len(raw) // source.itemsize * target.itemsize, np.uint8)
+    for done in range(0, part.nbytes, READ_CHUNK):
+        chunk = raw[:min(READ_CHUNK, part.nbytes - done)]
+        read_bytes(part.path, part.offset + done, chunk)
+        yield memoryview(dtypes.cast(chunk, source, target, cast))
+
+
 def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[Part]:
     loaded: dict[int, torch.Tensor] = {}  # each piece's local tensor, loaded once for all bands
 
@@ -157,8 +180,12 @@ def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[Part
 
     for start in range(0, source.shape[0], rows):
         stop = min(start + rows, source.shape[0])
-        band = checkpoint.read_rows_as_bytes(source.name, start, stop) if dtype == source.dtype else None
-        yield band if band is not None else checkpoint.read_rows(source.name, start, stop, local).to(dtype.torch)
+        by_numpy = dtypes.casts_without_torch(source.dtype, dtype)
+        band = checkpoint.read_rows_as_bytes(source.name, start, stop) if by_numpy else None
+        if band is None:
+            yield checkpoint.read_rows(source.name, start, stop, local).to(dtype.torch)
+        else:
+            yield memoryview(band if dtype == source.dtype else dtypes.cast(band, source.dtype, dtype))
 
 
 def _progress(total: int, enabled: bool | None):

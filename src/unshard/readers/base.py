@@ -20,6 +20,7 @@ from ..torch_archives import StoredTensor
 
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 _MAPPING = threading.Lock()
@@ -157,7 +158,7 @@ class Checkpoint:
             return None
         return max(1, min(source.shape[0], self.BAND_BYTES // (math.prod(source.shape[1:]) * source.dtype.itemsize)))
 
-    def read_rows_as_bytes(self, name: str, start: int, stop: int) -> memoryview | None:
+    def read_rows_as_bytes(self, name: str, start: int, stop: int) -> np.ndarray | None:
         """Rows [start, stop) of `name` as their bytes, put together without torch: a piece that lies in
         its file in one run (see `file_offset`; a column shard, a DCP chunk) has its rows of the band
         there in one run too, read and placed by numpy. None if a piece does not (a strided box, a
@@ -178,12 +179,9 @@ class Checkpoint:
         rows = np.empty((*band.sizes, itemsize), np.uint8)  # (elements kept as bytes, a last axis of itemsize)
         for block, file, at in runs:
             part = np.empty((*block.sizes, itemsize), np.uint8)
-            with open(file, "rb", buffering=0) as f:
-                f.seek(at)
-                if f.readinto(part) != part.nbytes:
-                    raise CheckpointError(f"{file}: ends before byte {at + part.nbytes}; the file is truncated: copy it again")
+            read_bytes(file, at, part)
             rows[box(block.global_offsets, block.sizes)] = part
-        return memoryview(rows.reshape(-1))
+        return rows.reshape(-1)
 
     @staticmethod
     def _band(source: SourceTensor, start: int, stop: int) -> Block:
@@ -251,6 +249,15 @@ class Checkpoint:
         """Drop open file maps and what was loaded."""
         self.maps.clear()
         self.states.clear()
+
+
+def read_bytes(file: Path, at: int, out) -> None:
+    """Fill `out` (a writable buffer: a numpy array) with the bytes of `file` from byte `at`, in one
+    read call (a regular file gives them all unless it ends first)."""
+    with open(file, "rb", buffering=0) as f:
+        f.seek(at)
+        if f.readinto(out) != out.nbytes:
+            raise CheckpointError(f"{file}: ends before byte {at + out.nbytes}; the file is truncated: copy it again")
 
 
 def load_archive(path: Path, maps: dict[Path, torch.UntypedStorage]) -> Any:
