@@ -113,27 +113,33 @@ def source(layout: str, folder: Path) -> Path:
 FIRST_RUN = " (first run)"  # the row of a tool run with its caches emptied first
 
 
+def first_run_cache(cache: Path) -> Path:
+    """The first-run row's own cache, emptied before each of its runs (the other rows keep theirs)."""
+    return cache.with_name(cache.name + "-first-run")
+
+
 def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[str]]:
     """The commands to time, in order. unshard remembers what transformers said about a model
-    (known.py): its first-run row starts from an empty cache (a model converted for the first time),
-    and the rows after it find the answers there (the next checkpoint of the same run)."""
+    (known.py): its first-run row starts from an empty cache of its own (a model converted for the
+    first time); the other unshard rows find their answers in theirs, filled by an untimed run (the
+    next checkpoint of the same run)."""
     src = source(layout, folder)
-    python = ["env", f"UNSHARD_CACHE={cache}", sys.executable]
+    python, first = (["env", f"UNSHARD_CACHE={c}", sys.executable] for c in (cache, first_run_cache(cache)))
     if layout == "merge":
         recipe = str(folder / "recipe.yml")
-        merge = [*python, "-m", "unshard", "merge", recipe, str(out), "--no-progress"]
+        merge = ["-m", "unshard", "merge", recipe, str(out), "--no-progress"]
         return {
             "cp": ["cp", "-r", str(src), str(out)],
-            "unshard merge" + FIRST_RUN: merge,
-            "unshard merge": merge,
+            "unshard merge" + FIRST_RUN: [*first, *merge],
+            "unshard merge": [*python, *merge],
             "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), recipe, str(out)],
         }
     config = [] if layout.startswith("zero") else ["--config-from", str(folder / "hf")]
-    unshard = [*python, "-m", "unshard", "convert", str(src), str(out), *config, "--no-progress", "--dtype"]
-    found = {"cp": ["cp", "-r", str(src), str(out)], "unshard" + FIRST_RUN: [*unshard, "float32"],
-             "unshard": [*unshard, "float32"], "unshard --verify": [*unshard, "float32", "--verify"],
-             "unshard --workers 2": [*unshard, "float32", "--workers", "2", "--max-shard-size", "1GB"],
-             "unshard --dtype bfloat16": [*unshard, "bfloat16"]}
+    unshard = ["-m", "unshard", "convert", str(src), str(out), *config, "--no-progress", "--dtype"]
+    found = {"cp": ["cp", "-r", str(src), str(out)], "unshard" + FIRST_RUN: [*first, *unshard, "float32"],
+             "unshard": [*python, *unshard, "float32"], "unshard --verify": [*python, *unshard, "float32", "--verify"],
+             "unshard --workers 2": [*python, *unshard, "float32", "--workers", "2", "--max-shard-size", "1GB"],
+             "unshard --dtype bfloat16": [*python, *unshard, "bfloat16"]}
     if layout == "verl":
         found["verl model_merger"] = [str(peer_python("verl")), "-m", "verl.model_merger", "merge", "--backend",
                                       "fsdp", "--local_dir", str(src / "actor"), "--target_dir", str(out)]
@@ -204,6 +210,11 @@ def main() -> None:
             commands = tools(layout, folder, work / "out", work / "unshard-cache")
             if "dcp_to_torch_save" in commands:
                 commands["dcp_to_torch_save"][-1] = str(work / "out.pt")
+            shutil.rmtree(work / "unshard-cache", ignore_errors=True)
+            for name, cmd in commands.items():  # untimed: the answers a model's next checkpoints find
+                if name.startswith("unshard") and not name.endswith(FIRST_RUN):
+                    shutil.rmtree(work / "out", ignore_errors=True)
+                    subprocess.run(cmd, capture_output=True)
             runs: dict[str, list[dict]] = {name: [] for name in commands}
             # Round robin: every tool once, then every tool again. This VM's disk speeds up and slows
             # down over minutes; taking turns gives each tool the same mix of fast and slow periods,
@@ -215,7 +226,7 @@ def main() -> None:
                     shutil.rmtree(work / "out", ignore_errors=True)
                     (work / "out.pt").unlink(missing_ok=True)
                     if name.endswith(FIRST_RUN):
-                        shutil.rmtree(work / "unshard-cache", ignore_errors=True)
+                        shutil.rmtree(first_run_cache(work / "unshard-cache"), ignore_errors=True)
                     sh(["sync"])  # every tool starts with nothing of the previous one's output left to write back
                     start_cache(args.cache, [p for p in source(layout, folder).rglob("*") if p.is_file()])
                     runs[name].append(measure(cmd))

@@ -18,6 +18,7 @@ import multiprocessing
 import queue
 import resource
 import sys
+import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -159,15 +160,25 @@ READ_CHUNK = 16 << 20  # bytes read at a time from a file to be cast
 def _cast_from_file(part: FileBytes, source: DType, target: DType) -> Iterator[memoryview]:
     """A part's bytes read from its file a chunk at a time and cast by numpy: no torch, no map, and
     memory is one chunk however large the piece. (Each chunk is written before the next is asked
-    for, so the two buffers are reused.)"""
-    import numpy as np
-
-    raw = np.empty(min(part.nbytes, READ_CHUNK), np.uint8)
-    cast = np.empty(len(raw) // source.itemsize * target.itemsize, np.uint8)
+    for, so the thread's two buffers are used again.)"""
+    raw, cast = _cast_buffers()
     for done in range(0, part.nbytes, READ_CHUNK):
         chunk = raw[:min(READ_CHUNK, part.nbytes - done)]
         read_bytes(part.path, part.offset + done, chunk)
         yield memoryview(dtypes.cast(chunk, source, target, cast))
+
+
+_THREAD = threading.local()
+
+
+def _cast_buffers():
+    """This thread's buffers for `_cast_from_file`, made once: a fresh 16 MB buffer per piece is mapped
+    and page-faulted afresh (see return_freed_memory), which took longer than the cast itself."""
+    import numpy as np
+
+    if not hasattr(_THREAD, "cast_buffers"):
+        _THREAD.cast_buffers = (np.empty(READ_CHUNK, np.uint8), np.empty(2 * READ_CHUNK, np.uint8))
+    return _THREAD.cast_buffers
 
 
 def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[Part]:
