@@ -18,7 +18,6 @@ import multiprocessing
 import queue
 import resource
 import sys
-import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 from . import dtypes, known
 from .errors import PeerFailedError, UnshardError
 from .plan import Group, OutputTensor, Plan
-from .readers.base import read_bytes
+from .readers.base import read_bytes, thread_buffer
 from .report import human_bytes, model_card
 from .writer import (MODEL_FILE_PATTERNS, FileBytes, OutputFolder, Part, SafetensorsFile, WrittenFile,
                      copy_model_files, sha256_of, write_index)
@@ -160,25 +159,16 @@ READ_CHUNK = 16 << 20  # bytes read at a time from a file to be cast
 def _cast_from_file(part: FileBytes, source: DType, target: DType) -> Iterator[memoryview]:
     """A part's bytes read from its file a chunk at a time and cast by numpy: no torch, no map, and
     memory is one chunk however large the piece. (Each chunk is written before the next is asked
-    for, so the thread's two buffers are used again.)"""
-    raw, cast = _cast_buffers()
+    for, so the thread's buffers are used again.)"""
     for done in range(0, part.nbytes, READ_CHUNK):
-        chunk = raw[:min(READ_CHUNK, part.nbytes - done)]
+        chunk = thread_buffer("read", min(READ_CHUNK, part.nbytes - done))
         read_bytes(part.path, part.offset + done, chunk)
-        yield memoryview(dtypes.cast(chunk, source, target, cast))
+        yield memoryview(_cast(chunk, source, target))
 
 
-_THREAD = threading.local()
-
-
-def _cast_buffers():
-    """This thread's buffers for `_cast_from_file`, made once: a fresh 16 MB buffer per piece is mapped
-    and page-faulted afresh (see return_freed_memory), which took longer than the cast itself."""
-    import numpy as np
-
-    if not hasattr(_THREAD, "cast_buffers"):
-        _THREAD.cast_buffers = (np.empty(READ_CHUNK, np.uint8), np.empty(2 * READ_CHUNK, np.uint8))
-    return _THREAD.cast_buffers
+def _cast(raw, source: DType, target: DType):
+    """`raw` cast by numpy into this thread's cast buffer."""
+    return dtypes.cast(raw, source, target, thread_buffer("cast", raw.nbytes // source.itemsize * target.itemsize))
 
 
 def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[Part]:
@@ -196,7 +186,7 @@ def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[Part
         if band is None:
             yield checkpoint.read_rows(source.name, start, stop, local).to(dtype.torch)
         else:
-            yield memoryview(band if dtype == source.dtype else dtypes.cast(band, source.dtype, dtype))
+            yield memoryview(band if dtype == source.dtype else _cast(band, source.dtype, dtype))
 
 
 def _progress(total: int, enabled: bool | None):

@@ -162,9 +162,8 @@ class Checkpoint:
         """Rows [start, stop) of `name` as their bytes, put together without torch: a piece that lies in
         its file in one run (see `file_offset`; a column shard, a DCP chunk) has its rows of the band
         there in one run too, read and placed by numpy. None if a piece does not (a strided box, a
-        file read into memory): then `read_rows` does it."""
-        import numpy as np
-
+        file read into memory): then `read_rows` does it. The bytes are this thread's band buffer,
+        valid until its next call."""
         source = self.tensors[name]
         band = self._band(source, start, stop)
         itemsize = source.dtype.itemsize
@@ -176,9 +175,10 @@ class Checkpoint:
                 return None
             row_bytes = math.prod(piece.block.sizes[1:]) * itemsize  # (the band holds the piece's whole rows)
             runs.append((block, piece.file, at + (block.local_offsets[0] - piece.block.local_offsets[0]) * row_bytes))
-        rows = np.empty((*band.sizes, itemsize), np.uint8)  # (elements kept as bytes, a last axis of itemsize)
+        nbytes = band.numel * itemsize
+        rows = thread_buffer("band", nbytes).reshape(*band.sizes, itemsize)  # (elements as bytes: a last axis)
         for block, file, at in runs:
-            part = np.empty((*block.sizes, itemsize), np.uint8)
+            part = thread_buffer("band part", block.numel * itemsize).reshape(*block.sizes, itemsize)
             read_bytes(file, at, part)
             rows[box(block.global_offsets, block.sizes)] = part
         return rows.reshape(-1)
@@ -249,6 +249,21 @@ class Checkpoint:
         """Drop open file maps and what was loaded."""
         self.maps.clear()
         self.states.clear()
+
+
+_THREAD = threading.local()
+
+
+def thread_buffer(name: str, nbytes: int) -> np.ndarray:
+    """`nbytes` of this thread's buffer `name` (uint8), made once and again only to grow: a fresh large
+    buffer each time is mapped and page-faulted afresh (see execute.return_freed_memory), which cost
+    more than the reading and casting done in it."""
+    import numpy as np
+
+    buffers = _THREAD.__dict__.setdefault("buffers", {})
+    if name not in buffers or buffers[name].nbytes < nbytes:
+        buffers[name] = np.empty(nbytes, np.uint8)
+    return buffers[name][:nbytes]
 
 
 def read_bytes(file: Path, at: int, out) -> None:
