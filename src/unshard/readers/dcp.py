@@ -239,9 +239,12 @@ class DcpFolder(Checkpoint):
         return self.map_file(file)  # chunks are loaded as views of it
 
     def file_offset(self, piece: Piece) -> int | None:
-        """Read from the chunk's own header (without torch): a piece is a whole chunk."""
-        info = self._storage[(piece.key, piece.block.global_offsets)]
-        return chunk_offset(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key)
+        """Read from the chunk's own header (without torch): a piece is a whole chunk. Kept, since a
+        chunk of columns is asked once per band and each asking opens the file."""
+        if piece not in self._offsets:
+            info = self._storage[(piece.key, piece.block.global_offsets)]
+            self._offsets[piece] = chunk_offset(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key)
+        return self._offsets[piece]
 
     def release(self, piece: Piece) -> None:
         if piece.file in self.maps:  # (not mapped: the chunk was read as bytes, or not yet)
@@ -287,7 +290,7 @@ def open_folder(src: Path) -> DcpFolder:
         facts={"files": len(files), "chunks": chunks, "skipped": dict(skipped),
                **_train_params(folder)},
     )
-    checkpoint._storage = storage
+    checkpoint._storage, checkpoint._offsets = storage, {}
     checkpoint._dtypes = {fqn: tensor_dtype(folder, fqn, metadata.state_dict_metadata[fqn]) for fqn in names}
     return checkpoint
 
