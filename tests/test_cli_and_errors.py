@@ -126,6 +126,22 @@ def test_pickle_that_runs_code_is_refused(tmp_path):
     assert not marker.exists() and not (tmp_path / "hf").exists()
 
 
+def test_megatron_file_that_runs_code_is_refused(tmp_path):
+    """Megatron-LM's rank files are read by unshard's own unpickler (args, RNG state): a payload
+    hidden among the args is refused there and by torch's loader after it."""
+    src = tmp_path / "megatron"
+    shutil.copytree(SHIPPED / "megatron-qwen2-tp2-pp2" / "torch", src)
+    rank_file = src / "iter_0000010" / "mp_rank_01_001" / "model_optim_rng.pt"
+    saved = torch.load(rank_file, weights_only=False)  # (the repository's own fixture)
+    marker = tmp_path / "pwned"
+    saved["args"].tokenizer_type = RunsShellCommand(marker)
+    torch.save(saved, rank_file)
+    code, _, err = run_cli("convert", src, tmp_path / "hf")
+    assert code == 1, err
+    assert "refused to load" in err and "system" in err and str(rank_file) in err
+    assert not marker.exists() and not (tmp_path / "hf").exists()
+
+
 def test_loads_in_several_threads_keep_their_allow_list():
     """torch's allow-list is one per process: a load finishing in one thread must not take it from a
     load still unpickling DTensors in another, and none of it outlives unshard's loads."""

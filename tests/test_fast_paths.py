@@ -131,6 +131,9 @@ def test_dcp_metadata_stand_ins_read_as_torch_does():
     ("deepspeed-zero3/checkpoint-1", None, "bfloat16"),  # fp32 master weights cast by numpy
     ("llama-fsdp2-tp/global_step_1", None, "auto"),  # tensor-parallel columns, put together as bytes
     ("qwen2-fsdp2-tp-dcp/dcp", "qwen2-fsdp2-tp-dcp/hf", "float16"),
+    ("megatron-llama-tp2-pp2-vpp2/torch", None, "auto"),  # Megatron-LM's rank files: args, numpy RNG state
+    ("megatron-mixtral-tp2-pp2-ep2/torch_dist", None, "bfloat16"),  # common.pt, chunks of a DCP folder
+    ("megatron-qwen2-tp2-pp2/verl-legacy/global_step_10", None, "auto"),  # verl's model.pt: a list of stages
 ])
 def test_conversion_does_not_import_torch(tmp_path, src, config_from, dtype):
     """Once transformers' answers are remembered, a conversion that keeps the dtype or makes one of
@@ -156,10 +159,12 @@ def test_conversion_does_not_import_torch(tmp_path, src, config_from, dtype):
     assert folder_bytes(tmp_path / "first") == folder_bytes(tmp_path / "second")
 
 
-@pytest.mark.parametrize("src", sorted(str(p.parent.relative_to(SHIPPED)) for p in SHIPPED.glob("deepspeed-*/*/latest")))
-def test_deepspeed_files_read_without_torch_as_with_it(monkeypatch, src):
-    """ZeRO's model and optimizer files read by torch_archives' stand-ins give the same tensors, pieces
-    and bytes as read by torch's own loader."""
+@pytest.mark.parametrize("src", sorted(str(p.parent.relative_to(SHIPPED)) for p in SHIPPED.glob("deepspeed-*/*/latest"))
+                         + sorted(str(p.relative_to(SHIPPED)) for p in SHIPPED.glob("megatron-*/torch")))
+def test_torch_save_files_read_without_torch_as_with_it(monkeypatch, src):
+    """ZeRO's model and optimizer files, and Megatron-LM's rank files (args, RNG state as numpy arrays),
+    read by torch_archives' stand-ins give the same tensors, pieces and bytes as read by torch's own
+    loader."""
     import torch
 
     from unshard import open_checkpoint, torch_archives
@@ -197,8 +202,7 @@ def test_tensors_cut_in_columns_assembled_band_by_band(src, tmp_path, monkeypatc
 
     monkeypatch.setattr(Checkpoint, "read_rows_as_bytes", read_rows_as_bytes)
     unshard.convert(src, tmp_path / "default", progress=False, **config_from)
-    if "megatron" not in str(src):  # (Megatron's files are read by torch's loader: no stand-ins, no bytes)
-        assert any(band is not None for band in bands)
+    assert any(band is not None for band in bands)
     monkeypatch.setattr(Checkpoint, "read_rows_as_bytes", lambda self, *args: None)
     unshard.convert(src, tmp_path / "torch", progress=False, **config_from)
     monkeypatch.setattr(Checkpoint, "read_rows_as_bytes", as_bytes)

@@ -9,11 +9,12 @@ DTensors holding one. A plan needs no more than that, and copying bytes file to 
 
 Only the classes below are built. A pickle naming anything else is not read here (`NotPlain`): the
 caller reads it with torch's own loader (safe_torch_load), which is just as strict but knows more
-(ShardedTensors, numpy arrays, trainers' objects).
+(ShardedTensors, trainers' objects beyond those named below).
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import io
 import math
@@ -54,6 +55,14 @@ class StoredTensor:
     offset: int  # in elements of the storage
     shape: tuple[int, ...]
     stride: tuple[int, ...]
+
+    @classmethod
+    def at(cls, start: int, dtype: DType, shape: tuple[int, ...]) -> StoredTensor:
+        """A contiguous tensor whose bytes begin at file offset `start` (a chunk found by other means)."""
+        strides = [1] * len(shape)
+        for d in range(len(shape) - 2, -1, -1):
+            strides[d] = strides[d + 1] * shape[d + 1]
+        return cls(Storage(dtype, start, math.prod(shape)), 0, tuple(shape), tuple(strides))
 
     @property
     def dtype(self) -> DType:
@@ -134,9 +143,22 @@ def _rebuild_from_type_v2(func, new_type, args, state):
     return tensor
 
 
+def _bytes(text: str, encoding: str = "utf-8") -> bytes:
+    """How pickle protocol 2 saves bytes: `_codecs.encode(text, "latin1")`."""
+    if encoding != "latin1":
+        raise NotPlain(f"_codecs.encode(..., {encoding!r})")
+    return text.encode("latin1")
+
+
 def _classes() -> dict[tuple[str, str], Any]:
     allowed = {
         ("collections", "OrderedDict"): collections.OrderedDict,
+        ("argparse", "Namespace"): argparse.Namespace,  # Megatron-LM's `args`: attributes set from a dict
+        ("_codecs", "encode"): _bytes,
+        # numpy arrays (Megatron-LM's RNG state): kept as records of their arguments, never built
+        **{(f"numpy.{core}.multiarray", "_reconstruct"): Record for core in ("core", "_core")},
+        ("numpy", "ndarray"): Record,
+        ("numpy", "dtype"): Record,
         ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
         ("torch._utils", "_rebuild_wrapper_subclass"): _rebuild_wrapper_subclass,
         ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,

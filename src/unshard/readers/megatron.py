@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 from .. import dtypes, megatron_rules
 from ..errors import CheckpointError
 from ..placements import Block
-from .base import Checkpoint, Piece, SourceTensor, deduplicate
+from ..torch_archives import StoredTensor
+from .base import Checkpoint, Piece, SourceTensor, deduplicate, load_archive
 
 if TYPE_CHECKING:
     import torch
@@ -176,8 +177,6 @@ def layer_offsets(chunks: dict[tuple[int, int], set[int]]) -> dict[tuple[int, in
 
 
 def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
-    from .. import safe_torch_load  # (imports torch)
-
     folder = find_folder(src, iteration)
     if folder is None:
         raise CheckpointError(f"{iteration_folder(src, iteration)}: no mp_rank_*/model_optim_rng.pt here; "
@@ -185,7 +184,7 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
     files = rank_files(folder)
     saved, maps = {}, {}
     for rank, path in files.items():
-        saved[rank], maps[path] = safe_torch_load.load_mapped(path)
+        saved[rank] = load_archive(path, maps)
     first_rank = min(saved)
     first = saved[first_rank]
     args = plain_args(first["args"], files[first_rank]) if isinstance(first, dict) and "args" in first else None
@@ -293,6 +292,6 @@ def tp_blocks(local: tuple[int, ...], dim: int | None, parts: int, index: int, g
 
 
 class MegatronFiles(MegatronCheckpoint):
-    def local_tensor(self, piece: Piece) -> torch.Tensor:
+    def loaded(self, piece: Piece) -> torch.Tensor | StoredTensor:
         chunk, name = piece.key.split("/", 1)
         return self.states[piece.file][chunk][name]

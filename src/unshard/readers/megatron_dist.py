@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 from .. import safe_pickle
 from ..errors import CheckpointError
 from ..placements import Block
+from ..torch_archives import StoredTensor
 from . import dcp
-from .base import Piece, SourceTensor, deduplicate
+from .base import Piece, SourceTensor, deduplicate, load_archive
 from .megatron import MegatronCheckpoint, finish, iteration_folder, plain_args
 
 if TYPE_CHECKING:
@@ -94,9 +95,20 @@ class MegatronDist(MegatronCheckpoint):
     def file_map(self, file: Path) -> torch.UntypedStorage:
         return self.map_file(file)  # chunks are loaded as views of it
 
+    def file_offset(self, piece: Piece) -> int | None:
+        """Where the piece lies in its chunk, and the chunk in its file (read from the chunk's own header,
+        without torch, once: a chunk of columns is asked once per band)."""
+        if piece.part not in self._stored:
+            info, dtype, sizes, index = self._chunks[piece.part]
+            start = dcp.chunk_offset(piece.file, info, dtype, sizes, piece.key)
+            self._stored[piece.part] = None if start is None else StoredTensor.at(start, dtype, sizes[len(index):])
+        chunk = self._stored[piece.part]
+        return None if chunk is None else chunk.offset_of(piece.block.local_offsets, piece.block.sizes)
+
     def release(self, piece: Piece) -> None:
-        info = self._chunks[piece.part][0]
-        safe_pickle.forget_bytes(self.map_file(piece.file).data_ptr() + info.offset, info.length)
+        if piece.file in self.maps:  # (not mapped: the chunk was copied as bytes, or not yet read)
+            info = self._chunks[piece.part][0]
+            safe_pickle.forget_bytes(self.maps[piece.file].data_ptr() + info.offset, info.length)
 
     def close(self) -> None:
         self._recent.clear()
@@ -115,15 +127,13 @@ def _unstack(fqn: str, offsets: tuple[int, ...]) -> tuple[str, int]:
 
 
 def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
-    from .. import safe_torch_load  # (imports torch)
-
     folder = find_folder(src, iteration)
     if folder is None:
         raise CheckpointError(f"{iteration_folder(src, iteration)}: no torch_dist metadata.json here")
     common = folder / "common.pt"
     if not common.is_file():
         raise CheckpointError(f"{common}: missing; it holds the args the conversion needs: copy it with the checkpoint")
-    saved = safe_torch_load.load(common)
+    saved = load_archive(common, {})  # (nothing mapped is kept: no tensor in it is used)
     args = plain_args(saved["args"], common) if saved.get("args") is not None else None
     metadata = dcp.read_metadata(folder)
     storage = dcp.storage_index(metadata)
@@ -148,6 +158,7 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
                 for name, found in pieces.items()}
     checkpoint = MegatronDist(layout=LAYOUT, path=folder, tensors={})
     checkpoint._chunks, checkpoint._recent, checkpoint._lock = chunks, OrderedDict(), threading.Lock()
+    checkpoint._stored = {}
     files = {p.file for found in pieces.values() for p in found}
     if args is not None:
         layout = {"parallel": {"tensor": args.get("tensor_model_parallel_size", 1),
