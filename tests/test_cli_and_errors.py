@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -132,10 +133,19 @@ def test_megatron_file_that_runs_code_is_refused(tmp_path):
     src = tmp_path / "megatron"
     shutil.copytree(SHIPPED / "megatron-qwen2-tp2-pp2" / "torch", src)
     rank_file = src / "iter_0000010" / "mp_rank_01_001" / "model_optim_rng.pt"
-    saved = torch.load(rank_file, weights_only=False)  # (the repository's own fixture)
     marker = tmp_path / "pwned"
-    saved["args"].tokenizer_type = RunsShellCommand(marker)
-    torch.save(saved, rank_file)
+    # Tampered with in a process of its own: unpickling the file whole imports megatron.core, which
+    # adds its classes to torch's allow-list for the rest of the process.
+    tamper = textwrap.dedent("""
+        import os, sys, torch
+        class RunsShellCommand:
+            def __reduce__(self):
+                return (os.system, (f"touch {sys.argv[2]}",))
+        saved = torch.load(sys.argv[1], weights_only=False)  # (the repository's own fixture)
+        saved["args"].tokenizer_type = RunsShellCommand()
+        torch.save(saved, sys.argv[1])
+    """)
+    subprocess.run([sys.executable, "-c", tamper, str(rank_file), str(marker)], check=True, capture_output=True)
     code, _, err = run_cli("convert", src, tmp_path / "hf")
     assert code == 1, err
     assert "refused to load" in err and "system" in err and str(rank_file) in err
