@@ -179,9 +179,9 @@ def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[Part
             loaded[id(piece)] = checkpoint.local_tensor(piece)
         return loaded[id(piece)]
 
+    by_numpy = dtypes.casts_without_torch(source.dtype, dtype)
     for start in range(0, source.shape[0], rows):
         stop = min(start + rows, source.shape[0])
-        by_numpy = dtypes.casts_without_torch(source.dtype, dtype)
         band = checkpoint.read_rows_as_bytes(source.name, start, stop) if by_numpy else None
         if band is None:
             yield checkpoint.read_rows(source.name, start, stop, local).to(dtype.torch)
