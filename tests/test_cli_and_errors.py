@@ -181,6 +181,7 @@ def test_config_that_does_not_fit(tmp_path):
     (ckpt / "huggingface/config.json").write_text(json.dumps(config))
     code, _, err = run_cli("convert", ckpt, tmp_path / "hf")
     assert code == 1 and "does not fit this config" in err and "--config-from" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no OUT, no staging folder
     code, _, err = run_cli("convert", ckpt, tmp_path / "hf", "--no-check")
     assert code == 0, err
 

@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -60,6 +62,62 @@ def test_second_conversion_of_a_model_does_not_import_transformers(tmp_path):
     transformers_used, _ = convert_in_subprocess(src, tmp_path / "fourth", cache)
     assert transformers_used
     assert (tmp_path / "fourth" / "model.safetensors").read_bytes() == (tmp_path / "first" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("case, names_change", [("llama-fsdp2", False), ("mixtral-fsdp2", True)])
+def test_first_conversion_writes_while_transformers_answers(tmp_path, monkeypatch, case, names_change):
+    """A config transformers has not answered for is asked on a thread while the weights are written
+    under the names as saved. Where transformers names them otherwise (transformers >= 5 fuses Mixtral's
+    experts in memory and saves them one by one), the folder is written again from the answer. Either
+    way the folder is the one a conversion with the answer known from the start writes."""
+    from unshard import execute, hf_names
+
+    monkeypatch.setenv("UNSHARD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hf_names, "_answers", {})
+    src = SHIPPED / case / "global_step_1"
+    first = unshard.plan(src, ask_later=True)
+    assert first.question is not None and not first.question.answered()  # planned before the answer
+    written_as_saved = {o.name for o in first.outputs}
+    result = execute.convert(first, tmp_path / "first", progress=False)
+
+    second = unshard.plan(src, ask_later=True)
+    assert second.question is None  # answered from the cache: planned with the answer
+    execute.convert(second, tmp_path / "second", progress=False)
+    assert folder_bytes(tmp_path / "first") == folder_bytes(tmp_path / "second")
+    assert result.tensors == len(second.outputs)
+    assert (written_as_saved != {o.name for o in second.outputs}) == names_change
+    if names_change:
+        assert any("gate_up_proj" in n for n in written_as_saved)
+
+
+def test_answer_that_the_checkpoint_does_not_fit_stops_the_writing(tmp_path, monkeypatch):
+    """When transformers' answer comes in during the writing and the checkpoint does not fit the config,
+    no further tensor is started, and nothing is left behind."""
+    from unshard import execute, hf_names, writer
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(SHIPPED / "llama-fsdp2" / "global_step_1", src)
+    config_path = src / "actor" / "huggingface" / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "intermediate_size": 128}))
+    monkeypatch.setattr(hf_names, "_answers", {})
+    first_written, real_ask = threading.Event(), hf_names._ask
+    monkeypatch.setattr(hf_names, "_ask", lambda *args: first_written.wait(60) and real_ask(*args))
+    written = []
+    real_write = writer.SafetensorsFile.write_parts
+
+    def write_parts(self, name, *args):
+        written.append(name)
+        real_write(self, name, *args)
+        first_written.set()
+        while not plan.question.answered():
+            time.sleep(0.01)
+
+    monkeypatch.setattr(writer.SafetensorsFile, "write_parts", write_parts)
+    plan = unshard.plan(src, ask_later=True)
+    with pytest.raises(unshard.ConfigMismatchError, match="does not fit this config"):
+        execute.convert(plan, tmp_path / "out", progress=False, threads=1)
+    assert len(written) == 1 < len(plan.outputs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
 def torch_loader_only(*args, **kwargs):

@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
          config_from: str | Path | None = None, check: bool = True, weights: str = "master",
          tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None,
-         architecture: str | None = None, lora: str = "merge") -> Plan:
+         architecture: str | None = None, lora: str = "merge", ask_later: bool = False) -> Plan:
     """Open SRC and plan its conversion; reads metadata only.
 
     weights: for DeepSpeed, "master" (the fp32 optimizer copy) or "module" (the 16-bit model states).
@@ -40,12 +40,15 @@ def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5
     lora: "merge" folds a LoRA adapter into the base weights; "separate" writes the base as trained
     and the adapter as a PEFT folder in OUT/lora_adapter/.
     architecture: the transformers class config.json names (by default the one the weights fit).
+    ask_later: for a conversion about to run on this host: a config transformers has not answered for
+    before (which names and shapes its model has) is answered on a thread while `convert` writes, rather
+    than now; the plan keeps the names as saved until then (see `Plan.question`).
     """
     reader_options = {k: v for k, v in (("weights", weights), ("tag", tag), ("iteration", iteration))
                       if v not in ("master", None)}
     return build_plan(open_checkpoint(src, **reader_options), dtype=dtype, max_shard_size=max_shard_size,
                       config_from=config_from, check=check, lora_alpha=lora_alpha, architecture=architecture,
-                      lora_mode=lora)
+                      lora_mode=lora, ask_later=ask_later)
 
 
 def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
@@ -64,7 +67,7 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
 
     the_plan = plan(src, dtype=dtype, max_shard_size=max_shard_size, config_from=config_from, check=check,
                     weights=weights, tag=tag, iteration=iteration, lora_alpha=lora_alpha, architecture=architecture,
-                    lora=lora)
+                    lora=lora, ask_later=not distributed and workers == 1)
     try:
         return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
                    progress=progress, workers=workers, distributed=distributed)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import multiprocessing
 import queue
 import resource
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from . import dtypes, known
 from .errors import PeerFailedError, UnshardError
+from .hf_names import NamingChanged
 from .plan import Group, OutputTensor, Plan
 from .readers.base import read_bytes, thread_buffer
 from .report import human_bytes, model_card
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     import torch
 
     from .dtypes import DType
+
+log = logging.getLogger("unshard")
 
 
 @dataclass
@@ -209,24 +213,48 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
     plan.require_config()
     return_freed_memory()
     writing = Writing(threads, verify, checksums)
+    workers = max(1, min(workers, len(plan.files)))
+    late_notes: list[str] = []
+    if plan.question is not None and (distributed or workers > 1):
+        # Every rank must write the same plan, and forking while a thread imports is unsafe: answer first.
+        plan, late_notes = _answered(plan)
     if distributed:
         return _convert_distributed(plan, out, overwrite, writing, progress, extra_files)
     start = time.perf_counter()
     folder = OutputFolder(out, overwrite)
-    workers = max(1, min(workers, len(plan.files)))
     try:
         with _progress(plan.total_bytes, progress) as bar:
             if workers > 1:
                 digests = _write_in_processes(plan, folder.path, writing, bar, workers)
             else:
                 digests = _write_part(plan, folder.path, list(plan.files), writing, bar)
+        if plan.question is not None:
+            late_notes = plan.question.verdict()
+            plan.notes.extend(late_notes)
         copied, warnings = _finish(plan, folder.path, digests, extra_files)
         folder.commit()
+    except NamingChanged:
+        folder.abort()
+        log.info("transformers names this model's tensors otherwise than the checkpoint: writing again")
+        return convert(plan.rebuild(), out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
+                       progress=progress, extra_files=extra_files, workers=workers)
     except BaseException:
         folder.abort()
         raise
     return Result(out, len(plan.outputs), plan.total_bytes, time.perf_counter() - start,
-                  peak_rss(children=workers > 1), list(plan.files), copied, warnings, writers=workers)
+                  peak_rss(children=workers > 1), list(plan.files), copied, late_notes + warnings, writers=workers)
+
+
+def _answered(plan: Plan) -> tuple[Plan, list[str]]:
+    """The plan once transformers has answered (itself, or made again from the answer), and the notes
+    the answer adds."""
+    try:
+        notes = plan.question.verdict()
+    except NamingChanged:
+        return plan.rebuild(), []
+    plan.notes.extend(notes)
+    plan.question = None
+    return plan, notes
 
 
 def split_files(plan: Plan, parts: int) -> list[list[str]]:
@@ -457,6 +485,8 @@ def _each_group(plan: Plan, filenames: list[str], threads: int, do: Callable[[st
     with ThreadPoolExecutor(threads) as pool:
         running: dict = {}  # future -> bytes its group holds
         while work or running:
+            if plan.question is not None and plan.question.answered():
+                plan.question.verdict()  # a checkpoint that does not fit its config stops here, not at the end
             # The next group starts when a thread is free and the groups in flight leave room for it
             # (or nothing is in flight): a large tensor waits for the others rather than doubling the peak.
             while work and len(running) < threads and (not running or sum(running.values()) + work[0][2] <= budget):

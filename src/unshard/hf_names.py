@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -48,6 +50,7 @@ class Naming:
     converters: dict[str, Callable[[torch.Tensor], dict[str, torch.Tensor]]]
     dropped: dict[str, str]
     notes: list[str]
+    question: Question | None = None  # transformers' answer, still to come (plan_names(ask_later=True))
 
 
 def read_config(folder: Path | None) -> dict[str, Any] | None:
@@ -110,24 +113,79 @@ class ModelFacts:
         return cls(shapes(data["in_memory"]), set(data["tied"]), shapes(data["saved"]))
 
 
-def model_facts(config_folder: Path, config: dict, updates: dict | None = None) -> ModelFacts | None:
-    """The facts of the model the config describes (None without transformers, or for custom code),
-    from the cache when this transformers version answered for this config.json before."""
+# What this process asked transformers already, by cache entry (answers of None included), so that
+# a plan made again finds the answer with the cache off too.
+_answers: dict[str, ModelFacts | None] = {}
+
+
+def _facts_entry(config_folder: Path, config: dict, updates: dict | None) -> str | None:
+    """The cache entry of the question "what does this config's model hold"; None where transformers
+    cannot be asked (not installed, or custom code, which is never run)."""
     version = known.transformers_version()
     if version is None or config.get("auto_map"):
         return None
-    entry = known.key("model", version, (config_folder / "config.json").read_text(), updates or {})
+    return known.key("model", version, (config_folder / "config.json").read_text(), updates or {})
+
+
+def _recalled(entry: str) -> tuple[bool, ModelFacts | None]:
+    """(answered before, the answer) from this process or the cache."""
+    if entry in _answers:
+        return True, _answers[entry]
     if (cached := known.recall("models", entry)) is not None:
         try:
-            return ModelFacts.from_json(cached)
+            return True, ModelFacts.from_json(cached)
         except (KeyError, TypeError, AttributeError):
             pass  # an entry of another shape: ask again
+    return False, None
+
+
+def _ask(config_folder: Path, config: dict, updates: dict | None, entry: str) -> ModelFacts | None:
+    """The facts of the model the config describes (None if transformers has no class for it), remembered."""
     model = _meta_model(config_folder, config, updates)
-    if model is None:
-        return None
-    facts = ModelFacts.of(model)
-    known.remember("models", entry, facts.to_json())
+    facts = None if model is None else ModelFacts.of(model)
+    if facts is not None:
+        known.remember("models", entry, facts.to_json())
+    _answers[entry] = facts
     return facts
+
+
+class NamingChanged(Exception):
+    """transformers' answer names the tensors otherwise than the names as saved, which the writing
+    started with: write again with a plan made from the answer."""
+
+
+class Question:
+    """transformers asked on a thread what the config's model holds, while the weights are written
+    under the names as saved: importing torch and transformers takes 3-6 s, as long as writing a few
+    GB, and most models keep their names. `verdict` compares the answer with that naming."""
+
+    def __init__(self, ask: Callable[[], ModelFacts | None], naming: Naming,
+                 settle: Callable[[ModelFacts | None], Naming]):
+        self.naming, self._settle, self._notes = naming, settle, None
+        self._answer: Future = Future()
+
+        def run():
+            try:
+                self._answer.set_result(ask())
+            except BaseException as e:  # (raised in the thread that asks for the verdict)
+                self._answer.set_exception(e)
+
+        # A daemon: a conversion that fails first need not wait for the import to end.
+        threading.Thread(target=run, name="unshard-asks-transformers", daemon=True).start()
+
+    def answered(self) -> bool:
+        return self._answer.done()
+
+    def verdict(self) -> list[str]:
+        """Waits for the answer. The notes of the naming it gives, if that is the naming written; raises
+        NamingChanged if not, and ConfigMismatchError if the checkpoint does not fit the config."""
+        if self._notes is None:
+            settled = self._settle(self._answer.result())
+            if (settled.outputs != self.naming.outputs or set(settled.dropped) != set(self.naming.dropped)
+                    or settled.converters):
+                raise NamingChanged
+            self._notes = settled.notes
+        return self._notes
 
 
 def head_updates(names: set[str], shapes: dict[str, tuple[int, ...]], config: dict | None,
@@ -150,18 +208,36 @@ def head_updates(names: set[str], shapes: dict[str, tuple[int, ...]], config: di
 
 
 def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, check: bool = True,
-               renames: dict[str, str] | None = None, updates: dict | None = None) -> Naming:
-    """Decide the output names for checkpoint tensors of the given shapes (after `renames`)."""
+               renames: dict[str, str] | None = None, updates: dict | None = None, ask_later: bool = False) -> Naming:
+    """Decide the output names for checkpoint tensors of the given shapes (after `renames`).
+    ask_later: if transformers must be asked (a config not seen before), name the tensors as saved now and
+    ask on a thread; the naming's `question` then tells whether that holds."""
     renames = renames or {}
     renamed = {name: strip_wrappers(renames.get(name, name)) for name in shapes}
     if len(set(renamed.values())) < len(renamed):
         clash = next(c for c in renamed.values() if list(renamed.values()).count(c) > 1)
         raise ConfigMismatchError(f"two checkpoint tensors are both named {clash} once wrappers are removed")
     config = read_config(config_folder) or {}
+    entry = _facts_entry(config_folder, config, updates) if config else None
+    if entry is None:
+        return _naming(None, renamed, shapes, config, config_folder, check, updates)
+    answered, facts = _recalled(entry)
+    if not answered and ask_later:
+        naming = _naming(None, renamed, shapes, config, config_folder, check, updates, note=False)
+        naming.question = Question(lambda: _ask(config_folder, config, updates, entry), naming,
+                                   lambda facts: _naming(facts, renamed, shapes, config, config_folder, check, updates))
+        return naming
+    if not answered:
+        facts = _ask(config_folder, config, updates, entry)
+    return _naming(facts, renamed, shapes, config, config_folder, check, updates)
+
+
+def _naming(facts: ModelFacts | None, renamed: dict[str, str], shapes: dict[str, tuple[int, ...]], config: dict,
+            config_folder: Path | None, check: bool, updates: dict | None, note: bool = True) -> Naming:
+    """The naming the model's facts give (None: names as saved, a tied head dropped as the config says)."""
     notes: list[str] = []
-    facts = model_facts(config_folder, config, updates) if config else None
     if facts is None:
-        if config:
+        if config and note:
             notes.append("tensor names kept as saved and not checked against the config "
                          "(transformers not installed, a custom-code model, or no model class for this config)")
         dropped = {}

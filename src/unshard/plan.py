@@ -6,6 +6,7 @@ Dry runs, `inspect`, the memory estimate and the writer all work from this one o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -60,6 +61,10 @@ class Plan:
     config_updates: dict[str, Any] = field(default_factory=dict)  # written into OUT's config.json
     copies_per_tensor: int = 1  # whole tensors held while one output is made (a merge holds one per input)
     extra_files: dict[str, str] = field(default_factory=dict)  # path in OUT -> text (a LoRA adapter's config)
+    # Planned before transformers answered (build_plan(ask_later=True)): the answer still to come, and the
+    # plan made again from it, should the answer name the tensors otherwise.
+    question: hf_names.Question | None = None
+    rebuild: Callable[[], Plan] | None = None
 
     @property
     def model_files(self) -> dict[str, list[Group]]:
@@ -149,7 +154,9 @@ def resolve_config_source(config_from: str | Path) -> Path:
 
 def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
                config_from: str | Path | None = None, check: bool = True, lora_alpha: float | None = None,
-               architecture: str | None = None, lora_mode: str = "merge") -> Plan:
+               architecture: str | None = None, lora_mode: str = "merge", ask_later: bool = False) -> Plan:
+    """ask_later: a config transformers has not answered for before is answered while the writing starts
+    (see hf_names.Question); the writer then checks `plan.question` before it finishes."""
     from huggingface_hub import split_state_dict_into_shards_factory
 
     config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
@@ -159,7 +166,7 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
     fold = lora.plan_fold(checkpoint, lora_alpha, lora_mode)
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
     updates = hf_names.head_updates(set(shapes), shapes, config, architecture)
-    naming = hf_names.plan_names(shapes, config_folder, check, renames=fold.renames, updates=updates)
+    naming = hf_names.plan_names(shapes, config_folder, check, renames=fold.renames, updates=updates, ask_later=ask_later)
 
     groups: dict[str, Group] = {}
     for name, outputs in naming.outputs.items():
@@ -190,8 +197,12 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
     elif not any((config_folder / name).exists() for name in TOKENIZER_FILES):
         notes.append("no tokenizer beside the checkpoint: pass --config-from DIR (the Hugging Face model it was "
                      "trained from) to include tokenizer, chat template and generation config")
+    rebuild = None
+    if naming.question is not None:
+        rebuild = partial(build_plan, checkpoint, dtype=dtype, max_shard_size=max_shard_size, config_from=config_folder,
+                          check=check, lora_alpha=lora_alpha, architecture=architecture, lora_mode=lora_mode)
     return Plan(checkpoint, config_folder, out_dtype, reason, files, {**fold.dropped, **naming.dropped}, notes,
-                config_updates=updates, extra_files=extra_files)
+                config_updates=updates, extra_files=extra_files, question=naming.question, rebuild=rebuild)
 
 
 def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, dtype: DType):
