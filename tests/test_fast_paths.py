@@ -99,6 +99,7 @@ def test_answer_that_the_checkpoint_does_not_fit_stops_the_writing(tmp_path, mon
     shutil.copytree(SHIPPED / "llama-fsdp2" / "global_step_1", src)
     config_path = src / "actor" / "huggingface" / "config.json"
     config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "intermediate_size": 128}))
+    monkeypatch.setenv("UNSHARD_CACHE", str(tmp_path / "cache"))  # (another test may have asked about this config)
     monkeypatch.setattr(hf_names, "_answers", {})
     first_written, real_ask = threading.Event(), hf_names._ask
     monkeypatch.setattr(hf_names, "_ask", lambda *args: first_written.wait(60) and real_ask(*args))
@@ -117,7 +118,7 @@ def test_answer_that_the_checkpoint_does_not_fit_stops_the_writing(tmp_path, mon
     with pytest.raises(unshard.ConfigMismatchError, match="does not fit this config"):
         execute.convert(plan, tmp_path / "out", progress=False, threads=1)
     assert len(written) == 1 < len(plan.outputs)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "ckpt"]
 
 
 def torch_loader_only(*args, **kwargs):

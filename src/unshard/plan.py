@@ -1,4 +1,5 @@
 """The conversion plan: every output tensor and file, decided before any tensor byte is read.
+(On a model's first conversion, under the names as saved until transformers answers, see `Plan.question`.)
 
 Dry runs, `inspect`, the memory estimate and the writer all work from this one object.
 """
