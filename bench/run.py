@@ -1,11 +1,12 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,merge] [--repeat 3] [--cache warm|cold]
-                        [--work /tmp/unshard-bench]
+    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge]
+                        [--repeat 3] [--cache warm|cold] [--work /tmp/unshard-bench]
 
 For each layout and size: make a real checkpoint (FSDP2, or tensor parallelism for verl-tp, by
 bench/make_checkpoint.py; DeepSpeed by
-tests/fixtures/make_deepspeed.py, both under torchrun),
+tests/fixtures/make_deepspeed.py; Megatron-LM's legacy and torch_dist formats by megatron-core in
+tests/fixtures/make_megatron.py; all under torchrun),
 then time every tool on it, reading from a warm page cache (or, with --cache cold, from the disk: the
 input's pages are dropped from the cache before each run), with no earlier output left to write back:
   cp                      copying the input bytes: the floor
@@ -19,6 +20,7 @@ input's pages are dropped from the cache before each run), with no earlier outpu
   dcp_to_torch_save       torch.distributed.checkpoint.format_utils dcp_to_torch (DCP only)
   accelerate merge-weights  from PyPI, in its own venv (DCP only)
   zero_to_fp32.py         DeepSpeed's own script, DeepSpeed from PyPI in its own venv (zero2 / zero3)
+  (Megatron: no converter of Megatron checkpoints runs on a CPU-only machine, so unshard and cp only.)
   mergekit-yaml           the same TIES recipe as `unshard merge`, mergekit from PyPI in its own venv
                           (layout "merge": a base and two fine-tunes of the given size each)
 Each tool runs --repeat times, the tools taking turns (this VM's disk varies over minutes). Reports
@@ -70,7 +72,8 @@ def peer_python(name: str) -> Path:
 
 
 def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
-    folder = work / f"{layout}-{gb}gb"
+    # (Both Megatron layouts come from one run of make_megatron.py, which writes both formats.)
+    folder = work / f"{'megatron' if layout.startswith('megatron') else layout}-{gb}gb"
     if (folder / "done").exists():
         return folder
     shutil.rmtree(folder, ignore_errors=True)
@@ -90,6 +93,13 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
         size = [str(HIDDEN), str(layers_for(gb)), str(VOCAB), str(FFN)]
         script = [str(ROOT / "tests" / "fixtures" / "make_deepspeed.py"), "--stage", layout[-1], "--size", *size]
         python = peer_python("deepspeed")
+    elif layout.startswith("megatron"):
+        # megatron-core itself, TP2, 32 Llama-shaped layers widened until the weights are about `gb`
+        # (width 16 makes 0.96 GB; the size grows with the square of the width).
+        width = max(1, round(16 * (gb / 0.96) ** 0.5))
+        script = [str(ROOT / "tests" / "fixtures" / "make_megatron.py"), "--tp", "2", "--pp", "1",
+                  "--width", str(width), "--layers", "32"]
+        python = Path(sys.executable)
     else:
         script = [str(HERE / "make_checkpoint.py"), "--gb", str(gb), "--writer", layout]
         python = Path(sys.executable)
@@ -107,6 +117,8 @@ def size_of(path: Path) -> int:
 def source(layout: str, folder: Path) -> Path:
     if layout == "merge":
         return folder
+    if layout.startswith("megatron"):
+        return folder / ("torch_dist" if layout == "megatron-dist" else "torch")
     return folder / "checkpoint-1" if layout.startswith("zero") else folder / "ckpt"
 
 
@@ -134,7 +146,8 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
             "unshard merge": [*python, *merge],
             "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), recipe, str(out)],
         }
-    config = [] if layout.startswith("zero") else ["--config-from", str(folder / "hf")]
+    # DeepSpeed's and Megatron's checkpoints carry their config (Megatron's as its `args`).
+    config = [] if layout.startswith(("zero", "megatron")) else ["--config-from", str(folder / "hf")]
     unshard = ["-m", "unshard", "convert", str(src), str(out), *config, "--no-progress", "--dtype"]
     found = {"cp": ["cp", "-r", str(src), str(out)], "unshard" + FIRST_RUN: [*first, *unshard, "float32"],
              "unshard": [*python, *unshard, "float32"], "unshard --verify": [*python, *unshard, "float32", "--verify"],
@@ -245,6 +258,11 @@ def main() -> None:
         for row in rows:
             f.write(json.dumps({**row, **meta}) + "\n")
     print(table(rows))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # the numbers are saved; the plots can wait
+        print("no plots: matplotlib is missing (pip install -e '.[bench]')", file=sys.stderr)
+        return
     for layout in {r["layout"] for r in rows}:
         name = layout if args.cache == "warm" else f"{layout}-{args.cache}"
         print("plot:", plot(latest(layout, args.cache), HERE / "results" / f"{name}.png"))
