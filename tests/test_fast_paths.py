@@ -64,23 +64,26 @@ def test_second_conversion_of_a_model_does_not_import_transformers(tmp_path):
     assert (tmp_path / "fourth" / "model.safetensors").read_bytes() == (tmp_path / "first" / "model.safetensors").read_bytes()
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("case, names_change", [("llama-fsdp2", False), ("mixtral-fsdp2", True)])
-def test_first_conversion_writes_while_transformers_answers(tmp_path, monkeypatch, case, names_change):
+def test_first_conversion_writes_while_transformers_answers(tmp_path, monkeypatch, case, names_change, workers):
     """A config transformers has not answered for is asked on a thread while the weights are written
-    under the names as saved. Where transformers names them otherwise (transformers >= 5 fuses Mixtral's
-    experts in memory and saves them one by one), the folder is written again from the answer. Either
-    way the folder is the one a conversion with the answer known from the start writes."""
+    under the names as saved (with several writer processes, before they are forked). Where transformers
+    names them otherwise (transformers >= 5 fuses Mixtral's experts in memory and saves them one by one),
+    the folder is written again from the answer. Either way the folder is the one a conversion with the
+    answer known from the start writes."""
     from unshard import execute, hf_names
 
     monkeypatch.setenv("UNSHARD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(hf_names, "_answers", {})
     src = SHIPPED / case / "global_step_1"
-    first = unshard.plan(src, ask_later=True)
-    assert first.question is not None  # planned before the answer (which may come in at any moment now)
+    first = unshard.plan(src, ask_later=True, max_shard_size="60KB")
+    assert first.question is not None and len(first.files) > 1  # planned before the answer, which may come any time
     written_as_saved = {o.name for o in first.outputs}
-    result = execute.convert(first, tmp_path / "first", progress=False)
+    result = execute.convert(first, tmp_path / "first", progress=False, workers=workers)
+    assert result.writers == workers
 
-    second = unshard.plan(src, ask_later=True)
+    second = unshard.plan(src, ask_later=True, max_shard_size="60KB")
     assert second.question is None  # answered from the cache: planned with the answer
     execute.convert(second, tmp_path / "second", progress=False)
     assert folder_bytes(tmp_path / "first") == folder_bytes(tmp_path / "second")

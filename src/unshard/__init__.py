@@ -40,9 +40,9 @@ def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5
     lora: "merge" folds a LoRA adapter into the base weights; "separate" writes the base as trained
     and the adapter as a PEFT folder in OUT/lora_adapter/.
     architecture: the transformers class config.json names (by default the one the weights fit).
-    ask_later: for a conversion about to run on this host: a config transformers has not answered for
-    before (which names and shapes its model has) is answered on a thread while `convert` writes, rather
-    than now; the plan keeps the names as saved until then (see `Plan.question`).
+    ask_later: for a conversion about to run: a config transformers has not answered for before (which
+    names and shapes its model has) is answered on a thread while `convert` writes (or, with several
+    writers, before they start), rather than now; the plan keeps the names as saved until then.
     """
     reader_options = {k: v for k, v in (("weights", weights), ("tag", tag), ("iteration", iteration))
                       if v not in ("master", None)}
@@ -67,7 +67,7 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
 
     the_plan = plan(src, dtype=dtype, max_shard_size=max_shard_size, config_from=config_from, check=check,
                     weights=weights, tag=tag, iteration=iteration, lora_alpha=lora_alpha, architecture=architecture,
-                    lora=lora, ask_later=not distributed and workers == 1)
+                    lora=lora, ask_later=True)
     try:
         return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
                    progress=progress, workers=workers, distributed=distributed)

@@ -161,7 +161,7 @@ def _run(args) -> int:
         info = unshard.inspect(args.src, **options)
         print(json.dumps(info, indent=2, default=str) if args.json else as_text(info))
         return 0
-    plan = unshard.plan(args.src, **options, ask_later=not (args.dry_run or args.distributed or args.workers > 1))
+    plan = unshard.plan(args.src, **options, ask_later=not args.dry_run)
     if args.dry_run:
         print(as_text(describe(plan)))
         return 0

@@ -171,7 +171,8 @@ class Question:
                 self._answer.set_exception(e)
 
         # A daemon: a conversion that fails first need not wait for the import to end.
-        threading.Thread(target=run, name="unshard-asks-transformers", daemon=True).start()
+        self._thread = threading.Thread(target=run, name="unshard-asks-transformers", daemon=True)
+        self._thread.start()
 
     def answered(self) -> bool:
         return self._answer.done()
@@ -180,6 +181,7 @@ class Question:
         """Waits for the answer. The notes of the naming it gives, if that is the naming written; raises
         NamingChanged if not, and ConfigMismatchError if the checkpoint does not fit the config."""
         if self._notes is None:
+            self._thread.join()  # (gone, not just done, before any writer process is forked)
             settled = self._settle(self._answer.result())
             if (settled.outputs != self.naming.outputs or set(settled.dropped) != set(self.naming.dropped)
                     or settled.converters):
