@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,8 +93,16 @@ def recipes(m: Path) -> dict[str, dict]:
     }
 
 
+def banded(monkeypatch, rows: int = 5) -> None:
+    """Merge tensors wider than `rows` rows of 64 floats a band at a time, as tensors larger than
+    MergedCheckpoint.BAND_BYTES are (the test models are far smaller)."""
+    from unshard.merging import MergedCheckpoint
+
+    monkeypatch.setattr(MergedCheckpoint, "BAND_BYTES", rows * 64 * 4)
+
+
 @pytest.mark.parametrize("name", ["linear", "linear-unnormalized", "task_arithmetic", "ties", "slerp", "model_stock"])
-def test_same_result_as_mergekit(name, models, mergekit, tmp_path):
+def test_same_result_as_mergekit(name, models, mergekit, tmp_path, monkeypatch):
     recipe = write_recipe(tmp_path / "recipe.yml", {**recipes(models)[name], "dtype": "float32"})
     expected = run_mergekit(mergekit, recipe, tmp_path / "mergekit")
     result = unshard.merge(recipe, tmp_path / "unshard", progress=False, verify=True)
@@ -105,9 +114,24 @@ def test_same_result_as_mergekit(name, models, mergekit, tmp_path):
     base = load_file(models / "base" / "model.safetensors")
     assert any(not torch.equal(merged[k], base[k]) for k in base)  # the merge did something
 
+    # A band at a time: the same model (bit for bit where nothing is summed over the whole tensor).
+    from unshard.merging import plan_merge
+
+    banded(monkeypatch)
+    plan = plan_merge(recipe)
+    assert {"model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight"} <= set(plan.checkpoint._band_rows)
+    plan.checkpoint.close()
+    unshard.merge(recipe, tmp_path / "banded", progress=False, verify=True, threads=2)
+    in_bands = load_file(tmp_path / "banded" / "model.safetensors")
+    for key, tensor in merged.items():
+        if name in ("slerp", "model_stock"):  # angles summed band by band, in another order
+            torch.testing.assert_close(in_bands[key], tensor, atol=1e-6, rtol=0, msg=key)
+        else:
+            assert torch.equal(in_bands[key], tensor), key
+
 
 @pytest.mark.parametrize("method", ["dare_linear", "dare_ties"])
-def test_dare_statistics_and_reproducibility(method, models, mergekit, tmp_path):
+def test_dare_statistics_and_reproducibility(method, models, mergekit, tmp_path, monkeypatch):
     """DARE drops at random: the kept fraction and the L1 rescale match mergekit's; a seed repeats."""
     density = 0.3
     recipe = write_recipe(tmp_path / "recipe.yml", dict(
@@ -117,12 +141,15 @@ def test_dare_statistics_and_reproducibility(method, models, mergekit, tmp_path)
     unshard.merge(recipe, tmp_path / "a", progress=False, seed=7)
     unshard.merge(recipe, tmp_path / "b", progress=False, seed=7)
     unshard.merge(recipe, tmp_path / "c", progress=False, seed=8)
-    a, b, c = (load_file(tmp_path / x / "model.safetensors") for x in "abc")
+    banded(monkeypatch, rows=7)  # each band draws its own, and the rescale is the whole tensor's
+    unshard.merge(recipe, tmp_path / "d", progress=False, seed=7, threads=2)
+    unshard.merge(recipe, tmp_path / "e", progress=False, seed=7, verify=True)
+    a, b, c, d, e = (load_file(tmp_path / x / "model.safetensors") for x in "abcde")
     base, tuned = load_file(models / "base" / "model.safetensors"), load_file(models / "ft0" / "model.safetensors")
     name = "model.layers.1.mlp.down_proj.weight"
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert not torch.equal(a[name], c[name])
-    for merged in (a, expected):
+    assert all(torch.equal(a[k], b[k]) for k in a) and all(torch.equal(d[k], e[k]) for k in d)
+    assert not torch.equal(a[name], c[name]) and not torch.equal(a[name], d[name])
+    for merged in (a, d, expected):
         delta = merged[name] - base[name]
         kept = (delta != 0).float().mean().item()
         assert abs(kept - density) < 0.03
@@ -266,13 +293,23 @@ def test_megatron_checkpoints_merge_in_place(tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_kth_largest_is_kthvalue(dtype):
-    """The bucketed selection (for tensors of 1M entries and more) finds what kthvalue finds, bit for
-    bit: ties, zeros, infinities, NaN, every rank from the top."""
-    from unshard.merging import _kth_largest
+    """The bucketed selection, over a tensor seen a band at a time, finds what kthvalue over the whole
+    finds, bit for bit: ties, zeros, infinities, NaN, every rank from the top."""
+    from unshard.merging import _TopK
+
+    def kth_largest(values, k):
+        top, bands = _TopK(), values.tensor_split(3)  # uneven bands
+        for band in bands:
+            top.count(band)
+        top.settle(k)
+        for band in bands:
+            top.keep(band)
+        return top.value(values.dtype)
 
     g = torch.Generator().manual_seed(0)
     cases = {
         "normal": torch.randn(3_000_000, generator=g).abs(),
+        "small": torch.randn(1000, generator=g).abs(),
         "zeros": torch.zeros(1_200_000),
         "few values": torch.randint(0, 5, (2_000_000,), generator=g).float(),
         "inf and nan": torch.cat([torch.full((600_000,), float("inf")), torch.rand(600_000, generator=g),
@@ -283,7 +320,7 @@ def test_kth_largest_is_kthvalue(dtype):
         n = values.numel()
         for k in (1, 2, n // 3, n // 2, n - 1, n):
             want = values.kthvalue(n - k + 1).values
-            got = _kth_largest(values, k)
+            got = kth_largest(values, k)
             assert got.dtype == dtype and (torch.equal(got, want) or (want.isnan() and got.isnan())), (case, k)
 
 
@@ -303,7 +340,7 @@ def test_ties_sign_election_matches_the_masked_formula():
     agree = [torch.where(positive, d > 0, d < 0) for d in deltas]
     divisor = sum(a * p["weight"] for a, p in zip(agree, params))
     want = sum(d * a for d, a in zip(deltas, agree)) / torch.where(divisor == 0, 1.0, divisor) + base
-    got = METHODS["ties"].merge(base.clone(), [o.clone() for o in others], params, shared, None)
+    got = METHODS["ties"].combine(base.clone(), [o.clone() for o in others], params, shared, [{}] * 3, None)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
@@ -344,3 +381,34 @@ def test_threads_keep_to_the_memory_estimate(models, tmp_path, monkeypatch):
     largest = plan.held(plan.files[filename][0])
     assert budget < 2 * largest and most <= budget and most_groups == 2
     assert len(load_file(tmp_path / "out" / filename)) == len(plan.outputs)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak from /proc")
+def test_merge_memory_follows_the_band_not_the_tensor(tmp_path):
+    """A tensor larger than a band is merged a band of rows at a time: three inputs with a 64 MB
+    embedding each, merged by TIES, peak hundreds of MB lower in 1 MB bands than whole (which holds
+    each input's tensor, the task vectors and the sums: seven copies or more), to the same model."""
+    config = transformers.LlamaConfig(vocab_size=16384, hidden_size=1024, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "base")
+    for i in range(2):
+        perturbed_copy(tmp_path / "base", tmp_path / f"ft{i}", seed=200 + i)
+    recipe = write_recipe(tmp_path / "recipe.yml", dict(
+        merge_method="ties", base_model=str(tmp_path / "base"), dtype="float32",
+        models=[dict(model=str(tmp_path / f"ft{i}"), parameters=dict(weight=0.5, density=0.5)) for i in range(2)]))
+    # The peak as /proc tells it: getrusage's would start at what this process held when it forked the child.
+    script = ("import re, sys, unshard\n"
+              "from unshard.merging import MergedCheckpoint\n"
+              "MergedCheckpoint.BAND_BYTES = int(sys.argv[3])\n"
+              "unshard.merge(sys.argv[1], sys.argv[2], progress=False, threads=1)\n"
+              "print(int(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())[1]) * 1024)\n")
+    peaks = {}
+    for label, band in (("whole", 1 << 40), ("banded", 1 << 20)):
+        done = subprocess.run([sys.executable, "-c", script, str(recipe), str(tmp_path / label), str(band)],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        peaks[label] = int(done.stdout.split()[-1])
+    assert peaks["whole"] - peaks["banded"] > 300e6, peaks
+    whole, in_bands = (load_file(tmp_path / label / "model.safetensors") for label in ("whole", "banded"))
+    assert all(torch.equal(whole[k], in_bands[k]) for k in whole)

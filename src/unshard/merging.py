@@ -4,9 +4,11 @@ Recipes use mergekit's YAML format for what both support, and each method comput
 0.1.5 computes (its defaults and parameter names), so a mergekit recipe gives the same model.
 
 A merge is planned and written like a conversion: `MergedCheckpoint` is a Checkpoint whose tensors
-are the output tensors and whose `read` computes one of them from the inputs' tensors of the same
-name. Planner, streaming writer, progress bar, --verify and the output folder are the conversion's;
-memory is one tensor per input at a time.
+are the output tensors and whose `read` (or, for a large tensor, `read_rows`, a band of rows at a
+time) computes one of them from the inputs' tensors of the same name. Planner, streaming writer,
+progress bar, --verify and the output folder are the conversion's; memory is a 16 MB band per input
+at a time, or a whole tensor per input where an input cannot be read in bands (split experts, a LoRA
+adapter to fold, Megatron's fused QKV, ZeRO's flat partitions).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -70,77 +72,135 @@ def layer_position(name: str, layers: int) -> float:
     return 0.0
 
 
-# ---- methods: each takes the base tensor (or None), the other inputs, their parameters ----
+# ---- methods: each merges one band of rows of a tensor, from numbers its survey took over the whole ----
+#
+# `combine(base, others, params, shared, numbers, generator)` gets the band of the base (or None) and of
+# each other input, in their own buffers, which it may use, and returns the merged band. What a method
+# needs from the whole tensor (a norm, an angle, the magnitude that keeps the top `density` of a task
+# vector) its `survey(bands, params, shared)` finds first, reading the bands (`bands()` starts them
+# again, as often as it needs). So a tensor larger than a band is merged a band at a time, and memory
+# follows the band, not the tensor; a smaller tensor is one band, read once.
+
+Band = tuple[torch.Tensor | None, list[torch.Tensor], torch.Generator]  # base, others, the band's draws
+
 
 @dataclass(frozen=True)
 class Method:
     needs_base: bool
     shared: dict[str, Any]  # shared parameter -> default
     per_input: dict[str, Any]  # per-input parameter -> default (REQUIRED: must be given)
-    merge: Callable[..., torch.Tensor]
+    combine: Callable[..., torch.Tensor]
+    survey: Callable[[Callable[[], Iterator[Band]], list[dict], dict], Any] | None = None
     inputs: tuple[int, int | None] = (1, None)  # least and most models besides the base
 
 
 REQUIRED = object()
 
 
-def _linear(base, others, params, shared, generator):
+def _linear(base, others, params, shared, numbers, generator):
     result = torch.zeros_like(others[0], dtype=torch.float32)
     for tensor, p in zip(others, params):
         result.add_(tensor, alpha=p["weight"])
     return result / sum(p["weight"] for p in params) if shared["normalize"] else result
 
 
-def _kth_largest(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
-    """The k-th largest of a 1-D tensor of magnitudes (no negatives), exactly as `kthvalue` finds it.
+class _TopK:
+    """The k-th largest of magnitudes (no negatives) seen a band at a time, exactly as `kthvalue` over
+    all of them finds it. Magnitudes sort as their bit patterns do, so counting the top 16 bits (`count`,
+    one pass) finds the bucket that holds the k-th largest (`settle`), and only that bucket's entries are
+    kept (`keep`, a second pass) and searched. No whole tensor is needed, and it is 3x faster than
+    `kthvalue`, which is one thread's quickselect over a copy (about 1 s for a 65M-entry embedding)."""
 
-    `kthvalue` is one thread's quickselect over a copy: about 1 s for a 65M-entry embedding. Magnitudes
-    sort as their bit patterns do, so a count of the top 16 bits (one pass) finds the bucket holding
-    the k-th largest, and only that bucket is searched: 3x faster.
-    """
-    if magnitudes.numel() < 1 << 20:
-        return magnitudes.kthvalue(magnitudes.numel() - k + 1).values
-    wide = magnitudes if magnitudes.element_size() >= 4 else magnitudes.float()  # exact for 16-bit floats
-    bits = wide.view(torch.int32 if wide.element_size() == 4 else torch.int64)
-    buckets = (bits >> (8 * wide.element_size() - 16)).bitwise_and_(0x7FFF)  # a NaN's sign bit: still the largest
-    from_top = torch.bincount(buckets, minlength=1 << 15).flip(0).cumsum(0)
-    index = int(torch.searchsorted(from_top, k))  # the first bucket from the top where k entries are reached
-    above = int(from_top[index - 1]) if index else 0
-    inside = wide[buckets == (1 << 15) - 1 - index]
-    return inside.kthvalue(inside.numel() - (k - above) + 1).values.to(magnitudes.dtype)
+    BUCKETS = 1 << 15
 
+    def __init__(self):
+        self.counts = torch.zeros(self.BUCKETS, dtype=torch.int64)
+        self.inside: list[torch.Tensor] = []
 
-def _sparsify(delta, density, method, rescale, generator):
-    """Keep a `density` fraction of a task vector (in place): the largest magnitudes, or at random (DARE)."""
-    if density >= 1:
-        return delta
-    before = delta.abs().sum() if rescale else None
-    if method == "magnitude":
-        if density <= 0 or delta.numel() == 0:
-            return delta.zero_()
-        keep = max(1, int(density * delta.numel()))
-        magnitude = delta.abs().reshape(-1)
-        delta.mul_(magnitude.ge_(_kth_largest(magnitude, keep)).reshape(delta.shape))  # 1.0 kept, 0.0 dropped
-        del magnitude
-    else:  # kept where a uniform draw is below `density`: bernoulli_'s odds, drawn 3x faster
-        delta.mul_(torch.empty(delta.shape, dtype=torch.float32).uniform_(generator=generator).lt_(density))
-    if not rescale:
-        return delta
-    # Rescale so the kept entries carry the task vector's L1 norm (mergekit's `rescale`).
-    after = delta.abs().sum()
-    return delta if before < 1e-7 or after < 1e-7 else delta.mul_(before / after)
+    @staticmethod
+    def _buckets(magnitudes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        wide = magnitudes if magnitudes.element_size() >= 4 else magnitudes.float()  # exact for 16-bit floats
+        bits = wide.reshape(-1).view(torch.int32 if wide.element_size() == 4 else torch.int64)
+        return wide.reshape(-1), (bits >> (8 * wide.element_size() - 16)).bitwise_and_(0x7FFF)  # a NaN's sign: still largest
+
+    def count(self, magnitudes: torch.Tensor) -> None:
+        self.counts += torch.bincount(self._buckets(magnitudes)[1], minlength=self.BUCKETS)
+
+    def settle(self, k: int) -> None:
+        from_top = self.counts.flip(0).cumsum(0)
+        index = int(torch.searchsorted(from_top, k))  # the first bucket from the top where k entries are reached
+        self.k, self.bucket = k - (int(from_top[index - 1]) if index else 0), self.BUCKETS - 1 - index
+
+    def keep(self, magnitudes: torch.Tensor) -> None:
+        wide, buckets = self._buckets(magnitudes)
+        self.inside.append(wide[buckets == self.bucket])
+
+    def value(self, dtype: torch.dtype) -> torch.Tensor:
+        inside = torch.cat(self.inside)
+        return inside.kthvalue(inside.numel() - self.k + 1).values.to(dtype)
 
 
 def _task_arithmetic(consensus: bool, sparsify: str | None):
-    def merge(base, others, params, shared, generator):
+    """Task vectors (each model minus the base), weighted and summed; TIES and DARE keep a `density`
+    fraction of each first, by magnitude or at random, and TIES keeps only the entries that agree with
+    the sign of the sum."""
+
+    def kept(delta, p, numbers, generator):
+        """A task vector's kept entries (in place), rescaled as the survey found."""
+        if sparsify is None or p["density"] >= 1:
+            return delta
+        if sparsify == "magnitude":
+            if numbers["threshold"] is None:  # density 0
+                return delta.zero_()
+            delta.mul_(delta.abs().ge_(numbers["threshold"]))  # 1.0 kept, 0.0 dropped
+        else:  # kept where a uniform draw is below `density`: bernoulli_'s odds, drawn 3x faster
+            delta.mul_(torch.empty(delta.shape, dtype=torch.float32).uniform_(generator=generator).lt_(p["density"]))
+        return delta.mul_(numbers["rescale"]) if numbers.get("rescale", 1) != 1 else delta
+
+    def survey(bands, params, shared):
+        numbers = [{} for _ in params]
+        sparse = [i for i, p in enumerate(params) if sparsify and p["density"] < 1]
+        scratch = torch.empty(0)
+
+        def task_vector(other, base):  # in one buffer for the whole survey: a fresh one each costs its page faults
+            nonlocal scratch
+            if scratch.numel() < base.numel():
+                scratch = torch.empty(base.numel(), dtype=base.dtype)
+            return torch.sub(other, base, out=scratch[:base.numel()].view(base.shape))
+
+        if sparsify == "magnitude" and sparse:
+            tops, numel = {i: _TopK() for i in sparse if params[i]["density"] > 0}, 0
+            for base, others, _ in bands():
+                numel += base.numel()
+                for i, top in tops.items():
+                    top.count(task_vector(others[i], base).abs_())
+            for i in sparse:
+                numbers[i]["threshold"] = None
+            if numel and tops:
+                for i, top in tops.items():
+                    top.settle(max(1, int(params[i]["density"] * numel)))
+                for base, others, _ in bands():
+                    for i, top in tops.items():
+                        top.keep(task_vector(others[i], base).abs_())
+                for i, top in tops.items():
+                    numbers[i]["threshold"] = top.value(base.dtype)
+        if sparse and shared["rescale"]:
+            # Kept entries carry the task vector's L1 norm (mergekit's `rescale`): both sums over the
+            # whole tensor, the draws made again as the combining will make them.
+            before, after = [0.0] * len(params), [0.0] * len(params)
+            for base, others, generator in bands():
+                for i, (other, p) in enumerate(zip(others, params)):
+                    delta = task_vector(other, base)
+                    before[i] += float(torch.linalg.vector_norm(delta, ord=1))
+                    after[i] += float(torch.linalg.vector_norm(kept(delta, p, numbers[i], generator), ord=1))
+            for i in sparse:
+                numbers[i]["rescale"] = 1 if before[i] < 1e-7 or after[i] < 1e-7 else before[i] / after[i]
+        return numbers
+
+    def combine(base, others, params, shared, numbers, generator):
         # Task vectors are made in the inputs' own buffers, one at a time: memory stays at the inputs
-        # plus a few tensors, however many models are merged.
-        deltas = []
-        for other, p in zip(others, params):
-            delta = other.sub_(base)
-            if sparsify:
-                delta = _sparsify(delta, p["density"], sparsify, shared["rescale"], generator)
-            deltas.append(delta.mul_(p["weight"]))
+        # plus a few bands, however many models are merged.
+        deltas = [kept(other.sub_(base), p, n, generator).mul_(p["weight"]) for other, p, n in zip(others, params, numbers)]
         mixed = deltas[0].clone()
         for delta in deltas[1:]:
             mixed.add_(delta)
@@ -152,9 +212,9 @@ def _task_arithmetic(consensus: bool, sparsify: str | None):
             elected = mixed.ge_(0).mul_(2).sub_(1)  # +1 where the sum is >= 0, else -1
             mixed, divisor, agreed = torch.zeros_like(base), torch.zeros_like(base), torch.empty_like(base)
             for delta, p in zip(deltas, params):
-                kept = delta.mul_(elected).clamp_(min=0)
-                divisor.add_(torch.sign(kept, out=agreed), alpha=p["weight"])
-                mixed.add_(kept)
+                kept_here = delta.mul_(elected).clamp_(min=0)
+                divisor.add_(torch.sign(kept_here, out=agreed), alpha=p["weight"])
+                mixed.add_(kept_here)
             mixed.mul_(elected)
             divisor.masked_fill_(divisor == 0, 1)
         else:
@@ -166,41 +226,58 @@ def _task_arithmetic(consensus: bool, sparsify: str | None):
         if shared["lambda"] != 1:
             mixed.mul_(shared["lambda"])
         return mixed.add_(base)
-    return merge
+
+    return combine, survey  # (which reads nothing when nothing is sparsified)
 
 
-def _slerp(base, others, params, shared, generator, threshold=0.9995, eps=1e-8):
-    """Spherical interpolation from the base (t=0) to the other model (t=1), over the whole tensor;
-    linear where the two are nearly parallel."""
+def _dot(x: torch.Tensor, y: torch.Tensor) -> float:
+    return float(torch.dot(x.reshape(-1), y.reshape(-1)))
+
+
+def _slerp_survey(bands, params, shared, eps=1e-8) -> float:
+    """The cosine of the angle between the base and the other model, over the whole tensor."""
+    aa = bb = ab = 0.0
+    for base, others, _ in bands():
+        a, b = base.float(), others[0].float()
+        aa, bb, ab = aa + _dot(a, a), bb + _dot(b, b), ab + _dot(a, b)
+    norm_a, norm_b = math.sqrt(aa), math.sqrt(bb)
+    return max(-1.0, min(1.0, ab / ((norm_a if norm_a > eps else 1.0) * (norm_b if norm_b > eps else 1.0))))
+
+
+def _slerp(base, others, params, shared, cosine, generator, threshold=0.9995):
+    """Spherical interpolation from the base (t=0) to the other model (t=1), at the angle between the
+    whole tensors; linear where the two are nearly parallel."""
     t = shared["t"]
-    a, b = base.float().reshape(-1), others[0].float().reshape(-1)
-    norm_a, norm_b = torch.linalg.vector_norm(a), torch.linalg.vector_norm(b)
-    norm_a = norm_a if norm_a > eps else torch.tensor(1.0)
-    norm_b = norm_b if norm_b > eps else torch.tensor(1.0)
-    dot = ((a / norm_a) * (b / norm_b)).sum().clamp(-1, 1)
-    if dot.abs() > threshold:
-        result = (1 - t) * a + t * b
-    else:
-        theta = torch.acos(dot)
-        result = (torch.sin((1 - t) * theta) * a + torch.sin(t * theta) * b) / torch.sin(theta)
-    return result.reshape(base.shape)
+    a, b = base.float(), others[0].float()
+    if abs(cosine) > threshold:
+        return (1 - t) * a + t * b
+    theta = math.acos(cosine)
+    return (math.sin((1 - t) * theta) * a + math.sin(t * theta) * b) / math.sin(theta)
 
 
-def _model_stock(base, others, params, shared, generator):
-    """Model Stock: move from the base towards the average by the angle between the fine-tunes."""
-    w0 = base.float().reshape(-1)
-    offsets = [other.float().reshape(-1) - w0 for other in others]
-    cosines = [((x * y).sum() / (x.norm() * y.norm()).clamp(min=1e-6)).clamp(-1, 1)
-               for i, x in enumerate(offsets) for y in offsets[i + 1:]]
-    cos = torch.stack(cosines).mean()
-    n = len(others)
+def _model_stock_survey(bands, params, shared) -> float:
+    """Model Stock's interpolation ratio, from the mean angle between the fine-tunes' offsets from the base."""
+    n = len(params)
+    dots = [[0.0] * n for _ in range(n)]
+    for base, others, _ in bands():
+        offsets = [other.float() - base.float() for other in others]
+        for i in range(n):
+            for j in range(i, n):
+                dots[i][j] += _dot(offsets[i], offsets[j])
+    cosines = [max(-1.0, min(1.0, dots[i][j] / max(math.sqrt(dots[i][i] * dots[j][j]), 1e-6)))
+               for i in range(n) for j in range(i + 1, n)]
+    cos = sum(cosines) / len(cosines)
     denominator = 1 + (n - 1) * cos
-    t = torch.tensor(0.0) if denominator.abs() < 1e-6 else n * cos / denominator
-    average = sum(other.float().reshape(-1) for other in others) / n
-    return (t * average + (1 - t) * w0).reshape(base.shape)
+    return 0.0 if abs(denominator) < 1e-6 else n * cos / denominator
 
 
-def _passthrough(base, others, params, shared, generator):
+def _model_stock(base, others, params, shared, t, generator):
+    """Model Stock: move from the base towards the average by the angle between the fine-tunes."""
+    average = sum(other.float() for other in others) / len(others)
+    return t * average + (1 - t) * base.float()
+
+
+def _passthrough(base, others, params, shared, numbers, generator):
     scale = params[0]["scale"]
     return others[0] if scale is None else others[0] * scale
 
@@ -208,16 +285,16 @@ def _passthrough(base, others, params, shared, generator):
 METHODS = {
     "linear": Method(False, {"normalize": True}, {"weight": REQUIRED}, _linear),
     "task_arithmetic": Method(True, {"normalize": False, "lambda": 1.0, "rescale": False},
-                              {"weight": REQUIRED}, _task_arithmetic(False, None)),
+                              {"weight": REQUIRED}, *_task_arithmetic(False, None)),
     "ties": Method(True, {"normalize": True, "lambda": 1.0, "rescale": False},
-                   {"weight": REQUIRED, "density": 1.0}, _task_arithmetic(True, "magnitude")),
+                   {"weight": REQUIRED, "density": 1.0}, *_task_arithmetic(True, "magnitude")),
     "dare_linear": Method(True, {"normalize": False, "lambda": 1.0, "rescale": True},
-                          {"weight": REQUIRED, "density": 1.0}, _task_arithmetic(False, "random")),
+                          {"weight": REQUIRED, "density": 1.0}, *_task_arithmetic(False, "random")),
     "dare_ties": Method(True, {"normalize": False, "lambda": 1.0, "rescale": True},
-                        {"weight": REQUIRED, "density": 1.0}, _task_arithmetic(True, "random")),
-    "slerp": Method(True, {"t": REQUIRED}, {}, _slerp, (1, 1)),
-    "model_stock": Method(True, {}, {}, _model_stock, (2, None)),
-    "passthrough": Method(False, {}, {"scale": None}, _passthrough, (1, 1)),
+                        {"weight": REQUIRED, "density": 1.0}, *_task_arithmetic(True, "random")),
+    "slerp": Method(True, {"t": REQUIRED}, {}, _slerp, _slerp_survey, (1, 1)),
+    "model_stock": Method(True, {}, {}, _model_stock, _model_stock_survey, (2, None)),
+    "passthrough": Method(False, {}, {"scale": None}, _passthrough, inputs=(1, 1)),
 }
 
 
@@ -265,6 +342,9 @@ class Adapter:
                 self.lora.setdefault(module + ".weight", {})[kind] = key
             elif not name.endswith(".base_layer.weight"):  # peft saves an adapted embedding's base too
                 self.replaced[name.replace(".modules_to_save.", ".")] = key
+
+    def adapts(self, name: str) -> bool:
+        return name in self.lora or name in self.replaced
 
     def _scale(self, module: str, rank: int) -> float:
         def pattern(patterns: dict, default):
@@ -350,10 +430,30 @@ def _resolve(reference: str, recipe_dir: Path) -> Path:
 
 
 class MergedCheckpoint(Checkpoint):
-    """The merge's output tensors; reading one computes it from the inputs."""
+    """The merge's output tensors; reading one computes it from the inputs: whole, or, for a tensor larger
+    than a band whose inputs can all be read a band of rows at a time, band by band."""
+
+    BAND_BYTES = 16 << 20  # of each input, in the working dtype
 
     def read(self, name: str) -> torch.Tensor:
-        return self._compute(name)
+        return next(self._merged(name, None))[1]
+
+    def band_rows(self, name: str) -> int | None:
+        return self._band_rows.get(name)
+
+    def read_rows_as_bytes(self, name: str, start: int, stop: int, out=None) -> None:
+        return None  # (computed, never in a file)
+
+    def read_rows(self, name: str, start: int, stop: int, local=None) -> torch.Tensor:
+        # The writer (and --verify) asks for a tensor's bands in order, from one thread: the first band
+        # starts the tensor's merge, which surveys the whole tensor, and each call takes the next band.
+        if start == 0:
+            self._merging[name] = self._merged(name, self._band_rows[name])
+        at, band = next(self._merging[name])
+        assert at == start, (name, at, start)
+        if stop == self.tensors[name].shape[0]:
+            del self._merging[name]
+        return band
 
     def close(self) -> None:
         for item in self._inputs:
@@ -436,18 +536,66 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
             tensor = cached[1][name].clone()  # methods work in their inputs' buffers
         return (item.adapter.apply(name, tensor) if item.adapter else tensor).to(work.torch)
 
-    def compute(name: str) -> torch.Tensor:
+    def rows_of(item: Input, name: str, start: int, stop: int, buffers: dict) -> torch.Tensor:
+        """Rows [start, stop) of an input's `name`, in the working dtype, in `buffers` kept for all the bands
+        of the tensor (fresh ones for each band cost as much again in page faults as the reading)."""
+        checkpoint, source = item.plan.checkpoint, item.groups[name].source
+        shape = (stop - start, *source.shape[1:])
+
+        def buffer(dtype: torch.dtype) -> torch.Tensor:
+            if (id(item), dtype) not in buffers:  # (made for the first band, the largest)
+                buffers[id(item), dtype] = torch.empty(math.prod(shape), dtype=dtype)
+            return buffers[id(item), dtype][:math.prod(shape)].view(shape)
+
+        rows = buffer(source.dtype.torch)
+        if checkpoint.read_rows_as_bytes(source.name, start, stop, out=rows.view(-1).view(torch.uint8).numpy()) is None:
+            rows = checkpoint.read_rows(source.name, start, stop, checkpoint.local_tensor)
+        return rows if rows.dtype == work.torch else buffer(work.torch).copy_(rows)
+
+    def in_bands(name: str) -> int | None:
+        """Rows per band if `name` is merged a band at a time: larger than a band, and every input reads
+        its rows as they are (no split, no transformers conversion, no adapter to fold)."""
+        out = outputs[name]
+        if not out.dtype.is_floating_point or len(out.shape) < 2:
+            return None
+        rows = max(1, MergedCheckpoint.BAND_BYTES // (math.prod(out.shape[1:]) * work.itemsize))
+        groups = [(item, item.groups[name]) for item in inputs]
+        if rows >= out.shape[0] or not all(
+                len(g.outputs) == 1 and g.convert is None and item.plan.checkpoint.reads_rows(g.source.name)
+                and not (item.adapter and item.adapter.adapts(name)) for item, g in groups):
+            return None
+        return rows
+
+    def merged(name: str, rows: int | None) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first row, merged band) of `name`, a band of `rows` rows at a time, or whole (rows None)."""
+        if not outputs[name].dtype.is_floating_point:
+            yield 0, tensor_of(reference_input, name)  # integer buffers are copied from the base
+            return
         t = layer_position(name, layers)
         value = lambda key, params: evaluate(params.get(key, recipe.parameters.get(key)), name, t)  # noqa: E731
         shared = {k: (d if (v := value(k, {})) is None else v) for k, d in method.shared.items()}
         params = [{k: (d if (v := value(k, item.parameters)) is None else v) for k, d in method.per_input.items()}
                   for item in others]
-        if not torch.is_floating_point(tensor_of(reference_input, name)):
-            return tensor_of(reference_input, name)  # integer buffers are copied from the base
-        generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
-        merged = method.merge(tensor_of(base, name) if base is not None and method.needs_base else None,
-                              [tensor_of(item, name) for item in others], params, shared, generator)
-        return merged
+        with_base = base is not None and method.needs_base
+
+        def draws(start: int) -> torch.Generator:  # seeded per tensor and band: repeats whatever the threads
+            return torch.Generator().manual_seed(zlib.crc32(f"{seed}/{name}{f'/{start}' if start else ''}".encode()))
+
+        if rows is None:  # one band, read once
+            whole = (tensor_of(base, name) if with_base else None, [tensor_of(item, name) for item in others])
+            starts, bands = [0], lambda: iter([(*whole, draws(0))])
+        else:
+            total, buffers = outputs[name].shape[0], {}
+            starts = list(range(0, total, rows))
+
+            def bands():  # (each band read into the buffers of the one before: it is done with when the next is asked for)
+                for start in starts:
+                    stop = min(start + rows, total)
+                    yield (rows_of(base, name, start, stop, buffers) if with_base else None,
+                           [rows_of(item, name, start, stop, buffers) for item in others], draws(start))
+        numbers = method.survey(bands, params, shared) if method.survey else None
+        for start, (base_band, other_bands, generator) in zip(starts, bands()):
+            yield start, method.combine(base_band, other_bands, params, shared, numbers, generator)
 
     tensors = {name: SourceTensor(name, tuple(o.shape), work if o.dtype.is_floating_point else o.dtype, [])
                for name, o in outputs.items()}
@@ -456,11 +604,13 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
     if source is None:
         raise RecipeError(f"{recipe_path}: tokenizer_source {recipe.tokenizer_source!r} is neither `base` nor one of "
                           "the models (mergekit's `union` vocabularies are not supported)")
-    merged = MergedCheckpoint(layout="merge", path=Path(recipe_path), tensors=tensors,
-                              hf_folder=source.plan.config_folder,
-                              facts={"method": recipe.method, "inputs": ", ".join(i.reference for i in inputs),
-                                     "base_model": recipe.base, "seed": seed})
-    merged._compute, merged._inputs, merged.recipe = compute, inputs, recipe
+    checkpoint = MergedCheckpoint(layout="merge", path=Path(recipe_path), tensors=tensors,
+                                  hf_folder=source.plan.config_folder,
+                                  facts={"method": recipe.method, "inputs": ", ".join(i.reference for i in inputs),
+                                         "base_model": recipe.base, "seed": seed})
+    checkpoint._merged, checkpoint._inputs, checkpoint.recipe = merged, inputs, recipe
+    checkpoint._band_rows = {name: rows for name in outputs if (rows := in_bands(name)) is not None}
+    checkpoint._merging = {}
     requested, reason = next((value, why) for value, why in (
         (None if dtype == "auto" else dtype, "asked for with --dtype"), (recipe.out_dtype, "the recipe's out_dtype"),
         (recipe.dtype, "the recipe's dtype"), ("", "the base model's")) if value is not None)
@@ -468,7 +618,7 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
         natural, _ = choose_dtype("auto", hf_names.read_config(reference_input.plan.config_folder),
                                   reference_input.plan.checkpoint)
         requested = natural.name if natural.name in dtypes.OUTPUT else "float32"
-    plan = build_plan(merged, dtype=requested, max_shard_size=max_shard_size, check=check)
+    plan = build_plan(checkpoint, dtype=requested, max_shard_size=max_shard_size, check=check)
     plan.dtype_reason = reason
     # Per tensor in flight: one copy per input, the stacked task vectors and the result.
     plan.copies_per_tensor = 2 * len(inputs) + 1

@@ -105,8 +105,8 @@ class Plan:
         `Checkpoint.flat_pieces`)."""
         pieces = self.checkpoint.flat_pieces(group.source.name) if group.convert is None else None
         rows = self.checkpoint.band_rows(group.source.name) if group.convert is None else None
-        if rows is not None:  # a band, and the band cast to the output dtype
-            return rows * (group.source.nbytes // group.source.shape[0] + group.nbytes // group.source.shape[0])
+        if rows is not None:  # a band (of each input, for a merge), and the band cast to the output dtype
+            return rows * (group.source.nbytes * self.copies_per_tensor + group.nbytes) // group.source.shape[0]
         if pieces is None:
             return group.source.nbytes * self.copies_per_tensor + group.nbytes
         return max((p.block.numel for p in pieces), default=0) * group.source.dtype.itemsize

@@ -147,23 +147,29 @@ class Checkpoint:
 
     BAND_BYTES = 16 << 20  # a tensor assembled band by band is held this much at a time
 
+    def reads_rows(self, name: str) -> bool:
+        """Whether any band of rows of `name` can be read on its own (`read_rows`): its pieces are boxes
+        of it, read as they lie, with nothing applied after (not ZeRO's flat ranges, not a transform)."""
+        source = self.tensors[name]
+        return (len(source.shape) >= 2 and name not in self.transforms and bool(source.pieces) and source.numel > 0
+                and all(len(p.block.sizes) == len(source.shape) for p in source.pieces))
+
     def band_rows(self, name: str) -> int | None:
         """Rows per band when `name` is assembled a band of rows at a time: a tensor whose pieces are
         boxes of it (column splits, strided shards) read as they lie, with nothing applied after.
         Memory then follows the band, not the tensor (a tensor smaller than a band is one band). None
         otherwise (streamed pieces, see `flat_pieces`; transformed, computed or one-dimensional tensors)."""
-        source = self.tensors[name]
-        if (len(source.shape) < 2 or name in self.transforms or not source.pieces or not source.numel
-                or any(len(p.block.sizes) != len(source.shape) for p in source.pieces) or self.flat_pieces(name)):
+        if not self.reads_rows(name) or self.flat_pieces(name):
             return None
+        source = self.tensors[name]
         return max(1, min(source.shape[0], self.BAND_BYTES // (math.prod(source.shape[1:]) * source.dtype.itemsize)))
 
-    def read_rows_as_bytes(self, name: str, start: int, stop: int) -> np.ndarray | None:
+    def read_rows_as_bytes(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray | None:
         """Rows [start, stop) of `name` as their bytes, put together without torch: a piece that lies in
         its file in one run (see `file_offset`; a column shard, a DCP chunk) has its rows of the band
         there in one run too, read and placed by numpy. None if a piece does not (a strided box, a
-        file read into memory): then `read_rows` does it. The bytes are this thread's band buffer,
-        valid until its next call."""
+        file read into memory): then `read_rows` does it. The bytes are `out`'s (uint8, as many as the
+        band's), or else this thread's band buffer, valid until its next call."""
         source = self.tensors[name]
         band = self._band(source, start, stop)
         itemsize = source.dtype.itemsize
@@ -176,7 +182,10 @@ class Checkpoint:
             row_bytes = math.prod(piece.block.sizes[1:]) * itemsize  # (the band holds the piece's whole rows)
             runs.append((block, piece.file, at + (block.local_offsets[0] - piece.block.local_offsets[0]) * row_bytes))
         nbytes = band.numel * itemsize
-        rows = thread_buffer("band", nbytes).reshape(*band.sizes, itemsize)  # (elements as bytes: a last axis)
+        rows = (thread_buffer("band", nbytes) if out is None else out).reshape(*band.sizes, itemsize)  # (a last axis: bytes)
+        if len(runs) == 1 and runs[0][0].sizes == band.sizes:  # the band lies in one piece: read in place
+            read_bytes(runs[0][1], runs[0][2], rows)
+            return rows.reshape(-1)
         for block, file, at in runs:
             part = thread_buffer("band part", block.numel * itemsize).reshape(*block.sizes, itemsize)
             read_bytes(file, at, part)
