@@ -383,6 +383,24 @@ def test_threads_keep_to_the_memory_estimate(models, tmp_path, monkeypatch):
     assert len(load_file(tmp_path / "out" / filename)) == len(plan.outputs)
 
 
+def test_bf16_inputs_merge_alike_in_bands(models, tmp_path, monkeypatch):
+    """Inputs stored in bf16 are widened to the working dtype a band at a time as they are whole:
+    the same model, bit for bit."""
+    for name in ("base", "ft0", "ft1"):
+        shutil.copytree(models / name, tmp_path / name, ignore=shutil.ignore_patterns("*.safetensors"))
+        save_file({k: v.to(torch.bfloat16) for k, v in load_file(models / name / "model.safetensors").items()},
+                  tmp_path / name / "model.safetensors", metadata={"format": "pt"})
+    recipe = write_recipe(tmp_path / "recipe.yml", dict(
+        merge_method="ties", base_model=str(tmp_path / "base"), dtype="float32", out_dtype="bfloat16",
+        models=[dict(model=str(tmp_path / f"ft{i}"), parameters=dict(weight=0.5, density=0.6)) for i in range(2)]))
+    unshard.merge(recipe, tmp_path / "whole", progress=False)
+    banded(monkeypatch)
+    unshard.merge(recipe, tmp_path / "banded", progress=False, verify=True)
+    whole, in_bands = (load_file(tmp_path / label / "model.safetensors") for label in ("whole", "banded"))
+    assert whole["model.embed_tokens.weight"].dtype == torch.bfloat16
+    assert all(torch.equal(whole[k], in_bands[k]) for k in whole)
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak from /proc")
 def test_merge_memory_follows_the_band_not_the_tensor(tmp_path):
     """A tensor larger than a band is merged a band of rows at a time: three inputs with a 64 MB

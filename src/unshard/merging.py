@@ -6,7 +6,7 @@ Recipes use mergekit's YAML format for what both support, and each method comput
 A merge is planned and written like a conversion: `MergedCheckpoint` is a Checkpoint whose tensors
 are the output tensors and whose `read` (or, for a large tensor, `read_rows`, a band of rows at a
 time) computes one of them from the inputs' tensors of the same name. Planner, streaming writer,
-progress bar, --verify and the output folder are the conversion's; memory is a 16 MB band per input
+progress bar, --verify and the output folder are the conversion's; memory is a 64 MB band per input
 at a time, or a whole tensor per input where an input cannot be read in bands (split experts, a LoRA
 adapter to fold, Megatron's fused QKV, ZeRO's flat partitions).
 """
@@ -160,37 +160,42 @@ def _task_arithmetic(consensus: bool, sparsify: str | None):
     def survey(bands, params, shared):
         numbers = [{} for _ in params]
         sparse = [i for i, p in enumerate(params) if sparsify and p["density"] < 1]
-        scratch = torch.empty(0)
+        buffers: dict[int, torch.Tensor] = {}
 
-        def task_vector(other, base):  # in one buffer for the whole survey: a fresh one each costs its page faults
-            nonlocal scratch
-            if scratch.numel() < base.numel():
-                scratch = torch.empty(base.numel(), dtype=base.dtype)
-            return torch.sub(other, base, out=scratch[:base.numel()].view(base.shape))
+        def task_vector(i, other, base):
+            """other - base in a buffer of input i's, kept for the survey: a fresh one for each band costs
+            its page faults, and a tensor that is one band has its magnitudes found once, not per pass."""
+            if i not in buffers or buffers[i].numel() < base.numel():
+                buffers[i] = torch.empty(base.numel(), dtype=base.dtype)
+            return torch.sub(other, base, out=buffers[i][:base.numel()].view(base.shape))
 
         if sparsify == "magnitude" and sparse:
-            tops, numel = {i: _TopK() for i in sparse if params[i]["density"] > 0}, 0
+            tops, numel, seen = {i: _TopK() for i in sparse if params[i]["density"] > 0}, 0, 0
             for base, others, _ in bands():
-                numel += base.numel()
+                numel, seen = numel + base.numel(), seen + 1
                 for i, top in tops.items():
-                    top.count(task_vector(others[i], base).abs_())
+                    top.count(task_vector(i, others[i], base).abs_())
             for i in sparse:
                 numbers[i]["threshold"] = None
             if numel and tops:
                 for i, top in tops.items():
                     top.settle(max(1, int(params[i]["density"] * numel)))
-                for base, others, _ in bands():
+                if seen == 1:  # the magnitudes are still in the buffers
                     for i, top in tops.items():
-                        top.keep(task_vector(others[i], base).abs_())
+                        top.keep(buffers[i][:numel])
+                else:
+                    for base, others, _ in bands():
+                        for i, top in tops.items():
+                            top.keep(task_vector(i, others[i], base).abs_())
                 for i, top in tops.items():
-                    numbers[i]["threshold"] = top.value(base.dtype)
+                    numbers[i]["threshold"] = top.value(buffers[i].dtype)
         if sparse and shared["rescale"]:
             # Kept entries carry the task vector's L1 norm (mergekit's `rescale`): both sums over the
             # whole tensor, the draws made again as the combining will make them.
             before, after = [0.0] * len(params), [0.0] * len(params)
             for base, others, generator in bands():
                 for i, (other, p) in enumerate(zip(others, params)):
-                    delta = task_vector(other, base)
+                    delta = task_vector(i, other, base)
                     before[i] += float(torch.linalg.vector_norm(delta, ord=1))
                     after[i] += float(torch.linalg.vector_norm(kept(delta, p, numbers[i], generator), ord=1))
             for i in sparse:
@@ -433,7 +438,7 @@ class MergedCheckpoint(Checkpoint):
     """The merge's output tensors; reading one computes it from the inputs: whole, or, for a tensor larger
     than a band whose inputs can all be read a band of rows at a time, band by band."""
 
-    BAND_BYTES = 16 << 20  # of each input, in the working dtype
+    BAND_BYTES = 64 << 20  # of each input, in the working dtype: a larger tensor is merged in bands
 
     def read(self, name: str) -> torch.Tensor:
         return next(self._merged(name, None))[1]
