@@ -94,8 +94,8 @@ def recipes(m: Path) -> dict[str, dict]:
 
 
 def banded(monkeypatch, rows: int = 5) -> None:
-    """Merge tensors wider than `rows` rows of 64 floats a band at a time, as tensors larger than
-    MergedCheckpoint.BAND_BYTES are (the test models are far smaller)."""
+    """Merge every tensor of more than `rows` rows of 64 floats (fewer of wider rows) a band at a time, as
+    tensors larger than MergedCheckpoint.BAND_BYTES are: the test models are far smaller."""
     from unshard.merging import MergedCheckpoint
 
     monkeypatch.setattr(MergedCheckpoint, "BAND_BYTES", rows * 64 * 4)
@@ -119,7 +119,7 @@ def test_same_result_as_mergekit(name, models, mergekit, tmp_path, monkeypatch):
 
     banded(monkeypatch)
     plan = plan_merge(recipe)
-    assert {"model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight"} <= set(plan.checkpoint._band_rows)
+    assert all(plan.checkpoint.band_rows(n) for n in ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight"))
     plan.checkpoint.close()
     unshard.merge(recipe, tmp_path / "banded", progress=False, verify=True, threads=2)
     in_bands = load_file(tmp_path / "banded" / "model.safetensors")
