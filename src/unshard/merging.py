@@ -129,7 +129,7 @@ class _TopK:
     def settle(self, k: int) -> None:
         from_top = self.counts.flip(0).cumsum(0)
         index = int(torch.searchsorted(from_top, k))  # the first bucket from the top where k entries are reached
-        self.k, self.bucket = k - (int(from_top[index - 1]) if index else 0), self.BUCKETS - 1 - index
+        self.rank_in_bucket, self.bucket = k - (int(from_top[index - 1]) if index else 0), self.BUCKETS - 1 - index
 
     def keep(self, magnitudes: torch.Tensor) -> None:
         wide, buckets = self._buckets(magnitudes)
@@ -137,7 +137,7 @@ class _TopK:
 
     def value(self, dtype: torch.dtype) -> torch.Tensor:
         inside = torch.cat(self.inside)
-        return inside.kthvalue(inside.numel() - self.k + 1).values.to(dtype)
+        return inside.kthvalue(inside.numel() - self.rank_in_bucket + 1).values.to(dtype)
 
 
 def _task_arithmetic(consensus: bool, sparsify: str | None):
