@@ -4,7 +4,9 @@
 
 DIR/ckpt holds the checkpoint (verl rank files in actor/, or a DCP folder with {"model": ...}),
 DIR/hf the model's config.json for --config-from. verl-tp is tensor parallelism instead of FSDP:
-projections cut in rows or columns as Megatron-style TP does, the embedding in columns.
+projections cut in rows or columns as Megatron-style TP does, the embedding in columns. For verl
+rank files the ranks hold their shards one after the other, so a checkpoint may be as large as the
+machine's memory times the number of ranks; DCP's save is collective and needs all of it at once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,16 @@ def layers_for(gb: float) -> int:
     per_layer = 2 * HIDDEN * HIDDEN + 2 * HIDDEN * HIDDEN // 4 + 3 * HIDDEN * FFN + 2 * HIDDEN
     fixed = 2 * VOCAB * HIDDEN + HIDDEN
     return max(1, round((gb * 1e9 / 4 - fixed) / per_layer))
+
+
+def random_weights(model, rank: int):
+    """The model's shards of this rank, made real and filled (the weights' values do not matter)."""
+    model.to_empty(device="cpu")
+    torch.manual_seed(rank)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    return model
 
 
 def main() -> None:
@@ -69,27 +81,27 @@ def main() -> None:
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    model.to_empty(device="cpu")
-    torch.manual_seed(rank)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
     out = Path(args.out)
     if rank == 0:
         save_hf_files(config, out / "hf")
-    dist.barrier()
-    state = model.state_dict()
     if args.writer.startswith("verl"):
         actor = out / "ckpt" / "actor"
         actor.mkdir(parents=True, exist_ok=True)
         if rank == 0:
             save_hf_files(config, actor / "huggingface")
             (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
-        torch.save(state, actor / f"model_world_size_{world}_rank_{rank}.pt")
+        # The ranks take turns to hold their shard, so that a checkpoint larger than this machine's
+        # memory can be made (rank files need no collective to be written).
+        for turn in range(world):
+            dist.barrier()
+            if turn == rank:
+                torch.save(random_weights(model, rank).state_dict(), actor / f"model_world_size_{world}_rank_{rank}.pt")
+                for param in model.parameters():  # freed here: FSDP's and DTensor's objects keep them otherwise
+                    (param.to_local() if hasattr(param, "to_local") else param).untyped_storage().resize_(0)
     else:
         import torch.distributed.checkpoint as dcp
 
-        dcp.save({"model": state}, checkpoint_id=out / "ckpt")
+        dcp.save({"model": random_weights(model, rank).state_dict()}, checkpoint_id=out / "ckpt")
     dist.barrier()
     dist.destroy_process_group()
 

@@ -300,12 +300,27 @@ def plot(rows: list[dict], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    import psutil
+
+    memory = psutil.virtual_memory().total
     fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
     for tool in dict.fromkeys(r["tool"] for r in rows):
         mine = sorted((r for r in rows if r["tool"] == tool and r["returncode"] == 0), key=lambda r: r["input_bytes"])
         size = [r["input_bytes"] / 1e9 for r in mine]
-        time_ax.plot(size, [r["seconds"] for r in mine], marker="o", label=tool)
-        mem_ax.plot(size, [r["peak_rss"] / 1e9 for r in mine], marker="o", label=tool)
+        line = time_ax.plot(size, [r["seconds"] for r in mine], marker="o", label=tool)[0]
+        mem_ax.plot(size, [r["peak_rss"] / 1e9 for r in mine], marker="o", label=tool, color=line.get_color())
+        # A failed run is a cross where it stopped, and why: a tool the machine could not hold is a result.
+        for r in (r for r in rows if r["tool"] == tool and r["returncode"] != 0):
+            out_of_memory = r["returncode"] == -9 and r["peak_rss"] > 0.8 * memory  # (the kernel's SIGKILL)
+            why = "killed: out of memory" if out_of_memory else "failed"
+            for ax, y in ((time_ax, r["seconds"]), (mem_ax, r["peak_rss"] / 1e9)):
+                ax.plot(r["input_bytes"] / 1e9, y, marker="x", markersize=10, color=line.get_color())
+                ax.annotate(why, (r["input_bytes"] / 1e9, y), textcoords="offset points", xytext=(-8, -4),
+                            ha="right", va="top", fontsize=8, color=line.get_color())
+    if any(r["returncode"] for r in rows):  # what a run that failed for memory ran into
+        mem_ax.axhline(memory / 1e9, color="grey", linestyle="--", linewidth=1)
+        mem_ax.annotate("this machine's memory", (0, memory / 1e9), xycoords=("axes fraction", "data"),
+                        textcoords="offset points", xytext=(4, -4), va="top", fontsize=8, color="grey")
     for ax, what in ((time_ax, "wall time (s)"), (mem_ax, "peak RSS of the process tree (GB)")):
         ax.set_xlabel("checkpoint size (GB)")
         ax.set_ylabel(what)
