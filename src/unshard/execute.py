@@ -27,7 +27,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from . import dtypes, known
+from . import dense_families, dtypes, known
 from .errors import PeerFailedError, UnshardError
 from .hf_names import NamingChanged
 from .plan import Group, OutputTensor, Plan
@@ -418,6 +418,8 @@ def check_folder(folder: Path) -> list[str]:
                    if p.is_file() and any(fnmatch(p.name, pattern) for pattern in MODEL_FILE_PATTERNS)]
     entry = known.key("folder", version, known.files_digest(model_files))
     if (cached := known.recall("folders", entry)) is None:
+        if dense_families.loads_without_transformers(folder):
+            return warnings
         cached = _load_as_transformers_would(folder, names)
         known.remember("folders", entry, cached)
     return warnings + cached

@@ -2,11 +2,12 @@
 
 Trainers save in-memory names. Hugging Face folders hold on-disk names, which differ where
 transformers converts weights when loading (transformers >= 5 fuses MoE experts in memory, for
-example). Rather than keep our own tables for that, we ask transformers: a model is built on the
+example). Rather than keep our own tables for every model, we ask transformers: a model is built on the
 meta device (no memory, no weights) and transformers' own reverse conversion tells which names and
 shapes `save_pretrained` would write. Those facts are cached per config (known.py), so converting
-the next checkpoint of a run need not import transformers. Without transformers, names are kept as
-they are.
+the next checkpoint of a run need not import transformers; for the most common dense families they
+are written down (dense_families.py), so not even the first does. Without transformers, other
+models' names are kept as they are.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 
-from . import known
+from . import dense_families, known
 from .errors import ConfigMismatchError
 
 if TYPE_CHECKING:
@@ -220,6 +221,8 @@ def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, c
         clash = next(c for c in renamed.values() if list(renamed.values()).count(c) > 1)
         raise ConfigMismatchError(f"two checkpoint tensors are both named {clash} once wrappers are removed")
     config = read_config(config_folder) or {}
+    if (naming := _named_by_table(renamed, shapes, config, config_folder, updates)) is not None:
+        return naming
     entry = _facts_entry(config_folder, config, updates) if config else None
     if entry is None:
         return _naming(None, renamed, shapes, config, config_folder, check, updates)
@@ -232,6 +235,22 @@ def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, c
     if not answered:
         facts = _ask(config_folder, config, updates, entry)
     return _naming(facts, renamed, shapes, config, config_folder, check, updates)
+
+
+def _named_by_table(renamed: dict[str, str], shapes: dict[str, tuple[int, ...]], config: dict,
+                    config_folder: Path | None, updates: dict | None) -> Naming | None:
+    """The naming dense_families' table gives, if it covers the config and the checkpoint fits its
+    answer exactly (checked even under --no-check); None otherwise, and transformers has the last word."""
+    found = dense_families.tensors(config, updates)
+    if found is None:
+        return None
+    in_memory, tied = found
+    try:  # (these families save the names they hold in memory)
+        naming = _naming(ModelFacts(in_memory, tied, in_memory), renamed, shapes, config, config_folder, True, updates)
+    except ConfigMismatchError:
+        return None
+    log.debug("tensors named and checked by unshard's table of %s models", config["model_type"])
+    return naming
 
 
 def _naming(facts: ModelFacts | None, renamed: dict[str, str], shapes: dict[str, tuple[int, ...]], config: dict,

@@ -67,7 +67,7 @@ def as_text(info: dict[str, Any]) -> str:
         lines.append(f"note         {note}")
     lines.append(f"peak memory  about {human_bytes(info['peak_memory_estimate'])} of tensors with the default "
                  "2 threads, plus the Python process itself (about 30 MB; 0.25-0.4 GB where torch is needed: "
-                 "a model's first conversion, merges, rarer casts)")
+                 "the first conversion of a model outside the common dense families, merges, rarer casts)")
     return "\n".join(lines)
 
 

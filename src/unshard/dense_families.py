@@ -1,0 +1,182 @@
+"""The tensors of the dense decoder families most often trained, written down as data.
+
+A model's first conversion asks transformers which tensors the config's model holds (hf_names):
+importing torch and transformers' model code takes 3-4 s, longer than writing a 2 GB model. For the
+families below the answer is this table, with no import. It only ever speeds things up: a config
+field the table does not list, a transformers release it was not checked against, or a checkpoint
+that does not fit its answer all go to transformers as before. tests/test_dense_families.py compares
+the table with transformers' own answer across configs of every family.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import known
+
+# The transformers major releases the table was compared with (and none installed: then the table
+# is the only check there is).
+CHECKED_WITH = ("5.",)
+
+# Config fields that add, drop or resize no tensor of these models: ids, bookkeeping, rotary
+# embedding and attention-window settings, dropout, initialisation, generation leftovers.
+INERT = frozenset({
+    "_name_or_path", "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "hidden_act",
+    "rms_norm_eps", "attention_dropout", "max_position_embeddings", "rope_theta", "rope_scaling",
+    "rope_parameters", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+    "output_attentions", "output_hidden_states", "return_dict", "pretraining_tp",
+})
+
+# Tensors of every decoder layer: name -> shape, each dimension a config field or a product of two.
+_LAYER = {
+    "self_attn.q_proj.weight": ("num_attention_heads*head_dim", "hidden_size"),
+    "self_attn.k_proj.weight": ("num_key_value_heads*head_dim", "hidden_size"),
+    "self_attn.v_proj.weight": ("num_key_value_heads*head_dim", "hidden_size"),
+    "self_attn.o_proj.weight": ("hidden_size", "num_attention_heads*head_dim"),
+    "mlp.gate_proj.weight": ("intermediate_size", "hidden_size"),
+    "mlp.up_proj.weight": ("intermediate_size", "hidden_size"),
+    "mlp.down_proj.weight": ("hidden_size", "intermediate_size"),
+    "input_layernorm.weight": ("hidden_size",),
+    "post_attention_layernorm.weight": ("hidden_size",),
+}
+_QKV_BIAS = {
+    "self_attn.q_proj.bias": ("num_attention_heads*head_dim",),
+    "self_attn.k_proj.bias": ("num_key_value_heads*head_dim",),
+    "self_attn.v_proj.bias": ("num_key_value_heads*head_dim",),
+}
+_ATTENTION_BIAS = {**_QKV_BIAS, "self_attn.o_proj.bias": ("hidden_size",)}
+_MLP_BIAS = {
+    "mlp.gate_proj.bias": ("intermediate_size",),
+    "mlp.up_proj.bias": ("intermediate_size",),
+    "mlp.down_proj.bias": ("hidden_size",),
+}
+_QK_NORM = {"self_attn.q_norm.weight": ("head_dim",), "self_attn.k_norm.weight": ("head_dim",)}
+
+# Sizes every family reads, with the value the config class gives one the config leaves out: a
+# number, another field, a//b; None: the config must say it.
+_SIZES = {"vocab_size": None, "hidden_size": None, "intermediate_size": None, "num_hidden_layers": None,
+          "num_attention_heads": None, "num_key_value_heads": "num_attention_heads",
+          "head_dim": "hidden_size//num_attention_heads"}
+# What a size set to null becomes, where the config class derives it (`nullable` says where).
+WHEN_NULL = {"num_key_value_heads": "num_attention_heads", "head_dim": "hidden_size//num_attention_heads"}
+
+
+@dataclass(frozen=True)
+class Family:
+    architecture: str  # the causal LM class whose tensors these are
+    sizes: dict[str, Any]  # field -> its value when left out (see _SIZES)
+    layer: dict[str, tuple[str, ...]]  # tensors of each layer, whatever the flags
+    flags: dict[str, tuple[bool, dict[str, tuple[str, ...]]]]  # boolean field -> (default, layer tensors it adds)
+    nullable: tuple[str, ...] = ("num_key_value_heads",)  # sizes a null sets to WHEN_NULL's value
+    heads_divide_hidden: bool = False  # the config class refuses a hidden_size not divisible by the heads
+
+
+FAMILIES = {
+    "llama": Family("LlamaForCausalLM", _SIZES, _LAYER,
+                    {"attention_bias": (False, _ATTENTION_BIAS), "mlp_bias": (False, _MLP_BIAS)},
+                    nullable=tuple(WHEN_NULL), heads_divide_hidden=True),
+    "mistral": Family("MistralForCausalLM", {**_SIZES, "num_key_value_heads": 8}, _LAYER, {}, nullable=tuple(WHEN_NULL)),
+    "qwen2": Family("Qwen2ForCausalLM", {**_SIZES, "num_key_value_heads": 32}, {**_LAYER, **_QKV_BIAS}, {}),
+    "qwen3": Family("Qwen3ForCausalLM", {**_SIZES, "num_key_value_heads": 32, "head_dim": 128},
+                    {**_LAYER, **_QK_NORM}, {"attention_bias": (False, _ATTENTION_BIAS)}),
+}
+
+
+def _installed_transformers_checked() -> bool:
+    version = known.transformers_version()
+    return version is None or version.startswith(CHECKED_WITH)
+
+
+def settings(config: dict, updates: dict | None = None) -> tuple[Family, dict[str, Any]] | None:
+    """The family and its settings (every size and flag) of a config the table covers, else None."""
+    family = FAMILIES.get(config.get("model_type"))
+    if family is None or updates or not _installed_transformers_checked():
+        return None
+    if config.get("architectures") not in (None, [family.architecture]):
+        return None
+    if not set(config) <= INERT | set(family.sizes) | set(family.flags) | {"tie_word_embeddings"}:
+        return None  # a field the table does not know may change the tensors (quantization_config, auto_map...)
+    values: dict[str, Any] = {}
+    for field, default in family.sizes.items():
+        value = config.get(field, default)
+        if field in config and value is None and field in family.nullable:
+            value = _derived(WHEN_NULL[field], values)
+        elif field not in config and isinstance(default, str):
+            value = _derived(default, values)
+        if type(value) is not int or value < 1:
+            return None
+        values[field] = value
+    for field, (default, _) in family.flags.items():
+        values[field] = config.get(field, default)
+        if type(values[field]) is not bool:
+            return None
+    values["tie_word_embeddings"] = config.get("tie_word_embeddings", False)  # (False in all four classes)
+    if type(values["tie_word_embeddings"]) is not bool:
+        return None
+    if family.heads_divide_hidden and values["hidden_size"] % values["num_attention_heads"]:
+        return None
+    layer_types = config.get("layer_types")
+    if layer_types is not None and (len(layer_types) != values["num_hidden_layers"]
+                                    or not set(layer_types) <= {"full_attention", "sliding_attention"}):
+        return None
+    return family, values
+
+
+def tensors(config: dict, updates: dict | None = None) -> tuple[dict[str, tuple[int, ...]], set[str]] | None:
+    """(name -> shape of the model's state dict, the names tied to another tensor) for a config the
+    table covers; None for any other, which transformers then answers."""
+    found = settings(config, updates)
+    if found is None:
+        return None
+    family, values = found
+    per_layer = dict(family.layer)
+    for field, (_, added) in family.flags.items():
+        if values[field]:
+            per_layer.update(added)
+    shape = lambda dims: tuple(_derived(d, values) for d in dims)  # noqa: E731
+    state = {"model.embed_tokens.weight": shape(("vocab_size", "hidden_size"))}
+    for i in range(values["num_hidden_layers"]):
+        state.update({f"model.layers.{i}.{name}": shape(dims) for name, dims in per_layer.items()})
+    state["model.norm.weight"] = shape(("hidden_size",))
+    state["lm_head.weight"] = shape(("vocab_size", "hidden_size"))
+    return state, ({"lm_head.weight"} if values["tie_word_embeddings"] else set())
+
+
+def _derived(expression: str, values: dict[str, int]) -> int:
+    """A field (`hidden_size`), a product (`a*b`) or a floor division (`a//b`) of fields."""
+    if "//" in expression:
+        numerator, denominator = expression.split("//")
+        return values[numerator] // values[denominator]
+    left, _, right = expression.partition("*")
+    return values[left] * (values[right] if right else 1)
+
+
+# Tokenizer classes that transformers loads from tokenizer.json alone, with no code of the model's.
+TOKENIZERS_JSON_CLASSES = frozenset({
+    None, "PreTrainedTokenizerFast", "TokenizersBackend", "LlamaTokenizer", "LlamaTokenizerFast",
+    "Qwen2Tokenizer", "Qwen2TokenizerFast", "GPT2Tokenizer", "GPT2TokenizerFast",
+})
+
+
+def loads_without_transformers(folder: Path) -> bool:
+    """Whether this output folder is known to load without asking transformers: its config is one
+    the table covers, and its tokenizer, if any, is a tokenizer.json that the tokenizers library reads."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        if settings(config) is None:
+            return False
+        if not (folder / "tokenizer.json").exists():
+            return not any((folder / name).exists() for name in ("tokenizer.model", "tokenizer_config.json"))
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+        if "auto_map" in tokenizer_config or tokenizer_config.get("tokenizer_class") not in TOKENIZERS_JSON_CLASSES:
+            return False
+        import tokenizers
+
+        tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+        return True
+    except Exception:  # anything unusual: transformers is asked and says what is wrong
+        return False
