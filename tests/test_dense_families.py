@@ -28,6 +28,14 @@ SAVED_CONFIGS = [
     ("qwen2", {}),
     ("qwen3", dict(head_dim=20)),
     ("qwen3", dict(head_dim=16, attention_bias=True, tie_word_embeddings=True)),
+    ("gemma", {}),
+    ("gemma", dict(head_dim=20, attention_bias=True, tie_word_embeddings=False)),
+    ("gemma2", dict(head_dim=16)),
+    ("gemma2", dict(attention_bias=True, tie_word_embeddings=False)),
+    ("gemma3_text", dict(head_dim=16)),
+    ("gemma3_text", dict(attention_bias=True, tie_word_embeddings=False)),
+    ("phi3", dict(pad_token_id=5, eos_token_id=6)),  # (its defaults, 32000, lie outside this vocabulary)
+    ("phi3", dict(pad_token_id=None, eos_token_id=None, tie_word_embeddings=True, partial_rotary_factor=0.75)),
 ]
 # Configs written by hand, leaving out what the config class fills in (defaults, nulls it derives).
 REQUIRED = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4)
@@ -38,6 +46,10 @@ SPARSE_CONFIGS = [
     ("mistral", dict(head_dim=None)),
     ("qwen2", dict(num_attention_heads=2, num_key_value_heads=None)),
     ("qwen3", dict(hidden_size=256, num_attention_heads=2)),
+    ("gemma", {}),
+    ("gemma2", dict(num_key_value_heads=2)),
+    ("gemma3_text", dict(head_dim=8)),
+    ("phi3", dict(num_key_value_heads=None, vocab_size=32064)),  # (Phi3Config's pad_token_id is 32000)
 ]
 
 
@@ -80,11 +92,19 @@ def test_table_answers_as_transformers_does(tmp_path, model_type, fields):
     {"attention_bias": "yes"},
     {"layer_types": ["full_attention"]},  # one per layer, or the config does not load
     {"vocab_size": None},
+    {"model_type": "mistral", "num_key_value_heads": None},  # MistralConfig refuses a null here
+    {"pad_token_id": 97},  # outside the vocabulary: torch refuses the embedding's padding index
 ])
 def test_table_leaves_other_configs_to_transformers(tmp_path, change):
     config = save_config("llama", {}, tmp_path)
     assert dense_families.tensors(config) is not None
     assert dense_families.tensors({**config, **change}) is None
+
+
+def test_table_knows_a_padding_index_the_config_class_fills_in():
+    phi3 = {"model_type": "phi3", **REQUIRED}
+    assert dense_families.tensors(phi3) is None  # pad_token_id 32000 by default: no such row in 97
+    assert dense_families.tensors({**phi3, "pad_token_id": None}) is not None
 
 
 def test_table_waits_for_a_transformers_release_it_was_not_checked_with(tmp_path, monkeypatch):

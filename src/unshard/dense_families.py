@@ -1,4 +1,5 @@
-"""The tensors of the dense decoder families most often trained, written down as data.
+"""The tensors of the dense decoder families most often trained (Llama, Mistral, Qwen2, Qwen3,
+Gemma 1-3, Phi-3), written down as data.
 
 A model's first conversion asks transformers which tensors the config's model holds (hf_names):
 importing torch and transformers' model code takes 3-4 s, longer than writing a 2 GB model. For the
@@ -28,10 +29,15 @@ INERT = frozenset({
     "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "hidden_act",
     "rms_norm_eps", "attention_dropout", "max_position_embeddings", "rope_theta", "rope_scaling",
     "rope_parameters", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
-    "output_attentions", "output_hidden_states", "return_dict", "pretraining_tp",
+    "output_attentions", "output_hidden_states", "return_dict", "pretraining_tp", "use_mrope",
+    "hidden_activation", "cache_implementation", "query_pre_attn_scalar", "final_logit_softcapping",
+    "attn_logit_softcapping", "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern",
+    "use_bidirectional_attention", "resid_pdrop", "embd_pdrop", "original_max_position_embeddings",
+    "partial_rotary_factor",
 })
 
-# Tensors of every decoder layer: name -> shape, each dimension a config field or a product of two.
+# Tensors of every decoder layer: name -> shape, each dimension a sum of products of config fields
+# and numbers (see _derived).
 _LAYER = {
     "self_attn.q_proj.weight": ("num_attention_heads*head_dim", "hidden_size"),
     "self_attn.k_proj.weight": ("num_key_value_heads*head_dim", "hidden_size"),
@@ -55,6 +61,17 @@ _MLP_BIAS = {
     "mlp.down_proj.bias": ("hidden_size",),
 }
 _QK_NORM = {"self_attn.q_norm.weight": ("head_dim",), "self_attn.k_norm.weight": ("head_dim",)}
+# Phi-3 holds q, k and v in one projection, and the MLP's gate and up in another.
+_FUSED_LAYER = {
+    "self_attn.qkv_proj.weight": ("num_attention_heads*head_dim+2*num_key_value_heads*head_dim", "hidden_size"),
+    "self_attn.o_proj.weight": ("hidden_size", "num_attention_heads*head_dim"),
+    "mlp.gate_up_proj.weight": ("2*intermediate_size", "hidden_size"),
+    "mlp.down_proj.weight": ("hidden_size", "intermediate_size"),
+    "input_layernorm.weight": ("hidden_size",),
+    "post_attention_layernorm.weight": ("hidden_size",),
+}
+_FEEDFORWARD_NORMS = {"pre_feedforward_layernorm.weight": ("hidden_size",),
+                      "post_feedforward_layernorm.weight": ("hidden_size",)}
 
 # Sizes every family reads, with the value the config class gives one the config leaves out: a
 # number, another field, a//b; None: the config must say it.
@@ -73,16 +90,27 @@ class Family:
     flags: dict[str, tuple[bool, dict[str, tuple[str, ...]]]]  # boolean field -> (default, layer tensors it adds)
     nullable: tuple[str, ...] = ("num_key_value_heads",)  # sizes a null sets to WHEN_NULL's value
     heads_divide_hidden: bool = False  # the config class refuses a hidden_size not divisible by the heads
+    tie_default: bool = False
+    pad_token_default: int | None = None  # the padding index of the embedding, when the config has none
 
 
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", _SIZES, _LAYER,
                     {"attention_bias": (False, _ATTENTION_BIAS), "mlp_bias": (False, _MLP_BIAS)},
                     nullable=tuple(WHEN_NULL), heads_divide_hidden=True),
-    "mistral": Family("MistralForCausalLM", {**_SIZES, "num_key_value_heads": 8}, _LAYER, {}, nullable=tuple(WHEN_NULL)),
+    "mistral": Family("MistralForCausalLM", {**_SIZES, "num_key_value_heads": 8}, _LAYER, {}, nullable=("head_dim",)),
     "qwen2": Family("Qwen2ForCausalLM", {**_SIZES, "num_key_value_heads": 32}, {**_LAYER, **_QKV_BIAS}, {}),
     "qwen3": Family("Qwen3ForCausalLM", {**_SIZES, "num_key_value_heads": 32, "head_dim": 128},
                     {**_LAYER, **_QK_NORM}, {"attention_bias": (False, _ATTENTION_BIAS)}),
+    "gemma": Family("GemmaForCausalLM", {**_SIZES, "num_key_value_heads": 16, "head_dim": 256}, _LAYER,
+                    {"attention_bias": (False, _ATTENTION_BIAS)}, nullable=(), tie_default=True),
+    "gemma2": Family("Gemma2ForCausalLM", {**_SIZES, "num_key_value_heads": 4, "head_dim": 256},
+                     {**_LAYER, **_FEEDFORWARD_NORMS}, {"attention_bias": (False, _ATTENTION_BIAS)}, nullable=(),
+                     heads_divide_hidden=True, tie_default=True),
+    "gemma3_text": Family("Gemma3ForCausalLM", {**_SIZES, "num_key_value_heads": 4, "head_dim": 256},
+                          {**_LAYER, **_QK_NORM, **_FEEDFORWARD_NORMS}, {"attention_bias": (False, _ATTENTION_BIAS)},
+                          nullable=(), heads_divide_hidden=True, tie_default=True),
+    "phi3": Family("Phi3ForCausalLM", _SIZES, _FUSED_LAYER, {}, pad_token_default=32000),
 }
 
 
@@ -114,11 +142,14 @@ def settings(config: dict, updates: dict | None = None) -> tuple[Family, dict[st
         values[field] = config.get(field, default)
         if type(values[field]) is not bool:
             return None
-    values["tie_word_embeddings"] = config.get("tie_word_embeddings", False)  # (False in all four classes)
+    values["tie_word_embeddings"] = config.get("tie_word_embeddings", family.tie_default)
     if type(values["tie_word_embeddings"]) is not bool:
         return None
     if family.heads_divide_hidden and values["hidden_size"] % values["num_attention_heads"]:
         return None
+    pad = config.get("pad_token_id", family.pad_token_default)
+    if isinstance(pad, int) and not -values["vocab_size"] <= pad < values["vocab_size"]:
+        return None  # the embedding's padding_idx: torch refuses to build the model
     layer_types = config.get("layer_types")
     if layer_types is not None and (len(layer_types) != values["num_hidden_layers"]
                                     or not set(layer_types) <= {"full_attention", "sliding_attention"}):
@@ -147,18 +178,24 @@ def tensors(config: dict, updates: dict | None = None) -> tuple[dict[str, tuple[
 
 
 def _derived(expression: str, values: dict[str, int]) -> int:
-    """A field (`hidden_size`), a product (`a*b`) or a floor division (`a//b`) of fields."""
+    """A floor division of two fields (`a//b`), or a sum of products of fields and numbers (`a*b+2*c`)."""
     if "//" in expression:
         numerator, denominator = expression.split("//")
         return values[numerator] // values[denominator]
-    left, _, right = expression.partition("*")
-    return values[left] * (values[right] if right else 1)
+    total = 0
+    for term in expression.split("+"):
+        product = 1
+        for factor in term.split("*"):
+            product *= int(factor) if factor.isdigit() else values[factor]
+        total += product
+    return total
 
 
 # Tokenizer classes that transformers loads from tokenizer.json alone, with no code of the model's.
 TOKENIZERS_JSON_CLASSES = frozenset({
     None, "PreTrainedTokenizerFast", "TokenizersBackend", "LlamaTokenizer", "LlamaTokenizerFast",
-    "Qwen2Tokenizer", "Qwen2TokenizerFast", "GPT2Tokenizer", "GPT2TokenizerFast",
+    "Qwen2Tokenizer", "Qwen2TokenizerFast", "GPT2Tokenizer", "GPT2TokenizerFast", "GemmaTokenizer",
+    "GemmaTokenizerFast",
 })
 
 
