@@ -418,9 +418,8 @@ def check_folder(folder: Path) -> list[str]:
                    if p.is_file() and any(fnmatch(p.name, pattern) for pattern in MODEL_FILE_PATTERNS)]
     entry = known.key("folder", version, known.files_digest(model_files))
     if (cached := known.recall("folders", entry)) is None:
-        if dense_families.loads_without_transformers(folder):
-            return warnings
-        cached = _load_as_transformers_would(folder, names)
+        light = dense_families.loads_without_transformers(folder)  # (known to load: transformers not imported)
+        cached = [] if light else _load_as_transformers_would(folder, names)
         known.remember("folders", entry, cached)
     return warnings + cached
 
