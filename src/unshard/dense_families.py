@@ -64,11 +64,9 @@ _QK_NORM = {"self_attn.q_norm.weight": ("head_dim",), "self_attn.k_norm.weight":
 # Phi-3 holds q, k and v in one projection, and the MLP's gate and up in another.
 _FUSED_LAYER = {
     "self_attn.qkv_proj.weight": ("num_attention_heads*head_dim+2*num_key_value_heads*head_dim", "hidden_size"),
-    "self_attn.o_proj.weight": ("hidden_size", "num_attention_heads*head_dim"),
     "mlp.gate_up_proj.weight": ("2*intermediate_size", "hidden_size"),
-    "mlp.down_proj.weight": ("hidden_size", "intermediate_size"),
-    "input_layernorm.weight": ("hidden_size",),
-    "post_attention_layernorm.weight": ("hidden_size",),
+    **{name: dims for name, dims in _LAYER.items()
+       if name not in {f"self_attn.{p}_proj.weight" for p in "qkv"} | {"mlp.gate_proj.weight", "mlp.up_proj.weight"}},
 }
 _FEEDFORWARD_NORMS = {"pre_feedforward_layernorm.weight": ("hidden_size",),
                       "post_feedforward_layernorm.weight": ("hidden_size",)}
