@@ -20,6 +20,7 @@ import pytest
 import unshard
 from conftest import SHIPPED, convert_in_subprocess
 
+
 def folder_bytes(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "README.md"}
 
@@ -183,9 +184,10 @@ def test_dcp_metadata_stand_ins_read_as_torch_does():
     ("megatron-qwen2-tp2-pp2/verl-legacy/global_step_10", None, "auto"),  # verl's model.pt: a list of stages
 ])
 def test_conversion_does_not_import_torch(tmp_path, src, config_from, dtype):
-    """Once transformers' answers are remembered (or for a model dense_families lists), a conversion that keeps the dtype or makes one of
-    the usual casts needs no torch: the files' metadata is read by stand-ins, the bytes are copied file
-    to file or cast by numpy (and, with --verify, read back and compared byte for byte)."""
+    """Once transformers' answers are remembered (or for a model dense_families lists), a conversion
+    that keeps the dtype or makes one of the usual casts needs no torch: the files' metadata is read by
+    stand-ins, the bytes are copied file to file or cast by numpy (and, with --verify, read back and
+    compared byte for byte)."""
     code = textwrap.dedent("""
         import sys
         from unshard.cli import main

@@ -2,12 +2,12 @@
 
 Trainers save in-memory names. Hugging Face folders hold on-disk names, which differ where
 transformers converts weights when loading (transformers >= 5 fuses MoE experts in memory, for
-example). Rather than keep our own tables for every model, we ask transformers: a model is built on the
-meta device (no memory, no weights) and transformers' own reverse conversion tells which names and
-shapes `save_pretrained` would write. Those facts are cached per config (known.py), so converting
-the next checkpoint of a run need not import transformers; for the most common dense families they
-are written down (dense_families.py), so not even the first does. Without transformers, other
-models' names are kept as they are.
+example). Rather than keep our own tables for every model, we ask transformers: a model is built on
+the meta device (no memory, no weights) and transformers' own reverse conversion tells which names
+and shapes `save_pretrained` would write. Those facts are cached per config (known.py), so
+converting the next checkpoint of a run need not import transformers; for the most common dense
+families they are written down (dense_families.py), so not even the first does. Without
+transformers, other models' names are kept as they are.
 """
 
 from __future__ import annotations
