@@ -1,6 +1,6 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge]
+    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,quantize]
                         [--repeat 3] [--cache warm|cold] [--work /tmp/unshard-bench]
 
 For each layout and size: make a real checkpoint (FSDP2, or tensor parallelism for verl-tp, by
@@ -25,6 +25,9 @@ input's pages are dropped from the cache before each run), with no earlier outpu
   (Megatron: no converter of Megatron checkpoints runs on a CPU-only machine, so unshard and cp only.)
   mergekit-yaml           the same TIES recipe as `unshard merge`, mergekit from PyPI in its own venv
                           (layout "merge": a base and two fine-tunes of the given size each)
+  llm-compressor SCHEME   layout "quantize": unshard convert --quantize SCHEME from the verl rank files, against
+                          llm-compressor's data-free path (load, oneshot, save_pretrained(save_compressed=True)),
+                          from PyPI in its own venv, on the same model's Hugging Face folder (converted untimed)
 Each tool runs --repeat times, the tools taking turns (this VM's disk varies over minutes). Reports
 the median wall time and the range, peak RSS of the process tree, throughput and the ratio to `cp`
 as a markdown table, appends every measurement with the machine and versions to
@@ -51,7 +54,7 @@ VENVS = HERE / ".venvs"
 # pip install steps per peer venv. verl's declared dependencies (vllm, wandb...) are not what its
 # merger needs; these are, at versions verl 0.9.1 accepts.
 PEERS = {"accelerate": [["accelerate==1.15.0"]], "deepspeed": [["deepspeed==0.19.8", "transformers", "tokenizers"]],
-         "mergekit": [["mergekit==0.1.5"]],
+         "mergekit": [["mergekit==0.1.5"]], "llmcompressor": [["llmcompressor==0.14.0.1"]],
          "verl": [["--no-deps", "verl==0.9.1"], ["ray", "tensordict==0.10.0", "omegaconf", "hydra-core", "codetiming",
                                                   "transformers==5.10.2", "accelerate", "safetensors", "peft",
                                                   "datasets", "pandas"]]}
@@ -75,6 +78,12 @@ def peer_python(name: str) -> Path:
 
 def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
     # (Both Megatron layouts come from one run of make_megatron.py, which writes both formats.)
+    if layout == "quantize":  # verl's rank files, and their plain conversion for llm-compressor to start from
+        folder = make_checkpoint(work, "verl", gb)
+        if not (folder / "hf-model" / "config.json").exists():
+            sh([sys.executable, "-m", "unshard", "convert", str(folder / "ckpt"), str(folder / "hf-model"),
+                "--overwrite", "--no-progress"], stderr=subprocess.DEVNULL)
+        return folder
     folder = work / f"{'megatron' if layout.startswith('megatron') else layout}-{gb}gb"
     if (folder / "done").exists():
         return folder
@@ -148,6 +157,17 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
             "unshard merge": [*python, *merge],
             "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), recipe, str(out)],
         }
+    if layout == "quantize":
+        found = {"cp": ["cp", "-r", str(src), str(out)]}
+        oracle = ROOT / "tests" / "fixtures" / "llmcompressor_oracle.py"
+        for scheme in ("W4A16", "FP8_DYNAMIC"):
+            found[f"unshard --quantize {scheme}"] = [*python, "-m", "unshard", "convert", str(src), str(out),
+                                                     "--quantize", scheme, "--no-progress"]
+            jobs = folder / f"llmcompressor-{scheme}.json"
+            jobs.write_text(json.dumps([{"src": str(folder / "hf-model"), "out": str(out), "scheme": scheme,
+                                         "ignore": ["lm_head"]}]))
+            found[f"llm-compressor {scheme}"] = [str(peer_python("llmcompressor")), str(oracle), "quantize", str(jobs)]
+        return found
     # DeepSpeed's and Megatron's checkpoints carry their config (Megatron's as its `args`).
     config = [] if layout.startswith(("zero", "megatron")) else ["--config-from", str(folder / "hf")]
     unshard = ["-m", "unshard", "convert", str(src), str(out), *config, "--no-progress", "--dtype"]

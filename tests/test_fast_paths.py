@@ -82,7 +82,8 @@ def test_first_conversion_writes_while_transformers_answers(tmp_path, monkeypatc
 def test_answer_that_the_checkpoint_does_not_fit_stops_the_writing(tmp_path, monkeypatch):
     """When transformers' answer comes in during the writing and the checkpoint does not fit the config,
     no further tensor is started, and nothing is left behind."""
-    from unshard import execute, hf_names, writer
+    from unshard import execute, hf_names
+    from unshard.sinks import safetensors as writer
 
     src = tmp_path / "ckpt"
     shutil.copytree(SHIPPED / "llama-fsdp2" / "global_step_1", src)
@@ -302,7 +303,7 @@ def test_pieces_that_lie_in_their_files_are_copied_file_to_file(tmp_path, monkey
     """A same-dtype piece that is one run of bytes in a mapped file (FSDP rows, a DCP chunk) goes file
     to file through copy_file_range, never through memory; where the kernel refuses, through pread. All
     three ways write the same bytes as reading the pieces into memory."""
-    from unshard import writer
+    from unshard.sinks import safetensors as writer
     from unshard.readers.base import Checkpoint
 
     src = SHIPPED / src
@@ -338,7 +339,8 @@ def test_pieces_that_lie_in_their_files_are_copied_file_to_file(tmp_path, monkey
 def test_a_source_file_shorter_than_its_part_is_named(tmp_path, monkeypatch, kernel_copies):
     """A rank file cut short after it was opened (a copy still running) is an error naming it, not a
     short tensor written silently (nor, as through a memory map, a bus error)."""
-    from unshard import dtypes, writer
+    from unshard import dtypes
+    from unshard.sinks import safetensors as writer
     from unshard.errors import CheckpointError
 
     monkeypatch.setattr(writer, "_KERNEL_COPIES", kernel_copies)
@@ -377,7 +379,8 @@ def test_a_kernel_copy_that_copies_nothing_is_read_instead(tmp_path, monkeypatch
     import torch
     from safetensors.torch import load_file
 
-    from unshard import dtypes, writer
+    from unshard import dtypes
+    from unshard.sinks import safetensors as writer
 
     monkeypatch.setattr(writer, "_KERNEL_COPIES", True)
     monkeypatch.setattr(writer.os, "copy_file_range", lambda *args: 0)
@@ -399,7 +402,7 @@ def test_dcp_chunks_saved_as_safetensors_are_found_by_their_header(tmp_path, mon
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.filesystem import FileSystemWriter, SerializationFormat
 
-    from unshard import writer
+    from unshard.sinks import safetensors as writer
 
     reference = SHIPPED / "llama-fsdp2" / "reference"
     state = load_file(reference / "model.safetensors")
@@ -420,7 +423,7 @@ def test_verify_finds_a_byte_changed_after_writing(tmp_path, monkeypatch, dtype)
     disk, another process) fails the run, names the tensor, and leaves no OUT behind."""
     from unshard import execute
     from unshard.errors import UnshardError
-    from unshard.writer import WrittenFile
+    from unshard.sinks.safetensors import WrittenFile
 
     write = execute._write_weights
     changed = []

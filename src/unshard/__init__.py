@@ -23,16 +23,22 @@ from .errors import (
 from .execute import Result
 from .plan import Plan, build_plan
 from .readers import Checkpoint, open_checkpoint
+from .sinks import OutputOptions
 
 __version__ = "0.1.0"
 
 
-def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
-         config_from: str | Path | None = None, check: bool = True, weights: str = "master",
-         tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None,
-         architecture: str | None = None, lora: str = "merge", ask_later: bool = False) -> Plan:
+def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB", quantize: str | None = None,
+         quantize_ignore: tuple[str, ...] = (), config_from: str | Path | None = None, check: bool = True,
+         weights: str = "master", tag: str | None = None, iteration: int | None = None,
+         lora_alpha: float | None = None, architecture: str | None = None, lora: str = "merge",
+         ask_later: bool = False) -> Plan:
     """Open SRC and plan its conversion; reads metadata only.
 
+    quantize: a compressed-tensors preset scheme (W4A16, W8A16, W4A16_ASYM, W8A8, FP8_DYNAMIC, FP8_BLOCK):
+    the Linear weights are written quantized, as llm-compressor writes them, for vLLM.
+    quantize_ignore: module names, or `re:` regular expressions, left unquantized besides the defaults
+    (lm_head, MoE routers, vision towers).
     weights: for DeepSpeed, "master" (the fp32 optimizer copy) or "module" (the 16-bit model states).
     tag: for DeepSpeed, the tag folder to read instead of the one `latest` names.
     iteration: for Megatron, the iteration to read instead of the one latest_checkpointed_iteration.txt names.
@@ -46,12 +52,13 @@ def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5
     """
     reader_options = {k: v for k, v in (("weights", weights), ("tag", tag), ("iteration", iteration))
                       if v not in ("master", None)}
-    return build_plan(open_checkpoint(src, **reader_options), dtype=dtype, max_shard_size=max_shard_size,
-                      config_from=config_from, check=check, lora_alpha=lora_alpha, architecture=architecture,
-                      lora_mode=lora, ask_later=ask_later)
+    output = OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore))
+    return build_plan(open_checkpoint(src, **reader_options), output, config_from=config_from, check=check,
+                      lora_alpha=lora_alpha, architecture=architecture, lora_mode=lora, ask_later=ask_later)
 
 
 def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
+            quantize: str | None = None, quantize_ignore: tuple[str, ...] = (),
             config_from: str | Path | None = None, overwrite: bool = False, threads: int = 1,
             verify: bool = False, check: bool = True, progress: bool | None = None, weights: str = "master",
             tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None,
@@ -65,7 +72,8 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
     """
     from .execute import convert as run
 
-    the_plan = plan(src, dtype=dtype, max_shard_size=max_shard_size, config_from=config_from, check=check,
+    the_plan = plan(src, dtype=dtype, max_shard_size=max_shard_size, quantize=quantize,
+                    quantize_ignore=quantize_ignore, config_from=config_from, check=check,
                     weights=weights, tag=tag, iteration=iteration, lora_alpha=lora_alpha, architecture=architecture,
                     lora=lora, ask_later=True)
     try:
@@ -76,14 +84,14 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
 
 
 def merge(recipe: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
-          seed: int = 0, overwrite: bool = False, threads: int = 1, verify: bool = False,
+          quantize: str | None = None, quantize_ignore: tuple[str, ...] = (), seed: int = 0, overwrite: bool = False, threads: int = 1, verify: bool = False,
           progress: bool | None = None, workers: int = 1, distributed: bool = False,
           checksums: bool = False) -> Result:
     """Merge the models a mergekit-style YAML recipe names into one Hugging Face folder OUT."""
     from .execute import convert as run
     from .merging import plan_merge, recipe_files
 
-    the_plan = plan_merge(recipe, dtype=dtype, max_shard_size=max_shard_size, seed=seed)
+    the_plan = plan_merge(recipe, OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore)), seed=seed)
     try:
         return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
                    progress=progress, extra_files=recipe_files(the_plan), workers=workers, distributed=distributed)
@@ -99,6 +107,6 @@ def inspect(src: str | Path, **plan_options: Any) -> dict[str, Any]:
 
 
 __all__ = [
-    "Checkpoint", "CheckpointError", "ConfigMismatchError", "OutputExistsError", "Plan", "Result",
+    "Checkpoint", "CheckpointError", "ConfigMismatchError", "OutputExistsError", "OutputOptions", "Plan", "Result",
     "UnsafeCheckpointError", "UnshardError", "convert", "inspect", "merge", "open_checkpoint", "plan",
 ]

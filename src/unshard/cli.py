@@ -41,6 +41,14 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--lora-alpha", type=float,
                        help="LoRA alpha, when no lora_train_meta.json / adapter_config.json records it")
 
+    def quantize_options(p):
+        p.add_argument("--quantize", metavar="SCHEME",
+                       help="write the Linear weights quantized for vLLM, as llm-compressor does: W4A16, W8A16, "
+                            "W4A16_ASYM, W8A8, FP8_DYNAMIC or FP8_BLOCK (compressed-tensors' presets)")
+        p.add_argument("--quantize-ignore", metavar="PATTERN", action="append", default=[],
+                       help="a module to leave unquantized, by name or 're:REGEX' (repeatable; lm_head, MoE "
+                            "routers and vision towers are left by default)")
+
     def scale_options(p):
         p.add_argument("--workers", type=int, default=1,
                        help="processes on this host, each writing its share of the output files (default 1)")
@@ -50,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
 
     convert = sub.add_parser("convert", help="write a Hugging Face model folder")
     plan_options(convert)
+    quantize_options(convert)
     convert.add_argument("out", help="output folder (must not exist or be empty, unless --overwrite)")
     convert.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     convert.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
@@ -66,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     merge.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                        help="output dtype; auto: the recipe's out_dtype or dtype, else the base model's")
     merge.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
+    quantize_options(merge)
     merge.add_argument("--seed", type=int, default=0, help="seed of DARE's random drops (default 0)")
     merge.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     merge.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
@@ -77,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
 
     inspect = sub.add_parser("inspect", help="say what the checkpoint is and what convert would write")
     plan_options(inspect)
+    quantize_options(inspect)
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     return ap
 
@@ -154,7 +165,8 @@ def _run(args) -> int:
 
     if args.command == "merge":
         return _merge(args)
-    options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, config_from=args.config_from, check=args.check,
+    options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, quantize=args.quantize,
+                   quantize_ignore=tuple(args.quantize_ignore), config_from=args.config_from, check=args.check,
                    weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha, lora=args.lora,
                    architecture=args.architecture)
     if args.command == "inspect":
@@ -186,8 +198,10 @@ def _merge(args) -> int:
     from .execute import convert
     from .merging import plan_merge, recipe_files
     from .report import as_text, describe
+    from .sinks import OutputOptions
 
-    plan = plan_merge(args.recipe, dtype=args.dtype, max_shard_size=args.max_shard_size, seed=args.seed)
+    output = OutputOptions(args.dtype, args.max_shard_size, args.quantize, tuple(args.quantize_ignore))
+    plan = plan_merge(args.recipe, output, seed=args.seed)
     try:
         if args.dry_run:
             print(as_text(describe(plan)))

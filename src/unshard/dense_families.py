@@ -61,12 +61,14 @@ _MLP_BIAS = {
     "mlp.down_proj.bias": ("hidden_size",),
 }
 _QK_NORM = {"self_attn.q_norm.weight": ("head_dim",), "self_attn.k_norm.weight": ("head_dim",)}
-# Phi-3 holds q, k and v in one projection, and the MLP's gate and up in another.
+# Phi-3 holds q, k and v in one projection, and the MLP's gate and up in another (declared after o_proj:
+# the table keeps each model's order, which --quantize's list of layers left unquantized follows).
 _FUSED_LAYER = {
+    "self_attn.o_proj.weight": ("hidden_size", "num_attention_heads*head_dim"),
     "self_attn.qkv_proj.weight": ("num_attention_heads*head_dim+2*num_key_value_heads*head_dim", "hidden_size"),
     "mlp.gate_up_proj.weight": ("2*intermediate_size", "hidden_size"),
     **{name: dims for name, dims in _LAYER.items()
-       if name not in {f"self_attn.{p}_proj.weight" for p in "qkv"} | {"mlp.gate_proj.weight", "mlp.up_proj.weight"}},
+       if name not in {f"self_attn.{p}_proj.weight" for p in "qkvo"} | {"mlp.gate_proj.weight", "mlp.up_proj.weight"}},
 }
 _FEEDFORWARD_NORMS = {"pre_feedforward_layernorm.weight": ("hidden_size",),
                       "post_feedforward_layernorm.weight": ("hidden_size",)}
@@ -215,3 +217,9 @@ def loads_without_transformers(folder: Path) -> bool:
         return True
     except Exception:  # anything unusual: transformers is asked and says what is wrong
         return False
+
+
+def linear(in_memory: dict[str, tuple[int, ...]]) -> list[str]:
+    """The weights of the Linear layers among a table model's tensors, in the model's order: every matrix
+    but the embedding (compared with transformers' modules in the tests)."""
+    return [name for name, shape in in_memory.items() if len(shape) == 2 and name != "model.embed_tokens.weight"]

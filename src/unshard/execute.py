@@ -13,7 +13,6 @@ index, config and model card, and puts the folder in place only if every writer 
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import multiprocessing
 import queue
@@ -23,18 +22,17 @@ import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from . import dense_families, dtypes, known
+from . import dtypes
 from .errors import PeerFailedError, UnshardError
 from .hf_names import NamingChanged
 from .plan import Group, OutputTensor, Plan
 from .readers.base import read_bytes, thread_buffer
-from .report import human_bytes, model_card
-from .writer import (MODEL_FILE_PATTERNS, FileBytes, OutputFolder, Part, SafetensorsFile, WrittenFile,
-                     copy_model_files, sha256_of, write_index)
+from .report import human_bytes
+from .sinks import ENCODING_BAND_BYTES
+from .sinks.safetensors import FileBytes, Part, bytes_of, sha256_of
 
 if TYPE_CHECKING:
     import torch
@@ -221,7 +219,7 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
     if distributed:
         return _convert_distributed(plan, out, overwrite, writing, progress, extra_files)
     start = time.perf_counter()
-    folder = OutputFolder(out, overwrite)
+    folder = plan.sink.stage(out, overwrite)
     try:
         with _progress(plan.total_bytes, progress) as bar:
             if workers > 1:
@@ -231,7 +229,7 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
         if plan.question is not None:
             late_notes = plan.question.verdict()
             plan.notes.extend(late_notes)
-        copied, warnings = _finish(plan, folder.path, digests, extra_files)
+        copied, warnings = plan.sink.finish(plan, folder.path, digests, extra_files)
         folder.commit()
     except NamingChanged:
         folder.abort()
@@ -277,21 +275,6 @@ def _write_part(plan: Plan, folder: Path, filenames: list[str], writing: Writing
     if writing.verify:
         verify_folder(plan, folder, filenames, writing.threads)
     return digests
-
-
-def _finish(plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
-    """Everything in OUT besides the weights: index, config and tokenizer, model card; then the load check."""
-    model_files = plan.model_files
-    write_index(folder, {f: [o.name for g in gs for o in g.outputs] for f, gs in model_files.items()},
-                sum(g.nbytes for gs in model_files.values() for g in gs))
-    copied = copy_model_files(plan.config_folder, folder, plan.dtype.name, plan.config_updates)
-    extra = {**plan.extra_files, **(extra_files or {})}
-    extra["README.md"] = model_card(plan, {f: digests[f] for f in plan.files}, extra.get("README.md"))
-    for name, text in extra.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text)
-        copied.append(name)
-    return copied, check_folder(folder)
 
 
 class _SharedCounter:
@@ -364,7 +347,7 @@ def _convert_distributed(plan: Plan, out: Path, overwrite: bool, writing: Writin
     folder, refusal = None, None
     if rank == 0:
         try:
-            folder = OutputFolder(out, overwrite)
+            folder = plan.sink.stage(out, overwrite)
         except UnshardError as e:
             refusal = str(e)
     shared = [str(folder.path) if folder else None, refusal]
@@ -386,7 +369,7 @@ def _convert_distributed(plan: Plan, out: Path, overwrite: bool, writing: Writin
             if failures:
                 raise UnshardError("; ".join(failures) + "; nothing was written to the output")
             digests = {f: s for o in outcomes for f, s in o[1].items()}
-            copied, warnings = _finish(plan, folder.path, digests, extra_files)
+            copied, warnings = plan.sink.finish(plan, folder.path, digests, extra_files)
             folder.commit()
         except BaseException as e:
             folder.abort()
@@ -400,66 +383,23 @@ def _convert_distributed(plan: Plan, out: Path, overwrite: bool, writing: Writin
                   max(o[2] for o in outcomes), list(plan.files), copied, warnings, writers=world, rank=rank)
 
 
-def check_folder(folder: Path) -> list[str]:
-    """Load the written config (and tokenizer) as a serving stack would; what it would miss, as warnings.
-    A config transformers cannot read is an error: the folder would not load anywhere."""
-    warnings = []
-    names = {p.name for p in folder.iterdir()}
-    # (A missing tokenizer is already among the plan's notes.)
-    if names & {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"} and "chat_template.jinja" not in names and "chat_template" not in _read_json(folder / "tokenizer_config.json"):
-        warnings.append("no chat template in the output (fine for a base model; a chat model needs one)")
-    if "generation_config.json" not in names:
-        warnings.append("no generation_config.json: generation falls back to defaults (eos, sampling)")
-    version = known.transformers_version()
-    if version is None:
-        return warnings
-    # The same config and tokenizer files load the same way with the same transformers: ask once.
-    model_files = [p for p in folder.iterdir()
-                   if p.is_file() and any(fnmatch(p.name, pattern) for pattern in MODEL_FILE_PATTERNS)]
-    entry = known.key("folder", version, known.files_digest(model_files))
-    if (cached := known.recall("folders", entry)) is None:
-        light = dense_families.loads_without_transformers(folder)  # (known to load: transformers not imported)
-        cached = [] if light else _load_as_transformers_would(folder, names)
-        known.remember("folders", entry, cached)
-    return warnings + cached
-
-
-def _load_as_transformers_would(folder: Path, names: set[str]) -> list[str]:
-    import transformers
-
-    try:
-        transformers.AutoConfig.from_pretrained(folder, trust_remote_code=False)
-    except ValueError as e:
-        if "trust_remote_code" not in str(e):  # custom code is copied, never run
-            raise UnshardError(f"{folder / 'config.json'}: transformers cannot read it ({e})") from None
-    if names & {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"}:
-        try:
-            transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-        except Exception as e:  # a missing optional package (sentencepiece) is the user's to install
-            return [f"the tokenizer does not load here ({type(e).__name__}: {str(e)[:120]})"]
-    return []
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writing, bar) -> dict[str, str | None]:
-    """These safetensors files of the plan, and their sha256 if asked. `writing.threads` threads
-    each read, assemble and write one group at a time, so at most that many groups are held at once."""
-    files: dict[str, SafetensorsFile] = {}
-    for filename in filenames:
-        (folder / filename).parent.mkdir(exist_ok=True)  # lora_adapter/
-        entries = [(o.name, o.dtype, o.shape) for g in plan.files[filename] for o in g.outputs]
-        files[filename] = SafetensorsFile(folder / filename, entries)
+    """These files of the plan, and their sha256 if asked. `writing.threads` threads each read, assemble
+    and write one group at a time, so at most that many groups are held at once."""
+    files = {filename: plan.sink.open(folder / filename, plan.stored(filename)) for filename in filenames}
 
     def write(filename: str, group: Group) -> None:
+        file = files[filename]
         for ready in ready_to_write(plan, group):
             out = ready.output
-            files[filename].write_parts(out.name, out.dtype, out.shape, ready.parts)
+            if out.encoding is None:
+                file.write_parts(out.name, out.dtype, out.shape, ready.parts)
+            else:
+                stored = {s.name: file.tensor(s.name, s.dtype, s.shape) for s in out.stored}
+                for name, piece in encoded(out, ready.parts):
+                    stored[name].write(piece)
+                for tensor in stored.values():
+                    tensor.close()
             if ready.then is not None:
                 ready.then()
             bar.update(out.nbytes)
@@ -475,6 +415,46 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writ
         return dict.fromkeys(filenames)
     with ThreadPoolExecutor(max(1, writing.threads)) as pool:  # (hashlib lets go of the GIL: one core per file)
         return dict(zip(filenames, pool.map(lambda name: sha256_of(folder / name), filenames)))
+
+
+def encoded(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(stored tensor, its next piece) for an output with an encoding: the parts gathered into bands of
+    whole rows, each band encoded. Memory: one band and what encoding it takes, however large the tensor."""
+    import torch
+
+    encoding = output.encoding
+    row_bytes = output.nbytes_as_is // output.shape[0]
+    multiple = encoding.rows_per_band
+    rows = max(multiple, ENCODING_BAND_BYTES // max(1, row_bytes) // multiple * multiple)
+    band = bytearray(rows * row_bytes)
+    filled, start = 0, 0
+
+    def whole_rows(nbytes: int) -> torch.Tensor:
+        flat = torch.frombuffer(band, dtype=output.dtype.torch, count=nbytes // output.dtype.itemsize)
+        return flat.view(-1, *output.shape[1:])
+
+    for data in _bytes_of_parts(parts):
+        while data.nbytes:
+            n = min(data.nbytes, len(band) - filled)
+            band[filled:filled + n] = data[:n]
+            filled, data = filled + n, data[n:]
+            if filled == len(band):
+                yield from encoding.encode(whole_rows(filled), start).items()
+                filled, start = 0, start + rows
+    if filled:
+        yield from encoding.encode(whole_rows(filled), start).items()
+
+
+def _bytes_of_parts(parts: Iterable[Part]) -> Iterator[memoryview]:
+    """The bytes of parts, in order, a chunk at a time (a part lying in a file is read in chunks)."""
+    for part in parts:
+        if isinstance(part, FileBytes):
+            for done in range(0, part.nbytes, READ_CHUNK):
+                chunk = thread_buffer("read", min(READ_CHUNK, part.nbytes - done))
+                read_bytes(part.path, part.offset + done, chunk)
+                yield memoryview(chunk).cast("B")
+        else:
+            yield bytes_of(part).cast("B")
 
 
 def _each_group(plan: Plan, filenames: list[str], threads: int, do: Callable[[str, Group], None]) -> None:
@@ -517,21 +497,31 @@ def _across_files(plan: Plan, filenames: list[str]) -> Iterator[tuple[str, Group
 
 def verify_folder(plan: Plan, folder: Path, filenames: list[str], threads: int = 1) -> None:
     """Read back every tensor written to these files and compare it byte for byte with the checkpoint:
-    each piece's bytes read again from its file, or assembled and cast again, a chunk at a time. So
-    verifying holds what writing held, and needs torch only where writing did."""
-    written = {filename: WrittenFile(folder / filename) for filename in filenames}
+    each piece's bytes read again from its file, or assembled and cast (and encoded) again, a chunk at
+    a time. So verifying holds what writing held, and needs torch only where writing did."""
+    written = {filename: plan.sink.read_back(folder / filename) for filename in filenames}
     for filename, file in written.items():
-        planned = [(o.name, o.dtype.safetensors, o.shape) for g in plan.files[filename] for o in g.outputs]
+        planned = [(s.name, s.dtype.safetensors, s.shape) for s in plan.stored(filename)]
         if [(name, *entry[:2]) for name, entry in file.entries.items()] != planned:
             raise UnshardError(f"{file.path}: its header is not the planned one; the file was changed during conversion")
 
     def compare(filename: str, group: Group) -> None:
         for ready in ready_to_write(plan, group):
-            same = written[filename].holds(ready.output.name, ready.parts)
+            file, output = written[filename], ready.output
+            if output.encoding is None:
+                same = file.holds(output.name, ready.parts)
+            else:
+                at = dict.fromkeys((s.name for s in output.stored), 0)
+                same = True
+                for name, piece in encoded(output, ready.parts):
+                    data = bytes_of(piece)
+                    same = same and file.holds_at(name, at[name], data)
+                    at[name] += data.nbytes
+                same = same and all(file.size_of(name) == n for name, n in at.items())
             if ready.then is not None:
                 ready.then()
             if not same:
-                raise UnshardError(f"{folder / filename}: {ready.output.name} differs from the checkpoint after "
+                raise UnshardError(f"{folder / filename}: {output.name} differs from the checkpoint after "
                                    "writing; the disk or the source changed during conversion")
 
     _each_group(plan, filenames, threads, compare)

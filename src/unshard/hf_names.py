@@ -52,6 +52,8 @@ class Naming:
     dropped: dict[str, str]
     notes: list[str]
     question: Question | None = None  # transformers' answer, still to come (plan_names(ask_later=True))
+    # the weights of the model's Linear layers, in the model's order, tied ones included (None: not known)
+    linear: list[str] | None = None
 
 
 def read_config(folder: Path | None) -> dict[str, Any] | None:
@@ -92,26 +94,31 @@ def _meta_model(config_folder: Path, config: dict, updates: dict | None = None) 
 @dataclass
 class ModelFacts:
     """What the config's model holds, as plain data: the names and shapes of its state dict, which
-    of them are tied to another (saved once), and what `save_pretrained` writes."""
+    of them are tied to another (saved once), what `save_pretrained` writes, and which weights are
+    those of Linear layers (what quantization targets)."""
 
     in_memory: dict[str, tuple[int, ...]]
     tied: set[str]
     saved: dict[str, tuple[int, ...]]
+    linear: list[str]
 
     @classmethod
     def of(cls, model) -> ModelFacts:
+        import torch
+
         kept = {name for name, _ in model.named_parameters()}
         tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - kept
         in_memory = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-        return cls(in_memory, tied, _saved_shapes(model, in_memory))
+        linear = [f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+        return cls(in_memory, tied, _saved_shapes(model, in_memory), linear)
 
     def to_json(self) -> dict:
-        return {"in_memory": self.in_memory, "tied": sorted(self.tied), "saved": self.saved}
+        return {"in_memory": self.in_memory, "tied": sorted(self.tied), "saved": self.saved, "linear": self.linear}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelFacts:
         shapes = lambda d: {n: tuple(s) for n, s in d.items()}  # noqa: E731
-        return cls(shapes(data["in_memory"]), set(data["tied"]), shapes(data["saved"]))
+        return cls(shapes(data["in_memory"]), set(data["tied"]), shapes(data["saved"]), list(data["linear"]))
 
 
 # What this process asked transformers already, by cache entry (answers of None included), so that
@@ -246,7 +253,7 @@ def _named_by_table(renamed: dict[str, str], shapes: dict[str, tuple[int, ...]],
         return None
     in_memory, tied = found
     try:  # (these families save the names they hold in memory)
-        naming = _naming(ModelFacts(in_memory, tied, in_memory), renamed, shapes, config, config_folder, True, updates)
+        naming = _naming(ModelFacts(in_memory, tied, in_memory, dense_families.linear(in_memory)), renamed, shapes, config, config_folder, True, updates)
     except ConfigMismatchError:
         return None
     log.debug("tensors named and checked by unshard's table of %s models", config["model_type"])
@@ -276,7 +283,7 @@ def _naming(facts: ModelFacts | None, renamed: dict[str, str], shapes: dict[str,
         # Already the names save_pretrained writes (a reader that names tensors itself, as for Megatron).
         if check:
             _check_against_model({n: s for n, s in saved.items() if n not in tied}, live_shapes, config_folder)
-        return Naming({n: [(c, shapes[n])] for n, c in live.items()}, {}, dropped, notes)
+        return Naming({n: [(c, shapes[n])] for n, c in live.items()}, {}, dropped, notes, linear=facts.linear)
     if check:
         _check_against_model({n: s for n, s in in_memory.items() if n not in tied}, live_shapes, config_folder)
     if saved == in_memory:  # transformers converts nothing for this model: names stay as they are
@@ -289,6 +296,7 @@ def _naming(facts: ModelFacts | None, renamed: dict[str, str], shapes: dict[str,
         {n: converters[c] for n, c in live.items() if c in converters},
         dropped,
         notes,
+        linear=facts.linear,
     )
 
 

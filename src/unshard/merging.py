@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -25,6 +25,7 @@ import torch
 from .errors import UnshardError
 from . import dtypes, hf_names
 from .plan import TOKENIZER_FILES, Group, Plan, build_plan, choose_dtype
+from .sinks import OutputOptions
 from .readers import Checkpoint, SourceTensor, open_checkpoint
 
 RECIPE_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source"}
@@ -465,9 +466,9 @@ class MergedCheckpoint(Checkpoint):
             item.plan.checkpoint.close()
 
 
-def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
-               seed: int = 0, check: bool = True) -> Plan:
-    """Open every input (metadata only) and plan the merged model."""
+def plan_merge(recipe_path: str | Path, output: OutputOptions = OutputOptions(), *, seed: int = 0,
+               check: bool = True) -> Plan:
+    """Open every input (metadata only) and plan the merged model (`output.dtype` auto: the recipe's)."""
     from .execute import materialise
 
     recipe = parse_recipe(Path(recipe_path))
@@ -486,7 +487,7 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
         # `base+adapter`, as mergekit writes a LoRA on a base model
         path, _, adapter = reference.partition("+")
         checkpoint = open_checkpoint(_resolve(path, recipe_dir))
-        plan = build_plan(checkpoint, dtype="float32", check=check)
+        plan = build_plan(checkpoint, OutputOptions(dtype="float32"), check=check)
         item = Input(reference, parameters, plan, adapter=Adapter(_resolve(adapter, recipe_dir)) if adapter else None)
         item.groups = {o.name: g for g in plan.groups for o in g.outputs}
         inputs.append(item)
@@ -617,13 +618,13 @@ def plan_merge(recipe_path: str | Path, *, dtype: str = "auto", max_shard_size: 
     checkpoint._band_rows = {name: rows for name in outputs if (rows := in_bands(name)) is not None}
     checkpoint._merging = {}
     requested, reason = next((value, why) for value, why in (
-        (None if dtype == "auto" else dtype, "asked for with --dtype"), (recipe.out_dtype, "the recipe's out_dtype"),
+        (None if output.dtype == "auto" else output.dtype, "asked for with --dtype"), (recipe.out_dtype, "the recipe's out_dtype"),
         (recipe.dtype, "the recipe's dtype"), ("", "the base model's")) if value is not None)
     if not requested:  # asked for nowhere: the dtype the base would be converted to
         natural, _ = choose_dtype("auto", hf_names.read_config(reference_input.plan.config_folder),
                                   reference_input.plan.checkpoint)
         requested = natural.name if natural.name in dtypes.OUTPUT else "float32"
-    plan = build_plan(checkpoint, dtype=requested, max_shard_size=max_shard_size, check=check)
+    plan = build_plan(checkpoint, replace(output, dtype=requested), check=check)
     plan.dtype_reason = reason
     # Per tensor in flight: one copy per input, the stacked task vectors and the result.
     plan.copies_per_tensor = 2 * len(inputs) + 1

@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING, Any, Callable
 from . import dtypes, hf_names, lora
 from .dtypes import DType
 from .errors import UnshardError
-from .writer import MODEL_FILE_PATTERNS
 from .readers import Checkpoint, SourceTensor
+from .sinks import ENCODING_WORK, Encoding, OutputOptions, Sink
+from .sinks.hf_folder import MODEL_FILE_PATTERNS, HFFolder
 
 if TYPE_CHECKING:
     import torch
+
+    from .sinks.compressed_tensors import Quantization
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "spiece.model")
 
@@ -28,9 +31,23 @@ class OutputTensor:
     name: str
     shape: tuple[int, ...]
     dtype: DType
+    encoding: Encoding | None = None  # how the output format stores it, when not as it is (a quantized weight)
+
+    @property
+    def stored(self) -> tuple[OutputTensor, ...]:
+        """The tensors written in its place: itself, or what its encoding makes of it."""
+        return (self,) if self.encoding is None else self.encoding.stored
 
     @property
     def nbytes(self) -> int:
+        """Bytes written for it."""
+        if self.encoding is not None:
+            return sum(s.nbytes for s in self.encoding.stored)
+        return self.nbytes_as_is
+
+    @property
+    def nbytes_as_is(self) -> int:
+        """Bytes of the tensor itself in its dtype (what its encoding, if any, is given)."""
         n = self.dtype.itemsize
         for d in self.shape:
             n *= d
@@ -66,6 +83,8 @@ class Plan:
     # plan made again from it, should the answer name the tensors otherwise.
     question: hf_names.Question | None = None
     rebuild: Callable[[], Plan] | None = None
+    sink: Sink = field(default_factory=HFFolder)  # the output format
+    quantization: Quantization | None = None  # what --quantize does to this model
 
     @property
     def model_files(self) -> dict[str, list[Group]]:
@@ -79,6 +98,10 @@ class Plan:
     @property
     def outputs(self) -> list[OutputTensor]:
         return [o for g in self.groups for o in g.outputs]
+
+    def stored(self, filename: str) -> list[OutputTensor]:
+        """The tensors written into one of the plan's files, in order."""
+        return [s for g in self.files[filename] for o in g.outputs for s in o.stored]
 
     @property
     def total_bytes(self) -> int:
@@ -102,17 +125,23 @@ class Plan:
     def held(self, group: Group) -> int:
         """Bytes held while this group is made: the assembled source (one per input of a merge) plus its
         converted outputs; for a tensor streamed piece by piece, its largest piece (see
-        `Checkpoint.flat_pieces`)."""
+        `Checkpoint.flat_pieces`); and an encoding's band with its working copies."""
+        encoding = ENCODING_WORK if any(o.encoding for o in group.outputs) else 0
         pieces = self.checkpoint.flat_pieces(group.source.name) if group.convert is None else None
         rows = self.checkpoint.band_rows(group.source.name) if group.convert is None else None
         if rows is not None:  # a band (of each input, for a merge), and the band cast to the output dtype
-            return rows * (group.source.nbytes * self.copies_per_tensor + group.nbytes) // group.source.shape[0]
+            return encoding + rows * (group.source.nbytes * self.copies_per_tensor + group.nbytes) // group.source.shape[0]
         if pieces is None:
-            return group.source.nbytes * self.copies_per_tensor + group.nbytes
-        return max((p.block.numel for p in pieces), default=0) * group.source.dtype.itemsize
+            return encoding + group.source.nbytes * self.copies_per_tensor + group.nbytes
+        return encoding + max((p.block.numel for p in pieces), default=0) * group.source.dtype.itemsize
 
     def summary(self) -> dict[str, Any]:
+        quantization = self.quantization
         return {
+            "quantize": None if quantization is None else {
+                "scheme": quantization.scheme.name, "format": quantization.scheme.format,
+                "quantized": len(quantization.encoded), "ignored": quantization.ignored,
+                "bytes_as_is": sum(o.nbytes_as_is for o in quantization.encoded.values())},
             "dtype": self.dtype.name,
             "dtype_reason": self.dtype_reason,
             "tensors": len(self.outputs),
@@ -153,21 +182,21 @@ def resolve_config_source(config_from: str | Path) -> Path:
                            f"({type(e).__name__}); download it and pass the folder to --config-from") from None
 
 
-def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
-               config_from: str | Path | None = None, check: bool = True, lora_alpha: float | None = None,
-               architecture: str | None = None, lora_mode: str = "merge", ask_later: bool = False) -> Plan:
+def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), *, config_from: str | Path | None = None,
+               check: bool = True, lora_alpha: float | None = None, architecture: str | None = None,
+               lora_mode: str = "merge", ask_later: bool = False) -> Plan:
     """ask_later: a config transformers has not answered for before is answered while the writing starts
-    (see hf_names.Question); the writer then checks `plan.question` before it finishes."""
-    from huggingface_hub import split_state_dict_into_shards_factory
-
+    (see hf_names.Question); the writer then checks `plan.question` before it finishes. (Not when
+    quantizing: which tensors are Linear layers is part of the answer, and needed now.)"""
     config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
     config = hf_names.read_config(config_folder)
     checkpoint.fit_config(config)
-    out_dtype, reason = choose_dtype(dtype, config, checkpoint)
+    out_dtype, reason = choose_dtype(output.dtype, config, checkpoint)
     fold = lora.plan_fold(checkpoint, lora_alpha, lora_mode)
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
     updates = hf_names.head_updates(set(shapes), shapes, config, architecture)
-    naming = hf_names.plan_names(shapes, config_folder, check, renames=fold.renames, updates=updates, ask_later=ask_later)
+    naming = hf_names.plan_names(shapes, config_folder, check, renames=fold.renames, updates=updates,
+                                 ask_later=ask_later and not output.quantize)
 
     groups: dict[str, Group] = {}
     for name, outputs in naming.outputs.items():
@@ -176,16 +205,17 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
         target = out_dtype if source.dtype.is_floating_point else source.dtype
         groups[name] = Group(source, [OutputTensor(n, s, target) for n, s in outputs],
                              _compose(fold.folds.get(name), naming.converters.get(name), outputs[0][0]))
-    try:
-        split = split_state_dict_into_shards_factory(
-            groups,
-            get_storage_size=lambda g: g.nbytes,
-            filename_pattern="model{suffix}.safetensors",
-            max_shard_size=max_shard_size,
-        )
-    except ValueError:
-        raise UnshardError(f"--max-shard-size {max_shard_size!r}: give a size such as 5GB or 500MB") from None
-    files = {filename: [groups[n] for n in names] for filename, names in split.filename_to_tensors.items()}
+    quantization = None
+    if output.quantize:
+        from .sinks.compressed_tensors import plan_quantization
+
+        quantization = plan_quantization(output.quantize, output.quantize_ignore,
+                                         [o for g in groups.values() for o in g.outputs], naming.linear,
+                                         str(config_folder / "config.json" if config_folder else checkpoint.path))
+        for group in groups.values():
+            group.outputs = [quantization.encoded.get(o.name, o) for o in group.outputs]
+    sink = HFFolder()
+    files = sink.lay_out(groups, output.max_shard_size)
     extra_files = {}
     if fold.adapter is not None:
         files[lora.ADAPTER_FILE], extra_files = _adapter_plan(checkpoint, fold.adapter, naming.outputs, out_dtype)
@@ -198,12 +228,15 @@ def build_plan(checkpoint: Checkpoint, *, dtype: str = "auto", max_shard_size: i
     elif not any((config_folder / name).exists() for name in TOKENIZER_FILES):
         notes.append("no tokenizer beside the checkpoint: pass --config-from DIR (the Hugging Face model it was "
                      "trained from) to include tokenizer, chat template and generation config")
+    if quantization is not None:
+        updates = {**updates, "quantization_config": quantization.config()}
     rebuild = None
     if naming.question is not None:
-        rebuild = partial(build_plan, checkpoint, dtype=dtype, max_shard_size=max_shard_size, config_from=config_folder,
-                          check=check, lora_alpha=lora_alpha, architecture=architecture, lora_mode=lora_mode)
+        rebuild = partial(build_plan, checkpoint, output, config_from=config_folder, check=check,
+                          lora_alpha=lora_alpha, architecture=architecture, lora_mode=lora_mode)
     return Plan(checkpoint, config_folder, out_dtype, reason, files, {**fold.dropped, **naming.dropped}, notes,
-                config_updates=updates, extra_files=extra_files, question=naming.question, rebuild=rebuild)
+                config_updates=updates, extra_files=extra_files, question=naming.question, rebuild=rebuild,
+                sink=sink, quantization=quantization)
 
 
 def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, dtype: DType):

@@ -58,6 +58,7 @@ def as_text(info: dict[str, Any]) -> str:
         f"will write   {out['tensors']} tensors in {out['dtype']} ({out['dtype_reason']}), {human_bytes(out['bytes'])} "
         f"in {len(out['files'])} file(s)",
     ]
+    lines += _quantization_lines(out)
     for name, size in out["files"].items():
         lines.append(f"  {name}  {human_bytes(size)}")
     for why, count in Counter(out["dropped"].values()).items():
@@ -69,6 +70,20 @@ def as_text(info: dict[str, Any]) -> str:
                  "2 threads, plus the Python process itself (about 30 MB; 0.25-0.4 GB where torch is needed: "
                  "the first conversion of a model outside the common dense families, merges, rarer casts)")
     return "\n".join(lines)
+
+
+def _quantization_lines(out: dict[str, Any]) -> list[str]:
+    quantize = out.get("quantize")
+    if not quantize:
+        return []
+    lines = [f"quantize     {quantize['scheme']} (compressed-tensors {quantize['format']}): {quantize['quantized']} Linear "
+             f"weights, {human_bytes(quantize['bytes_as_is'])} unquantized; other tensors as they are"]
+    by_pattern: dict[str, list[str]] = {}
+    for module, pattern in quantize["ignored"].items():
+        by_pattern.setdefault(pattern, []).append(module)
+    for pattern, modules in by_pattern.items():
+        lines.append(f"  left as they are: {len(modules)} Linear layer(s) matching {pattern} (e.g. {modules[0]})")
+    return lines
 
 
 def model_card(plan: Plan, checksums: dict[str, str | None], intro: str | None = None) -> str:
@@ -86,6 +101,11 @@ def model_card(plan: Plan, checksums: dict[str, str | None], intro: str | None =
     else:
         lines = [intro.rstrip(), "", f"Written by unshard {__version__}."]
     lines += [f"- dtype: {plan.dtype.name} ({plan.dtype_reason})"]
+    if plan.quantization is not None:
+        scheme = plan.quantization.scheme
+        lines += [f"- quantized: {scheme.name} (compressed-tensors `{scheme.format}`, round to nearest, no calibration "
+                  f"data), {len(plan.quantization.encoded)} Linear weights; left as they are: "
+                  + (", ".join(f"`{m}`" for m in plan.quantization.ignored) or "none")]
     lines += [f"- note: {note}" for note in plan.notes]
     sizes = {name: sum(g.nbytes for g in groups) for name, groups in plan.files.items()}
     if any(digest is not None for digest in checksums.values()):

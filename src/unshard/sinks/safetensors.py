@@ -1,42 +1,27 @@
-"""The one writer: Hugging Face folders of safetensors shards, streamed tensor by tensor.
+"""Safetensors files written tensor by tensor at offsets known in advance, and read back to verify.
 
 The safetensors library wants every tensor of a file in memory at once. Here the header comes from
 the plan (names, dtypes, shapes, so every byte offset is known in advance), and each tensor is
 written to its place as soon as it is assembled, by whichever thread assembled it, then dropped.
-The folder is built beside OUT under a hidden name and renamed into place only when complete, so a
-failed run never leaves an OUT that looks finished.
 """
 
 from __future__ import annotations
 
 import errno
-import fnmatch
 import hashlib
 import json
 import os
-import shutil
 import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Union
 
-from .dtypes import DType
-from .errors import CheckpointError, OutputExistsError, UnshardError
+from ..dtypes import DType
+from ..errors import CheckpointError, UnshardError
 
 if TYPE_CHECKING:
     import torch
-
-# The files of a Hugging Face model folder other than weights. Only these are copied into OUT, so
-# a trainer's own files beside them (`latest`, `zero_to_fp32.py`, `trainer_state.json`,
-# `training_args.bin`, optimizer states) stay behind. Python files are custom model code and are
-# copied only when config.json points at them (`auto_map`).
-MODEL_FILE_PATTERNS = (
-    "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
-    "vocab.*", "merges.txt", "*.model", "*.tiktoken", "chat_template.*", "preprocessor_config.json",
-    "processor_config.json", "video_preprocessor_config.json", "image_processor_config.json",
-    "feature_extractor_config.json", "*.py",
-)
 
 
 @dataclass(frozen=True)
@@ -122,27 +107,21 @@ class SafetensorsFile:
         finally:
             os.close(source)
 
-    def write_parts(self, name: str, dtype: DType, shape: tuple[int, ...],
-                    parts: Iterable[Part]) -> None:
+    def write_parts(self, name: str, dtype: DType, shape: tuple[int, ...], parts: Iterable[Part]) -> None:
         """Write tensor `name` from parts whose bytes, one after another, are the tensor's."""
+        tensor = self.tensor(name, dtype, shape)
+        for part in parts:
+            tensor.write(part)
+        tensor.close()
+
+    def tensor(self, name: str, dtype: DType, shape: tuple[int, ...]) -> TensorBeingWritten:
+        """Tensor `name`, to be written a part at a time (an encoding fills several tensors band by band)."""
         want_dtype, want_shape, start, size = self._entries[name]
         if (dtype, tuple(shape)) != (want_dtype, want_shape):
             raise AssertionError(f"{self.path}: {name} is {want_dtype} {want_shape} in the header, got {dtype} {shape}")
-        written = 0
-        for part in parts:
-            if not isinstance(part, (FileBytes, memoryview)) and part.dtype != dtype.torch:
-                raise AssertionError(f"{name}: a part in {part.dtype} for a {dtype} tensor")
-            data = part if isinstance(part, FileBytes) else bytes_of(part)
-            if written + data.nbytes > size:
-                raise AssertionError(f"{name}: a part of {data.nbytes} bytes does not fit what is left")
-            at = self._data_start + start + written
-            if isinstance(data, FileBytes):
-                self._copy_at(at, data)
-            elif data.nbytes:
-                self._write_at(at, data)
-            written += data.nbytes
-        if written != size:
-            raise AssertionError(f"{name}: {written} of {size} bytes written")
+        return TensorBeingWritten(self, name, dtype, self._data_start + start, size)
+
+    def _written(self, name: str) -> None:
         with self._lock:
             self._unwritten.discard(name)
 
@@ -152,6 +131,31 @@ class SafetensorsFile:
             self._fd = -1
         if check and self._unwritten:
             raise AssertionError(f"{self.path}: {len(self._unwritten)} tensors were never written")
+
+
+class TensorBeingWritten:
+    """One tensor of a SafetensorsFile, written from parts in order; `close` checks it is whole."""
+
+    def __init__(self, file: SafetensorsFile, name: str, dtype: DType, at: int, size: int):
+        self.file, self.name, self.dtype, self.at, self.size, self.written = file, name, dtype, at, size, 0
+
+    def write(self, part: Part) -> None:
+        if not isinstance(part, (FileBytes, memoryview)) and part.dtype != self.dtype.torch:
+            raise AssertionError(f"{self.name}: a part in {part.dtype} for a {self.dtype} tensor")
+        data = part if isinstance(part, FileBytes) else bytes_of(part)
+        if self.written + data.nbytes > self.size:
+            raise AssertionError(f"{self.name}: a part of {data.nbytes} bytes does not fit what is left")
+        at = self.at + self.written
+        if isinstance(data, FileBytes):
+            self.file._copy_at(at, data)
+        elif data.nbytes:
+            self.file._write_at(at, data)
+        self.written += data.nbytes
+
+    def close(self) -> None:
+        if self.written != self.size:
+            raise AssertionError(f"{self.name}: {self.written} of {self.size} bytes written")
+        self.file._written(self.name)
 
 
 def bytes_of(part: torch.Tensor | memoryview) -> memoryview:
@@ -209,6 +213,23 @@ class WrittenFile:
                     at += data.nbytes
         return at == self.data_start + end
 
+    def holds_at(self, name: str, offset: int, data: memoryview) -> bool:
+        """Whether tensor `name`'s bytes from `offset` on are `data` (a piece of an encoded tensor)."""
+        _, _, begin, end = self.entries[name]
+        if begin + offset + data.nbytes > end:
+            return False
+        _, actual = _chunk_buffers()
+        with open(self.path, "rb", buffering=0) as out:
+            for done, n in _chunks(data.nbytes):
+                if not (_read(out, actual, n, self.data_start + begin + offset + done)
+                        and actual.startswith(data[done:done + n])):
+                    return False
+        return True
+
+    def size_of(self, name: str) -> int:
+        _, _, begin, end = self.entries[name]
+        return end - begin
+
 
 _THREAD = threading.local()
 
@@ -239,66 +260,3 @@ def sha256_of(path: Path) -> str:
         while n := f.readinto(buffer):
             digest.update(memoryview(buffer)[:n])
     return digest.hexdigest()
-
-
-class OutputFolder:
-    """A staging folder beside OUT that becomes OUT on `commit`, or vanishes on `abort`."""
-
-    def __init__(self, out: Path, overwrite: bool = False):
-        self.out = out
-        if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-            raise OutputExistsError(f"{out}: already exists and is not empty; choose another OUT or pass --overwrite")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        self.path = out.parent / f".{out.name}.unshard-partial-{os.getpid()}"
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        self.path.mkdir()
-
-    def commit(self) -> None:
-        old = None
-        if self.out.exists():
-            old = self.out.parent / f".{self.out.name}.unshard-old-{os.getpid()}"
-            os.replace(self.out, old)
-        os.replace(self.path, self.out)
-        if old is not None:
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-
-    def abort(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
-def write_index(folder: Path, files: dict[str, list[str]], total_size: int) -> None:
-    """model.safetensors.index.json; total_size counts bytes, as the Hub expects."""
-    if len(files) <= 1:
-        return
-    weight_map = {name: filename for filename, names in files.items() for name in names}
-    index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-
-
-def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates: dict | None = None) -> list[str]:
-    """Copy config, generation config, tokenizer, chat template, processor and code files into OUT.
-
-    config.json gets the dtype of the written weights, under the key(s) it already uses, and the
-    plan's `updates` (a head the weights have and the config did not say).
-    """
-    copied = []
-    if source is None:
-        return copied
-    config = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() else {}
-    for path in sorted(source.iterdir()):
-        if not path.is_file() or not any(fnmatch.fnmatch(path.name, p) for p in MODEL_FILE_PATTERNS):
-            continue
-        if path.suffix == ".py" and not config.get("auto_map"):
-            continue
-        if path.name == "config.json":
-            keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["dtype"]
-            for key in keys:
-                config[key] = dtype_name
-            config.update({k: v for k, v in (updates or {}).items() if k != "num_labels"})
-            (folder / path.name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        else:
-            shutil.copyfile(path, folder / path.name)
-        copied.append(path.name)
-    return copied
-

@@ -1,0 +1,329 @@
+"""Quantized Linear weights as compressed-tensors stores them: the checkpoint vLLM serves, written
+straight from the shards.
+
+The result is what llm-compressor's data-free path writes (`oneshot` with a `QuantizationModifier` of
+a preset scheme, then `save_pretrained(save_compressed=True)`), checked bit for bit in
+tests/test_quantize.py with llm-compressor as the oracle: scales from each group's (channel's, block's)
+minimum and maximum, round to nearest, the same torch operations in the weight's dtype, so the same
+roundings. What differs is the memory: a weight is quantized a band of rows at a time (every scheme
+here keeps its groups within rows), so a 70B model needs what its conversion needs.
+
+Schemes are compressed-tensors' presets, written down here as the data its config carries.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import dtypes
+from ..errors import UnshardError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..plan import OutputTensor
+
+# The compressed-tensors release whose output the tests compare with (llm-compressor 0.14.0.1's);
+# its config says which release wrote it.
+FORMAT_VERSION = "0.19.0"
+
+
+@dataclass(frozen=True)
+class Args:
+    """One tensor's quantization, as compressed-tensors' QuantizationArgs says it."""
+
+    num_bits: int
+    type: str  # "int" or "float"
+    strategy: str  # "group", "channel", "block" (weights); "token", "group" (dynamic activations)
+    symmetric: bool = True
+    group_size: int | None = None
+    block_structure: tuple[int, int] | None = None
+    dynamic: bool = False
+    zp_dtype: str | None = None
+
+    def to_config(self, observer: str | None) -> dict[str, Any]:
+        return {"actorder": None, "block_structure": list(self.block_structure) if self.block_structure else None,
+                "dynamic": self.dynamic, "group_size": self.group_size, "num_bits": self.num_bits,
+                "observer": observer, "observer_kwargs": {}, "scale_dtype": None, "strategy": self.strategy,
+                "symmetric": self.symmetric, "type": self.type, "zp_dtype": self.zp_dtype}
+
+
+@dataclass(frozen=True)
+class Scheme:
+    name: str
+    format: str  # compressed-tensors' name for how the weights are stored
+    weights: Args
+    input_activations: Args | None = None  # quantized by the serving engine, per token, as it runs
+
+    def quantization_config(self, ignore: list[str]) -> dict[str, Any]:
+        """config.json's `quantization_config`, as compressed-tensors writes it."""
+        inputs = self.input_activations.to_config(None) if self.input_activations else None
+        group = {"format": self.format, "input_activations": inputs, "output_activations": None,
+                 "targets": ["Linear"], "weights": self.weights.to_config("memoryless_minmax")}
+        return {"config_groups": {"group_0": group}, "format": self.format, "global_compression_ratio": None,
+                "ignore": ignore, "kv_cache_scheme": None, "quant_method": "compressed-tensors",
+                "quantization_status": "compressed", "sparsity_config": {}, "transform_config": {},
+                "version": FORMAT_VERSION}
+
+
+def _int_weights(bits: int, symmetric: bool = True) -> Args:
+    return Args(bits, "int", "group", symmetric, group_size=128, zp_dtype=None if symmetric else "torch.int8")
+
+
+_TOKEN_INT8 = Args(8, "int", "token", dynamic=True)
+_TOKEN_FP8 = Args(8, "float", "token", dynamic=True)
+SCHEMES = {scheme.name: scheme for scheme in (
+    Scheme("W8A16", "pack-quantized", _int_weights(8)),
+    Scheme("W4A16", "pack-quantized", _int_weights(4)),
+    Scheme("W4A16_ASYM", "pack-quantized", _int_weights(4, symmetric=False)),
+    Scheme("W8A8", "int-quantized", Args(8, "int", "channel"), _TOKEN_INT8),
+    Scheme("FP8_DYNAMIC", "float-quantized", Args(8, "float", "channel"), _TOKEN_FP8),
+    Scheme("FP8_BLOCK", "float-quantized", Args(8, "float", "block", block_structure=(128, 128)),
+           Args(8, "float", "group", group_size=128, dynamic=True)),
+)}
+ALIASES = {"INT8": "W8A8"}  # as compressed-tensors names them too
+
+# Left unquantized unless asked otherwise, as llm-compressor's examples leave them: the output head,
+# MoE routers (tiny, and routing is sensitive to them), vision towers and their projectors.
+DEFAULT_IGNORE = ("lm_head", r"re:.*mlp\.gate$", r"re:.*block_sparse_moe\.gate$", r"re:.*shared_expert_gate$",
+                  "re:(model\\.)?visual\\..*", "re:(model\\.)?vision_tower\\..*", "re:(model\\.)?vision_model\\..*",
+                  "re:(model\\.)?multi_modal_projector\\..*")
+
+
+def scheme_named(name: str) -> Scheme:
+    key = ALIASES.get(name.upper(), name.upper())
+    if key not in SCHEMES:
+        raise UnshardError(f"--quantize {name}: unknown scheme; known: {', '.join(SCHEMES)} "
+                           "(compressed-tensors' preset names)")
+    return SCHEMES[key]
+
+
+def matches(module: str, pattern: str) -> bool:
+    """compressed-tensors' rule: a module's name itself, or `re:` and a regular expression matching its start."""
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], module) is not None
+    return pattern == module
+
+
+@dataclass
+class Quantization:
+    """What a scheme does to one model: which Linear weights it encodes, which it leaves and why."""
+
+    scheme: Scheme
+    encoded: dict[str, OutputTensor] = field(default_factory=dict)  # output name -> its encoded self
+    ignored: dict[str, str] = field(default_factory=dict)  # Linear module left as it is -> the pattern naming it
+    patterns: tuple[str, ...] = ()
+
+    def config(self) -> dict[str, Any]:
+        return self.scheme.quantization_config(list(self.ignored))  # (in the model's order)
+
+
+def plan_quantization(scheme_name: str, extra_ignore: tuple[str, ...], outputs: list[OutputTensor],
+                      linear: list[str] | None, source: str) -> Quantization:
+    """Which outputs the scheme quantizes: the weights of the model's Linear modules (`linear`, weight names in
+    the model's order, tied ones included), but those the ignore patterns name. Raises if a weight cannot
+    take the scheme, as llm-compressor refuses it, naming the layers and the flag that leaves them out."""
+    from ..plan import OutputTensor
+
+    scheme = scheme_named(scheme_name)
+    if linear is None:
+        raise UnshardError(f"{source}: --quantize needs to know which tensors are Linear layers, and transformers "
+                           "could not be asked (not installed, custom code, or no model class for this config); "
+                           "install unshard[hf]")
+    experts = next((o.name for o in outputs if ".experts." in o.name), None)
+    if experts is not None:
+        raise UnshardError(f"{source}: --quantize does not take mixture-of-experts models yet ({experts}): "
+                           "llm-compressor quantizes their experts as Linear layers named its own way, which unshard "
+                           "does not write yet; convert without --quantize, then quantize the folder with llm-compressor")
+    patterns = DEFAULT_IGNORE + tuple(extra_ignore)
+    by_name = {o.name: o for o in outputs}
+    quantization = Quantization(scheme, patterns=patterns)
+    misfits = []
+    for weight in linear:
+        module = weight.removesuffix(".weight")
+        pattern = next((p for p in patterns if matches(module, p)), None)
+        if pattern is not None:
+            quantization.ignored[module] = pattern
+            continue
+        output = by_name.get(weight)
+        if output is None:  # held under another name than it is saved under (or tied, as a head ignored by default)
+            raise UnshardError(f"{source}: --quantize does not take this model yet: its Linear layer {module} is "
+                               "saved under another name than transformers holds it (vision-language models); "
+                               "convert without --quantize, then quantize the folder with llm-compressor")
+        if not output.dtype.is_floating_point or len(output.shape) != 2:
+            raise UnshardError(f"{source}: {weight} is {output.dtype} {list(output.shape)}; --quantize takes 2-D "
+                               f"floating-point weights: leave it out with --quantize-ignore {module}")
+        misfit = _misfit(scheme, output.shape)
+        if misfit:
+            misfits.append(f"{module} ({misfit})")
+            continue
+        quantization.encoded[weight] = OutputTensor(output.name, output.shape, output.dtype,
+                                                    QuantizedWeight(scheme, output))
+    if misfits:
+        raise UnshardError(f"{source}: --quantize {scheme.name} groups a layer's columns by {_group_size(scheme)}, so "
+                           f"they must be a multiple of it; not so for {len(misfits)} layer(s): "
+                           f"{', '.join(misfits[:4])}{' ...' if len(misfits) > 4 else ''}; leave them unquantized "
+                           f"with --quantize-ignore NAME or 're:REGEX' (e.g. {_suggestion(misfits[0])})")
+    return quantization
+
+
+def _group_size(scheme: Scheme) -> int | None:
+    """The columns a layer's weights, or its inputs, are quantized in groups of (FP8_BLOCK: its inputs)."""
+    return next((args.group_size for args in (scheme.weights, scheme.input_activations)
+                 if args is not None and args.strategy == "group"), None)
+
+
+def _misfit(scheme: Scheme, shape: tuple[int, ...]) -> str | None:
+    """Why a weight cannot take the scheme. llm-compressor refuses group-quantized weights whose columns are
+    not a multiple of the group; for FP8_BLOCK it writes such a layer, whose inputs compressed-tensors then
+    cannot quantize when it runs (transformers fails at the first forward pass), so that is refused too."""
+    group = _group_size(scheme)
+    if group is not None and shape[1] % group:
+        return f"{shape[1]} columns"
+    return None
+
+
+def _suggestion(misfit: str) -> str:
+    module = misfit.split(" ")[0]
+    return f"'re:.*{re.escape(module.rsplit('.', 1)[-1])}$'"
+
+
+_SCALE_BAND_ROWS = 8  # asymmetric int4 zero points are packed 8 rows to an int32
+
+
+class QuantizedWeight:
+    """A Linear weight [out, in] as compressed-tensors stores it under the scheme (see Encoding)."""
+
+    def __init__(self, scheme: Scheme, weight: OutputTensor):
+        from ..plan import OutputTensor
+
+        self.args, self.format, self.dtype = scheme.weights, scheme.format, weight.dtype
+        rows, cols = weight.shape
+        name = weight.name.removesuffix("weight")
+        args = self.args
+        if args.strategy == "group":
+            scale_shape = (rows, cols // args.group_size)
+        elif args.strategy == "channel":
+            scale_shape = (rows, 1)
+        else:
+            height, width = args.block_structure
+            scale_shape = (math.ceil(rows / height), math.ceil(cols / width))
+        self.rows_per_band = args.block_structure[0] if args.strategy == "block" else _SCALE_BAND_ROWS
+        self.shape = weight.shape
+        stored = []
+        if self.format == "pack-quantized":
+            stored.append(OutputTensor(f"{name}weight_packed", (rows, math.ceil(cols * args.num_bits / 32)), dtypes.BY_NAME["int32"]))
+        else:
+            code = "int8" if args.type == "int" else "float8_e4m3fn"
+            stored.append(OutputTensor(f"{name}weight", (rows, cols), dtypes.BY_NAME[code]))
+        stored.append(OutputTensor(f"{name}weight_scale", scale_shape, weight.dtype))
+        if self.format == "pack-quantized":
+            stored.append(OutputTensor(f"{name}weight_shape", (2,), dtypes.BY_NAME["int64"]))
+            if not args.symmetric:  # packed along the rows, 32 // num_bits rows to an int32
+                stored.append(OutputTensor(f"{name}weight_zero_point",
+                                           (math.ceil(rows * args.num_bits / 32), scale_shape[1]), dtypes.BY_NAME["int32"]))
+        self.stored = tuple(stored)
+        self.names = {s.name.rsplit(".", 1)[-1]: s.name for s in stored}
+
+    def encode(self, band: torch.Tensor, start: int) -> dict[str, torch.Tensor]:
+        import torch
+
+        args, names = self.args, self.names
+        q_min, q_max = _range(args)
+        if args.strategy == "block":
+            values, scale, zero = _quantize_blocks(band, args, q_min, q_max)
+        else:
+            grouped = band.unflatten(-1, (-1, args.group_size)) if args.strategy == "group" else band.unsqueeze(1)
+            scale, zero = _scale_and_zero_point(grouped.amin(-1), grouped.amax(-1), args, q_min, q_max)
+            values = _quantize(grouped, scale.unsqueeze(-1), zero.unsqueeze(-1), args, q_min, q_max).flatten(-2)
+            scale = scale if args.strategy == "group" else scale.reshape(-1, 1)
+        pieces = {names["weight_scale"]: scale}
+        if self.format == "pack-quantized":
+            pieces[names["weight_packed"]] = _pack_rows(values, args.num_bits)
+            if start == 0:
+                pieces[names["weight_shape"]] = torch.tensor(self.shape, dtype=torch.int64)
+            if not args.symmetric:
+                pieces[names["weight_zero_point"]] = _pack_rows(zero.t(), args.num_bits).t().contiguous()
+        else:
+            pieces[names["weight"]] = values
+        return pieces
+
+
+def _range(args: Args):
+    """The quantized values' range, as 0-dimensional float32 tensors (as compressed-tensors makes them: the
+    dtype matters, torch promotes a weight's bf16 with them by their kind only)."""
+    import torch
+
+    if args.type == "int":
+        half = 2.0 ** args.num_bits / 2
+        return torch.tensor(-half), torch.tensor(half - 1)
+    largest = torch.finfo(torch.float8_e4m3fn).max
+    return torch.tensor(-largest), torch.tensor(largest)
+
+
+def _scale_and_zero_point(lowest, highest, args: Args, q_min, q_max):
+    """Scales (and zero points) from each group's least and greatest values, in the weight's dtype."""
+    import torch
+
+    lowest = torch.min(lowest, torch.zeros_like(lowest))  # zero must stay representable
+    highest = torch.max(highest, torch.zeros_like(highest))
+    span = q_max - q_min
+    if args.symmetric:
+        scale = torch.max(lowest.abs(), highest.abs()) / (span.to(lowest.dtype) / 2)
+        zero = torch.zeros(scale.shape, dtype=lowest.dtype)
+    else:
+        scale = (highest - lowest) / span.to(highest.dtype)
+        zero = torch.clamp(q_min - lowest / scale, q_min, q_max)
+    scale = torch.where(scale == 0, torch.tensor(torch.finfo(scale.dtype).eps, dtype=scale.dtype), scale)
+    if not args.symmetric:
+        zero = torch.round(torch.clamp(zero, -128, 127)).to(torch.int8)
+    return scale, zero
+
+
+def _quantize(x, scale, zero, args: Args, q_min, q_max):
+    """x / scale + zero point, clamped to the range, rounded to the integer or fp8 grid."""
+    import torch
+
+    scaled = x / scale
+    scaled += zero.to(x.dtype)  # (symmetric: adds +0.0, which turns a -0.0 into +0.0 as the reference does)
+    clamped = torch.clamp(scaled, q_min, q_max)
+    if args.type == "int":
+        return torch.round(clamped).to(torch.int8)
+    return clamped.to(torch.float8_e4m3fn)
+
+
+def _quantize_blocks(band, args: Args, q_min, q_max):
+    """Block strategy: each block of the (zero-padded) weight has one scale."""
+    import torch
+
+    height, width = args.block_structure
+    rows, cols = band.shape
+    padded = torch.nn.functional.pad(band, (0, -cols % width, 0, -rows % height))
+    blocks = padded.unflatten(0, (-1, height)).unflatten(-1, (-1, width)).transpose(1, 2)  # [br, bc, h, w]
+    flat = blocks.flatten(-2)
+    scale, zero = _scale_and_zero_point(flat.amin(-1), flat.amax(-1), args, q_min, q_max)
+    values = _quantize(blocks, scale[..., None, None], zero[..., None, None], args, q_min, q_max)
+    values = values.transpose(1, 2).reshape(padded.shape)[:rows, :cols]
+    return values.contiguous(), scale, zero
+
+
+def _pack_rows(values, bits: int):
+    """int8 values packed into int32 along each row, densely: value i at bits [i*bits, (i+1)*bits) of the row's
+    bit stream, little end first, each offset by 2**(bits-1) to be unsigned (compressed-tensors' packing)."""
+    import numpy as np
+    import torch
+
+    per_word = 32 // bits
+    unsigned = values.numpy().astype(np.uint32) + np.uint32(1 << (bits - 1))
+    unsigned &= np.uint32((1 << bits) - 1) if bits < 32 else np.uint32(0xFFFFFFFF)
+    rows, cols = unsigned.shape
+    padded = np.zeros((rows, math.ceil(cols / per_word) * per_word), dtype=np.uint32)
+    padded[:, :cols] = unsigned
+    words = padded.reshape(rows, -1, per_word)
+    packed = np.zeros(words.shape[:2], dtype=np.uint32)
+    for i in range(per_word):
+        packed |= words[:, :, i] << np.uint32(i * bits)
+    return torch.from_numpy(packed.view(np.int32)[:, :math.ceil(cols * bits / 32)].copy())

@@ -1,0 +1,188 @@
+"""A Hugging Face model folder: safetensors shards and their index, config and tokenizer files, a model card.
+
+The folder is built beside OUT under a hidden name and renamed into place only when complete, so a
+failed run never leaves an OUT that looks finished. Before that, the folder is loaded as a serving
+stack would load it (`check_folder`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import dense_families, known
+from ..errors import OutputExistsError, UnshardError
+from .safetensors import SafetensorsFile, WrittenFile
+
+if TYPE_CHECKING:
+    from ..plan import Group, OutputTensor, Plan
+
+# The files of a Hugging Face model folder other than weights. Only these are copied into OUT, so
+# a trainer's own files beside them (`latest`, `zero_to_fp32.py`, `trainer_state.json`,
+# `training_args.bin`, optimizer states) stay behind. Python files are custom model code and are
+# copied only when config.json points at them (`auto_map`).
+MODEL_FILE_PATTERNS = (
+    "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
+    "vocab.*", "merges.txt", "*.model", "*.tiktoken", "chat_template.*", "preprocessor_config.json",
+    "processor_config.json", "video_preprocessor_config.json", "image_processor_config.json",
+    "feature_extractor_config.json", "*.py",
+)
+
+
+class HFFolder:
+    """The Hugging Face folder as an output format (a Sink, see sinks/__init__.py)."""
+
+    def lay_out(self, groups: dict[str, Group], max_shard_size: int | str) -> dict[str, list[Group]]:
+        """The weight files and the groups each holds, by the bytes written (huggingface_hub's split)."""
+        from huggingface_hub import split_state_dict_into_shards_factory
+
+        try:
+            split = split_state_dict_into_shards_factory(groups, get_storage_size=lambda g: g.nbytes,
+                                                         filename_pattern="model{suffix}.safetensors",
+                                                         max_shard_size=max_shard_size)
+        except ValueError:
+            raise UnshardError(f"--max-shard-size {max_shard_size!r}: give a size such as 5GB or 500MB") from None
+        return {filename: [groups[n] for n in names] for filename, names in split.filename_to_tensors.items()}
+
+    def stage(self, out: Path, overwrite: bool) -> OutputFolder:
+        return OutputFolder(out, overwrite)
+
+    def open(self, path: Path, tensors: list[OutputTensor]) -> SafetensorsFile:
+        path.parent.mkdir(exist_ok=True)  # lora_adapter/
+        return SafetensorsFile(path, [(t.name, t.dtype, t.shape) for t in tensors])
+
+    def read_back(self, path: Path) -> WrittenFile:
+        return WrittenFile(path)
+
+    def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
+        return finish_folder(plan, folder, digests, extra_files)
+
+
+class OutputFolder:
+    """A staging folder beside OUT that becomes OUT on `commit`, or vanishes on `abort`."""
+
+    def __init__(self, out: Path, overwrite: bool = False):
+        self.out = out
+        if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+            raise OutputExistsError(f"{out}: already exists and is not empty; choose another OUT or pass --overwrite")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.path = out.parent / f".{out.name}.unshard-partial-{os.getpid()}"
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        self.path.mkdir()
+
+    def commit(self) -> None:
+        old = None
+        if self.out.exists():
+            old = self.out.parent / f".{self.out.name}.unshard-old-{os.getpid()}"
+            os.replace(self.out, old)
+        os.replace(self.path, self.out)
+        if old is not None:
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+    def abort(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def write_index(folder: Path, files: dict[str, list[str]], total_size: int) -> None:
+    """model.safetensors.index.json; total_size counts bytes, as the Hub expects."""
+    if len(files) <= 1:
+        return
+    weight_map = {name: filename for filename, names in files.items() for name in names}
+    index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates: dict | None = None) -> list[str]:
+    """Copy config, generation config, tokenizer, chat template, processor and code files into OUT.
+
+    config.json gets the dtype of the written weights, under the key(s) it already uses, and the
+    plan's `updates` (a head the weights have and the config did not say).
+    """
+    copied = []
+    if source is None:
+        return copied
+    config = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() else {}
+    for path in sorted(source.iterdir()):
+        if not path.is_file() or not any(fnmatch.fnmatch(path.name, p) for p in MODEL_FILE_PATTERNS):
+            continue
+        if path.suffix == ".py" and not config.get("auto_map"):
+            continue
+        if path.name == "config.json":
+            keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["dtype"]
+            for key in keys:
+                config[key] = dtype_name
+            config.update({k: v for k, v in (updates or {}).items() if k != "num_labels"})
+            (folder / path.name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        else:
+            shutil.copyfile(path, folder / path.name)
+        copied.append(path.name)
+    return copied
+
+
+def finish_folder(plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
+    """Everything in OUT besides the weights: index, config and tokenizer, model card; then the load check."""
+    from ..report import model_card
+
+    model_files = plan.model_files
+    write_index(folder, {f: [s.name for s in plan.stored(f)] for f in model_files},
+                sum(g.nbytes for gs in model_files.values() for g in gs))
+    copied = copy_model_files(plan.config_folder, folder, plan.dtype.name, plan.config_updates)
+    extra = {**plan.extra_files, **(extra_files or {})}
+    extra["README.md"] = model_card(plan, {f: digests[f] for f in plan.files}, extra.get("README.md"))
+    for name, text in extra.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+        copied.append(name)
+    return copied, check_folder(folder)
+
+
+def check_folder(folder: Path) -> list[str]:
+    """Load the written config (and tokenizer) as a serving stack would; what it would miss, as warnings.
+    A config transformers cannot read is an error: the folder would not load anywhere."""
+    warnings = []
+    names = {p.name for p in folder.iterdir()}
+    # (A missing tokenizer is already among the plan's notes.)
+    if names & {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"} and "chat_template.jinja" not in names and "chat_template" not in _read_json(folder / "tokenizer_config.json"):
+        warnings.append("no chat template in the output (fine for a base model; a chat model needs one)")
+    if "generation_config.json" not in names:
+        warnings.append("no generation_config.json: generation falls back to defaults (eos, sampling)")
+    version = known.transformers_version()
+    if version is None:
+        return warnings
+    # The same config and tokenizer files load the same way with the same transformers: ask once.
+    model_files = [p for p in folder.iterdir()
+                   if p.is_file() and any(fnmatch.fnmatch(p.name, pattern) for pattern in MODEL_FILE_PATTERNS)]
+    entry = known.key("folder", version, known.files_digest(model_files))
+    if (cached := known.recall("folders", entry)) is None:
+        light = dense_families.loads_without_transformers(folder)  # (known to load: transformers not imported)
+        cached = [] if light else _load_as_transformers_would(folder, names)
+        known.remember("folders", entry, cached)
+    return warnings + cached
+
+
+def _load_as_transformers_would(folder: Path, names: set[str]) -> list[str]:
+    import transformers
+
+    try:
+        transformers.AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except ValueError as e:
+        if "trust_remote_code" not in str(e):  # custom code is copied, never run
+            raise UnshardError(f"{folder / 'config.json'}: transformers cannot read it ({e})") from None
+    if names & {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"}:
+        try:
+            transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        except Exception as e:  # a missing optional package (sentencepiece) is the user's to install
+            return [f"the tokenizer does not load here ({type(e).__name__}: {str(e)[:120]})"]
+    return []
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
