@@ -27,7 +27,8 @@ input's pages are dropped from the cache before each run), with no earlier outpu
                           (layout "merge": a base and two fine-tunes of the given size each)
   llm-compressor SCHEME   layout "quantize": unshard convert --quantize SCHEME from the verl rank files, against
                           llm-compressor's data-free path (load, oneshot, save_pretrained(save_compressed=True)),
-                          from PyPI in its own venv, on the same model's Hugging Face folder (converted untimed)
+                          from PyPI in its own venv, on the same model's Hugging Face folder (converted untimed);
+                          beside them, a plain conversion, one with --verify, and --verify's CRC-32 check alone
 Each tool runs --repeat times, the tools taking turns (this VM's disk varies over minutes). Reports
 the median wall time and the range, peak RSS of the process tree, throughput and the ratio to `cp`
 as a markdown table, appends every measurement with the machine and versions to
@@ -158,11 +159,15 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
             "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), recipe, str(out)],
         }
     if layout == "quantize":
-        found = {"cp": ["cp", "-r", str(src), str(out)]}
+        convert = [*python, "-m", "unshard", "convert", str(src), str(out), "--no-progress"]
+        # --verify checks the CRC-32 of every torch.save record read; this row times that check alone.
+        crc = ("import sys; import unshard; from unshard.execute import _check_sources; plan = unshard.plan(sys.argv[1]); "
+               "_check_sources(plan.checkpoint, plan.groups)")
+        found = {"cp": ["cp", "-r", str(src), str(out)], "unshard": convert, "unshard --verify": [*convert, "--verify"],
+                 "CRC-32 of the records read": [*python, "-c", crc, str(src)]}
         oracle = ROOT / "tests" / "fixtures" / "llmcompressor_oracle.py"
         for scheme in ("W4A16", "FP8_DYNAMIC"):
-            found[f"unshard --quantize {scheme}"] = [*python, "-m", "unshard", "convert", str(src), str(out),
-                                                     "--quantize", scheme, "--no-progress"]
+            found[f"unshard --quantize {scheme}"] = [*convert, "--quantize", scheme]
             jobs = folder / f"llmcompressor-{scheme}.json"
             jobs.write_text(json.dumps([{"src": str(folder / "hf-model"), "out": str(out), "scheme": scheme,
                                          "ignore": ["lm_head"]}]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -351,3 +352,99 @@ def test_architecture_override(tmp_path):
     assert code == 1 and "unexpected 1 (e.g. score.bias)" in err and not (tmp_path / "seq").exists()
     code, _, err = run_cli("convert", critic, tmp_path / "bad", "--architecture", "Qwen2ForNothing")
     assert code == 1 and "transformers has no such model class" in err and not (tmp_path / "bad").exists()
+
+
+KILLED_WHILE_WRITING = """
+import os, signal, sys
+from unshard import execute
+
+def write_then_die(*args, **kwargs):  # the OOM killer, or a scheduler, stopping the run mid-write
+    os.kill(os.getpid(), signal.SIGKILL)
+
+execute._write_weights = write_then_die
+from unshard.cli import main
+main(["convert", sys.argv[1], sys.argv[2], "--no-progress"])
+"""
+
+
+def test_a_killed_run_s_staging_folder_is_removed_by_the_next(tmp_path):
+    """SIGKILL leaves the staging folder; the next run into the same folder removes it and says so, but
+    leaves a live process's and another host's alone."""
+    done = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, str(LLAMA / "global_step_1"), str(tmp_path / "a")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == -9
+    (stale,) = leftovers(tmp_path)
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / f".b.unshard-partial-{socket.gethostname()}-{alive.pid}-k2_x9abc").mkdir()
+        (tmp_path / ".c.unshard-partial-another-host-999991-a1b2c3d4").mkdir()
+        code, _, err = run_cli("convert", LLAMA / "global_step_1", tmp_path / "d")
+    finally:
+        alive.kill()
+    assert code == 0, err
+    assert f"note: removed {tmp_path / stale}, left by process" in err and "no longer running" in err
+    assert sorted(leftovers(tmp_path)) == sorted([f".b.unshard-partial-{socket.gethostname()}-{alive.pid}-k2_x9abc",
+                                                  ".c.unshard-partial-another-host-999991-a1b2c3d4"])
+
+
+def test_model_file_that_does_not_parse(tmp_path):
+    """A tokenizer_config.json emptied or cut short is an error naming it, before anything is written;
+    --no-check copies it as it is, with a warning."""
+    ckpt = copy_actor(tmp_path)
+    (ckpt / "huggingface" / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTok')
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "tokenizer_config.json: not valid JSON" in err and "--no-check" in err
+    assert not (tmp_path / "hf").exists() and not leftovers(tmp_path)
+    code, _, err = run_cli("convert", ckpt, tmp_path / "hf", "--no-check")
+    assert code == 0 and "warning: tokenizer_config.json: not valid JSON" in err
+    tokenizer = ckpt / "huggingface" / "tokenizer.json"  # JSON, but no tokenizer the tokenizers library knows
+    tokenizer.write_text(tokenizer.read_text().replace('"type": "BPE"', '"type": "NoSuchModel"', 1))
+    code, _, err = run_cli("convert", ckpt, tmp_path / "again")
+    assert code == 1 and "tokenizer.json: the tokenizers library cannot read it" in err
+
+
+def test_two_runs_into_one_output_never_mix(tmp_path, monkeypatch):
+    """A run that finishes second finds OUT written by the first: it keeps the first's folder whole and fails."""
+    from unshard import execute
+    from unshard.sinks import hf_folder
+
+    out = tmp_path / "hf"
+    finish = hf_folder.finish_folder
+
+    def another_run_finishes_first(plan, folder, *args):
+        monkeypatch.setattr(hf_folder, "finish_folder", finish)  # (the other run finishes as usual)
+        unshard.convert(LLAMA / "global_step_1", out, progress=False)
+        return finish(plan, folder, *args)
+
+    monkeypatch.setattr(hf_folder, "finish_folder", another_run_finishes_first)
+    plan = unshard.plan(SHIPPED / "qwen2-fsdp2" / "global_step_1")
+    with pytest.raises(unshard.OutputExistsError, match="another run wrote it while this one was running"):
+        execute.convert(plan, out, progress=False)
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
+    assert not leftovers(tmp_path)
+
+
+def test_no_room_to_write_is_one_line_and_leaves_nothing(tmp_path):
+    """The file size limit (RLIMIT_FSIZE: writes fail with EFBIG, as on a full disk with ENOSPC) stops the
+    run with one line naming the file, and nothing is left behind."""
+    import resource
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))  # the weights are 290 KB
+
+    done = subprocess.run([sys.executable, "-m", "unshard", "convert", str(LLAMA / "global_step_1"), str(tmp_path / "hf")],
+                          capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("unshard:")]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr
+    assert "model.safetensors: File too large; nothing was written to the output" in errors[0]
+    assert not (tmp_path / "hf").exists() and not leftovers(tmp_path)
+
+
+def test_output_parent_that_cannot_hold_it(tmp_path):
+    """OUT inside a file (or a folder this user cannot write: the same error) is one line, nothing written."""
+    (tmp_path / "notes.txt").write_text("a file, not a folder")
+    code, _, err = run_cli("convert", LLAMA / "global_step_1", tmp_path / "notes.txt" / "hf")
+    errors = [line for line in err.splitlines() if line.startswith("unshard:")]
+    assert code == 1 and len(errors) == 1, err
+    assert "notes.txt: cannot hold the output (a file is where a folder must be)" in errors[0]

@@ -147,8 +147,8 @@ def test_first_conversion_of_a_listed_family_imports_neither_torch_nor_transform
 
 @pytest.mark.parametrize("damage", ["tokenizer.json", "tokenizer_class"])
 def test_tokenizer_the_light_check_cannot_vouch_for_is_loaded_by_transformers(tmp_path, monkeypatch, damage):
-    """A tokenizer.json that does not parse, or a tokenizer class outside the known few, sends the
-    output folder to transformers, which says whether it loads."""
+    """A tokenizer.json that does not parse (copied with --no-check: otherwise an error), or a tokenizer class
+    outside the known few, sends the output folder to transformers, which says whether it loads."""
     src = tmp_path / "ckpt"
     shutil.copytree(SHIPPED / "llama-fsdp2" / "global_step_1", src)
     hf = src / "actor" / "huggingface"
@@ -159,7 +159,11 @@ def test_tokenizer_the_light_check_cannot_vouch_for_is_loaded_by_transformers(tm
         (hf / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "tokenizer_class": "BertTokenizer"}))
     monkeypatch.setenv("UNSHARD_CACHE", "off")
     assert not dense_families.loads_without_transformers(hf)
-    result = unshard.convert(src, tmp_path / "out", progress=False)
+    if damage == "tokenizer.json":
+        with pytest.raises(unshard.ConfigMismatchError, match="tokenizer.json: not valid JSON"):
+            unshard.convert(src, tmp_path / "out", progress=False)
+    result = unshard.convert(src, tmp_path / "out", progress=False, check=damage != "tokenizer.json")
     if damage == "tokenizer.json":
         assert any("the tokenizer does not load here" in w for w in result.warnings)
+        assert any("tokenizer.json: not valid JSON" in w for w in result.warnings)
     assert dense_families.loads_without_transformers(SHIPPED / "llama-fsdp2" / "global_step_1" / "actor" / "huggingface")

@@ -10,6 +10,7 @@ import signal
 import sys
 
 from .errors import PeerFailedError, UnshardError
+from .sinks.safetensors import ROOM_ERRNOS
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
@@ -26,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
         p.add_argument("--config-from", metavar="DIR", help="Hugging Face folder with config and tokenizer files")
         p.add_argument("--no-check", dest="check", action="store_false",
-                       help="write even if the tensors do not fit the config")
+                       help="write even if the tensors do not fit the config, or a JSON model file does not parse")
         p.add_argument("--weights", default="master", choices=("master", "module"),
                        help="DeepSpeed: fp32 master weights from the optimizer (default) or the 16-bit module states")
         p.add_argument("--tag", help="DeepSpeed: the tag folder to read (default: the one `latest` names)")
@@ -113,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug, not bad input: still one line, the traceback with --debug
         if args.debug:
             raise
+        if isinstance(e, OSError) and e.errno in ROOM_ERRNOS:  # (weights' writes say which file themselves)
+            print(f"unshard: error: {e.filename or 'the output'}: {e.strerror}; nothing was written to the output: "
+                  "free space on that disk (or raise the file size limit, ulimit -f) and run again", file=sys.stderr)
+            return 1
         print(f"unshard: internal error: {type(e).__name__}: {e}; rerun with --debug and report it", file=sys.stderr)
         return 2
 

@@ -495,10 +495,19 @@ def _across_files(plan: Plan, filenames: list[str]) -> Iterator[tuple[str, Group
         yield filename, group
 
 
+def _check_sources(checkpoint, groups: list[Group]) -> None:
+    """The CRC-32 of the torch.save records the groups are read from (a merge's: those of its inputs)."""
+    for item in getattr(checkpoint, "_inputs", []):
+        _check_sources(item.plan.checkpoint, item.plan.groups)
+    checkpoint.check_records([(p, p.block.numel * g.source.dtype.itemsize) for g in groups for p in g.source.pieces])
+
+
 def verify_folder(plan: Plan, folder: Path, filenames: list[str], threads: int = 1) -> None:
-    """Read back every tensor written to these files and compare it byte for byte with the checkpoint:
-    each piece's bytes read again from its file, or assembled and cast (and encoded) again, a chunk at
-    a time. So verifying holds what writing held, and needs torch only where writing did."""
+    """Check the CRC-32 of the torch.save records read, then read back every tensor written to these files
+    and compare it byte for byte with the checkpoint: each piece's bytes read again from its file, or
+    assembled and cast (and encoded) again, a chunk at a time. So verifying holds what writing held, and
+    needs torch only where writing did."""
+    _check_sources(plan.checkpoint, [g for f in filenames for g in plan.files[f]])
     written = {filename: plan.sink.read_back(folder / filename) for filename in filenames}
     for filename, file in written.items():
         planned = [(s.name, s.dtype.safetensors, s.shape) for s in plan.stored(filename)]

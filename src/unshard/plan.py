@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from . import dtypes, hf_names, lora
 from .dtypes import DType
-from .errors import UnshardError
+from .errors import ConfigMismatchError, UnshardError
 from .readers import Checkpoint, SourceTensor
 from .sinks import ENCODING_WORK, Encoding, OutputOptions, Sink
-from .sinks.hf_folder import MODEL_FILE_PATTERNS, HFFolder
+from .sinks.hf_folder import MODEL_FILE_PATTERNS, HFFolder, unreadable_model_files
 
 if TYPE_CHECKING:
     import torch
@@ -190,6 +190,9 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
     quantizing: which tensors are Linear layers is part of the answer, and needed now.)"""
     config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
     config = hf_names.read_config(config_folder)
+    if check and (broken := unreadable_model_files(config_folder)):
+        path, why = broken[0]
+        raise ConfigMismatchError(f"{path}: {why}; fix or remove it, or pass --no-check to copy it as it is")
     checkpoint.fit_config(config)
     out_dtype, reason = choose_dtype(output.dtype, config, checkpoint)
     fold = lora.plan_fold(checkpoint, lora_alpha, lora_mode)

@@ -212,7 +212,8 @@ def _refusing_unsafe(path: Path):
             "never runs code from a checkpoint. Re-save the state dict as plain tensors, or report the type "
             "if it is a legitimate torch class"
         ) from None
-    except (RuntimeError, zipfile.BadZipFile, EOFError, OSError) as e:
+    except (RuntimeError, zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, IndexError, TypeError,
+            AttributeError) as e:  # (past its allow-list, a damaged pickle fails anywhere in torch's loader)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
             f"{path}: cannot be read ({first}); the file is truncated or corrupt: copy it again from "

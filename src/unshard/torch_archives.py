@@ -27,6 +27,7 @@ from typing import Any
 
 from . import dtypes
 from .dtypes import DType
+from .errors import CheckpointError
 from .safe_pickle import DTENSOR_MODULES, FOREIGN_RECORDS, PLACEMENTS, DTensorStandIn, MeshRecord, Record, Window
 
 # The storage classes a pickle names for each element type (torch's legacy typed storages).
@@ -230,15 +231,71 @@ def read(file, start: int = 0, length: int | None = None, path: Path | None = No
                 if info.compress_type != zipfile.ZIP_STORED:
                     raise NotPlain("a compressed storage")
                 storages[info.filename[len(prefix) + 5:]] = (start + _data_start(file, start, info), info.file_size)
-        data = archive.read(pickles[0])
-    except (zipfile.BadZipFile, OSError, UnicodeDecodeError, KeyError, ValueError) as e:
+        data = archive.read(pickles[0])  # (zipfile checks the record's CRC-32)
+    except zipfile.BadZipFile as e:
+        if "CRC" in str(e):  # the pickle was written otherwise: torch's loader would only build something else
+            where = path or getattr(file, "name", "the archive")
+            raise CheckpointError(f"{where}: its pickle fails its CRC-32 check; the file is corrupt: copy it again") from None
         raise NotPlain(f"not a readable archive ({e})") from None
+    except (OSError, EOFError, UnicodeDecodeError, KeyError, ValueError) as e:  # (EOFError: a record's size damaged)
+        raise NotPlain(f"not a readable archive ({e!r})") from None
     try:
         return _Unpickler(data, storages).load()
     except NotPlain:
         raise
     except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError) as e:
         raise NotPlain(f"its pickle ({e})") from None
+
+
+@dataclass(frozen=True)
+class ArchiveRecord:
+    """A stored record of an archive: where its bytes lie in the file, and the CRC-32 its directory lists."""
+
+    name: str
+    start: int
+    nbytes: int
+    crc: int
+
+
+def records(path: Path, start: int = 0, length: int | None = None) -> list[ArchiveRecord]:
+    """The stored records of the torch.save archive at bytes [start, start + length) of `path` (none if
+    those bytes are not a zip archive: a safetensors chunk, say). Raises CheckpointError where they begin
+    as one but its directory or headers do not read."""
+    with open(path, "rb") as file:
+        if length is None:
+            length = file.seek(0, io.SEEK_END) - start
+        file.seek(start)
+        if file.read(4) != b"PK\x03\x04":
+            return []
+        try:
+            infos = zipfile.ZipFile(Window(file, start, length)).infolist()
+            found = [ArchiveRecord(i.filename, start + _data_start(file, start, i), i.file_size, i.CRC)
+                     for i in infos if i.compress_type == zipfile.ZIP_STORED]  # (torch.save stores, never compresses)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+            raise CheckpointError(f"{path}: its archive's directory does not read ({e}); the file is corrupt: copy it "
+                                  "again") from None
+        if any(r.start + r.nbytes > start + length for r in found):
+            raise CheckpointError(f"{path}: a record runs past the end of its archive; the file is truncated or "
+                                  "corrupt: copy it again")
+        return found
+
+
+CRC_CHUNK = 16 << 20
+
+
+def crc_of(path: Path, start: int, nbytes: int) -> int:
+    """CRC-32 of bytes [start, start + nbytes) of `path`, read a chunk at a time (zlib lets go of the GIL)."""
+    import zlib
+
+    crc, buffer = 0, bytearray(min(CRC_CHUNK, max(nbytes, 1)))
+    with open(path, "rb", buffering=0) as file:
+        file.seek(start)
+        while nbytes:
+            n = file.readinto(memoryview(buffer)[:min(len(buffer), nbytes)])
+            if not n:
+                break  # (short: the CRC differs, which says the file is damaged)
+            crc, nbytes = zlib.crc32(memoryview(buffer)[:n], crc), nbytes - n
+    return crc
 
 
 def _data_start(file, start: int, info: zipfile.ZipInfo) -> int:

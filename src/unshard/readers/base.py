@@ -250,6 +250,34 @@ class Checkpoint:
         inside = 0 <= offset and offset + view.numel() * view.element_size() <= mapped.nbytes()
         return offset if view.numel() and view.is_contiguous() and inside else None
 
+    def archive_of(self, piece: Piece) -> tuple[int, int | None]:
+        """(start, length) of the torch.save archive holding the piece in its file: the whole file, unless
+        the reader knows better (a DCP file holds an archive per chunk)."""
+        return 0, None
+
+    def check_records(self, pieces: list[tuple[Piece, int]]) -> None:
+        """Check the CRC-32 of every torch.save record these pieces (and their byte counts) are read from,
+        against the one the archive's directory lists: a flipped bit in a tensor's bytes is otherwise
+        copied into the output unseen (the writer copies such bytes file to file, unread). A piece read
+        through torch's loader has every record of its archive checked. Raises CheckpointError naming
+        the file."""
+        wanted: dict[tuple[Path, int, int | None], list[tuple[int, int]] | None] = {}
+        for piece, nbytes in pieces:
+            archive = (piece.file, *self.archive_of(piece))
+            at = self.file_offset(piece)
+            if at is None:
+                wanted[archive] = None  # every record
+            elif wanted.get(archive, []) is not None:
+                wanted.setdefault(archive, []).append((at, at + nbytes))
+        for (file, start, length), ranges in wanted.items():
+            for record in torch_archives.records(file, start, length):
+                end = record.start + record.nbytes
+                if ranges is not None and not any(a < end and record.start < b for a, b in ranges):
+                    continue
+                if torch_archives.crc_of(file, record.start, record.nbytes) != record.crc:
+                    raise CheckpointError(f"{file}: record {record.name} fails its CRC-32 check; the file is "
+                                          "corrupt: copy it again from the training job's storage")
+
     def read_piece(self, piece: Piece) -> torch.Tensor:
         """One piece's elements, flattened, as they lie in the whole tensor (see `flat_pieces`)."""
         return self.local_tensor(piece)[box(piece.block.local_offsets, piece.block.sizes)].reshape(-1)

@@ -246,6 +246,10 @@ class DcpFolder(Checkpoint):
             self._offsets[piece] = chunk_offset(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key)
         return self._offsets[piece]
 
+    def archive_of(self, piece: Piece) -> tuple[int, int | None]:
+        info = self._storage[(piece.key, piece.block.global_offsets)]
+        return info.offset, info.length
+
     def release(self, piece: Piece) -> None:
         if piece.file in self.maps:  # (not mapped: the chunk was read as bytes, or not yet)
             info = self._storage[(piece.key, piece.block.global_offsets)]

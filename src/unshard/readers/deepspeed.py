@@ -42,11 +42,17 @@ EXPERT_FILE = re.compile(r"^layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\
 EXPERT_NAME = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..*)$")
 
 
+def latest_tag(src: Path) -> str:
+    """What `latest` names (read as bytes: a damaged file may hold anything)."""
+    return (src / "latest").read_bytes().decode(errors="replace").strip()
+
+
 def find_folder(src: Path, tag: str | None = None) -> Path | None:
     """The tag folder: the one `latest` names (or `tag`), or SRC itself if it holds model states."""
     if tag is not None or (src / "latest").is_file():
-        folder = src / (tag or (src / "latest").read_text().strip())
-        return folder if folder.is_dir() else None
+        named = tag or latest_tag(src)
+        folder = src / named
+        return folder if named and "/" not in named and folder.is_dir() else None
     if src.is_dir() and any(MODEL_FILE.match(p.name) for p in src.iterdir()):
         return src
     return None
@@ -89,14 +95,18 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
         if tag is not None:
             raise CheckpointError(f"{src}: no tag folder {tag!r}; {found}")
         if (src / "latest").is_file():
-            named = (src / "latest").read_text().strip()
-            raise CheckpointError(f"{src / 'latest'}: names {named!r}, which is not here; {found}; pass --tag")
+            named = latest_tag(src)
+            what = f"names {named!r}, which is not here" if named else "is empty"
+            raise CheckpointError(f"{src / 'latest'}: {what}; {found}; pass --tag")
         raise CheckpointError(f"{src}: no DeepSpeed `latest` file or *_model_states.pt files here")
     model_files, optim_files = _files(folder, MODEL_FILE), _files(folder, OPTIM_FILE)
     expert_files = [p for p in folder.iterdir() if EXPERT_FILE.match(p.name)]
     if any(mp for _, mp in [*model_files, *optim_files]) or any(EXPERT_FILE.match(p.name).group(3) != "00"
                                                                  for p in expert_files):
         raise CheckpointError(f"{folder}: tensor-parallel DeepSpeed checkpoints (mp_rank_01 and up) are not supported yet")
+    if not model_files:
+        raise CheckpointError(f"{folder}: no mp_rank_00_model_states.pt (or zero_pp_rank_N_mp_rank_00_model_states.pt) "
+                              "here; the checkpoint is incomplete: copy the tag folder again")
     first_model = model_files[min(model_files)]
     maps: dict[Path, torch.UntypedStorage] = {}
     model_state = load_archive(first_model, maps)
@@ -221,6 +231,10 @@ def _add_frozen(tensors, model_state, first_model, folder, model_files, states, 
     if not frozen:
         return
     if stage == 3:
+        missing = [dp for dp in range(world) if (dp, 0) not in model_files]
+        if missing:
+            raise CheckpointError(f"{folder}: model states of rank(s) {missing[:4]} are missing "
+                                  f"(zero_pp_rank_{missing[0]}_mp_rank_00_model_states.pt); copy every rank's files")
         for dp in range(world):
             path = model_files[(dp, 0)]
             if path not in states:

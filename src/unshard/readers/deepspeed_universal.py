@@ -24,7 +24,7 @@ def find_folder(src: Path) -> Path | None:
     # Beside `latest`, the original ZeRO files are the source of truth; point at the universal
     # folder itself to read it instead.
     if (src / "latest_universal").is_file() and not (src / "latest").is_file():
-        src = src / (src / "latest_universal").read_text().strip()
+        src = src / (src / "latest_universal").read_bytes().decode(errors="replace").strip()
     return src if (src / "zero").is_dir() and any((src / "zero").glob("*/fp32.pt")) else None
 
 

@@ -48,7 +48,7 @@ def iteration_folder(src: Path, iteration: int | None = None) -> Path:
     if iteration is None and not tracker.is_file():
         return src
     if iteration is None:
-        text = tracker.read_text().strip()
+        text = tracker.read_bytes().decode(errors="replace").strip()  # (a damaged file may hold anything)
         if text != "release" and not text.isdigit():
             raise CheckpointError(f"{tracker}: holds {text!r}, not an iteration number; pass --iteration N")
         iteration, said = (None if text == "release" else int(text)), f"{tracker.name} names {text}"

@@ -105,6 +105,10 @@ class MegatronDist(MegatronCheckpoint):
         chunk = self._stored[piece.part]
         return None if chunk is None else chunk.offset_of(piece.block.local_offsets, piece.block.sizes)
 
+    def archive_of(self, piece: Piece) -> tuple[int, int | None]:
+        info = self._chunks[piece.part][0]
+        return info.offset, info.length
+
     def release(self, piece: Piece) -> None:
         if piece.file in self.maps:  # (not mapped: the chunk was copied as bytes, or not yet read)
             info = self._chunks[piece.part][0]

@@ -7,10 +7,15 @@ stack would load it (`check_folder`).
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
+import logging
 import os
+import re
+import secrets
 import shutil
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +25,8 @@ from .safetensors import SafetensorsFile, WrittenFile
 
 if TYPE_CHECKING:
     from ..plan import Group, OutputTensor, Plan
+
+log = logging.getLogger("unshard")
 
 # The files of a Hugging Face model folder other than weights. Only these are copied into OUT, so
 # a trainer's own files beside them (`latest`, `zero_to_fp32.py`, `trainer_state.json`,
@@ -63,22 +70,42 @@ class HFFolder:
 
 
 class OutputFolder:
-    """A staging folder beside OUT that becomes OUT on `commit`, or vanishes on `abort`."""
+    """A staging folder beside OUT that becomes OUT on `commit`, or vanishes on `abort`.
+
+    Its name says which host and process own it, so that a later run writing into the same parent
+    removes what a run killed outright (SIGKILL, the OOM killer) left there, and never a live run's.
+    """
 
     def __init__(self, out: Path, overwrite: bool = False):
-        self.out = out
+        self.out, self.overwrite = out, overwrite
         if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
             raise OutputExistsError(f"{out}: already exists and is not empty; choose another OUT or pass --overwrite")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        self.path = out.parent / f".{out.name}.unshard-partial-{os.getpid()}"
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        self.path.mkdir()
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            self.removed = remove_stale_staging(out.parent)
+            # (a token of its own: two conversions in one process, or threads, never share a staging folder)
+            self.path = out.parent / f".{out.name}.unshard-partial-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+            self.path.mkdir()
+        except OSError as e:  # not writable by this user, a file, a read-only filesystem
+            why = "a file is where a folder must be" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror
+            raise UnshardError(f"{out.parent}: cannot hold the output ({why}); choose an OUT in a folder you can "
+                               "write to") from None
+        for path, pid in self.removed:
+            log.info(f"note: removed {path}, left by process {pid} of this host, which is no longer running")
 
     def commit(self) -> None:
+        if not self.overwrite:
+            try:  # one rename: it fails if another run put a folder at OUT since this one started
+                os.rename(self.path, self.out)
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                    raise
+                raise OutputExistsError(f"{self.out}: another run wrote it while this one was running; this run's "
+                                        "output was dropped: choose another OUT or pass --overwrite") from None
+            return
         old = None
         if self.out.exists():
-            old = self.out.parent / f".{self.out.name}.unshard-old-{os.getpid()}"
+            old = self.out.parent / self.path.name.replace(".unshard-partial-", ".unshard-old-", 1)
             os.replace(self.out, old)
         os.replace(self.path, self.out)
         if old is not None:
@@ -88,6 +115,35 @@ class OutputFolder:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+# `.OUT.unshard-partial-HOST-PID-TOKEN` (staging; TOKEN: 8 random hex digits) and `.OUT.unshard-old-...`
+# (an OUT being replaced); before unshard named the host, `...-PID` alone.
+_STAGING = re.compile(r"^\..+\.unshard-(?:partial|old)-(?:(?P<host>.+)-(?P<pid>\d+)-[a-z0-9_]{8}|(?P<legacy>\d+))$")
+
+
+def remove_stale_staging(parent: Path) -> list[tuple[Path, int]]:
+    """Remove the staging folders in `parent` of unshard processes of this host that are no longer running;
+    (path, pid) of each. A folder of another host (a shared filesystem) or of a live process stays."""
+    removed = []
+    for path in parent.iterdir():
+        found = _STAGING.match(path.name)
+        pid = int(found["pid"] or found["legacy"]) if found else None
+        if pid is None or found["host"] not in (None, socket.gethostname()) or _alive(pid):
+            continue
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        removed.append((path, pid))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 def write_index(folder: Path, files: dict[str, list[str]], total_size: int) -> None:
     """model.safetensors.index.json; total_size counts bytes, as the Hub expects."""
     if len(files) <= 1:
@@ -95,6 +151,37 @@ def write_index(folder: Path, files: dict[str, list[str]], total_size: int) -> N
     weight_map = {name: filename for filename, names in files.items() for name in names}
     index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def unreadable_model_files(folder: Path | None) -> list[tuple[Path, str]]:
+    """The JSON files among a folder's model files that do not parse (tokenizer.json also as the tokenizers
+    library reads it, where installed), and why: copied into OUT, a tokenizer_config.json cut short or
+    emptied would make the folder fail to load its tokenizer."""
+    broken = []
+    for path in sorted(folder.iterdir()) if folder is not None else []:
+        if path.suffix == ".json" and path.is_file() and any(fnmatch.fnmatch(path.name, p) for p in MODEL_FILE_PATTERNS):
+            try:
+                text = path.read_bytes().decode()
+                json.loads(text)
+            except ValueError as e:  # (UnicodeDecodeError is one)
+                broken.append((path, f"not valid JSON ({str(e)[:200]})"))
+                continue
+            if path.name == "tokenizer.json" and (why := _tokenizer_refusal(text)):
+                broken.append((path, why))
+    return broken
+
+
+def _tokenizer_refusal(text: str) -> str | None:
+    """Why the tokenizers library cannot read a tokenizer.json (None: it can, or is not installed)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    try:
+        Tokenizer.from_str(text)
+    except Exception as e:  # (the library raises its own Exception type)
+        return f"the tokenizers library cannot read it ({str(e)[:200]})"
+    return None
 
 
 def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates: dict | None = None) -> list[str]:
@@ -144,7 +231,8 @@ def finish_folder(plan: Plan, folder: Path, digests: dict[str, str | None], extr
 def check_folder(folder: Path) -> list[str]:
     """Load the written config (and tokenizer) as a serving stack would; what it would miss, as warnings.
     A config transformers cannot read is an error: the folder would not load anywhere."""
-    warnings = []
+    warnings = [f"{path.name}: {why}; copied as it is (--no-check)"
+                for path, why in unreadable_model_files(folder)]
     names = {p.name for p in folder.iterdir()}
     # (A missing tokenizer is already among the plan's notes.)
     if names & {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"} and "chat_template.jinja" not in names and "chat_template" not in _read_json(folder / "tokenizer_config.json"):

@@ -83,9 +83,12 @@ class SafetensorsFile:
         self._lock = threading.Lock()
 
     def _write_at(self, at: int, data: memoryview) -> None:
-        while data.nbytes:
-            n = os.pwrite(self._fd, data, at)  # may write less than asked (Linux: at most ~2 GB a call)
-            data, at = data[n:], at + n
+        try:
+            while data.nbytes:
+                n = os.pwrite(self._fd, data, at)  # may write less than asked (Linux: at most ~2 GB a call)
+                data, at = data[n:], at + n
+        except OSError as e:
+            raise disk_full(self.path, e) from None
 
     def _copy_at(self, at: int, part: FileBytes) -> None:
         """Copy a part file to file with copy_file_range: the kernel moves the bytes between page caches
@@ -95,7 +98,10 @@ class SafetensorsFile:
         try:
             offset, left = part.offset, part.nbytes
             while left:
-                n = _kernel_copy(source, self._fd, offset, at, left) if _KERNEL_COPIES else 0
+                try:
+                    n = _kernel_copy(source, self._fd, offset, at, left) if _KERNEL_COPIES else 0
+                except OSError as e:
+                    raise disk_full(self.path, e) from None
                 if n == 0:  # refused, or nothing copied: read it, which also tells the end of the file
                     data = os.pread(source, min(left, COPY_CHUNK), offset)
                     if not data:
@@ -156,6 +162,19 @@ class TensorBeingWritten:
         if self.written != self.size:
             raise AssertionError(f"{self.name}: {self.written} of {self.size} bytes written")
         self.file._written(self.name)
+
+
+# A write that fails for want of room: the disk or a quota full, or the file size limit (RLIMIT_FSIZE;
+# Python ignores its SIGXFSZ, so the write fails with EFBIG).
+ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def disk_full(path: Path, error: OSError) -> Exception:
+    """A write's error as the one line it should be where there is no room; otherwise as it is."""
+    if error.errno not in ROOM_ERRNOS:
+        return error
+    return UnshardError(f"{path}: {os.strerror(error.errno)}; nothing was written to the output: free space on "
+                        "that disk (or raise the file size limit, ulimit -f) and run again")
 
 
 def bytes_of(part: torch.Tensor | memoryview) -> memoryview:
