@@ -33,6 +33,9 @@ LAYOUTS = {
     "deepspeed-zero3": ("checkpoint-1", None),
     "megatron-qwen3-tp2-dp2": ("torch", None),  # Megatron-LM's legacy per-rank files
     "megatron-qwen2-tp2-pp2": ("torch_dist", None),  # Megatron torch_dist
+    "deepspeed-zero2-universal": ("checkpoint-1/global_step1_universal", None),  # ds_to_universal's files
+    "accelerate-fsdp2-full": ("state", "hf"),  # one whole torch.save state dict
+    "llama-fsdp2-lora": ("global_step_1", None),  # a LoRA adapter to fold, alpha from lora_train_meta.json
 }
 MUTANTS = 25  # per layout (40 each for seeds 7, 11 and 13 found what was fixed, then nothing)
 SEED = 13

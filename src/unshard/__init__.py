@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,12 @@ def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5
          quantize_ignore: tuple[str, ...] = (), config_from: str | Path | None = None, check: bool = True,
          weights: str = "master", tag: str | None = None, iteration: int | None = None,
          lora_alpha: float | None = None, architecture: str | None = None, lora: str = "merge",
-         ask_later: bool = False) -> Plan:
+         ask_later: bool = False, output: OutputOptions | None = None) -> Plan:
     """Open SRC and plan its conversion; reads metadata only.
+
+    output: what describes the output, grouped (OutputOptions: dtype, max_shard_size, quantize,
+    quantize_ignore, gguf); given, it stands for those keyword arguments. OutputOptions(gguf="q8_0")
+    plans one GGUF file for llama.cpp (f32, f16, bf16, q8_0, or auto: the converter's default).
 
     quantize: a compressed-tensors preset scheme (W4A16, W8A16, W4A16_ASYM, W8A8, FP8_DYNAMIC, FP8_BLOCK):
     the Linear weights are written quantized, as llm-compressor writes them, for vLLM.
@@ -52,7 +57,7 @@ def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5
     """
     reader_options = {k: v for k, v in (("weights", weights), ("tag", tag), ("iteration", iteration))
                       if v not in ("master", None)}
-    output = OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore))
+    output = output or OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore))
     return build_plan(open_checkpoint(src, **reader_options), output, config_from=config_from, check=check,
                       lora_alpha=lora_alpha, architecture=architecture, lora_mode=lora, ask_later=ask_later)
 
@@ -63,8 +68,9 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
             verify: bool = False, check: bool = True, progress: bool | None = None, weights: str = "master",
             tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None,
             architecture: str | None = None, workers: int = 1, distributed: bool = False,
-            lora: str = "merge", checksums: bool = False) -> Result:
-    """Convert the checkpoint at SRC into a Hugging Face folder OUT.
+            lora: str = "merge", checksums: bool = False, output: OutputOptions | None = None) -> Result:
+    """Convert the checkpoint at SRC into a Hugging Face folder OUT (or, for an OUT ending in .gguf, one
+    GGUF file of llama.cpp's default type; `output=OutputOptions(gguf=TYPE)` chooses another).
 
     workers: processes on this host sharing the output files. distributed: this process is one rank
     of a torchrun job; every rank calls convert with the same arguments (OUT on a shared filesystem).
@@ -72,10 +78,9 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
     """
     from .execute import convert as run
 
-    the_plan = plan(src, dtype=dtype, max_shard_size=max_shard_size, quantize=quantize,
-                    quantize_ignore=quantize_ignore, config_from=config_from, check=check,
-                    weights=weights, tag=tag, iteration=iteration, lora_alpha=lora_alpha, architecture=architecture,
-                    lora=lora, ask_later=True)
+    output = _for(out, output or OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore)))
+    the_plan = plan(src, config_from=config_from, check=check, weights=weights, tag=tag, iteration=iteration,
+                    lora_alpha=lora_alpha, architecture=architecture, lora=lora, ask_later=True, output=output)
     try:
         return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
                    progress=progress, workers=workers, distributed=distributed)
@@ -86,17 +91,26 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
 def merge(recipe: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
           quantize: str | None = None, quantize_ignore: tuple[str, ...] = (), seed: int = 0, overwrite: bool = False, threads: int = 1, verify: bool = False,
           progress: bool | None = None, workers: int = 1, distributed: bool = False,
-          checksums: bool = False) -> Result:
-    """Merge the models a mergekit-style YAML recipe names into one Hugging Face folder OUT."""
+          checksums: bool = False, output: OutputOptions | None = None) -> Result:
+    """Merge the models a mergekit-style YAML recipe names into one Hugging Face folder OUT (or GGUF file,
+    as for `convert`)."""
     from .execute import convert as run
     from .merging import plan_merge, recipe_files
 
-    the_plan = plan_merge(recipe, OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore)), seed=seed)
+    output = _for(out, output or OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore)))
+    the_plan = plan_merge(recipe, output, seed=seed)
     try:
         return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
                    progress=progress, extra_files=recipe_files(the_plan), workers=workers, distributed=distributed)
     finally:
         the_plan.checkpoint.close()
+
+
+def _for(out: str | Path, output: OutputOptions) -> OutputOptions:
+    """An OUT ending in .gguf is one GGUF file, of llama.cpp's default type unless one is asked for."""
+    if str(out).endswith(".gguf") and not output.gguf:
+        return replace(output, gguf="auto")
+    return output
 
 
 def inspect(src: str | Path, **plan_options: Any) -> dict[str, Any]:

@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--quantize-ignore", metavar="PATTERN", action="append", default=[],
                        help="a module to leave unquantized, by name or 're:REGEX' (repeatable; lm_head, MoE "
                             "routers and vision towers are left by default)")
+        p.add_argument("--gguf-type", metavar="TYPE",
+                       help="write one GGUF file for llama.cpp (OUT ending in .gguf; implied by such an OUT): f32, "
+                            "f16, bf16 or q8_0; default auto, as llama.cpp's converter: bf16 or f16 as the model is")
 
     def scale_options(p):
         p.add_argument("--workers", type=int, default=1,
@@ -170,8 +173,8 @@ def _run(args) -> int:
 
     if args.command == "merge":
         return _merge(args)
-    options = dict(dtype=args.dtype, max_shard_size=args.max_shard_size, quantize=args.quantize,
-                   quantize_ignore=tuple(args.quantize_ignore), config_from=args.config_from, check=args.check,
+    output = _output(args, getattr(args, "out", ""))
+    options = dict(output=output, config_from=args.config_from, check=args.check,
                    weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha, lora=args.lora,
                    architecture=args.architecture)
     if args.command == "inspect":
@@ -199,14 +202,19 @@ def _run(args) -> int:
     return 0
 
 
+def _output(args, out: str):
+    from .sinks import OutputOptions
+
+    gguf = args.gguf_type or ("auto" if str(out).endswith(".gguf") else None)
+    return OutputOptions(args.dtype, args.max_shard_size, args.quantize, tuple(args.quantize_ignore), gguf)
+
+
 def _merge(args) -> int:
     from .execute import convert
     from .merging import plan_merge, recipe_files
     from .report import as_text, describe
-    from .sinks import OutputOptions
 
-    output = OutputOptions(args.dtype, args.max_shard_size, args.quantize, tuple(args.quantize_ignore))
-    plan = plan_merge(args.recipe, output, seed=args.seed)
+    plan = plan_merge(args.recipe, _output(args, args.out), seed=args.seed)
     try:
         if args.dry_run:
             print(as_text(describe(plan)))

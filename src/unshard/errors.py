@@ -29,3 +29,13 @@ class ConfigMismatchError(UnshardError, ValueError):
 
 class PeerFailedError(UnshardError):
     """Another rank of a distributed run failed (rank 0 reports why); this rank stops too."""
+
+
+def read_json(path, fix: str, error: type[UnshardError] = CheckpointError):
+    """A JSON file of the input, parsed; one that does not parse is `error`, naming it and saying `fix`."""
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, OSError) as e:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        raise error(f"{path}: not valid JSON ({str(e)[:120]}); {fix}") from None

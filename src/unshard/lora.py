@@ -11,14 +11,13 @@ writes (`base_model.model.<module>.lora_A.weight`), with an adapter_config.json 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 
-from .errors import CheckpointError
+from .errors import CheckpointError, read_json
 from .readers import Checkpoint
 
 if TYPE_CHECKING:
@@ -99,7 +98,10 @@ def _recorded(checkpoint: Checkpoint) -> tuple[dict, str]:
         for filename in ("lora_train_meta.json", "adapter_config.json"):
             path = folder / filename
             if path.is_file():
-                meta = json.loads(path.read_text())
+                meta = read_json(path, "restore it from the run, or delete it and pass --lora-alpha")
+                if not isinstance(meta, dict):
+                    raise CheckpointError(f"{path}: holds no JSON object; restore it from the run, or delete it "
+                                          "and pass --lora-alpha")
                 if meta.get("lora_alpha") is not None:
                     return meta, str(path)
     return {}, ""

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .errors import UnshardError
+from .errors import UnshardError, read_json
 from . import dtypes, hf_names
 from .plan import TOKENIZER_FILES, Group, Plan, build_plan, choose_dtype
 from .sinks import OutputOptions
@@ -321,15 +321,13 @@ class Adapter:
     alpha_pattern, rsLoRA, DoRA magnitudes, embedding LoRA; weights in modules_to_save replace the base's."""
 
     def __init__(self, folder: Path):
-        import json
-
         from safetensors import safe_open
 
         config_path, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
         if not config_path.is_file() or not weights.is_file():
             raise RecipeError(f"{folder}: not a PEFT adapter folder (adapter_config.json and "
                               "adapter_model.safetensors)")
-        config = json.loads(config_path.read_text())
+        config = read_json(config_path, "restore it from where the adapter came from", RecipeError)
         if config.get("peft_type", "LORA") != "LORA":
             raise RecipeError(f"{config_path}: only LoRA adapters are folded (not {config.get('peft_type')})")
         self.folder, self.weights, self.config = folder, weights, config

@@ -6,7 +6,7 @@ Dry runs, `inspect`, the memory estimate and the writer all work from this one o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from .sinks.compressed_tensors import Quantization
+    from .sinks.gguf import GGUFPlan
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "spiece.model")
 
@@ -85,6 +86,7 @@ class Plan:
     rebuild: Callable[[], Plan] | None = None
     sink: Sink = field(default_factory=HFFolder)  # the output format
     quantization: Quantization | None = None  # what --quantize does to this model
+    gguf: GGUFPlan | None = None  # the GGUF file's types and metadata, when that is the output
 
     @property
     def model_files(self) -> dict[str, list[Group]]:
@@ -138,6 +140,7 @@ class Plan:
     def summary(self) -> dict[str, Any]:
         quantization = self.quantization
         return {
+            "gguf": None if self.gguf is None else self.gguf.summary(),
             "quantize": None if quantization is None else {
                 "scheme": quantization.scheme.name, "format": quantization.scheme.format,
                 "quantized": len(quantization.encoded), "ignored": quantization.ignored,
@@ -146,7 +149,8 @@ class Plan:
             "dtype_reason": self.dtype_reason,
             "tensors": len(self.outputs),
             "bytes": self.total_bytes,
-            "files": {name: sum(g.nbytes for g in groups) for name, groups in self.files.items()},
+            "files": {name: self.sink.file_size(self.stored(name)) if self.gguf else sum(g.nbytes for g in groups)
+                      for name, groups in self.files.items()},
             "dropped": self.dropped,
             "notes": self.notes,
             "config_from": str(self.config_folder) if self.config_folder else None,
@@ -199,7 +203,7 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
     updates = hf_names.head_updates(set(shapes), shapes, config, architecture)
     naming = hf_names.plan_names(shapes, config_folder, check, renames=fold.renames, updates=updates,
-                                 ask_later=ask_later and not output.quantize)
+                                 ask_later=ask_later and not output.quantize and not output.gguf)
 
     groups: dict[str, Group] = {}
     for name, outputs in naming.outputs.items():
@@ -217,12 +221,22 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
                                          str(config_folder / "config.json" if config_folder else checkpoint.path))
         for group in groups.values():
             group.outputs = [quantization.encoded.get(o.name, o) for o in group.outputs]
-    sink = HFFolder()
+    sink, gguf = HFFolder(), None
+    if output.gguf:
+        from .sinks.gguf import GGUFSink, plan_gguf
+
+        if output.quantize or fold.adapter is not None:
+            raise UnshardError(f"{checkpoint.path}: a GGUF file takes neither --quantize (use --gguf-type) nor "
+                               "--lora separate")
+        gguf = plan_gguf(output.gguf, [o for g in groups.values() for o in g.outputs], config_folder, out_dtype.name)
+        for group in groups.values():
+            group.outputs = [replace(o, encoding=gguf.encoded[o.name]) for o in group.outputs]
+        sink = GGUFSink(gguf)
     files = sink.lay_out(groups, output.max_shard_size)
     extra_files = {}
     if fold.adapter is not None:
         files[lora.ADAPTER_FILE], extra_files = _adapter_plan(checkpoint, fold.adapter, naming.outputs, out_dtype)
-    notes = fold.notes + naming.notes
+    notes = fold.notes + naming.notes + (gguf.notes if gguf else [])
     if "architectures" in updates and not architecture:
         notes.append(f"the weights end in a `score` head: config.json says {updates['architectures'][0]}"
                      + (f" with {updates['num_labels']} label(s)" if "num_labels" in updates else ""))
@@ -239,7 +253,7 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
                           lora_alpha=lora_alpha, architecture=architecture, lora_mode=lora_mode)
     return Plan(checkpoint, config_folder, out_dtype, reason, files, {**fold.dropped, **naming.dropped}, notes,
                 config_updates=updates, extra_files=extra_files, question=naming.question, rebuild=rebuild,
-                sink=sink, quantization=quantization)
+                sink=sink, quantization=quantization, gguf=gguf)
 
 
 def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, dtype: DType):

@@ -73,6 +73,10 @@ def as_text(info: dict[str, Any]) -> str:
 
 
 def _quantization_lines(out: dict[str, Any]) -> list[str]:
+    if out.get("gguf"):
+        gguf = out["gguf"]
+        return [f"gguf         one file for llama.cpp ({gguf['architecture']}), type {gguf['type']}: "
+                + ", ".join(f"{n} tensor(s) in {t}" for t, n in gguf["tensor_types"].items())]
     quantize = out.get("quantize")
     if not quantize:
         return []

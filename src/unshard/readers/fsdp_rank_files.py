@@ -11,7 +11,6 @@ plain tensors (replicated, or a world size of 1).
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections import Counter
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import dtypes, safe_pickle, torch_archives
-from ..errors import CheckpointError
+from ..errors import CheckpointError, read_json
 from ..placements import Block, ShardSpec, blocks_from_runs, local_runs, runs_shape
 from .base import Checkpoint, Piece, SourceTensor, deduplicate, load_archive
 
@@ -207,10 +206,7 @@ def _read_fsdp_config(folder: Path, world: int) -> dict:
     path = folder / "fsdp_config.json"
     if not path.exists():
         return {}  # verl before 0.4.1: the world size comes from the file names
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e}); delete it or restore it from the run") from None
+    config = read_json(path, "delete it or restore it from the run")
     if config.get("world_size", world) != world:
         raise CheckpointError(f"{path}: says world_size {config['world_size']} but the rank files are for {world}")
     return config

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 
 from .. import dtypes, megatron_rules
-from ..errors import CheckpointError
+from ..errors import CheckpointError, read_json
 from ..placements import Block
 from ..torch_archives import StoredTensor
 from .base import Checkpoint, Piece, SourceTensor, deduplicate, load_archive
@@ -138,7 +138,7 @@ def finish(checkpoint: MegatronCheckpoint, megatron: dict[str, SourceTensor], ar
         model_type = megatron_rules.model_type_from_args(args, where)
         shapes = megatron_rules.shapes_from_args(args, vocab)
     elif checkpoint.hf_folder is not None:
-        config = json.loads((checkpoint.hf_folder / "config.json").read_text())
+        config = read_json(checkpoint.hf_folder / "config.json", "restore it from the run")
         model_type, shapes = config.get("model_type"), megatron_rules.shapes_from_config(config)
     else:
         raise CheckpointError(f"{where}: holds no Megatron-LM args and has no huggingface/config.json beside it; "

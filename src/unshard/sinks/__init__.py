@@ -11,6 +11,8 @@ the format `finish`es what surrounds the tensors and the place is committed.
 - hf_folder.HFFolder: a Hugging Face folder of safetensors shards (safetensors.py writes the files).
   With a quantization scheme, its Linear weights are stored as compressed-tensors encodes them
   (compressed_tensors.py): the checkpoint vLLM and transformers load quantized.
+- gguf.GGUFSink: one GGUF file, as llama.cpp's converter writes it (tensors renamed, converted and
+  quantized by gguf-py's kernels, metadata and vocabulary in the header).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class OutputOptions:
     max_shard_size: int | str = "5GB"
     quantize: str | None = None  # a compressed-tensors preset scheme (W4A16, FP8_DYNAMIC, ...)
     quantize_ignore: tuple[str, ...] = ()  # modules left unquantized besides the scheme's defaults
+    gguf: str | None = None  # one GGUF file of this llama.cpp type (f16, q8_0, ..., or auto) instead of a folder
 
 
 class Encoding(Protocol):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -237,7 +238,7 @@ class QuantizedWeight:
             values, scale, zero = _quantize_blocks(band, args, q_min, q_max)
         else:
             grouped = band.unflatten(-1, (-1, args.group_size)) if args.strategy == "group" else band.unsqueeze(1)
-            scale, zero = _scale_and_zero_point(grouped.amin(-1), grouped.amax(-1), args, q_min, q_max)
+            scale, zero = _scale_and_zero_point(*torch.aminmax(grouped, dim=-1), args, q_min, q_max)
             values = _quantize(grouped, scale.unsqueeze(-1), zero.unsqueeze(-1), args, q_min, q_max).flatten(-2)
             scale = scale if args.strategy == "group" else scale.reshape(-1, 1)
         pieces = {names["weight_scale"]: scale}
@@ -284,15 +285,18 @@ def _scale_and_zero_point(lowest, highest, args: Args, q_min, q_max):
 
 
 def _quantize(x, scale, zero, args: Args, q_min, q_max):
-    """x / scale + zero point, clamped to the range, rounded to the integer or fp8 grid."""
+    """x / scale + zero point, clamped to the range, rounded to the integer or fp8 grid (in place after the
+    division: each pass over a band costs as much as reading it)."""
     import torch
 
     scaled = x / scale
-    scaled += zero.to(x.dtype)  # (symmetric: adds +0.0, which turns a -0.0 into +0.0 as the reference does)
-    clamped = torch.clamp(scaled, q_min, q_max)
+    if not (args.symmetric and args.type == "int"):
+        # (+0.0 turns a -0.0 into +0.0, as the reference does: fp8 keeps the sign of a zero, an integer does not)
+        scaled += zero.to(x.dtype)
+    scaled.clamp_(q_min, q_max)
     if args.type == "int":
-        return torch.round(clamped).to(torch.int8)
-    return clamped.to(torch.float8_e4m3fn)
+        return scaled.round_().to(torch.int8)
+    return scaled.to(torch.float8_e4m3fn)
 
 
 def _quantize_blocks(band, args: Args, q_min, q_max):
@@ -312,18 +316,19 @@ def _quantize_blocks(band, args: Args, q_min, q_max):
 
 def _pack_rows(values, bits: int):
     """int8 values packed into int32 along each row, densely: value i at bits [i*bits, (i+1)*bits) of the row's
-    bit stream, little end first, each offset by 2**(bits-1) to be unsigned (compressed-tensors' packing)."""
-    import numpy as np
+    bit stream, little end first, each offset by 2**(bits-1) to be unsigned (compressed-tensors' packing).
+    For 8 and 4 bits that is one value per byte, or two (the first in the low nibble), in the bytes of
+    little-endian int32s."""
     import torch
 
+    if bits not in (4, 8) or sys.byteorder != "little":
+        raise NotImplementedError(f"packing {bits}-bit values on a {sys.byteorder}-endian machine")
     per_word = 32 // bits
-    unsigned = values.numpy().astype(np.uint32) + np.uint32(1 << (bits - 1))
-    unsigned &= np.uint32((1 << bits) - 1) if bits < 32 else np.uint32(0xFFFFFFFF)
-    rows, cols = unsigned.shape
-    padded = np.zeros((rows, math.ceil(cols / per_word) * per_word), dtype=np.uint32)
-    padded[:, :cols] = unsigned
-    words = padded.reshape(rows, -1, per_word)
-    packed = np.zeros(words.shape[:2], dtype=np.uint32)
-    for i in range(per_word):
-        packed |= words[:, :, i] << np.uint32(i * bits)
-    return torch.from_numpy(packed.view(np.int32)[:, :math.ceil(cols * bits / 32)].copy())
+    rows, cols = values.shape
+    unsigned = (values.view(torch.uint8) ^ 0x80 if bits == 8 else (values + 8).view(torch.uint8)).contiguous()
+    if cols % per_word:  # (padded with zeros, as compressed-tensors pads)
+        unsigned = torch.nn.functional.pad(unsigned, (0, per_word - cols % per_word))
+    if bits == 4:
+        pairs = unsigned.view(rows, -1, 2)
+        unsigned = pairs[..., 0] | (pairs[..., 1] << 4)
+    return unsigned.contiguous().view(torch.int32)

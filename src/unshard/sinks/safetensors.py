@@ -65,20 +65,31 @@ class SafetensorsFile:
 
     def __init__(self, path: Path, tensors: list[tuple[str, DType, tuple[int, ...]]]):
         header, offset = {"__metadata__": {"format": "pt"}}, 0
-        self._entries: dict[str, tuple[DType, tuple[int, ...], int, int]] = {}
+        entries: dict[str, tuple[DType, tuple[int, ...], int, int]] = {}
         for name, dtype, shape in tensors:
             size = dtype.itemsize
             for d in shape:
                 size *= d
             header[name] = {"dtype": dtype.safetensors, "shape": list(shape), "data_offsets": [offset, offset + size]}
-            self._entries[name] = (dtype, tuple(shape), offset, size)
+            entries[name] = (dtype, tuple(shape), offset, size)
             offset += size
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # the format asks for 8-byte alignment of the data
-        self.path = path
+        self._start(path, struct.pack("<Q", len(raw)) + raw, entries)
+
+    def _start(self, path: Path, header: bytes, entries: dict[str, tuple[DType, tuple[int, ...], int, int]],
+               data_start: int | None = None, size: int | None = None) -> None:
+        """Create the file with its header; entries: name -> (dtype, shape, offset from data_start, bytes).
+        (`size`: the whole file's, where the format pads after the last tensor.)"""
+        self.path, self._entries = path, entries
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._data_start = 8 + len(raw)
-        self._write_at(0, memoryview(struct.pack("<Q", len(raw)) + raw))
+        self._data_start = len(header) if data_start is None else data_start
+        self._write_at(0, memoryview(header))
+        if size is not None:
+            try:
+                os.ftruncate(self._fd, size)
+            except OSError as e:
+                raise disk_full(self.path, e) from None
         self._unwritten = set(self._entries)
         self._lock = threading.Lock()
 

@@ -1,0 +1,382 @@
+"""GGUF: the one file llama.cpp reads (and Ollama, LM Studio, llama-cpp-python with it).
+
+The file is what llama.cpp's own `convert_hf_to_gguf.py` writes from the Hugging Face folder unshard
+would have written (same dtype), without that folder: the header (metadata, tensor infos, aligned
+offsets) comes from the plan, then each tensor is converted a band of rows at a time and written to
+its place. The format's constants, names, metadata writer and quantization kernels are gguf-py's
+(llama.cpp's own Python library); what is written here is which of them the converter uses, and when.
+
+So far: Llama and Mistral (`llama` in llama.cpp), whose tokenizer is a SentencePiece model
+(tokenizer.model), in f32, f16, bf16 and q8_0 (the converter's own types).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import dtypes
+from ..errors import ConfigMismatchError, OutputExistsError, UnshardError, read_json
+from .hf_folder import OutputFolder
+from .safetensors import SafetensorsFile, WrittenFile
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..plan import Group, OutputTensor, Plan
+
+log = logging.getLogger("unshard")
+
+# --gguf-type: llama.cpp's names of the file types the converter writes; "auto" is its default:
+# bf16 or f16 as the model's (the folder's) 2-D tensors are, else f16.
+TYPES = ("f32", "f16", "bf16", "q8_0")
+FILE_NAME = "model.gguf"  # inside the staging folder; committed as OUT itself
+# Hugging Face architectures -> llama.cpp's (gguf.MODEL_ARCH's members): those written so far.
+ARCHITECTURES = {"LlamaForCausalLM": "LLAMA", "MistralForCausalLM": "LLAMA"}
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError:
+        raise UnshardError("GGUF output needs the gguf package: pip install 'unshard[gguf]'") from None
+    logging.getLogger("gguf").setLevel(logging.WARNING)  # (it says at INFO which endianness each file has)
+    return gguf
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """How one output tensor is stored in the file (an Encoding, see sinks/__init__.py): under llama.cpp's
+    name, as the bytes of its GGUF type; q and k rows reordered within each head as llama.cpp's rotary
+    embedding expects (the converter's `permute`), so a band holds whole heads."""
+
+    stored: tuple[OutputTensor, ...]
+    qtype: Any  # gguf.GGMLQuantizationType
+    head_dim: int = 0  # q/k rows to reorder per head; 0: none
+    rows_per_band: int = 1
+
+    def encode(self, band: torch.Tensor, start: int) -> dict[str, torch.Tensor]:
+        import torch
+
+        gguf = _gguf()
+        if band.dtype not in (torch.float16, torch.float32):  # (as the converter: other floats via float32)
+            band = band.float()
+        if self.head_dim:
+            half = self.head_dim // 2
+            band = band.reshape(-1, 2, half, *band.shape[1:]).swapaxes(1, 2).reshape(band.shape)
+        data = gguf.quants.quantize(band.contiguous().numpy(), self.qtype)
+        return {self.stored[0].name: torch.from_numpy(data.reshape(-1).view("uint8"))}
+
+
+@dataclass
+class GGUFPlan:
+    """The file's metadata and tensor types, decided with the plan."""
+
+    file_type: str  # llama.cpp's name (q8_0, ...)
+    architecture: str
+    writer: Any  # a gguf.GGUFWriter holding the metadata (no file yet)
+    encoded: dict[str, GGUFTensor] = field(default_factory=dict)  # by output (Hugging Face) name
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for encoding in self.encoded.values():
+            counts[encoding.qtype.name] = counts.get(encoding.qtype.name, 0) + 1
+        return {"type": self.file_type, "architecture": self.architecture, "tensor_types": counts}
+
+
+def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path | None, dtype_name: str) -> GGUFPlan:
+    """Names, types and metadata of the GGUF file for these output tensors, or a one-line error for a model
+    llama.cpp (or this version of unshard) does not take, before anything is written."""
+    from ..plan import OutputTensor
+
+    gguf = _gguf()
+    if requested not in (*TYPES, "auto"):
+        raise UnshardError(f"--gguf-type {requested}: not one unshard writes; choose one of {', '.join(TYPES)} (or auto)")
+    if config_folder is None or not (config_folder / "config.json").is_file():
+        raise UnshardError("GGUF output needs the model's config.json and tokenizer: pass --config-from DIR")
+    hparams = _hparams(config_folder)
+    where = config_folder / "config.json"
+    architecture = (hparams.get("architectures") or [None])[0]
+    if architecture not in ARCHITECTURES:
+        raise ConfigMismatchError(f"{where}: {architecture} is not an architecture unshard writes as GGUF yet "
+                                  f"({', '.join(ARCHITECTURES)}); write a folder and use llama.cpp's convert_hf_to_gguf.py")
+    arch = getattr(gguf.MODEL_ARCH, ARCHITECTURES[architecture])
+    file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+             "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[file_type]
+    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[file_type]
+
+    blocks = hparams["num_hidden_layers"]
+    names = gguf.get_tensor_name_map(arch, blocks)
+    heads, kv_heads = hparams["num_attention_heads"], hparams.get("num_key_value_heads") or hparams["num_attention_heads"]
+    head_dim = hparams.get("head_dim") or hparams["hidden_size"] // heads
+    writer = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[arch])
+    plan = GGUFPlan(file_type, gguf.MODEL_ARCH_NAMES[arch], writer)
+    for output in sorted(outputs, key=lambda o: o.name):  # (the converter's order, from a one-file folder: sorted)
+        name = names.get_name(output.name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ConfigMismatchError(f"{where}: the tensor {output.name} has no name in llama.cpp's {plan.architecture} "
+                                      "model; llama.cpp cannot load it")
+        tensor_type = qtype
+        if len(output.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+            tensor_type = gguf.GGMLQuantizationType.F32  # (what llama.cpp keeps in f32)
+        block, _ = gguf.GGML_QUANT_SIZES[tensor_type]
+        if output.shape[-1] % block:  # (the converter falls back to f16 where rows do not fill blocks)
+            plan.notes.append(f"{output.name}: rows of {output.shape[-1]} do not fill {tensor_type.name}'s blocks "
+                              f"of {block}: written in F16, as llama.cpp's converter does")
+            tensor_type = gguf.GGMLQuantizationType.F16
+        permuted = 0
+        if output.name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
+            permuted = head_dim
+            if output.shape[0] != head_dim * (heads if ".q_proj." in output.name else kv_heads):
+                raise ConfigMismatchError(f"{where}: {output.name} has {output.shape[0]} rows, not a whole number of "
+                                          f"heads of {head_dim}")
+        byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
+        stored = OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"])
+        plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, permuted, max(1, permuted))
+    parameters = sum(math.prod(o.shape) for o in outputs)
+    _metadata(writer, hparams, config_folder, ftype, parameters, blocks, head_dim)
+    return plan
+
+
+def _hparams(folder: Path) -> dict[str, Any]:
+    """config.json with the defaults its config class fills in, as the converter reads it (AutoConfig's to_dict,
+    where transformers is installed)."""
+    config = read_json(folder / "config.json", "fix it or pass --config-from DIR", ConfigMismatchError)
+    try:
+        from transformers import AutoConfig
+
+        full = AutoConfig.from_pretrained(folder, trust_remote_code=False).to_dict()
+    except Exception:  # (no transformers, or a config it cannot read: the file as it is, as the converter does)
+        return config
+    return {**full, **{k: v for k, v in config.items() if k not in full}}
+
+
+def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, blocks: int, head_dim: int) -> None:
+    """The key-values the converter writes for a Llama, in its order (general, hyper-parameters, tokenizer).
+    The general ones are gguf-py's Metadata of the folder (model card, generation config's sampling), as
+    there; its name is the folder's, which names the file (OUT's name would do as well)."""
+    gguf = _gguf()
+    writer.add_type(gguf.GGUFType.MODEL)
+    general = gguf.Metadata.load(None, folder, None, parameters)
+    general.name = general.name or folder.name
+    if general.sampling_penalty_repeat is None:  # (llama.cpp's own gguf-py, newer than PyPI's 0.19.0, reads this too)
+        general.sampling_penalty_repeat = _json(folder / "generation_config.json").get("repetition_penalty")
+    if general.size_label is None and parameters > 0:
+        general.size_label = gguf.size_label(parameters, parameters, 0, 0)  # (dense: every parameter shared)
+    general.set_gguf_meta_model(writer)
+    writer.add_block_count(blocks)
+    for key, add in (("max_position_embeddings", writer.add_context_length), ("hidden_size", writer.add_embedding_length),
+                     ("intermediate_size", writer.add_feed_forward_length), ("num_attention_heads", writer.add_head_count),
+                     ("num_key_value_heads", writer.add_head_count_kv)):
+        if hparams.get(key) is not None:
+            add(hparams[key])
+    if hparams.get("is_causal") is False:
+        writer.add_causal_attention(False)
+    rope = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
+    if "rope_theta" not in rope and hparams.get("rope_theta") is not None:
+        rope["rope_theta"] = hparams["rope_theta"]
+    rope_type = rope.get("rope_type", rope.get("type"))
+    if rope_type == "linear" and rope.get("factor") is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    elif rope_type not in (None, "default"):
+        raise ConfigMismatchError(f"{folder / 'config.json'}: rope type {rope_type!r} is not written as GGUF by unshard "
+                                  "yet; write a folder and use llama.cpp's convert_hf_to_gguf.py")
+    if rope.get("rope_theta") is not None:
+        writer.add_rope_freq_base(rope["rope_theta"])
+    if hparams.get("rms_norm_eps") is not None:
+        writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
+    if hparams.get("head_dim") is not None:
+        writer.add_key_length(hparams["head_dim"])
+        writer.add_value_length(hparams["head_dim"])
+    writer.add_file_type(ftype)
+    writer.add_vocab_size(hparams["vocab_size"])
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    _vocabulary(writer, hparams, folder)
+
+
+def _vocabulary(writer, hparams: dict, folder: Path) -> None:
+    """A SentencePiece vocabulary (tokenizer.model) as the converter writes it: every id up to the config's
+    vocab_size, with its piece, score and type; tokens added by tokenizer_config.json over them; then
+    gguf-py's SpecialVocab (special ids, add_bos/eos, chat template)."""
+    gguf = _gguf()
+    model = folder / "tokenizer.model"
+    if not model.is_file():
+        raise ConfigMismatchError(f"{folder}: no tokenizer.model (SentencePiece); unshard writes GGUF vocabularies "
+                                  "from SentencePiece models so far: write a folder and use llama.cpp's "
+                                  "convert_hf_to_gguf.py for this tokenizer")
+    tokenizer_config = _json(folder / "tokenizer_config.json")
+    if tokenizer_config.get("add_prefix_space") is not None:
+        writer.add_add_space_prefix(tokenizer_config["add_prefix_space"])
+    from sentencepiece import SentencePieceProcessor
+
+    processor = SentencePieceProcessor()
+    try:
+        processor.LoadFromFile(str(model))
+    except (OSError, RuntimeError) as e:
+        raise ConfigMismatchError(f"{model}: not a SentencePiece model ({str(e)[:120]}); restore it") from None
+    size = hparams.get("vocab_size") or processor.vocab_size()
+    types = gguf.TokenType
+    tokens = [f"[PAD{i}]".encode() for i in range(size)]
+    scores, kinds = [-10000.0] * size, [types.UNUSED] * size
+    for i in range(min(size, processor.vocab_size())):
+        kind = (types.UNKNOWN if processor.IsUnknown(i) else types.CONTROL if processor.IsControl(i)
+                else types.UNUSED if processor.IsUnused(i) else types.BYTE if processor.IsByte(i) else types.NORMAL)
+        tokens[i], scores[i], kinds[i] = processor.IdToPiece(i).encode(), processor.GetScore(i), kind
+    for text, i in _json(folder / "added_tokens.json").items():
+        if i < size:
+            tokens[i], scores[i], kinds[i] = text.encode(), -1000.0, types.USER_DEFINED
+    for key, added in tokenizer_config.get("added_tokens_decoder", {}).items():
+        i, text = int(key), added["content"]
+        if i >= size:
+            continue
+        if added.get("special") or _looks_special(text):
+            kinds[i] = types.CONTROL
+        else:
+            text, kinds[i] = text.replace("\u2581", " "), types.USER_DEFINED
+        tokens[i], scores[i] = text.encode(), -1000.0
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(kinds)
+    gguf.SpecialVocab(folder, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
+
+
+def _looks_special(text: str) -> bool:
+    """The converter's guess at a special token added without saying so: <|...|>, <...> or [...] around a word,
+    or one of a few known shapes."""
+    if text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]"):
+        return True
+    if text.startswith("<|") and text.endswith("|>") and text != "<|>":
+        return True
+    if text.startswith(("<｜", "<\uff5c")) and text.endswith(("｜>", "\uff5c>")):
+        return True
+    return text.startswith("[") and text.endswith("]") and len(text) > 2 or \
+        text.startswith("<") and text.endswith(">") and len(text) > 2 and text[1] != "<"
+
+
+def _json(path: Path) -> dict:
+    return read_json(path, "fix or remove it", ConfigMismatchError) if path.is_file() else {}
+
+
+def header(plan: GGUFPlan, tensors: list[OutputTensor]):
+    """The file's header as gguf-py writes it (metadata, then tensor infos), and where each tensor goes:
+    (header bytes, {name: (dtype, shape, offset from the data's start, bytes)}, data start, file size)."""
+    import io
+
+    import numpy as np
+
+    gguf = _gguf()
+    writer = plan.writer
+    writer.tensors = [{}]  # (one writer makes every header of the plan: --dry-run's, the file's)
+    qtypes = {e.stored[0].name: e.qtype for e in plan.encoded.values()}
+    entries, offset = {}, 0
+    for tensor in tensors:
+        writer.add_tensor_info(tensor.name, tensor.shape, np.dtype(np.uint8), tensor.nbytes, raw_dtype=qtypes[tensor.name])
+        entries[tensor.name] = (tensor.dtype, tensor.shape, offset, tensor.nbytes)
+        offset += writer.ggml_pad(tensor.nbytes, writer.data_alignment)
+    made = io.BytesIO()
+    writer.fout, writer.path, writer.state = [made], None, gguf.WriterState.EMPTY
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+    finally:
+        writer.fout, writer.state, writer.tensors = None, gguf.WriterState.NO_FILE, [{}]
+    raw = made.getvalue()
+    data_start = writer.ggml_pad(len(raw), writer.data_alignment)
+    return raw, entries, data_start, data_start + offset
+
+
+class GGUFFile(SafetensorsFile):
+    """The GGUF file, written as a safetensors file is (sinks/safetensors.py): the header first, every
+    tensor's offset known, each tensor's bytes to its place, in any order."""
+
+    def __init__(self, path: Path, tensors: list[OutputTensor], plan: GGUFPlan):
+        self._start(path, *header(plan, tensors))
+
+
+class WrittenGGUF(WrittenFile):
+    """A GGUF file read back by gguf-py's reader, for --verify: its tensors as the plan stores them (the bytes of
+    their GGUF type), at the offsets the reader finds."""
+
+    def __init__(self, path: Path):
+        gguf = _gguf()
+        self.path = path
+        try:
+            reader = gguf.GGUFReader(path)
+        except Exception as e:  # (the reader raises ValueError and others on a malformed file)
+            raise UnshardError(f"{path}: gguf-py cannot read it back ({type(e).__name__}: {e})") from None
+        self.data_start = reader.data_offset
+        self.entries = {}
+        for tensor in reader.tensors:
+            shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+            byte_shape = tuple(gguf.quant_shape_to_byte_shape(shape, tensor.tensor_type))
+            begin = int(tensor.data_offset) - reader.data_offset
+            self.entries[tensor.name] = ("U8", byte_shape, begin, begin + int(tensor.n_bytes))
+
+
+class GGUFSink:
+    """One GGUF file as the output (a Sink, see sinks/__init__.py). OUT is the file itself: it is built in a
+    staging folder beside OUT and moved into place when complete."""
+
+    def __init__(self, plan: GGUFPlan):
+        self.plan = plan
+
+    def lay_out(self, groups: dict[str, Group], max_shard_size: int | str) -> dict[str, list[Group]]:
+        return {FILE_NAME: sorted(groups.values(), key=lambda g: g.outputs[0].name)}
+
+    def stage(self, out: Path, overwrite: bool) -> OutputFile:
+        return OutputFile(out, overwrite)
+
+    def open(self, path: Path, tensors: list[OutputTensor]) -> GGUFFile:
+        return GGUFFile(path, tensors, self.plan)
+
+    def file_size(self, tensors: list[OutputTensor]) -> int:
+        return header(self.plan, tensors)[3]
+
+    def read_back(self, path: Path) -> WrittenGGUF:
+        return WrittenGGUF(path)
+
+    def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
+        from ..report import human_bytes
+
+        size = (folder / FILE_NAME).stat().st_size
+        log.info(f"GGUF {self.plan.file_type}, {human_bytes(size)}")
+        return [], []
+
+
+class OutputFile(OutputFolder):
+    """The staging folder of a one-file output: committed by moving the file to OUT."""
+
+    def __init__(self, out: Path, overwrite: bool = False):
+        if out.is_dir():
+            raise UnshardError(f"{out}: is a folder; a GGUF output is one file: choose OUT ending in .gguf")
+        if out.exists() and not overwrite:
+            raise OutputExistsError(f"{out}: already exists; choose another OUT or pass --overwrite")
+        super().__init__(out, overwrite=True)
+        self.overwrite = overwrite
+
+    def commit(self) -> None:
+        made = self.path / FILE_NAME
+        if self.overwrite:
+            os.replace(made, self.out)
+        else:
+            try:  # a hard link fails if another run put a file at OUT since this one started
+                os.link(made, self.out)
+            except FileExistsError:
+                shutil.rmtree(self.path, ignore_errors=True)
+                raise OutputExistsError(f"{self.out}: another run wrote it while this one was running; this run's "
+                                        "output was dropped: choose another OUT or pass --overwrite") from None
+        shutil.rmtree(self.path, ignore_errors=True)
+

@@ -1,0 +1,147 @@
+"""GGUF output: one file for llama.cpp, written straight from the shards, equal to llama.cpp's own converter's.
+
+The oracle is `convert_hf_to_gguf.py` as llama-cpp-python's source package on PyPI vendors it (with its
+gguf-py), run in its own venv (generate.PEERS["llamacpp"], generate.llama_cpp_source) on the folder unshard
+writes without GGUF, which the other tests check bit for bit against the training model. The two files are
+compared through gguf-py's reader: every tensor (name, type, shape, bytes, order) and every metadata field
+but those naming the file or the tool (NAMING).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+import yaml
+
+import generate
+import unshard
+from conftest import SHIPPED
+from unshard.report import human_bytes
+from test_cli_and_errors import leftovers, run_cli
+
+TYPES = ["f32", "f16", "bf16", "q8_0", "auto"]
+# The converter names the file after the folder it read, and takes tags from the model card there (a merged
+# folder's card is tagged `merge`, `unshard`): fields naming the file or the tool.
+NAMING = {"general.name", "general.tags"}
+
+
+@pytest.fixture(scope="session")
+def converter():
+    """Runs llama.cpp's convert_hf_to_gguf.py on a Hugging Face folder."""
+    root, python = generate.llama_cpp_source(), generate.peer_python("llamacpp")
+
+    def run(folder: Path, outtype: str, out: Path) -> Path:
+        done = subprocess.run([str(python), str(root / "convert_hf_to_gguf.py"), str(folder), "--outtype", outtype,
+                               "--outfile", str(out)], capture_output=True, text=True, timeout=600,
+                              env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        assert done.returncode == 0, done.stderr[-3000:]
+        return out
+
+    return run
+
+
+def contents(path: Path) -> tuple[dict, list]:
+    """(metadata fields, [(tensor name, type, shape, bytes)] in file order), as gguf-py reads them."""
+    reader = gguf.GGUFReader(path)
+    fields = {key: field.contents() for key, field in reader.fields.items()
+              if not key.startswith("GGUF.") and key not in NAMING}
+    tensors = [(t.name, t.tensor_type.name, t.shape.tolist(), t.data.tobytes()) for t in reader.tensors]
+    return fields, tensors
+
+
+def assert_same_file(ours: Path, theirs: Path) -> None:
+    mine, expected = contents(ours), contents(theirs)
+    assert mine[0] == expected[0]
+    assert [t[:3] for t in mine[1]] == [t[:3] for t in expected[1]]
+    for a, b in zip(mine[1], expected[1]):
+        assert a[3] == b[3], a[0]
+
+
+def test_each_type_as_llama_cpp_converter_writes_it(fixture_case, converter, tmp_path):
+    """A bf16 Llama (FSDP2 rank files, 2 ranks) with a SentencePiece tokenizer, in every type the converter
+    writes; --verify reads each file back. q and k are reordered per head as llama.cpp wants them, the
+    vocabulary is the tokenizer.model's with the config's size, special tokens and chat template."""
+    src = fixture_case("llama-fsdp2-spm") / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    for kind in TYPES:
+        ours = tmp_path / f"{kind}.gguf"
+        result = unshard.convert(src, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        assert result.files == ["model.gguf"] and ours.is_file() and not leftovers(tmp_path)
+        assert_same_file(ours, converter(tmp_path / "hf", kind, tmp_path / f"oracle-{kind}.gguf"))
+    fields, tensors = contents(tmp_path / "q8_0.gguf")
+    assert fields["tokenizer.ggml.model"] == "llama" and len(fields["tokenizer.ggml.tokens"]) == 103
+    assert "tokenizer.chat_template" in fields
+    assert {t[1] for t in tensors} == {"Q8_0", "F32"}
+    assert contents(tmp_path / "auto.gguf")[0]["general.file_type"] == gguf.LlamaFileType.MOSTLY_BF16
+
+
+def test_transformers_reads_the_same_model_back(tmp_path):
+    """transformers' GGUF loader (which undoes llama.cpp's q/k order) gives the training model's logits exactly
+    from f32, f16 and bf16 (the model is bf16), and close from q8_0 (measured: relative distance 0.013, max abs
+    difference 0.026 of logits up to 1.8), with the same greedy tokens."""
+    from transformers import AutoModelForCausalLM
+
+    src = SHIPPED / "llama-fsdp2-spm" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 20, 33, 64, 70, 90, 2]])
+    expected = reference(ids).logits
+    for kind, tolerance in (("f32", 0.0), ("f16", 0.0), ("bf16", 0.0), ("q8_0", 0.03)):
+        unshard.convert(src, tmp_path / f"{kind}.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+        model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=f"{kind}.gguf", dtype=torch.float32)
+        logits = model(ids).logits
+        distance = ((logits - expected).norm() / expected.norm()).item()
+        assert distance <= tolerance and torch.equal(logits.argmax(-1), expected.argmax(-1)), (kind, distance)
+    assert distance > 0  # (q8_0 does round)
+
+
+def test_a_merge_as_one_gguf_file(converter, tmp_path):
+    """`unshard merge RECIPE OUT.gguf`: the merged model as the converter writes the merged folder."""
+    src = SHIPPED / "llama-fsdp2-spm" / "global_step_1"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(src), "parameters": {"weight": 0.7}}, {"model": str(src), "parameters": {"weight": 0.3}}]}))
+    unshard.merge(recipe, tmp_path / "merged", progress=False)
+    code, _, err = run_cli("merge", recipe, tmp_path / "merged.gguf", "--gguf-type", "q8_0", "--no-progress")
+    assert code == 0, err
+    assert_same_file(tmp_path / "merged.gguf", converter(tmp_path / "merged", "q8_0", tmp_path / "oracle.gguf"))
+
+
+def test_the_cli_implies_gguf_from_the_name_and_dry_run_tells_the_size(tmp_path):
+    src = SHIPPED / "llama-fsdp2-spm" / "global_step_1"
+    code, out, err = run_cli("convert", src, tmp_path / "m.gguf", "--dry-run")
+    assert code == 0, err
+    assert "gguf         one file for llama.cpp (llama), type bf16: 16 tensor(s) in BF16, 5 tensor(s) in F32" in out
+    planned = next(line for line in out.splitlines() if "model.gguf" in line)
+    assert not (tmp_path / "m.gguf").exists()
+    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--no-progress")
+    assert code == 0, err
+    size = (tmp_path / "m.gguf").stat().st_size
+    assert unshard.inspect(src, output=unshard.OutputOptions(gguf="auto"))["output"]["files"]["model.gguf"] == size
+    assert planned.strip() == f"model.gguf  {human_bytes(size)}"
+
+
+@pytest.mark.parametrize("case, args, expected", [
+    ("llama-fsdp2", (), "no tokenizer.model (SentencePiece)"),  # a BPE tokenizer
+    ("qwen2-fsdp2", (), "Qwen2ForCausalLM is not an architecture unshard writes as GGUF yet"),
+    ("llama-fsdp2-spm", ("--gguf-type", "q4_k"), "--gguf-type q4_k: not one unshard writes; choose one of f32, f16"),
+    ("llama-fsdp2-spm", ("--quantize", "W4A16"), "a GGUF file takes neither --quantize"),
+])
+def test_what_gguf_cannot_take_is_one_line_before_anything_is_written(case, args, expected, tmp_path):
+    code, _, err = run_cli("convert", SHIPPED / case / "global_step_1", tmp_path / "m.gguf", *args, "--no-progress")
+    assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
+
+
+def test_an_existing_gguf_file_is_kept_unless_overwrite(tmp_path):
+    src, out = SHIPPED / "llama-fsdp2-spm" / "global_step_1", tmp_path / "m.gguf"
+    out.write_bytes(b"mine")
+    code, _, err = run_cli("convert", src, out, "--no-progress")
+    assert code == 1 and "already exists" in err and out.read_bytes() == b"mine"
+    code, _, err = run_cli("convert", src, out, "--no-progress", "--overwrite")
+    assert code == 0 and out.read_bytes()[:4] == b"GGUF" and not leftovers(tmp_path)
