@@ -149,8 +149,7 @@ class Plan:
             "dtype_reason": self.dtype_reason,
             "tensors": len(self.outputs),
             "bytes": self.total_bytes,
-            "files": {name: self.sink.file_size(self.stored(name)) if self.gguf else sum(g.nbytes for g in groups)
-                      for name, groups in self.files.items()},
+            "files": {name: self.sink.file_size(self.stored(name)) for name in self.files},
             "dropped": self.dropped,
             "notes": self.notes,
             "config_from": str(self.config_folder) if self.config_folder else None,

@@ -74,6 +74,10 @@ class Sink(Protocol):
         in order and `.close()`; `.write_parts(...)` writes a tensor whole; `.close(check)` ends the file."""
         ...
 
+    def file_size(self, tensors: list[OutputTensor]) -> int:
+        """Bytes of a file holding these stored tensors (for inspect and --dry-run)."""
+        ...
+
     def read_back(self, path: Path) -> Any:
         """A written file, for --verify: `.entries`, `.holds(name, parts)`, `.holds_at(name, offset, bytes)`."""
         ...
