@@ -80,6 +80,30 @@ def test_each_type_as_llama_cpp_converter_writes_it(fixture_case, converter, tmp
     assert contents(tmp_path / "auto.gguf")[0]["general.file_type"] == gguf.LlamaFileType.MOSTLY_BF16
 
 
+def test_added_tokens_take_the_converter_types(converter, tmp_path):
+    """Tokens tokenizer_config.json adds over the SentencePiece vocabulary: special ones are control tokens,
+    others user-defined (with SentencePiece's space marker read as a space), unless they look special to the
+    converter (<|...|>, gemma's <unused...>); <think> and [INST] do not."""
+    import json
+
+    src = SHIPPED / "llama-fsdp2-spm" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    config_path = tmp_path / "hf" / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    added = {96: ("<think>", False), 97: ("<|im_end|>", False), 98: ("<unused0>", False), 99: ("[INST]", False),
+             100: ("\u2581hi", False), 101: ("<tool>", True)}
+    config["added_tokens_decoder"] = {**config.get("added_tokens_decoder", {}), **{
+        str(i): {"content": text, "special": special, "lstrip": False, "rstrip": False, "normalized": False,
+                 "single_word": False} for i, (text, special) in added.items()}}
+    config_path.write_text(json.dumps(config))
+    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress")
+    assert code == 0, err
+    assert_same_file(tmp_path / "m.gguf", converter(tmp_path / "hf", "auto", tmp_path / "oracle.gguf"))
+    fields = contents(tmp_path / "m.gguf")[0]
+    kinds = {fields["tokenizer.ggml.tokens"][i]: fields["tokenizer.ggml.token_type"][i] for i in added}
+    assert kinds == {"<think>": 4, "<|im_end|>": 3, "<unused0>": 3, "[INST]": 4, " hi": 4, "<tool>": 3}
+
+
 def test_transformers_reads_the_same_model_back(tmp_path):
     """transformers' GGUF loader (which undoes llama.cpp's q/k order) gives the training model's logits exactly
     from f32, f16 and bf16 (the model is bf16), and close from q8_0 (measured: relative distance 0.013, max abs

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
     from ..plan import Group, OutputTensor, Plan
 
-log = logging.getLogger("unshard")
 
 # --gguf-type: llama.cpp's names of the file types the converter writes; "auto" is its default:
 # bf16 or f16 as the model's (the folder's) 2-D tensors are, else f16.
@@ -253,16 +252,10 @@ def _vocabulary(writer, hparams: dict, folder: Path) -> None:
 
 
 def _looks_special(text: str) -> bool:
-    """The converter's guess at a special token added without saying so: <|...|>, <...> or [...] around a word,
-    or one of a few known shapes."""
-    if text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]"):
-        return True
-    if text.startswith("<|") and text.endswith("|>") and text != "<|>":
-        return True
-    if text.startswith(("<｜", "<\uff5c")) and text.endswith(("｜>", "\uff5c>")):
-        return True
-    return text.startswith("[") and text.endswith("]") and len(text) > 2 or \
-        text.startswith("<") and text.endswith(">") and len(text) > 2 and text[1] != "<"
+    """The converter's guess at a token added as not special that ought to be a control token: a few known
+    ones (deepseek-coder's, gemma's), <|...|>, <｜...｜> and gemma's <unused...>."""
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or text.startswith("<|") and text.endswith("|>")
+            or text.startswith("<\uff5c") and text.endswith("\uff5c>") or text.startswith("<unused") and text.endswith(">"))
 
 
 def _json(path: Path) -> dict:
@@ -349,11 +342,7 @@ class GGUFSink:
         return WrittenGGUF(path)
 
     def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
-        from ..report import human_bytes
-
-        size = (folder / FILE_NAME).stat().st_size
-        log.info(f"GGUF {self.plan.file_type}, {human_bytes(size)}")
-        return [], []
+        return [], []  # (everything is in the file's header)
 
 
 class OutputFile(OutputFolder):
@@ -374,6 +363,11 @@ class OutputFile(OutputFolder):
         else:
             try:  # a hard link fails if another run put a file at OUT since this one started
                 os.link(made, self.out)
+            except PermissionError:  # (a filesystem without hard links: no run put a file there before the check)
+                if self.out.exists():
+                    raise OutputExistsError(f"{self.out}: another run wrote it while this one was running; choose "
+                                            "another OUT or pass --overwrite") from None
+                os.replace(made, self.out)
             except FileExistsError:
                 shutil.rmtree(self.path, ignore_errors=True)
                 raise OutputExistsError(f"{self.out}: another run wrote it while this one was running; this run's "
