@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 from . import dtypes
 from .errors import PeerFailedError, UnshardError
 from .hf_names import NamingChanged
-from .plan import Group, OutputTensor, Plan
+from .plan import Group, OutputTensor, Plan, pieces_read
 from .readers.base import read_bytes, thread_buffer
 from .report import human_bytes
 from .sinks import ENCODING_BAND_BYTES
@@ -162,10 +162,17 @@ def _cast_from_file(part: FileBytes, source: DType, target: DType) -> Iterator[m
     """A part's bytes read from its file a chunk at a time and cast by numpy: no torch, no map, and
     memory is one chunk however large the piece. (Each chunk is written before the next is asked
     for, so the thread's buffers are used again.)"""
+    for chunk in _chunks_of_file(part):
+        yield memoryview(_cast(chunk, source, target))
+
+
+def _chunks_of_file(part: FileBytes) -> Iterator:
+    """A part's bytes read from its file into this thread's read buffer, READ_CHUNK at a time (each chunk is
+    used before the next is read into the same buffer)."""
     for done in range(0, part.nbytes, READ_CHUNK):
         chunk = thread_buffer("read", min(READ_CHUNK, part.nbytes - done))
         read_bytes(part.path, part.offset + done, chunk)
-        yield memoryview(_cast(chunk, source, target))
+        yield chunk
 
 
 def _cast(raw, source: DType, target: DType):
@@ -449,10 +456,7 @@ def _bytes_of_parts(parts: Iterable[Part]) -> Iterator[memoryview]:
     """The bytes of parts, in order, a chunk at a time (a part lying in a file is read in chunks)."""
     for part in parts:
         if isinstance(part, FileBytes):
-            for done in range(0, part.nbytes, READ_CHUNK):
-                chunk = thread_buffer("read", min(READ_CHUNK, part.nbytes - done))
-                read_bytes(part.path, part.offset + done, chunk)
-                yield memoryview(chunk).cast("B")
+            yield from (memoryview(chunk).cast("B") for chunk in _chunks_of_file(part))
         else:
             yield bytes_of(part).cast("B")
 
@@ -495,19 +499,12 @@ def _across_files(plan: Plan, filenames: list[str]) -> Iterator[tuple[str, Group
         yield filename, group
 
 
-def _check_sources(checkpoint, groups: list[Group]) -> None:
-    """The CRC-32 of the torch.save records the groups are read from (a merge's: those of its inputs)."""
-    for item in getattr(checkpoint, "_inputs", []):
-        _check_sources(item.plan.checkpoint, item.plan.groups)
-    checkpoint.check_records([(p, p.block.numel * g.source.dtype.itemsize) for g in groups for p in g.source.pieces])
-
-
 def verify_folder(plan: Plan, folder: Path, filenames: list[str], threads: int = 1) -> None:
     """Check the CRC-32 of the torch.save records read, then read back every tensor written to these files
     and compare it byte for byte with the checkpoint: each piece's bytes read again from its file, or
     assembled and cast (and encoded) again, a chunk at a time. So verifying holds what writing held, and
     needs torch only where writing did."""
-    _check_sources(plan.checkpoint, [g for f in filenames for g in plan.files[f]])
+    plan.checkpoint.check_records(pieces_read([g for f in filenames for g in plan.files[f]]))
     written = {filename: plan.sink.read_back(folder / filename) for filename in filenames}
     for filename, file in written.items():
         planned = [(s.name, s.dtype.safetensors, s.shape) for s in plan.stored(filename)]

@@ -24,7 +24,7 @@ import torch
 
 from .errors import UnshardError, read_json
 from . import dtypes, hf_names
-from .plan import TOKENIZER_FILES, Group, Plan, build_plan, choose_dtype
+from .plan import TOKENIZER_FILES, Group, Plan, build_plan, choose_dtype, pieces_read
 from .sinks import OutputOptions
 from .readers import Checkpoint, SourceTensor, open_checkpoint
 
@@ -458,6 +458,11 @@ class MergedCheckpoint(Checkpoint):
         if stop == self.tensors[name].shape[0]:
             del self._merging[name]
         return band
+
+    def check_records(self, pieces) -> None:
+        # (a merged tensor lies in no file: the records read are its inputs')
+        for item in self._inputs:
+            item.plan.checkpoint.check_records(pieces_read(item.plan.groups))
 
     def close(self) -> None:
         for item in self._inputs:

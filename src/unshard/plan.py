@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from . import dtypes, hf_names, lora
 from .dtypes import DType
 from .errors import ConfigMismatchError, UnshardError
-from .readers import Checkpoint, SourceTensor
+from .readers import Checkpoint, Piece, SourceTensor
 from .sinks import ENCODING_WORK, Encoding, OutputOptions, Sink
 from .sinks.hf_folder import MODEL_FILE_PATTERNS, HFFolder, unreadable_model_files
 
@@ -154,6 +154,11 @@ class Plan:
             "notes": self.notes,
             "config_from": str(self.config_folder) if self.config_folder else None,
         }
+
+
+def pieces_read(groups: list[Group]) -> list[tuple[Piece, int]]:
+    """Every piece these groups are read from, with its byte count (for `Checkpoint.check_records`)."""
+    return [(p, p.block.numel * g.source.dtype.itemsize) for g in groups for p in g.source.pieces]
 
 
 def choose_dtype(requested: str, config: dict | None, checkpoint: Checkpoint) -> tuple[DType, str]:

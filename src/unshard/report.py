@@ -58,7 +58,7 @@ def as_text(info: dict[str, Any]) -> str:
         f"will write   {out['tensors']} tensors in {out['dtype']} ({out['dtype_reason']}), {human_bytes(out['bytes'])} "
         f"in {len(out['files'])} file(s)",
     ]
-    lines += _quantization_lines(out)
+    lines += _output_format_lines(out)
     for name, size in out["files"].items():
         lines.append(f"  {name}  {human_bytes(size)}")
     for why, count in Counter(out["dropped"].values()).items():
@@ -72,7 +72,7 @@ def as_text(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _quantization_lines(out: dict[str, Any]) -> list[str]:
+def _output_format_lines(out: dict[str, Any]) -> list[str]:
     if out.get("gguf"):
         gguf = out["gguf"]
         return [f"gguf         one file for llama.cpp ({gguf['architecture']}), type {gguf['type']}: "

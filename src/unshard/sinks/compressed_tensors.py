@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import dtypes
@@ -127,8 +127,6 @@ def plan_quantization(scheme_name: str, extra_ignore: tuple[str, ...], outputs: 
     """Which outputs the scheme quantizes: the weights of the model's Linear modules (`linear`, weight names in
     the model's order, tied ones included), but those the ignore patterns name. Raises if a weight cannot
     take the scheme, as llm-compressor refuses it, naming the layers and the flag that leaves them out."""
-    from ..plan import OutputTensor
-
     scheme = scheme_named(scheme_name)
     if linear is None:
         raise UnshardError(f"{source}: --quantize needs to know which tensors are Linear layers, and transformers "
@@ -161,8 +159,7 @@ def plan_quantization(scheme_name: str, extra_ignore: tuple[str, ...], outputs: 
         if misfit:
             misfits.append(f"{module} ({misfit})")
             continue
-        quantization.encoded[weight] = OutputTensor(output.name, output.shape, output.dtype,
-                                                    QuantizedWeight(scheme, output))
+        quantization.encoded[weight] = replace(output, encoding=QuantizedWeight(scheme, output))
     if misfits:
         raise UnshardError(f"{source}: --quantize {scheme.name} groups a layer's columns by {_group_size(scheme)}, so "
                            f"they must be a multiple of it; not so for {len(misfits)} layer(s): "
