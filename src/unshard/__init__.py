@@ -113,6 +113,16 @@ def _for(out: str | Path, output: OutputOptions) -> OutputOptions:
     return output
 
 
+def push_to_hub(out: str | Path, repo_id: str, *, private: bool = False, revision: str | None = None,
+                commit_message: str | None = None, progress: bool | None = None) -> str:
+    """Upload a finished OUT (a folder, or one GGUF file) to the Hub model repository REPO_ID, created if
+    needed, in one commit; the commit's URL. A missing token, no network or a refused push raises
+    PushFailedError (a ConnectionError), and OUT stays as it is."""
+    from .hub import HubTarget, push
+
+    return push(out, HubTarget(repo_id, private, revision, commit_message), progress)
+
+
 def inspect(src: str | Path, **plan_options: Any) -> dict[str, Any]:
     """What unshard found at SRC and what a conversion would write, as plain data."""
     from .report import describe
@@ -122,5 +132,5 @@ def inspect(src: str | Path, **plan_options: Any) -> dict[str, Any]:
 
 __all__ = [
     "Checkpoint", "CheckpointError", "ConfigMismatchError", "OutputExistsError", "OutputOptions", "Plan", "Result",
-    "UnsafeCheckpointError", "UnshardError", "convert", "inspect", "merge", "open_checkpoint", "plan",
+    "UnsafeCheckpointError", "UnshardError", "convert", "inspect", "merge", "open_checkpoint", "plan", "push_to_hub",
 ]

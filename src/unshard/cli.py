@@ -8,7 +8,9 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
+from . import verl_command
 from .errors import PeerFailedError, UnshardError
 from .sinks.safetensors import ROOM_ERRNOS
 
@@ -60,6 +62,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="run as one rank of `torchrun ... -m unshard convert`: the ranks share the output "
                             "files on a shared filesystem")
 
+    def hub_options(p):
+        p.add_argument("--push-to-hub", metavar="REPO_ID",
+                       help="upload OUT to this Hub model repository once it is complete (created if needed)")
+        p.add_argument("--private", action="store_true", help="with --push-to-hub: a new repository is private")
+        p.add_argument("--revision", metavar="BRANCH", help="with --push-to-hub: the branch to commit to")
+        p.add_argument("--commit-message", metavar="MSG", help="with --push-to-hub: the commit's message")
+
     convert = sub.add_parser("convert", help="write a Hugging Face model folder")
     plan_options(convert)
     quantize_options(convert)
@@ -72,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="list each file's sha256 in OUT/README.md (hashing runs at about 1 GB/s per file)")
     convert.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     scale_options(convert)
+    hub_options(convert)
 
     merge = sub.add_parser("merge", help="blend models as a mergekit-style YAML recipe says")
     merge.add_argument("recipe", help="YAML: merge_method, base_model, models, parameters, dtype, out_dtype")
@@ -88,17 +98,21 @@ def _parser() -> argparse.ArgumentParser:
     merge.add_argument("--checksums", action="store_true", help="list each file's sha256 in OUT/README.md")
     merge.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     scale_options(merge)
+    hub_options(merge)
 
     inspect = sub.add_parser("inspect", help="say what the checkpoint is and what convert would write")
     plan_options(inspect)
     quantize_options(inspect)
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    verl_command.add_parser(sub)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    for chatty in ("httpx", "httpx2"):  # huggingface_hub's HTTP client logs every request at INFO
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     # A job scheduler (or torchrun, when another rank failed) stops us with SIGTERM: unwind like
     # Ctrl-C, so the staging folder is removed and no partial OUT is left.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -165,6 +179,12 @@ def _report(args, result) -> None:
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(result.line() + (", verified" if args.verify else ""))
+    if args.push_to_hub:
+        from .hub import HubTarget, push
+
+        url = push(result.out, HubTarget(args.push_to_hub, args.private, args.revision, args.commit_message),
+                   args.progress)
+        print(f"pushed {result.out} to {url}")
 
 
 def _run(args) -> int:
@@ -173,6 +193,8 @@ def _run(args) -> int:
 
     if args.command == "merge":
         return _merge(args)
+    if args.command == "verl":
+        return _verl(args)
     output = _output(args, getattr(args, "out", ""))
     options = dict(output=output, config_from=args.config_from, check=args.check,
                    weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha, lora=args.lora,
@@ -228,6 +250,30 @@ def _merge(args) -> int:
                          workers=args.workers, distributed=args.distributed)
     finally:
         plan.checkpoint.close()
+    _report(args, result)
+    return 0
+
+
+def _verl(args) -> int:
+    """verl's merger command line: the same meaning, unshard's conversion."""
+    from .execute import convert
+
+    plan, notes = verl_command.plan(args, ask_later=args.operation == "merge")
+    try:
+        for note in notes + (plan.notes if args.operation == "merge" else []):
+            print(f"note: {note}", file=sys.stderr)
+        if args.operation == "test":
+            count = verl_command.compare(plan, Path(args.test_hf_dir), args.progress)
+            print(f"{count} tensors of {args.local_dir} match {args.test_hf_dir} ({verl_command.VERL_DTYPE}, "
+                  f"atol/rtol {verl_command.TOLERANCE}), as verl's test checks")
+            return 0
+        plan.require_config()
+        result = convert(plan, args.target_dir, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
+                         progress=args.progress)
+    finally:
+        plan.checkpoint.close()
+    # verl's --hf_upload_path is --push-to-hub; verl's merger runs in one process
+    args.push_to_hub, args.revision, args.commit_message, args.distributed = args.hf_upload_path, None, None, False
     _report(args, result)
     return 0
 

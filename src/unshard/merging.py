@@ -24,7 +24,7 @@ import torch
 
 from .errors import UnshardError, read_json
 from . import dtypes, hf_names
-from .plan import TOKENIZER_FILES, Group, Plan, build_plan, choose_dtype, pieces_read
+from .plan import TOKENIZER_FILES, Group, Plan, build_plan, choose_dtype, hub_ids, pieces_read
 from .sinks import OutputOptions
 from .readers import Checkpoint, SourceTensor, open_checkpoint
 
@@ -632,6 +632,7 @@ def plan_merge(recipe_path: str | Path, output: OutputOptions = OutputOptions(),
     # Per tensor in flight: one copy per input, the stacked task vectors and the result.
     plan.copies_per_tensor = 2 * len(inputs) + 1
     plan.notes = [note for note in plan.notes if "--config-from" not in note]
+    plan.base_models = hub_ids([recipe.base] + [model for model, _ in recipe.models])
     if not any((source.plan.config_folder / name).exists() for name in TOKENIZER_FILES):
         plan.notes.append(f"{source.reference} has no tokenizer: set tokenizer_source to a model that has one")
     return plan
@@ -641,7 +642,7 @@ def model_card(plan: Plan) -> str:
     """The opening of README.md for the merged folder: the method, the inputs and the recipe
     (the writer adds the dtype and the list of files)."""
     recipe = plan.checkpoint.recipe
-    lines = ["---", "tags:", "- merge", "- unshard", "---", "", "# Merged model", "",
+    lines = ["# Merged model", "",
              f"Made with [unshard](https://pypi.org/project/unshard/) `merge` using the **{recipe.method}** method.", ""]
     if recipe.base:
         lines += [f"Base model: `{recipe.base}`", ""]

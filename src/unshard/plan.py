@@ -6,6 +6,7 @@ Dry runs, `inspect`, the memory estimate and the writer all work from this one o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -87,6 +88,7 @@ class Plan:
     sink: Sink = field(default_factory=HFFolder)  # the output format
     quantization: Quantization | None = None  # what --quantize does to this model
     gguf: GGUFPlan | None = None  # the GGUF file's types and metadata, when that is the output
+    base_models: list[str] = field(default_factory=list)  # Hub ids the weights descend from (the model card's)
 
     @property
     def model_files(self) -> dict[str, list[Group]]:
@@ -255,9 +257,25 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
     if naming.question is not None:
         rebuild = partial(build_plan, checkpoint, output, config_from=config_folder, check=check,
                           lora_alpha=lora_alpha, architecture=architecture, lora_mode=lora_mode)
+    # Where the weights come from, as recorded: transformers 4 saved a config's Hub id, peft an adapter's base.
+    origins = [(config or {}).get("_name_or_path"),
+               (fold.adapter.meta if fold.adapter else {}).get("base_model_name_or_path")]
     return Plan(checkpoint, config_folder, out_dtype, reason, files, {**fold.dropped, **naming.dropped}, notes,
                 config_updates=updates, extra_files=extra_files, question=naming.question, rebuild=rebuild,
-                sink=sink, quantization=quantization, gguf=gguf)
+                sink=sink, quantization=quantization, gguf=gguf, base_models=hub_ids(origins))
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9]")
+
+
+def hub_ids(names) -> list[str]:
+    """Those of `names` that are Hub model ids (`owner/name`), not local paths: what a model card's
+    `base_model` may name (the Hub refuses a card whose base_model is not a model id)."""
+    found = []
+    for name in names:
+        if isinstance(name, str) and HUB_ID.fullmatch(name) and ".." not in name and name not in found:
+            found.append(name)
+    return found
 
 
 def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, dtype: DType):

@@ -90,20 +90,50 @@ def _output_format_lines(out: dict[str, Any]) -> list[str]:
     return lines
 
 
+# What a model's class says it does, in the Hub's pipeline names (the card's pipeline_tag).
+PIPELINES = (("ForCausalLM", "text-generation"), ("ForConditionalGeneration", "image-text-to-text"),
+             ("ForImageTextToText", "image-text-to-text"), ("ForTokenClassification", "token-classification"),
+             ("ForSequenceClassification", "text-classification"))
+
+
+def front_matter(plan: Plan) -> list[str]:
+    """The YAML block that opens README.md, which the Hub reads: library, base models, tags, pipeline."""
+    import yaml
+
+    from .hf_names import read_config
+
+    config = {**(read_config(plan.config_folder) or {}), **plan.config_updates}
+    merged = plan.checkpoint.layout == "merge"
+    data: dict[str, Any] = {"library_name": "transformers"}
+    if plan.base_models:
+        data["base_model"] = plan.base_models if merged or len(plan.base_models) > 1 else plan.base_models[0]
+    tags = ["unshard"] + (["mergekit", "merge"] if merged else [])
+    if plan.quantization is not None:
+        tags += ["compressed-tensors", plan.quantization.scheme.name.lower()]
+    data["tags"] = tags
+    architecture = (config.get("architectures") or [""])[0]
+    for ending, pipeline in PIPELINES:
+        if architecture.endswith(ending):
+            data["pipeline_tag"] = pipeline
+            break
+    return ["---", yaml.safe_dump(data, sort_keys=False).rstrip(), "---", ""]
+
+
 def model_card(plan: Plan, checksums: dict[str, str | None], intro: str | None = None) -> str:
     """README.md for OUT: where the weights came from, how they were written, its files (and their
     sha256, when computed)."""
     from . import __version__
 
     ckpt = plan.checkpoint
+    lines = front_matter(plan)
     if intro is None:
-        lines = ["# Converted model", "", f"Converted with unshard {__version__} from `{ckpt.path}` "
+        lines += ["# Converted model", "", f"Converted with unshard {__version__} from `{ckpt.path}` "
                  f"(layout `{ckpt.layout}`).", ""]
         for key in ("world_size", "parallel", "zero_stage", "format", "iteration", "architecture", "naming"):
             if ckpt.facts.get(key) is not None:
                 lines.append(f"- {key.replace('_', ' ')}: {ckpt.facts[key]}")
     else:
-        lines = [intro.rstrip(), "", f"Written by unshard {__version__}."]
+        lines += [intro.rstrip(), "", f"Written by unshard {__version__}."]
     lines += [f"- dtype: {plan.dtype.name} ({plan.dtype_reason})"]
     if plan.quantization is not None:
         scheme = plan.quantization.scheme

@@ -1,0 +1,77 @@
+"""Pushing a finished output folder to the Hugging Face Hub, through huggingface_hub.
+
+The folder is complete on disk before anything is sent, and stays whatever the Hub answers: a missing
+token, no network or a refused push is one line (PushFailedError) naming the repository and what to do.
+huggingface_hub does the rest as for any upload: the token from HF_TOKEN or `hf auth login`, the endpoint
+from HF_ENDPOINT, repository creation, large files through Xet storage (or LFS), one commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UnshardError
+
+
+class PushFailedError(UnshardError, ConnectionError):
+    pass
+
+
+@dataclass(frozen=True)
+class HubTarget:
+    """Where `--push-to-hub` sends the output."""
+
+    repo_id: str
+    private: bool = False
+    revision: str | None = None  # a branch, made from main if it does not exist
+    commit_message: str | None = None
+
+
+def push(out: str | Path, target: HubTarget, progress: bool | None = None) -> str:
+    """Upload OUT (every file of a folder, or one GGUF file) to the model repository TARGET.repo_id, created
+    if needed, in one commit; the commit's URL."""
+    from huggingface_hub import HfApi, get_token
+    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
+
+    folder = Path(out)
+    keep = f"{folder} is complete on disk and stays; run `hf upload {target.repo_id} {folder}` once that is fixed"
+    if progress is False:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    api = HfApi()
+    try:
+        if get_token() is None:
+            raise LocalTokenNotFoundError("no token")
+        api.create_repo(target.repo_id, private=target.private or None, exist_ok=True)  # (None: the namespace default)
+        if target.revision:
+            api.create_branch(target.repo_id, branch=target.revision, exist_ok=True)
+        message = target.commit_message or f"Upload {folder.name} (written by unshard)"
+        if folder.is_file():
+            commit = api.upload_file(path_or_fileobj=folder, path_in_repo=folder.name, repo_id=target.repo_id,
+                                     revision=target.revision, commit_message=message)
+        else:
+            commit = api.upload_folder(repo_id=target.repo_id, folder_path=folder, revision=target.revision,
+                                       commit_message=message)
+    except LocalTokenNotFoundError:
+        raise PushFailedError(f"push to {target.repo_id}: no Hugging Face token (set HF_TOKEN or run `hf auth login`); "
+                              f"{keep}") from None
+    except HfHubHTTPError as e:
+        status = e.response.status_code if e.response is not None else "?"
+        why = {401: "the token was refused (check HF_TOKEN)", 403: "this token may not write there (a write token, "
+               "and the namespace yours or your organisation's?)", 404: "no such repository or namespace"}.get(status, "")
+        raise PushFailedError(f"push to {target.repo_id} refused ({status}{': ' + why if why else ''}; "
+                              f"{_first_line(e)}); {keep}") from None
+    except Exception as e:
+        # No network: huggingface_hub's offline mode (a ConnectionError), its HTTP client's connect, read and
+        # name-lookup errors (httpx's, whose classes are not OSErrors).
+        if isinstance(e, ConnectionError) or type(e).__module__.split(".")[0].startswith("httpx"):
+            raise PushFailedError(f"push to {target.repo_id}: the Hub cannot be reached ({_first_line(e)}); "
+                                  f"{keep}") from None
+        raise
+    return str(commit.commit_url)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
