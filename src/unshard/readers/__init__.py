@@ -12,6 +12,7 @@ from . import (
     deepspeed,
     deepspeed_universal,
     fsdp_rank_files,
+    hf_pickles,
     hf_safetensors,
     megatron,
     megatron_dist,
@@ -28,6 +29,7 @@ READERS = [
     (lambda src, opts: dcp.find_folder(src) is not None, dcp.open_folder),
     (lambda src, opts: dcp_safetensors.find_folder(src) is not None, dcp_safetensors.open_folder),
     (lambda src, opts: hf_safetensors.find_folder(src) is not None, hf_safetensors.open_folder),
+    (lambda src, opts: hf_pickles.find_folder(src) is not None, hf_pickles.open_folder),
     (lambda src, opts: fsdp_rank_files.find_files(src) is not None, fsdp_rank_files.open_folder),
 ]
 
@@ -52,7 +54,7 @@ def open_checkpoint(src: str | Path, **options) -> Checkpoint:
         f"{src}: not a checkpoint layout unshard knows; point at the folder holding model_world_size_*_rank_*.pt "
         "(verl: global_step_N/actor), a DCP folder (.metadata), DCP-written shard-*-model-*.safetensors, "
         "a DeepSpeed folder with `latest`, a Megatron checkpoint (mp_rank_* or torch_dist), a Hugging Face "
-        "safetensors folder, or a whole state-dict .pt/.bin file"
+        "folder (safetensors, or pytorch_model*.bin), or a whole state-dict .pt/.bin file"
     )
 
 
