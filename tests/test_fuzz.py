@@ -36,6 +36,7 @@ LAYOUTS = {
     "deepspeed-zero2-universal": ("checkpoint-1/global_step1_universal", None),  # ds_to_universal's files
     "accelerate-fsdp2-full": ("state", "hf"),  # one whole torch.save state dict
     "llama-fsdp2-lora": ("global_step_1", None),  # a LoRA adapter to fold, alpha from lora_train_meta.json
+    "llama-hf-pickles": ("sharded", None),  # transformers 4's pytorch_model-*.bin and their index
 }
 MUTANTS = 25  # per layout (40 each for seeds 7, 11 and 13 found what was fixed, then nothing)
 SEED = 13
