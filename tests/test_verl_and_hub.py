@@ -274,10 +274,19 @@ def test_verl_flags_that_do_not_fit_the_checkpoint(tmp_path):
                               / "verl" / "global_step_10" / "actor", "--target_dir", tmp_path / "c", "--is-value-model",
                               ok=False))
     assert "--is-value-model" in line
-    # The megatron backend reads verl's Megatron layout; a backend naming another layout is a note.
-    done = run("verl", "merge", "--backend", "fsdp", "--local_dir", SHIPPED / "megatron-qwen2-tp2-pp2" / "verl"
-               / "global_step_10" / "actor", "--target_dir", tmp_path / "m", "--no-progress")
-    assert "--backend fsdp" in done.stderr and (tmp_path / "m" / "model.safetensors").exists()
+    # The megatron backend reads verl's Megatron layout (verl's own Megatron merger wants a GPU: it is not run
+    # here): the weights a bf16 conversion writes. A backend naming another layout is a note.
+    megatron = SHIPPED / "megatron-qwen2-tp2-pp2" / "verl" / "global_step_10" / "actor"
+    done = run("verl", "merge", "--backend", "megatron", "--local_dir", megatron, "--target_dir", tmp_path / "m",
+               "--no-progress")
+    assert "--backend" not in done.stderr
+    run("convert", megatron, tmp_path / "m-bf16", "--dtype", "bfloat16", "--no-progress")
+    mine, expected = weights(tmp_path / "m"), weights(tmp_path / "m-bf16")
+    assert sorted(mine) == sorted(expected) and all(torch.equal(mine[n], t) for n, t in expected.items())
+    assert all(t.dtype == torch.bfloat16 for t in mine.values())
+    done = run("verl", "merge", "--backend", "fsdp", "--local_dir", megatron, "--target_dir", tmp_path / "m2",
+               "--no-progress")
+    assert "--backend fsdp" in done.stderr and (tmp_path / "m2" / "model.safetensors").exists()
     # verl writes over target_dir; unshard asks first.
     line = one_line_error(run("verl", "merge", "--backend", "fsdp", "--local_dir", local, "--target_dir",
                               tmp_path / "tied", ok=False))
