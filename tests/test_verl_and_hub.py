@@ -304,6 +304,11 @@ def test_verl_hf_upload_path_pushes(tmp_path):
         assert_arrived(tmp_path / "out", hub.files("me/qwen-rl"))
 
 
+def test_a_repository_id_the_hub_refuses_is_one_line_before_writing(tmp_path):
+    line = one_line_error(run("convert", EXAMPLE, tmp_path / "out", "--push-to-hub", "not/a/valid id", ok=False))
+    assert "not a Hub repository id" in line and not (tmp_path / "out").exists()
+
+
 def test_push_to_hub_from_python(tmp_path):
     run("convert", EXAMPLE, tmp_path / "out", "--no-progress")
     with Hub() as hub:

@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C, so the staging folder is removed and no partial OUT is left.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        if repo_id := getattr(args, "push_to_hub", None) or getattr(args, "hf_upload_path", None):
+            from .hub import check_repo_id
+
+            check_repo_id(repo_id)
         return _run(args)
     except PeerFailedError:  # rank 0 prints why
         return 1

@@ -28,6 +28,17 @@ class HubTarget:
     commit_message: str | None = None
 
 
+def check_repo_id(repo_id: str) -> None:
+    """A repository id the Hub would refuse is one line before anything is written, not after."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise PushFailedError(f"--push-to-hub {repo_id!r}: not a Hub repository id ({_first_line(e)}); "
+                              "use owner/name") from None
+
+
 def push(out: str | Path, target: HubTarget, progress: bool | None = None) -> str:
     """Upload OUT (every file of a folder, or one GGUF file) to the model repository TARGET.repo_id, created
     if needed, in one commit; the commit's URL."""
