@@ -2,7 +2,8 @@
 
 It speaks what `HfApi.create_repo`, `create_branch`, `upload_folder` and `upload_file` send when Xet
 storage is off (HF_HUB_DISABLE_XET=1): repository creation, the pre-upload survey, the LFS batch API with
-basic PUT uploads, and the NDJSON commit. Files are kept in memory per repository and branch, and a
+basic PUT uploads, and the NDJSON commit; and what `snapshot_download` asks: a revision's file list, and
+each file's metadata (HEAD) and bytes (GET). Files are kept in memory per repository and branch, and a
 request without the expected token is refused with 401, as the Hub does. It listens on 127.0.0.1 only.
 """
 
@@ -59,6 +60,19 @@ class Hub:
     def files(self, repo: str, branch: str = "main") -> dict[str, bytes]:
         return self.repos[repo]["branches"][branch]
 
+    def revision(self, repo: str, branch: str) -> str:
+        """A commit id for the branch as it is (40 hex digits, as the Hub's)."""
+        files = self.files(repo, branch)
+        return hashlib.sha1(json.dumps({k: hashlib.sha256(v).hexdigest() for k, v in sorted(files.items())})
+                            .encode()).hexdigest()
+
+    def branch_of(self, repo: str, revision: str) -> str | None:
+        """The branch a revision names: a branch's name, or the commit id it is at."""
+        branches = self.repos[repo]["branches"]
+        if revision in branches:
+            return revision
+        return next((b for b in branches if self.revision(repo, b) == revision), None)
+
     def _handler(self):
         hub = self
 
@@ -66,8 +80,8 @@ class Hub:
             def log_message(self, *args):
                 pass
 
-            def _reply(self, status: int, body: dict | None = None) -> None:
-                data = json.dumps(body or {}).encode()
+            def _reply(self, status: int, body: dict | list | None = None) -> None:
+                data = json.dumps(body if body is not None else {}).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -82,6 +96,50 @@ class Hub:
                     return True
                 self._reply(401, {"error": "Invalid credentials in Authorization header"})
                 return False
+
+            def _file(self):
+                """The repository file a /{repo}/resolve/{revision}/{path} URL names, or None (replied 404)."""
+                m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self.path)
+                repo = hub.repos.get(m.group(1)) if m else None
+                branch = hub.branch_of(m.group(1), m.group(2)) if repo else None
+                data = repo["branches"][branch].get(m.group(3)) if branch else None
+                if data is None:
+                    self._reply(404, {"error": "Entry not found"})
+                    return None, None
+                return data, hub.revision(m.group(1), branch)
+
+            def _file_headers(self, data: bytes, commit: str) -> None:
+                self.send_header("X-Repo-Commit", commit)
+                self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+
+            def do_HEAD(self):
+                data, commit = self._file()
+                if data is not None:
+                    self.send_response(200)
+                    self._file_headers(data, commit)
+
+            def do_GET(self):
+                if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/([^/?]+).*", self.path):
+                    branch = hub.branch_of(m.group(1), m.group(2)) if m.group(1) in hub.repos else None
+                    if branch is None:
+                        return self._reply(404, {"error": "Repository not found"})
+                    files = hub.files(m.group(1), branch)
+                    return self._reply(200, {"id": m.group(1), "sha": hub.revision(m.group(1), branch),
+                                             "siblings": [{"rfilename": name} for name in sorted(files)]})
+                if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/?]+).*", self.path):
+                    branch = hub.branch_of(m.group(1), m.group(2)) if m.group(1) in hub.repos else None
+                    if branch is None:
+                        return self._reply(404, {"error": "Revision not found"})
+                    return self._reply(200, [{"type": "file", "path": name, "size": len(data),
+                                              "oid": hashlib.sha1(data).hexdigest()}
+                                             for name, data in sorted(hub.files(m.group(1), branch).items())])
+                data, commit = self._file()
+                if data is not None:
+                    self.send_response(200)
+                    self._file_headers(data, commit)
+                    self.wfile.write(data)
 
             def do_PUT(self):
                 m = re.fullmatch(r"/lfs-upload/([0-9a-f]{64})", self.path)

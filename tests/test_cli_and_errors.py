@@ -272,7 +272,7 @@ def test_config_from_hub_id_offline_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     dcp = copy_dcp(tmp_path)
     code, _, err = run_cli("convert", dcp, tmp_path / "hf", "--config-from", "no-such-org/no-such-model")
-    assert code == 1 and "could not be fetched" in err and "pass the folder to --config-from" in err
+    assert code == 1 and "could not be fetched" in err and "hf download no-such-org/no-such-model" in err
     code, _, err = run_cli("convert", dcp, tmp_path / "hf", "--config-from", tmp_path / "nothing-here")
     assert code == 1 and "needs a folder with config.json, or a Hub model id" in err
 

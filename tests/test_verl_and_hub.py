@@ -91,7 +91,7 @@ def test_merge_card_names_hub_inputs_as_mergekit_does(tmp_path):
     run("merge", recipe, tmp_path / "out", "--no-progress")
     data = card(tmp_path / "out")
     assert {"merge", "mergekit", "unshard"} <= set(data.tags) and data.base_model is None  # local inputs only
-    from unshard.plan import hub_ids
+    from unshard.hub import hub_ids
 
     assert hub_ids(["Qwen/Qwen2.5-0.5B", "/abs/path", "./rel", "a/b/c", "base+adapter/x", "org/m", "org/m"]) == [
         "Qwen/Qwen2.5-0.5B", "org/m"]
@@ -318,3 +318,50 @@ def test_push_to_hub_from_python(tmp_path):
         assert done.returncode == 0, done.stderr
         assert "/me/api/commit/" in done.stdout
         assert_arrived(tmp_path / "out", hub.files("me/api", "r1"))
+
+
+# ---- Hub ids as merge inputs and as --config-from ----
+
+def hub_repo(hub: Hub, repo: str, folder: Path) -> None:
+    """A model repository on the stand-in holding FOLDER's files, as an upload would leave it."""
+    hub.repos[repo] = {"private": False, "branches": {"main": {p.name: p.read_bytes() for p in folder.iterdir()
+                                                              if p.is_file()}}}
+
+
+def test_hub_ids_as_config_from_and_merge_inputs(tmp_path):
+    dcp = SHIPPED / "llama-fsdp1-dcp"
+    with Hub() as hub:
+        hub_repo(hub, "org/llama-hf", dcp / "hf")
+        hub_repo(hub, "org/llama", SHIPPED / "llama-fsdp2" / "reference")
+        hub_repo(hub, "org/llama-pickled", SHIPPED / "llama-hf-pickles" / "sharded")
+        env = hub_env(hub, tmp_path)
+        run("convert", dcp / "dcp", tmp_path / "from-id", "--config-from", "org/llama-hf", "--no-progress", env=env)
+        run("convert", dcp / "dcp", tmp_path / "from-folder", "--config-from", dcp / "hf", "--no-progress")
+        assert weights(tmp_path / "from-id").keys() == weights(tmp_path / "from-folder").keys()
+        assert (tmp_path / "from-id" / "tokenizer.json").read_bytes() == (dcp / "hf" / "tokenizer.json").read_bytes()
+        assert card(tmp_path / "from-id").base_model == "org/llama-hf"
+
+        recipe = tmp_path / "recipe.yaml"
+        recipe.write_text("merge_method: linear\nmodels:\n  - model: org/llama\n    parameters: {weight: 0.5}\n"
+                          f"  - model: {SHIPPED / 'llama-fsdp2' / 'reference'}\n    parameters: {{weight: 0.5}}\n")
+        run("merge", recipe, tmp_path / "merged", "--no-progress", env=env)
+        merged, reference = weights(tmp_path / "merged"), weights(SHIPPED / "llama-fsdp2" / "reference")
+        assert all(torch.equal(merged[n], t) for n, t in reference.items())  # the same model twice
+        assert card(tmp_path / "merged").base_model == ["org/llama"]
+        # An older model on the Hub, in pickles only: fetched and read without running them.
+        recipe.write_text("merge_method: linear\nmodels:\n  - model: org/llama-pickled\n    parameters: {weight: 1.0}\n")
+        run("merge", recipe, tmp_path / "merged-pickled", "--no-progress", env=env)
+        expected = weights(SHIPPED / "llama-hf-pickles" / "reference")
+        assert all(torch.equal(weights(tmp_path / "merged-pickled")[n], t) for n, t in expected.items())
+
+        # An id the Hub does not have, and no Hub at all: one line naming the id, nothing written.
+        recipe.write_text("merge_method: linear\nmodels:\n  - model: org/missing\n    parameters: {weight: 1.0}\n")
+        line = one_line_error(run("merge", recipe, tmp_path / "m1", env=env, ok=False))
+        assert "org/missing" in line and not (tmp_path / "m1").exists()
+    line = one_line_error(run("convert", dcp / "dcp", tmp_path / "c1", "--config-from", "org/other", env=env, ok=False))
+    assert "org/other" in line and "hf download" in line and not (tmp_path / "c1").exists()
+    offline = {**env, "HF_HUB_OFFLINE": "1"}
+    line = one_line_error(run("merge", recipe, tmp_path / "m2", env=offline, ok=False))
+    assert "org/missing" in line and not (tmp_path / "m2").exists()
+    # Offline, what was fetched before is still there (huggingface_hub's cache).
+    run("convert", dcp / "dcp", tmp_path / "c2", "--config-from", "org/llama-hf", "--no-progress", env=offline)

@@ -8,6 +8,7 @@ from HF_ENDPOINT, repository creation, large files through Xet storage (or LFS),
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,36 @@ from .errors import UnshardError
 
 class PushFailedError(UnshardError, ConnectionError):
     pass
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9]")
+
+
+def is_hub_id(name: str) -> bool:
+    """`owner/name`, not a path: what a model card's base_model may name, and what unshard fetches."""
+    return isinstance(name, str) and bool(HUB_ID.fullmatch(name)) and ".." not in name
+
+
+def hub_ids(names) -> list[str]:
+    """Those of `names` that are Hub model ids, each once (the Hub refuses a card whose base_model is a path)."""
+    found = []
+    for name in names:
+        if is_hub_id(name) and name not in found:
+            found.append(name)
+    return found
+
+
+def fetch(repo_id: str, patterns: list[str], what: str) -> Path:
+    """The files of Hub model REPO_ID matching PATTERNS, through huggingface_hub's cache (HF_ENDPOINT, HF_TOKEN,
+    HF_HUB_OFFLINE as for any download); a missing repository or no network is one line naming the id."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as e:
+        raise UnshardError(f"{repo_id}: {what} is no local folder, and the Hub's copy could not be fetched "
+                           f"({_first_line(e)}); download it (`hf download {repo_id} --local-dir DIR`) and name "
+                           "the folder") from None
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,10 @@ import torch
 
 from .errors import UnshardError, read_json
 from . import dtypes, hf_names
-from .plan import TOKENIZER_FILES, Group, Plan, build_plan, choose_dtype, hub_ids, pieces_read
+from .hub import fetch, hub_ids, is_hub_id
+from .plan import TOKENIZER_FILES, Group, Plan, build_plan, choose_dtype, pieces_read
 from .sinks import OutputOptions
+from .sinks.hf_folder import MODEL_FILE_PATTERNS
 from .readers import Checkpoint, SourceTensor, open_checkpoint
 
 RECIPE_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source"}
@@ -424,13 +426,28 @@ def parse_recipe(path: Path) -> Recipe:
                   data.get("tokenizer_source"), text)
 
 
-def _resolve(reference: str, recipe_dir: Path) -> Path:
+# What a merge reads of a model on the Hub: weights (safetensors, else pickles), config and tokenizer files; of
+# an adapter, its config and weights.
+MODEL_PATTERNS = ["*.safetensors", "*.safetensors.index.json", *MODEL_FILE_PATTERNS]
+PICKLE_PATTERNS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
+ADAPTER_PATTERNS = ["adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"]
+
+
+def _resolve(reference: str, recipe_dir: Path, adapter: bool = False) -> Path:
+    """A model (or adapter) the recipe names: a folder, relative to the recipe's if not here, or a Hub id."""
     path = Path(reference).expanduser()
     if not path.is_absolute() and not path.exists() and (recipe_dir / path).exists():
         path = recipe_dir / path
-    if not path.exists():
-        raise RecipeError(f"{reference}: no such model folder (Hub ids are not fetched for merging: download it first)")
-    return path
+    if path.exists():
+        return path
+    if not is_hub_id(reference):
+        raise RecipeError(f"{reference}: no such model folder, nor a Hub model id (owner/name)")
+    if adapter:
+        return fetch(reference, ADAPTER_PATTERNS, "the adapter")
+    folder = fetch(reference, MODEL_PATTERNS, "the model")
+    if not list(folder.glob("*.safetensors")):  # an older model, saved as pickles (read without running them)
+        folder = fetch(reference, PICKLE_PATTERNS + MODEL_PATTERNS, "the model")
+    return folder
 
 
 class MergedCheckpoint(Checkpoint):
@@ -491,7 +508,7 @@ def plan_merge(recipe_path: str | Path, output: OutputOptions = OutputOptions(),
         path, _, adapter = reference.partition("+")
         checkpoint = open_checkpoint(_resolve(path, recipe_dir))
         plan = build_plan(checkpoint, OutputOptions(dtype="float32"), check=check)
-        item = Input(reference, parameters, plan, adapter=Adapter(_resolve(adapter, recipe_dir)) if adapter else None)
+        item = Input(reference, parameters, plan, adapter=Adapter(_resolve(adapter, recipe_dir, adapter=True)) if adapter else None)
         item.groups = {o.name: g for g in plan.groups for o in g.outputs}
         inputs.append(item)
     base = next((i for i in inputs if i.reference == recipe.base), None)

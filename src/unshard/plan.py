@@ -6,7 +6,6 @@ Dry runs, `inspect`, the memory estimate and the writer all work from this one o
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from . import dtypes, hf_names, lora
 from .dtypes import DType
 from .errors import ConfigMismatchError, UnshardError
+from .hub import fetch, hub_ids, is_hub_id
 from .readers import Checkpoint, Piece, SourceTensor
 from .sinks import ENCODING_WORK, Encoding, OutputOptions, Sink
 from .sinks.hf_folder import MODEL_FILE_PATTERNS, HFFolder, unreadable_model_files
@@ -181,15 +181,9 @@ def resolve_config_source(config_from: str | Path) -> Path:
     path = Path(config_from)
     if path.is_dir():
         return path
-    if path.exists() or str(config_from).count("/") != 1 or str(config_from).startswith((".", "/")):
+    if path.exists() or not is_hub_id(str(config_from)):
         raise UnshardError(f"{config_from}: --config-from needs a folder with config.json, or a Hub model id")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(str(config_from), allow_patterns=list(MODEL_FILE_PATTERNS)))
-    except Exception as e:
-        raise UnshardError(f"{config_from}: not a local folder, and the Hub copy could not be fetched "
-                           f"({type(e).__name__}); download it and pass the folder to --config-from") from None
+    return fetch(str(config_from), list(MODEL_FILE_PATTERNS), "--config-from")
 
 
 def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), *, config_from: str | Path | None = None,
@@ -257,25 +251,14 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
     if naming.question is not None:
         rebuild = partial(build_plan, checkpoint, output, config_from=config_folder, check=check,
                           lora_alpha=lora_alpha, architecture=architecture, lora_mode=lora_mode)
-    # Where the weights come from, as recorded: transformers 4 saved a config's Hub id, peft an adapter's base.
-    origins = [(config or {}).get("_name_or_path"),
-               (fold.adapter.meta if fold.adapter else {}).get("base_model_name_or_path")]
+    # Where the weights come from, as recorded: a --config-from Hub id, the Hub id transformers 4 saved in a
+    # config, an adapter's base as peft saved it.
+    origins = [str(config_from) if config_from and not Path(config_from).exists() else None,
+               (config or {}).get("_name_or_path"), (fold.adapter.meta if fold.adapter else {}).get("base_model_name_or_path")]
     return Plan(checkpoint, config_folder, out_dtype, reason, files, {**fold.dropped, **naming.dropped}, notes,
                 config_updates=updates, extra_files=extra_files, question=naming.question, rebuild=rebuild,
                 sink=sink, quantization=quantization, gguf=gguf, base_models=hub_ids(origins))
 
-
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9]")
-
-
-def hub_ids(names) -> list[str]:
-    """Those of `names` that are Hub model ids (`owner/name`), not local paths: what a model card's
-    `base_model` may name (the Hub refuses a card whose base_model is not a model id)."""
-    found = []
-    for name in names:
-        if isinstance(name, str) and HUB_ID.fullmatch(name) and ".." not in name and name not in found:
-            found.append(name)
-    return found
 
 
 def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, dtype: DType):
