@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C, so the staging folder is removed and no partial OUT is left.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        if repo_id := getattr(args, "push_to_hub", None) or getattr(args, "hf_upload_path", None):
+        if repo_id := getattr(args, "push_to_hub", None):
             from .hub import check_repo_id
 
             check_repo_id(repo_id)
@@ -276,8 +276,6 @@ def _verl(args) -> int:
                          progress=args.progress)
     finally:
         plan.checkpoint.close()
-    # verl's --hf_upload_path is --push-to-hub; verl's merger runs in one process
-    args.push_to_hub, args.revision, args.commit_message, args.distributed = args.hf_upload_path, None, None, False
     _report(args, result)
     return 0
 

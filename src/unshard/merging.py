@@ -446,7 +446,7 @@ def _resolve(reference: str, recipe_dir: Path, adapter: bool = False) -> Path:
         return fetch(reference, ADAPTER_PATTERNS, "the adapter")
     folder = fetch(reference, MODEL_PATTERNS, "the model")
     if not list(folder.glob("*.safetensors")):  # an older model, saved as pickles (read without running them)
-        folder = fetch(reference, PICKLE_PATTERNS + MODEL_PATTERNS, "the model")
+        folder = fetch(reference, PICKLE_PATTERNS, "the model")  # (into the same snapshot folder)
     return folder
 
 

@@ -43,12 +43,14 @@ def add_parser(sub) -> None:
 
     merge = operations.add_parser("merge", parents=[common], help="write the Hugging Face model")
     merge.add_argument("--target_dir", default="tmp", help="output folder (default tmp, as verl's)")
-    merge.add_argument("--hf_upload_path", metavar="REPO_ID", help="push the folder to this Hub repository")
+    merge.add_argument("--hf_upload_path", dest="push_to_hub", metavar="REPO_ID",
+                       help="push the folder to this Hub repository (unshard's --push-to-hub)")
     merge.add_argument("--private", action="store_true", help="a new Hub repository is private")
     merge.add_argument("--overwrite", action="store_true",
                        help="(unshard) replace a non-empty target_dir; verl writes over it, unshard asks first")
     merge.add_argument("--verify", action="store_true", help="(unshard) read every written byte back and compare")
 
+    merge.set_defaults(revision=None, commit_message=None, distributed=False)  # (verl's merger: one process)
     test = operations.add_parser("test", parents=[common], help="compare with a Hugging Face model folder")
     test.add_argument("--test_hf_dir", required=True, help="the reference Hugging Face model folder")
 
