@@ -1,6 +1,6 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,quantize]
+    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,slices,extract-lora,quantize]
                         [--repeat 3] [--cache warm|cold] [--work /tmp/unshard-bench]
 
 For each layout and size: make a real checkpoint (FSDP2, or tensor parallelism for verl-tp, by
@@ -24,7 +24,11 @@ input's pages are dropped from the cache before each run), with no earlier outpu
   zero_to_fp32.py         DeepSpeed's own script, DeepSpeed from PyPI in its own venv (zero2 / zero3)
   (Megatron: no converter of Megatron checkpoints runs on a CPU-only machine, so unshard and cp only.)
   mergekit-yaml           the same TIES recipe as `unshard merge`, mergekit from PyPI in its own venv
-                          (layout "merge": a base and two fine-tunes of the given size each)
+                          (layout "merge": a base and two fine-tunes of the given size each; layout "slices":
+                          a passthrough frankenmerge of the base's first half of layers and ft0's second
+                          half twice, from the same folders)
+  mergekit-extract-lora   layout "extract-lora": `unshard extract-lora ft0 base --rank 32` against mergekit's
+                          extraction at --max-rank 32, on the same folders
   llm-compressor SCHEME   layout "quantize": unshard convert --quantize SCHEME from the verl rank files, against
                           llm-compressor's data-free path (load, oneshot, save_pretrained(save_compressed=True)),
                           from PyPI in its own venv, on the same model's Hugging Face folder (converted untimed);
@@ -93,6 +97,8 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", DS_BUILD_OPS="0")
+    if layout in ("slices", "extract-lora"):  # the merge benchmark's folders
+        return make_checkpoint(work, "merge", gb)
     if layout == "merge":  # three Hugging Face folders and a TIES recipe, written by transformers
         sh([sys.executable, str(HERE / "make_models.py"), "--gb", str(gb), "--out", str(folder)],
            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE)
@@ -127,8 +133,10 @@ def size_of(path: Path) -> int:
 
 
 def source(layout: str, folder: Path) -> Path:
-    if layout == "merge":
+    if layout in ("merge", "slices"):
         return folder
+    if layout == "extract-lora":
+        return folder / "ft0"
     if layout.startswith("megatron"):
         return folder / ("torch_dist" if layout == "megatron-dist" else "torch")
     return folder / "checkpoint-1" if layout.startswith("zero") else folder / "ckpt"
@@ -158,6 +166,24 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
             "unshard merge": [*python, *merge],
             "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), recipe, str(out)],
         }
+    if layout == "slices":
+        import json
+
+        layers = json.loads((folder / "base" / "config.json").read_text())["num_hidden_layers"]
+        recipe = folder / "slices.yml"
+        recipe.write_text(json.dumps({"merge_method": "passthrough", "dtype": "float32", "slices": [
+            {"sources": [{"model": str(folder / "base"), "layer_range": [0, layers // 2]}]},
+            {"sources": [{"model": str(folder / "ft0"), "layer_range": [layers // 2, layers]}]},
+            {"sources": [{"model": str(folder / "ft0"), "layer_range": [layers // 2, layers]}]}]}))  # (YAML reads JSON)
+        merge = ["-m", "unshard", "merge", str(recipe), str(out), "--no-progress"]
+        return {"cp": ["cp", "-r", str(folder / "base"), str(out)], "unshard merge": [*python, *merge],
+                "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), str(recipe), str(out)]}
+    if layout == "extract-lora":
+        pair = [str(folder / "ft0"), str(folder / "base")]
+        return {"unshard extract-lora": [*python, "-m", "unshard", "extract-lora", *pair, str(out), "--rank", "32",
+                                         "--no-progress"],
+                "mergekit-extract-lora": [str(peer_python("mergekit").parent / "mergekit-extract-lora"), "--model",
+                                          pair[0], "--base-model", pair[1], "--out-path", str(out), "--max-rank", "32"]}
     if layout == "quantize":
         convert = [*python, "-m", "unshard", "convert", str(src), str(out), "--no-progress"]
         # --verify checks the CRC-32 of every torch.save record read; this row times that check alone.

@@ -56,7 +56,7 @@ SPARSE_CONFIGS = [
 def transformers_facts(folder):
     """What the long way round says: the config's model built on the meta device, asked."""
     config = json.loads((folder / "config.json").read_text())
-    return hf_names.ModelFacts.of(hf_names._meta_model(folder, config))
+    return hf_names.ModelFacts.of(hf_names.meta_model(folder, config))
 
 
 def save_config(model_type, fields, folder):
@@ -126,7 +126,7 @@ def test_checkpoint_that_does_not_fit_the_table_is_asked_about(tmp_path, monkeyp
     asked = []
     monkeypatch.setattr(hf_names, "_answers", {})
     monkeypatch.setattr(hf_names, "_ask", lambda *args: asked.append(args) or hf_names.ModelFacts.of(
-        hf_names._meta_model(*args[:2])))
+        hf_names.meta_model(*args[:2])))
     monkeypatch.setenv("UNSHARD_CACHE", "off")
     with pytest.raises(unshard.ConfigMismatchError, match="with other shapes .*mlp"):
         unshard.plan(src)

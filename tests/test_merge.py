@@ -157,6 +157,94 @@ def test_dare_statistics_and_reproducibility(method, models, mergekit, tmp_path,
         assert abs(l1.item() - 1) < 1e-4  # rescaled to the task vector's L1 norm
 
 
+def slice_recipes(m: Path) -> dict[str, dict]:
+    """Recipes of layer slices, as mergekit users write them (the test models have 3 layers)."""
+    base, ft = str(m / "base"), [str(m / f"ft{i}") for i in range(3)]
+    return {
+        # a frankenmerge: 5 layers from two models, one layer taken twice
+        "passthrough": dict(merge_method="passthrough", slices=[
+            dict(sources=[dict(model=base, layer_range=[0, 2])]),
+            dict(sources=[dict(model=ft[0], layer_range=[1, 3], parameters=dict(scale=[dict(filter="o_proj", value=0.5),
+                                                                                      dict(value=1.0)]))]),
+            dict(sources=[dict(model=ft[1], layer_range=[2, 3])])]),
+        # mergekit's usual SLERP recipe: whole ranges, t a gradient across the slice's layers
+        "slerp": dict(merge_method="slerp", base_model=base, parameters=dict(
+            t=[dict(filter="self_attn", value=[0.0, 0.5, 1.0]), dict(filter="mlp", value=[1.0, 0.5, 0.0]), dict(value=0.3)]),
+            slices=[dict(sources=[dict(model=base, layer_range=[0, 3]), dict(model=ft[0], layer_range=[0, 3])])]),
+        # a method per slice's settings: its own base and parameters, layers of other depths
+        "ties": dict(merge_method="ties", base_model=base, parameters=dict(density=0.5, weight=0.5), slices=[
+            dict(sources=[dict(model=base, layer_range=[0, 2]), dict(model=ft[0], layer_range=[0, 2]),
+                          dict(model=ft[1], layer_range=[1, 3], parameters=dict(weight=0.8))]),
+            dict(base_model=ft[2], parameters=dict(density=[0.3, 0.9]), sources=[
+                dict(model=ft[2], layer_range=[1, 3]), dict(model=ft[0], layer_range=[0, 2]),
+                dict(model=base, layer_range=[1, 3])])]),
+        "linear": dict(merge_method="linear", slices=[
+            dict(sources=[dict(model=ft[0], layer_range=[0, 1], parameters=dict(weight=1.0)),
+                          dict(model=ft[1], layer_range=[2, 3], parameters=dict(weight=3.0))]),
+            dict(parameters=dict(weight=0.5), sources=[dict(model=ft[1], layer_range=[0, 3]),
+                                                       dict(model=ft[2], layer_range=[0, 3])])]),
+    }
+
+
+@pytest.mark.parametrize("name", ["passthrough", "slerp", "ties", "linear"])
+def test_slices_as_mergekit(name, models, mergekit, tmp_path, monkeypatch):
+    """`slices:` recipes give mergekit's model: layers taken from each slice's sources and renumbered,
+    parameters per source, per slice and per recipe, gradients across a slice, the embeddings from the first
+    slice's models and the norm and head from the last's; config.json counts the layers; transformers loads it."""
+    recipe = write_recipe(tmp_path / "recipe.yml", {**slice_recipes(models)[name], "dtype": "float32"})
+    expected = run_mergekit(mergekit, recipe, tmp_path / "mergekit")
+    unshard.merge(recipe, tmp_path / "unshard", progress=False, verify=True)
+    merged = load_file(tmp_path / "unshard" / "model.safetensors")
+    assert sorted(merged) == sorted(expected)
+    for key, tensor in expected.items():
+        torch.testing.assert_close(merged[key], tensor, atol=1e-5, rtol=0, msg=key)
+    layers = {"passthrough": 5, "slerp": 3, "ties": 4, "linear": 4}[name]
+    config = json.loads((tmp_path / "unshard" / "config.json").read_text())
+    theirs = json.loads((tmp_path / "mergekit" / "config.json").read_text())
+    assert config["num_hidden_layers"] == theirs["num_hidden_layers"] == layers
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "unshard")
+    assert len(model.model.layers) == layers
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "mergekit")
+    ids = torch.tensor([[1, 5, 9, 17, 33, 65]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, atol=1e-4, rtol=0)
+    if name == "passthrough":  # nothing computed: the layers are the sources', bit for bit
+        source = load_file(models / "ft1" / "model.safetensors")
+        assert torch.equal(merged["model.layers.4.mlp.up_proj.weight"], source["model.layers.2.mlp.up_proj.weight"])
+        assert torch.equal(merged["lm_head.weight"], source["lm_head.weight"])
+
+    banded(monkeypatch)  # a band at a time: the same model
+    unshard.merge(recipe, tmp_path / "banded", progress=False)
+    in_bands = load_file(tmp_path / "banded" / "model.safetensors")
+    for key, tensor in merged.items():
+        torch.testing.assert_close(in_bands[key], tensor, atol=1e-6, rtol=0, msg=key)
+
+
+def test_slices_from_sharded_checkpoints_and_to_gguf(models, tmp_path):
+    """Slices of an FSDP checkpoint merge as slices of its conversion; a GGUF file counts the merged layers."""
+    fixture = SHIPPED / "llama-fsdp2-spm"  # (a SentencePiece tokenizer, which the GGUF writer takes)
+    unshard.convert(fixture / "global_step_1", tmp_path / "converted", progress=False)
+    tuned = perturbed_copy(fixture / "reference", tmp_path / "tuned", seed=9)
+    count = json.loads((fixture / "reference" / "config.json").read_text())["num_hidden_layers"]
+    results = {}
+    for label, source in (("sharded", fixture / "global_step_1"), ("converted", tmp_path / "converted")):
+        recipe = write_recipe(tmp_path / f"{label}.yml", dict(merge_method="passthrough", dtype="float32", slices=[
+            dict(sources=[dict(model=str(source), layer_range=[0, count])]),
+            dict(sources=[dict(model=str(tuned), layer_range=[count - 1, count])])]))
+        unshard.merge(recipe, tmp_path / f"merged-{label}", progress=False)
+        results[label] = load_file(tmp_path / f"merged-{label}" / "model.safetensors")
+    assert sorted(results["sharded"]) == sorted(results["converted"])
+    assert all(torch.equal(results["sharded"][k], results["converted"][k]) for k in results["sharded"])
+    assert f"model.layers.{count}.self_attn.q_proj.weight" in results["sharded"]
+
+    gguf = pytest.importorskip("gguf")
+    unshard.merge(tmp_path / "sharded.yml", tmp_path / "merged.gguf", progress=False)
+    reader = gguf.GGUFReader(tmp_path / "merged.gguf")
+    field = reader.get_field("llama.block_count")
+    assert field.parts[field.data[0]][0] == count + 1
+    assert f"blk.{count}.attn_q.weight" in {t.name for t in reader.tensors}
+
+
 def test_sharded_checkpoint_merges_like_its_conversion(tmp_path):
     """Merging an FSDP checkpoint directly equals converting it first, then merging."""
     fixture = SHIPPED / "llama-fsdp2"
@@ -187,7 +275,20 @@ def test_recipe_errors(models, tmp_path):
 
     base, ft0 = str(models / "base"), str(models / "ft0")
     fails(dict(merge_method="frankenmerge", models=[ft0]), "use one of linear, task_arithmetic")
-    fails(dict(merge_method="linear", slices=[], models=[ft0]), "unknown key 'slices'")
+    fails(dict(merge_method="linear", modules={}, models=[ft0]), "unknown key 'modules'")
+    fails(dict(merge_method="linear", slices=[], models=[ft0]), "either `models` (whole models) or `slices`")
+    fails(dict(merge_method="passthrough", slices=[dict(sources=[dict(model=ft0, layer_range=[2, 1])])]),
+          "slices[0].sources[0].layer_range must be [start, stop]")
+    fails(dict(merge_method="linear", slices=[dict(sources=[dict(model=ft0, layer_range=[0, 2]),
+                                                            dict(model=base, layer_range=[0, 3])])]),
+          "every source of a slice spans the same number of layers (got 2, 3)")
+    fails(dict(merge_method="passthrough", slices=[dict(sources=[dict(model=ft0, layer_range=[1, 4])])]),
+          "slices[0].sources[0]: layer_range [1, 4] goes past")
+    fails(dict(merge_method="slerp", base_model=base, parameters=dict(t=0.5), slices=[
+        dict(sources=[dict(model=ft0, layer_range=[0, 3])])]), "needs the base model")
+    fails(dict(merge_method="passthrough", slices=[dict(sources=[dict(model=ft0, layer_range=[0, 1]),
+                                                                 dict(model=base, layer_range=[1, 2])])]),
+          "passthrough takes exactly 1 model(s) besides the base, got 2")
     fails(dict(merge_method="ties", base_model=base, models=[dict(model=ft0)]), "needs parameters.weight")
     fails(dict(merge_method="slerp", base_model=base, models=[dict(model=ft0)]), "slerp needs parameters.t")
     fails(dict(merge_method="task_arithmetic", models=[dict(model=ft0, parameters=dict(weight=1))]),
@@ -295,10 +396,10 @@ def test_megatron_checkpoints_merge_in_place(tmp_path):
 def test_kth_largest_is_kthvalue(dtype):
     """The bucketed selection, over a tensor seen a band at a time, finds what kthvalue over the whole
     finds, bit for bit: ties, zeros, infinities, NaN, every rank from the top."""
-    from unshard.merging import _TopK
+    from unshard.merging.methods.task_arithmetic import TopK
 
     def kth_largest(values, k):
-        top, bands = _TopK(), values.tensor_split(3)  # uneven bands
+        top, bands = TopK(), values.tensor_split(3)  # uneven bands
         for band in bands:
             top.count(band)
         top.settle(k)

@@ -106,6 +106,22 @@ def merge(recipe: str | Path, out: str | Path, *, dtype: str = "auto", max_shard
         the_plan.checkpoint.close()
 
 
+def extract_lora(finetuned: str | Path, base: str | Path, out: str | Path, *, rank: int = 128,
+                 overwrite: bool = False, threads: int = 1, verify: bool = False, progress: bool | None = None,
+                 **options: Any) -> Result:
+    """A PEFT LoRA adapter folder OUT from the difference FINETUNED - BASE (any layouts unshard reads), as
+    mergekit-extract-lora computes it; further `options` are ExtractionOptions' fields. The relative
+    reconstruction error of each module is in OUT/README.md."""
+    from .execute import convert as run
+    from .merging.extract_lora import ExtractionOptions, plan_extraction
+
+    the_plan = plan_extraction(finetuned, base, ExtractionOptions(rank=rank, **options))
+    try:
+        return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, progress=progress)
+    finally:
+        the_plan.checkpoint.close()
+
+
 def _for(out: str | Path, output: OutputOptions) -> OutputOptions:
     """An OUT ending in .gguf is one GGUF file, of llama.cpp's default type unless one is asked for."""
     if str(out).endswith(".gguf") and not output.gguf:
@@ -132,5 +148,5 @@ def inspect(src: str | Path, **plan_options: Any) -> dict[str, Any]:
 
 __all__ = [
     "Checkpoint", "CheckpointError", "ConfigMismatchError", "OutputExistsError", "OutputOptions", "Plan", "Result",
-    "UnsafeCheckpointError", "UnshardError", "convert", "inspect", "merge", "open_checkpoint", "plan", "push_to_hub",
+    "UnsafeCheckpointError", "UnshardError", "convert", "extract_lora", "inspect", "merge", "open_checkpoint", "plan", "push_to_hub",
 ]

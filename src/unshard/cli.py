@@ -83,6 +83,35 @@ def _parser() -> argparse.ArgumentParser:
     scale_options(convert)
     hub_options(convert)
 
+    extract = sub.add_parser("extract-lora", help="a PEFT LoRA adapter from the difference of a fine-tune and its "
+                                                  "base (as mergekit-extract-lora)")
+    extract.add_argument("finetuned", help="the fine-tuned model: any layout unshard reads, or a Hub id")
+    extract.add_argument("base", help="the model it was tuned from")
+    extract.add_argument("out", help="output adapter folder (must not exist or be empty, unless --overwrite)")
+    extract.add_argument("--rank", "--max-rank", type=int, default=128,
+                         help="LoRA rank (default 128; a smaller module keeps its full rank)")
+    extract.add_argument("--no-distribute-scale", dest="distribute_scale", action="store_false",
+                         help="the singular values on A only (default: their square roots on A and B)")
+    extract.add_argument("--embed-lora", action="store_true",
+                         help="extract the embeddings as LoRA too (default: saved whole, in modules_to_save)")
+    extract.add_argument("--save-module", dest="save_modules", metavar="NAME", action="append", default=[],
+                         help="save this module whole (a name or its last part, e.g. lm_head; repeatable)")
+    extract.add_argument("--include-regex", "-i", dest="include", metavar="REGEX", action="append", default=[],
+                         help="extract only the modules this matches (repeatable)")
+    extract.add_argument("--exclude-regex", "-e", dest="exclude", metavar="REGEX", action="append", default=[],
+                         help="leave out the modules this matches (repeatable)")
+    extract.add_argument("--skip-undecomposable", action="store_true",
+                         help="leave out modules that are neither Linear nor Embedding (default: saved whole)")
+    extract.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help="of the adapter; auto: the fine-tune's")
+    extract.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    extract.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
+    extract.add_argument("--threads", type=int, default=1, help="modules decomposed in parallel (default 1: each SVD "
+                                                                "uses every core already)")
+    extract.add_argument("--verify", action="store_true", help="re-read the adapter and compare with a fresh extraction")
+    extract.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    hub_options(extract)
+    extract.set_defaults(distributed=False)  # (one process: it speaks for itself)
+
     merge = sub.add_parser("merge", help="blend models as a mergekit-style YAML recipe says")
     merge.add_argument("recipe", help="YAML: merge_method, base_model, models, parameters, dtype, out_dtype")
     merge.add_argument("out", help="output folder (must not exist or be empty, unless --overwrite)")
@@ -199,6 +228,8 @@ def _run(args) -> int:
         return _merge(args)
     if args.command == "verl":
         return _verl(args)
+    if args.command == "extract-lora":
+        return _extract_lora(args)
     output = _output(args, getattr(args, "out", ""))
     options = dict(output=output, config_from=args.config_from, check=args.check,
                    weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha, lora=args.lora,
@@ -254,6 +285,31 @@ def _merge(args) -> int:
                          workers=args.workers, distributed=args.distributed)
     finally:
         plan.checkpoint.close()
+    _report(args, result)
+    return 0
+
+
+def _extract_lora(args) -> int:
+    from .execute import convert
+    from .merging.extract_lora import ExtractionOptions, plan_extraction, summary
+    from .report import as_text, describe
+
+    options = ExtractionOptions(args.rank, args.distribute_scale, args.embed_lora, tuple(args.save_modules),
+                                tuple(args.include), tuple(args.exclude), args.skip_undecomposable, args.dtype)
+    plan = plan_extraction(args.finetuned, args.base, options)
+    try:
+        if args.dry_run:
+            print(as_text(describe(plan)))
+            return 0
+        print(f"output dtype {plan.dtype.name} ({plan.dtype_reason})", file=sys.stderr)
+        for note in plan.notes:
+            print(f"note: {note}", file=sys.stderr)
+        result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
+                         progress=args.progress)
+    finally:
+        plan.checkpoint.close()
+    for line in summary(plan):
+        print(line, file=sys.stderr)
     _report(args, result)
     return 0
 

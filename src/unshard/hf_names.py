@@ -65,7 +65,7 @@ def read_config(folder: Path | None) -> dict[str, Any] | None:
         raise ConfigMismatchError(f"{folder / 'config.json'}: not valid JSON ({e}); fix it or pass --config-from") from None
 
 
-def _meta_model(config_folder: Path, config: dict, updates: dict | None = None) -> Any:
+def meta_model(config_folder: Path, config: dict, updates: dict | None = None) -> Any:
     """The model class the config names, built on the meta device; None if that cannot be done safely."""
     try:
         import transformers
@@ -75,7 +75,7 @@ def _meta_model(config_folder: Path, config: dict, updates: dict | None = None) 
         return None  # custom code: building it would run code from the checkpoint
     updates = updates or {}
     hf_config = transformers.AutoConfig.from_pretrained(
-        config_folder, **{k: v for k, v in updates.items() if k in ("num_labels",)})
+        config_folder, **{k: v for k, v in updates.items() if k in ("num_labels", "num_hidden_layers", "layer_types")})
     architectures = updates.get("architectures") or config.get("architectures") or []
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None and updates.get("architectures"):
@@ -149,7 +149,7 @@ def _recalled(entry: str) -> tuple[bool, ModelFacts | None]:
 
 def _ask(config_folder: Path, config: dict, updates: dict | None, entry: str) -> ModelFacts | None:
     """The facts of the model the config describes (None if transformers has no class for it), remembered."""
-    model = _meta_model(config_folder, config, updates)
+    model = meta_model(config_folder, config, updates)
     facts = None if model is None else ModelFacts.of(model)
     if facts is not None:
         known.remember("models", entry, facts.to_json())
@@ -289,7 +289,7 @@ def _naming(facts: ModelFacts | None, renamed: dict[str, str], shapes: dict[str,
     if saved == in_memory:  # transformers converts nothing for this model: names stay as they are
         outputs, converters = {c: [(c, shapes[n])] for n, c in live.items()}, {}
     else:
-        model = _meta_model(config_folder, config, updates)
+        model = meta_model(config_folder, config, updates)
         outputs, converters = _reverse_conversion(model, {c: shapes[n] for n, c in live.items()})
     return Naming(
         {n: outputs[c] for n, c in live.items()},

@@ -194,6 +194,8 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
     quantizing: which tensors are Linear layers is part of the answer, and needed now.)"""
     config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
     config = hf_names.read_config(config_folder)
+    if config is not None:
+        config = {**config, **checkpoint.config_changes}
     if check and (broken := unreadable_model_files(config_folder)):
         path, why = broken[0]
         raise ConfigMismatchError(f"{path}: {why}; fix or remove it, or pass --no-check to copy it as it is")
@@ -201,7 +203,7 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
     out_dtype, reason = choose_dtype(output.dtype, config, checkpoint)
     fold = lora.plan_fold(checkpoint, lora_alpha, lora_mode)
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
-    updates = hf_names.head_updates(set(shapes), shapes, config, architecture)
+    updates = {**checkpoint.config_changes, **hf_names.head_updates(set(shapes), shapes, config, architecture)}
     naming = hf_names.plan_names(shapes, config_folder, check, renames=fold.renames, updates=updates,
                                  ask_later=ask_later and not output.quantize and not output.gguf)
 
@@ -228,7 +230,8 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
         if output.quantize or fold.adapter is not None:
             raise UnshardError(f"{checkpoint.path}: a GGUF file takes neither --quantize (use --gguf-type) nor "
                                "--lora separate")
-        gguf = plan_gguf(output.gguf, [o for g in groups.values() for o in g.outputs], config_folder, out_dtype.name)
+        gguf = plan_gguf(output.gguf, [o for g in groups.values() for o in g.outputs], config_folder, out_dtype.name,
+                         checkpoint.config_changes)
         for group in groups.values():
             group.outputs = [replace(o, encoding=gguf.encoded[o.name]) for o in group.outputs]
         sink = GGUFSink(gguf)

@@ -83,6 +83,8 @@ class Checkpoint:
     maps: dict[Path, torch.UntypedStorage] = field(default_factory=dict)
     # file -> what was loaded from it, for readers of torch.save files (see `loaded`)
     states: dict[Path, Any] = field(default_factory=dict)
+    # what the output's config.json says otherwise than the config beside it (a merge of layer slices: its layer count)
+    config_changes: dict[str, Any] = field(default_factory=dict)
 
     def loaded(self, piece: Piece) -> torch.Tensor | StoredTensor | None:
         """What this reader holds for a piece's local tensor, for readers of torch.save files: a

@@ -89,7 +89,8 @@ class GGUFPlan:
         return {"type": self.file_type, "architecture": self.architecture, "tensor_types": counts}
 
 
-def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path | None, dtype_name: str) -> GGUFPlan:
+def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path | None, dtype_name: str,
+              config_changes: dict[str, Any] | None = None) -> GGUFPlan:
     """Names, types and metadata of the GGUF file for these output tensors, or a one-line error for a model
     llama.cpp (or this version of unshard) does not take, before anything is written."""
     from ..plan import OutputTensor
@@ -99,7 +100,7 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
         raise UnshardError(f"--gguf-type {requested}: not one unshard writes; choose one of {', '.join(TYPES)} (or auto)")
     if config_folder is None or not (config_folder / "config.json").is_file():
         raise UnshardError("GGUF output needs the model's config.json and tokenizer: pass --config-from DIR")
-    hparams = _hparams(config_folder)
+    hparams = {**_hparams(config_folder), **(config_changes or {})}
     where = config_folder / "config.json"
     architecture = (hparams.get("architectures") or [None])[0]
     if architecture not in ARCHITECTURES:

@@ -1,0 +1,157 @@
+"""The merged model as a Checkpoint: its tensors are the output's, and reading one computes it from the
+inputs' tensors (whole, or, for a tensor larger than a band whose inputs all read rows as they are, a band
+of rows at a time), so the planner, streaming writer, progress bar and --verify are the conversion's."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from ..dtypes import DType
+from ..plan import OutputTensor, pieces_read
+from ..readers import Checkpoint
+from .inputs import Input
+from .methods import Method
+
+
+@dataclass
+class TensorMerge:
+    """How one output tensor is made: which tensor of which input, with the parameters' values for it."""
+
+    out: OutputTensor
+    lead: tuple[Input, str]  # the input whose tensor a non-float buffer is copied from
+    base: tuple[Input, str] | None
+    others: list[tuple[Input, str]]
+    params: list[dict[str, Any]]  # per other input
+    shared: dict[str, Any]
+
+
+class MergedCheckpoint(Checkpoint):
+    """Set up by `plan_merge` with `method`, `merges` (output name -> TensorMerge), `work` (the dtype merged
+    in), `seed`, `inputs` and `recipe`."""
+
+    BAND_BYTES = 64 << 20  # of each input, in the working dtype: a larger tensor is merged in bands
+
+    method: Method
+    merges: dict[str, TensorMerge]
+    work: DType
+    seed: int
+    inputs: list[Input]
+
+    def setup(self, method: Method, merges: dict[str, TensorMerge], work: DType, seed: int, inputs: list[Input],
+              recipe: Any) -> None:
+        self.method, self.merges, self.work, self.seed, self.inputs, self.recipe = method, merges, work, seed, inputs, recipe
+        self._band_rows = {name: rows for name in merges if (rows := self._in_bands(name)) is not None}
+        self._merging: dict[str, Iterator[tuple[int, torch.Tensor]]] = {}
+        self._recent: dict[int, tuple[Any, dict[str, torch.Tensor]]] = {}
+
+    def read(self, name: str) -> torch.Tensor:
+        return next(self._merged(name, None))[1]
+
+    def band_rows(self, name: str) -> int | None:
+        return self._band_rows.get(name)
+
+    def read_rows_as_bytes(self, name: str, start: int, stop: int, out=None) -> None:
+        return None  # (computed, never in a file)
+
+    def read_rows(self, name: str, start: int, stop: int, local=None) -> torch.Tensor:
+        # The writer (and --verify) asks for a tensor's bands in order, from one thread: the first band
+        # starts the tensor's merge, which surveys the whole tensor, and each call takes the next band.
+        if start == 0:
+            self._merging[name] = self._merged(name, self._band_rows[name])
+        at, band = next(self._merging[name])
+        assert at == start, (name, at, start)
+        if stop == self.tensors[name].shape[0]:
+            del self._merging[name]
+        return band
+
+    def check_records(self, pieces) -> None:
+        # (a merged tensor lies in no file: the records read are its inputs')
+        for item in self.inputs:
+            item.plan.checkpoint.check_records(pieces_read(item.plan.groups))
+
+    def close(self) -> None:
+        for item in self.inputs:
+            item.plan.checkpoint.close()
+
+    # ---- reading the inputs ----
+
+    def _tensor_of(self, item: Input, name: str) -> torch.Tensor:
+        from ..execute import materialise
+
+        # A group may make several outputs (split experts): keep its last result for the next name.
+        group = item.groups[name]
+        if len(group.outputs) == 1:
+            tensor = materialise(item.plan, group)[0][1]
+        else:
+            cached = self._recent.get(id(item))
+            if cached is None or cached[0] is not group:
+                cached = (group, dict(materialise(item.plan, group)))
+                self._recent[id(item)] = cached
+            tensor = cached[1][name].clone()  # methods work in their inputs' buffers
+        return (item.adapter.apply(name, tensor) if item.adapter else tensor).to(self.work.torch)
+
+    def _rows_of(self, item: Input, name: str, start: int, stop: int, buffers: dict) -> torch.Tensor:
+        """Rows [start, stop) of an input's `name`, in the working dtype, in `buffers` kept for all the bands
+        of the tensor (fresh ones for each band cost as much again in page faults as the reading)."""
+        checkpoint, source = item.plan.checkpoint, item.groups[name].source
+        shape = (stop - start, *source.shape[1:])
+
+        def buffer(dtype: torch.dtype) -> torch.Tensor:
+            if (id(item), dtype) not in buffers:  # (made for the first band, the largest)
+                buffers[id(item), dtype] = torch.empty(math.prod(shape), dtype=dtype)
+            return buffers[id(item), dtype][:math.prod(shape)].view(shape)
+
+        rows = buffer(source.dtype.torch)
+        if checkpoint.read_rows_as_bytes(source.name, start, stop, out=rows.view(-1).view(torch.uint8).numpy()) is None:
+            rows = checkpoint.read_rows(source.name, start, stop, checkpoint.local_tensor)
+        return rows if rows.dtype == self.work.torch else buffer(self.work.torch).copy_(rows)
+
+    def _in_bands(self, name: str) -> int | None:
+        """Rows per band if `name` is merged a band at a time: larger than a band, and every input reads
+        its rows as they are (no split, no transformers conversion, no adapter to fold)."""
+        merge = self.merges[name]
+        out = merge.out
+        if not out.dtype.is_floating_point or len(out.shape) < 2:
+            return None
+        rows = max(1, self.BAND_BYTES // (math.prod(out.shape[1:]) * self.work.itemsize))
+        read = ([merge.base] if merge.base else []) + merge.others
+        if rows >= out.shape[0] or not all(
+                len(g.outputs) == 1 and g.convert is None and item.plan.checkpoint.reads_rows(g.source.name)
+                and not (item.adapter and item.adapter.adapts(input_name))
+                for item, input_name in read for g in [item.groups[input_name]]):
+            return None
+        return rows
+
+    # ---- merging ----
+
+    def _merged(self, name: str, rows: int | None) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first row, merged band) of `name`, a band of `rows` rows at a time, or whole (rows None)."""
+        merge = self.merges[name]
+        if not merge.out.dtype.is_floating_point:
+            yield 0, self._tensor_of(*merge.lead)  # integer buffers are copied from the lead input
+            return
+        base, others, method = merge.base, merge.others, self.method
+
+        def draws(start: int) -> torch.Generator:  # seeded per tensor and band: repeats whatever the threads
+            return torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{name}{f'/{start}' if start else ''}".encode()))
+
+        if rows is None:  # one band, read once
+            whole = (self._tensor_of(*base) if base else None, [self._tensor_of(*other) for other in others])
+            starts, bands = [0], lambda: iter([(*whole, draws(0))])
+        else:
+            total, buffers = merge.out.shape[0], {}
+            starts = list(range(0, total, rows))
+
+            def bands():  # (each band read into the buffers of the one before: it is done with when the next is asked for)
+                for start in starts:
+                    stop = min(start + rows, total)
+                    yield (self._rows_of(*base, start, stop, buffers) if base else None,
+                           [self._rows_of(*other, start, stop, buffers) for other in others], draws(start))
+        numbers = method.survey(bands, merge.params, merge.shared) if method.survey else None
+        for start, (base_band, other_bands, generator) in zip(starts, bands()):
+            yield start, method.combine(base_band, other_bands, merge.params, merge.shared, numbers, generator)

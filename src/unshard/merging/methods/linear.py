@@ -1,0 +1,15 @@
+"""A weighted average of the models (normalized by the weights' sum, unless `normalize: false`)."""
+
+import torch
+
+from . import REQUIRED, Method
+
+
+def combine(base, others, params, shared, numbers, generator):
+    result = torch.zeros_like(others[0], dtype=torch.float32)
+    for tensor, p in zip(others, params):
+        result.add_(tensor, alpha=p["weight"])
+    return result / sum(p["weight"] for p in params) if shared["normalize"] else result
+
+
+METHOD = Method(False, {"normalize": True}, {"weight": REQUIRED}, combine)

@@ -1,0 +1,215 @@
+"""Planning a merge: open every input (metadata only), decide each output tensor's inputs and parameters,
+then plan the merged model as a conversion of a MergedCheckpoint (`output.dtype` auto: the recipe's)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from .. import dtypes, hf_names
+from ..hub import hub_ids
+from ..plan import TOKENIZER_FILES, OutputTensor, Plan, build_plan, choose_dtype
+from ..readers import SourceTensor
+from ..sinks import OutputOptions
+from .checkpoint import MergedCheckpoint, TensorMerge
+from .inputs import LAYER, Input, open_input
+from .methods import METHODS, REQUIRED, Method
+from .recipe import Recipe, RecipeError, Slice, Source, parse_recipe, resolve
+
+# Tensors outside the layers that come before them (merged from the first slice's models; the rest, the
+# final norm and the head, from the last slice's), as mergekit's architectures list them.
+EMBEDDINGS = ("embed", "wte", "wpe")
+
+
+def plan_merge(recipe_path: str | Path, output: OutputOptions = OutputOptions(), *, seed: int = 0,
+               check: bool = True) -> Plan:
+    recipe = parse_recipe(Path(recipe_path))
+    method = METHODS[recipe.method]
+    recipe_dir = Path(recipe_path).resolve().parent
+    where = str(recipe_path)
+    slices = _with_bases(recipe, method, where)
+    inputs: dict[str, Input] = {}
+    for reference in dict.fromkeys([*([recipe.base] if recipe.base else []),
+                                    *(s.model for piece in slices for s in piece.sources)]):
+        inputs[reference] = open_input(reference, recipe_dir, check)
+    lead = inputs[recipe.base or slices[0].sources[0].model]
+    work = dtypes.OUTPUT[recipe.dtype or "float32"]
+    merges = _tensor_merges(recipe, method, slices, inputs, lead, where)
+
+    source = lead if recipe.tokenizer_source in (None, "base") else inputs.get(recipe.tokenizer_source)
+    if source is None:
+        raise RecipeError(f"{where}: tokenizer_source {recipe.tokenizer_source!r} is neither `base` nor one of "
+                          "the models (mergekit's `union` vocabularies are not supported)")
+    tensors = {name: SourceTensor(name, m.out.shape, work if m.out.dtype.is_floating_point else m.out.dtype, [])
+               for name, m in merges.items()}
+    checkpoint = MergedCheckpoint(layout="merge", path=Path(recipe_path), tensors=tensors,
+                                  hf_folder=source.plan.config_folder,
+                                  facts={"method": recipe.method, "inputs": ", ".join(inputs),
+                                         "base_model": recipe.base, "seed": seed})
+    checkpoint.setup(method, merges, work, seed, list(inputs.values()), recipe)
+    if recipe.sliced:
+        checkpoint.config_changes = _layer_count(slices, lead)
+    requested, reason = next((value, why) for value, why in (
+        (None if output.dtype == "auto" else output.dtype, "asked for with --dtype"), (recipe.out_dtype, "the recipe's out_dtype"),
+        (recipe.dtype, "the recipe's dtype"), ("", "the base model's")) if value is not None)
+    if not requested:  # asked for nowhere: the dtype the base would be converted to
+        natural, _ = choose_dtype("auto", hf_names.read_config(lead.plan.config_folder), lead.plan.checkpoint)
+        requested = natural.name if natural.name in dtypes.OUTPUT else "float32"
+    plan = build_plan(checkpoint, replace(output, dtype=requested), check=check)
+    plan.dtype_reason = reason
+    # Per tensor in flight: one copy per input, the stacked task vectors and the result.
+    plan.copies_per_tensor = 2 * max(len(piece.sources) for piece in slices) + 1
+    plan.notes = [note for note in plan.notes if "--config-from" not in note]
+    plan.base_models = hub_ids([recipe.base] + recipe.models)
+    if not any((source.plan.config_folder / name).exists() for name in TOKENIZER_FILES):
+        plan.notes.append(f"{source.reference} has no tokenizer: set tokenizer_source to a model that has one")
+    return plan
+
+
+def _with_bases(recipe: Recipe, method: Method, where: str) -> list[Slice]:
+    """The slices with the base model among their sources where the method needs it (added to `models:`, as
+    mergekit adds it; a slice must list it with its layer range), and their inputs counted."""
+    slices = []
+    for i, piece in enumerate(recipe.slices):
+        at = f"{where}: slices[{i}]" if recipe.sliced else where
+        models = [s.model for s in piece.sources]
+        if len(set(models)) < len(models):
+            twice = next(m for m in models if models.count(m) > 1)
+            raise RecipeError(f"{at}: names {twice} twice; a merge takes each model once")
+        base = recipe.base_of(piece)
+        if method.needs_base:
+            if not base:
+                raise RecipeError(f"{at}: {recipe.method} needs base_model")
+            if base not in models:
+                if recipe.sliced:
+                    raise RecipeError(f"{at}: {recipe.method} needs the base model {base} among the slice's sources, "
+                                      "with its layer_range")
+                piece = replace(piece, sources=[*piece.sources, Source(base, None, {})])
+        others = [s for s in piece.sources if not (method.needs_base and s.model == base)]
+        least, most = method.inputs
+        if len(others) < least or (most is not None and len(others) > most):
+            wanted = f"exactly {least}" if least == most else f"at least {least}"
+            raise RecipeError(f"{at}: {recipe.method} takes {wanted} model(s) besides the base, got {len(others)}")
+        slices.append(piece)
+    return slices
+
+
+def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: dict[str, Input], lead: Input,
+                   where: str) -> dict[str, TensorMerge]:
+    """Every output tensor, in order, with the tensor of each input it is made from and its parameters."""
+    merges: dict[str, TensorMerge] = {}
+
+    def add(out: OutputTensor, piece: Slice, layer: tuple[int, int] | None, t: float) -> None:
+        """`layer`: (offset in the slice, output index) for a tensor of the layers, renamed from each source's."""
+        base_model = recipe.base_of(piece) if method.needs_base else None
+
+        def input_name(source: Source) -> str:
+            if layer is None:
+                return out.name
+            found = LAYER.match(out.name)
+            return f"{found[1]}.{(source.layers or (0, 0))[0] + layer[0]}.{found[3]}"
+
+        sources = {s.model: s for s in piece.sources}
+        read = {model: (inputs[model], input_name(s)) for model, s in sources.items()}
+        for item, name in read.values():
+            theirs = next((o for o in item.groups[name].outputs if o.name == name), None) if name in item.groups else None
+            if theirs is None:
+                raise RecipeError(f"{item.reference}: has no {name}, which {lead.reference} has; "
+                                  "models merged together must share an architecture")
+            if theirs.shape != out.shape:
+                raise RecipeError(f"{item.reference}: {name} has shape {tuple(theirs.shape)}, {lead.reference} "
+                                  f"{tuple(out.shape)}; unshard merges equal shapes only (different vocabularies: "
+                                  "resize the embeddings first)")
+        others = [model for model in sources if model != base_model]
+        shared = {}
+        for key, default in method.shared.items():
+            value = resolve(key, [piece.parameters, recipe.parameters], out.name, t)
+            if value is None and default is REQUIRED:
+                raise RecipeError(f"{where}: {recipe.method} needs parameters.{key}")
+            shared[key] = default if value is None else value
+        params = []
+        for model in others:
+            scopes = [sources[model].parameters, piece.parameters, recipe.parameters]
+            values = {}
+            for key, default in method.per_input.items():
+                value = resolve(key, scopes, read[model][1], t)
+                if value is None and default is REQUIRED:
+                    raise RecipeError(f"{where}: model {model} needs parameters.{key} for {recipe.method}")
+                values[key] = default if value is None else value
+            params.append(values)
+        lead_read = read.get(recipe.base_of(piece)) or read[piece.sources[0].model]
+        merges[out.name] = TensorMerge(out, lead_read, read[base_model] if base_model else None,
+                                       [read[model] for model in others], params, shared)
+
+    named = {o.name: o for g in lead.plan.groups for o in g.outputs}
+    if not recipe.sliced:  # the lead's tensors, each from the same tensor of every input
+        (piece,) = slices
+        for name, out in named.items():
+            found = LAYER.match(name)
+            layers = lead.stacks.get(found[1], 1) if found else 1
+            t = (int(found[2]) / (layers - 1) if layers > 1 else 1.0) if found else 0.0
+            add(out, piece, None, t)
+        return merges
+
+    # Slices: the embeddings from the first slice's models, each slice's layers renumbered, the rest from the last.
+    stacks = set(lead.stacks).union(*(inputs[s.model].stacks for piece in slices for s in piece.sources))
+    if len(stacks) != 1:
+        raise RecipeError(f"{where}: slices take models with one stack of layers; {lead.reference} has "
+                          f"{', '.join(sorted(stacks)) or 'none'} (mergekit merges such models by `modules`, which "
+                          "unshard does not)")
+    (stack,) = stacks
+    outside = [o for name, o in named.items() if not LAYER.match(name)]
+    for out in outside:
+        if any(word in out.name for word in EMBEDDINGS):
+            add(out, slices[0], None, 0.0)
+    index = 0
+    for i, piece in enumerate(slices):
+        for j, source in enumerate(piece.sources):
+            has = inputs[source.model].stacks[stack]
+            if source.layers[1] > has:
+                raise RecipeError(f"{where}: slices[{i}].sources[{j}]: layer_range {list(source.layers)} goes past "
+                                  f"{source.model}'s {has} layers")
+        first = piece.sources[0]
+        count = first.layers[1] - first.layers[0]
+        for offset in range(count):
+            t = offset / (count - 1) if count > 1 else 1.0
+            prefix = f"{stack}.{first.layers[0] + offset}."
+            first_named = {o.name: o for g in inputs[first.model].plan.groups for o in g.outputs}
+            for name, out in first_named.items():
+                if name.startswith(prefix):
+                    renamed = f"{stack}.{index}.{name[len(prefix):]}"
+                    add(replace(out, name=renamed), piece, (offset, index), t)
+            index += 1
+    for out in outside:
+        if not any(word in out.name for word in EMBEDDINGS):
+            add(out, slices[-1], None, 0.0)
+    return merges
+
+
+def _layer_count(slices: list[Slice], lead: Input) -> dict:
+    """What the output's config says otherwise: its layer count (and per-layer types, where the config
+    lists them, the layers' own)."""
+    total = sum(piece.sources[0].layers[1] - piece.sources[0].layers[0] for piece in slices)
+    changes: dict = {"num_hidden_layers": total}
+    config = hf_names.read_config(lead.plan.config_folder) or {}
+    if isinstance(config.get("layer_types"), list):
+        changes["layer_types"] = [config["layer_types"][i] for piece in slices
+                                  for i in range(*piece.sources[0].layers)]
+    return changes
+
+
+def model_card(plan: Plan) -> str:
+    """The opening of README.md for the merged folder: the method, the inputs and the recipe
+    (the writer adds the dtype and the list of files)."""
+    recipe = plan.checkpoint.recipe
+    lines = ["# Merged model", "",
+             f"Made with [unshard](https://pypi.org/project/unshard/) `merge` using the **{recipe.method}** method.", ""]
+    if recipe.base:
+        lines += [f"Base model: `{recipe.base}`", ""]
+    lines += ["Models:", ""] + [f"- `{m}`" for m in recipe.models] + ["", "Recipe:", "", "```yaml",
+                                                                       recipe.text.rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def recipe_files(plan: Plan) -> dict[str, str]:
+    return {"mergekit_config.yml": plan.checkpoint.recipe.text, "README.md": model_card(plan)}
