@@ -286,6 +286,9 @@ def test_recipe_errors(models, tmp_path):
           "slices[0].sources[0]: layer_range [1, 4] goes past")
     fails(dict(merge_method="slerp", base_model=base, parameters=dict(t=0.5), slices=[
         dict(sources=[dict(model=ft0, layer_range=[0, 3])])]), "needs the base model")
+    fails(dict(merge_method="ties", base_model=base, slices=[dict(sources=[dict(model=base, layer_range=[0, 3]),
+                                                                   dict(model=ft0, layer_range=[0, 3])])]),
+          "model " + ft0 + " needs parameters.weight for ties")
     fails(dict(merge_method="passthrough", slices=[dict(sources=[dict(model=ft0, layer_range=[0, 1]),
                                                                  dict(model=base, layer_range=[1, 2])])]),
           "passthrough takes exactly 1 model(s) besides the base, got 2")

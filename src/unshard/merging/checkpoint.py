@@ -95,16 +95,17 @@ class MergedCheckpoint(Checkpoint):
             tensor = cached[1][name].clone()  # methods work in their inputs' buffers
         return (item.adapter.apply(name, tensor) if item.adapter else tensor).to(self.work.torch)
 
-    def _rows_of(self, item: Input, name: str, start: int, stop: int, buffers: dict) -> torch.Tensor:
+    def _rows_of(self, item: Input, name: str, start: int, stop: int, buffers: dict, slot: int) -> torch.Tensor:
         """Rows [start, stop) of an input's `name`, in the working dtype, in `buffers` kept for all the bands
-        of the tensor (fresh ones for each band cost as much again in page faults as the reading)."""
+        of the tensor (fresh ones for each band cost as much again in page faults as the reading); `slot`:
+        the input's place in the merge (a model may come twice)."""
         checkpoint, source = item.plan.checkpoint, item.groups[name].source
         shape = (stop - start, *source.shape[1:])
 
         def buffer(dtype: torch.dtype) -> torch.Tensor:
-            if (id(item), dtype) not in buffers:  # (made for the first band, the largest)
-                buffers[id(item), dtype] = torch.empty(math.prod(shape), dtype=dtype)
-            return buffers[id(item), dtype][:math.prod(shape)].view(shape)
+            if (slot, dtype) not in buffers:  # (made for the first band, the largest)
+                buffers[slot, dtype] = torch.empty(math.prod(shape), dtype=dtype)
+            return buffers[slot, dtype][:math.prod(shape)].view(shape)
 
         rows = buffer(source.dtype.torch)
         if checkpoint.read_rows_as_bytes(source.name, start, stop, out=rows.view(-1).view(torch.uint8).numpy()) is None:
@@ -150,8 +151,8 @@ class MergedCheckpoint(Checkpoint):
             def bands():  # (each band read into the buffers of the one before: it is done with when the next is asked for)
                 for start in starts:
                     stop = min(start + rows, total)
-                    yield (self._rows_of(*base, start, stop, buffers) if base else None,
-                           [self._rows_of(*other, start, stop, buffers) for other in others], draws(start))
+                    yield (self._rows_of(*base, start, stop, buffers, -1) if base else None,
+                           [self._rows_of(*other, start, stop, buffers, i) for i, other in enumerate(others)], draws(start))
         numbers = method.survey(bands, merge.params, merge.shared) if method.survey else None
         for start, (base_band, other_bands, generator) in zip(starts, bands()):
             yield start, method.combine(base_band, other_bands, merge.params, merge.shared, numbers, generator)

@@ -73,9 +73,6 @@ def _with_bases(recipe: Recipe, method: Method, where: str) -> list[Slice]:
     for i, piece in enumerate(recipe.slices):
         at = f"{where}: slices[{i}]" if recipe.sliced else where
         models = [s.model for s in piece.sources]
-        if len(set(models)) < len(models):
-            twice = next(m for m in models if models.count(m) > 1)
-            raise RecipeError(f"{at}: names {twice} twice; a merge takes each model once")
         base = recipe.base_of(piece)
         if method.needs_base:
             if not base:
@@ -109,9 +106,8 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
             found = LAYER.match(out.name)
             return f"{found[1]}.{(source.layers or (0, 0))[0] + layer[0]}.{found[3]}"
 
-        sources = {s.model: s for s in piece.sources}
-        read = {model: (inputs[model], input_name(s)) for model, s in sources.items()}
-        for item, name in read.values():
+        read = [(inputs[s.model], input_name(s)) for s in piece.sources]  # (a model may come twice)
+        for item, name in read:
             theirs = next((o for o in item.groups[name].outputs if o.name == name), None) if name in item.groups else None
             if theirs is None:
                 raise RecipeError(f"{item.reference}: has no {name}, which {lead.reference} has; "
@@ -120,7 +116,8 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
                 raise RecipeError(f"{item.reference}: {name} has shape {tuple(theirs.shape)}, {lead.reference} "
                                   f"{tuple(out.shape)}; unshard merges equal shapes only (different vocabularies: "
                                   "resize the embeddings first)")
-        others = [model for model in sources if model != base_model]
+        at_base = next((i for i, s in enumerate(piece.sources) if s.model == base_model), None)
+        others = [i for i in range(len(read)) if i != at_base]
         shared = {}
         for key, default in method.shared.items():
             value = resolve(key, [piece.parameters, recipe.parameters], out.name, t)
@@ -128,18 +125,18 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
                 raise RecipeError(f"{where}: {recipe.method} needs parameters.{key}")
             shared[key] = default if value is None else value
         params = []
-        for model in others:
-            scopes = [sources[model].parameters, piece.parameters, recipe.parameters]
+        for i in others:
+            scopes = [piece.sources[i].parameters, piece.parameters, recipe.parameters]
             values = {}
             for key, default in method.per_input.items():
-                value = resolve(key, scopes, read[model][1], t)
+                value = resolve(key, scopes, read[i][1], t)
                 if value is None and default is REQUIRED:
-                    raise RecipeError(f"{where}: model {model} needs parameters.{key} for {recipe.method}")
+                    raise RecipeError(f"{where}: model {piece.sources[i].model} needs parameters.{key} for {recipe.method}")
                 values[key] = default if value is None else value
             params.append(values)
-        lead_read = read.get(recipe.base_of(piece)) or read[piece.sources[0].model]
-        merges[out.name] = TensorMerge(out, lead_read, read[base_model] if base_model else None,
-                                       [read[model] for model in others], params, shared)
+        at_lead = next((i for i, s in enumerate(piece.sources) if s.model == recipe.base_of(piece)), 0)
+        merges[out.name] = TensorMerge(out, read[at_lead], read[at_base] if at_base is not None else None,
+                                       [read[i] for i in others], params, shared)
 
     named = {o.name: o for g in lead.plan.groups for o in g.outputs}
     if not recipe.sliced:  # the lead's tensors, each from the same tensor of every input
