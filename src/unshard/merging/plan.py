@@ -168,10 +168,10 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
                                   f"{source.model}'s {has} layers")
         first = piece.sources[0]
         count = first.layers[1] - first.layers[0]
+        first_named = {o.name: o for g in inputs[first.model].plan.groups for o in g.outputs}
         for offset in range(count):
             t = offset / (count - 1) if count > 1 else 1.0
             prefix = f"{stack}.{first.layers[0] + offset}."
-            first_named = {o.name: o for g in inputs[first.model].plan.groups for o in g.outputs}
             for name, out in first_named.items():
                 if name.startswith(prefix):
                     renamed = f"{stack}.{index}.{name[len(prefix):]}"
