@@ -30,7 +30,22 @@ class TensorMerge:
     shared: dict[str, Any]
 
 
-class MergedCheckpoint(Checkpoint):
+class FromInputs(Checkpoint):
+    """A Checkpoint whose tensors are computed from other models' (`inputs`), which lie in no file of its own."""
+
+    inputs: list[Input]
+
+    def check_records(self, pieces) -> None:
+        # (the records read are the inputs')
+        for item in self.inputs:
+            item.plan.checkpoint.check_records(pieces_read(item.plan.groups))
+
+    def close(self) -> None:
+        for item in self.inputs:
+            item.plan.checkpoint.close()
+
+
+class MergedCheckpoint(FromInputs):
     """Set up by `plan_merge` with `method`, `merges` (output name -> TensorMerge), `work` (the dtype merged
     in), `seed`, `inputs` and `recipe`."""
 
@@ -40,14 +55,12 @@ class MergedCheckpoint(Checkpoint):
     merges: dict[str, TensorMerge]
     work: DType
     seed: int
-    inputs: list[Input]
 
     def setup(self, method: Method, merges: dict[str, TensorMerge], work: DType, seed: int, inputs: list[Input],
               recipe: Any) -> None:
         self.method, self.merges, self.work, self.seed, self.inputs, self.recipe = method, merges, work, seed, inputs, recipe
         self._band_rows = {name: rows for name in merges if (rows := self._in_bands(name)) is not None}
         self._merging: dict[str, Iterator[tuple[int, torch.Tensor]]] = {}
-        self._recent: dict[int, tuple[Any, dict[str, torch.Tensor]]] = {}
 
     def read(self, name: str) -> torch.Tensor:
         return next(self._merged(name, None))[1]
@@ -69,31 +82,10 @@ class MergedCheckpoint(Checkpoint):
             del self._merging[name]
         return band
 
-    def check_records(self, pieces) -> None:
-        # (a merged tensor lies in no file: the records read are its inputs')
-        for item in self.inputs:
-            item.plan.checkpoint.check_records(pieces_read(item.plan.groups))
-
-    def close(self) -> None:
-        for item in self.inputs:
-            item.plan.checkpoint.close()
-
     # ---- reading the inputs ----
 
     def _tensor_of(self, item: Input, name: str) -> torch.Tensor:
-        from ..execute import materialise
-
-        # A group may make several outputs (split experts): keep its last result for the next name.
-        group = item.groups[name]
-        if len(group.outputs) == 1:
-            tensor = materialise(item.plan, group)[0][1]
-        else:
-            cached = self._recent.get(id(item))
-            if cached is None or cached[0] is not group:
-                cached = (group, dict(materialise(item.plan, group)))
-                self._recent[id(item)] = cached
-            tensor = cached[1][name].clone()  # methods work in their inputs' buffers
-        return (item.adapter.apply(name, tensor) if item.adapter else tensor).to(self.work.torch)
+        return item.read(name).to(self.work.torch)
 
     def _rows_of(self, item: Input, name: str, start: int, stop: int, buffers: dict, slot: int) -> torch.Tensor:
         """Rows [start, stop) of an input's `name`, in the working dtype, in `buffers` kept for all the bands

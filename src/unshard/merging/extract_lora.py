@@ -23,7 +23,6 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -31,8 +30,9 @@ from .. import dtypes, hf_names
 from ..errors import UnshardError
 from ..hub import hub_ids
 from ..plan import Group, OutputTensor, Plan, choose_dtype
-from ..readers import Checkpoint, SourceTensor
+from ..readers import SourceTensor
 from ..sinks.peft_adapter import ADAPTER_WEIGHTS, PeftAdapterFolder
+from .checkpoint import FromInputs
 from .inputs import Input, open_input
 
 
@@ -52,36 +52,16 @@ class ExtractionError(UnshardError, ValueError):
     pass
 
 
-class ExtractedAdapter(Checkpoint):
+class ExtractedAdapter(FromInputs):
     """The task vectors of the modules extracted (`deltas`) and the tensors of those saved whole, each read
-    from the two inputs when the writer asks for it. Set up by `plan_extraction`."""
+    from the two inputs (the fine-tune, the base) when the writer asks for it. Set up by `plan_extraction`."""
 
-    tuned: Input
-    base: Input
     deltas: set[str]
     errors: dict[str, tuple[int, float]]  # module -> (rank, relative reconstruction error), as computed
 
     def read(self, name: str) -> torch.Tensor:
-        tuned = self._tensor_of(self.tuned, name)
-        return tuned.float().sub_(self._tensor_of(self.base, name).float()) if name in self.deltas else tuned
-
-    @staticmethod
-    def _tensor_of(item: Input, name: str) -> torch.Tensor:
-        from ..execute import materialise
-
-        group = item.groups[name]
-        tensor = dict(materialise(item.plan, group))[name]
-        return item.adapter.apply(name, tensor) if item.adapter else tensor
-
-    def check_records(self, pieces) -> None:
-        from ..plan import pieces_read
-
-        for item in (self.tuned, self.base):
-            item.plan.checkpoint.check_records(pieces_read(item.plan.groups))
-
-    def close(self) -> None:
-        for item in (self.tuned, self.base):
-            item.plan.checkpoint.close()
+        tuned, base = self.inputs
+        return tuned.read(name).float().sub_(base.read(name).float()) if name in self.deltas else tuned.read(name)
 
 
 def _decompose(adapter: ExtractedAdapter, module: str, rank: int, embedding: bool, distribute: bool,
@@ -142,8 +122,7 @@ def plan_extraction(finetuned: str | Path, base: str | Path, options: Extraction
     reason = reason.replace("config.json", "the fine-tune's config.json")
 
     def shape(item: Input, name: str) -> tuple[int, ...] | None:
-        group = item.groups.get(name)
-        return next((tuple(o.shape) for o in group.outputs if o.name == name), None) if group else None
+        return tuple(found.shape) if (found := item.output(name)) is not None else None
 
     saved_keys = list(options.save_modules)
     tensors: dict[str, SourceTensor] = {}
@@ -154,7 +133,7 @@ def plan_extraction(finetuned: str | Path, base: str | Path, options: Extraction
                                hf_folder=tuned.plan.config_folder,
                                facts={"method": f"extract-lora, rank {options.rank}", "inputs": str(finetuned),
                                       "base_model": str(base)})
-    adapter.tuned, adapter.base, adapter.deltas, adapter.errors = tuned, original, deltas, {}
+    adapter.inputs, adapter.deltas, adapter.errors = [tuned, original], deltas, {}
     ranks: dict[str, int] = {}
     biases = False
 
@@ -207,17 +186,16 @@ def plan_extraction(finetuned: str | Path, base: str | Path, options: Extraction
         covered |= {f"{module}.weight", f"{module}.bias"}
         key = module.split(".")[-1]
         excluded = any(re.search(p, module) for p in options.exclude)
-        embeddings = kind in ("input", "output") or (kind == "embedding" and not options.embed_lora)
-        vocabulary_changed = kind in ("input", "output", "embedding") and shape(tuned, f"{module}.weight") != shape(
-            original, f"{module}.weight")
-        if (embeddings and not options.embed_lora or vocabulary_changed) and not excluded and key not in saved_keys:
+        embedding = kind in ("input", "output", "embedding")
+        vocabulary_changed = embedding and shape(tuned, f"{module}.weight") != shape(original, f"{module}.weight")
+        if (embedding and not options.embed_lora or vocabulary_changed) and not excluded and key not in saved_keys:
             saved_keys.append(key)  # (mergekit saves embeddings whole unless asked)
         if module in saved_keys or key in saved_keys:
             save(module)
         elif excluded or (options.include and not any(re.search(p, module) for p in options.include)):
             continue
         elif kind in ("linear", "embedding", "input", "output"):
-            extract(module, embedding=kind == "embedding" or (kind == "input" and options.embed_lora))
+            extract(module, embedding=kind in ("embedding", "input"))  # (the head is a Linear layer)
         elif options.skip_undecomposable:
             notes.append(f"{module}: neither Linear nor Embedding; left out (--skip-undecomposable)")
         else:

@@ -7,9 +7,10 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..hub import fetch, is_hub_id
-from ..plan import Group, Plan, build_plan
+from ..plan import Group, OutputTensor, Plan, build_plan
 from ..readers import open_checkpoint
 from ..sinks import OutputOptions
 from ..sinks.hf_folder import MODEL_FILE_PATTERNS
@@ -25,6 +26,9 @@ ADAPTER_PATTERNS = ["adapter_config.json", "adapter_model.safetensors", "adapter
 # A tensor of the layer stack: (stack).(layer index).(rest), "model.layers.3.mlp.up_proj.weight"
 LAYER = re.compile(r"^((?:[^.]+\.)*?layers)\.(\d+)\.(.+)$")
 
+if TYPE_CHECKING:
+    import torch
+
 
 @dataclass
 class Input:
@@ -32,6 +36,26 @@ class Input:
     plan: Plan
     groups: dict[str, Group] = field(default_factory=dict)  # output name -> the group making it
     adapter: Adapter | None = None  # `base+adapter`: a PEFT LoRA adapter applied to this input
+    _recent: tuple[Group, dict[str, Any]] | None = None  # the last group of several outputs made, and its outputs
+
+    def output(self, name: str) -> OutputTensor | None:
+        """The tensor `name` as this input's plan writes it (None: it has none)."""
+        group = self.groups.get(name)
+        return next((o for o in group.outputs if o.name == name), None) if group else None
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor `name`, whole, as its plan makes it, with the adapter folded in: a tensor of its own
+        (callers work in it). A group making several outputs (split experts) is made once for them all."""
+        from ..execute import materialise
+
+        group = self.groups[name]
+        if len(group.outputs) == 1:
+            tensor = materialise(self.plan, group)[0][1]
+        else:
+            if self._recent is None or self._recent[0] is not group:
+                self._recent = (group, dict(materialise(self.plan, group)))
+            tensor = self._recent[1][name].clone()
+        return self.adapter.apply(name, tensor) if self.adapter else tensor
 
     @cached_property
     def stacks(self) -> dict[str, int]:

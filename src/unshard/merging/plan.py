@@ -108,7 +108,7 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
 
         read = [(inputs[s.model], input_name(s)) for s in piece.sources]  # (a model may come twice)
         for item, name in read:
-            theirs = next((o for o in item.groups[name].outputs if o.name == name), None) if name in item.groups else None
+            theirs = item.output(name)
             if theirs is None:
                 raise RecipeError(f"{item.reference}: has no {name}, which {lead.reference} has; "
                                   "models merged together must share an architecture")
