@@ -122,6 +122,23 @@ def extract_lora(finetuned: str | Path, base: str | Path, out: str | Path, *, ra
         the_plan.checkpoint.close()
 
 
+def merge_moe(recipe: str | Path, out: str | Path, *, seed: int = 0, allow_same: bool = False,
+              output: OutputOptions | None = None, overwrite: bool = False, threads: int = 1, verify: bool = False,
+              progress: bool | None = None, checksums: bool = False) -> Result:
+    """Assemble the mixture of experts a mergekit-moe YAML recipe describes (Mixtral, Qwen MoE or Qwen3 MoE) from
+    dense models of any layout unshard reads, into a Hugging Face folder OUT (or GGUF file, as for `convert`).
+    seed: of gate_mode random / uniform_random and of noise_scale."""
+    from .execute import convert as run
+    from .merging.moe import moe_files, plan_moe
+
+    the_plan = plan_moe(recipe, _for(out, output or OutputOptions()), seed=seed, allow_same=allow_same)
+    try:
+        return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
+                   progress=progress, extra_files=moe_files(the_plan))
+    finally:
+        the_plan.checkpoint.close()
+
+
 def _for(out: str | Path, output: OutputOptions) -> OutputOptions:
     """An OUT ending in .gguf is one GGUF file, of llama.cpp's default type unless one is asked for."""
     if str(out).endswith(".gguf") and not output.gguf:
@@ -148,5 +165,5 @@ def inspect(src: str | Path, **plan_options: Any) -> dict[str, Any]:
 
 __all__ = [
     "Checkpoint", "CheckpointError", "ConfigMismatchError", "OutputExistsError", "OutputOptions", "Plan", "Result",
-    "UnsafeCheckpointError", "UnshardError", "convert", "extract_lora", "inspect", "merge", "open_checkpoint", "plan", "push_to_hub",
+    "UnsafeCheckpointError", "UnshardError", "convert", "extract_lora", "inspect", "merge", "merge_moe", "open_checkpoint", "plan", "push_to_hub",
 ]

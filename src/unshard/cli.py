@@ -129,6 +129,28 @@ def _parser() -> argparse.ArgumentParser:
     scale_options(merge)
     hub_options(merge)
 
+    moe = sub.add_parser("merge-moe", help="assemble a mixture of experts from dense models, as a mergekit-moe "
+                                           "YAML recipe says")
+    moe.add_argument("recipe", help="YAML: base_model, experts (source_model, positive_prompts, ...), gate_mode, "
+                                    "experts_per_token, shared_experts, dtype, architecture")
+    moe.add_argument("out", help="output folder (must not exist or be empty, unless --overwrite)")
+    moe.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                     help="output dtype; auto: the recipe's dtype, else the base model's")
+    moe.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
+    quantize_options(moe)
+    moe.add_argument("--seed", type=int, default=0,
+                     help="seed of gate_mode random / uniform_random and of noise_scale (default 0)")
+    moe.add_argument("--i-understand-this-is-not-useful-without-training", dest="allow_same", action="store_true",
+                     help="allow every expert to be the same model")
+    moe.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    moe.add_argument("--dry-run", action="store_true", help="print the plan, write nothing (the gates are not computed)")
+    moe.add_argument("--threads", type=int, default=2, help="tensors written in parallel (default 2)")
+    moe.add_argument("--verify", action="store_true", help="re-read the output and compare with the inputs")
+    moe.add_argument("--checksums", action="store_true", help="list each file's sha256 in OUT/README.md")
+    moe.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    hub_options(moe)
+    moe.set_defaults(distributed=False)
+
     inspect = sub.add_parser("inspect", help="say what the checkpoint is and what convert would write")
     plan_options(inspect)
     quantize_options(inspect)
@@ -230,6 +252,8 @@ def _run(args) -> int:
         return _verl(args)
     if args.command == "extract-lora":
         return _extract_lora(args)
+    if args.command == "merge-moe":
+        return _merge_moe(args)
     output = _output(args, getattr(args, "out", ""))
     options = dict(output=output, config_from=args.config_from, check=args.check,
                    weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha, lora=args.lora,
@@ -285,6 +309,29 @@ def _merge(args) -> int:
                          workers=args.workers, distributed=args.distributed)
     finally:
         plan.checkpoint.close()
+    _report(args, result)
+    return 0
+
+
+def _merge_moe(args) -> int:
+    from .execute import convert
+    from .merging.moe import moe_files, plan_moe
+    from .report import as_text, describe
+
+    plan = plan_moe(args.recipe, _output(args, args.out), seed=args.seed, allow_same=args.allow_same)
+    try:
+        if args.dry_run:
+            print(as_text(describe(plan)))
+            return 0
+        print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
+        for note in plan.notes:
+            print(f"note: {note}", file=sys.stderr)
+        result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
+                         checksums=args.checksums, progress=args.progress, extra_files=moe_files(plan))
+    finally:
+        plan.checkpoint.close()
+    for warning in plan.checkpoint.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     _report(args, result)
     return 0
 

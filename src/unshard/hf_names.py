@@ -74,8 +74,11 @@ def meta_model(config_folder: Path, config: dict, updates: dict | None = None) -
     if config.get("auto_map"):
         return None  # custom code: building it would run code from the checkpoint
     updates = updates or {}
-    hf_config = transformers.AutoConfig.from_pretrained(
-        config_folder, **{k: v for k, v in updates.items() if k in ("num_labels", "num_hidden_layers", "layer_types")})
+    if updates.get("model_type", config.get("model_type")) != config.get("model_type"):  # (a MoE assembled from dense models)
+        hf_config = transformers.AutoConfig.for_model(**{**config, **updates})
+    else:
+        hf_config = transformers.AutoConfig.from_pretrained(
+            config_folder, **{k: v for k, v in updates.items() if k in ("num_labels", "num_hidden_layers", "layer_types")})
     architectures = updates.get("architectures") or config.get("architectures") or []
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None and updates.get("architectures"):

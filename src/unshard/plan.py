@@ -195,7 +195,7 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
     config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
     config = hf_names.read_config(config_folder)
     if config is not None:
-        config = {**config, **checkpoint.config_changes}
+        config = dict(checkpoint.config_changes) if checkpoint.config_whole else {**config, **checkpoint.config_changes}
     if check and (broken := unreadable_model_files(config_folder)):
         path, why = broken[0]
         raise ConfigMismatchError(f"{path}: {why}; fix or remove it, or pass --no-check to copy it as it is")
@@ -203,7 +203,8 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
     out_dtype, reason = choose_dtype(output.dtype, config, checkpoint)
     fold = lora.plan_fold(checkpoint, lora_alpha, lora_mode)
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
-    updates = {**checkpoint.config_changes, **hf_names.head_updates(set(shapes), shapes, config, architecture)}
+    head = hf_names.head_updates(set(shapes), shapes, config, architecture)
+    updates = {**checkpoint.config_changes, **head}
     naming = hf_names.plan_names(shapes, config_folder, check, renames=fold.renames, updates=updates,
                                  ask_later=ask_later and not output.quantize and not output.gguf)
 
@@ -240,7 +241,7 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
     if fold.adapter is not None:
         files[lora.ADAPTER_FILE], extra_files = _adapter_plan(checkpoint, fold.adapter, naming.outputs, out_dtype)
     notes = fold.notes + naming.notes + (gguf.notes if gguf else [])
-    if "architectures" in updates and not architecture:
+    if "architectures" in head and not architecture:
         notes.append(f"the weights end in a `score` head: config.json says {updates['architectures'][0]}"
                      + (f" with {updates['num_labels']} label(s)" if "num_labels" in updates else ""))
     if config is None:

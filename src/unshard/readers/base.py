@@ -85,6 +85,8 @@ class Checkpoint:
     states: dict[Path, Any] = field(default_factory=dict)
     # what the output's config.json says otherwise than the config beside it (a merge of layer slices: its layer count)
     config_changes: dict[str, Any] = field(default_factory=dict)
+    # config_changes is the output's whole config (a model of another class: a MoE assembled from dense models)
+    config_whole: bool = False
 
     def loaded(self, piece: Piece) -> torch.Tensor | StoredTensor | None:
         """What this reader holds for a piece's local tensor, for readers of torch.save files: a

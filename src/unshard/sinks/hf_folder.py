@@ -187,16 +187,19 @@ def _tokenizer_refusal(text: str) -> str | None:
     return None
 
 
-def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates: dict | None = None) -> list[str]:
+def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates: dict | None = None,
+                     whole: bool = False) -> list[str]:
     """Copy config, generation config, tokenizer, chat template, processor and code files into OUT.
 
     config.json gets the dtype of the written weights, under the key(s) it already uses, and the
-    plan's `updates` (a head the weights have and the config did not say).
+    plan's `updates` (a head the weights have and the config did not say; with `whole`, all of it).
     """
     copied = []
     if source is None:
         return copied
     config = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() else {}
+    if whole:
+        config = {}
     for path in sorted(source.iterdir()):
         if not path.is_file() or not any(fnmatch.fnmatch(path.name, p) for p in MODEL_FILE_PATTERNS):
             continue
@@ -221,7 +224,8 @@ def finish_folder(plan: Plan, folder: Path, digests: dict[str, str | None], extr
     model_files = plan.model_files
     write_index(folder, {f: [s.name for s in plan.stored(f)] for f in model_files},
                 sum(g.nbytes for gs in model_files.values() for g in gs))
-    copied = copy_model_files(plan.config_folder, folder, plan.dtype.name, plan.config_updates)
+    copied = copy_model_files(plan.config_folder, folder, plan.dtype.name, plan.config_updates,
+                              plan.checkpoint.config_whole)
     extra = {**plan.extra_files, **(extra_files or {})}
     extra["README.md"] = model_card(plan, {f: digests[f] for f in plan.files}, extra.get("README.md"))
     for name, text in extra.items():
