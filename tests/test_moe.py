@@ -128,7 +128,8 @@ def test_same_moe_as_mergekit(case, dense, tmp_path):
     # (the same weights: only the order of transformers' expert sums may differ between two loads)
     assert float((logits(ours) - logits(theirs)).abs().max()) < 1e-5
     assert (ours / "mergekit_moe_config.yml").read_text() == recipe.read_text()
-    assert mode in (ours / "README.md").read_text()
+    card = (ours / "README.md").read_text()
+    assert mode in card and "- moe" in card.split("---")[1]
 
 
 def test_hidden_gates_a_layer_at_a_time(dense, tmp_path, monkeypatch):

@@ -102,12 +102,12 @@ def front_matter(plan: Plan) -> list[str]:
 
     from .hf_names import read_config
 
-    config = {**(read_config(plan.config_folder) or {}), **plan.config_updates}
-    merged = plan.checkpoint.layout == "merge"
+    config = {**({} if plan.checkpoint.config_whole else read_config(plan.config_folder) or {}), **plan.config_updates}
+    merged = plan.checkpoint.layout in ("merge", "moe")
     data: dict[str, Any] = {"library_name": "transformers"}
     if plan.base_models:
         data["base_model"] = plan.base_models if merged or len(plan.base_models) > 1 else plan.base_models[0]
-    tags = ["unshard"] + (["mergekit", "merge"] if merged else [])
+    tags = ["unshard"] + (["mergekit", "merge"] if merged else []) + (["moe"] if plan.checkpoint.layout == "moe" else [])
     if plan.quantization is not None:
         tags += ["compressed-tensors", plan.quantization.scheme.name.lower()]
     data["tags"] = tags
