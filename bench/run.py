@@ -1,6 +1,6 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,slices,extract-lora,quantize]
+    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,slices,extract-lora,moe,quantize]
                         [--repeat 3] [--cache warm|cold] [--work /tmp/unshard-bench]
 
 For each layout and size: make a real checkpoint (FSDP2, or tensor parallelism for verl-tp, by
@@ -29,6 +29,9 @@ input's pages are dropped from the cache before each run), with no earlier outpu
                           half twice, from the same folders)
   mergekit-extract-lora   layout "extract-lora": `unshard extract-lora ft0 base --rank 32` against mergekit's
                           extraction at --max-rank 32, on the same folders
+  mergekit-moe            layout "moe": a Mixtral of ft0 and ft1 on the base, gate_mode hidden (the base run
+                          on each expert's prompts; the test fixtures' tokenizer copied beside it), from the
+                          same folders, `unshard merge-moe` against mergekit-moe
   llm-compressor SCHEME   layout "quantize": unshard convert --quantize SCHEME from the verl rank files, against
                           llm-compressor's data-free path (load, oneshot, save_pretrained(save_compressed=True)),
                           from PyPI in its own venv, on the same model's Hugging Face folder (converted untimed);
@@ -97,8 +100,14 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", DS_BUILD_OPS="0")
-    if layout in ("slices", "extract-lora"):  # the merge benchmark's folders
-        return make_checkpoint(work, "merge", gb)
+    if layout in ("slices", "extract-lora", "moe"):  # the merge benchmark's folders
+        folder = make_checkpoint(work, "merge", gb)
+        if layout == "moe":  # prompts need a tokenizer: the test fixtures', as bench/make_checkpoint.py uses
+            from make_checkpoint import TOKENIZER
+
+            for path in TOKENIZER.glob("tokenizer*"):
+                shutil.copy(path, folder / "base" / path.name)
+        return folder
     if layout == "merge":  # three Hugging Face folders and a TIES recipe, written by transformers
         sh([sys.executable, str(HERE / "make_models.py"), "--gb", str(gb), "--out", str(folder)],
            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE)
@@ -133,7 +142,7 @@ def size_of(path: Path) -> int:
 
 
 def source(layout: str, folder: Path) -> Path:
-    if layout in ("merge", "slices"):
+    if layout in ("merge", "slices", "moe"):
         return folder
     if layout == "extract-lora":
         return folder / "ft0"
@@ -167,8 +176,6 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
             "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), recipe, str(out)],
         }
     if layout == "slices":
-        import json
-
         layers = json.loads((folder / "base" / "config.json").read_text())["num_hidden_layers"]
         recipe = folder / "slices.yml"
         recipe.write_text(json.dumps({"merge_method": "passthrough", "dtype": "float32", "slices": [
@@ -178,6 +185,14 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
         merge = ["-m", "unshard", "merge", str(recipe), str(out), "--no-progress"]
         return {"cp": ["cp", "-r", str(folder / "base"), str(out)], "unshard merge": [*python, *merge],
                 "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), str(recipe), str(out)]}
+    if layout == "moe":
+        recipe = folder / "moe.yml"
+        recipe.write_text(json.dumps({"base_model": str(folder / "base"), "gate_mode": "hidden", "experts": [
+            {"source_model": str(folder / "ft0"), "positive_prompts": ["the cat sat on the mat", "hello world"]},
+            {"source_model": str(folder / "ft1"), "positive_prompts": ["one two three", "a b c"]}]}))
+        return {"cp": ["cp", "-r", str(folder / "base"), str(out)],
+                "unshard merge-moe": [*python, "-m", "unshard", "merge-moe", str(recipe), str(out), "--no-progress"],
+                "mergekit-moe": [str(peer_python("mergekit").parent / "mergekit-moe"), str(recipe), str(out)]}
     if layout == "extract-lora":
         pair = [str(folder / "ft0"), str(folder / "base")]
         return {"unshard extract-lora": [*python, "-m", "unshard", "extract-lora", *pair, str(out), "--rank", "32",

@@ -78,7 +78,7 @@ def meta_model(config_folder: Path, config: dict, updates: dict | None = None) -
         hf_config = transformers.AutoConfig.for_model(**{**config, **updates})
     else:
         hf_config = transformers.AutoConfig.from_pretrained(
-            config_folder, **{k: v for k, v in updates.items() if k in ("num_labels", "num_hidden_layers", "layer_types")})
+            config_folder, **{k: v for k, v in updates.items() if k in ("num_labels", "num_hidden_layers", "layer_types", "vocab_size")})
     architectures = updates.get("architectures") or config.get("architectures") or []
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None and updates.get("architectures"):
@@ -129,13 +129,18 @@ class ModelFacts:
 _answers: dict[str, ModelFacts | None] = {}
 
 
+# Raised when the way a config's model is built for the question changes (meta_model), so that answers
+# remembered by an earlier unshard are asked again.
+FACTS_REVISION = 2
+
+
 def _facts_entry(config_folder: Path, config: dict, updates: dict | None) -> str | None:
     """The cache entry of the question "what does this config's model hold"; None where transformers
     cannot be asked (not installed, or custom code, which is never run)."""
     version = known.transformers_version()
     if version is None or config.get("auto_map"):
         return None
-    return known.key("model", version, (config_folder / "config.json").read_text(), updates or {})
+    return known.key("model", FACTS_REVISION, version, (config_folder / "config.json").read_text(), updates or {})
 
 
 def _recalled(entry: str) -> tuple[bool, ModelFacts | None]:

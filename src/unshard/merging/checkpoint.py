@@ -16,6 +16,7 @@ from ..plan import OutputTensor, pieces_read
 from ..readers import Checkpoint
 from .inputs import Input
 from .methods import Method
+from .vocabulary import Vocabulary
 
 
 @dataclass
@@ -28,6 +29,7 @@ class TensorMerge:
     others: list[tuple[Input, str]]
     params: list[dict[str, Any]]  # per other input
     shared: dict[str, Any]
+    by_token: list[str] | None = None  # a tensor of a row per token, laid onto the output's vocabulary: its models, in order
 
 
 class FromInputs(Checkpoint):
@@ -57,8 +59,9 @@ class MergedCheckpoint(FromInputs):
     seed: int
 
     def setup(self, method: Method, merges: dict[str, TensorMerge], work: DType, seed: int, inputs: list[Input],
-              recipe: Any) -> None:
+              recipe: Any, vocabulary: Vocabulary | None = None) -> None:
         self.method, self.merges, self.work, self.seed, self.inputs, self.recipe = method, merges, work, seed, inputs, recipe
+        self.vocabulary = vocabulary
         self._band_rows = {name: rows for name in merges if (rows := self._in_bands(name)) is not None}
         self._merging: dict[str, Iterator[tuple[int, torch.Tensor]]] = {}
 
@@ -109,7 +112,7 @@ class MergedCheckpoint(FromInputs):
         its rows as they are (no split, no transformers conversion, no adapter to fold)."""
         merge = self.merges[name]
         out = merge.out
-        if not out.dtype.is_floating_point or len(out.shape) < 2:
+        if not out.dtype.is_floating_point or len(out.shape) < 2 or merge.by_token:
             return None
         rows = max(1, self.BAND_BYTES // (math.prod(out.shape[1:]) * self.work.itemsize))
         read = ([merge.base] if merge.base else []) + merge.others
@@ -133,7 +136,14 @@ class MergedCheckpoint(FromInputs):
         def draws(start: int) -> torch.Generator:  # seeded per tensor and band: repeats whatever the threads
             return torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{name}{f'/{start}' if start else ''}".encode()))
 
-        if rows is None:  # one band, read once
+        if rows is None and merge.by_token:  # each input's rows moved to the output's token ids, together
+            read = {item.reference: (item, name) for item, name in ([base] if base else []) + others}
+            models = list(dict.fromkeys(merge.by_token))  # (in the recipe's order, as mergekit averages them)
+            laid = self.vocabulary.laid_out([(model, self._tensor_of(*read[model])) for model in models])
+            by_model = dict(zip(models, laid))
+            whole = (by_model[base[0].reference] if base else None, [by_model[item.reference] for item, _ in others])
+            starts, bands = [0], lambda: iter([(*whole, draws(0))])
+        elif rows is None:  # one band, read once
             whole = (self._tensor_of(*base) if base else None, [self._tensor_of(*other) for other in others])
             starts, bands = [0], lambda: iter([(*whole, draws(0))])
         else:

@@ -25,7 +25,7 @@ import torch
 from .inputs import Input
 from .recipe import RecipeError
 
-KEEP_LAYERS_BYTES = 2 << 30  # a base model up to this size (bf16) keeps its layers loaded across prompt groups
+KEEP_LAYERS_BYTES = 256 << 20  # a base model up to this size (bf16) keeps its layers loaded across prompt groups
 PROMPT_MODES = ("hidden", "hidden_avg", "hidden_last", "cheap_embed")
 GATE_MODES = (*PROMPT_MODES, "random", "uniform_random")
 

@@ -15,6 +15,7 @@ from .checkpoint import MergedCheckpoint, TensorMerge
 from .inputs import LAYER, Input, open_input
 from .methods import METHODS, REQUIRED, Method
 from .recipe import Recipe, RecipeError, Slice, Source, parse_recipe, resolve
+from .vocabulary import VOCABULARY_TENSORS, Vocabulary
 
 # Tensors outside the layers that come before them (merged from the first slice's models; the rest, the
 # final norm and the head, from the last slice's), as mergekit's architectures list them.
@@ -34,21 +35,24 @@ def plan_merge(recipe_path: str | Path, output: OutputOptions = OutputOptions(),
         inputs[reference] = open_input(reference, recipe_dir, check)
     lead = inputs[recipe.base or slices[0].sources[0].model]
     work = dtypes.OUTPUT[recipe.dtype or "float32"]
-    merges = _tensor_merges(recipe, method, slices, inputs, lead, where)
+    vocabulary = _vocabulary(recipe, inputs, lead, where)
+    merges = _tensor_merges(recipe, method, slices, inputs, lead, where, vocabulary)
 
-    source = lead if recipe.tokenizer_source in (None, "base") else inputs.get(recipe.tokenizer_source)
+    chosen = recipe.vocabulary.source if recipe.vocabulary else "base"
+    source = lead if chosen in ("base", "union") else inputs.get(chosen)
     if source is None:
-        raise RecipeError(f"{where}: tokenizer_source {recipe.tokenizer_source!r} is neither `base` nor one of "
-                          "the models (mergekit's `union` vocabularies are not supported)")
+        raise RecipeError(f"{where}: tokenizer source {chosen!r} is none of union, base or the models")
     tensors = {name: SourceTensor(name, m.out.shape, work if m.out.dtype.is_floating_point else m.out.dtype, [])
                for name, m in merges.items()}
     checkpoint = MergedCheckpoint(layout="merge", path=Path(recipe_path), tensors=tensors,
                                   hf_folder=source.plan.config_folder,
                                   facts={"method": recipe.method, "inputs": ", ".join(inputs),
                                          "base_model": recipe.base, "seed": seed})
-    checkpoint.setup(method, merges, work, seed, list(inputs.values()), recipe)
+    checkpoint.setup(method, merges, work, seed, list(inputs.values()), recipe, vocabulary)
     if recipe.sliced:
         checkpoint.config_changes = _layer_count(slices, lead)
+    if vocabulary is not None:
+        checkpoint.config_changes["vocab_size"] = vocabulary.rows
     requested, reason = next((value, why) for value, why in (
         (None if output.dtype == "auto" else output.dtype, "asked for with --dtype"), (recipe.out_dtype, "the recipe's out_dtype"),
         (recipe.dtype, "the recipe's dtype"), ("", "the base model's")) if value is not None)
@@ -61,9 +65,27 @@ def plan_merge(recipe_path: str | Path, output: OutputOptions = OutputOptions(),
     plan.copies_per_tensor = 2 * max(len(piece.sources) for piece in slices) + 1
     plan.notes = [note for note in plan.notes if "--config-from" not in note]
     plan.base_models = hub_ids([recipe.base] + recipe.models)
-    if not any((source.plan.config_folder / name).exists() for name in TOKENIZER_FILES):
+    if vocabulary is not None:  # (its own tokenizer files, not the source's)
+        plan.extra_files, plan.own_tokenizer = vocabulary.files(), True
+    elif not any((source.plan.config_folder / name).exists() for name in TOKENIZER_FILES):
         plan.notes.append(f"{source.reference} has no tokenizer: set tokenizer_source to a model that has one")
     return plan
+
+
+def _vocabulary(recipe: Recipe, inputs: dict[str, Input], lead: Input, where: str) -> Vocabulary | None:
+    """The output's vocabulary and each input's rows on it, where the recipe asks for one (as mergekit: even
+    `base`, which lays every model's rows onto the base's tokens)."""
+    if recipe.vocabulary is None:
+        return None
+    sizes = {}
+    for reference, item in inputs.items():
+        rows = item.output(VOCABULARY_TENSORS[0])
+        if rows is None:
+            raise RecipeError(f"{reference}: has no {VOCABULARY_TENSORS[0]}; unshard merges vocabularies of models "
+                              "that name their embeddings so (Llama, Mistral, Qwen and their kin)")
+        sizes[reference] = rows.shape[0]
+    return Vocabulary(recipe.vocabulary, lead.reference, {r: i.plan.config_folder for r, i in inputs.items()}, sizes,
+                      where)
 
 
 def _with_bases(recipe: Recipe, method: Method, where: str) -> list[Slice]:
@@ -92,7 +114,7 @@ def _with_bases(recipe: Recipe, method: Method, where: str) -> list[Slice]:
 
 
 def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: dict[str, Input], lead: Input,
-                   where: str) -> dict[str, TensorMerge]:
+                   where: str, vocabulary: Vocabulary | None) -> dict[str, TensorMerge]:
     """Every output tensor, in order, with the tensor of each input it is made from and its parameters."""
     merges: dict[str, TensorMerge] = {}
 
@@ -107,15 +129,18 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
             return f"{found[1]}.{(source.layers or (0, 0))[0] + layer[0]}.{found[3]}"
 
         read = [(inputs[s.model], input_name(s)) for s in piece.sources]  # (a model may come twice)
+        by_token = vocabulary is not None and out.name in VOCABULARY_TENSORS
+        if by_token:  # (its rows are the output vocabulary's)
+            out = replace(out, shape=(vocabulary.rows, *out.shape[1:]))
         for item, name in read:
             theirs = item.output(name)
             if theirs is None:
                 raise RecipeError(f"{item.reference}: has no {name}, which {lead.reference} has; "
                                   "models merged together must share an architecture")
-            if theirs.shape != out.shape:
+            if by_token and theirs.shape[1:] != out.shape[1:] or not by_token and theirs.shape != out.shape:
                 raise RecipeError(f"{item.reference}: {name} has shape {tuple(theirs.shape)}, {lead.reference} "
                                   f"{tuple(out.shape)}; unshard merges equal shapes only (different vocabularies: "
-                                  "resize the embeddings first)")
+                                  "set tokenizer_source: union, or base)")
         at_base = next((i for i, s in enumerate(piece.sources) if s.model == base_model), None)
         others = [i for i in range(len(read)) if i != at_base]
         shared = {}
@@ -136,7 +161,8 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
             params.append(values)
         at_lead = next((i for i, s in enumerate(piece.sources) if s.model == recipe.base_of(piece)), 0)
         merges[out.name] = TensorMerge(out, read[at_lead], read[at_base] if at_base is not None else None,
-                                       [read[i] for i in others], params, shared)
+                                       [read[i] for i in others], params, shared,
+                                       [item.reference for item, _ in read] if by_token else None)
 
     named = {o.name: o for g in lead.plan.groups for o in g.outputs}
     if not recipe.sliced:  # the lead's tensors, each from the same tensor of every input

@@ -1,5 +1,5 @@
 """The recipe: mergekit's YAML (merge_method, base_model, models or slices, parameters, dtype, out_dtype,
-tokenizer_source), read as mergekit 0.1.5 reads it, and its parameters' values per tensor."""
+tokenizer_source or tokenizer), read as mergekit 0.1.5 reads it, and its parameters' values per tensor."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from .. import dtypes
 from ..errors import UnshardError
 from .methods import METHODS
 
-RECIPE_KEYS = {"merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype", "tokenizer_source"}
+RECIPE_KEYS = {"merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype", "tokenizer_source",
+               "tokenizer"}
 MODEL_KEYS = {"model", "parameters"}
 SOURCE_KEYS = {"model", "layer_range", "parameters"}
 SLICE_KEYS = {"sources", "base_model", "parameters", "residual_weight"}  # (mergekit reads residual_weight, uses it nowhere)
@@ -48,7 +49,7 @@ class Recipe:
     parameters: dict[str, Any]
     dtype: str | None
     out_dtype: str | None
-    tokenizer_source: str | None
+    vocabulary: VocabularyRecipe | None  # tokenizer_source / tokenizer: the output's vocabulary, else the base's as it is
     text: str
 
     @property
@@ -58,6 +59,60 @@ class Recipe:
 
     def base_of(self, piece: Slice) -> str | None:
         return piece.base or self.base
+
+
+@dataclass(frozen=True)
+class TokenSetting:
+    """`tokens: {TOKEN: {source: ..., force: ...}}`: where a token's row comes from."""
+
+    model: str | None = None  # a model's row for this token (or for `token` / `token_id`)
+    token: str | None = None
+    token_id: int | None = None
+    zero: bool = False
+    force: bool = False  # every input takes this row, even one that has the token
+
+
+@dataclass(frozen=True)
+class VocabularyRecipe:
+    source: str  # "union", "base" or a model
+    tokens: dict[str, TokenSetting]
+    pad_to_multiple_of: int | None
+
+
+def parse_vocabulary(path: Path, data: dict[str, Any]) -> VocabularyRecipe | None:
+    """The recipe's tokenizer_source or tokenizer (mergekit takes one of them), or None: neither."""
+    if data.get("tokenizer_source") is not None and data.get("tokenizer") is not None:
+        raise RecipeError(f"{path}: give tokenizer_source or tokenizer, not both")
+    if data.get("tokenizer") is None:
+        return None if data.get("tokenizer_source") is None else VocabularyRecipe(str(data["tokenizer_source"]), {}, None)
+    entry = data["tokenizer"]
+    if not isinstance(entry, dict) or set(entry) - {"source", "tokens", "pad_to_multiple_of"}:
+        raise RecipeError(f"{path}: tokenizer must be a mapping with source, tokens and pad_to_multiple_of")
+    pad = entry.get("pad_to_multiple_of")
+    if pad is not None and (type(pad) is not int or pad < 1):
+        raise RecipeError(f"{path}: tokenizer.pad_to_multiple_of must be a whole number of 1 or more (got {pad!r})")
+    tokens = {}
+    for token, setting in (entry.get("tokens") or {}).items():
+        where = f"tokenizer.tokens[{token!r}]"
+        if not isinstance(setting, dict) or set(setting) - {"source", "force"}:
+            raise RecipeError(f"{path}: {where} must be a mapping with source and force")
+        source = setting.get("source")
+        force = bool(setting.get("force", False))
+        if isinstance(source, dict):
+            kind = source.get("kind")
+            if kind == "zero" and set(source) == {"kind"}:
+                tokens[token] = TokenSetting(zero=True, force=force)
+            elif kind == "model_token" and "model" in source and (("token" in source) != ("token_id" in source)):
+                tokens[token] = TokenSetting(str(source["model"]), source.get("token"), source.get("token_id"),
+                                             force=force)
+            else:
+                raise RecipeError(f"{path}: {where}.source must be a model, {{kind: zero}} or {{kind: model_token, "
+                                  "model: M, token: T}} (or token_id)")
+        elif source is None:
+            tokens[token] = TokenSetting(force=force)
+        else:
+            tokens[token] = TokenSetting(str(source), force=force)
+    return VocabularyRecipe(str(entry.get("source", "union")), tokens, pad)
 
 
 # ---- parameters: scalars, gradients across layers, filters by tensor name (mergekit's rules) ----
@@ -171,4 +226,4 @@ def parse_recipe(path: Path) -> Recipe:
             raise RecipeError(f"{path}: {key} {data[key]!r}: use one of {', '.join(dtypes.OUTPUT)}")
     return Recipe(method, str(data["base_model"]) if data.get("base_model") else None, slices, sliced,
                   _parameters(path, "the recipe", data.get("parameters")), data.get("dtype"), data.get("out_dtype"),
-                  data.get("tokenizer_source"), text)
+                  parse_vocabulary(path, data), text)

@@ -187,8 +187,13 @@ def _tokenizer_refusal(text: str) -> str | None:
     return None
 
 
+# The tokenizer's files among them (left for a merged vocabulary's own)
+TOKENIZER_PATTERNS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "*.model",
+                      "*.tiktoken")
+
+
 def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates: dict | None = None,
-                     whole: bool = False) -> list[str]:
+                     whole: bool = False, tokenizer: bool = True) -> list[str]:
     """Copy config, generation config, tokenizer, chat template, processor and code files into OUT.
 
     config.json gets the dtype of the written weights, under the key(s) it already uses, and the
@@ -204,6 +209,8 @@ def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates
         if not path.is_file() or not any(fnmatch.fnmatch(path.name, p) for p in MODEL_FILE_PATTERNS):
             continue
         if path.suffix == ".py" and not config.get("auto_map"):
+            continue
+        if not tokenizer and any(fnmatch.fnmatch(path.name, p) for p in TOKENIZER_PATTERNS):
             continue
         if path.name == "config.json":
             keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["dtype"]
@@ -225,7 +232,7 @@ def finish_folder(plan: Plan, folder: Path, digests: dict[str, str | None], extr
     write_index(folder, {f: [s.name for s in plan.stored(f)] for f in model_files},
                 sum(g.nbytes for gs in model_files.values() for g in gs))
     copied = copy_model_files(plan.config_folder, folder, plan.dtype.name, plan.config_updates,
-                              plan.checkpoint.config_whole)
+                              plan.checkpoint.config_whole, tokenizer=not plan.own_tokenizer)
     extra = {**plan.extra_files, **(extra_files or {})}
     extra["README.md"] = model_card(plan, {f: digests[f] for f in plan.files}, extra.get("README.md"))
     for name, text in extra.items():
