@@ -139,6 +139,19 @@ def merge_moe(recipe: str | Path, out: str | Path, *, seed: int = 0, allow_same:
         the_plan.checkpoint.close()
 
 
+def merge_search(space: str | Path, out: str | Path, eval_file: str | Path, *, trials: int = 20, seed: int = 0,
+                 device: str = "auto", study: str | Path | None = None, output: OutputOptions | None = None,
+                 overwrite: bool = False, threads: int = 1, progress: bool | None = None) -> Result:
+    """Search the merge recipes SPACE allows (ranges {min, max}, choices {choice: [...]}, a list of
+    merge_method) for the lowest loss per token on EVAL_FILE (text, or JSONL of prompt and completion), with
+    Optuna's TPE, the study kept in STUDY (default OUT.study.db, continued if it exists); write the best merge to
+    OUT with its recipe and the leaderboard."""
+    from .merging.search import SearchOptions, search_and_write
+
+    options = SearchOptions(Path(eval_file), trials, seed, device, Path(study) if study else None)
+    return search_and_write(space, out, options, output or OutputOptions(), overwrite, threads, progress)[0]
+
+
 def _for(out: str | Path, output: OutputOptions) -> OutputOptions:
     """An OUT ending in .gguf is one GGUF file, of llama.cpp's default type unless one is asked for."""
     if str(out).endswith(".gguf") and not output.gguf:
@@ -165,5 +178,5 @@ def inspect(src: str | Path, **plan_options: Any) -> dict[str, Any]:
 
 __all__ = [
     "Checkpoint", "CheckpointError", "ConfigMismatchError", "OutputExistsError", "OutputOptions", "Plan", "Result",
-    "UnsafeCheckpointError", "UnshardError", "convert", "extract_lora", "inspect", "merge", "merge_moe", "open_checkpoint", "plan", "push_to_hub",
+    "UnsafeCheckpointError", "UnshardError", "convert", "extract_lora", "inspect", "merge", "merge_moe", "merge_search", "open_checkpoint", "plan", "push_to_hub",
 ]

@@ -151,6 +151,30 @@ def _parser() -> argparse.ArgumentParser:
     hub_options(moe)
     moe.set_defaults(distributed=False)
 
+    search = sub.add_parser("merge-search", help="search merge recipes for the best score on your own data "
+                                                  "(Optuna), and write the best merge")
+    search.add_argument("space", help="a recipe whose parameters may be ranges {min: 0.1, max: 0.9} or choices "
+                                      "{choice: [...]}, and merge_method a list of methods")
+    search.add_argument("out", help="output folder for the best merge (must not exist or be empty, unless --overwrite)")
+    search.add_argument("--eval", required=True, metavar="FILE",
+                        help="text (one example per line) or JSONL of {prompt, completion}: scored by loss per token")
+    search.add_argument("--trials", type=int, default=20, help="trials to run now (default 20; trial 0 is the untuned recipe)")
+    search.add_argument("--seed", type=int, default=0, help="seed of the search (TPE) and of DARE's drops (default 0)")
+    search.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="where trials are scored (auto: CUDA if there is one)")
+    search.add_argument("--study", metavar="PATH", help="the study's SQLite file, continued if it exists "
+                                                        "(default: OUT.study.db)")
+    search.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="output dtype; auto: the recipe's out_dtype or dtype, else the base model's")
+    search.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
+    search.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    search.add_argument("--dry-run", action="store_true",
+                        help="check the space and eval file, print the dimensions and the memory a trial takes")
+    search.add_argument("--threads", type=int, default=2, help="tensors merged in parallel when OUT is written")
+    search.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    hub_options(search)
+    search.set_defaults(distributed=False, verify=False)
+
     inspect = sub.add_parser("inspect", help="say what the checkpoint is and what convert would write")
     plan_options(inspect)
     quantize_options(inspect)
@@ -254,6 +278,8 @@ def _run(args) -> int:
         return _extract_lora(args)
     if args.command == "merge-moe":
         return _merge_moe(args)
+    if args.command == "merge-search":
+        return _merge_search(args)
     output = _output(args, getattr(args, "out", ""))
     options = dict(output=output, config_from=args.config_from, check=args.check,
                    weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha, lora=args.lora,
@@ -332,6 +358,35 @@ def _merge_moe(args) -> int:
         plan.checkpoint.close()
     for warning in plan.checkpoint.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    _report(args, result)
+    return 0
+
+
+def _merge_search(args) -> int:
+    from .merging.search import SearchOptions, leaderboard, prepare, search_and_write
+    from .report import human_bytes
+    from .sinks import OutputOptions
+
+    if args.trials < 1:
+        raise UnshardError(f"--trials {args.trials}: run at least one trial")
+    options = SearchOptions(Path(args.eval), args.trials, args.seed, args.device, Path(args.study) if args.study else None)
+    output = OutputOptions(args.dtype, args.max_shard_size)
+    if args.dry_run:
+        prepared = prepare(args.space, options, output)
+        print(f"space        {args.space}: {len(prepared.space.dimensions)} dimension(s)")
+        for dimension in prepared.space.dimensions:
+            print(f"  {dimension.describe()}, trial 0: {dimension.default}")
+        print(f"eval         {args.eval}: {len(prepared.evaluation.batches)} batch(es), {prepared.evaluation.tokens} "
+              "tokens scored")
+        print(f"trials       {args.trials} on {prepared.device}, each merging in memory")
+        print(f"peak memory  about {human_bytes(prepared.bound)} per trial (the merged model in fp32, the merge's "
+              "working set, the logits of a batch), plus the Python process")
+        return 0
+    result, study = search_and_write(args.space, args.out, options, output, args.overwrite, args.threads, args.progress)
+    rows = leaderboard(study)
+    first = next((t.value for t in study.trials if t.number == 0), None)
+    print(f"best loss {rows[0]['loss']:.4f} (trial {rows[0]['trial']} of {len(study.trials)})"
+          + (f"; untuned recipe (trial 0) {first:.4f}" if first is not None else ""), file=sys.stderr)
     _report(args, result)
     return 0
 

@@ -205,7 +205,7 @@ def _progress(total: int, enabled: bool | None):
 
 
 def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: int = 1, verify: bool = False,
-            checksums: bool = False, progress: bool | None = None, extra_files: dict[str, str] | None = None,
+            checksums: bool = False, progress: bool | None = None, extra_files: dict[str, str | bytes] | None = None,
             workers: int = 1, distributed: bool = False) -> Result:
     """Write the plan's folder at OUT. `extra_files` (name -> text) are added to it (a merge's recipe);
     a README.md among them opens the model card.

@@ -94,6 +94,16 @@ def meta_model(config_folder: Path, config: dict, updates: dict | None = None) -
             return None
 
 
+def rebuild_computed_modules(model: Any) -> None:
+    """Modules of a model built on the meta device whose buffers are computed at construction, not saved
+    (rotary embeddings' inverse frequencies), made again on the CPU from their config."""
+    for name, module in list(model.named_modules()):
+        if (module._non_persistent_buffers_set and not any(True for _ in module.parameters())
+                and hasattr(module, "config")):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, type(module)(config=module.config))
+
+
 @dataclass
 class ModelFacts:
     """What the config's model holds, as plain data: the names and shapes of its state dict, which

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .. import hf_names
 from .inputs import Input
 from .recipe import RecipeError
 
@@ -106,9 +107,7 @@ class _LayerByLayer:
         layers = decoder.layers
         decoder.layers = torch.nn.ModuleList()
         decoder.to_empty(device="cpu")
-        for name, child in decoder.named_children():  # (its buffers are computed, not saved: make them again)
-            if any(True for _ in child.buffers()) and not any(True for _ in child.parameters()):
-                setattr(decoder, name, type(child)(config=child.config))
+        hf_names.rebuild_computed_modules(decoder)  # (rotary embeddings: after to_empty, their buffers are garbage)
         self._load(decoder, prefix)
         decoder.layers = layers
         bf16_bytes = sum(math.prod(o.shape) * 2 for o in base.plan.outputs)

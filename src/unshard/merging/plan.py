@@ -23,8 +23,10 @@ EMBEDDINGS = ("embed", "wte", "wpe")
 
 
 def plan_merge(recipe_path: str | Path, output: OutputOptions = OutputOptions(), *, seed: int = 0,
-               check: bool = True) -> Plan:
-    recipe = parse_recipe(Path(recipe_path))
+               check: bool = True, text: str | None = None) -> Plan:
+    """text: the recipe itself, where it is in no file (merge-search's trials); models are then found
+    relative to `recipe_path`'s folder still."""
+    recipe = parse_recipe(Path(recipe_path), text)
     method = METHODS[recipe.method]
     recipe_dir = Path(recipe_path).resolve().parent
     where = str(recipe_path)

@@ -177,11 +177,12 @@ def _source(path: Path, where: str, entry: Any, sliced: bool) -> Source:
     return Source(str(entry["model"]), layers, _parameters(path, where, entry.get("parameters")))
 
 
-def parse_recipe(path: Path) -> Recipe:
+def parse_recipe(path: Path, text: str | None = None) -> Recipe:
+    """The recipe at `path` (or, given, its `text`: a recipe made by merge-search, named by the space's path)."""
     import yaml
 
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text() if text is None else text
         data = yaml.safe_load(text)
     except FileNotFoundError:
         raise RecipeError(f"{path}: no such recipe file") from None

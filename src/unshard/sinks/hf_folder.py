@@ -237,7 +237,7 @@ def finish_folder(plan: Plan, folder: Path, digests: dict[str, str | None], extr
     extra["README.md"] = model_card(plan, {f: digests[f] for f in plan.files}, extra.get("README.md"))
     for name, text in extra.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text)
+        (folder / name).write_bytes(text) if isinstance(text, bytes) else (folder / name).write_text(text)
         copied.append(name)
     return copied, check_folder(folder)
 
