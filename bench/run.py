@@ -1,6 +1,6 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,slices,extract-lora,moe,quantize]
+    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,slices,extract-lora,moe,search,quantize]
                         [--repeat 3] [--cache warm|cold] [--work /tmp/unshard-bench]
 
 For each layout and size: make a real checkpoint (FSDP2, or tensor parallelism for verl-tp, by
@@ -32,6 +32,10 @@ input's pages are dropped from the cache before each run), with no earlier outpu
   mergekit-moe            layout "moe": a Mixtral of ft0 and ft1 on the base, gate_mode hidden (the base run
                           on each expert's prompts; the test fixtures' tokenizer copied beside it), from the
                           same folders, `unshard merge-moe` against mergekit-moe
+  merge-search            layout "search": 5 trials of `unshard merge-search` (task-arithmetic weights of ft0 and
+                          ft1, scored on a short text file) against 5 trials by hand (bench/search_by_hand.py:
+                          `unshard merge` to disk, transformers' from_pretrained, the same scoring); mergekit-evolve
+                          needs vLLM or lm-eval on a GPU and does not run here
   llm-compressor SCHEME   layout "quantize": unshard convert --quantize SCHEME from the verl rank files, against
                           llm-compressor's data-free path (load, oneshot, save_pretrained(save_compressed=True)),
                           from PyPI in its own venv, on the same model's Hugging Face folder (converted untimed);
@@ -100,9 +104,9 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", DS_BUILD_OPS="0")
-    if layout in ("slices", "extract-lora", "moe"):  # the merge benchmark's folders
+    if layout in ("slices", "extract-lora", "moe", "search"):  # the merge benchmark's folders
         folder = make_checkpoint(work, "merge", gb)
-        if layout == "moe":  # prompts need a tokenizer: the test fixtures', as bench/make_checkpoint.py uses
+        if layout in ("moe", "search"):  # prompts need a tokenizer: the test fixtures', as bench/make_checkpoint.py uses
             from make_checkpoint import TOKENIZER
 
             for path in TOKENIZER.glob("tokenizer*"):
@@ -142,7 +146,7 @@ def size_of(path: Path) -> int:
 
 
 def source(layout: str, folder: Path) -> Path:
-    if layout in ("merge", "slices", "moe"):
+    if layout in ("merge", "slices", "moe", "search"):
         return folder
     if layout == "extract-lora":
         return folder / "ft0"
@@ -152,6 +156,12 @@ def source(layout: str, folder: Path) -> Path:
 
 
 FIRST_RUN = " (first run)"  # the row of a tool run with its caches emptied first
+
+
+def work_of(out: Path) -> Path:
+    """A scratch folder beside OUT (removed with it between runs)."""
+    (out.parent / "scratch").mkdir(parents=True, exist_ok=True)
+    return out.parent / "scratch"
 
 
 def first_run_cache(cache: Path) -> Path:
@@ -193,6 +203,17 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
         return {"cp": ["cp", "-r", str(folder / "base"), str(out)],
                 "unshard merge-moe": [*python, "-m", "unshard", "merge-moe", str(recipe), str(out), "--no-progress"],
                 "mergekit-moe": [str(peer_python("mergekit").parent / "mergekit-moe"), str(recipe), str(out)]}
+    if layout == "search":
+        space, eval_file, study = folder / "space.yml", folder / "eval.txt", folder / "bench-study.db"
+        space.write_text(json.dumps({"merge_method": "task_arithmetic", "base_model": str(folder / "base"), "dtype": "float32",
+                                     "models": [{"model": str(folder / f"ft{i}"), "parameters": {"weight": {"min": 0.0, "max": 1.0}}}
+                                                for i in range(2)]}))
+        eval_file.write_text("hello world\nthe quick brown fox jumps over a dog\nunshard turns sharded checkpoints into models\n" * 4)
+        search = " ".join([*python, "-m", "unshard", "merge-search", str(space), str(out), "--eval", str(eval_file),
+                           "--trials", "5", "--study", str(study), "--no-progress"])
+        return {"unshard merge-search (5 trials)": ["sh", "-c", f"rm -f {study} && exec {search}"],
+                "unshard merge + transformers, by hand (5 trials)": [sys.executable, str(HERE / "search_by_hand.py"),
+                                                                     str(folder), str(eval_file), "5", str(work_of(out))]}
     if layout == "extract-lora":
         pair = [str(folder / "ft0"), str(folder / "base")]
         return {"unshard extract-lora": [*python, "-m", "unshard", "extract-lora", *pair, str(out), "--rank", "32",

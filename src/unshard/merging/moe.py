@@ -281,6 +281,38 @@ def plan_moe(recipe_path: str | Path, output: OutputOptions = OutputOptions(), *
                           "(or use gate_mode random)")
 
     routed = recipe.experts + recipe.shared  # (a layout with a shared expert has its prompts: see _layout)
+    tensors, made_from = _assembly(recipe, layout, inputs, base_config)
+
+    checkpoint = AssembledMoE(layout="moe", path=Path(recipe_path), tensors=tensors, hf_folder=base.plan.config_folder,
+                              facts={"method": f"merge-moe: {layout.name}, {len(recipe.experts)} experts "
+                                               f"({recipe.per_token} per token)"
+                                               + (f" and {len(recipe.shared)} shared" if recipe.shared else "")
+                                               + f", gate_mode {recipe.gate_mode}",
+                                     "inputs": ", ".join(inputs), "base_model": recipe.base, "seed": seed})
+    checkpoint.setup(made_from, recipe, base_config, [(list(e.positive), list(e.negative)) for e in routed], seed,
+                     list(inputs.values()))
+    checkpoint.config_changes = _config(layout, base_config, len(recipe.experts), recipe.per_token)
+    checkpoint.config_whole = True
+    requested = output.dtype if output.dtype != "auto" else recipe.dtype
+    reason = "asked for with --dtype" if output.dtype != "auto" else "the recipe's dtype"
+    if not requested:
+        natural, _ = choose_dtype("auto", base_config, base.plan.checkpoint)
+        requested, reason = (natural.name if natural.name in dtypes.OUTPUT else "float32"), "the base model's"
+    plan = build_plan(checkpoint, replace(output, dtype=requested), check=check)
+    plan.dtype_reason = reason
+    plan.copies_per_tensor = 2  # the input's tensor, and its cast
+    plan.notes = [note for note in plan.notes if "--config-from" not in note]
+    count = len(recipe.experts)
+    if count & (count - 1):
+        plan.notes.append(f"{count} experts, not a power of two: llama.cpp does not load such a model")
+    plan.base_models = hub_ids(recipe.models)
+    return plan
+
+
+def _assembly(recipe: MoERecipe, layout: MoELayout, inputs: dict[str, Input], base_config: dict):
+    """The MoE's tensors in the base's order (a layer's MoE block where its MLP was), and how each is made."""
+    base = inputs[recipe.base]
+    routed = len(recipe.experts) + len(recipe.shared)
     tensors: dict[str, SourceTensor] = {}
     made_from: dict[str, Copied | Routed | None] = {}
 
@@ -313,7 +345,7 @@ def plan_moe(recipe_path: str | Path, output: OutputOptions = OutputOptions(), *
                     copied(item, name, expert, projection == RESIDUAL))
         if layout.shared_router and recipe.shared:
             add(at + layout.shared_router, (len(recipe.shared), hidden), gate_dtype,
-                Routed(layer, len(recipe.experts), len(routed)))
+                Routed(layer, len(recipe.experts), routed))
 
     done: set[int] = set()
     names = [o.name for g in base.plan.groups for o in g.outputs]
@@ -333,30 +365,7 @@ def plan_moe(recipe_path: str | Path, output: OutputOptions = OutputOptions(), *
                 if found[3] == f"{bias}.weight" and f"{found[1]}.{found[2]}.{bias}.bias" not in base.groups:
                     add(f"{found[1]}.{found[2]}.{bias}.bias", (base.output(name).shape[0],), dtypes.BY_NAME["float32"], None)
 
-    checkpoint = AssembledMoE(layout="moe", path=Path(recipe_path), tensors=tensors, hf_folder=base.plan.config_folder,
-                              facts={"method": f"merge-moe: {layout.name}, {len(recipe.experts)} experts "
-                                               f"({recipe.per_token} per token)"
-                                               + (f" and {len(recipe.shared)} shared" if recipe.shared else "")
-                                               + f", gate_mode {recipe.gate_mode}",
-                                     "inputs": ", ".join(inputs), "base_model": recipe.base, "seed": seed})
-    checkpoint.setup(made_from, recipe, base_config, [(list(e.positive), list(e.negative)) for e in routed], seed,
-                     list(inputs.values()))
-    checkpoint.config_changes = _config(layout, base_config, len(recipe.experts), recipe.per_token)
-    checkpoint.config_whole = True
-    requested = output.dtype if output.dtype != "auto" else recipe.dtype
-    reason = "asked for with --dtype" if output.dtype != "auto" else "the recipe's dtype"
-    if not requested:
-        natural, _ = choose_dtype("auto", base_config, base.plan.checkpoint)
-        requested, reason = (natural.name if natural.name in dtypes.OUTPUT else "float32"), "the base model's"
-    plan = build_plan(checkpoint, replace(output, dtype=requested), check=check)
-    plan.dtype_reason = reason
-    plan.copies_per_tensor = 2  # the input's tensor, and its cast
-    plan.notes = [note for note in plan.notes if "--config-from" not in note]
-    count = len(recipe.experts)
-    if count & (count - 1):
-        plan.notes.append(f"{count} experts, not a power of two: llama.cpp does not load such a model")
-    plan.base_models = hub_ids(recipe.models)
-    return plan
+    return tensors, made_from
 
 
 def _config(layout: MoELayout, base_config: dict, experts: int, per_token: int) -> dict[str, Any]:

@@ -134,15 +134,7 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
         by_token = vocabulary is not None and out.name in VOCABULARY_TENSORS
         if by_token:  # (its rows are the output vocabulary's)
             out = replace(out, shape=(vocabulary.rows, *out.shape[1:]))
-        for item, name in read:
-            theirs = item.output(name)
-            if theirs is None:
-                raise RecipeError(f"{item.reference}: has no {name}, which {lead.reference} has; "
-                                  "models merged together must share an architecture")
-            if by_token and theirs.shape[1:] != out.shape[1:] or not by_token and theirs.shape != out.shape:
-                raise RecipeError(f"{item.reference}: {name} has shape {tuple(theirs.shape)}, {lead.reference} "
-                                  f"{tuple(out.shape)}; unshard merges equal shapes only (different vocabularies: "
-                                  "set tokenizer_source: union, or base)")
+        _check_shapes(read, out, lead, by_token)
         at_base = next((i for i, s in enumerate(piece.sources) if s.model == base_model), None)
         others = [i for i in range(len(read)) if i != at_base]
         shared = {}
@@ -209,6 +201,20 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
         if not any(word in out.name for word in EMBEDDINGS):
             add(out, slices[-1], None, 0.0)
     return merges
+
+
+def _check_shapes(read: list[tuple[Input, str]], out: OutputTensor, lead: Input, by_token: bool) -> None:
+    """Every input has the tensor, in the output's shape (a row per token: its rows may be as many as its
+    vocabulary's)."""
+    for item, name in read:
+        theirs = item.output(name)
+        if theirs is None:
+            raise RecipeError(f"{item.reference}: has no {name}, which {lead.reference} has; "
+                              "models merged together must share an architecture")
+        if by_token and theirs.shape[1:] != out.shape[1:] or not by_token and theirs.shape != out.shape:
+            raise RecipeError(f"{item.reference}: {name} has shape {tuple(theirs.shape)}, {lead.reference} "
+                              f"{tuple(out.shape)}; unshard merges equal shapes only (different vocabularies: "
+                              "set tokenizer_source: union, or base)")
 
 
 def _layer_count(slices: list[Slice], lead: Input) -> dict:
