@@ -427,13 +427,19 @@ def plot(rows: list[dict], path: Path) -> Path:
     return path
 
 
+def ratio(row: dict, floor: dict) -> str:
+    """The row's time over `cp`'s on the same input ("-" where no copy was timed: extract-lora, search)."""
+    copied = floor.get((row["layout"], row["gb"]))
+    return f"{row['seconds'] / copied:.1f}" if copied else "-"
+
+
 def table(rows: list[dict]) -> str:
     floor = {(r["layout"], r["gb"]): r["seconds"] for r in rows if r["tool"] == "cp"}
     lines = ["| layout | size | tool | wall s, median (range) | × cp | peak RSS GB | GB/s |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         ok = r["returncode"] == 0
         lines.append(f"| {r['layout']} | {r['input_bytes'] / 1e9:.2f} GB | {r['tool']} | "
-                     f"{r['seconds']:.1f} {spread(r)}{'' if ok else ' (failed)'} | {r['seconds'] / floor[(r['layout'], r['gb'])]:.1f} | "
+                     f"{r['seconds']:.1f} {spread(r)}{'' if ok else ' (failed)'} | {ratio(r, floor)} | "
                      f"{r['peak_rss'] / 1e9:.2f} | {r['input_bytes'] / 1e9 / r['seconds']:.2f} |")
     return "\n".join(lines)
 
