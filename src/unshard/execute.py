@@ -207,7 +207,7 @@ def _progress(total: int, enabled: bool | None):
 def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: int = 1, verify: bool = False,
             checksums: bool = False, progress: bool | None = None, extra_files: dict[str, str | bytes] | None = None,
             workers: int = 1, distributed: bool = False) -> Result:
-    """Write the plan's folder at OUT. `extra_files` (name -> text) are added to it (a merge's recipe);
+    """Write the plan's folder at OUT. `extra_files` (name -> text, or bytes) are added to it (a merge's recipe);
     a README.md among them opens the model card.
 
     workers: processes on this host, each writing its share of the output files (forked, so each

@@ -80,7 +80,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     config_updates: dict[str, Any] = field(default_factory=dict)  # written into OUT's config.json
     copies_per_tensor: int = 1  # whole tensors held while one output is made (a merge holds one per input)
-    extra_files: dict[str, str] = field(default_factory=dict)  # path in OUT -> text (a LoRA adapter's config)
+    extra_files: dict[str, str | bytes] = field(default_factory=dict)  # path in OUT -> text (a LoRA adapter's config)
     own_tokenizer: bool = False  # the tokenizer's files are among extra_files (a merged vocabulary's), not copied
     # Planned before transformers answered (build_plan(ask_later=True)): the answer still to come, and the
     # plan made again from it, should the answer name the tensors otherwise.

@@ -70,9 +70,7 @@ def prepare(space_path: str | Path, options: SearchOptions, output: OutputOption
             plans.append(plan_merge(space.path, output, text=space.recipe(values)))
         except RecipeError as e:
             raise RecipeError(f"{e} (merge_method {method}, at the space's defaults)") from None
-        finally:
-            if plans:
-                plans[-1].checkpoint.close()
+        plans[-1].checkpoint.close()  # (its metadata is all that is used)
     plan = plans[0]
     evaluation = EvalSet.read(options.eval_file, plan.config_folder, context_length(plan))
     width = max(ids.shape[1] for ids, _, _ in evaluation.batches)
@@ -216,8 +214,9 @@ def _shown(value: Any) -> str:
 
 def best_plan(prepared: Prepared, study, options: SearchOptions, output: OutputOptions):
     """The best trial's recipe, planned as `unshard merge` plans it, and OUT's extra files."""
-    best = study.best_trial
-    recipe = best.user_attrs["recipe"]
+    if not any(t.value is not None for t in study.trials):
+        raise UnshardError(f"{options.eval_file}: no trial scored a finite loss; check the eval file and the ranges")
+    recipe = study.best_trial.user_attrs["recipe"]
     plan = plan_merge(prepared.space.path, output, seed=options.seed, text=recipe)
     files: dict[str, str | bytes] = dict(recipe_files(plan))
     files["README.md"] += search_card(study, prepared.space, options, prepared.evaluation)

@@ -202,9 +202,7 @@ def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates
     copied = []
     if source is None:
         return copied
-    config = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() else {}
-    if whole:
-        config = {}
+    config = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() and not whole else {}
     for path in sorted(source.iterdir()):
         if not path.is_file() or not any(fnmatch.fnmatch(path.name, p) for p in MODEL_FILE_PATTERNS):
             continue
@@ -237,7 +235,10 @@ def finish_folder(plan: Plan, folder: Path, digests: dict[str, str | None], extr
     extra["README.md"] = model_card(plan, {f: digests[f] for f in plan.files}, extra.get("README.md"))
     for name, text in extra.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(text) if isinstance(text, bytes) else (folder / name).write_text(text)
+        if isinstance(text, bytes):  # (a plot)
+            (folder / name).write_bytes(text)
+        else:
+            (folder / name).write_text(text)
         copied.append(name)
     return copied, check_folder(folder)
 

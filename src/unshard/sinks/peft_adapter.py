@@ -27,5 +27,5 @@ class PeftAdapterFolder(HFFolder):
     def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
         files = {**plan.extra_files, **(extra_files or {}), "README.md": self.card(plan, digests)}
         for name, text in files.items():
-            (folder / name).write_bytes(text) if isinstance(text, bytes) else (folder / name).write_text(text)
+            (folder / name).write_text(text)
         return list(files), []
