@@ -145,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     moe.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     moe.add_argument("--dry-run", action="store_true", help="print the plan, write nothing (the gates are not computed)")
     moe.add_argument("--threads", type=int, default=2, help="tensors written in parallel (default 2)")
-    moe.add_argument("--verify", action="store_true", help="re-read the output and compare with the inputs")
+    moe.add_argument("--verify", action="store_true", help="re-read the output and compare with a fresh assembly")
     moe.add_argument("--checksums", action="store_true", help="list each file's sha256 in OUT/README.md")
     moe.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     hub_options(moe)
