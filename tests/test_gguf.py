@@ -35,10 +35,13 @@ def converter():
     """Runs llama.cpp's convert_hf_to_gguf.py on a Hugging Face folder."""
     root, python = generate.llama_cpp_source(), generate.peer_python("llamacpp")
 
-    def run(folder: Path, outtype: str, out: Path) -> Path:
-        done = subprocess.run([str(python), str(root / "convert_hf_to_gguf.py"), str(folder), "--outtype", outtype,
-                               "--outfile", str(out)], capture_output=True, text=True, timeout=600,
-                              env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    def run(folder: Path, outtype: str, out: Path, pre: str | None = None) -> Path:
+        """pre: the BPE pre-tokenizer's name, given to the converter (llama_cpp_converter.py) for a tokenizer
+        trained by the fixtures, which its table of known tokenizers' hashes lacks."""
+        script = [str(root / "convert_hf_to_gguf.py")] if pre is None else [
+            str(Path(__file__).parent / "llama_cpp_converter.py"), str(root), pre]
+        done = subprocess.run([str(python), *script, str(folder), "--outtype", outtype, "--outfile", str(out)],
+                              capture_output=True, text=True, timeout=600, env=dict(os.environ, HF_HUB_OFFLINE="1"))
         assert done.returncode == 0, done.stderr[-3000:]
         return out
 
@@ -124,6 +127,36 @@ def test_transformers_reads_the_same_model_back(tmp_path):
     assert distance > 0  # (q8_0 does round)
 
 
+@pytest.mark.parametrize("case", ["qwen2-fsdp2-spm", "qwen3-fsdp2-spm"])
+def test_qwen_families_as_the_converter_writes_them(case, fixture_case, converter, tmp_path):
+    """Qwen2 (tied embeddings, biases on q, k and v) and Qwen3 (q and k normed per head, heads of 32 over a
+    hidden size of 64): llama.cpp's qwen2 and qwen3, whose q and k keep transformers' order; the metadata
+    without the llama-only fields. down_proj's rows of 90 do not fill q8_0's blocks: f16, as the converter.
+    transformers' GGUF reader gives the training model's logits back exactly from f32 (given the config:
+    it reads no head width from the file, where llama.cpp reads attention.key_length)."""
+    from transformers import AutoModelForCausalLM
+
+    src = fixture_case(case) / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    for kind in ("f32", "q8_0"):
+        ours = unshard.convert(src, tmp_path / f"{kind}.gguf", output=unshard.OutputOptions(gguf=kind), verify=True,
+                               progress=False)
+        assert ours.files == ["model.gguf"]
+        assert_same_file(tmp_path / f"{kind}.gguf", converter(tmp_path / "hf", kind, tmp_path / f"oracle-{kind}.gguf"))
+    fields, tensors = contents(tmp_path / "q8_0.gguf")
+    arch = case.split("-")[0]
+    assert fields["general.architecture"] == arch and "llama.vocab_size" not in fields
+    types = {name: kind for name, kind, *_ in tensors}
+    assert types["blk.0.ffn_down.weight"] == "F16" and types["blk.0.attn_q.weight"] == "Q8_0"
+    assert (types.get("blk.0.attn_q.bias"), types.get("blk.0.attn_q_norm.weight")) == (
+        ("F32", None) if arch == "qwen2" else (None, "F32"))
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="f32.gguf", dtype=torch.float32,
+                                                 config=reference.config)
+    ids = torch.tensor([[1, 5, 20, 33, 64, 70, 90, 2]])
+    assert torch.equal(model(ids).logits, reference(ids).logits)
+
+
 def test_a_merge_as_one_gguf_file(converter, tmp_path):
     """`unshard merge RECIPE OUT.gguf`: the merged model as the converter writes the merged folder."""
     src = SHIPPED / "llama-fsdp2-spm" / "global_step_1"
@@ -141,6 +174,7 @@ def test_the_cli_implies_gguf_from_the_name_and_dry_run_tells_the_size(tmp_path)
     code, out, err = run_cli("convert", src, tmp_path / "m.gguf", "--dry-run")
     assert code == 0, err
     assert "gguf         one file for llama.cpp (llama), type bf16: 16 tensor(s) in BF16, 5 tensor(s) in F32" in out
+    assert "vocabulary   103 tokens from tokenizer.model (SentencePiece)" in out
     planned = next(line for line in out.splitlines() if "model.gguf" in line)
     assert not (tmp_path / "m.gguf").exists()
     code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--no-progress")
@@ -150,15 +184,72 @@ def test_the_cli_implies_gguf_from_the_name_and_dry_run_tells_the_size(tmp_path)
     assert planned.strip() == f"model.gguf  {human_bytes(size)}"
 
 
+# tokenizer.json's pre-tokenizers: GPT-2's byte-level split, and Splits by Llama 3's and Qwen2's regexes
+# before a byte-level step (as those models' tokenizer.json hold them)
+SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}%s| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+PRE_TOKENIZERS = {
+    "gpt-2": None,  # (the fixture's own)
+    "llama-bpe": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": SPLIT % "{1,3}"}, "behavior": "Isolated", "invert": False}, BYTE_LEVEL]},
+    "qwen2": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": SPLIT % ""}, "behavior": "Isolated", "invert": False}, BYTE_LEVEL]},
+}
+
+
+@pytest.mark.parametrize("case, pre", [("llama-fsdp2", "gpt-2"), ("llama-fsdp2", "llama-bpe"), ("qwen2-fsdp2", "qwen2")])
+def test_byte_level_bpe_vocabularies_as_the_converter_writes_them(case, pre, converter, tmp_path):
+    """A byte-level BPE tokenizer.json (trained by the fixtures; special tokens, added ones, merges): llama.cpp's
+    gpt2 tokenizer model, the pre-tokenizer named by its split. The converter knows a pre-tokenizer only by the
+    hash of a known model's tokens, so it is told the name here (llama_cpp_converter.py); all else is its own."""
+    import json
+
+    src = SHIPPED / case / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    described = json.loads((tmp_path / "hf" / "tokenizer.json").read_text())
+    if PRE_TOKENIZERS[pre] is not None:
+        described["pre_tokenizer"] = PRE_TOKENIZERS[pre]
+        described["model"]["ignore_merges"] = pre == "llama-bpe"  # (as Llama 3's: llama.cpp's llama-bpe does so)
+        (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps(described))
+    # The converter's venv has transformers 4, which does not know the class name transformers 5 saves.
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps(config))
+    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress",
+                           "--gguf-type", "f16", "--verify")
+    assert code == 0, err
+    assert_same_file(tmp_path / "m.gguf", converter(tmp_path / "hf", "f16", tmp_path / "oracle.gguf", pre=pre))
+    fields = contents(tmp_path / "m.gguf")[0]
+    assert (fields["tokenizer.ggml.model"], fields["tokenizer.ggml.pre"]) == ("gpt2", pre)
+    assert len(fields["tokenizer.ggml.tokens"]) == 103 and fields["tokenizer.ggml.merges"]
+
+
 @pytest.mark.parametrize("case, args, expected", [
-    ("llama-fsdp2", (), "no tokenizer.model (SentencePiece)"),  # a BPE tokenizer
-    ("qwen2-fsdp2", (), "Qwen2ForCausalLM is not an architecture unshard writes as GGUF yet"),
+    ("mixtral-fsdp2", (), "MixtralForCausalLM is not an architecture unshard writes as GGUF yet"),
     ("llama-fsdp2-spm", ("--gguf-type", "q4_k"), "--gguf-type q4_k: not one unshard writes; choose one of f32, f16"),
     ("llama-fsdp2-spm", ("--quantize", "W4A16"), "a GGUF file takes neither --quantize"),
 ])
 def test_what_gguf_cannot_take_is_one_line_before_anything_is_written(case, args, expected, tmp_path):
     code, _, err = run_cli("convert", SHIPPED / case / "global_step_1", tmp_path / "m.gguf", *args, "--no-progress")
     assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"pre_tokenizer": {"type": "Whitespace"}}, "its pre-tokenizer is not one unshard can name for llama.cpp"),
+    ({"model": {"type": "WordPiece", "unk_token": "<unk>", "continuing_subword_prefix": "##",
+                "max_input_chars_per_word": 100, "vocab": {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}}},
+     "a WordPiece tokenizer, not a byte-level BPE"),
+])
+def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_path):
+    import json
+
+    src = SHIPPED / "llama-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    path = tmp_path / "hf" / "tokenizer.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress")
+    assert code == 1 and expected in err and str(path) in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
 
 

@@ -76,7 +76,8 @@ def _output_format_lines(out: dict[str, Any]) -> list[str]:
     if out.get("gguf"):
         gguf = out["gguf"]
         return [f"gguf         one file for llama.cpp ({gguf['architecture']}), type {gguf['type']}: "
-                + ", ".join(f"{n} tensor(s) in {t}" for t, n in gguf["tensor_types"].items())]
+                + ", ".join(f"{n} tensor(s) in {t}" for t, n in gguf["tensor_types"].items()),
+                f"vocabulary   {gguf['vocabulary']}"]
     quantize = out.get("quantize")
     if not quantize:
         return []

@@ -6,8 +6,9 @@ offsets) comes from the plan, then each tensor is converted a band of rows at a 
 its place. The format's constants, names, metadata writer and quantization kernels are gguf-py's
 (llama.cpp's own Python library); what is written here is which of them the converter uses, and when.
 
-So far: Llama and Mistral (`llama` in llama.cpp), whose tokenizer is a SentencePiece model
-(tokenizer.model), in f32, f16, bf16 and q8_0 (the converter's own types).
+So far: Llama and Mistral (`llama` in llama.cpp), Qwen2 and Qwen3, whose tokenizer is a SentencePiece
+model (tokenizer.model) or a byte-level BPE (tokenizer.json), in f32, f16, bf16 and q8_0 (the converter's
+own types).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 TYPES = ("f32", "f16", "bf16", "q8_0")
 FILE_NAME = "model.gguf"  # inside the staging folder; committed as OUT itself
 # Hugging Face architectures -> llama.cpp's (gguf.MODEL_ARCH's members): those written so far.
-ARCHITECTURES = {"LlamaForCausalLM": "LLAMA", "MistralForCausalLM": "LLAMA"}
+ARCHITECTURES = {"LlamaForCausalLM": "LLAMA", "MistralForCausalLM": "LLAMA", "Qwen2ForCausalLM": "QWEN2",
+                 "Qwen3ForCausalLM": "QWEN3"}
 
 
 def _gguf():
@@ -81,12 +83,14 @@ class GGUFPlan:
     writer: Any  # a gguf.GGUFWriter holding the metadata (no file yet)
     encoded: dict[str, GGUFTensor] = field(default_factory=dict)  # by output (Hugging Face) name
     notes: list[str] = field(default_factory=list)
+    vocabulary: str = ""  # what the tokenizer became, as inspect says it
 
     def summary(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         for encoding in self.encoded.values():
             counts[encoding.qtype.name] = counts.get(encoding.qtype.name, 0) + 1
-        return {"type": self.file_type, "architecture": self.architecture, "tensor_types": counts}
+        return {"type": self.file_type, "architecture": self.architecture, "tensor_types": counts,
+                "vocabulary": self.vocabulary}
 
 
 def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path | None, dtype_name: str,
@@ -132,8 +136,9 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
             plan.notes.append(f"{output.name}: rows of {output.shape[-1]} do not fill {tensor_type.name}'s blocks "
                               f"of {block}: written in F16, as llama.cpp's converter does")
             tensor_type = gguf.GGMLQuantizationType.F16
-        permuted = 0
-        if output.name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
+        permuted = 0  # (llama.cpp's llama alone wants q and k reordered; Qwen's rotate as transformers does)
+        if arch == gguf.MODEL_ARCH.LLAMA and output.name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight",
+                                                                   "k_proj.bias")):
             permuted = head_dim
             if output.shape[0] != head_dim * (heads if ".q_proj." in output.name else kv_heads):
                 raise ConfigMismatchError(f"{where}: {output.name} has {output.shape[0]} rows, not a whole number of "
@@ -142,7 +147,8 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
         stored = OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"])
         plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, permuted, max(1, permuted))
     parameters = sum(math.prod(o.shape) for o in outputs)
-    _metadata(writer, hparams, config_folder, ftype, parameters, blocks, head_dim)
+    plan.vocabulary = _metadata(writer, hparams, config_folder, ftype, parameters, blocks, head_dim,
+                                arch == gguf.MODEL_ARCH.LLAMA)
     return plan
 
 
@@ -159,10 +165,12 @@ def _hparams(folder: Path) -> dict[str, Any]:
     return {**full, **{k: v for k, v in config.items() if k not in full}}
 
 
-def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, blocks: int, head_dim: int) -> None:
-    """The key-values the converter writes for a Llama, in its order (general, hyper-parameters, tokenizer).
-    The general ones are gguf-py's Metadata of the folder (model card, generation config's sampling), as
-    there; its name is the folder's, which names the file (OUT's name would do as well)."""
+def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, blocks: int, head_dim: int,
+              llama: bool) -> str:
+    """The key-values the converter writes, in its order (general, hyper-parameters, tokenizer); a `llama`
+    (the converter's LlamaModel) adds its vocabulary size, rope dimensions and space prefix. The general ones
+    are gguf-py's Metadata of the folder (model card, generation config's sampling), as there; its name is
+    the folder's, which names the file (OUT's name would do as well)."""
     gguf = _gguf()
     writer.add_type(gguf.GGUFType.MODEL)
     general = gguf.Metadata.load(None, folder, None, parameters)
@@ -198,25 +206,34 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
         writer.add_key_length(hparams["head_dim"])
         writer.add_value_length(hparams["head_dim"])
     writer.add_file_type(ftype)
-    writer.add_vocab_size(hparams["vocab_size"])
-    writer.add_rope_dimension_count(head_dim)
+    if llama:
+        writer.add_vocab_size(hparams["vocab_size"])
+        writer.add_rope_dimension_count(head_dim)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _vocabulary(writer, hparams, folder)
+    return _vocabulary(writer, hparams, folder, llama)
 
 
-def _vocabulary(writer, hparams: dict, folder: Path) -> None:
-    """A SentencePiece vocabulary (tokenizer.model) as the converter writes it: every id up to the config's
-    vocab_size, with its piece, score and type; tokens added by tokenizer_config.json over them; then
-    gguf-py's SpecialVocab (special ids, add_bos/eos, chat template)."""
+def _vocabulary(writer, hparams: dict, folder: Path, llama: bool) -> str:
+    """The vocabulary as the converter writes it: from a SentencePiece model (tokenizer.model) where there is
+    one, else from a byte-level BPE tokenizer.json. Says which."""
+    tokenizer_config = _json(folder / "tokenizer_config.json")
+    if llama and tokenizer_config.get("add_prefix_space") is not None:
+        writer.add_add_space_prefix(tokenizer_config["add_prefix_space"])
+    if (folder / "tokenizer.model").is_file():
+        size = _sentencepiece_vocabulary(writer, hparams, folder, tokenizer_config)
+        return f"{size} tokens from tokenizer.model (SentencePiece)"
+    if (folder / "tokenizer.json").is_file():
+        size, pre = _bpe_vocabulary(writer, hparams, folder)
+        return f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
+    raise ConfigMismatchError(f"{folder}: no tokenizer.model or tokenizer.json; a GGUF file holds the "
+                              "vocabulary: pass --config-from a folder with the model's tokenizer")
+
+
+def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_config: dict) -> int:
+    """Every id up to the config's vocab_size, with its piece, score and type; tokens added by
+    tokenizer_config.json over them; then gguf-py's SpecialVocab (special ids, add_bos/eos, chat template)."""
     gguf = _gguf()
     model = folder / "tokenizer.model"
-    if not model.is_file():
-        raise ConfigMismatchError(f"{folder}: no tokenizer.model (SentencePiece); unshard writes GGUF vocabularies "
-                                  "from SentencePiece models so far: write a folder and use llama.cpp's "
-                                  "convert_hf_to_gguf.py for this tokenizer")
-    tokenizer_config = _json(folder / "tokenizer_config.json")
-    if tokenizer_config.get("add_prefix_space") is not None:
-        writer.add_add_space_prefix(tokenizer_config["add_prefix_space"])
     from sentencepiece import SentencePieceProcessor
 
     processor = SentencePieceProcessor()
@@ -250,6 +267,96 @@ def _vocabulary(writer, hparams: dict, folder: Path) -> None:
     writer.add_token_scores(scores)
     writer.add_token_types(kinds)
     gguf.SpecialVocab(folder, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
+    return size
+
+
+# llama.cpp's names of the byte-level BPE pre-tokenizers it implements, by the split that tokenizer.json's
+# pre-tokenizer makes before the byte-level step: GPT-2's own split (ByteLevel with its regex), or a Split
+# by one of these regexes (Llama 3's, Qwen2's: digits one at a time).
+GPT2_PRE = "gpt-2"
+PRE_TOKENIZER_SPLITS = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
+        "llama-bpe",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
+        "qwen2",
+}
+
+
+def _bpe_vocabulary(writer, hparams: dict, folder: Path) -> tuple[int, str]:
+    """A byte-level BPE vocabulary (tokenizer.json) as the converter writes it (its `gpt2` tokenizer model):
+    every id up to the config's vocab_size, read through transformers' tokenizer; added tokens as control or
+    user-defined; the pre-tokenizer's llama.cpp name; then gguf-py's SpecialVocab with the merges.
+
+    The converter names the pre-tokenizer by a hash of one text's token ids, listed per model it knows, so
+    it refuses a tokenizer trained anew; unshard names it by the split tokenizer.json declares, which is what
+    llama.cpp reproduces, so a new vocabulary over a known split is taken too."""
+    gguf = _gguf()
+    path = folder / "tokenizer.json"
+    described = read_json(path, "fix it or pass --config-from a folder with the model's tokenizer", ConfigMismatchError)
+    model = described.get("model") or {}
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        raise ConfigMismatchError(f"{path}: a {model.get('type')} tokenizer{' with byte fallback' * bool(model.get('byte_fallback'))}, "
+                                  "not a byte-level BPE; unshard writes GGUF vocabularies from SentencePiece models "
+                                  "and byte-level BPE so far: write a folder and use llama.cpp's convert_hf_to_gguf.py")
+    pre = _pre_tokenizer_name(described.get("pre_tokenizer"), model)
+    if pre is None:
+        raise ConfigMismatchError(f"{path}: its pre-tokenizer is not one unshard can name for llama.cpp (the splits "
+                                  f"of {', '.join([GPT2_PRE, *PRE_TOKENIZER_SPLITS.values()])}); write a folder and "
+                                  "use llama.cpp's convert_hf_to_gguf.py, which knows more by their hashes")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise UnshardError("a GGUF file's BPE vocabulary is read by transformers: pip install 'unshard[gguf]'") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except Exception as e:  # (transformers raises many kinds on a broken tokenizer folder)
+        raise ConfigMismatchError(f"{path}: transformers cannot read the tokenizer ({type(e).__name__}: "
+                                  f"{str(e)[:120]}); restore it") from None
+    vocab = tokenizer.get_vocab()
+    size = hparams.get("vocab_size") or len(vocab)
+    if max(vocab.values()) >= size:
+        raise ConfigMismatchError(f"{path}: token id {max(vocab.values())} is beyond the config's vocab_size {size}; "
+                                  "pass --config-from the folder the model was trained with")
+    by_id = {i: token for token, i in vocab.items()}
+    added, decoder = tokenizer.get_added_vocab(), tokenizer.added_tokens_decoder
+    types = gguf.TokenType
+    tokens, kinds = [], []
+    for i in range(size):
+        token = by_id.get(i)
+        kind = types.NORMAL
+        if token is None:
+            token, kind = f"[PAD{i}]", types.UNUSED
+        elif token in added:
+            if not decoder[i].normalized:  # (llama.cpp takes added tokens as they read once normalized)
+                token = tokenizer.decode(tokenizer.encode(token, add_special_tokens=False))
+            if decoder[i].special or _looks_special(token):
+                kind = types.CONTROL
+            else:
+                token, kind = token.replace("\u2581", " "), types.USER_DEFINED
+        tokens.append(token)
+        kinds.append(kind)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(kinds)
+    gguf.SpecialVocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
+    return size, pre
+
+
+def _pre_tokenizer_name(pre_tokenizer: dict | None, model: dict) -> str | None:
+    """llama.cpp's name of a byte-level pre-tokenizer as tokenizer.json describes it, or None. llama.cpp's
+    llama-bpe also looks a word up whole before merging (as Llama 3's `ignore_merges`), so only such a
+    tokenizer is named so."""
+    steps = (pre_tokenizer or {}).get("pretokenizers", [pre_tokenizer]) if pre_tokenizer else []
+    if not steps or steps[-1].get("type") != "ByteLevel" or steps[-1].get("add_prefix_space"):
+        return None
+    if len(steps) == 1 and steps[0].get("use_regex", True):
+        return GPT2_PRE
+    if (len(steps) == 2 and steps[0].get("type") == "Split" and steps[0].get("behavior") == "Isolated"
+            and not steps[0].get("invert") and not steps[1].get("use_regex", True)):
+        name = PRE_TOKENIZER_SPLITS.get((steps[0].get("pattern") or {}).get("Regex"))
+        return None if name == "llama-bpe" and not model.get("ignore_merges") else name
+    return None
 
 
 def _looks_special(text: str) -> bool:
