@@ -1,6 +1,6 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,slices,extract-lora,moe,search,quantize]
+    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,slices,extract-lora,moe,search,quantize,gguf]
                         [--repeat 3] [--cache warm|cold] [--work /tmp/unshard-bench]
 
 For each layout and size: make a real checkpoint (FSDP2, or tensor parallelism for verl-tp, by
@@ -36,6 +36,10 @@ input's pages are dropped from the cache before each run), with no earlier outpu
                           ft1, scored on a short text file) against 5 trials by hand (bench/search_by_hand.py:
                           `unshard merge` to disk, transformers' from_pretrained, the same scoring); mergekit-evolve
                           needs vLLM or lm-eval on a GPU and does not run here
+  convert_hf_to_gguf.py   layout "gguf": unshard convert to one GGUF file (f16, q8_0) from the verl rank files, against
+                          llama.cpp's converter (llama-cpp-python's source package, in its venv, as the tests get
+                          it) on the same model's Hugging Face folder (converted untimed), and against what users
+                          run today: verl's merger, then the converter; the tokenizer is a SentencePiece model
   llm-compressor SCHEME   layout "quantize": unshard convert --quantize SCHEME from the verl rank files, against
                           llm-compressor's data-free path (load, oneshot, save_pretrained(save_compressed=True)),
                           from PyPI in its own venv, on the same model's Hugging Face folder (converted untimed);
@@ -64,12 +68,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 VENVS = HERE / ".venvs"
 # pip install steps per peer venv. verl's declared dependencies (vllm, wandb...) are not what its
-# merger needs; these are, at versions verl 0.9.1 accepts.
+# merger needs; these are, at versions verl 0.9.1 accepts (sentencepiece for the gguf layout's tokenizer).
 PEERS = {"accelerate": [["accelerate==1.15.0"]], "deepspeed": [["deepspeed==0.19.8", "transformers", "tokenizers"]],
          "mergekit": [["mergekit==0.1.5"]], "llmcompressor": [["llmcompressor==0.14.0.1"]],
          "verl": [["--no-deps", "verl==0.9.1"], ["ray", "tensordict==0.10.0", "omegaconf", "hydra-core", "codetiming",
                                                   "transformers==5.10.2", "accelerate", "safetensors", "peft",
-                                                  "datasets", "pandas"]]}
+                                                  "datasets", "pandas", "sentencepiece"]]}
 
 
 def sh(cmd: list[str], **kw) -> None:
@@ -90,8 +94,16 @@ def peer_python(name: str) -> Path:
 
 def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
     # (Both Megatron layouts come from one run of make_megatron.py, which writes both formats.)
-    if layout == "quantize":  # verl's rank files, and their plain conversion for llm-compressor to start from
+    if layout in ("quantize", "gguf"):  # verl's rank files, and their plain conversion for other tools to start from
         folder = make_checkpoint(work, "verl", gb)
+        hf = folder / "ckpt" / "actor" / "huggingface"
+        if layout == "gguf" and not (hf / "tokenizer.model").exists():
+            # a SentencePiece tokenizer: the converter takes no BPE tokenizer it does not know by its hash
+            spm = ROOT / "tests" / "fixtures" / "checkpoints" / "llama-fsdp2-spm" / "global_step_1" / "actor" / "huggingface"
+            (hf / "tokenizer.json").unlink(missing_ok=True)
+            for name in ("tokenizer.model", "tokenizer_config.json"):
+                shutil.copyfile(spm / name, hf / name)
+            shutil.rmtree(folder / "hf-model", ignore_errors=True)
         if not (folder / "hf-model" / "config.json").exists():
             sh([sys.executable, "-m", "unshard", "convert", str(folder / "ckpt"), str(folder / "hf-model"),
                 "--overwrite", "--no-progress"], stderr=subprocess.DEVNULL)
@@ -153,6 +165,14 @@ def source(layout: str, folder: Path) -> Path:
     if layout.startswith("megatron"):
         return folder / ("torch_dist" if layout == "megatron-dist" else "torch")
     return folder / "checkpoint-1" if layout.startswith("zero") else folder / "ckpt"
+
+
+def llama_cpp_converter() -> list[str]:
+    """llama.cpp's convert_hf_to_gguf.py as the tests get it (llama-cpp-python's source package), in its venv."""
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+    import generate
+
+    return [str(generate.peer_python("llamacpp")), str(generate.llama_cpp_source() / "convert_hf_to_gguf.py")]
 
 
 FIRST_RUN = " (first run)"  # the row of a tool run with its caches emptied first
@@ -220,6 +240,19 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
                                          "--no-progress"],
                 "mergekit-extract-lora": [str(peer_python("mergekit").parent / "mergekit-extract-lora"), "--model",
                                           pair[0], "--base-model", pair[1], "--out-path", str(out), "--max-rank", "32"]}
+    if layout == "gguf":  # (a GGUF output is a file: each tool writes OUT/model.gguf)
+        made, converter = f"mkdir -p {out} && exec ", llama_cpp_converter()
+        unshard = " ".join([*python, "-m", "unshard", "convert", str(src), f"{out}/model.gguf", "--no-progress"])
+        convert = " ".join([*converter, "{}", "--outfile", f"{out}/model.gguf", "--outtype"])
+        merger = " ".join([str(peer_python("verl")), "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+                           "--local_dir", str(src / "actor"), "--target_dir", f"{out}/hf"])
+        return {"cp": ["cp", "-r", str(src), str(out)],
+                "unshard (f16)": ["sh", "-c", made + unshard],
+                "unshard --gguf-type q8_0": ["sh", "-c", made + unshard + " --gguf-type q8_0"],
+                "convert_hf_to_gguf.py (f16)": ["sh", "-c", made + convert.format(folder / "hf-model") + " f16"],
+                "convert_hf_to_gguf.py q8_0": ["sh", "-c", made + convert.format(folder / "hf-model") + " q8_0"],
+                "verl model_merger, then convert_hf_to_gguf.py (f16)": [
+                    "sh", "-c", f"{merger} && exec {convert.format(f'{out}/hf')} f16"]}
     if layout == "quantize":
         convert = [*python, "-m", "unshard", "convert", str(src), str(out), "--no-progress"]
         # --verify checks the CRC-32 of every torch.save record read; this row times that check alone.
