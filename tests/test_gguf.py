@@ -240,6 +240,9 @@ def test_what_gguf_cannot_take_is_one_line_before_anything_is_written(case, args
     ({"model": {"type": "WordPiece", "unk_token": "<unk>", "continuing_subword_prefix": "##",
                 "max_input_chars_per_word": 100, "vocab": {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}}},
      "a WordPiece tokenizer, not a byte-level BPE"),
+    ({"model": {"type": "BPE", "vocab": {}, "merges": [], "byte_fallback": True}},
+     "a BPE with byte fallback tokenizer, not a byte-level BPE"),
+    ({"model": {"type": "BPE", "vocab": {}, "merges": []}}, "a BPE tokenizer without a vocabulary"),
 ])
 def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_path):
     import json

@@ -295,9 +295,13 @@ def _bpe_vocabulary(writer, hparams: dict, folder: Path) -> tuple[int, str]:
     described = read_json(path, "fix it or pass --config-from a folder with the model's tokenizer", ConfigMismatchError)
     model = described.get("model") or {}
     if model.get("type") != "BPE" or model.get("byte_fallback"):
-        raise ConfigMismatchError(f"{path}: a {model.get('type')} tokenizer{' with byte fallback' * bool(model.get('byte_fallback'))}, "
-                                  "not a byte-level BPE; unshard writes GGUF vocabularies from SentencePiece models "
-                                  "and byte-level BPE so far: write a folder and use llama.cpp's convert_hf_to_gguf.py")
+        kind = "BPE with byte fallback" if model.get("type") == "BPE" else model.get("type")
+        raise ConfigMismatchError(f"{path}: a {kind} tokenizer, not a byte-level BPE; unshard writes GGUF vocabularies "
+                                  "from SentencePiece models and byte-level BPE so far: write a folder and use "
+                                  "llama.cpp's convert_hf_to_gguf.py")
+    if not model.get("vocab") or not model.get("merges"):  # (llama.cpp could not tokenize with it)
+        raise ConfigMismatchError(f"{path}: a BPE tokenizer without {'merges' if model.get('vocab') else 'a vocabulary'}; "
+                                  "pass --config-from a folder with the model's own tokenizer")
     pre = _pre_tokenizer_name(described.get("pre_tokenizer"), model)
     if pre is None:
         raise ConfigMismatchError(f"{path}: its pre-tokenizer is not one unshard can name for llama.cpp (the splits "
@@ -313,9 +317,9 @@ def _bpe_vocabulary(writer, hparams: dict, folder: Path) -> tuple[int, str]:
         raise ConfigMismatchError(f"{path}: transformers cannot read the tokenizer ({type(e).__name__}: "
                                   f"{str(e)[:120]}); restore it") from None
     vocab = tokenizer.get_vocab()
-    size = hparams.get("vocab_size") or len(vocab)
-    if max(vocab.values()) >= size:
-        raise ConfigMismatchError(f"{path}: token id {max(vocab.values())} is beyond the config's vocab_size {size}; "
+    size, top = hparams.get("vocab_size") or len(vocab), max(vocab.values(), default=-1)
+    if top >= size:
+        raise ConfigMismatchError(f"{path}: token id {top} is beyond the config's vocab_size {size}; "
                                   "pass --config-from the folder the model was trained with")
     by_id = {i: token for token, i in vocab.items()}
     added, decoder = tokenizer.get_added_vocab(), tokenizer.added_tokens_decoder
@@ -347,7 +351,7 @@ def _pre_tokenizer_name(pre_tokenizer: dict | None, model: dict) -> str | None:
     """llama.cpp's name of a byte-level pre-tokenizer as tokenizer.json describes it, or None. llama.cpp's
     llama-bpe also looks a word up whole before merging (as Llama 3's `ignore_merges`), so only such a
     tokenizer is named so."""
-    steps = (pre_tokenizer or {}).get("pretokenizers", [pre_tokenizer]) if pre_tokenizer else []
+    steps = pre_tokenizer.get("pretokenizers", [pre_tokenizer]) if pre_tokenizer else []
     if not steps or steps[-1].get("type") != "ByteLevel" or steps[-1].get("add_prefix_space"):
         return None
     if len(steps) == 1 and steps[0].get("use_regex", True):
