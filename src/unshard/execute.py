@@ -426,39 +426,38 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writ
 
 def encoded(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[str, torch.Tensor]]:
     """(stored tensor, its next piece) for an output with an encoding: the parts gathered into bands of
-    whole rows, each band encoded. Memory: one band and what encoding it takes, however large the tensor."""
+    whole rows, each band encoded. Memory: one band and what encoding it takes, however large the tensor.
+    The band is this thread's, kept from tensor to tensor, and a part lying in a file is read straight into
+    it; each band's pieces are written before the band is filled again."""
     import torch
 
     encoding = output.encoding
     row_bytes = output.nbytes_as_is // output.shape[0]
     multiple = encoding.rows_per_band
     rows = max(multiple, ENCODING_BAND_BYTES // max(1, row_bytes) // multiple * multiple)
-    band = bytearray(rows * row_bytes)
+    band = thread_buffer("band", rows * row_bytes)
     filled, start = 0, 0
 
     def whole_rows(nbytes: int) -> torch.Tensor:
-        flat = torch.frombuffer(band, dtype=output.dtype.torch, count=nbytes // output.dtype.itemsize)
+        flat = torch.from_numpy(band[:nbytes]).view(output.dtype.torch)
         return flat.view(-1, *output.shape[1:])
 
-    for data in _bytes_of_parts(parts):
-        while data.nbytes:
-            n = min(data.nbytes, len(band) - filled)
-            band[filled:filled + n] = data[:n]
-            filled, data = filled + n, data[n:]
+    for part in parts:
+        done, size = 0, part.nbytes if isinstance(part, FileBytes) else None
+        data = None if size is not None else bytes_of(part).cast("B")
+        size = size if size is not None else data.nbytes
+        while done < size:
+            n = min(size - done, len(band) - filled)
+            if data is None:
+                read_bytes(part.path, part.offset + done, band[filled:filled + n])
+            else:
+                band[filled:filled + n] = data[done:done + n]
+            filled, done = filled + n, done + n
             if filled == len(band):
                 yield from encoding.encode(whole_rows(filled), start).items()
                 filled, start = 0, start + rows
     if filled:
         yield from encoding.encode(whole_rows(filled), start).items()
-
-
-def _bytes_of_parts(parts: Iterable[Part]) -> Iterator[memoryview]:
-    """The bytes of parts, in order, a chunk at a time (a part lying in a file is read in chunks)."""
-    for part in parts:
-        if isinstance(part, FileBytes):
-            yield from (memoryview(chunk).cast("B") for chunk in _chunks_of_file(part))
-        else:
-            yield bytes_of(part).cast("B")
 
 
 def _each_group(plan: Plan, filenames: list[str], threads: int, do: Callable[[str, Group], None]) -> None:
