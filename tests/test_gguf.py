@@ -127,11 +127,16 @@ def test_transformers_reads_the_same_model_back(tmp_path):
     assert distance > 0  # (q8_0 does round)
 
 
-@pytest.mark.parametrize("case", ["qwen2-fsdp2-spm", "qwen3-fsdp2-spm"])
-def test_qwen_families_as_the_converter_writes_them(case, fixture_case, converter, tmp_path):
-    """Qwen2 (tied embeddings, biases on q, k and v) and Qwen3 (q and k normed per head, heads of 32 over a
-    hidden size of 64): llama.cpp's qwen2 and qwen3, whose q and k keep transformers' order; the metadata
-    without the llama-only fields. down_proj's rows of 90 do not fill q8_0's blocks: f16, as the converter.
+# what each family has that the others do not: (q's bias, q's norm, layer 0's post-feed-forward norm)
+FAMILY_TENSORS = {"qwen2": ("F32", None, None), "qwen3": (None, "F32", None), "gemma2": (None, None, "F32")}
+
+
+@pytest.mark.parametrize("case", ["qwen2-fsdp2-spm", "qwen3-fsdp2-spm", "gemma2-fsdp2-spm"])
+def test_qwen_and_gemma_families_as_the_converter_writes_them(case, fixture_case, converter, tmp_path):
+    """Qwen2 (tied embeddings, biases on q, k and v), Qwen3 (q and k normed per head, heads of 32 over a
+    hidden size of 64) and Gemma 2 (norms stored as 1 + weight, its own hyper-parameters: soft caps, sliding
+    window, no rope base): llama.cpp's qwen2, qwen3 and gemma2, whose q and k keep transformers' order; the
+    metadata without the llama-only fields. down_proj's rows of 90 do not fill q8_0's blocks: f16, as the converter.
     transformers' GGUF reader gives the training model's logits back exactly from f32 (given the config:
     it reads no head width from the file, where llama.cpp reads attention.key_length)."""
     from transformers import AutoModelForCausalLM
@@ -148,8 +153,8 @@ def test_qwen_families_as_the_converter_writes_them(case, fixture_case, converte
     assert fields["general.architecture"] == arch and "llama.vocab_size" not in fields
     types = {name: kind for name, kind, *_ in tensors}
     assert types["blk.0.ffn_down.weight"] == "F16" and types["blk.0.attn_q.weight"] == "Q8_0"
-    assert (types.get("blk.0.attn_q.bias"), types.get("blk.0.attn_q_norm.weight")) == (
-        ("F32", None) if arch == "qwen2" else (None, "F32"))
+    assert (types.get("blk.0.attn_q.bias"), types.get("blk.0.attn_q_norm.weight"),
+            types.get("blk.0.post_ffw_norm.weight")) == FAMILY_TENSORS[arch]
     reference = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
     model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="f32.gguf", dtype=torch.float32,
                                                  config=reference.config)

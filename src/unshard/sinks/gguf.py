@@ -6,7 +6,7 @@ offsets) comes from the plan, then each tensor is converted a band of rows at a 
 its place. The format's constants, names, metadata writer and quantization kernels are gguf-py's
 (llama.cpp's own Python library); what is written here is which of them the converter uses, and when.
 
-So far: Llama and Mistral (`llama` in llama.cpp), Qwen2 and Qwen3, whose tokenizer is a SentencePiece
+So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3 and Gemma 2, whose tokenizer is a SentencePiece
 model (tokenizer.model) or a byte-level BPE (tokenizer.json), in f32, f16, bf16 and q8_0 (the converter's
 own types).
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import dtypes
+from .. import dtypes, known
 from ..errors import ConfigMismatchError, OutputExistsError, UnshardError, read_json
 from .hf_folder import OutputFolder
 from .safetensors import SafetensorsFile, WrittenFile
@@ -38,7 +38,7 @@ TYPES = ("f32", "f16", "bf16", "q8_0")
 FILE_NAME = "model.gguf"  # inside the staging folder; committed as OUT itself
 # Hugging Face architectures -> llama.cpp's (gguf.MODEL_ARCH's members): those written so far.
 ARCHITECTURES = {"LlamaForCausalLM": "LLAMA", "MistralForCausalLM": "LLAMA", "Qwen2ForCausalLM": "QWEN2",
-                 "Qwen3ForCausalLM": "QWEN3"}
+                 "Qwen3ForCausalLM": "QWEN3", "Gemma2ForCausalLM": "GEMMA2"}
 
 
 def _gguf():
@@ -54,12 +54,14 @@ def _gguf():
 class GGUFTensor:
     """How one output tensor is stored in the file (an Encoding, see sinks/__init__.py): under llama.cpp's
     name, as the bytes of its GGUF type; q and k rows reordered within each head as llama.cpp's rotary
-    embedding expects (the converter's `permute`), so a band holds whole heads."""
+    embedding expects (the converter's `permute`), so a band holds whole heads; Gemma's norms shifted by one,
+    as llama.cpp applies them as they are where transformers applies 1 + weight."""
 
     stored: tuple[OutputTensor, ...]
     qtype: Any  # gguf.GGMLQuantizationType
     head_dim: int = 0  # q/k rows to reorder per head; 0: none
     rows_per_band: int = 1
+    shift: float = 0.0  # added to every value first
 
     def encode(self, band: torch.Tensor, start: int) -> dict[str, torch.Tensor]:
         import torch
@@ -67,6 +69,8 @@ class GGUFTensor:
         gguf = _gguf()
         if band.dtype not in (torch.float16, torch.float32):  # (as the converter: other floats via float32)
             band = band.float()
+        if self.shift:
+            band = band + self.shift
         if self.head_dim:
             half = self.head_dim // 2
             band = band.reshape(-1, 2, half, *band.shape[1:]).swapaxes(1, 2).reshape(band.shape)
@@ -84,6 +88,7 @@ class GGUFPlan:
     encoded: dict[str, GGUFTensor] = field(default_factory=dict)  # by output (Hugging Face) name
     notes: list[str] = field(default_factory=list)
     vocabulary: str = ""  # what the tokenizer became, as inspect says it
+    made_header: tuple = ()  # (the tensors, header()'s answer for them): a large vocabulary takes a while to pack
 
     def summary(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
@@ -145,32 +150,43 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
                                           f"heads of {head_dim}")
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
         stored = OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"])
-        plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, permuted, max(1, permuted))
+        shift = 1.0 if arch == gguf.MODEL_ARCH.GEMMA2 and output.name.endswith("norm.weight") else 0.0
+        plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, permuted, max(1, permuted), shift)
     parameters = sum(math.prod(o.shape) for o in outputs)
-    plan.vocabulary = _metadata(writer, hparams, config_folder, ftype, parameters, blocks, head_dim,
-                                arch == gguf.MODEL_ARCH.LLAMA)
+    plan.vocabulary = _metadata(writer, hparams, config_folder, ftype, parameters, blocks, head_dim, arch)
     return plan
 
 
 def _hparams(folder: Path) -> dict[str, Any]:
     """config.json with the defaults its config class fills in, as the converter reads it (AutoConfig's to_dict,
-    where transformers is installed)."""
-    config = read_json(folder / "config.json", "fix it or pass --config-from DIR", ConfigMismatchError)
-    try:
-        from transformers import AutoConfig
+    where transformers is installed). Importing transformers costs seconds, so the answer is kept (known.py)
+    for the next checkpoint of the same config."""
+    import json
 
-        full = AutoConfig.from_pretrained(folder, trust_remote_code=False).to_dict()
-    except Exception:  # (no transformers, or a config it cannot read: the file as it is, as the converter does)
+    config = read_json(folder / "config.json", "fix it or pass --config-from DIR", ConfigMismatchError)
+    text = (folder / "config.json").read_text()
+    version = known.transformers_version()
+    if version is None:  # (no transformers: the file as it is, as the converter would have it)
         return config
+    entry = known.key("gguf-hparams", version, text)
+    full = known.recall("configs", entry)
+    if full is None:
+        try:
+            from transformers import AutoConfig
+
+            full = AutoConfig.from_pretrained(folder, trust_remote_code=False).to_dict()
+        except Exception:  # (a config transformers cannot read: the file as it is, as the converter does)
+            return config
+        full = json.loads(json.dumps(full, default=str))  # (as it is kept: the same values first time and after)
+        known.remember("configs", entry, full)
     return {**full, **{k: v for k, v in config.items() if k not in full}}
 
 
-def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, blocks: int, head_dim: int,
-              llama: bool) -> str:
+def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, blocks: int, head_dim: int, arch) -> str:
     """The key-values the converter writes, in its order (general, hyper-parameters, tokenizer); a `llama`
-    (the converter's LlamaModel) adds its vocabulary size, rope dimensions and space prefix. The general ones
-    are gguf-py's Metadata of the folder (model card, generation config's sampling), as there; its name is
-    the folder's, which names the file (OUT's name would do as well)."""
+    (the converter's LlamaModel) adds its vocabulary size, rope dimensions and space prefix, and Gemma 2 has
+    hyper-parameters of its own. The general ones are gguf-py's Metadata of the folder (model card, generation
+    config's sampling), as there; its name is the folder's, which names the file (OUT's name would do as well)."""
     gguf = _gguf()
     writer.add_type(gguf.GGUFType.MODEL)
     general = gguf.Metadata.load(None, folder, None, parameters)
@@ -180,6 +196,13 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
     if general.size_label is None and parameters > 0:
         general.size_label = gguf.size_label(parameters, parameters, 0, 0)  # (dense: every parameter shared)
     general.set_gguf_meta_model(writer)
+    llama = arch == gguf.MODEL_ARCH.LLAMA
+    if arch == gguf.MODEL_ARCH.GEMMA2:
+        _gemma2_hyperparameters(writer, hparams, ftype, blocks)
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        vocabulary = _vocabulary(writer, hparams, folder, llama)
+        writer.add_add_space_prefix(False)
+        return vocabulary
     writer.add_block_count(blocks)
     for key, add in (("max_position_embeddings", writer.add_context_length), ("hidden_size", writer.add_embedding_length),
                      ("intermediate_size", writer.add_feed_forward_length), ("num_attention_heads", writer.add_head_count),
@@ -211,6 +234,24 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
         writer.add_rope_dimension_count(head_dim)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     return _vocabulary(writer, hparams, folder, llama)
+
+
+def _gemma2_hyperparameters(writer, hparams: dict, ftype, blocks: int) -> None:
+    """Gemma 2's, as the converter writes them: no rope frequency (llama.cpp's default is Gemma's), the logits'
+    soft caps and the sliding window."""
+    writer.add_context_length(hparams["max_position_embeddings"])
+    writer.add_embedding_length(hparams["hidden_size"])
+    writer.add_block_count(blocks)
+    writer.add_feed_forward_length(hparams["intermediate_size"])
+    writer.add_head_count(hparams["num_attention_heads"])
+    writer.add_head_count_kv(hparams.get("num_key_value_heads") or hparams["num_attention_heads"])
+    writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
+    writer.add_key_length(hparams["head_dim"])
+    writer.add_value_length(hparams["head_dim"])
+    writer.add_file_type(ftype)
+    writer.add_attn_logit_softcapping(hparams["attn_logit_softcapping"])
+    writer.add_final_logit_softcapping(hparams["final_logit_softcapping"])
+    writer.add_sliding_window(hparams["sliding_window"])
 
 
 def _vocabulary(writer, hparams: dict, folder: Path, llama: bool) -> str:
@@ -381,6 +422,9 @@ def header(plan: GGUFPlan, tensors: list[OutputTensor]):
 
     import numpy as np
 
+    asked = tuple((t.name, t.shape, t.nbytes) for t in tensors)
+    if plan.made_header and plan.made_header[0] == asked:
+        return plan.made_header[1]
     gguf = _gguf()
     writer = plan.writer
     writer.tensors = [{}]  # (one writer makes every header of the plan: --dry-run's, the file's)
@@ -400,7 +444,8 @@ def header(plan: GGUFPlan, tensors: list[OutputTensor]):
         writer.fout, writer.state, writer.tensors = None, gguf.WriterState.NO_FILE, [{}]
     raw = made.getvalue()
     data_start = writer.ggml_pad(len(raw), writer.data_alignment)
-    return raw, entries, data_start, data_start + offset
+    plan.made_header = (asked, (raw, entries, data_start, data_start + offset))
+    return plan.made_header[1]
 
 
 class GGUFFile(SafetensorsFile):
