@@ -261,6 +261,18 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
     assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
 
 
+def test_the_next_checkpoint_imports_no_transformers(tmp_path):
+    """The config's defaults (transformers' AutoConfig, as the converter reads them) are asked once per config
+    and remembered: the next GGUF conversion of the same model does not import transformers."""
+    from conftest import convert_in_subprocess
+
+    src = SHIPPED / "llama-fsdp2-spm" / "global_step_1"
+    first = convert_in_subprocess(src, tmp_path / "1.gguf", tmp_path / "cache")
+    second = convert_in_subprocess(src, tmp_path / "2.gguf", tmp_path / "cache")
+    assert first[0] and not second[0]
+    assert (tmp_path / "1.gguf").read_bytes() == (tmp_path / "2.gguf").read_bytes()
+
+
 def test_an_existing_gguf_file_is_kept_unless_overwrite(tmp_path):
     src, out = SHIPPED / "llama-fsdp2-spm" / "global_step_1", tmp_path / "m.gguf"
     out.write_bytes(b"mine")
