@@ -261,6 +261,18 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
     assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
 
 
+def test_a_gemma2_config_without_its_soft_cap_is_one_line(tmp_path):
+    import json
+
+    src = SHIPPED / "gemma2-fsdp2-spm" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "final_logit_softcapping": None}))
+    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress")
+    assert code == 1 and "no final_logit_softcapping, which llama.cpp's gemma2 needs" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
+
+
 def test_the_next_checkpoint_imports_no_transformers(tmp_path):
     """The config's defaults (transformers' AutoConfig, as the converter reads them) are asked once per config
     and remembered: the next GGUF conversion of the same model does not import transformers."""

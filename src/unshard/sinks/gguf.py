@@ -198,7 +198,7 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
     general.set_gguf_meta_model(writer)
     llama = arch == gguf.MODEL_ARCH.LLAMA
     if arch == gguf.MODEL_ARCH.GEMMA2:
-        _gemma2_hyperparameters(writer, hparams, ftype, blocks)
+        _gemma2_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json")
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         vocabulary = _vocabulary(writer, hparams, folder, llama)
         writer.add_add_space_prefix(False)
@@ -236,9 +236,17 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
     return _vocabulary(writer, hparams, folder, llama)
 
 
-def _gemma2_hyperparameters(writer, hparams: dict, ftype, blocks: int) -> None:
+GEMMA2_HPARAMS = ("max_position_embeddings", "hidden_size", "intermediate_size", "num_attention_heads", "rms_norm_eps",
+                  "head_dim", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window")
+
+
+def _gemma2_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path) -> None:
     """Gemma 2's, as the converter writes them: no rope frequency (llama.cpp's default is Gemma's), the logits'
     soft caps and the sliding window."""
+    missing = [key for key in GEMMA2_HPARAMS if hparams.get(key) is None]
+    if missing:
+        raise ConfigMismatchError(f"{where}: no {', '.join(missing)}, which llama.cpp's gemma2 needs; "
+                                  "pass --config-from the model's own folder")
     writer.add_context_length(hparams["max_position_embeddings"])
     writer.add_embedding_length(hparams["hidden_size"])
     writer.add_block_count(blocks)
