@@ -256,8 +256,8 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
     if layout == "quantize":
         convert = [*python, "-m", "unshard", "convert", str(src), str(out), "--no-progress"]
         # --verify checks the CRC-32 of every torch.save record read; this row times that check alone.
-        crc = ("import sys; import unshard; from unshard.execute import _check_sources; plan = unshard.plan(sys.argv[1]); "
-               "_check_sources(plan.checkpoint, plan.groups)")
+        crc = ("import sys; import unshard; from unshard.plan import pieces_read; plan = unshard.plan(sys.argv[1]); "
+               "plan.checkpoint.check_records(pieces_read(plan.groups))")
         found = {"cp": ["cp", "-r", str(src), str(out)], "unshard": convert, "unshard --verify": [*convert, "--verify"],
                  "CRC-32 of the records read": [*python, "-c", crc, str(src)]}
         oracle = ROOT / "tests" / "fixtures" / "llmcompressor_oracle.py"
