@@ -443,12 +443,12 @@ def encoded(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[str, 
         return flat.view(-1, *output.shape[1:])
 
     for part in parts:
-        done, size = 0, part.nbytes if isinstance(part, FileBytes) else None
-        data = None if size is not None else bytes_of(part).cast("B")
-        size = size if size is not None else data.nbytes
+        in_file = isinstance(part, FileBytes)
+        data = None if in_file else bytes_of(part).cast("B")
+        done, size = 0, part.nbytes if in_file else data.nbytes
         while done < size:
             n = min(size - done, len(band) - filled)
-            if data is None:
+            if in_file:
                 read_bytes(part.path, part.offset + done, band[filled:filled + n])
             else:
                 band[filled:filled + n] = data[done:done + n]

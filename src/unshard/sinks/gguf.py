@@ -199,10 +199,21 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
     llama = arch == gguf.MODEL_ARCH.LLAMA
     if arch == gguf.MODEL_ARCH.GEMMA2:
         _gemma2_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json")
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        vocabulary = _vocabulary(writer, hparams, folder, llama)
+    else:
+        _text_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json")
+    if llama:
+        writer.add_vocab_size(hparams["vocab_size"])
+        writer.add_rope_dimension_count(head_dim)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    vocabulary = _vocabulary(writer, hparams, folder, llama)
+    if arch == gguf.MODEL_ARCH.GEMMA2:
         writer.add_add_space_prefix(False)
-        return vocabulary
+    return vocabulary
+
+
+def _text_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path) -> None:
+    """The converter's TextModel's: sizes, heads, rope (linear scaling so far), norm epsilon, head width."""
+    gguf = _gguf()
     writer.add_block_count(blocks)
     for key, add in (("max_position_embeddings", writer.add_context_length), ("hidden_size", writer.add_embedding_length),
                      ("intermediate_size", writer.add_feed_forward_length), ("num_attention_heads", writer.add_head_count),
@@ -219,7 +230,7 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
     elif rope_type not in (None, "default"):
-        raise ConfigMismatchError(f"{folder / 'config.json'}: rope type {rope_type!r} is not written as GGUF by unshard "
+        raise ConfigMismatchError(f"{where}: rope type {rope_type!r} is not written as GGUF by unshard "
                                   "yet; write a folder and use llama.cpp's convert_hf_to_gguf.py")
     if rope.get("rope_theta") is not None:
         writer.add_rope_freq_base(rope["rope_theta"])
@@ -229,11 +240,6 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
         writer.add_key_length(hparams["head_dim"])
         writer.add_value_length(hparams["head_dim"])
     writer.add_file_type(ftype)
-    if llama:
-        writer.add_vocab_size(hparams["vocab_size"])
-        writer.add_rope_dimension_count(head_dim)
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    return _vocabulary(writer, hparams, folder, llama)
 
 
 GEMMA2_HPARAMS = ("max_position_embeddings", "hidden_size", "intermediate_size", "num_attention_heads", "rms_norm_eps",
