@@ -37,6 +37,7 @@ LAYOUTS = {
     "accelerate-fsdp2-full": ("state", "hf"),  # one whole torch.save state dict
     "llama-fsdp2-lora": ("global_step_1", None),  # a LoRA adapter to fold, alpha from lora_train_meta.json
     "llama-hf-pickles": ("sharded", None),  # transformers 4's pytorch_model-*.bin and their index
+    "colossalai-ddp": ("epoch-0_step-1", "hf"),  # a ColossalAI trainer's step: modeling/ beside optimizer/
 }
 MUTANTS = 25  # per layout (40 each for seeds 7, 11 and 13 found what was fixed, then nothing)
 SEED = 13

@@ -17,6 +17,7 @@ import pickle
 import re
 import sys
 import threading
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,9 @@ def load_mapped(path: Path) -> tuple[Any, torch.UntypedStorage | None]:
 def _refusing_unsafe(path: Path):
     """torch's allow-list in force; a refused or unreadable file reported in one line naming it."""
     try:
-        with _ALLOWING:
+        with _ALLOWING, warnings.catch_warnings():
+            # a plain pickle (not torch.save's zip) makes torch warn of its protocol before refusing or reading it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
             yield
     except pickle.UnpicklingError as e:
         found = re.search(r"GLOBAL ([\w.]+)", str(e))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from . import (
+    colossalai,
     dcp,
     dcp_safetensors,
     deepspeed,
@@ -28,6 +29,7 @@ READERS = [
     (lambda src, opts: megatron_dist.find_folder(src, opts.get("iteration")) is not None, megatron_dist.open_folder),
     (lambda src, opts: dcp.find_folder(src) is not None, dcp.open_folder),
     (lambda src, opts: dcp_safetensors.find_folder(src) is not None, dcp_safetensors.open_folder),
+    (lambda src, opts: colossalai.find_folder(src) is not None, colossalai.open_folder),
     (lambda src, opts: hf_safetensors.find_folder(src) is not None, hf_safetensors.open_folder),
     (lambda src, opts: hf_pickles.find_folder(src) is not None, hf_pickles.open_folder),
     (lambda src, opts: fsdp_rank_files.find_files(src) is not None, fsdp_rank_files.open_folder),
@@ -54,7 +56,8 @@ def open_checkpoint(src: str | Path, **options) -> Checkpoint:
         f"{src}: not a checkpoint layout unshard knows; point at the folder holding model_world_size_*_rank_*.pt "
         "(verl: global_step_N/actor), a DCP folder (.metadata), DCP-written shard-*-model-*.safetensors, "
         "a DeepSpeed folder with `latest`, a Megatron checkpoint (mp_rank_* or torch_dist), a Hugging Face "
-        "folder (safetensors, or pytorch_model*.bin), or a whole state-dict .pt/.bin file"
+        "folder (safetensors, or pytorch_model*.bin), a ColossalAI step folder (modeling/), or a whole state-dict "
+        ".pt/.bin/.safetensors file"
     )
 
 

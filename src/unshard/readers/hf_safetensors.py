@@ -1,4 +1,6 @@
-"""A Hugging Face model folder: `model.safetensors`, or shards with `model.safetensors.index.json`.
+"""A Hugging Face model folder: `model.safetensors`, or shards with `model.safetensors.index.json`; or one
+safetensors file of a whole state dict, alone (ColossalAI's `save_model(shard=False, use_safetensors=True)`
+writes one where it is told: its config comes from --config-from).
 
 Read as one more layout so that `unshard merge` can take Hub-style folders beside sharded
 checkpoints (and `unshard convert` can re-shard or re-type one). Each tensor is one piece, read
@@ -14,7 +16,7 @@ from ..placements import Block
 from .base import Piece, SourceTensor
 from .dcp_safetensors import SafetensorsFiles, dtype_of, read_header
 
-LAYOUT = "huggingface-safetensors"
+LAYOUT, FILE_LAYOUT = "huggingface-safetensors", "safetensors-state-dict"
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -23,19 +25,22 @@ def _weight_files(folder: Path) -> list[Path]:
 
 
 def find_folder(src: Path) -> Path | None:
+    if src.is_file():
+        return src if src.suffix == ".safetensors" else None
     return src if src.is_dir() and (src / "config.json").is_file() and _weight_files(src) else None
 
 
 def open_folder(src: Path) -> SafetensorsFiles:
-    folder = find_folder(src)
-    if folder is None:
+    found = find_folder(src)
+    if found is None:
         raise CheckpointError(f"{src}: no config.json and *.safetensors here")
+    files = [found] if found.is_file() else _weight_files(found)
     tensors = {}
-    for path in _weight_files(folder):
+    for path in files:
         header, _ = read_header(path)
         for key, entry in header.items():
             if key != "__metadata__":
                 shape = tuple(entry["shape"])
                 tensors[key] = SourceTensor(key, shape, dtype_of(path, key, entry), [Piece(path, key, Block.whole(shape))])
-    return SafetensorsFiles(layout=LAYOUT, path=folder, tensors=tensors, hf_folder=folder,
-                         facts={"files": len(_weight_files(folder))})
+    return SafetensorsFiles(layout=FILE_LAYOUT if found.is_file() else LAYOUT, path=found, tensors=tensors, hf_folder=None if found.is_file() else found,
+                            facts={"files": len(files)})
