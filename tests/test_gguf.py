@@ -127,6 +127,56 @@ def test_transformers_reads_the_same_model_back(tmp_path):
     assert distance > 0  # (q8_0 does round)
 
 
+# llama.cpp's logits against transformers' on the unsharded model, relative distance (measured on the four
+# families: f32 2e-4 to 5e-4, f16 4e-4 to 8e-4, bf16 2.5e-3 to 4.9e-3, q8_0 0.013 to 0.024)
+LLAMA_CPP_TOLERANCE = {"f32": 1e-3, "f16": 2e-3, "bf16": 1e-2, "q8_0": 0.05}
+
+
+@pytest.fixture(scope="session")
+def llama_cpp():
+    """Runs a GGUF file through llama.cpp (llama-cpp-python compiled from its source package, a peer venv):
+    the prompt's logits and its greedy continuation."""
+    import numpy as np
+
+    python = generate.peer_python("llamacpp-client")
+
+    def run(gguf_file: Path, prompt: list[int], new: int) -> tuple[torch.Tensor, list[int]]:
+        out = gguf_file.with_suffix(".npz")
+        done = subprocess.run([str(python), str(Path(__file__).parent / "llama_cpp_client.py"), str(gguf_file),
+                               ",".join(map(str, prompt)), str(out), str(new)], capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        with np.load(out) as saved:
+            return torch.from_numpy(saved["logits"]), saved["greedy"].tolist()
+
+    return run
+
+
+@pytest.mark.parametrize("case", ["llama-fsdp2-spm", "qwen2-fsdp2-spm", "qwen3-fsdp2-spm", "gemma2-fsdp2-spm"])
+def test_llama_cpp_runs_the_file_as_transformers_runs_the_model(case, llama_cpp, tmp_path):
+    """llama.cpp itself loads each file and computes the unsharded model's logits, within LLAMA_CPP_TOLERANCE;
+    every position's most likely token and 8 greedy tokens are transformers' own, for every type but q8_0,
+    whose greedy tokens may part from them on these tiny random models (measured: the same for three of four)."""
+    from transformers import AutoModelForCausalLM
+
+    src = SHIPPED / case / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    prompt, new = [1, 5, 20, 33, 64, 70, 90, 2], 8
+    with torch.no_grad():
+        expected = model(torch.tensor([prompt])).logits[0]
+        sequence = list(prompt)
+        for _ in range(new):
+            sequence.append(int(model(torch.tensor([sequence])).logits[0, -1].argmax()))
+    for kind, tolerance in LLAMA_CPP_TOLERANCE.items():
+        gguf_file = tmp_path / f"{kind}.gguf"
+        unshard.convert(src, gguf_file, output=unshard.OutputOptions(gguf=kind), progress=False)
+        logits, greedy = llama_cpp(gguf_file, prompt, new)
+        distance = ((logits - expected).norm() / expected.norm()).item()
+        assert distance <= tolerance and torch.equal(logits.argmax(-1), expected.argmax(-1)), (kind, distance)
+        assert kind == "q8_0" or greedy == sequence[len(prompt):], (kind, greedy, sequence[len(prompt):])
+
+
 # what each family has that the others do not: (q's bias, q's norm, layer 0's post-feed-forward norm)
 FAMILY_TENSORS = {"qwen2": ("F32", None, None), "qwen3": (None, "F32", None), "gemma2": (None, None, "F32")}
 
@@ -261,15 +311,20 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
     assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
 
 
-def test_a_gemma2_config_without_its_soft_cap_is_one_line(tmp_path):
+@pytest.mark.parametrize("change, expected", [
+    ({"final_logit_softcapping": None}, "no final_logit_softcapping, which llama.cpp's gemma2 needs"),
+    # llama.cpp scales queries by 1/sqrt(head_dim) (16 here), whatever the config says
+    ({"query_pre_attn_scalar": 256}, "query_pre_attn_scalar is 256, but llama.cpp's gemma2 scales queries by 1/sqrt(16)"),
+])
+def test_a_gemma2_config_llama_cpp_would_run_otherwise_is_one_line(change, expected, tmp_path):
     import json
 
     src = SHIPPED / "gemma2-fsdp2-spm" / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "final_logit_softcapping": None}))
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
     code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress")
-    assert code == 1 and "no final_logit_softcapping, which llama.cpp's gemma2 needs" in err, err
+    assert code == 1 and expected in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
 
 

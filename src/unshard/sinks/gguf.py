@@ -253,6 +253,13 @@ def _gemma2_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Pa
     if missing:
         raise ConfigMismatchError(f"{where}: no {', '.join(missing)}, which llama.cpp's gemma2 needs; "
                                   "pass --config-from the model's own folder")
+    # llama.cpp scales the queries by 1/sqrt(head_dim), or 1/sqrt(hidden_size / heads) for 46 layers (Gemma 2 27B),
+    # whatever query_pre_attn_scalar says: where they differ it would run another model
+    scale = hparams["hidden_size"] // hparams["num_attention_heads"] if blocks == 46 else hparams["head_dim"]
+    if hparams.get("query_pre_attn_scalar", scale) != scale:
+        raise ConfigMismatchError(f"{where}: query_pre_attn_scalar is {hparams['query_pre_attn_scalar']}, but llama.cpp's "
+                                  f"gemma2 scales queries by 1/sqrt({scale}) and would compute another model; "
+                                  "serve this one with transformers or vLLM")
     writer.add_context_length(hparams["max_position_embeddings"])
     writer.add_embedding_length(hparams["hidden_size"])
     writer.add_block_count(blocks)
