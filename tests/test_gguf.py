@@ -59,7 +59,7 @@ def contents(path: Path) -> tuple[dict, list]:
 
 def assert_same_file(ours: Path, theirs: Path) -> None:
     mine, expected = contents(ours), contents(theirs)
-    assert mine[0] == expected[0]
+    assert mine[0] == expected[0] and list(mine[0]) == list(expected[0])  # (the same fields, in the same order)
     assert [t[:3] for t in mine[1]] == [t[:3] for t in expected[1]]
     for a, b in zip(mine[1], expected[1]):
         assert a[3] == b[3], a[0]
@@ -132,24 +132,52 @@ def test_transformers_reads_the_same_model_back(tmp_path):
 LLAMA_CPP_TOLERANCE = {"f32": 1e-3, "f16": 2e-3, "bf16": 1e-2, "q8_0": 0.05}
 
 
+def llama_cpp_client(*args) -> None:
+    """tests/llama_cpp_client.py, run by llama.cpp itself: llama-cpp-python compiled from its source package
+    (a peer venv)."""
+    done = subprocess.run([str(generate.peer_python("llamacpp-client")), str(Path(__file__).parent / "llama_cpp_client.py"),
+                           *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 @pytest.fixture(scope="session")
 def llama_cpp():
-    """Runs a GGUF file through llama.cpp (llama-cpp-python compiled from its source package, a peer venv):
-    the prompt's logits and its greedy continuation."""
+    """Runs a GGUF file through llama.cpp: the prompt's logits and its greedy continuation."""
     import numpy as np
-
-    python = generate.peer_python("llamacpp-client")
 
     def run(gguf_file: Path, prompt: list[int], new: int) -> tuple[torch.Tensor, list[int]]:
         out = gguf_file.with_suffix(".npz")
-        done = subprocess.run([str(python), str(Path(__file__).parent / "llama_cpp_client.py"), str(gguf_file),
-                               ",".join(map(str, prompt)), str(out), str(new)], capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
+        llama_cpp_client("run", gguf_file, ",".join(map(str, prompt)), out, new)
         with np.load(out) as saved:
             return torch.from_numpy(saved["logits"]), saved["greedy"].tolist()
 
     return run
+
+
+@pytest.mark.parametrize("case", ["llama-fsdp2-spm", "qwen2-fsdp2-spm", "gemma2-fsdp2-spm"])
+def test_legacy_types_as_llama_quantize_makes_them_from_the_converter_s_file(case, converter, llama_cpp, tmp_path):
+    """q4_0, q4_1, q5_0 and q5_1 equal what llama.cpp's llama-quantize writes from the converter's f32 file with
+    `--output-tensor-type q8_0` (its own output type, q6_K, is a K-quant gguf-py cannot compute): every field in
+    order, every tensor in its order. The output layer is the embedding where it is tied (Qwen2, Gemma 2), rows
+    of 90 fall back to f16. llama.cpp runs each file; on these tiny random models its logits' relative distance from
+    the model's measures 0.11-0.28 (4 bits) and 0.055-0.14 (5 bits)."""
+    from transformers import AutoModelForCausalLM
+
+    src = SHIPPED / case / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    f32 = converter(tmp_path / "hf", "f32", tmp_path / "converter-f32.gguf")
+    prompt = [1, 5, 20, 33, 64, 70, 90, 2]
+    expected = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)(torch.tensor([prompt])).logits[0]
+    for kind in ("q4_0", "q4_1", "q5_0", "q5_1"):
+        ours, theirs = tmp_path / f"{kind}.gguf", tmp_path / f"llama-quantize-{kind}.gguf"
+        unshard.convert(src, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        llama_cpp_client("quantize", f32, theirs, kind, "q8_0")
+        assert_same_file(ours, theirs)
+        logits, _ = llama_cpp(ours, prompt, 0)
+        distance = ((logits - expected).norm() / expected.norm()).item()
+        assert 0 < distance <= (0.35 if kind.startswith("q4") else 0.2), (kind, distance)
+    types = {t[0]: t[1] for t in contents(tmp_path / "q4_0.gguf")[1]}
+    assert types["output.weight" if "output.weight" in types else "token_embd.weight"] == "Q8_0"
 
 
 @pytest.mark.parametrize("case", ["llama-fsdp2-spm", "qwen2-fsdp2-spm", "qwen3-fsdp2-spm", "gemma2-fsdp2-spm"])
@@ -281,7 +309,9 @@ def test_byte_level_bpe_vocabularies_as_the_converter_writes_them(case, pre, con
 
 @pytest.mark.parametrize("case, args, expected", [
     ("mixtral-fsdp2", (), "MixtralForCausalLM is not an architecture unshard writes as GGUF yet"),
-    ("llama-fsdp2-spm", ("--gguf-type", "q4_k"), "--gguf-type q4_k: not one unshard writes; choose one of f32, f16"),
+    ("llama-fsdp2-spm", ("--gguf-type", "q4_k_m"), "--gguf-type q4_k_m: a type llama-quantize computes and gguf-py "
+                                                   "does not; write f16 (or f32) here and run `llama-quantize"),
+    ("llama-fsdp2-spm", ("--gguf-type", "q7"), "--gguf-type q7: not one unshard writes; choose one of f32, f16"),
     ("llama-fsdp2-spm", ("--quantize", "W4A16"), "a GGUF file takes neither --quantize"),
 ])
 def test_what_gguf_cannot_take_is_one_line_before_anything_is_written(case, args, expected, tmp_path):

@@ -8,7 +8,7 @@ its place. The format's constants, names, metadata writer and quantization kerne
 
 So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3 and Gemma 2, whose tokenizer is a SentencePiece
 model (tokenizer.model) or a byte-level BPE (tokenizer.json), in f32, f16, bf16 and q8_0 (the converter's
-own types).
+own types), and q4_0, q4_1, q5_0 and q5_1 as llama-quantize makes them from the converter's file (LEGACY).
 """
 
 from __future__ import annotations
@@ -34,7 +34,11 @@ if TYPE_CHECKING:
 
 # --gguf-type: llama.cpp's names of the file types the converter writes; "auto" is its default:
 # bf16 or f16 as the model's (the folder's) 2-D tensors are, else f16.
-TYPES = ("f32", "f16", "bf16", "q8_0")
+# llama-quantize's legacy types, which gguf-py computes: every 2-D weight in the type, but the output layer (and
+# the embedding it is tied to), which llama-quantize writes in q6_K, a K-quant gguf-py cannot compute: unshard
+# writes it in q8_0, as `llama-quantize --output-tensor-type q8_0` does.
+LEGACY = ("q4_0", "q4_1", "q5_0", "q5_1")
+TYPES = ("f32", "f16", "bf16", "q8_0", *LEGACY)
 FILE_NAME = "model.gguf"  # inside the staging folder; committed as OUT itself
 # Hugging Face architectures -> llama.cpp's (gguf.MODEL_ARCH's members): those written so far.
 ARCHITECTURES = {"LlamaForCausalLM": "LLAMA", "MistralForCausalLM": "LLAMA", "Qwen2ForCausalLM": "QWEN2",
@@ -90,6 +94,15 @@ class GGUFPlan:
     vocabulary: str = ""  # what the tokenizer became, as inspect says it
     made_header: tuple = ()  # (the tensors, header()'s answer for them): a large vocabulary takes a while to pack
 
+    def position(self, output: OutputTensor) -> tuple:
+        """Where a tensor goes in the file: the converter's order (by Hugging Face name), or for llama-quantize's
+        types, the order it writes (llama.cpp's loader's: the tensors outside the blocks, then block by block, each
+        by llama.cpp's name)."""
+        if self.file_type not in LEGACY:
+            return (output.name,)
+        name = self.encoded[output.name].stored[0].name
+        return (int(name.split(".")[1]) if name.startswith("blk.") else -1, name)
+
     def summary(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         for encoding in self.encoded.values():
@@ -105,6 +118,10 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
     from ..plan import OutputTensor
 
     gguf = _gguf()
+    if requested.lower().startswith(("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq")):
+        raise UnshardError(f"--gguf-type {requested}: a type llama-quantize computes and gguf-py does not; write "
+                           f"f16 (or f32) here and run `llama-quantize OUT.gguf OUT-{requested}.gguf {requested}`, "
+                           f"or choose one of {', '.join(TYPES)}")
     if requested not in (*TYPES, "auto"):
         raise UnshardError(f"--gguf-type {requested}: not one unshard writes; choose one of {', '.join(TYPES)} (or auto)")
     if config_folder is None or not (config_folder / "config.json").is_file():
@@ -117,10 +134,8 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
                                   f"({', '.join(ARCHITECTURES)}); write a folder and use llama.cpp's convert_hf_to_gguf.py")
     arch = getattr(gguf.MODEL_ARCH, ARCHITECTURES[architecture])
     file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
-    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-             "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[file_type]
-    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[file_type]
+    ftype = gguf.LlamaFileType.ALL_F32 if file_type == "f32" else getattr(gguf.LlamaFileType, "MOSTLY_" + file_type.upper())
+    qtype = getattr(gguf.GGMLQuantizationType, file_type.upper())
 
     blocks = hparams["num_hidden_layers"]
     names = gguf.get_tensor_name_map(arch, blocks)
@@ -128,18 +143,25 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
     head_dim = hparams.get("head_dim") or hparams["hidden_size"] // heads
     writer = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[arch])
     plan = GGUFPlan(file_type, gguf.MODEL_ARCH_NAMES[arch], writer)
-    for output in sorted(outputs, key=lambda o: o.name):  # (the converter's order, from a one-file folder: sorted)
-        name = names.get_name(output.name, try_suffixes=(".weight", ".bias"))
+    ordered = sorted(outputs, key=lambda o: o.name)  # (the converter's order, from a one-file folder: sorted)
+    llama_names = [names.get_name(output.name, try_suffixes=(".weight", ".bias")) for output in ordered]
+    # llama-quantize's output layer: output.weight, or the embedding where the model ties the two
+    output_layer = "output.weight" if "output.weight" in llama_names else "token_embd.weight"
+    for output, name in zip(ordered, llama_names):
         if name is None:
             raise ConfigMismatchError(f"{where}: the tensor {output.name} has no name in llama.cpp's {plan.architecture} "
                                       "model; llama.cpp cannot load it")
         tensor_type = qtype
         if len(output.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
             tensor_type = gguf.GGMLQuantizationType.F32  # (what llama.cpp keeps in f32)
+        elif file_type in LEGACY and name == output_layer:
+            tensor_type = gguf.GGMLQuantizationType.Q8_0
+            plan.notes.append(f"{output.name}: in Q8_0, as `llama-quantize --output-tensor-type q8_0` writes it "
+                              "(llama-quantize's own q6_K is a K-quant gguf-py cannot compute)")
         block, _ = gguf.GGML_QUANT_SIZES[tensor_type]
         if output.shape[-1] % block:  # (the converter falls back to f16 where rows do not fill blocks)
             plan.notes.append(f"{output.name}: rows of {output.shape[-1]} do not fill {tensor_type.name}'s blocks "
-                              f"of {block}: written in F16, as llama.cpp's converter does")
+                              f"of {block}: written in F16, as llama.cpp's converter and llama-quantize do")
             tensor_type = gguf.GGMLQuantizationType.F16
         permuted = 0  # (llama.cpp's llama alone wants q and k reordered; Qwen's rotate as transformers does)
         if arch == gguf.MODEL_ARCH.LLAMA and output.name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight",
@@ -154,6 +176,10 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
         plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, permuted, max(1, permuted), shift)
     parameters = sum(math.prod(o.shape) for o in outputs)
     plan.vocabulary = _metadata(writer, hparams, config_folder, ftype, parameters, blocks, head_dim, arch)
+    if file_type in LEGACY:  # llama-quantize sets these two over what it copies, which puts them last
+        fields = writer.kv_data[0]
+        for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
+            fields[key] = fields.pop(key)
     return plan
 
 
@@ -505,7 +531,7 @@ class GGUFSink:
         self.plan = plan
 
     def lay_out(self, groups: dict[str, Group], max_shard_size: int | str) -> dict[str, list[Group]]:
-        return {FILE_NAME: sorted(groups.values(), key=lambda g: g.outputs[0].name)}
+        return {FILE_NAME: sorted(groups.values(), key=lambda g: self.plan.position(g.outputs[0]))}
 
     def stage(self, out: Path, overwrite: bool) -> OutputFile:
         return OutputFile(out, overwrite)
