@@ -6,7 +6,7 @@ offsets) comes from the plan, then each tensor is converted a band of rows at a 
 its place. The format's constants, names, metadata writer and quantization kernels are gguf-py's
 (llama.cpp's own Python library); what is written here is which of them the converter uses, and when.
 
-So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3 and Gemma 2, whose tokenizer is a SentencePiece
+So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3, Gemma 2 and Gemma 3's text model, whose tokenizer is a SentencePiece
 model (tokenizer.model) or a byte-level BPE (tokenizer.json), in f32, f16, bf16 and q8_0 (the converter's
 own types), and q4_0, q4_1, q5_0 and q5_1 as llama-quantize makes them from the converter's file (LEGACY).
 """
@@ -42,7 +42,7 @@ TYPES = ("f32", "f16", "bf16", "q8_0", *LEGACY)
 FILE_NAME = "model.gguf"  # inside the staging folder; committed as OUT itself
 # Hugging Face architectures -> llama.cpp's (gguf.MODEL_ARCH's members): those written so far.
 ARCHITECTURES = {"LlamaForCausalLM": "LLAMA", "MistralForCausalLM": "LLAMA", "Qwen2ForCausalLM": "QWEN2",
-                 "Qwen3ForCausalLM": "QWEN3", "Gemma2ForCausalLM": "GEMMA2"}
+                 "Qwen3ForCausalLM": "QWEN3", "Gemma2ForCausalLM": "GEMMA2", "Gemma3ForCausalLM": "GEMMA3"}
 
 
 def _gguf():
@@ -172,7 +172,8 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
                                           f"heads of {head_dim}")
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
         stored = OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"])
-        shift = 1.0 if arch == gguf.MODEL_ARCH.GEMMA2 and output.name.endswith("norm.weight") else 0.0
+        gemma = arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)
+        shift = 1.0 if gemma and output.name.endswith("norm.weight") else 0.0
         plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, permuted, max(1, permuted), shift)
     parameters = sum(math.prod(o.shape) for o in outputs)
     plan.vocabulary = _metadata(writer, hparams, config_folder, ftype, parameters, blocks, head_dim, arch)
@@ -225,6 +226,8 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
     llama = arch == gguf.MODEL_ARCH.LLAMA
     if arch == gguf.MODEL_ARCH.GEMMA2:
         _gemma2_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json")
+    elif arch == gguf.MODEL_ARCH.GEMMA3:
+        _gemma3_hyperparameters(writer, hparams, ftype, blocks, folder)
     else:
         _text_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json")
     if llama:
@@ -232,7 +235,7 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
         writer.add_rope_dimension_count(head_dim)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     vocabulary = _vocabulary(writer, hparams, folder, llama)
-    if arch == gguf.MODEL_ARCH.GEMMA2:
+    if arch == gguf.MODEL_ARCH.GEMMA2 or (arch == gguf.MODEL_ARCH.GEMMA3 and (folder / "tokenizer.model").is_file()):
         writer.add_add_space_prefix(False)
     return vocabulary
 
@@ -248,7 +251,9 @@ def _text_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path
             add(hparams[key])
     if hparams.get("is_causal") is False:
         writer.add_causal_attention(False)
-    rope = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
+    rope_by_layer = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
+    # (a model with rope of its own per kind of layer, as Gemma 3: the global layers' in the usual fields)
+    rope = dict(rope_by_layer.get("full_attention", rope_by_layer))
     if "rope_theta" not in rope and hparams.get("rope_theta") is not None:
         rope["rope_theta"] = hparams["rope_theta"]
     rope_type = rope.get("rope_type", rope.get("type"))
@@ -260,6 +265,8 @@ def _text_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path
                                   "yet; write a folder and use llama.cpp's convert_hf_to_gguf.py")
     if rope.get("rope_theta") is not None:
         writer.add_rope_freq_base(rope["rope_theta"])
+    if rope_by_layer.get("sliding_attention", {}).get("rope_theta") is not None:
+        writer.add_rope_freq_base_swa(rope_by_layer["sliding_attention"]["rope_theta"])
     if hparams.get("rms_norm_eps") is not None:
         writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
     if hparams.get("head_dim") is not None:
@@ -279,13 +286,7 @@ def _gemma2_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Pa
     if missing:
         raise ConfigMismatchError(f"{where}: no {', '.join(missing)}, which llama.cpp's gemma2 needs; "
                                   "pass --config-from the model's own folder")
-    # llama.cpp scales the queries by 1/sqrt(head_dim), or 1/sqrt(hidden_size / heads) for 46 layers (Gemma 2 27B),
-    # whatever query_pre_attn_scalar says: where they differ it would run another model
-    scale = hparams["hidden_size"] // hparams["num_attention_heads"] if blocks == 46 else hparams["head_dim"]
-    if hparams.get("query_pre_attn_scalar", scale) != scale:
-        raise ConfigMismatchError(f"{where}: query_pre_attn_scalar is {hparams['query_pre_attn_scalar']}, but llama.cpp's "
-                                  f"gemma2 scales queries by 1/sqrt({scale}) and would compute another model; "
-                                  "serve this one with transformers or vLLM")
+    _check_query_scale(hparams, "gemma2", 46, where)
     writer.add_context_length(hparams["max_position_embeddings"])
     writer.add_embedding_length(hparams["hidden_size"])
     writer.add_block_count(blocks)
@@ -299,6 +300,48 @@ def _gemma2_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Pa
     writer.add_attn_logit_softcapping(hparams["attn_logit_softcapping"])
     writer.add_final_logit_softcapping(hparams["final_logit_softcapping"])
     writer.add_sliding_window(hparams["sliding_window"])
+
+
+def _check_query_scale(hparams: dict, arch_name: str, largest_blocks: int, where: Path) -> None:
+    """llama.cpp scales Gemma's queries by 1/sqrt(head_dim), or 1/sqrt(hidden_size / heads) for the layer count of
+    the 27B model, whatever query_pre_attn_scalar says: where they differ it would compute another model."""
+    blocks = hparams["num_hidden_layers"]
+    scale = hparams["hidden_size"] // hparams["num_attention_heads"] if blocks == largest_blocks else hparams["head_dim"]
+    if hparams.get("query_pre_attn_scalar", scale) != scale:
+        raise ConfigMismatchError(f"{where}: query_pre_attn_scalar is {hparams['query_pre_attn_scalar']}, but llama.cpp's "
+                                  f"{arch_name} scales queries by 1/sqrt({scale}) and would compute another model; "
+                                  "serve this one with transformers or vLLM")
+
+
+def _gemma3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """Gemma 3's text model, as the converter writes it: TextModel's fields (the global layers' rope base, the
+    sliding ones' as rope.freq_base_swa), with Gemma 3's defaults where the config lacks a value, then the final
+    soft cap and the sliding window. llama.cpp makes every sixth layer global and scales queries by head width:
+    a config otherwise is one line."""
+    where = folder / "config.json"
+    if hparams.get("attn_logit_softcapping") is not None:
+        raise ConfigMismatchError(f"{where}: attn_logit_softcapping is set, which llama.cpp's gemma3 does not apply; "
+                                  "serve this model with transformers or vLLM")
+    defaults = {"max_position_embeddings": 131072, "num_attention_heads": 8, "rms_norm_eps": 1e-6, "head_dim": 256,
+                "num_key_value_heads": 4}
+    hparams = {**hparams, **{key: value for key, value in defaults.items() if hparams.get(key) is None}}
+    _check_query_scale(hparams, "gemma3", 62, where)
+    _text_hyperparameters(writer, hparams, ftype, blocks, where)
+    if hparams.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(hparams["final_logit_softcapping"])
+    if hparams.get("sliding_window_pattern") != 1:
+        writer.add_sliding_window(hparams["sliding_window"])
+        global_every_sixth = ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(blocks)]
+        if hparams.get("layer_types") not in (None, global_every_sixth):
+            raise ConfigMismatchError(f"{where}: layer_types is not one global layer in six, the only pattern "
+                                      "llama.cpp's gemma3 runs; serve this model with transformers or vLLM")
+    if not (folder / "tokenizer.model").is_file():  # (the converter drops embedding rows past the tokenizer's)
+        tokenizer = _json(folder / "tokenizer.json")
+        tokens = len(tokenizer.get("model", {}).get("vocab", {})) + len(tokenizer.get("added_tokens", []))
+        if tokens != hparams["vocab_size"]:
+            raise ConfigMismatchError(f"{folder / 'tokenizer.json'}: {tokens} tokens for an embedding of "
+                                      f"{hparams['vocab_size']} rows, which llama.cpp's converter cuts to the "
+                                      "tokenizer's; unshard does not cut rows yet: use the converter")
 
 
 def _vocabulary(writer, hparams: dict, folder: Path, llama: bool) -> str:
