@@ -6,7 +6,7 @@ offsets) comes from the plan, then each tensor is converted a band of rows at a 
 its place. The format's constants, names, metadata writer and quantization kernels are gguf-py's
 (llama.cpp's own Python library); what is written here is which of them the converter uses, and when.
 
-So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3, Gemma 2 and Gemma 3's text model, whose tokenizer is a SentencePiece
+So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3, Gemma, Gemma 2 and Gemma 3's text model, whose tokenizer is a SentencePiece
 model (tokenizer.model) or a byte-level BPE (tokenizer.json), in f32, f16, bf16 and q8_0 (the converter's
 own types), and q4_0, q4_1, q5_0 and q5_1 as llama-quantize makes them from the converter's file (LEGACY).
 """
@@ -42,7 +42,8 @@ TYPES = ("f32", "f16", "bf16", "q8_0", *LEGACY)
 FILE_NAME = "model.gguf"  # inside the staging folder; committed as OUT itself
 # Hugging Face architectures -> llama.cpp's (gguf.MODEL_ARCH's members): those written so far.
 ARCHITECTURES = {"LlamaForCausalLM": "LLAMA", "MistralForCausalLM": "LLAMA", "Qwen2ForCausalLM": "QWEN2",
-                 "Qwen3ForCausalLM": "QWEN3", "Gemma2ForCausalLM": "GEMMA2", "Gemma3ForCausalLM": "GEMMA3"}
+                 "Qwen3ForCausalLM": "QWEN3", "GemmaForCausalLM": "GEMMA", "Gemma2ForCausalLM": "GEMMA2",
+                 "Gemma3ForCausalLM": "GEMMA3"}
 
 
 def _gguf():
@@ -172,7 +173,7 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
                                           f"heads of {head_dim}")
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
         stored = OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"])
-        gemma = arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)
+        gemma = arch in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)
         shift = 1.0 if gemma and output.name.endswith("norm.weight") else 0.0
         plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, permuted, max(1, permuted), shift)
     parameters = sum(math.prod(o.shape) for o in outputs)
@@ -224,8 +225,8 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
         general.size_label = gguf.size_label(parameters, parameters, 0, 0)  # (dense: every parameter shared)
     general.set_gguf_meta_model(writer)
     llama = arch == gguf.MODEL_ARCH.LLAMA
-    if arch == gguf.MODEL_ARCH.GEMMA2:
-        _gemma2_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json")
+    if arch in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2):
+        _gemma_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json", arch == gguf.MODEL_ARCH.GEMMA2)
     elif arch == gguf.MODEL_ARCH.GEMMA3:
         _gemma3_hyperparameters(writer, hparams, ftype, blocks, folder)
     else:
@@ -235,7 +236,10 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
         writer.add_rope_dimension_count(head_dim)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     vocabulary = _vocabulary(writer, hparams, folder, llama)
-    if arch == gguf.MODEL_ARCH.GEMMA2 or (arch == gguf.MODEL_ARCH.GEMMA3 and (folder / "tokenizer.model").is_file()):
+    if arch == gguf.MODEL_ARCH.GEMMA:
+        _gemma_special_tokens(writer, folder)
+    if arch in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2) or (
+            arch == gguf.MODEL_ARCH.GEMMA3 and (folder / "tokenizer.model").is_file()):
         writer.add_add_space_prefix(False)
     return vocabulary
 
@@ -275,18 +279,21 @@ def _text_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path
     writer.add_file_type(ftype)
 
 
-GEMMA2_HPARAMS = ("max_position_embeddings", "hidden_size", "intermediate_size", "num_attention_heads", "rms_norm_eps",
-                  "head_dim", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window")
+GEMMA_HPARAMS = ("max_position_embeddings", "hidden_size", "intermediate_size", "num_attention_heads", "rms_norm_eps",
+                 "head_dim")
+GEMMA2_HPARAMS = (*GEMMA_HPARAMS, "attn_logit_softcapping", "final_logit_softcapping", "sliding_window")
 
 
-def _gemma2_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path) -> None:
-    """Gemma 2's, as the converter writes them: no rope frequency (llama.cpp's default is Gemma's), the logits'
-    soft caps and the sliding window."""
-    missing = [key for key in GEMMA2_HPARAMS if hparams.get(key) is None]
+def _gemma_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path, gemma2: bool) -> None:
+    """Gemma's and Gemma 2's, as the converter writes them: no rope frequency (llama.cpp's default is Gemma's);
+    Gemma 2 adds the logits' soft caps and the sliding window."""
+    needed, name = (GEMMA2_HPARAMS, "gemma2") if gemma2 else (GEMMA_HPARAMS, "gemma")
+    missing = [key for key in needed if hparams.get(key) is None]
     if missing:
-        raise ConfigMismatchError(f"{where}: no {', '.join(missing)}, which llama.cpp's gemma2 needs; "
+        raise ConfigMismatchError(f"{where}: no {', '.join(missing)}, which llama.cpp's {name} needs; "
                                   "pass --config-from the model's own folder")
-    _check_query_scale(hparams, "gemma2", 46, where)
+    if gemma2:  # (Gemma scales queries by head width alone, as llama.cpp's gemma does)
+        _check_query_scale(hparams, name, 46, where)
     writer.add_context_length(hparams["max_position_embeddings"])
     writer.add_embedding_length(hparams["hidden_size"])
     writer.add_block_count(blocks)
@@ -297,9 +304,28 @@ def _gemma2_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Pa
     writer.add_key_length(hparams["head_dim"])
     writer.add_value_length(hparams["head_dim"])
     writer.add_file_type(ftype)
-    writer.add_attn_logit_softcapping(hparams["attn_logit_softcapping"])
-    writer.add_final_logit_softcapping(hparams["final_logit_softcapping"])
-    writer.add_sliding_window(hparams["sliding_window"])
+    if gemma2:
+        writer.add_attn_logit_softcapping(hparams["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(hparams["final_logit_softcapping"])
+        writer.add_sliding_window(hparams["sliding_window"])
+
+
+# CodeGemma's fill-in-the-middle tokens, which the converter writes for every Gemma (its ids, as it has them)
+GEMMA_SPECIAL_TOKENS = {"prefix": 67, "suffix": 69, "middle": 68, "fsep": 70, "eot": 107}
+
+
+def _gemma_special_tokens(writer, folder: Path) -> None:
+    gguf = _gguf()
+    special = gguf.SpecialVocab(folder, load_merges=False, special_token_types=list(GEMMA_SPECIAL_TOKENS))
+    for kind, token in GEMMA_SPECIAL_TOKENS.items():
+        special.special_token_ids.setdefault(kind, token)
+    special.chat_template = None  # (written with the vocabulary)
+    quiet = logging.getLogger("gguf")
+    level, quiet.level = quiet.level, logging.ERROR  # (gguf-py has no field for some, and says so for each)
+    try:
+        special.add_to_gguf(writer, quiet=True)
+    finally:
+        quiet.level = level
 
 
 def _check_query_scale(hparams: dict, arch_name: str, largest_blocks: int, where: Path) -> None:
