@@ -181,7 +181,7 @@ def test_legacy_types_as_llama_quantize_makes_them_from_the_converter_s_file(cas
 
 
 @pytest.mark.parametrize("case", ["llama-fsdp2-spm", "qwen2-fsdp2-spm", "qwen3-fsdp2-spm", "gemma-fsdp2-spm",
-                                  "gemma2-fsdp2-spm", "gemma3-fsdp2-spm"])
+                                  "gemma2-fsdp2-spm", "gemma3-fsdp2-spm", "phi3-fsdp2-spm"])
 def test_llama_cpp_runs_the_file_as_transformers_runs_the_model(case, llama_cpp, tmp_path):
     """llama.cpp itself loads each file and computes the unsharded model's logits, within LLAMA_CPP_TOLERANCE;
     every position's most likely token and 8 greedy tokens are transformers' own, for every type but q8_0,
@@ -210,16 +210,17 @@ def test_llama_cpp_runs_the_file_as_transformers_runs_the_model(case, llama_cpp,
 
 # what each family has that the others do not: (q's bias, q's norm, layer 0's post-feed-forward norm)
 FAMILY_TENSORS = {"qwen2": ("F32", None, None), "qwen3": (None, "F32", None), "gemma": (None, None, None),
-                  "gemma2": (None, None, "F32"), "gemma3": (None, "F32", "F32")}
+                  "gemma2": (None, None, "F32"), "gemma3": (None, "F32", "F32"), "phi3": (None, None, None)}
 
 
 @pytest.mark.parametrize("case", ["qwen2-fsdp2-spm", "qwen3-fsdp2-spm", "gemma-fsdp2-spm", "gemma2-fsdp2-spm",
-                                  "gemma3-fsdp2-spm"])
+                                  "gemma3-fsdp2-spm", "phi3-fsdp2-spm"])
 def test_qwen_and_gemma_families_as_the_converter_writes_them(case, fixture_case, converter, tmp_path):
     """Qwen2 (tied embeddings, biases on q, k and v), Qwen3 (q and k normed per head, heads of 32 over a
-    hidden size of 64) and Gemma 2 (norms stored as 1 + weight, its own hyper-parameters: soft caps, sliding
-    window, no rope base): llama.cpp's qwen2, qwen3 and gemma2, whose q and k keep transformers' order; the
-    metadata without the llama-only fields. down_proj's rows of 90 do not fill q8_0's blocks: f16, as the converter.
+    hidden size of 64), Gemma (norms stored as 1 + weight, CodeGemma's token ids), Gemma 2 (its own
+    hyper-parameters: soft caps, sliding window, no rope base), Gemma 3 (q and k norms shifted too, rope per kind
+    of layer) and Phi-3 (q, k, v and gate, up fused): llama.cpp's qwen2, qwen3, gemma, gemma2, gemma3 and phi3,
+    whose q and k keep transformers' order; the metadata without the llama-only fields. down_proj's rows of 90 do not fill q8_0's blocks: f16, as the converter.
     transformers' GGUF reader gives the training model's logits back exactly from f32 (given the config:
     it reads no head width from the file, where llama.cpp reads attention.key_length)."""
     from transformers import AutoModelForCausalLM
@@ -235,7 +236,8 @@ def test_qwen_and_gemma_families_as_the_converter_writes_them(case, fixture_case
     arch = case.split("-")[0]
     assert fields["general.architecture"] == arch and "llama.vocab_size" not in fields
     types = {name: kind for name, kind, *_ in tensors}
-    assert types["blk.0.ffn_down.weight"] == "F16" and types["blk.0.attn_q.weight"] == "Q8_0"
+    assert types["blk.0.ffn_down.weight"] == "F16"
+    assert types.get("blk.0.attn_q.weight", types.get("blk.0.attn_qkv.weight")) == "Q8_0"  # (Phi-3's q, k, v in one)
     assert (types.get("blk.0.attn_q.bias"), types.get("blk.0.attn_q_norm.weight"),
             types.get("blk.0.post_ffw_norm.weight")) == FAMILY_TENSORS[arch]
     if arch == "gemma":

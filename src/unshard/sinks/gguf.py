@@ -6,7 +6,7 @@ offsets) comes from the plan, then each tensor is converted a band of rows at a 
 its place. The format's constants, names, metadata writer and quantization kernels are gguf-py's
 (llama.cpp's own Python library); what is written here is which of them the converter uses, and when.
 
-So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3, Gemma, Gemma 2 and Gemma 3's text model, whose tokenizer is a SentencePiece
+So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3's text model and Phi-3, whose tokenizer is a SentencePiece
 model (tokenizer.model) or a byte-level BPE (tokenizer.json), in f32, f16, bf16 and q8_0 (the converter's
 own types), and q4_0, q4_1, q5_0 and q5_1 as llama-quantize makes them from the converter's file (LEGACY).
 """
@@ -43,7 +43,7 @@ FILE_NAME = "model.gguf"  # inside the staging folder; committed as OUT itself
 # Hugging Face architectures -> llama.cpp's (gguf.MODEL_ARCH's members): those written so far.
 ARCHITECTURES = {"LlamaForCausalLM": "LLAMA", "MistralForCausalLM": "LLAMA", "Qwen2ForCausalLM": "QWEN2",
                  "Qwen3ForCausalLM": "QWEN3", "GemmaForCausalLM": "GEMMA", "Gemma2ForCausalLM": "GEMMA2",
-                 "Gemma3ForCausalLM": "GEMMA3"}
+                 "Gemma3ForCausalLM": "GEMMA3", "Phi3ForCausalLM": "PHI3"}
 
 
 def _gguf():
@@ -229,13 +229,15 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
         _gemma_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json", arch == gguf.MODEL_ARCH.GEMMA2)
     elif arch == gguf.MODEL_ARCH.GEMMA3:
         _gemma3_hyperparameters(writer, hparams, ftype, blocks, folder)
+    elif arch == gguf.MODEL_ARCH.PHI3:
+        _phi3_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json")
     else:
         _text_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json")
     if llama:
         writer.add_vocab_size(hparams["vocab_size"])
         writer.add_rope_dimension_count(head_dim)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    vocabulary = _vocabulary(writer, hparams, folder, llama)
+    vocabulary = _vocabulary(writer, hparams, folder, llama, phi3=arch == gguf.MODEL_ARCH.PHI3)
     if arch == gguf.MODEL_ARCH.GEMMA:
         _gemma_special_tokens(writer, folder)
     if arch in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2) or (
@@ -328,6 +330,38 @@ def _gemma_special_tokens(writer, folder: Path) -> None:
         quiet.level = level
 
 
+def _phi3_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path) -> None:
+    """Phi-3's, as the converter writes them: the original context length, the rotary dimensions (of a partial
+    rotary factor), a sliding window of 0 for none. The 128k models' long and short rope factors are tensors
+    the converter computes from the config, which unshard does not write yet: one line."""
+    rope = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
+    rope = dict(rope.get("full_attention", rope))
+    if rope.get("long_factor"):
+        raise ConfigMismatchError(f"{where}: rope long and short factors (Phi-3's 128k context) are tensors unshard "
+                                  "does not write as GGUF yet; write a folder and use llama.cpp's convert_hf_to_gguf.py")
+    original = rope.get("original_max_position_embeddings", hparams.get("original_max_position_embeddings"))
+    theta = rope.get("rope_theta", hparams.get("rope_theta"))
+    missing = [key for key, value in (("original_max_position_embeddings", original), ("rope_theta", theta))
+               if value is None]
+    if missing:
+        raise ConfigMismatchError(f"{where}: no {', '.join(missing)}, which llama.cpp's phi3 needs; "
+                                  "pass --config-from the model's own folder")
+    heads = hparams["num_attention_heads"]
+    writer.add_context_length(hparams["max_position_embeddings"])
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_embedding_length(hparams["hidden_size"])
+    writer.add_feed_forward_length(hparams["intermediate_size"])
+    writer.add_block_count(blocks)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(hparams.get("num_key_value_heads") or heads)
+    writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
+    writer.add_rope_dimension_count(int(rope.get("partial_rotary_factor", hparams.get("partial_rotary_factor") or 1.0)
+                                        * hparams["hidden_size"]) // heads)
+    writer.add_rope_freq_base(theta)
+    writer.add_file_type(ftype)
+    writer.add_sliding_window(hparams.get("sliding_window") or 0)
+
+
 def _check_query_scale(hparams: dict, arch_name: str, largest_blocks: int, where: Path) -> None:
     """llama.cpp scales Gemma's queries by 1/sqrt(head_dim), or 1/sqrt(hidden_size / heads) for the layer count of
     the 27B model, whatever query_pre_attn_scalar says: where they differ it would compute another model."""
@@ -370,14 +404,17 @@ def _gemma3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: P
                                       "tokenizer's; unshard does not cut rows yet: use the converter")
 
 
-def _vocabulary(writer, hparams: dict, folder: Path, llama: bool) -> str:
+def _vocabulary(writer, hparams: dict, folder: Path, llama: bool, phi3: bool = False) -> str:
     """The vocabulary as the converter writes it: from a SentencePiece model (tokenizer.model) where there is
     one, else from a byte-level BPE tokenizer.json. Says which."""
     tokenizer_config = _json(folder / "tokenizer_config.json")
     if llama and tokenizer_config.get("add_prefix_space") is not None:
         writer.add_add_space_prefix(tokenizer_config["add_prefix_space"])
+    if phi3 and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer":  # (Phi-4's, as the converter reads it)
+        size, pre = _bpe_vocabulary(writer, hparams, folder)
+        return f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
     if (folder / "tokenizer.model").is_file():
-        size = _sentencepiece_vocabulary(writer, hparams, folder, tokenizer_config)
+        size = _sentencepiece_vocabulary(writer, hparams, folder, tokenizer_config, phi3)
         return f"{size} tokens from tokenizer.model (SentencePiece)"
     if (folder / "tokenizer.json").is_file():
         size, pre = _bpe_vocabulary(writer, hparams, folder)
@@ -386,9 +423,11 @@ def _vocabulary(writer, hparams: dict, folder: Path, llama: bool) -> str:
                               "vocabulary: pass --config-from a folder with the model's tokenizer")
 
 
-def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_config: dict) -> int:
+def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_config: dict, phi3: bool = False) -> int:
     """Every id up to the config's vocab_size, with its piece, score and type; tokens added by
-    tokenizer_config.json over them; then gguf-py's SpecialVocab (special ids, add_bos/eos, chat template)."""
+    tokenizer_config.json over them; then gguf-py's SpecialVocab (special ids, add_bos/eos, chat template).
+    Phi-3's converter takes the added tokens as they are written, control tokens where marked special, and
+    tokenizer.json's added tokens after them."""
     gguf = _gguf()
     model = folder / "tokenizer.model"
     from sentencepiece import SentencePieceProcessor
@@ -409,11 +448,16 @@ def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_con
     for text, i in _json(folder / "added_tokens.json").items():
         if i < size:
             tokens[i], scores[i], kinds[i] = text.encode(), -1000.0, types.USER_DEFINED
-    for key, added in tokenizer_config.get("added_tokens_decoder", {}).items():
-        i, text = int(key), added["content"]
+    added_tokens = [(int(key), added) for key, added in tokenizer_config.get("added_tokens_decoder", {}).items()]
+    if phi3:
+        added_tokens += [(int(added["id"]), added) for added in _json(folder / "tokenizer.json").get("added_tokens", [])]
+    for i, added in added_tokens:
+        text = added["content"]
         if i >= size:
             continue
-        if added.get("special") or _looks_special(text):
+        if phi3:
+            kinds[i] = types.CONTROL if added.get("special") else types.USER_DEFINED
+        elif added.get("special") or _looks_special(text):
             kinds[i] = types.CONTROL
         else:
             text, kinds[i] = text.replace("\u2581", " "), types.USER_DEFINED
