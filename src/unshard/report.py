@@ -36,8 +36,9 @@ def describe(plan: Plan) -> dict[str, Any]:
 def as_text(info: dict[str, Any]) -> str:
     out = info["output"]
     lines = [f"source       {info['source']}", f"layout       {info['layout']}"]
-    for key in ("method", "inputs", "seed", "format", "iteration", "architecture", "zero_stage", "weights", "epoch", "step", "experts", "optimizer_files", "world_size", "ranks",
-                "naming", "fsdp_version", "files", "chunks", "base_model"):
+    for key in ("method", "inputs", "seed", "format", "iteration", "architecture", "zero_stage", "weights", "epoch",
+                "step", "experts", "optimizer_files", "world_size", "ranks", "naming", "fsdp_version", "files", "chunks",
+                "base_model"):
         if info.get(key) is not None:
             lines.append(f"  {key.replace('_', ' '):<15s} {info[key]}")
     if info.get("parallel"):

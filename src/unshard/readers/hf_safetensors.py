@@ -42,5 +42,6 @@ def open_folder(src: Path) -> SafetensorsFiles:
             if key != "__metadata__":
                 shape = tuple(entry["shape"])
                 tensors[key] = SourceTensor(key, shape, dtype_of(path, key, entry), [Piece(path, key, Block.whole(shape))])
-    return SafetensorsFiles(layout=FILE_LAYOUT if found.is_file() else LAYOUT, path=found, tensors=tensors, hf_folder=None if found.is_file() else found,
-                            facts={"files": len(files)})
+    alone = found.is_file()
+    return SafetensorsFiles(layout=FILE_LAYOUT if alone else LAYOUT, path=found, tensors=tensors,
+                            hf_folder=None if alone else found, facts={"files": len(files)})

@@ -6,9 +6,10 @@ offsets) comes from the plan, then each tensor is converted a band of rows at a 
 its place. The format's constants, names, metadata writer and quantization kernels are gguf-py's
 (llama.cpp's own Python library); what is written here is which of them the converter uses, and when.
 
-So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3's text model and Phi-3, whose tokenizer is a SentencePiece
-model (tokenizer.model) or a byte-level BPE (tokenizer.json), in f32, f16, bf16 and q8_0 (the converter's
-own types), and q4_0, q4_1, q5_0 and q5_1 as llama-quantize makes them from the converter's file (LEGACY).
+So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3's text model and
+Phi-3, whose tokenizer is a SentencePiece model (tokenizer.model) or a byte-level BPE (tokenizer.json), in f32,
+f16, bf16 and q8_0 (the converter's own types), and q4_0, q4_1, q5_0 and q5_1 as llama-quantize makes them from
+the converter's file (LEGACY).
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
                                   f"({', '.join(ARCHITECTURES)}); write a folder and use llama.cpp's convert_hf_to_gguf.py")
     arch = getattr(gguf.MODEL_ARCH, ARCHITECTURES[architecture])
     file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
-    ftype = gguf.LlamaFileType.ALL_F32 if file_type == "f32" else getattr(gguf.LlamaFileType, "MOSTLY_" + file_type.upper())
+    ftype = (gguf.LlamaFileType.ALL_F32 if file_type == "f32"
+             else getattr(gguf.LlamaFileType, "MOSTLY_" + file_type.upper()))
     qtype = getattr(gguf.GGMLQuantizationType, file_type.upper())
 
     blocks = hparams["num_hidden_layers"]
@@ -368,9 +370,9 @@ def _check_query_scale(hparams: dict, arch_name: str, largest_blocks: int, where
     blocks = hparams["num_hidden_layers"]
     scale = hparams["hidden_size"] // hparams["num_attention_heads"] if blocks == largest_blocks else hparams["head_dim"]
     if hparams.get("query_pre_attn_scalar", scale) != scale:
-        raise ConfigMismatchError(f"{where}: query_pre_attn_scalar is {hparams['query_pre_attn_scalar']}, but llama.cpp's "
-                                  f"{arch_name} scales queries by 1/sqrt({scale}) and would compute another model; "
-                                  "serve this one with transformers or vLLM")
+        raise ConfigMismatchError(f"{where}: query_pre_attn_scalar is {hparams['query_pre_attn_scalar']}, but "
+                                  f"llama.cpp's {arch_name} scales queries by 1/sqrt({scale}) and would compute another "
+                                  "model; serve this one with transformers or vLLM")
 
 
 def _gemma3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
