@@ -150,6 +150,7 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
     llama_names = [names.get_name(output.name, try_suffixes=(".weight", ".bias")) for output in ordered]
     # llama-quantize's output layer: output.weight, or the embedding where the model ties the two
     output_layer = "output.weight" if "output.weight" in llama_names else "token_embd.weight"
+    gemma = arch in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)  # (norms as 1 + weight)
     for output, name in zip(ordered, llama_names):
         if name is None:
             raise ConfigMismatchError(f"{where}: the tensor {output.name} has no name in llama.cpp's {plan.architecture} "
@@ -175,7 +176,6 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
                                           f"heads of {head_dim}")
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
         stored = OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"])
-        gemma = arch in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)
         shift = 1.0 if gemma and output.name.endswith("norm.weight") else 0.0
         plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, permuted, max(1, permuted), shift)
     parameters = sum(math.prod(o.shape) for o in outputs)
@@ -248,6 +248,13 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
     return vocabulary
 
 
+def _rope(hparams: dict) -> tuple[dict, dict]:
+    """The config's rope parameters as given, and the global layers' (a model with rope of its own per kind of
+    layer, as Gemma 3, keeps them under full_attention; the others have one set)."""
+    by_layer = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
+    return by_layer, dict(by_layer.get("full_attention", by_layer))
+
+
 def _text_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path) -> None:
     """The converter's TextModel's: sizes, heads, rope (linear scaling so far), norm epsilon, head width."""
     gguf = _gguf()
@@ -259,9 +266,7 @@ def _text_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path
             add(hparams[key])
     if hparams.get("is_causal") is False:
         writer.add_causal_attention(False)
-    rope_by_layer = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
-    # (a model with rope of its own per kind of layer, as Gemma 3: the global layers' in the usual fields)
-    rope = dict(rope_by_layer.get("full_attention", rope_by_layer))
+    rope_by_layer, rope = _rope(hparams)
     if "rope_theta" not in rope and hparams.get("rope_theta") is not None:
         rope["rope_theta"] = hparams["rope_theta"]
     rope_type = rope.get("rope_type", rope.get("type"))
@@ -336,8 +341,7 @@ def _phi3_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path
     """Phi-3's, as the converter writes them: the original context length, the rotary dimensions (of a partial
     rotary factor), a sliding window of 0 for none. The 128k models' long and short rope factors are tensors
     the converter computes from the config, which unshard does not write yet: one line."""
-    rope = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
-    rope = dict(rope.get("full_attention", rope))
+    _, rope = _rope(hparams)
     if rope.get("long_factor"):
         raise ConfigMismatchError(f"{where}: rope long and short factors (Phi-3's 128k context) are tensors unshard "
                                   "does not write as GGUF yet; write a folder and use llama.cpp's convert_hf_to_gguf.py")
