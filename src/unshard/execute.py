@@ -506,8 +506,8 @@ def verify_folder(plan: Plan, folder: Path, filenames: list[str], threads: int =
     plan.checkpoint.check_records(pieces_read([g for f in filenames for g in plan.files[f]]))
     written = {filename: plan.sink.read_back(folder / filename) for filename in filenames}
     for filename, file in written.items():
-        planned = [(s.name, s.dtype.safetensors, s.shape) for s in plan.stored(filename)]
-        if [(name, *entry[:2]) for name, entry in file.entries.items()] != planned:
+        planned = sorted((s.name, s.dtype.safetensors, s.shape) for s in plan.stored(filename))
+        if sorted((name, *entry[:2]) for name, entry in file.entries.items()) != planned:  # (in the format's order)
             raise UnshardError(f"{file.path}: its header is not the planned one; the file was changed during conversion")
 
     def compare(filename: str, group: Group) -> None:

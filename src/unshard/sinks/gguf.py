@@ -6,10 +6,11 @@ offsets) comes from the plan, then each tensor is converted a band of rows at a 
 its place. The format's constants, names, metadata writer and quantization kernels are gguf-py's
 (llama.cpp's own Python library); what is written here is which of them the converter uses, and when.
 
-So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3's text model and
-Phi-3, whose tokenizer is a SentencePiece model (tokenizer.model) or a byte-level BPE (tokenizer.json), in f32,
-f16, bf16 and q8_0 (the converter's own types), and q4_0, q4_1, q5_0 and q5_1 as llama-quantize makes them from
-the converter's file (LEGACY).
+So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3's text model, Phi-3
+and the MoE models Mixtral, Qwen2-MoE and Qwen3-MoE (each layer's experts stacked in one tensor), whose
+tokenizer is a SentencePiece model (tokenizer.model) or a byte-level BPE (tokenizer.json), in f32, f16, bf16
+and q8_0 (the converter's own types), and q4_0, q4_1, q5_0 and q5_1 as llama-quantize makes them from the
+converter's file (LEGACY).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +46,8 @@ FILE_NAME = "model.gguf"  # inside the staging folder; committed as OUT itself
 # Hugging Face architectures -> llama.cpp's (gguf.MODEL_ARCH's members): those written so far.
 ARCHITECTURES = {"LlamaForCausalLM": "LLAMA", "MistralForCausalLM": "LLAMA", "Qwen2ForCausalLM": "QWEN2",
                  "Qwen3ForCausalLM": "QWEN3", "GemmaForCausalLM": "GEMMA", "Gemma2ForCausalLM": "GEMMA2",
-                 "Gemma3ForCausalLM": "GEMMA3", "Phi3ForCausalLM": "PHI3"}
+                 "Gemma3ForCausalLM": "GEMMA3", "Phi3ForCausalLM": "PHI3", "MixtralForCausalLM": "LLAMA",
+                 "Qwen2MoeForCausalLM": "QWEN2MOE", "Qwen3MoeForCausalLM": "QWEN3MOE"}
 
 
 def _gguf():
@@ -92,33 +95,52 @@ class GGUFPlan:
     architecture: str
     writer: Any  # a gguf.GGUFWriter holding the metadata (no file yet)
     encoded: dict[str, GGUFTensor] = field(default_factory=dict)  # by output (Hugging Face) name
+    # Where each tensor of the file goes, by llama.cpp's name: the converter's order, or for llama-quantize's types,
+    # the order it writes (llama.cpp's loader's: the tensors outside the blocks, then block by block, by name).
+    positions: dict[str, tuple] = field(default_factory=dict)
+    # Tensors the converter computes from the config (Llama 3's rope frequencies...): llama.cpp's name -> f32 values
+    computed: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     vocabulary: str = ""  # what the tokenizer became, as inspect says it
     made_header: tuple = ()  # (the tensors, header()'s answer for them): a large vocabulary takes a while to pack
 
     def position(self, output: OutputTensor) -> tuple:
-        """Where a tensor goes in the file: the converter's order (by Hugging Face name), or for llama-quantize's
-        types, the order it writes (llama.cpp's loader's: the tensors outside the blocks, then block by block, each
-        by llama.cpp's name)."""
-        if self.file_type not in LEGACY:
-            return (output.name,)
-        name = self.encoded[output.name].stored[0].name
-        return (int(name.split(".")[1]) if name.startswith("blk.") else -1, name)
+        """Where the file's tensor holding this output goes."""
+        return self.positions[stacked(self.encoded[output.name].stored[0].name)[0]]
+
+    def computed_stored(self) -> list[OutputTensor]:
+        """The computed tensors as the file stores them (their f32 bytes)."""
+        from ..plan import OutputTensor
+
+        return [OutputTensor(name, (values.nbytes,), dtypes.BY_NAME["uint8"]) for name, values in self.computed.items()]
 
     def summary(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
-        for encoding in self.encoded.values():
-            counts[encoding.qtype.name] = counts.get(encoding.qtype.name, 0) + 1
+        types = {**{stacked(e.stored[0].name)[0]: e.qtype.name for e in self.encoded.values()},
+                 **dict.fromkeys(self.computed, "F32")}
+        for qtype in types.values():
+            counts[qtype] = counts.get(qtype, 0) + 1
         return {"type": self.file_type, "architecture": self.architecture, "tensor_types": counts,
                 "vocabulary": self.vocabulary}
+
+
+# A MoE layer's experts, one Hugging Face tensor each (model.layers.0.mlp.experts.3.up_proj.weight), are one
+# tensor in llama.cpp (blk.0.ffn_up_exps.weight), stacked on a first axis. The plan writes each expert into its
+# place in the stack as a part of its own, known as the stack's name with the expert's number: name[3].
+EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(.+)$")
+PART = re.compile(r"^(.*)\[(\d+)\]$")
+
+
+def stacked(name: str) -> tuple[str, int | None]:
+    """(the file's tensor, the expert) of a stored tensor's name: (name, None) for a tensor stored whole."""
+    part = PART.match(name)
+    return (part[1], int(part[2])) if part else (name, None)
 
 
 def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path | None, dtype_name: str,
               config_changes: dict[str, Any] | None = None) -> GGUFPlan:
     """Names, types and metadata of the GGUF file for these output tensors, or a one-line error for a model
     llama.cpp (or this version of unshard) does not take, before anything is written."""
-    from ..plan import OutputTensor
-
     gguf = _gguf()
     if requested.lower().startswith(("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq")):
         raise UnshardError(f"--gguf-type {requested}: a type llama-quantize computes and gguf-py does not; write "
@@ -138,35 +160,59 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
     file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
     ftype = (gguf.LlamaFileType.ALL_F32 if file_type == "f32"
              else getattr(gguf.LlamaFileType, "MOSTLY_" + file_type.upper()))
-    qtype = getattr(gguf.GGMLQuantizationType, file_type.upper())
+    plan = GGUFPlan(file_type, gguf.MODEL_ARCH_NAMES[arch], gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[arch]))
+    experts = _check_experts(hparams, arch, where)
+    head_dim = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
+    parameters = _plan_tensors(plan, outputs, hparams, arch, head_dim, experts, where)
+    _computed_tensors(plan, hparams, arch, head_dim, where)
+    plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, head_dim, arch)
+    if file_type in LEGACY:  # llama-quantize sets these two over what it copies, which puts them last
+        fields = plan.writer.kv_data[0]
+        for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
+            fields[key] = fields.pop(key)
+    return plan
 
-    blocks = hparams["num_hidden_layers"]
+
+def _plan_tensors(plan: GGUFPlan, outputs: list[OutputTensor], hparams: dict, arch, head_dim: int, experts: int,
+                  where: Path) -> tuple[int, int, int, int]:
+    """Each output's name, type and place in the file (plan.encoded, plan.positions); the parameters as gguf-py
+    counts them for the size label: (all, those outside the experts, one expert's, experts)."""
+    from ..plan import OutputTensor
+
+    gguf = _gguf()
+    blocks, file_type = hparams["num_hidden_layers"], plan.file_type
+    qtype = getattr(gguf.GGMLQuantizationType, file_type.upper())
     names = gguf.get_tensor_name_map(arch, blocks)
     heads, kv_heads = hparams["num_attention_heads"], hparams.get("num_key_value_heads") or hparams["num_attention_heads"]
-    head_dim = hparams.get("head_dim") or hparams["hidden_size"] // heads
-    writer = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[arch])
-    plan = GGUFPlan(file_type, gguf.MODEL_ARCH_NAMES[arch], writer)
     ordered = sorted(outputs, key=lambda o: o.name)  # (the converter's order, from a one-file folder: sorted)
-    llama_names = [names.get_name(output.name, try_suffixes=(".weight", ".bias")) for output in ordered]
-    # llama-quantize's output layer: output.weight, or the embedding where the model ties the two
-    output_layer = "output.weight" if "output.weight" in llama_names else "token_embd.weight"
-    gemma = arch in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)  # (norms as 1 + weight)
-    for output, name in zip(ordered, llama_names):
+    llama_names, stacks, expert_of = [], {}, {}
+    for output in ordered:
+        expert = EXPERT.match(output.name)
+        name = names.get_name(f"{expert[1]}.{expert[3]}" if expert else output.name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ConfigMismatchError(f"{where}: the tensor {output.name} has no name in llama.cpp's {plan.architecture} "
                                       "model; llama.cpp cannot load it")
-        tensor_type = qtype
-        if len(output.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
-            tensor_type = gguf.GGMLQuantizationType.F32  # (what llama.cpp keeps in f32)
-        elif file_type in LEGACY and name == output_layer:
-            tensor_type = gguf.GGMLQuantizationType.Q8_0
-            plan.notes.append(f"{output.name}: in Q8_0, as `llama-quantize --output-tensor-type q8_0` writes it "
-                              "(llama-quantize's own q6_K is a K-quant gguf-py cannot compute)")
-        block, _ = gguf.GGML_QUANT_SIZES[tensor_type]
-        if output.shape[-1] % block:  # (the converter falls back to f16 where rows do not fill blocks)
-            plan.notes.append(f"{output.name}: rows of {output.shape[-1]} do not fill {tensor_type.name}'s blocks "
-                              f"of {block}: written in F16, as llama.cpp's converter and llama-quantize do")
-            tensor_type = gguf.GGMLQuantizationType.F16
+        if expert:
+            stacks.setdefault(name, {})[int(expert[2])] = output
+            expert_of[output.name] = int(expert[2])
+        llama_names.append(name)
+    _check_stacks(stacks, experts, where)
+    # The converter stacks a block's experts once it has read the last of them (in its order), then writes the
+    # stacks in the order of their Hugging Face names (w1, w2, w3; down, gate, up).
+    last_expert = {}
+    for output, name in zip(ordered, llama_names):
+        if name in stacks:
+            last_expert[name.split(".")[1]] = output.name
+    # llama-quantize's output layer: output.weight, or the embedding where the model ties the two
+    output_layer = "output.weight" if "output.weight" in llama_names else "token_embd.weight"
+    gemma = arch in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3)  # (norms as 1 + weight)
+    shared = expert_params = 0
+    for output, name in zip(ordered, llama_names):
+        stack, index = stacks.get(name), expert_of.get(output.name)
+        shape = (len(stack), *output.shape) if stack else output.shape
+        tensor_type, note = _tensor_type(plan, name, shape, qtype, name == output_layer, experts)
+        if note and index in (None, 0):  # (a stack's note once)
+            plan.notes.append(f"{output.name if stack is None else name}: {note}")
         permuted = 0  # (llama.cpp's llama alone wants q and k reordered; Qwen's rotate as transformers does)
         if arch == gguf.MODEL_ARCH.LLAMA and output.name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight",
                                                                    "k_proj.bias")):
@@ -175,16 +221,148 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
                 raise ConfigMismatchError(f"{where}: {output.name} has {output.shape[0]} rows, not a whole number of "
                                           f"heads of {head_dim}")
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
-        stored = OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"])
+        if file_type in LEGACY and not stack:  # (llama-quantize drops ggml's trailing dimensions of 1: our leading)
+            byte_shape = byte_shape[next((i for i, d in enumerate(byte_shape) if d != 1), len(byte_shape) - 1):]
+        if stack:
+            stored = OutputTensor(f"{name}[{index}]", byte_shape, dtypes.BY_NAME["uint8"])
+            expert_params += math.prod(output.shape) if index == 0 else 0
+        else:
+            stored = OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"])
+            shared += math.prod(output.shape)
         shift = 1.0 if gemma and output.name.endswith("norm.weight") else 0.0
         plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, permuted, max(1, permuted), shift)
-    parameters = sum(math.prod(o.shape) for o in outputs)
-    plan.vocabulary = _metadata(writer, hparams, config_folder, ftype, parameters, blocks, head_dim, arch)
-    if file_type in LEGACY:  # llama-quantize sets these two over what it copies, which puts them last
-        fields = writer.kv_data[0]
-        for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
-            fields[key] = fields.pop(key)
-    return plan
+        if file_type in LEGACY:
+            plan.positions[name] = (int(name.split(".")[1]) if name.startswith("blk.") else -1, name)
+        elif stack:
+            plan.positions[name] = (last_expert[name.split(".")[1]], EXPERT.match(output.name)[3])
+        else:
+            plan.positions[name] = (output.name,)
+    return shared + expert_params * experts, shared, expert_params, experts if stacks else 0
+
+
+def _tensor_type(plan: GGUFPlan, name: str, shape: tuple[int, ...], qtype, output_layer: bool, experts: int):
+    """The GGUF type of a tensor of this llama.cpp name and shape, as the converter or llama-quantize chooses it,
+    and a note where it is not the file's type for a reason inspect should tell (or None)."""
+    gguf = _gguf()
+    legacy, tensor_type, note = plan.file_type in LEGACY, qtype, None
+    if (len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
+            or ".ffn_gate_inp" in name):  # (what llama.cpp keeps in f32: the routers too)
+        return gguf.GGMLQuantizationType.F32, None
+    if legacy and output_layer:
+        tensor_type = gguf.GGMLQuantizationType.Q8_0
+        note = ("in Q8_0, as `llama-quantize --output-tensor-type q8_0` writes it (llama-quantize's own q6_K is a "
+                "K-quant gguf-py cannot compute)")
+    elif legacy and experts == 8 and name.endswith(("attn_k.weight", "attn_v.weight")):
+        tensor_type = gguf.GGMLQuantizationType.Q8_0  # (llama-quantize's choice for a model of 8 experts)
+    block, _ = gguf.GGML_QUANT_SIZES[tensor_type]
+    if shape[-1] % block:  # (the converter and llama-quantize fall back to f16 where rows do not fill blocks)
+        return gguf.GGMLQuantizationType.F16, (f"rows of {shape[-1]} do not fill {tensor_type.name}'s blocks of "
+                                               f"{block}: written in F16, as llama.cpp's converter and llama-quantize do")
+    return tensor_type, note
+
+
+def _computed_tensors(plan: GGUFPlan, hparams: dict, arch, head_dim: int, where: Path) -> None:
+    """The tensors the converter computes from the config, first in its file (plan.computed): Llama 3's rope
+    frequency factors (rope_type llama3), Phi-3's long and short rope factors (its 128k models' longrope, whose
+    attention factor goes into the header first too)."""
+    import numpy as np
+
+    gguf = _gguf()
+    _, rope = _rope(hparams)
+    rope_type = str(rope.get("rope_type", rope.get("type")) or "").lower()
+    if rope_type == "llama3":
+        if arch != gguf.MODEL_ARCH.LLAMA:
+            raise ConfigMismatchError(f"{where}: rope type 'llama3' on a {plan.architecture} model, which llama.cpp's "
+                                      "converter does not write; write a folder and use llama.cpp's convert_hf_to_gguf.py")
+        plan.computed["rope_freqs.weight"] = _llama3_rope_factors(rope, head_dim)
+    elif arch == gguf.MODEL_ARCH.PHI3 and rope.get("long_factor"):
+        plan.computed.update(_phi3_rope_factors(plan.writer, hparams, rope, where))
+    for i, name in enumerate(plan.computed):  # (before every other tensor; llama-quantize's order is by name)
+        plan.positions[name] = (-1, name) if plan.file_type in LEGACY else ("", i)
+    plan.computed = {name: np.asarray(values, dtype=np.float32) for name, values in plan.computed.items()}
+
+
+def _llama3_rope_factors(rope: dict, head_dim: int) -> list[float]:
+    """Llama 3's rope frequencies, divided by these factors per pair of dimensions: by `factor` for wavelengths
+    longer than the original context over `low_freq_factor`, by 1 for those shorter than it over
+    `high_freq_factor`, smoothly between (as transformers' and the converter's rope of type llama3)."""
+    import torch
+
+    base = rope.get("rope_theta", 10000.0)
+    factor, low, high = rope.get("factor", 8.0), rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    context = rope.get("original_max_position_embeddings", 8192)
+    factors = []  # (computed in float32 as the converter computes them, so the values are its own to the bit)
+    for frequency in 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)):
+        wavelength = 2 * math.pi / frequency
+        if wavelength < context / high:
+            factors.append(1)
+        elif wavelength > context / low:
+            factors.append(factor)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return [float(f) for f in factors]
+
+
+def _phi3_rope_factors(writer, hparams: dict, rope: dict, where: Path) -> dict[str, list[float]]:
+    """Phi-3's 128k models: the long and short rope factors as tensors, and the attention factor their scaling
+    implies, which the converter writes into the header before anything else of the model."""
+    long, short = rope.get("long_factor"), rope.get("short_factor")
+    original = rope.get("original_max_position_embeddings", hparams.get("original_max_position_embeddings"))
+    heads = hparams["num_attention_heads"]
+    rotary = int(rope.get("partial_rotary_factor", hparams.get("partial_rotary_factor") or 1.0)
+                 * hparams["hidden_size"]) // heads
+    rope_type = str(rope.get("rope_type", rope.get("type")) or "").lower()
+    if rope_type not in ("su", "longrope", "yarn") or not original or not short:
+        raise ConfigMismatchError(f"{where}: rope long and short factors with rope type {rope_type!r}, which "
+                                  "llama.cpp's converter does not take; pass --config-from the model's own folder")
+    if len(long) != len(short) or len(long) != rotary / 2:
+        raise ConfigMismatchError(f"{where}: {len(long)} long and {len(short)} short rope factors for {rotary} rotary "
+                                  f"dimensions (one per pair, {rotary // 2}); pass --config-from the model's own folder")
+    scale = hparams["max_position_embeddings"] / original
+    if scale <= 1.0:
+        attention = 1.0
+    elif rope_type == "yarn":
+        attention = 0.1 * math.log(scale) + 1.0
+    else:
+        attention = math.sqrt(1 + math.log(scale) / math.log(original))
+    writer.add_rope_scaling_attn_factors(attention)
+    return {"rope_factors_long.weight": long, "rope_factors_short.weight": short}
+
+
+def _check_experts(hparams: dict, arch, where: Path) -> int:
+    """The config's experts per MoE layer (0: a dense model), where llama.cpp computes the model as transformers
+    does: Qwen2-MoE's top experts' weights as they are, Qwen3-MoE's renormalised, every layer a MoE one."""
+    gguf = _gguf()
+    experts = _first(hparams, "num_local_experts", "num_experts", "n_routed_experts") or 0
+    if arch not in (gguf.MODEL_ARCH.QWEN2MOE, gguf.MODEL_ARCH.QWEN3MOE):
+        return experts
+    renormalised = arch == gguf.MODEL_ARCH.QWEN3MOE
+    if bool(hparams.get("norm_topk_prob")) != renormalised:
+        raise ConfigMismatchError(f"{where}: norm_topk_prob is {hparams.get('norm_topk_prob')}, but llama.cpp's "
+                                  f"{gguf.MODEL_ARCH_NAMES[arch]} {'always' if renormalised else 'never'} renormalises "
+                                  "the chosen experts' weights and would compute another model; serve this one with "
+                                  "transformers or vLLM")
+    if hparams.get("mlp_only_layers") or hparams.get("decoder_sparse_step", 1) != 1:
+        raise ConfigMismatchError(f"{where}: some layers are dense (mlp_only_layers, decoder_sparse_step), which "
+                                  f"llama.cpp's {gguf.MODEL_ARCH_NAMES[arch]} does not run; serve this model with "
+                                  "transformers or vLLM")
+    return experts
+
+
+def _check_stacks(stacks: dict[str, dict[int, OutputTensor]], experts: int, where: Path) -> None:
+    """Every stack has the config's experts, numbered from 0, all of one shape: llama.cpp's tensor is whole."""
+    for name, stack in stacks.items():
+        shapes = {o.shape for o in stack.values()}
+        if sorted(stack) != list(range(experts)) or len(shapes) != 1:
+            found = f"experts {sorted(stack)}" if len(shapes) == 1 else f"experts of shapes {sorted(shapes)}"
+            raise ConfigMismatchError(f"{where}: {name} stacks {experts} experts of one shape in llama.cpp, and the "
+                                      f"checkpoint has {found}; pass --config-from the model's own folder")
+
+
+def _first(hparams: dict, *keys: str) -> Any:
+    """The value of the first of these keys the config has (as the converter's find_hparam)."""
+    return next((hparams[key] for key in keys if key in hparams), None)
 
 
 def _hparams(folder: Path) -> dict[str, Any]:
@@ -203,8 +381,14 @@ def _hparams(folder: Path) -> dict[str, Any]:
     if full is None:
         try:
             from transformers import AutoConfig
+            from transformers.utils import logging as transformers_logging
 
-            full = AutoConfig.from_pretrained(folder, trust_remote_code=False).to_dict()
+            level = transformers_logging.get_verbosity()
+            transformers_logging.set_verbosity_error()  # (its warnings on a config: the checks here say what matters)
+            try:
+                full = AutoConfig.from_pretrained(folder, trust_remote_code=False).to_dict()
+            finally:
+                transformers_logging.set_verbosity(level)
         except Exception:  # (a config transformers cannot read: the file as it is, as the converter does)
             return config
         full = json.loads(json.dumps(full, default=str))  # (as it is kept: the same values first time and after)
@@ -212,20 +396,22 @@ def _hparams(folder: Path) -> dict[str, Any]:
     return {**full, **{k: v for k, v in config.items() if k not in full}}
 
 
-def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, blocks: int, head_dim: int, arch) -> str:
+def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: tuple[int, int, int, int], head_dim: int,
+              arch) -> str:
     """The key-values the converter writes, in its order (general, hyper-parameters, tokenizer); a `llama`
     (the converter's LlamaModel) adds its vocabulary size, rope dimensions and space prefix, and Gemma 2 has
     hyper-parameters of its own. The general ones are gguf-py's Metadata of the folder (model card, generation
     config's sampling), as there; its name is the folder's, which names the file (OUT's name would do as well)."""
     gguf = _gguf()
     writer.add_type(gguf.GGUFType.MODEL)
-    general = gguf.Metadata.load(None, folder, None, parameters)
+    general = gguf.Metadata.load(None, folder, None, parameters[0])
     general.name = general.name or folder.name
     if general.sampling_penalty_repeat is None:  # (llama.cpp's own gguf-py, newer than PyPI's 0.19.0, reads this too)
         general.sampling_penalty_repeat = _json(folder / "generation_config.json").get("repetition_penalty")
-    if general.size_label is None and parameters > 0:
-        general.size_label = gguf.size_label(parameters, parameters, 0, 0)  # (dense: every parameter shared)
+    if general.size_label is None and parameters[0] > 0:
+        general.size_label = gguf.size_label(*parameters)  # ("8x7B" for experts)
     general.set_gguf_meta_model(writer)
+    blocks = hparams["num_hidden_layers"]
     llama = arch == gguf.MODEL_ARCH.LLAMA
     if arch in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2):
         _gemma_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json", arch == gguf.MODEL_ARCH.GEMMA2)
@@ -235,11 +421,17 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: int, block
         _phi3_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json")
     else:
         _text_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json")
+    if arch in (gguf.MODEL_ARCH.QWEN2MOE, gguf.MODEL_ARCH.QWEN3MOE):  # (the experts' widths, after the file type)
+        if hparams.get("moe_intermediate_size") is not None:
+            writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
+        if hparams.get("shared_expert_intermediate_size") is not None:
+            writer.add_expert_shared_feed_forward_length(hparams["shared_expert_intermediate_size"])
     if llama:
         writer.add_vocab_size(hparams["vocab_size"])
         writer.add_rope_dimension_count(head_dim)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    vocabulary = _vocabulary(writer, hparams, folder, llama, phi3=arch == gguf.MODEL_ARCH.PHI3)
+    vocabulary = _vocabulary(writer, hparams, folder, llama, phi3=arch == gguf.MODEL_ARCH.PHI3,
+                             bpe=arch in (gguf.MODEL_ARCH.QWEN2MOE, gguf.MODEL_ARCH.QWEN3MOE))
     if arch == gguf.MODEL_ARCH.GEMMA:
         _gemma_special_tokens(writer, folder)
     if arch in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2) or (
@@ -273,7 +465,7 @@ def _text_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path
     if rope_type == "linear" and rope.get("factor") is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
-    elif rope_type not in (None, "default"):
+    elif rope_type not in (None, "default", "llama3"):  # (llama3: a tensor of factors, _computed_tensors)
         raise ConfigMismatchError(f"{where}: rope type {rope_type!r} is not written as GGUF by unshard "
                                   "yet; write a folder and use llama.cpp's convert_hf_to_gguf.py")
     if rope.get("rope_theta") is not None:
@@ -282,6 +474,15 @@ def _text_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path
         writer.add_rope_freq_base_swa(rope_by_layer["sliding_attention"]["rope_theta"])
     if hparams.get("rms_norm_eps") is not None:
         writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
+    if (experts := _first(hparams, "num_local_experts", "num_experts", "n_routed_experts")) is not None:
+        writer.add_expert_count(experts)
+    if (used := _first(hparams, "num_experts_per_tok", "num_experts_per_token", "top_k_experts")) is not None:
+        writer.add_expert_used_count(used)
+    for key in ("n_group", "topk_group", "score_function", "scoring_func", "score_func", "moe_router_activation",
+                "moe_router_activation_func", "expert_selection_fn"):  # (expert groups, gating other than softmax)
+        if hparams.get(key) is not None:
+            raise ConfigMismatchError(f"{where}: {key} is set, an expert routing unshard does not write as GGUF yet; "
+                                      "write a folder and use llama.cpp's convert_hf_to_gguf.py")
     if hparams.get("head_dim") is not None:
         writer.add_key_length(hparams["head_dim"])
         writer.add_value_length(hparams["head_dim"])
@@ -339,12 +540,8 @@ def _gemma_special_tokens(writer, folder: Path) -> None:
 
 def _phi3_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path) -> None:
     """Phi-3's, as the converter writes them: the original context length, the rotary dimensions (of a partial
-    rotary factor), a sliding window of 0 for none. The 128k models' long and short rope factors are tensors
-    the converter computes from the config, which unshard does not write yet: one line."""
+    rotary factor), a sliding window of 0 for none. (The 128k models' rope factors: _phi3_rope_factors.)"""
     _, rope = _rope(hparams)
-    if rope.get("long_factor"):
-        raise ConfigMismatchError(f"{where}: rope long and short factors (Phi-3's 128k context) are tensors unshard "
-                                  "does not write as GGUF yet; write a folder and use llama.cpp's convert_hf_to_gguf.py")
     original = rope.get("original_max_position_embeddings", hparams.get("original_max_position_embeddings"))
     theta = rope.get("rope_theta", hparams.get("rope_theta"))
     missing = [key for key, value in (("original_max_position_embeddings", original), ("rope_theta", theta))
@@ -410,13 +607,15 @@ def _gemma3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: P
                                       "tokenizer's; unshard does not cut rows yet: use the converter")
 
 
-def _vocabulary(writer, hparams: dict, folder: Path, llama: bool, phi3: bool = False) -> str:
+def _vocabulary(writer, hparams: dict, folder: Path, llama: bool, phi3: bool = False, bpe: bool = False) -> str:
     """The vocabulary as the converter writes it: from a SentencePiece model (tokenizer.model) where there is
-    one, else from a byte-level BPE tokenizer.json. Says which."""
+    one, else from a byte-level BPE tokenizer.json; a `bpe` model's (Qwen's MoE ones) from tokenizer.json
+    alone. Says which."""
     tokenizer_config = _json(folder / "tokenizer_config.json")
     if llama and tokenizer_config.get("add_prefix_space") is not None:
         writer.add_add_space_prefix(tokenizer_config["add_prefix_space"])
-    if phi3 and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer":  # (Phi-4's, as the converter reads it)
+    # (Phi-4's tokenizer, as the converter reads it; Qwen's MoE models, whose converter reads no other)
+    if bpe or phi3 and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer":
         size, pre = _bpe_vocabulary(writer, hparams, folder)
         return f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
     if (folder / "tokenizer.model").is_file():
@@ -582,7 +781,8 @@ def _json(path: Path) -> dict:
 
 
 def header(plan: GGUFPlan, tensors: list[OutputTensor]):
-    """The file's header as gguf-py writes it (metadata, then tensor infos), and where each tensor goes:
+    """The file's header as gguf-py writes it (metadata, then tensor infos, in the plan's positions), and where
+    each stored tensor goes (an expert, in its place in its stack):
     (header bytes, {name: (dtype, shape, offset from the data's start, bytes)}, data start, file size)."""
     import io
 
@@ -594,12 +794,23 @@ def header(plan: GGUFPlan, tensors: list[OutputTensor]):
     gguf = _gguf()
     writer = plan.writer
     writer.tensors = [{}]  # (one writer makes every header of the plan: --dry-run's, the file's)
-    qtypes = {e.stored[0].name: e.qtype for e in plan.encoded.values()}
+    qtypes = {stacked(e.stored[0].name)[0]: e.qtype for e in plan.encoded.values()}
+    qtypes.update(dict.fromkeys(plan.computed, gguf.GGMLQuantizationType.F32))
+    parts: dict[str, dict[int | None, OutputTensor]] = {}  # the file's tensors: their experts, or themselves (None)
+    for tensor in [*tensors, *plan.computed_stored()]:
+        name, expert = stacked(tensor.name)
+        parts.setdefault(name, {})[expert] = tensor
     entries, offset = {}, 0
-    for tensor in tensors:
-        writer.add_tensor_info(tensor.name, tensor.shape, np.dtype(np.uint8), tensor.nbytes, raw_dtype=qtypes[tensor.name])
-        entries[tensor.name] = (tensor.dtype, tensor.shape, offset, tensor.nbytes)
-        offset += writer.ggml_pad(tensor.nbytes, writer.data_alignment)
+    for name in sorted(parts, key=plan.positions.__getitem__):
+        each = [parts[name][expert] for expert in sorted(parts[name], key=lambda e: e or 0)]
+        shape = (len(each), *each[0].shape) if None not in parts[name] else each[0].shape
+        nbytes = sum(t.nbytes for t in each)
+        writer.add_tensor_info(name, shape, np.dtype(np.uint8), nbytes, raw_dtype=qtypes[name])
+        at = offset
+        for tensor in each:
+            entries[tensor.name] = (tensor.dtype, tensor.shape, at, tensor.nbytes)
+            at += tensor.nbytes
+        offset += writer.ggml_pad(nbytes, writer.data_alignment)
     made = io.BytesIO()
     writer.fout, writer.path, writer.state = [made], None, gguf.WriterState.EMPTY
     try:
@@ -620,6 +831,8 @@ class GGUFFile(SafetensorsFile):
 
     def __init__(self, path: Path, tensors: list[OutputTensor], plan: GGUFPlan):
         self._start(path, *header(plan, tensors))
+        for stored in plan.computed_stored():  # (a few values each, known from the config)
+            self.write_parts(stored.name, stored.dtype, stored.shape, [memoryview(plan.computed[stored.name]).cast("B")])
 
 
 class WrittenGGUF(WrittenFile):
@@ -639,7 +852,13 @@ class WrittenGGUF(WrittenFile):
             shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
             byte_shape = tuple(gguf.quant_shape_to_byte_shape(shape, tensor.tensor_type))
             begin = int(tensor.data_offset) - reader.data_offset
-            self.entries[tensor.name] = ("U8", byte_shape, begin, begin + int(tensor.n_bytes))
+            if len(shape) < 3:
+                self.entries[tensor.name] = ("U8", byte_shape, begin, begin + int(tensor.n_bytes))
+                continue
+            step = int(tensor.n_bytes) // shape[0]  # (a stack of experts: each as the plan stores it, name[expert])
+            for expert in range(shape[0]):
+                at = begin + expert * step
+                self.entries[f"{tensor.name}[{expert}]"] = ("U8", byte_shape[1:], at, at + step)
 
 
 class GGUFSink:
@@ -662,7 +881,14 @@ class GGUFSink:
         return header(self.plan, tensors)[3]
 
     def read_back(self, path: Path) -> WrittenGGUF:
-        return WrittenGGUF(path)
+        """The file's tensors read back: the computed ones checked here, the others left to --verify."""
+        written = WrittenGGUF(path)
+        for name, values in self.plan.computed.items():
+            data = memoryview(values).cast("B")
+            if name not in written.entries or written.size_of(name) != data.nbytes or not written.holds_at(name, 0, data):
+                raise UnshardError(f"{path}: {name} is not the planned one; the file was changed during conversion")
+            del written.entries[name]
+        return written
 
     def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
         return [], []  # (everything is in the file's header)
