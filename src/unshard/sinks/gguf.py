@@ -269,8 +269,7 @@ def _computed_tensors(plan: GGUFPlan, hparams: dict, arch, head_dim: int, where:
 
     gguf = _gguf()
     _, rope = _rope(hparams)
-    rope_type = str(rope.get("rope_type", rope.get("type")) or "").lower()
-    if rope_type == "llama3":
+    if str(rope.get("rope_type")).lower() == "llama3":
         if arch != gguf.MODEL_ARCH.LLAMA:
             raise ConfigMismatchError(f"{where}: rope type 'llama3' on a {plan.architecture} model, which llama.cpp's "
                                       "converter does not write; write a folder and use llama.cpp's convert_hf_to_gguf.py")
@@ -307,12 +306,8 @@ def _llama3_rope_factors(rope: dict, head_dim: int) -> list[float]:
 def _phi3_rope_factors(writer, hparams: dict, rope: dict, where: Path) -> dict[str, list[float]]:
     """Phi-3's 128k models: the long and short rope factors as tensors, and the attention factor their scaling
     implies, which the converter writes into the header before anything else of the model."""
-    long, short = rope.get("long_factor"), rope.get("short_factor")
-    original = rope.get("original_max_position_embeddings", hparams.get("original_max_position_embeddings"))
-    heads = hparams["num_attention_heads"]
-    rotary = int(rope.get("partial_rotary_factor", hparams.get("partial_rotary_factor") or 1.0)
-                 * hparams["hidden_size"]) // heads
-    rope_type = str(rope.get("rope_type", rope.get("type")) or "").lower()
+    long, short, original = rope.get("long_factor"), rope.get("short_factor"), rope.get("original_max_position_embeddings")
+    rotary, rope_type = _rotary_dimensions(hparams, rope), str(rope.get("rope_type") or "").lower()
     if rope_type not in ("su", "longrope", "yarn") or not original or not short:
         raise ConfigMismatchError(f"{where}: rope long and short factors with rope type {rope_type!r}, which "
                                   "llama.cpp's converter does not take; pass --config-from the model's own folder")
@@ -441,10 +436,23 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: tuple[int,
 
 
 def _rope(hparams: dict) -> tuple[dict, dict]:
-    """The config's rope parameters as given, and the global layers' (a model with rope of its own per kind of
-    layer, as Gemma 3, keeps them under full_attention; the others have one set)."""
+    """The config's rope parameters as the converter reads them, and the global layers' (a model with rope of its
+    own per kind of layer, as Gemma 3, keeps them under full_attention; the others have one set, into which the
+    converter mirrors the config's rope_theta, partial_rotary_factor and original_max_position_embeddings, and
+    `type` as `rope_type`, as transformers 4 wrote them)."""
     by_layer = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
+    if "full_attention" not in by_layer and "sliding_attention" not in by_layer:
+        for key in ("rope_theta", "partial_rotary_factor", "original_max_position_embeddings"):
+            if key not in by_layer and hparams.get(key) is not None:
+                by_layer[key] = hparams[key]
+        if "rope_type" not in by_layer and by_layer.get("type") is not None:
+            by_layer["rope_type"] = by_layer["type"]
     return by_layer, dict(by_layer.get("full_attention", by_layer))
+
+
+def _rotary_dimensions(hparams: dict, rope: dict) -> int:
+    """The dimensions of a head that rope rotates (all but for a partial rotary factor)."""
+    return int(rope.get("partial_rotary_factor", 1.0) * hparams["hidden_size"]) // hparams["num_attention_heads"]
 
 
 def _text_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path) -> None:
@@ -459,13 +467,11 @@ def _text_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path
     if hparams.get("is_causal") is False:
         writer.add_causal_attention(False)
     rope_by_layer, rope = _rope(hparams)
-    if "rope_theta" not in rope and hparams.get("rope_theta") is not None:
-        rope["rope_theta"] = hparams["rope_theta"]
-    rope_type = rope.get("rope_type", rope.get("type"))
+    rope_type = rope.get("rope_type")
     if rope_type == "linear" and rope.get("factor") is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
-    elif rope_type not in (None, "default", "llama3"):  # (llama3: a tensor of factors, _computed_tensors)
+    elif rope_type not in (None, "default") and rope_type.lower() != "llama3":  # (llama3: _computed_tensors)
         raise ConfigMismatchError(f"{where}: rope type {rope_type!r} is not written as GGUF by unshard "
                                   "yet; write a folder and use llama.cpp's convert_hf_to_gguf.py")
     if rope.get("rope_theta") is not None:
@@ -542,8 +548,7 @@ def _phi3_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path
     """Phi-3's, as the converter writes them: the original context length, the rotary dimensions (of a partial
     rotary factor), a sliding window of 0 for none. (The 128k models' rope factors: _phi3_rope_factors.)"""
     _, rope = _rope(hparams)
-    original = rope.get("original_max_position_embeddings", hparams.get("original_max_position_embeddings"))
-    theta = rope.get("rope_theta", hparams.get("rope_theta"))
+    original, theta = rope.get("original_max_position_embeddings"), rope.get("rope_theta")
     missing = [key for key, value in (("original_max_position_embeddings", original), ("rope_theta", theta))
                if value is None]
     if missing:
@@ -558,8 +563,7 @@ def _phi3_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path
     writer.add_head_count(heads)
     writer.add_head_count_kv(hparams.get("num_key_value_heads") or heads)
     writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
-    writer.add_rope_dimension_count(int(rope.get("partial_rotary_factor", hparams.get("partial_rotary_factor") or 1.0)
-                                        * hparams["hidden_size"]) // heads)
+    writer.add_rope_dimension_count(_rotary_dimensions(hparams, rope))
     writer.add_rope_freq_base(theta)
     writer.add_file_type(ftype)
     writer.add_sliding_window(hparams.get("sliding_window") or 0)
