@@ -24,6 +24,7 @@ import generate
 from conftest import SHIPPED
 from test_cli_and_errors import leftovers, run_cli
 from test_merge import models, perturbed_copy  # noqa: F401  (fixtures)
+from test_quantize import as_llm_compressor_names, assert_same_files, oracle  # noqa: F401  (oracle: a fixture)
 
 transformers = pytest.importorskip("transformers")
 
@@ -130,6 +131,22 @@ def test_same_moe_as_mergekit(case, dense, tmp_path):
     assert (ours / "mergekit_moe_config.yml").read_text() == recipe.read_text()
     card = (ours / "README.md").read_text()
     assert mode in card and "- moe" in card.split("---")[1]
+
+
+def test_quantized_as_llm_compressor_quantizes_the_merge(dense, oracle, tmp_path):
+    """`merge-moe --quantize`: the experts made from the Llama fine-tunes (Linear layers 128 columns wide and more)
+    quantized each a band at a time, bit for bit as llm-compressor quantizes the MoE unshard writes without it."""
+    from unshard.sinks.compressed_tensors import DEFAULT_IGNORE
+
+    recipe = moe_recipe(tmp_path / "recipe.yml", FAMILIES["llama"], dense / "llama", "cheap_embed")
+    code, _, err = run_cli("merge-moe", recipe, tmp_path / "plain", "--seed", 7, "--no-progress")
+    assert code == 0, err
+    code, _, err = run_cli("merge-moe", recipe, tmp_path / "w4a16", "--seed", 7, "--no-progress", "--quantize", "W4A16",
+                           "--verify")
+    assert code == 0, err
+    oracle("quantize", [{"src": str(tmp_path / "plain"), "out": str(tmp_path / "oracle"), "scheme": "W4A16",
+                         "ignore": list(DEFAULT_IGNORE)}], tmp_path)
+    assert_same_files(as_llm_compressor_names(tmp_path / "w4a16"), tmp_path / "oracle")
 
 
 def test_hidden_gates_a_layer_at_a_time(dense, tmp_path, monkeypatch):

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -52,8 +53,7 @@ class Naming:
     dropped: dict[str, str]
     notes: list[str]
     question: Question | None = None  # transformers' answer, still to come (plan_names(ask_later=True))
-    # the weights of the model's Linear layers, in the model's order, tied ones included (None: not known)
-    linear: list[str] | None = None
+    linear: LinearLayers | None = None  # (None: not known)
 
 
 def read_config(folder: Path | None) -> dict[str, Any] | None:
@@ -105,6 +105,23 @@ def rebuild_computed_modules(model: Any) -> None:
 
 
 @dataclass
+class LinearLayers:
+    """The weights compressed-tensors treats as Linear layers' (what `--quantize` targets, and what its config's
+    ignore list names), in the model's order, tied ones included, under the names save_pretrained writes."""
+
+    weights: list[str]
+    held_as: dict[str, str] = field(default_factory=dict)  # saved name -> name in memory, where they differ
+    routers: list[str] = field(default_factory=list)  # those that are MoE routers
+
+    def to_json(self) -> dict:
+        return {"weights": self.weights, "held_as": self.held_as, "routers": self.routers}
+
+    @classmethod
+    def from_json(cls, data: dict) -> LinearLayers:
+        return cls(list(data["weights"]), dict(data["held_as"]), list(data["routers"]))
+
+
+@dataclass
 class ModelFacts:
     """What the config's model holds, as plain data: the names and shapes of its state dict, which
     of them are tied to another (saved once), what `save_pretrained` writes, and which weights are
@@ -113,7 +130,7 @@ class ModelFacts:
     in_memory: dict[str, tuple[int, ...]]
     tied: set[str]
     saved: dict[str, tuple[int, ...]]
-    linear: list[str]
+    linear: LinearLayers
 
     @classmethod
     def of(cls, model) -> ModelFacts:
@@ -122,16 +139,17 @@ class ModelFacts:
         kept = {name for name, _ in model.named_parameters()}
         tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - kept
         in_memory = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-        linear = [f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
-        return cls(in_memory, tied, _saved_shapes(model, in_memory), linear)
+        return cls(in_memory, tied, _saved_shapes(model, in_memory), _linear_layers(model))
 
     def to_json(self) -> dict:
-        return {"in_memory": self.in_memory, "tied": sorted(self.tied), "saved": self.saved, "linear": self.linear}
+        return {"in_memory": self.in_memory, "tied": sorted(self.tied), "saved": self.saved,
+                "linear": self.linear.to_json()}
 
     @classmethod
     def from_json(cls, data: dict) -> ModelFacts:
         shapes = lambda d: {n: tuple(s) for n, s in d.items()}  # noqa: E731
-        return cls(shapes(data["in_memory"]), set(data["tied"]), shapes(data["saved"]), list(data["linear"]))
+        return cls(shapes(data["in_memory"]), set(data["tied"]), shapes(data["saved"]),
+                   LinearLayers.from_json(data["linear"]))
 
 
 # What this process asked transformers already, by cache entry (answers of None included), so that
@@ -141,7 +159,7 @@ _answers: dict[str, ModelFacts | None] = {}
 
 # Raised when the way a config's model is built for the question changes (meta_model), so that answers
 # remembered by an earlier unshard are asked again.
-FACTS_REVISION = 2
+FACTS_REVISION = 3
 
 
 def _facts_entry(config_folder: Path, config: dict, updates: dict | None) -> str | None:
@@ -271,7 +289,7 @@ def _named_by_table(renamed: dict[str, str], shapes: dict[str, tuple[int, ...]],
         return None
     in_memory, tied = found
     try:  # (these families save the names they hold in memory)
-        naming = _naming(ModelFacts(in_memory, tied, in_memory, dense_families.linear(in_memory)), renamed, shapes, config, config_folder, True, updates)
+        naming = _naming(ModelFacts(in_memory, tied, in_memory, LinearLayers(dense_families.linear(in_memory))), renamed, shapes, config, config_folder, True, updates)
     except ConfigMismatchError:
         return None
     log.debug("tensors named and checked by unshard's table of %s models", config["model_type"])
@@ -328,6 +346,49 @@ def _saved_shapes(model, in_memory: dict[str, tuple[int, ...]]) -> dict[str, tup
 
     meta = {n: torch.empty(s, device="meta") for n, s in in_memory.items()}
     return {n: tuple(t.shape) for n, t in revert_weight_conversion(model, meta).items()}
+
+
+# compressed-tensors counts a MoE router as a Linear layer (vLLM runs it as one), by its class name.
+_ROUTER_CLASS = re.compile(r"Router|Gating|Gate(?![a-z])")
+# llm-compressor turns each expert of a fused experts module into Linear layers in this order.
+_EXPERT_ORDER = {"up_proj": 0, "w3": 0, "gate_proj": 1, "w1": 1, "down_proj": 2, "w2": 2}
+
+
+def _linear_layers(model) -> LinearLayers:
+    """The model's Linear layers as compressed-tensors counts them: the Linear modules, the MoE routers, and
+    each expert of a module holding them fused in 3-D tensors, which llm-compressor makes Linear layers of
+    before it quantizes."""
+    import torch
+
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers < 5 saves in-memory names as they are
+        revert_weight_conversion = None
+
+    def saved(weights: dict[str, torch.Tensor]) -> list[str]:
+        if revert_weight_conversion is None:
+            return list(weights)
+        meta = {n: torch.empty(t.shape, device="meta") for n, t in weights.items()}
+        names = list(revert_weight_conversion(model, meta))
+        if len(weights) == 1 and names != list(weights):
+            linear.held_as[names[0]] = next(iter(weights))
+        return names
+
+    linear = LinearLayers([])
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        own = dict(module.named_parameters(recurse=False))
+        type_name = type(module).__name__
+        router = (_ROUTER_CLASS.search(type_name) and "ExpertMLP" not in type_name
+                  and getattr(own.get("weight"), "dim", lambda: 0)() == 2)
+        if isinstance(module, torch.nn.Linear) or router:
+            linear.weights += saved({f"{prefix}weight": own["weight"]})
+            if router and not isinstance(module, torch.nn.Linear):
+                linear.routers.append(linear.weights[-1])
+        elif own and all(p.dim() == 3 for p in own.values()):  # fused experts
+            experts = saved({f"{prefix}{n}": p for n, p in own.items()})
+            linear.weights += sorted(experts, key=lambda n: (int(n.split(".")[-3]), _EXPERT_ORDER.get(n.split(".")[-2], 3)))
+    return linear
 
 
 def _check_against_model(expected: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]],

@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from .plan import Plan
+from .sinks.compressed_tensors import ROUTER
 
 
 def human_bytes(n: float) -> str:
@@ -88,7 +89,8 @@ def _output_format_lines(out: dict[str, Any]) -> list[str]:
     for module, pattern in quantize["ignored"].items():
         by_pattern.setdefault(pattern, []).append(module)
     for pattern, modules in by_pattern.items():
-        lines.append(f"  left as they are: {len(modules)} Linear layer(s) matching {pattern} (e.g. {modules[0]})")
+        why = "that are MoE routers" if pattern == ROUTER else f"matching {pattern}"
+        lines.append(f"  left as they are: {len(modules)} Linear layer(s) {why} (e.g. {modules[0]})")
     return lines
 
 

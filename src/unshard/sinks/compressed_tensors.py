@@ -25,6 +25,7 @@ from ..errors import UnshardError
 if TYPE_CHECKING:
     import torch
 
+    from ..hf_names import LinearLayers
     from ..plan import OutputTensor
 
 # The compressed-tensors release whose output the tests compare with (llm-compressor 0.14.0.1's);
@@ -93,6 +94,8 @@ DEFAULT_IGNORE = ("lm_head", r"re:.*mlp\.gate$", r"re:.*block_sparse_moe\.gate$"
                   "re:(model\\.)?visual\\..*", "re:(model\\.)?vision_tower\\..*", "re:(model\\.)?vision_model\\..*",
                   "re:(model\\.)?multi_modal_projector\\..*")
 
+ROUTER = "(a MoE router)"  # why a router no pattern names is left out
+
 
 def scheme_named(name: str) -> Scheme:
     key = ALIASES.get(name.upper(), name.upper())
@@ -123,35 +126,33 @@ class Quantization:
 
 
 def plan_quantization(scheme_name: str, extra_ignore: tuple[str, ...], outputs: list[OutputTensor],
-                      linear: list[str] | None, source: str) -> Quantization:
-    """Which outputs the scheme quantizes: the weights of the model's Linear modules (`linear`, weight names in
-    the model's order, tied ones included), but those the ignore patterns name. Raises if a weight cannot
-    take the scheme, as llm-compressor refuses it, naming the layers and the flag that leaves them out."""
+                      linear: LinearLayers | None, source: str) -> Quantization:
+    """Which outputs the scheme quantizes: the weights of the model's Linear layers (each expert of a MoE
+    one's too), but those the ignore patterns name, as saved or as transformers holds them, and the MoE
+    routers (which compressed-tensors lists as Linear layers left out, and llm-compressor never quantizes).
+    Raises if a weight cannot take the scheme, as llm-compressor refuses it, naming the layers and the flag
+    that leaves them out."""
     scheme = scheme_named(scheme_name)
     if linear is None:
         raise UnshardError(f"{source}: --quantize needs to know which tensors are Linear layers, and transformers "
                            "could not be asked (not installed, custom code, or no model class for this config); "
                            "install unshard[hf]")
-    experts = next((o.name for o in outputs if ".experts." in o.name), None)
-    if experts is not None:
-        raise UnshardError(f"{source}: --quantize does not take mixture-of-experts models yet ({experts}): "
-                           "llm-compressor quantizes their experts as Linear layers named its own way, which unshard "
-                           "does not write yet; convert without --quantize, then quantize the folder with llm-compressor")
     patterns = DEFAULT_IGNORE + tuple(extra_ignore)
     by_name = {o.name: o for o in outputs}
     quantization = Quantization(scheme, patterns=patterns)
     misfits = []
-    for weight in linear:
+    for weight in linear.weights:
         module = weight.removesuffix(".weight")
-        pattern = next((p for p in patterns if matches(module, p)), None)
+        held_as = linear.held_as.get(weight, weight).removesuffix(".weight")
+        pattern = next((p for p in patterns if matches(module, p) or matches(held_as, p)),
+                       ROUTER if weight in linear.routers else None)
         if pattern is not None:
             quantization.ignored[module] = pattern
             continue
         output = by_name.get(weight)
-        if output is None:  # held under another name than it is saved under (or tied, as a head ignored by default)
-            raise UnshardError(f"{source}: --quantize does not take this model yet: its Linear layer {module} is "
-                               "saved under another name than transformers holds it (vision-language models); "
-                               "convert without --quantize, then quantize the folder with llm-compressor")
+        if output is None:  # tied to another tensor and not saved, or missing (--no-check)
+            raise UnshardError(f"{source}: --quantize {scheme.name}: the Linear layer {module} is not among the "
+                               f"tensors written (tied, or missing); leave it out with --quantize-ignore {module}")
         if not output.dtype.is_floating_point or len(output.shape) != 2:
             raise UnshardError(f"{source}: {weight} is {output.dtype} {list(output.shape)}; --quantize takes 2-D "
                                f"floating-point weights: leave it out with --quantize-ignore {module}")
