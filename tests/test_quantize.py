@@ -24,7 +24,7 @@ import unshard
 from conftest import SHIPPED
 from test_cli_and_errors import run_cli
 
-SCHEMES = ["W8A16", "W4A16", "W4A16_ASYM", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK"]
+SCHEMES = ["W8A16", "W4A16", "W4A16_ASYM", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK", "MXFP4A16", "MXFP4", "MXFP8A16", "MXFP8"]
 # Columns in groups of 128 (FP8_BLOCK: the inputs'), so a 320-column down_proj is refused: left unquantized here.
 GROUPED = {"W8A16", "W4A16", "W4A16_ASYM", "FP8_BLOCK"}
 ORACLE = Path(generate.HERE) / "llmcompressor_oracle.py"
@@ -82,7 +82,9 @@ def test_every_scheme_as_llm_compressor_writes_it(case, wide, fixture_case, orac
         assert result.bytes < (tmp_path / "plain" / "model.safetensors").stat().st_size
         jobs.append({"src": str(tmp_path / "plain"), "out": str(tmp_path / f"oracle-{scheme}"), "scheme": scheme,
                      "ignore": ["lm_head", *ignore]})
-        loads.append({"plain": str(tmp_path / "plain"), "quantized": str(tmp_path / scheme)})
+        # (compressed-tensors decompresses MX weights to bf16 whatever the model's dtype)
+        loads.append({"plain": str(tmp_path / "plain"), "quantized": str(tmp_path / scheme),
+                      "dtype": "bfloat16" if scheme.startswith("MX") else "auto"})
         card = (tmp_path / scheme / "README.md").read_text()
         assert f"quantized: {scheme} (compressed-tensors" in card
     oracle("quantize", jobs, tmp_path)
@@ -91,8 +93,10 @@ def test_every_scheme_as_llm_compressor_writes_it(case, wide, fixture_case, orac
 
     # transformers loads each through compressed-tensors, every tensor in place. The logits' largest distance from
     # the unquantized model's, on a prompt, relative to their largest magnitude (random tiny models; measured:
-    # W8A16 0.017, W8A8 0.025, FP8_DYNAMIC 0.09, FP8_BLOCK 0.09, W4A16 0.28, W4A16_ASYM 0.22 on the bf16 case).
-    bound = {"W8A16": 0.05, "W8A8": 0.05, "FP8_DYNAMIC": 0.2, "FP8_BLOCK": 0.2, "W4A16": 0.5, "W4A16_ASYM": 0.5}
+    # W8A16 0.017, W8A8 0.025, FP8_DYNAMIC 0.09, FP8_BLOCK 0.09, W4A16 0.28, W4A16_ASYM 0.22 on the bf16 case; run in bf16,
+    # MXFP8A16 0.04-0.08, MXFP8 0.09-0.11, MXFP4A16 0.23-0.24, MXFP4 0.30-0.49, its inputs quantized to FP4 too).
+    bound = {"W8A16": 0.05, "W8A8": 0.05, "FP8_DYNAMIC": 0.2, "FP8_BLOCK": 0.2, "W4A16": 0.5, "W4A16_ASYM": 0.5,
+             "MXFP8A16": 0.15, "MXFP8": 0.2, "MXFP4A16": 0.5, "MXFP4": 0.65}
     for scheme, loaded in zip(SCHEMES, oracle("load", loads, tmp_path)):
         assert loaded["missing"] == [] and loaded["unexpected"] == [], loaded
         assert loaded["max_abs"] / loaded["scale"] < bound[scheme], (scheme, loaded)
@@ -172,7 +176,8 @@ def test_mixture_of_experts_as_llm_compressor_writes_it(case, schemes, fixture_c
         unshard.convert(src, tmp_path / scheme, quantize=scheme, progress=False, verify=True)
         jobs.append({"src": str(tmp_path / "plain"), "out": str(tmp_path / f"oracle-{scheme}"), "scheme": scheme,
                      "ignore": list(DEFAULT_IGNORE)})
-        loads.append({"plain": str(tmp_path / "plain"), "quantized": str(tmp_path / scheme), "moe": True})
+        loads.append({"plain": str(tmp_path / "plain"), "quantized": str(tmp_path / scheme), "moe": True,
+                      "dtype": "bfloat16" if scheme.startswith("MX") else "float32"})
     oracle("quantize", jobs, tmp_path)
     layers = json.loads((tmp_path / "plain" / "config.json").read_text())["num_hidden_layers"]
     for scheme in schemes:
@@ -184,7 +189,8 @@ def test_mixture_of_experts_as_llm_compressor_writes_it(case, schemes, fixture_c
     # Linear layer (transformers cannot load a quantized MoE folder, llm-compressor's own neither). Distance of the
     # logits from the unquantized model's, relative to their largest magnitude: farther than a dense model's where
     # a token's choice of experts changes (measured: W8A16 0.094, W8A8 0.016-0.018, FP8 0.11-0.12, 4-bit 0.19).
-    bound = {"W8A16": 0.15, "W8A8": 0.15, "FP8_DYNAMIC": 0.2, "FP8_BLOCK": 0.2, "W4A16": 0.5, "W4A16_ASYM": 0.5}
+    bound = {"W8A16": 0.15, "W8A8": 0.15, "FP8_DYNAMIC": 0.2, "FP8_BLOCK": 0.2, "W4A16": 0.5, "W4A16_ASYM": 0.5,
+             "MXFP8A16": 0.2, "MXFP8": 0.2, "MXFP4A16": 0.5, "MXFP4": 0.65}
     for scheme, loaded in zip(schemes, oracle("load", loads, tmp_path)):
         assert loaded["missing"] == [] and loaded["unexpected"] == [], loaded
         assert loaded["max_abs"] / loaded["scale"] < bound[scheme], (scheme, loaded)
@@ -230,7 +236,7 @@ def test_bands_give_the_whole_tensor_s_encoding(tmp_path, monkeypatch):
     from unshard import execute
 
     src = SHIPPED / "llama-fsdp2-tp-q320" / "global_step_1"
-    for scheme in ("W4A16_ASYM", "FP8_BLOCK", "FP8_DYNAMIC"):
+    for scheme in ("W4A16_ASYM", "FP8_BLOCK", "FP8_DYNAMIC", "MXFP4A16"):
         ignore = ignore_for(scheme, False)
         unshard.convert(src, tmp_path / f"whole-{scheme}", quantize=scheme, quantize_ignore=ignore, progress=False)
         monkeypatch.setattr(execute, "ENCODING_BAND_BYTES", 8 * 256 * 4)  # 8 rows of 256 fp32 columns: 40 bands of gate_proj

@@ -45,11 +45,16 @@ class Args:
     block_structure: tuple[int, int] | None = None
     dynamic: bool = False
     zp_dtype: str | None = None
+    scale_dtype: str | None = None  # "torch.uint8": MX, power-of-two scales stored as their biased exponents
+
+    @property
+    def mx(self) -> bool:
+        return self.scale_dtype == "torch.uint8"
 
     def to_config(self, observer: str | None) -> dict[str, Any]:
         return {"actorder": None, "block_structure": list(self.block_structure) if self.block_structure else None,
                 "dynamic": self.dynamic, "group_size": self.group_size, "num_bits": self.num_bits,
-                "observer": observer, "observer_kwargs": {}, "scale_dtype": None, "strategy": self.strategy,
+                "observer": observer, "observer_kwargs": {}, "scale_dtype": self.scale_dtype, "strategy": self.strategy,
                 "symmetric": self.symmetric, "type": self.type, "zp_dtype": self.zp_dtype}
 
 
@@ -75,6 +80,11 @@ def _int_weights(bits: int, symmetric: bool = True) -> Args:
     return Args(bits, "int", "group", symmetric, group_size=128, zp_dtype=None if symmetric else "torch.int8")
 
 
+def _mx(bits: int, dynamic: bool = False) -> Args:
+    """The OCP microscaling formats: floats in groups of 32 sharing a power-of-two scale."""
+    return Args(bits, "float", "group", group_size=32, dynamic=dynamic, scale_dtype="torch.uint8")
+
+
 _TOKEN_INT8 = Args(8, "int", "token", dynamic=True)
 _TOKEN_FP8 = Args(8, "float", "token", dynamic=True)
 SCHEMES = {scheme.name: scheme for scheme in (
@@ -85,6 +95,10 @@ SCHEMES = {scheme.name: scheme for scheme in (
     Scheme("FP8_DYNAMIC", "float-quantized", Args(8, "float", "channel"), _TOKEN_FP8),
     Scheme("FP8_BLOCK", "float-quantized", Args(8, "float", "block", block_structure=(128, 128)),
            Args(8, "float", "group", group_size=128, dynamic=True)),
+    Scheme("MXFP4A16", "mxfp4-pack-quantized", _mx(4)),
+    Scheme("MXFP4", "mxfp4-pack-quantized", _mx(4), _mx(4, dynamic=True)),
+    Scheme("MXFP8A16", "mxfp8-quantized", _mx(8)),
+    Scheme("MXFP8", "mxfp8-quantized", _mx(8), _mx(8, dynamic=True)),
 )}
 ALIASES = {"INT8": "W8A8"}  # as compressed-tensors names them too
 
@@ -215,10 +229,12 @@ class QuantizedWeight:
         stored = []
         if self.format == "pack-quantized":
             stored.append(OutputTensor(f"{name}weight_packed", (rows, math.ceil(cols * args.num_bits / 32)), dtypes.BY_NAME["int32"]))
+        elif self.format == "mxfp4-pack-quantized":  # two values to a byte
+            stored.append(OutputTensor(f"{name}weight_packed", (rows, cols // 2), dtypes.BY_NAME["uint8"]))
         else:
             code = "int8" if args.type == "int" else "float8_e4m3fn"
             stored.append(OutputTensor(f"{name}weight", (rows, cols), dtypes.BY_NAME[code]))
-        stored.append(OutputTensor(f"{name}weight_scale", scale_shape, weight.dtype))
+        stored.append(OutputTensor(f"{name}weight_scale", scale_shape, dtypes.BY_NAME["uint8"] if args.mx else weight.dtype))
         if self.format == "pack-quantized":
             stored.append(OutputTensor(f"{name}weight_shape", (2,), dtypes.BY_NAME["int64"]))
             if not args.symmetric:  # packed along the rows, 32 // num_bits rows to an int32
@@ -234,13 +250,21 @@ class QuantizedWeight:
         q_min, q_max = _range(args)
         if args.strategy == "block":
             values, scale, zero = _quantize_blocks(band, args, q_min, q_max)
+        elif args.mx:
+            grouped = band.unflatten(-1, (-1, args.group_size))
+            scale = _mx_scale(*torch.aminmax(grouped, dim=-1), args)
+            values = _quantize(grouped, scale.unsqueeze(-1), torch.zeros_like(scale).unsqueeze(-1), args, q_min,
+                               q_max).flatten(-2)
+            scale = (127 + torch.floor(torch.log2(scale)).to(torch.int32)).to(torch.uint8)  # the exponent, biased
         else:
             grouped = band.unflatten(-1, (-1, args.group_size)) if args.strategy == "group" else band.unsqueeze(1)
             scale, zero = _scale_and_zero_point(*torch.aminmax(grouped, dim=-1), args, q_min, q_max)
             values = _quantize(grouped, scale.unsqueeze(-1), zero.unsqueeze(-1), args, q_min, q_max).flatten(-2)
             scale = scale if args.strategy == "group" else scale.reshape(-1, 1)
         pieces = {names["weight_scale"]: scale}
-        if self.format == "pack-quantized":
+        if self.format == "mxfp4-pack-quantized":
+            pieces[names["weight_packed"]] = values
+        elif self.format == "pack-quantized":
             pieces[names["weight_packed"]] = _pack_rows(values, args.num_bits)
             if start == 0:
                 pieces[names["weight_shape"]] = torch.tensor(self.shape, dtype=torch.int64)
@@ -259,7 +283,7 @@ def _range(args: Args):
     if args.type == "int":
         half = 2.0 ** args.num_bits / 2
         return torch.tensor(-half), torch.tensor(half - 1)
-    largest = torch.finfo(torch.float8_e4m3fn).max
+    largest = _FP4_LARGEST if args.num_bits == 4 else torch.finfo(torch.float8_e4m3fn).max
     return torch.tensor(-largest), torch.tensor(largest)
 
 
@@ -294,7 +318,52 @@ def _quantize(x, scale, zero, args: Args, q_min, q_max):
     scaled.clamp_(q_min, q_max)
     if args.type == "int":
         return scaled.round_().to(torch.int8)
+    if args.num_bits == 4:
+        return _fp4_packed(scaled)
     return scaled.to(torch.float8_e4m3fn)
+
+
+_FP4_LARGEST = 6.0
+# FP4 (E2M1) holds 0, 0.5, 1, 1.5, 2, 3, 4 and 6: a magnitude's code is how many of these bounds it passes, ties
+# going to the even code (as compressed-tensors rounds); (bound, whether reaching it is passing it).
+_FP4_BOUNDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def _fp4_packed(scaled):
+    """Values already clamped to FP4's range, rounded to FP4 and packed two to a byte, the first in the low
+    nibble: three bits of magnitude code, and the sign (kept for a negative value rounding to zero, as
+    compressed-tensors keeps it)."""
+    import torch
+
+    magnitude = scaled.abs()
+    code = (scaled < 0).to(torch.uint8) << 3
+    for bound, reached in _FP4_BOUNDS:
+        code += (magnitude >= bound if reached else magnitude > bound).to(torch.uint8)
+    pairs = code.view(*code.shape[:-1], -1, 2)
+    return pairs[..., 0] | (pairs[..., 1] << 4)
+
+
+def _mx_scale(lowest, highest, args: Args):
+    """MX scales as compressed-tensors computes them: each group's largest magnitude rounded to a power of two
+    (carrying from the mantissa's top bit), its exponent less the element type's largest exponent (2 for FP4,
+    8 for FP8 E4M3), biased by 127 and clamped to a byte, then the scale that exponent means, in the
+    weight's dtype (1 where that underflows to 0)."""
+    import torch
+
+    dtype = lowest.dtype
+    peak = torch.max(torch.min(lowest, torch.zeros_like(lowest)).abs(), torch.max(highest, torch.zeros_like(highest)))
+    bits, mantissa = {torch.bfloat16: (torch.int16, 7), torch.float16: (torch.int16, 10),
+                      torch.float32: (torch.int32, 23)}[dtype]
+    exponent_bits = dtype.itemsize * 8 - 1 - mantissa
+    word = peak.view(bits).to(torch.int32 if bits == torch.int16 else torch.int64)
+    if bits == torch.int16:
+        word &= 0xFFFF
+    word = (word + (1 << (mantissa - 2))) & (((1 << (exponent_bits + 1)) - 1) << mantissa)
+    power = word.to(torch.int32).to(bits).view(dtype) if bits == torch.int16 else word.to(torch.int32).view(dtype)
+    offset = 2 if args.num_bits == 4 else 8  # floor(log2(the element type's largest value))
+    exponent = torch.round(torch.clamp(127 + torch.floor(torch.log2(power)) - offset, 0, 255)).to(torch.uint8)
+    scale = (2.00 ** (exponent.to(torch.int32) - 127).to(torch.float)).to(dtype)
+    return torch.where(scale == 0, torch.tensor(1, dtype=dtype), scale)
 
 
 def _quantize_blocks(band, args: Args, q_min, q_max):
