@@ -303,14 +303,18 @@ COMPUTED_ROPE = {
                                             "long_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
                                             "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.6, 3.3, 4.0]}},
                        ["rope_factors_long.weight", "rope_factors_short.weight"]),
+    # YaRN (as Qwen2.5's and Qwen3's long-context configs set it): header fields only
+    "qwen2-fsdp2-spm": ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                             "original_max_position_embeddings": 32, "beta_fast": 32.0,
+                                             "beta_slow": 1.0}}, []),
 }
 
 
 @pytest.mark.parametrize("case", list(COMPUTED_ROPE))
-def test_rope_factors_the_converter_computes_as_it_does(case, converter, llama_cpp, tmp_path):
+def test_rope_scalings_as_the_converter_writes_them(case, converter, llama_cpp, tmp_path):
     """Llama 3's rope frequencies and Phi-3's long and short rope factors: f32 tensors first in the file, as the
-    converter computes them (q4_0: where llama-quantize puts them); llama.cpp then computes the model with its
-    scaled rope, ten times closer to transformers' model with it than without."""
+    converter computes them (q4_0: where llama-quantize puts them); YaRN's fields. llama.cpp then computes the
+    model with its scaled rope, ten times closer to transformers' model with it than without."""
     import json
 
     from transformers import AutoModelForCausalLM
@@ -458,9 +462,8 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
     ("qwen2moe-fsdp2", {"norm_topk_prob": True}, "norm_topk_prob is True, but llama.cpp's qwen2moe never renormalises"),
     ("qwen2moe-fsdp2", {"mlp_only_layers": [1]}, "some layers are dense (mlp_only_layers, decoder_sparse_step)"),
     # rope scalings: one unshard does not write yet; Phi-3's factors, one per pair of rotary dimensions
-    ("llama-fsdp2-spm", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
-                                             "original_max_position_embeddings": 32}},
-     "rope type 'yarn' is not written as GGUF by unshard yet"),
+    ("llama-fsdp2-spm", {"rope_parameters": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}},
+     "rope type 'dynamic' is not written as GGUF by unshard yet"),
     ("phi3-fsdp2-spm", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "long_factor": [1.0] * 4,
                                             "short_factor": [1.0] * 4, "original_max_position_embeddings": 64}},
      "4 long and 4 short rope factors for 16 rotary dimensions (one per pair, 8)"),

@@ -456,7 +456,7 @@ def _rotary_dimensions(hparams: dict, rope: dict) -> int:
 
 
 def _text_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path) -> None:
-    """The converter's TextModel's: sizes, heads, rope (linear scaling so far), norm epsilon, head width."""
+    """The converter's TextModel's: sizes, heads, rope (linear and YaRN scaling), norm epsilon, head width."""
     gguf = _gguf()
     writer.add_block_count(blocks)
     for key, add in (("max_position_embeddings", writer.add_context_length), ("hidden_size", writer.add_embedding_length),
@@ -471,6 +471,19 @@ def _text_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path
     if rope_type == "linear" and rope.get("factor") is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
+    elif rope_type == "yarn" and rope.get("factor") is not None:
+        if rope.get("original_max_position_embeddings") is None:
+            raise ConfigMismatchError(f"{where}: YaRN rope scaling without original_max_position_embeddings, which "
+                                      "llama.cpp needs; add the context the model was trained with to rope_parameters")
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        for value, add in ((rope.get("extrapolation_factor"), writer.add_rope_scaling_yarn_ext_factor),
+                           (rope.get("attention_factor", rope.get("attn_factor")), writer.add_rope_scaling_yarn_attn_factor),
+                           (rope.get("beta_fast"), writer.add_rope_scaling_yarn_beta_fast),
+                           (rope.get("beta_slow"), writer.add_rope_scaling_yarn_beta_slow)):
+            if value is not None:
+                add(value)
     elif rope_type not in (None, "default") and rope_type.lower() != "llama3":  # (llama3: _computed_tensors)
         raise ConfigMismatchError(f"{where}: rope type {rope_type!r} is not written as GGUF by unshard "
                                   "yet; write a folder and use llama.cpp's convert_hf_to_gguf.py")
