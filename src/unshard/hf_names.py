@@ -350,7 +350,8 @@ def _saved_shapes(model, in_memory: dict[str, tuple[int, ...]]) -> dict[str, tup
 
 # compressed-tensors counts a MoE router as a Linear layer (vLLM runs it as one), by its class name.
 _ROUTER_CLASS = re.compile(r"Router|Gating|Gate(?![a-z])")
-# llm-compressor turns each expert of a fused experts module into Linear layers in this order.
+# An expert's projection as saved, and the order llm-compressor makes Linear layers of a fused expert's in.
+_EXPERT = re.compile(r".*\.(\d+)\.(\w+)\.weight$")
 _EXPERT_ORDER = {"up_proj": 0, "w3": 0, "gate_proj": 1, "w1": 1, "down_proj": 2, "w2": 2}
 
 
@@ -385,9 +386,11 @@ def _linear_layers(model) -> LinearLayers:
             linear.weights += saved({f"{prefix}weight": own["weight"]})
             if router and not isinstance(module, torch.nn.Linear):
                 linear.routers.append(linear.weights[-1])
-        elif own and all(p.dim() == 3 for p in own.values()):  # fused experts
-            experts = saved({f"{prefix}{n}": p for n, p in own.items()})
-            linear.weights += sorted(experts, key=lambda n: (int(n.split(".")[-3]), _EXPERT_ORDER.get(n.split(".")[-2], 3)))
+        elif own and all(p.dim() == 3 for p in own.values()):  # fused experts (saved one tensor per expert)
+            experts = [_EXPERT.match(n) for n in saved({f"{prefix}{n}": p for n, p in own.items()})]
+            if all(experts):  # (not a convolution's kernel, say)
+                experts.sort(key=lambda found: (int(found[1]), _EXPERT_ORDER.get(found[2], 3)))
+                linear.weights += [found[0] for found in experts]
     return linear
 
 

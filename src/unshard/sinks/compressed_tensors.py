@@ -344,22 +344,18 @@ def _fp4_packed(scaled):
 
 
 def _mx_scale(lowest, highest, args: Args):
-    """MX scales as compressed-tensors computes them: each group's largest magnitude rounded to a power of two
-    (carrying from the mantissa's top bit), its exponent less the element type's largest exponent (2 for FP4,
-    8 for FP8 E4M3), biased by 127 and clamped to a byte, then the scale that exponent means, in the
-    weight's dtype (1 where that underflows to 0)."""
+    """MX scales as compressed-tensors computes them: each group's largest magnitude rounded to a power of
+    two (down, but up from 1.75 times one, a carry into the exponent), its exponent less the element type's
+    largest (2 for FP4, 8 for FP8 E4M3), biased by 127 and clamped to a byte; then the scale that exponent
+    means, in the weight's dtype (1 where that underflows to 0)."""
     import torch
 
     dtype = lowest.dtype
     peak = torch.max(torch.min(lowest, torch.zeros_like(lowest)).abs(), torch.max(highest, torch.zeros_like(highest)))
     bits, mantissa = {torch.bfloat16: (torch.int16, 7), torch.float16: (torch.int16, 10),
                       torch.float32: (torch.int32, 23)}[dtype]
-    exponent_bits = dtype.itemsize * 8 - 1 - mantissa
-    word = peak.view(bits).to(torch.int32 if bits == torch.int16 else torch.int64)
-    if bits == torch.int16:
-        word &= 0xFFFF
-    word = (word + (1 << (mantissa - 2))) & (((1 << (exponent_bits + 1)) - 1) << mantissa)
-    power = word.to(torch.int32).to(bits).view(dtype) if bits == torch.int16 else word.to(torch.int32).view(dtype)
+    word = peak.view(bits).to(torch.int64)  # (no sign: a magnitude)
+    power = ((word + (1 << (mantissa - 2))) >> mantissa << mantissa).to(bits).view(dtype)
     offset = 2 if args.num_bits == 4 else 8  # floor(log2(the element type's largest value))
     exponent = torch.round(torch.clamp(127 + torch.floor(torch.log2(power)) - offset, 0, 255)).to(torch.uint8)
     scale = (2.00 ** (exponent.to(torch.int32) - 127).to(torch.float)).to(dtype)
