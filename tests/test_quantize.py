@@ -64,6 +64,21 @@ def assert_same_files(ours: Path, theirs: Path) -> None:
     assert config(ours) == config(theirs)
 
 
+def load_job(plain: Path, quantized: Path, scheme: str, dtype: str = "auto", **extra) -> dict:
+    """A job of the oracle's `load` (compressed-tensors decompresses MX weights to bf16 whatever the model's dtype,
+    so those folders run in bf16)."""
+    return {"plain": str(plain), "quantized": str(quantized), "dtype": "bfloat16" if scheme.startswith("MX") else dtype,
+            **extra}
+
+
+def assert_loaded_within(loaded: list[dict], schemes: list[str], bound: dict[str, float]) -> None:
+    """Every tensor in place, and the logits' largest distance from the unquantized model's, relative to their
+    largest magnitude, within each scheme's bound."""
+    for scheme, result in zip(schemes, loaded):
+        assert result["missing"] == [] and result["unexpected"] == [], result
+        assert result["max_abs"] / result["scale"] < bound[scheme], (scheme, result)
+
+
 def ignore_for(scheme: str, wide: bool) -> list[str]:
     return [] if wide or scheme not in GROUPED else ["re:.*down_proj$"]
 
@@ -82,9 +97,7 @@ def test_every_scheme_as_llm_compressor_writes_it(case, wide, fixture_case, orac
         assert result.bytes < (tmp_path / "plain" / "model.safetensors").stat().st_size
         jobs.append({"src": str(tmp_path / "plain"), "out": str(tmp_path / f"oracle-{scheme}"), "scheme": scheme,
                      "ignore": ["lm_head", *ignore]})
-        # (compressed-tensors decompresses MX weights to bf16 whatever the model's dtype)
-        loads.append({"plain": str(tmp_path / "plain"), "quantized": str(tmp_path / scheme),
-                      "dtype": "bfloat16" if scheme.startswith("MX") else "auto"})
+        loads.append(load_job(tmp_path / "plain", tmp_path / scheme, scheme))
         card = (tmp_path / scheme / "README.md").read_text()
         assert f"quantized: {scheme} (compressed-tensors" in card
     oracle("quantize", jobs, tmp_path)
@@ -97,9 +110,7 @@ def test_every_scheme_as_llm_compressor_writes_it(case, wide, fixture_case, orac
     # MXFP8A16 0.04-0.08, MXFP8 0.09-0.11, MXFP4A16 0.23-0.24, MXFP4 0.30-0.49, its inputs quantized to FP4 too).
     bound = {"W8A16": 0.05, "W8A8": 0.05, "FP8_DYNAMIC": 0.2, "FP8_BLOCK": 0.2, "W4A16": 0.5, "W4A16_ASYM": 0.5,
              "MXFP8A16": 0.15, "MXFP8": 0.2, "MXFP4A16": 0.5, "MXFP4": 0.65}
-    for scheme, loaded in zip(SCHEMES, oracle("load", loads, tmp_path)):
-        assert loaded["missing"] == [] and loaded["unexpected"] == [], loaded
-        assert loaded["max_abs"] / loaded["scale"] < bound[scheme], (scheme, loaded)
+    assert_loaded_within(oracle("load", loads, tmp_path), SCHEMES, bound)
 
 
 def test_from_other_layouts_and_merges(oracle, tmp_path):
@@ -176,8 +187,7 @@ def test_mixture_of_experts_as_llm_compressor_writes_it(case, schemes, fixture_c
         unshard.convert(src, tmp_path / scheme, quantize=scheme, progress=False, verify=True)
         jobs.append({"src": str(tmp_path / "plain"), "out": str(tmp_path / f"oracle-{scheme}"), "scheme": scheme,
                      "ignore": list(DEFAULT_IGNORE)})
-        loads.append({"plain": str(tmp_path / "plain"), "quantized": str(tmp_path / scheme), "moe": True,
-                      "dtype": "bfloat16" if scheme.startswith("MX") else "float32"})
+        loads.append(load_job(tmp_path / "plain", tmp_path / scheme, scheme, "float32", moe=True))
     oracle("quantize", jobs, tmp_path)
     layers = json.loads((tmp_path / "plain" / "config.json").read_text())["num_hidden_layers"]
     for scheme in schemes:
@@ -191,9 +201,7 @@ def test_mixture_of_experts_as_llm_compressor_writes_it(case, schemes, fixture_c
     # a token's choice of experts changes (measured: W8A16 0.094, W8A8 0.016-0.018, FP8 0.11-0.12, 4-bit 0.19).
     bound = {"W8A16": 0.15, "W8A8": 0.15, "FP8_DYNAMIC": 0.2, "FP8_BLOCK": 0.2, "W4A16": 0.5, "W4A16_ASYM": 0.5,
              "MXFP8A16": 0.2, "MXFP8": 0.2, "MXFP4A16": 0.5, "MXFP4": 0.65}
-    for scheme, loaded in zip(schemes, oracle("load", loads, tmp_path)):
-        assert loaded["missing"] == [] and loaded["unexpected"] == [], loaded
-        assert loaded["max_abs"] / loaded["scale"] < bound[scheme], (scheme, loaded)
+    assert_loaded_within(oracle("load", loads, tmp_path), schemes, bound)
 
 
 def test_vision_language_models_as_llm_compressor_writes_them(oracle, tmp_path):
@@ -210,8 +218,7 @@ def test_vision_language_models_as_llm_compressor_writes_them(oracle, tmp_path):
         unshard.convert(src, tmp_path / name, quantize="W8A8", progress=False, verify=True)
         jobs.append({"src": str(tmp_path / f"{name}-plain"), "out": str(tmp_path / f"oracle-{name}"), "scheme": "W8A8",
                      "ignore": list(DEFAULT_IGNORE)})
-        loads += [{"plain": str(tmp_path / f"{name}-plain"), "quantized": str(tmp_path / folder)}
-                  for folder in (name, f"oracle-{name}")]
+        loads += [load_job(tmp_path / f"{name}-plain", tmp_path / folder, "W8A8") for folder in (name, f"oracle-{name}")]
     oracle("quantize", jobs, tmp_path)
     for name in cases:
         assert_same_files(tmp_path / name, tmp_path / f"oracle-{name}")

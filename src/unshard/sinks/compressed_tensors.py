@@ -307,8 +307,8 @@ def _scale_and_zero_point(lowest, highest, args: Args, q_min, q_max):
 
 
 def _quantize(x, scale, zero, args: Args, q_min, q_max):
-    """x / scale + zero point, clamped to the range, rounded to the integer or fp8 grid (in place after the
-    division: each pass over a band costs as much as reading it)."""
+    """x / scale + zero point, clamped to the range, rounded to the integer or fp8 grid, or to fp4's and packed
+    two to a byte (in place after the division: each pass over a band costs as much as reading it)."""
     import torch
 
     scaled = x / scale
