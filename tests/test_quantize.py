@@ -24,7 +24,8 @@ import unshard
 from conftest import SHIPPED
 from test_cli_and_errors import run_cli
 
-SCHEMES = ["W8A16", "W4A16", "W4A16_ASYM", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK", "MXFP4A16", "MXFP4", "MXFP8A16", "MXFP8"]
+SCHEMES = ["W8A16", "W4A16", "W4A16_ASYM", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16", "MXFP4", "MXFP8A16",
+           "MXFP8"]
 # Columns in groups of 128 (FP8_BLOCK: the inputs'), so a 320-column down_proj is refused: left unquantized here.
 GROUPED = {"W8A16", "W4A16", "W4A16_ASYM", "FP8_BLOCK"}
 ORACLE = Path(generate.HERE) / "llmcompressor_oracle.py"
@@ -65,9 +66,10 @@ def assert_same_files(ours: Path, theirs: Path) -> None:
 
 
 def load_job(plain: Path, quantized: Path, scheme: str, dtype: str = "auto", **extra) -> dict:
-    """A job of the oracle's `load` (compressed-tensors decompresses MX weights to bf16 whatever the model's dtype,
-    so those folders run in bf16)."""
-    return {"plain": str(plain), "quantized": str(quantized), "dtype": "bfloat16" if scheme.startswith("MX") else dtype,
+    """A job of the oracle's `load` (compressed-tensors decompresses MX and NVFP4 weights to bf16 whatever the model's
+    dtype, so those folders run in bf16)."""
+    bf16 = scheme.startswith(("MX", "NVFP4"))
+    return {"plain": str(plain), "quantized": str(quantized), "dtype": "bfloat16" if bf16 else dtype,
             **extra}
 
 
@@ -107,9 +109,10 @@ def test_every_scheme_as_llm_compressor_writes_it(case, wide, fixture_case, orac
     # transformers loads each through compressed-tensors, every tensor in place. The logits' largest distance from
     # the unquantized model's, on a prompt, relative to their largest magnitude (random tiny models; measured:
     # W8A16 0.017, W8A8 0.025, FP8_DYNAMIC 0.09, FP8_BLOCK 0.09, W4A16 0.28, W4A16_ASYM 0.22 on the bf16 case; run in bf16,
-    # MXFP8A16 0.04-0.08, MXFP8 0.09-0.11, MXFP4A16 0.23-0.24, MXFP4 0.30-0.49, its inputs quantized to FP4 too).
+    # MXFP8A16 0.04-0.08, MXFP8 0.09-0.11, MXFP4A16 0.23-0.24, MXFP4 0.30-0.49, its inputs quantized to FP4 too;
+    # NVFP4A16 0.19-0.26).
     bound = {"W8A16": 0.05, "W8A8": 0.05, "FP8_DYNAMIC": 0.2, "FP8_BLOCK": 0.2, "W4A16": 0.5, "W4A16_ASYM": 0.5,
-             "MXFP8A16": 0.15, "MXFP8": 0.2, "MXFP4A16": 0.5, "MXFP4": 0.65}
+             "NVFP4A16": 0.5, "MXFP8A16": 0.15, "MXFP8": 0.2, "MXFP4A16": 0.5, "MXFP4": 0.65}
     assert_loaded_within(oracle("load", loads, tmp_path), SCHEMES, bound)
 
 
@@ -131,15 +134,19 @@ def test_from_other_layouts_and_merges(oracle, tmp_path):
     for name, (src, options) in sources.items():
         unshard.convert(src, tmp_path / f"{name}-plain", progress=False, **options)
     unshard.merge(recipe, tmp_path / "merge-plain", progress=False)
-    for name in [*sources, "merge"]:
-        for scheme in ("W8A8", "FP8_DYNAMIC"):  # (any column count)
-            out = tmp_path / f"{name}-{scheme}"
-            if name == "merge":
-                unshard.merge(recipe, out, quantize=scheme, progress=False, verify=True)
-            else:
-                unshard.convert(sources[name][0], out, quantize=scheme, progress=False, verify=True, **sources[name][1])
-            jobs.append({"src": str(tmp_path / f"{name}-plain"), "out": str(tmp_path / f"oracle-{name}-{scheme}"),
-                         "scheme": scheme, "ignore": ["lm_head"]})
+    # W8A8 and FP8_DYNAMIC take any column count; NVFP4A16's global scale, shared by q, k and v (and by gate and up),
+    # is surveyed from Megatron's fused QKV split three ways and from a merge (its 90-column down_proj left out).
+    quantized = [(name, scheme, []) for name in [*sources, "merge"] for scheme in ("W8A8", "FP8_DYNAMIC")]
+    quantized += [("megatron", "NVFP4A16", []), ("merge", "NVFP4A16", ["re:.*down_proj$"])]
+    for name, scheme, ignore in quantized:
+        out = tmp_path / f"{name}-{scheme}"
+        if name == "merge":
+            unshard.merge(recipe, out, quantize=scheme, quantize_ignore=ignore, progress=False, verify=True)
+        else:
+            unshard.convert(sources[name][0], out, quantize=scheme, quantize_ignore=ignore, progress=False, verify=True,
+                            **sources[name][1])
+        jobs.append({"src": str(tmp_path / f"{name}-plain"), "out": str(tmp_path / f"oracle-{name}-{scheme}"),
+                     "scheme": scheme, "ignore": ["lm_head", *ignore]})
     oracle("quantize", jobs, tmp_path)
     for job in jobs:
         assert_same_files(Path(job["out"].replace("oracle-", "")), Path(job["out"]))
@@ -198,9 +205,9 @@ def test_mixture_of_experts_as_llm_compressor_writes_it(case, schemes, fixture_c
     # compressed-tensors decompresses each file into the model as llm-compressor quantizes it, each expert a
     # Linear layer (transformers cannot load a quantized MoE folder, llm-compressor's own neither). Distance of the
     # logits from the unquantized model's, relative to their largest magnitude: farther than a dense model's where
-    # a token's choice of experts changes (measured: W8A16 0.094, W8A8 0.016-0.018, FP8 0.11-0.12, 4-bit 0.19).
+    # a token's choice of experts changes (measured: W8A16 0.094, W8A8 0.016-0.018, FP8 0.11-0.12, 4-bit 0.19-0.20).
     bound = {"W8A16": 0.15, "W8A8": 0.15, "FP8_DYNAMIC": 0.2, "FP8_BLOCK": 0.2, "W4A16": 0.5, "W4A16_ASYM": 0.5,
-             "MXFP8A16": 0.2, "MXFP8": 0.2, "MXFP4A16": 0.5, "MXFP4": 0.65}
+             "NVFP4A16": 0.5, "MXFP8A16": 0.2, "MXFP8": 0.2, "MXFP4A16": 0.5, "MXFP4": 0.65}
     assert_loaded_within(oracle("load", loads, tmp_path), schemes, bound)
 
 
@@ -243,7 +250,7 @@ def test_bands_give_the_whole_tensor_s_encoding(tmp_path, monkeypatch):
     from unshard import execute
 
     src = SHIPPED / "llama-fsdp2-tp-q320" / "global_step_1"
-    for scheme in ("W4A16_ASYM", "FP8_BLOCK", "FP8_DYNAMIC", "MXFP4A16"):
+    for scheme in ("W4A16_ASYM", "FP8_BLOCK", "FP8_DYNAMIC", "MXFP4A16", "NVFP4A16"):
         ignore = ignore_for(scheme, False)
         unshard.convert(src, tmp_path / f"whole-{scheme}", quantize=scheme, quantize_ignore=ignore, progress=False)
         monkeypatch.setattr(execute, "ENCODING_BAND_BYTES", 8 * 256 * 4)  # 8 rows of 256 fp32 columns: 40 bands of gate_proj
@@ -253,6 +260,30 @@ def test_bands_give_the_whole_tensor_s_encoding(tmp_path, monkeypatch):
         whole, banded = tensors_of(tmp_path / f"whole-{scheme}"), tensors_of(tmp_path / f"banded-{scheme}")
         assert sorted(whole) == sorted(banded)
         assert all(whole[n].reshape(-1).view(torch.uint8).equal(banded[n].reshape(-1).view(torch.uint8)) for n in whole)
+
+
+def test_nvfp4_siblings_share_a_global_scale_whoever_writes_them(tmp_path):
+    """NVFP4's tensor-wide scale is found by a first pass over the weights, before any is written, and is the same
+    for q, k and v and for gate and up (vLLM runs each set as one layer): so processes writing different files
+    write what one process writes. Leaving out some of a set but not all is refused, as llm-compressor refuses it."""
+    src = SHIPPED / "llama-fsdp2-tp-q320" / "global_step_1"
+    one = unshard.convert(src, tmp_path / "one", quantize="NVFP4A16", max_shard_size="100KB", progress=False)
+    two = unshard.convert(src, tmp_path / "two", quantize="NVFP4A16", max_shard_size="100KB", progress=False, workers=2,
+                          verify=True)
+    assert len(one.files) > 2 and two.writers == 2
+    assert {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()} == \
+        {p.name: p.read_bytes() for p in (tmp_path / "two").iterdir()}
+    scales = {name.removesuffix(".weight_global_scale"): t.item() for name, t in tensors_of(tmp_path / "one").items()
+              if name.endswith("global_scale")}
+    for layer in (0, 1):
+        at = f"model.layers.{layer}."
+        assert scales[f"{at}self_attn.q_proj"] == scales[f"{at}self_attn.k_proj"] == scales[f"{at}self_attn.v_proj"]
+        assert scales[f"{at}mlp.gate_proj"] == scales[f"{at}mlp.up_proj"] != scales[f"{at}mlp.down_proj"]
+
+    code, _, err = run_cli("convert", src, tmp_path / "out", "--quantize", "NVFP4A16", "--quantize-ignore", "re:.*k_proj$")
+    assert code == 1 and len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    assert "model.layers.0.self_attn.q_proj, model.layers.0.self_attn.k_proj, model.layers.0.self_attn.v_proj share " \
+           "one global scale" in err and "leave out all of them or none" in err
 
 
 def test_dry_run_and_inspect_say_what_is_quantized(tmp_path):
@@ -267,6 +298,10 @@ def test_dry_run_and_inspect_say_what_is_quantized(tmp_path):
     plan = unshard.plan(src, quantize="W4A16", quantize_ignore=("re:.*down_proj$",))
     assert info["bytes"] == plan.total_bytes < unshard.plan(src).total_bytes
     assert info["quantize"]["ignored"]["model.layers.1.mlp.down_proj"] == "re:.*down_proj$"
+    assert "read twice" not in out
+    code, out, _ = run_cli("convert", src, tmp_path / "out", "--quantize", "nvfp4a16", "--dry-run")
+    assert code == 0 and "NVFP4A16 (compressed-tensors nvfp4-pack-quantized): 14 Linear weights" in out
+    assert "read twice: a first pass finds each weight's largest magnitude" in out
 
 
 def test_bad_requests_are_one_line_and_leave_nothing(tmp_path):

@@ -42,7 +42,7 @@ def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5
     q5_1, or auto: the converter's default).
 
     quantize: a compressed-tensors preset scheme (W4A16, W8A16, W4A16_ASYM, W8A8, FP8_DYNAMIC, FP8_BLOCK,
-    MXFP4A16, MXFP4, MXFP8A16, MXFP8):
+    NVFP4A16, MXFP4A16, MXFP4, MXFP8A16, MXFP8):
     the Linear weights are written quantized, as llm-compressor writes them, for vLLM.
     quantize_ignore: module names, or `re:` regular expressions, left unquantized besides the defaults
     (lm_head, MoE routers, vision towers).

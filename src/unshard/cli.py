@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     def quantize_options(p):
         p.add_argument("--quantize", metavar="SCHEME",
                        help="write the Linear weights quantized for vLLM, as llm-compressor does: W4A16, W8A16, "
-                            "W4A16_ASYM, W8A8, FP8_DYNAMIC, FP8_BLOCK, MXFP4A16, MXFP4, MXFP8A16 or MXFP8 (compressed-tensors' "
+                            "W4A16_ASYM, W8A8, FP8_DYNAMIC, FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP4, MXFP8A16 or MXFP8 (compressed-tensors' "
                             "presets)")
         p.add_argument("--quantize-ignore", metavar="PATTERN", action="append", default=[],
                        help="a module to leave unquantized, by name or 're:REGEX' (repeatable; lm_head, MoE "

@@ -198,10 +198,10 @@ def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[Part
             yield memoryview(band if dtype == source.dtype else _cast(band, source.dtype, dtype))
 
 
-def _progress(total: int, enabled: bool | None):
+def _progress(total: int, enabled: bool | None, what: str = "converting"):
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, desc="converting", disable=None if enabled is None else not enabled)
+    return tqdm(total=total, unit="B", unit_scale=True, desc=what, disable=None if enabled is None else not enabled)
 
 
 def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: int = 1, verify: bool = False,
@@ -228,6 +228,7 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
     start = time.perf_counter()
     folder = plan.sink.stage(out, overwrite)
     try:
+        survey(plan, threads, progress)  # (before forking: the workers are given what it found)
         with _progress(plan.total_bytes, progress) as bar:
             if workers > 1:
                 digests = _write_in_processes(plan, folder.path, writing, bar, workers)
@@ -363,6 +364,7 @@ def _convert_distributed(plan: Plan, out: Path, overwrite: bool, writing: Writin
         raise UnshardError(shared[1]) if rank == 0 else PeerFailedError(shared[1])
     mine = split_files(plan, world)[rank]
     try:
+        survey(plan, writing.threads, progress if rank == 0 else False)  # (every rank all of it: what any file needs)
         with _progress(sum(sum(g.nbytes for g in plan.files[f]) for f in mine), progress if rank == 0 else False) as bar:
             outcome = ("ok", _write_part(plan, Path(shared[0]), mine, writing, bar), peak_rss())
     except Exception as e:
@@ -425,10 +427,15 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writ
 
 
 def encoded(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(stored tensor, its next piece) for an output with an encoding: the parts gathered into bands of
-    whole rows, each band encoded. Memory: one band and what encoding it takes, however large the tensor.
-    The band is this thread's, kept from tensor to tensor, and a part lying in a file is read straight into
-    it; each band's pieces are written before the band is filled again."""
+    """(stored tensor, its next piece) for an output with an encoding: each band of its rows encoded."""
+    for start, band in bands(output, parts):
+        yield from output.encoding.encode(band, start).items()
+
+
+def bands(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[int, torch.Tensor]]:
+    """(first row, band) for an output with an encoding: the parts gathered into bands of whole rows. Memory: one
+    band, however large the tensor. The band is this thread's, kept from tensor to tensor, and a part lying in a
+    file is read straight into it; each band is used before the next is filled into it."""
     import torch
 
     encoding = output.encoding
@@ -454,10 +461,33 @@ def encoded(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[str, 
                 band[filled:filled + n] = data[done:done + n]
             filled, done = filled + n, done + n
             if filled == len(band):
-                yield from encoding.encode(whole_rows(filled), start).items()
+                yield start, whole_rows(filled)
                 filled, start = 0, start + rows
     if filled:
-        yield from encoding.encode(whole_rows(filled), start).items()
+        yield start, whole_rows(filled)
+
+
+def survey(plan: Plan, threads: int, progress: bool | None) -> None:
+    """A first pass over the outputs whose encoding must see all of them before encoding any (NVFP4's global scale,
+    shared by fused siblings): each read a band at a time, as writing reads it, and shown to its encoding."""
+    surveyed = {o.name for o in plan.outputs if o.encoding is not None and o.encoding.surveys}
+    if not surveyed:
+        return
+
+    def look(filename: str, group: Group) -> None:
+        if not any(o.name in surveyed for o in group.outputs):
+            return
+        for ready in ready_to_write(plan, group):
+            if ready.output.name in surveyed:
+                for _, band in bands(ready.output, ready.parts):
+                    ready.output.encoding.survey(band)
+                bar.update(ready.output.nbytes_as_is)
+            if ready.then is not None:
+                ready.then()
+
+    total = sum(o.nbytes_as_is for o in plan.outputs if o.name in surveyed)
+    with _progress(total, progress, "surveying") as bar:
+        _each_group(plan, list(plan.files), threads, look)
 
 
 def _each_group(plan: Plan, filenames: list[str], threads: int, do: Callable[[str, Group], None]) -> None:

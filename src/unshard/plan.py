@@ -147,7 +147,8 @@ class Plan:
             "quantize": None if quantization is None else {
                 "scheme": quantization.scheme.name, "format": quantization.scheme.format,
                 "quantized": len(quantization.encoded), "ignored": quantization.ignored,
-                "bytes_as_is": sum(o.nbytes_as_is for o in quantization.encoded.values())},
+                "bytes_as_is": sum(o.nbytes_as_is for o in quantization.encoded.values()),
+                "surveyed": sum(o.encoding.surveys for o in quantization.encoded.values())},
             "dtype": self.dtype.name,
             "dtype_reason": self.dtype_reason,
             "tensors": len(self.outputs),

@@ -85,6 +85,9 @@ def _output_format_lines(out: dict[str, Any]) -> list[str]:
         return []
     lines = [f"quantize     {quantize['scheme']} (compressed-tensors {quantize['format']}): {quantize['quantized']} Linear "
              f"weights, {human_bytes(quantize['bytes_as_is'])} unquantized; other tensors as they are"]
+    if quantize.get("surveyed"):
+        lines.append("  read twice: a first pass finds each weight's largest magnitude (its global scale, shared by fused "
+                     "siblings) before any is written")
     by_pattern: dict[str, list[str]] = {}
     for module, pattern in quantize["ignored"].items():
         by_pattern.setdefault(pattern, []).append(module)

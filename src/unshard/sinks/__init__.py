@@ -45,6 +45,7 @@ class Encoding(Protocol):
 
     stored: tuple[OutputTensor, ...]
     rows_per_band: int
+    surveys: bool  # whether every band of it must be shown to `survey(band)` before the first is encoded
 
     def encode(self, band: torch.Tensor, start: int) -> dict[str, torch.Tensor]:
         """The pieces of the stored tensors made from rows [start, start + len(band)), by stored name;

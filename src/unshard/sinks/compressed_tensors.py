@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+import threading
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ class Args:
 
     num_bits: int
     type: str  # "int" or "float"
-    strategy: str  # "group", "channel", "block" (weights); "token", "group" (dynamic activations)
+    strategy: str  # "group", "tensor_group", "channel", "block" (weights); "token", "group" (dynamic activations)
     symmetric: bool = True
     group_size: int | None = None
     block_structure: tuple[int, int] | None = None
@@ -50,6 +51,11 @@ class Args:
     @property
     def mx(self) -> bool:
         return self.scale_dtype == "torch.uint8"
+
+    @property
+    def grouped(self) -> bool:
+        """Columns in groups, each with its scale (tensor_group: times one scale for the whole tensor)."""
+        return self.strategy in ("group", "tensor_group")
 
     def to_config(self, observer: str | None) -> dict[str, Any]:
         return {"actorder": None, "block_structure": list(self.block_structure) if self.block_structure else None,
@@ -95,6 +101,9 @@ SCHEMES = {scheme.name: scheme for scheme in (
     Scheme("FP8_DYNAMIC", "float-quantized", Args(8, "float", "channel"), _TOKEN_FP8),
     Scheme("FP8_BLOCK", "float-quantized", Args(8, "float", "block", block_structure=(128, 128)),
            Args(8, "float", "group", group_size=128, dynamic=True)),
+    # NVIDIA's FP4: groups of 16 with FP8 scales, under a tensor-wide float32 scale (see GlobalScale)
+    Scheme("NVFP4A16", "nvfp4-pack-quantized", Args(4, "float", "tensor_group", group_size=16,
+                                                     scale_dtype="torch.float8_e4m3fn")),
     Scheme("MXFP4A16", "mxfp4-pack-quantized", _mx(4)),
     Scheme("MXFP4", "mxfp4-pack-quantized", _mx(4), _mx(4, dynamic=True)),
     Scheme("MXFP8A16", "mxfp8-quantized", _mx(8)),
@@ -180,13 +189,77 @@ def plan_quantization(scheme_name: str, extra_ignore: tuple[str, ...], outputs: 
                            f"they must be a multiple of it; not so for {len(misfits)} layer(s): "
                            f"{', '.join(misfits[:4])}{' ...' if len(misfits) > 4 else ''}; leave them unquantized "
                            f"with --quantize-ignore NAME or 're:REGEX' (e.g. {_suggestion(misfits[0])})")
+    if scheme.weights.strategy == "tensor_group":
+        _share_global_scales(quantization, linear, source)
     return quantization
+
+
+# Linear layers that vLLM runs as one (q, k and v; gate and up, as Mixtral's w1 and w3), which llm-compressor has
+# share one tensor-wide scale (its FUSED_LAYER_NAMES): siblings under one module that has all of the names.
+FUSED_SIBLINGS = (("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj"), ("q_a_proj", "kv_a_proj_with_mqa"),
+                  ("w1", "w3"))
+
+
+def _share_global_scales(quantization: Quantization, linear: LinearLayers, source: str) -> None:
+    """Give each encoded weight its GlobalScale, one for each set of fused siblings. llm-compressor refuses a set
+    of which only some are quantized; so does this."""
+    modules = {w.removesuffix(".weight") for w in linear.weights}
+    shared: dict[str, GlobalScale] = {}
+    for module in sorted(modules):
+        parent, _, leaf = module.rpartition(".")
+        for names in FUSED_SIBLINGS:
+            siblings = [f"{parent}.{n}" if parent else n for n in names]
+            if leaf != names[0] or not all(s in modules for s in siblings):
+                continue
+            left = [s for s in siblings if f"{s}.weight" not in quantization.encoded]
+            if left and len(left) < len(siblings):
+                raise UnshardError(f"{source}: --quantize {quantization.scheme.name}: {', '.join(siblings)} share one "
+                                   f"global scale, as vLLM runs them as one layer, but {', '.join(left)} would be left "
+                                   "unquantized; leave out all of them or none (--quantize-ignore)")
+            if not left:
+                scale = GlobalScale()
+                shared.update((f"{s}.weight", scale) for s in siblings)
+    for weight, output in quantization.encoded.items():
+        output.encoding.global_scale = shared.get(weight) or GlobalScale()
+
+
+_FP8_LARGEST = 448.0  # float8_e4m3fn's largest value
+
+
+class GlobalScale:
+    """The tensor-wide float32 scale of NVFP4 (tensor_group): 448 * 6 over the largest magnitude of the weight, or
+    of its fused siblings together, so that its groups' FP8 scales span FP8's range. So every band of them must be
+    seen (`survey`, execute.py's first pass) before the first is encoded; then `value` is that scale, computed as
+    compressed-tensors computes it, in the weights' dtype."""
+
+    def __init__(self):
+        self.peak: torch.Tensor | None = None  # the largest magnitude seen, in the weights' dtype
+        self._lock = threading.Lock()  # (siblings are surveyed by different threads)
+        self._value: torch.Tensor | None = None
+
+    def survey(self, band: torch.Tensor) -> None:
+        import torch
+
+        peak = band.abs().amax().reshape(1)
+        with self._lock:
+            self.peak = peak if self.peak is None else torch.maximum(self.peak, peak)
+
+    def value(self) -> torch.Tensor:
+        import torch
+
+        if self._value is None:
+            if self.peak is None:
+                raise RuntimeError("an NVFP4 weight encoded before its global scale was surveyed")
+            peak = torch.clamp(self.peak, min=torch.finfo(self.peak.dtype).tiny)
+            scale = _FP8_LARGEST * _FP4_LARGEST / peak  # (in the weights' dtype, as compressed-tensors divides)
+            self._value = torch.nan_to_num(scale, nan=1.0, posinf=1.0, neginf=1.0).to(torch.float32)
+        return self._value
 
 
 def _group_size(scheme: Scheme) -> int | None:
     """The columns a layer's weights, or its inputs, are quantized in groups of (FP8_BLOCK: its inputs)."""
     return next((args.group_size for args in (scheme.weights, scheme.input_activations)
-                 if args is not None and args.strategy == "group"), None)
+                 if args is not None and args.grouped), None)
 
 
 def _misfit(scheme: Scheme, shape: tuple[int, ...]) -> str | None:
@@ -214,10 +287,11 @@ class QuantizedWeight:
         from ..plan import OutputTensor
 
         self.args, self.format, self.dtype = scheme.weights, scheme.format, weight.dtype
+        self.global_scale: GlobalScale | None = None  # tensor_group: shared with fused siblings (plan_quantization)
         rows, cols = weight.shape
         name = weight.name.removesuffix("weight")
         args = self.args
-        if args.strategy == "group":
+        if args.grouped:
             scale_shape = (rows, cols // args.group_size)
         elif args.strategy == "channel":
             scale_shape = (rows, 1)
@@ -229,12 +303,16 @@ class QuantizedWeight:
         stored = []
         if self.format == "pack-quantized":
             stored.append(OutputTensor(f"{name}weight_packed", (rows, math.ceil(cols * args.num_bits / 32)), dtypes.BY_NAME["int32"]))
-        elif self.format == "mxfp4-pack-quantized":  # two values to a byte
+        elif self.format.endswith("fp4-pack-quantized"):  # two values to a byte
             stored.append(OutputTensor(f"{name}weight_packed", (rows, cols // 2), dtypes.BY_NAME["uint8"]))
         else:
             code = "int8" if args.type == "int" else "float8_e4m3fn"
             stored.append(OutputTensor(f"{name}weight", (rows, cols), dtypes.BY_NAME[code]))
-        stored.append(OutputTensor(f"{name}weight_scale", scale_shape, dtypes.BY_NAME["uint8"] if args.mx else weight.dtype))
+        scale_dtype = {"torch.uint8": "uint8", "torch.float8_e4m3fn": "float8_e4m3fn"}.get(args.scale_dtype)
+        stored.append(OutputTensor(f"{name}weight_scale", scale_shape, dtypes.BY_NAME[scale_dtype] if scale_dtype
+                                   else weight.dtype))
+        if args.strategy == "tensor_group":
+            stored.append(OutputTensor(f"{name}weight_global_scale", (1,), dtypes.BY_NAME["float32"]))
         if self.format == "pack-quantized":
             stored.append(OutputTensor(f"{name}weight_shape", (2,), dtypes.BY_NAME["int64"]))
             if not args.symmetric:  # packed along the rows, 32 // num_bits rows to an int32
@@ -243,11 +321,20 @@ class QuantizedWeight:
         self.stored = tuple(stored)
         self.names = {s.name.rsplit(".", 1)[-1]: s.name for s in stored}
 
+    @property
+    def surveys(self) -> bool:
+        """Whether every band must be seen (`survey`) before the first is encoded."""
+        return self.global_scale is not None
+
+    def survey(self, band: torch.Tensor) -> None:
+        self.global_scale.survey(band)
+
     def encode(self, band: torch.Tensor, start: int) -> dict[str, torch.Tensor]:
         import torch
 
         args, names = self.args, self.names
         q_min, q_max = _range(args)
+        pieces = {}
         if args.strategy == "block":
             values, scale, zero = _quantize_blocks(band, args, q_min, q_max)
         elif args.mx:
@@ -256,13 +343,22 @@ class QuantizedWeight:
             values = _quantize(grouped, scale.unsqueeze(-1), torch.zeros_like(scale).unsqueeze(-1), args, q_min,
                                q_max).flatten(-2)
             scale = (127 + torch.floor(torch.log2(scale)).to(torch.int32)).to(torch.uint8)  # the exponent, biased
+        elif args.strategy == "tensor_group":
+            grouped = band.unflatten(-1, (-1, args.group_size))
+            scale, zero = _scale_and_zero_point(*torch.aminmax(grouped, dim=-1), args, q_min, q_max,
+                                                self.global_scale.value())
+            values = _quantize(grouped, (scale / self.global_scale.value()).unsqueeze(-1), zero.unsqueeze(-1), args,
+                               q_min, q_max).flatten(-2)
+            scale = scale.to(torch.float8_e4m3fn)
+            if start == 0:
+                pieces[names["weight_global_scale"]] = self.global_scale.value()
         else:
             grouped = band.unflatten(-1, (-1, args.group_size)) if args.strategy == "group" else band.unsqueeze(1)
             scale, zero = _scale_and_zero_point(*torch.aminmax(grouped, dim=-1), args, q_min, q_max)
             values = _quantize(grouped, scale.unsqueeze(-1), zero.unsqueeze(-1), args, q_min, q_max).flatten(-2)
             scale = scale if args.strategy == "group" else scale.reshape(-1, 1)
-        pieces = {names["weight_scale"]: scale}
-        if self.format == "mxfp4-pack-quantized":
+        pieces[names["weight_scale"]] = scale
+        if self.format.endswith("fp4-pack-quantized"):
             pieces[names["weight_packed"]] = values
         elif self.format == "pack-quantized":
             pieces[names["weight_packed"]] = _pack_rows(values, args.num_bits)
@@ -287,8 +383,10 @@ def _range(args: Args):
     return torch.tensor(-largest), torch.tensor(largest)
 
 
-def _scale_and_zero_point(lowest, highest, args: Args, q_min, q_max):
-    """Scales (and zero points) from each group's least and greatest values, in the weight's dtype."""
+def _scale_and_zero_point(lowest, highest, args: Args, q_min, q_max, global_scale=None):
+    """Scales (and zero points) from each group's least and greatest values, in the weight's dtype. Under a global
+    scale (NVFP4), a group's scale is that times its own, rounded to FP8 (in float32), then held in the weight's
+    dtype (as the module's parameter holds it, exactly)."""
     import torch
 
     lowest = torch.min(lowest, torch.zeros_like(lowest))  # zero must stay representable
@@ -300,6 +398,10 @@ def _scale_and_zero_point(lowest, highest, args: Args, q_min, q_max):
     else:
         scale = (highest - lowest) / span.to(highest.dtype)
         zero = torch.clamp(q_min - lowest / scale, q_min, q_max)
+    if global_scale is not None:
+        scale = (global_scale * scale).clamp(-_FP8_LARGEST, _FP8_LARGEST).to(torch.float8_e4m3fn).float()
+        eps = torch.tensor(0.125)  # (compressed-tensors' smallest FP8 scale)
+        return torch.where(scale == 0, eps, scale).to(lowest.dtype), zero
     scale = torch.where(scale == 0, torch.tensor(torch.finfo(scale.dtype).eps, dtype=scale.dtype), scale)
     if not args.symmetric:
         zero = torch.round(torch.clamp(zero, -128, 127)).to(torch.int8)

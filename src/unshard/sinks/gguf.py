@@ -71,6 +71,7 @@ class GGUFTensor:
     head_dim: int = 0  # q/k rows to reorder per head; 0: none
     rows_per_band: int = 1
     shift: float = 0.0  # added to every value first
+    surveys = False  # (each band is encoded as it comes)
 
     def encode(self, band: torch.Tensor, start: int) -> dict[str, torch.Tensor]:
         import torch
