@@ -49,13 +49,15 @@ class Encoding(Protocol):
 
     def encode(self, band: torch.Tensor, start: int) -> dict[str, torch.Tensor]:
         """The pieces of the stored tensors made from rows [start, start + len(band)), by stored name;
-        each stored tensor's pieces, in order of the bands, are its bytes."""
+        each stored tensor's pieces, in order of the bands, are its bytes. A piece may be held in the thread's
+        scratch memory: it is written before the thread's next band is encoded."""
         ...
 
 
-ENCODING_BAND_BYTES = 16 << 20  # of an output tensor's rows, handed to its encoding at a time
-# What encoding one band holds besides the band itself: float copies of it (scaled, clamped, rounded),
-# the encoded pieces. An estimate for the plan's memory bound, measured in bench/ (quantize rows).
+ENCODING_BAND_BYTES = 4 << 20  # of an output tensor's rows, handed to its encoding at a time (as fast as 16 MB
+# bands, which the passes over a band no longer find in the cache, and less memory)
+# What encoding one band holds besides the band itself: its thread's scratch tensors (float copies of it, scaled,
+# rounded, packed), kept from band to band. An estimate for the plan's memory bound, measured in bench/ (quantize rows).
 ENCODING_WORK = 6 * ENCODING_BAND_BYTES
 
 
