@@ -414,6 +414,47 @@ def test_byte_level_bpe_vocabularies_as_the_converter_writes_them(case, pre, con
     assert len(fields["tokenizer.ggml.tokens"]) == 103 and fields["tokenizer.ggml.merges"]
 
 
+def gemma3_with_a_byte_level_bpe(tmp_path: Path, more_tokens: int) -> tuple[Path, Path]:
+    """The Gemma 3 fixture (an embedding of 103 rows) with the Llama fixture's trained byte-level BPE in place of its
+    SentencePiece model (63 tokens, 4 of them also listed as added ones), `more_tokens` tokens added to its
+    vocabulary (never made by a merge); the checkpoint, and the folder to take the config and tokenizer from."""
+    import json
+
+    src = SHIPPED / "gemma3-fsdp2-spm" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    (tmp_path / "hf" / "tokenizer.model").unlink()
+    bpe = SHIPPED / "llama-fsdp2" / "global_step_1" / "actor" / "huggingface"
+    described = json.loads((bpe / "tokenizer.json").read_text())
+    vocab = described["model"]["vocab"]
+    vocab.update({f"extra{i}": len(vocab) + i for i in range(more_tokens)})
+    (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps(described))
+    config = json.loads((bpe / "tokenizer_config.json").read_text())
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    return src, tmp_path / "hf"
+
+
+def test_gemma3_with_a_byte_level_bpe_vocabulary(converter, tmp_path):
+    """Gemma 3 with a tokenizer.json alone. The converter cuts the embedding to the tokens it counts there (vocabulary
+    and added tokens); with 40 more, 107 counted for 103 rows, nothing is cut, and the file is the converter's. With
+    fewer than the rows, the converter's cut file is one llama.cpp refuses (it lists the config's 103 tokens): that
+    is one line here, before anything is written."""
+    src, hf = gemma3_with_a_byte_level_bpe(tmp_path / "whole", 40)
+    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", hf, "--no-progress", "--gguf-type", "f32")
+    assert code == 0, err
+    assert_same_file(tmp_path / "m.gguf", converter(hf, "f32", tmp_path / "oracle.gguf", pre="gpt-2"))
+    assert contents(tmp_path / "m.gguf")[0]["tokenizer.ggml.model"] == "gpt2"
+
+    src, hf = gemma3_with_a_byte_level_bpe(tmp_path / "short", 0)
+    code, _, err = run_cli("convert", src, tmp_path / "short.gguf", "--config-from", hf, "--no-progress")
+    assert code == 1 and len(err.strip().splitlines()) == 1 and not (tmp_path / "short.gguf").exists()
+    assert "67 tokens for an embedding of 103 rows; llama.cpp's converter would cut" in err
+    cut = converter(hf, "f32", tmp_path / "cut.gguf", pre="gpt-2")
+    refused = subprocess.run([str(generate.peer_python("llamacpp-client")), str(Path(__file__).parent / "llama_cpp_client.py"),
+                              "run", str(cut), "1,5", str(tmp_path / "cut.npz"), "1"], capture_output=True, text=True,
+                             timeout=600)
+    assert refused.returncode != 0 and "Failed to load model" in refused.stderr  # (token_embd has the wrong shape)
+
+
 @pytest.mark.parametrize("case, args, expected", [
     ("qwen2vl-fsdp2", (), "Qwen2VLForConditionalGeneration is not an architecture unshard writes as GGUF yet"),
     ("llama-fsdp2-spm", ("--gguf-type", "q4_k_m"), "--gguf-type q4_k_m: a type llama-quantize computes and gguf-py "

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -40,9 +41,11 @@ def single(tmp_path_factory) -> Path:
 
 
 def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args],
-                          capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    with tempfile.TemporaryDirectory(prefix="unshard-torchrun-") as scratch:  # (torchrun leaves a folder in TMPDIR)
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args],
+                              capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=scratch),
+                              timeout=300)
 
 
 def test_workers_write_the_same_bytes(single, tmp_path):

@@ -54,8 +54,8 @@ class Encoding(Protocol):
         ...
 
 
-ENCODING_BAND_BYTES = 4 << 20  # of an output tensor's rows, handed to its encoding at a time (as fast as 16 MB
-# bands, which the passes over a band no longer find in the cache, and less memory)
+ENCODING_BAND_BYTES = 4 << 20  # of an output tensor's rows, handed to its encoding at a time (as fast as 16 MB, whose
+# passes over a band no longer find it in the cache, in less memory)
 # What encoding one band holds besides the band itself: its thread's scratch tensors (float copies of it, scaled,
 # rounded, packed), kept from band to band. An estimate for the plan's memory bound, measured in bench/ (quantize rows).
 ENCODING_WORK = 6 * ENCODING_BAND_BYTES

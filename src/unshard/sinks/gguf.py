@@ -616,13 +616,17 @@ def _gemma3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: P
         if hparams.get("layer_types") not in (None, global_every_sixth):
             raise ConfigMismatchError(f"{where}: layer_types is not one global layer in six, the only pattern "
                                       "llama.cpp's gemma3 runs; serve this model with transformers or vLLM")
-    if not (folder / "tokenizer.model").is_file():  # (the converter drops embedding rows past the tokenizer's)
+    if not (folder / "tokenizer.model").is_file():
+        # The converter cuts the embedding to the tokens tokenizer.json lists (its vocabulary plus its added tokens,
+        # counted again where they are in both) but lists the config's count of tokens, so fewer rows than that
+        # make a file llama.cpp refuses to load ("token_embd.weight has wrong shape").
         tokenizer = _json(folder / "tokenizer.json")
         tokens = len(tokenizer.get("model", {}).get("vocab", {})) + len(tokenizer.get("added_tokens", []))
-        if tokens != hparams["vocab_size"]:
+        if tokens < hparams["vocab_size"]:
             raise ConfigMismatchError(f"{folder / 'tokenizer.json'}: {tokens} tokens for an embedding of "
-                                      f"{hparams['vocab_size']} rows, which llama.cpp's converter cuts to the "
-                                      "tokenizer's; unshard does not cut rows yet: use the converter")
+                                      f"{hparams['vocab_size']} rows; llama.cpp's converter would cut the embedding "
+                                      "to the tokens, and llama.cpp then refuses the file; give the folder the model's "
+                                      "tokenizer.model (SentencePiece), with which every row is kept")
 
 
 def _vocabulary(writer, hparams: dict, folder: Path, llama: bool, phi3: bool = False, bpe: bool = False) -> str:
