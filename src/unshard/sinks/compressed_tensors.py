@@ -442,8 +442,7 @@ def _scratch(name: str, shape, dtype):
     per band. What it holds lasts until the thread's next band is encoded, by which time the writer has it."""
     import torch
 
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(thread_buffer(f"encoding {name}", nbytes)).view(dtype).view(shape)
+    return torch.from_numpy(thread_buffer(f"encoding {name}", math.prod(shape) * dtype.itemsize)).view(dtype).view(shape)
 
 
 _FP4_LARGEST = 6.0
