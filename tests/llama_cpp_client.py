@@ -8,6 +8,11 @@ of the logits after the last).
     python llama_cpp_client.py quantize IN.gguf OUT.gguf TYPE [OUTPUT_TYPE]
 is `llama-quantize [--output-tensor-type OUTPUT_TYPE] IN.gguf OUT.gguf TYPE` (TYPE: q4_0, q4_1, ...), through
 llama.cpp's own llama_model_quantize.
+
+    python llama_cpp_client.py image MODEL.gguf MMPROJ.gguf WIDTH HEIGHT PIXELS.rgb OUT.npy
+runs an image (PIXELS.rgb: WIDTH x HEIGHT RGB bytes, row by row) through llama.cpp's multimodal library (mtmd) as
+llama-mtmd-cli does, with MMPROJ.gguf beside the text model: OUT.npy gets the image's embeddings, one row per token
+of the image, as mtmd gives them to the text model.
 """
 
 import ctypes
@@ -38,7 +43,37 @@ def quantize(source: str, out: str, file_type: str, output_type: str | None) -> 
         sys.exit(f"llama_model_quantize failed on {source}")
 
 
+def image(model: str, mmproj: str, width: int, height: int, pixels: str, out: str) -> None:
+    from llama_cpp import mtmd_cpp as mtmd
+
+    llm = llama_cpp.Llama(model_path=model, n_ctx=64, n_threads=1, verbose=False)
+    params = mtmd.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings = False, 1, False
+    context = mtmd.mtmd_init_from_file(mmproj.encode(), llm.model, params)
+    if not context:
+        sys.exit(f"mtmd_init_from_file failed on {mmproj}")
+    data = open(pixels, "rb").read()
+    bitmap = mtmd.mtmd_bitmap_init(width, height, (ctypes.c_uint8 * len(data)).from_buffer_copy(data))
+    marker = mtmd.mtmd_default_marker()
+    text = mtmd.mtmd_input_text(marker, len(marker), False, True)
+    chunks = mtmd.mtmd_input_chunks_init()
+    if mtmd.mtmd_tokenize(context, chunks, ctypes.byref(text), (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) != 0:
+        sys.exit("mtmd_tokenize failed")
+    images = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
+    images = [chunk for chunk in images if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE]
+    if len(images) != 1 or mtmd.mtmd_encode_chunk(context, images[0]) != 0:
+        sys.exit(f"mtmd did not encode the image ({len(images)} image chunks)")
+    tokens = mtmd.mtmd_input_chunk_get_n_tokens(images[0])
+    embeddings = np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(context), shape=(tokens * llm.n_embd(),))
+    np.save(out, embeddings.reshape(tokens, llm.n_embd()).copy())
+    mtmd.mtmd_input_chunks_free(chunks)
+    mtmd.mtmd_bitmap_free(bitmap)
+    mtmd.mtmd_free(context)
+
+
 if sys.argv[1] == "run":
     run(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4], int(sys.argv[5]))
+elif sys.argv[1] == "image":
+    image(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7])
 else:
     quantize(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)

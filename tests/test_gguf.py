@@ -36,12 +36,14 @@ def converter():
     """Runs llama.cpp's convert_hf_to_gguf.py on a Hugging Face folder."""
     root, python = generate.llama_cpp_source(), generate.peer_python("llamacpp")
 
-    def run(folder: Path, outtype: str, out: Path, pre: str | None = None) -> Path:
+    def run(folder: Path, outtype: str, out: Path, pre: str | None = None, mmproj: bool = False) -> Path:
         """pre: the BPE pre-tokenizer's name, given to the converter (llama_cpp_converter.py) for a tokenizer
-        trained by the fixtures, which its table of known tokenizers' hashes lacks."""
+        trained by the fixtures, which its table of known tokenizers' hashes lacks. mmproj: write a vision-language
+        model's vision part (its --mmproj) rather than its text model."""
         script = [str(root / "convert_hf_to_gguf.py")] if pre is None else [
             str(Path(__file__).parent / "llama_cpp_converter.py"), str(root), pre]
-        done = subprocess.run([str(python), *script, str(folder), "--outtype", outtype, "--outfile", str(out)],
+        done = subprocess.run([str(python), *script, str(folder), "--outtype", outtype, "--outfile", str(out),
+                               *(["--mmproj"] if mmproj else [])],
                               capture_output=True, text=True, timeout=600, env=dict(os.environ, HF_HUB_OFFLINE="1"))
         assert done.returncode == 0, done.stderr[-3000:]
         return out
@@ -432,6 +434,128 @@ def gemma3_with_a_byte_level_bpe(tmp_path: Path, more_tokens: int) -> tuple[Path
     shutil.copyfile(bpe / "tokenizer_config.json", tmp_path / "hf" / "tokenizer_config.json")
     assert for_the_converter(tmp_path / "hf") == "gpt-2"
     return src, tmp_path / "hf"
+
+
+def with_hub_vision_names(folder: Path, out: Path) -> Path:
+    """A copy of a Gemma 3 folder with its vision tower's tensors under the names the Hub's Gemma 3 checkpoints have
+    (vision_tower.vision_model...): transformers 5 saves them as vision_tower..., which llama.cpp's converter cannot
+    map (nor transformers 4 load: it leaves the tower at random)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, out)
+    tensors = load_file(out / "model.safetensors")
+    save_file({name.replace("vision_tower.", "vision_tower.vision_model.", 1): t for name, t in tensors.items()},
+              out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def test_gemma3_vision_model_writes_its_mmproj_beside_as_the_converter_does(fixture_case, converter, llama_cpp,
+                                                                          tmp_path):
+    """A Gemma 3 with its vision tower (FSDP2 rank files): OUT is the text model, equal to the converter's file for
+    the folder, and mmproj-OUT beside it the vision tower and projector, equal to the converter's --mmproj file: the
+    `clip` architecture, the vision sizes, the image processor's mean and std, the projector's scale (2 x 2 patches
+    to a token here, not Gemma 3's 4 x 4), its norm shifted by one, its projection in F16 and the embeddings in F32
+    whatever the type; rows of 48 fall back to F16 in q8_0. For llama-quantize's types the text model is theirs and
+    the mmproj stays in f16. llama.cpp runs the text model as transformers does."""
+    from transformers import AutoModelForCausalLM
+
+    src = fixture_case("gemma3vl-fsdp2-spm") / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    hub = with_hub_vision_names(tmp_path / "hf", tmp_path / "hub")
+    for kind in ("f32", "f16", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        result = unshard.convert(src, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        assert result.files == ["model.gguf", "mmproj.gguf"] and not leftovers(tmp_path)
+        assert_same_file(ours, converter(hub, kind, tmp_path / f"oracle-{kind}.gguf"))
+        assert_same_file(tmp_path / f"mmproj-{kind}.gguf",
+                         converter(hub, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", mmproj=True))
+    fields, tensors = contents(tmp_path / "mmproj-q8_0.gguf")
+    assert fields["general.architecture"] == "clip" and fields["clip.projector_type"] == "gemma3"
+    assert fields["clip.vision.projector.scale_factor"] == 2 and fields["clip.vision.image_mean"] == [0.5] * 3
+    types = {name: kind for name, kind, *_ in tensors}
+    assert (types["mm.input_projection.weight"], types["v.patch_embd.weight"], types["v.blk.0.attn_q.weight"],
+            types["v.blk.0.ffn_down.weight"]) == ("F16", "F32", "Q8_0", "F16")
+    assert "vision_tower" not in str(contents(tmp_path / "f32.gguf")[1])  # (the text file holds no vision tensor)
+    code, out, _ = run_cli("convert", src, tmp_path / "dry.gguf", "--gguf-type", "q8_0", "--dry-run")
+    assert code == 0 and "mmproj       the vision part" in out and "mmproj.gguf" in out and "type q8_0" in out
+    (tmp_path / "mmproj-again.gguf").write_bytes(b"someone's")  # (an mmproj in the way is kept, as OUT would be)
+    code, _, err = run_cli("convert", src, tmp_path / "again.gguf", "--no-progress")
+    assert code == 1 and "mmproj-again.gguf: already exists" in err and not (tmp_path / "again.gguf").exists()
+    assert (tmp_path / "mmproj-again.gguf").read_bytes() == b"someone's" and not leftovers(tmp_path)
+    f32 = tmp_path / "oracle-f32.gguf"
+    unshard.convert(src, tmp_path / "q4_0.gguf", output=unshard.OutputOptions(gguf="q4_0"), progress=False)
+    llama_cpp_client("quantize", f32, tmp_path / "llama-quantize-q4_0.gguf", "q4_0", "q8_0")
+    assert_same_file(tmp_path / "q4_0.gguf", tmp_path / "llama-quantize-q4_0.gguf")
+    assert_same_file(tmp_path / "mmproj-q4_0.gguf", tmp_path / "mmproj-f16.gguf")
+    prompt = [1, 5, 20, 33, 64, 70, 90, 2]
+    with torch.no_grad():
+        expected = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)(torch.tensor([prompt])).logits[0]
+    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0)
+    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"vision_config": {"vision_use_head": True}}, "a pooling head (vision_use_head), which llama.cpp's gemma3 projector"),
+    # (transformers' config class refuses it first, when it is there to ask)
+    ({"vision_config": {"patch_size": None}}, "config.json: transformers cannot read it (Validation error for field "
+                                              "'patch_size'"),
+    ({}, "no image processor's image_mean and image_std"),
+])
+def test_a_vision_part_llama_cpp_cannot_take_is_one_line(change, expected, tmp_path):
+    """The mmproj file's facts missing or unlike what llama.cpp's gemma3 projector runs: one line before anything is
+    written, neither file left (the processor's settings are gone with processor_config.json)."""
+    import json
+
+    src = SHIPPED / "gemma3vl-fsdp2-spm" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    for key, value in change.get("vision_config", {}).items():
+        config["vision_config"][key] = value
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    if not change:
+        (tmp_path / "hf" / "processor_config.json").unlink()
+    # (--no-check: transformers' model of such a config has other tensors, which the config check says first)
+    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress",
+                           "--no-check")
+    assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists() and not (tmp_path / "mmproj-m.gguf").exists() and not leftovers(tmp_path)
+
+
+def test_llama_cpp_sees_an_image_through_the_mmproj_as_transformers_does(tmp_path):
+    """llama.cpp's multimodal library (mtmd, as llama-mtmd-cli and llama-server run it) loads the text model with its
+    mmproj file and encodes an image of 56 x 56 pixels into 4 image tokens: their embeddings are transformers'
+    image features of the unsharded model (get_image_features), measured relative distance 5e-4 (f32, f16) and 9e-3
+    (q8_0). The folder's tokenizer_config.json lists the image tokens as the Hub's Gemma 3 does (transformers 5 keeps
+    them in tokenizer.json only, where the converter does not look): mtmd wraps the image in them."""
+    import json
+
+    import numpy as np
+    from transformers import AutoModelForImageTextToText
+
+    src = SHIPPED / "gemma3vl-fsdp2-spm" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    config["added_tokens_decoder"] = {str(i): {"content": text, "special": True, "lstrip": False, "rstrip": False,
+                                               "normalized": False, "single_word": False}
+                                      for i, text in ((96, "<start_of_image>"), (97, "<end_of_image>"),
+                                                      (98, "<image_soft_token>"))}
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps(config))
+    image = np.random.default_rng(0).integers(0, 256, (56, 56, 3), dtype=np.uint8)
+    image.tofile(tmp_path / "image.rgb")
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    pixels = (torch.from_numpy(image).permute(2, 0, 1)[None].float() / 255 - 0.5) / 0.5  # (the image processor's)
+    with torch.no_grad():
+        expected = model.model.get_image_features(pixel_values=pixels).pooler_output[0]
+    assert expected.shape == (4, 64)
+    for kind, tolerance in (("f32", 1e-3), ("f16", 2e-3), ("q8_0", 0.03)):
+        gguf_file = tmp_path / f"{kind}.gguf"
+        unshard.convert(src, gguf_file, config_from=tmp_path / "hf", output=unshard.OutputOptions(gguf=kind),
+                        progress=False)
+        llama_cpp_client("image", gguf_file, tmp_path / f"mmproj-{kind}.gguf", 56, 56, tmp_path / "image.rgb",
+                         tmp_path / f"{kind}.npy")
+        embeddings = torch.from_numpy(np.load(tmp_path / f"{kind}.npy"))
+        distance = ((embeddings - expected).norm() / expected.norm()).item()
+        assert embeddings.shape == (4, 64) and distance <= tolerance, (kind, distance)
 
 
 def test_gemma3_with_a_byte_level_bpe_vocabulary(converter, tmp_path):

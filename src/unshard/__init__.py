@@ -72,7 +72,8 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
             architecture: str | None = None, workers: int = 1, distributed: bool = False,
             lora: str = "merge", checksums: bool = False, output: OutputOptions | None = None) -> Result:
     """Convert the checkpoint at SRC into a Hugging Face folder OUT (or, for an OUT ending in .gguf, one
-    GGUF file of llama.cpp's default type; `output=OutputOptions(gguf=TYPE)` chooses another).
+    GGUF file of llama.cpp's default type, and a vision model's mmproj-OUT beside it;
+    `output=OutputOptions(gguf=TYPE)` chooses another type).
 
     workers: processes on this host sharing the output files. distributed: this process is one rank
     of a torchrun job; every rank calls convert with the same arguments (OUT on a shared filesystem).

@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--gguf-type", metavar="TYPE",
                        help="write one GGUF file for llama.cpp (OUT ending in .gguf; implied by such an OUT): f32, "
                             "f16, bf16, q8_0, or llama-quantize's q4_0, q4_1, q5_0, q5_1; default auto, as "
-                            "llama.cpp's converter: bf16 or f16 as the model is")
+                            "llama.cpp's converter: bf16 or f16 as the model is. A vision model's image part goes "
+                            "beside it, as mmproj-OUT")
 
     def scale_options(p):
         p.add_argument("--workers", type=int, default=1,

@@ -74,11 +74,16 @@ def meta_model(config_folder: Path, config: dict, updates: dict | None = None) -
     if config.get("auto_map"):
         return None  # custom code: building it would run code from the checkpoint
     updates = updates or {}
-    if updates.get("model_type", config.get("model_type")) != config.get("model_type"):  # (a MoE assembled from dense models)
-        hf_config = transformers.AutoConfig.for_model(**{**config, **updates})
-    else:
-        hf_config = transformers.AutoConfig.from_pretrained(
-            config_folder, **{k: v for k, v in updates.items() if k in ("num_labels", "num_hidden_layers", "layer_types", "vocab_size")})
+    try:
+        if updates.get("model_type", config.get("model_type")) != config.get("model_type"):  # (a MoE of dense models)
+            hf_config = transformers.AutoConfig.for_model(**{**config, **updates})
+        else:
+            hf_config = transformers.AutoConfig.from_pretrained(config_folder, **{
+                k: v for k, v in updates.items() if k in ("num_labels", "num_hidden_layers", "layer_types", "vocab_size")})
+    except Exception as e:  # (a value of the wrong type or out of range: transformers' config classes check them)
+        why = str(e).strip().splitlines()[0].rstrip(":") if str(e).strip() else type(e).__name__
+        raise ConfigMismatchError(f"{config_folder / 'config.json'}: transformers cannot read it ({why}); fix it or pass "
+                                  "--config-from the model's own folder") from None
     architectures = updates.get("architectures") or config.get("architectures") or []
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None and updates.get("architectures"):

@@ -153,7 +153,7 @@ class Plan:
             "dtype_reason": self.dtype_reason,
             "tensors": len(self.outputs),
             "bytes": self.total_bytes,
-            "files": {name: self.sink.file_size(self.stored(name)) for name in self.files},
+            "files": {name: self.sink.file_size(name, self.stored(name)) for name in self.files},
             "dropped": self.dropped,
             "notes": self.notes,
             "config_from": str(self.config_folder) if self.config_folder else None,
@@ -235,8 +235,9 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
                                "--lora separate")
         gguf = plan_gguf(output.gguf, [o for g in groups.values() for o in g.outputs], config_folder, out_dtype.name,
                          checkpoint.config_changes)
+        encodings = {name: e for file in gguf.files().values() for name, e in file.encoded.items()}
         for group in groups.values():
-            group.outputs = [replace(o, encoding=gguf.encoded[o.name]) for o in group.outputs]
+            group.outputs = [replace(o, encoding=encodings[o.name]) for o in group.outputs]
         sink = GGUFSink(gguf)
     files = sink.lay_out(groups, output.max_shard_size)
     extra_files = {}

@@ -76,10 +76,15 @@ def as_text(info: dict[str, Any]) -> str:
 
 def _output_format_lines(out: dict[str, Any]) -> list[str]:
     if out.get("gguf"):
-        gguf = out["gguf"]
-        return [f"gguf         one file for llama.cpp ({gguf['architecture']}), type {gguf['type']}: "
-                + ", ".join(f"{n} tensor(s) in {t}" for t, n in gguf["tensor_types"].items()),
-                f"vocabulary   {gguf['vocabulary']}"]
+        gguf, mmproj = out["gguf"], out["gguf"].get("mmproj")
+        lines = [f"gguf         one file for llama.cpp ({gguf['architecture']}), type {gguf['type']}: "
+                 + ", ".join(f"{n} tensor(s) in {t}" for t, n in gguf["tensor_types"].items()),
+                 f"vocabulary   {gguf['vocabulary']}"]
+        if mmproj:
+            lines.append(f"mmproj       the vision part, for llama.cpp's multimodal library, in a second file beside OUT "
+                         f"(mmproj-OUT), type {mmproj['type']}: "
+                         + ", ".join(f"{n} tensor(s) in {t}" for t, n in mmproj["tensor_types"].items()))
+        return lines
     quantize = out.get("quantize")
     if not quantize:
         return []

@@ -12,7 +12,8 @@ the format `finish`es what surrounds the tensors and the place is committed.
   With a quantization scheme, its Linear weights are stored as compressed-tensors encodes them
   (compressed_tensors.py): the checkpoint vLLM and transformers load quantized.
 - gguf.GGUFSink: one GGUF file, as llama.cpp's converter writes it (tensors renamed, converted and
-  quantized by gguf-py's kernels, metadata and vocabulary in the header).
+  quantized by gguf-py's kernels, metadata and vocabulary in the header); a vision-language model's vision
+  part in a second, the mmproj (gguf_vision.py).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class Sink(Protocol):
         in order and `.close()`; `.write_parts(...)` writes a tensor whole; `.close(check)` ends the file."""
         ...
 
-    def file_size(self, tensors: list[OutputTensor]) -> int:
+    def file_size(self, filename: str, tensors: list[OutputTensor]) -> int:
         """Bytes of a file holding these stored tensors (for inspect and --dry-run)."""
         ...
 

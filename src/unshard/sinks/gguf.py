@@ -6,8 +6,9 @@ offsets) comes from the plan, then each tensor is converted a band of rows at a 
 its place. The format's constants, names, metadata writer and quantization kernels are gguf-py's
 (llama.cpp's own Python library); what is written here is which of them the converter uses, and when.
 
-So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3's text model, Phi-3
-and the MoE models Mixtral, Qwen2-MoE and Qwen3-MoE (each layer's experts stacked in one tensor), whose
+So far: Llama and Mistral (`llama` in llama.cpp), Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 (its vision tower and
+projector in a second file, the mmproj: gguf_vision.py), Phi-3 and the MoE models Mixtral, Qwen2-MoE and
+Qwen3-MoE (each layer's experts stacked in one tensor), whose
 tokenizer is a SentencePiece model (tokenizer.model) or a byte-level BPE (tokenizer.json), in f32, f16, bf16
 and q8_0 (the converter's own types), and q4_0, q4_1, q5_0 and q5_1 as llama-quantize makes them from the
 converter's file (LEGACY).
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import dtypes, known
 from ..errors import ConfigMismatchError, OutputExistsError, UnshardError, read_json
+from . import gguf_vision
 from .hf_folder import OutputFolder
 from .safetensors import SafetensorsFile, WrittenFile
 
@@ -43,11 +45,12 @@ if TYPE_CHECKING:
 LEGACY = ("q4_0", "q4_1", "q5_0", "q5_1")
 TYPES = ("f32", "f16", "bf16", "q8_0", *LEGACY)
 FILE_NAME = "model.gguf"  # inside the staging folder; committed as OUT itself
+MMPROJ_FILE_NAME = "mmproj.gguf"  # a vision-language model's vision part; committed beside OUT (mmproj_path)
 # Hugging Face architectures -> llama.cpp's (gguf.MODEL_ARCH's members): those written so far.
 ARCHITECTURES = {"LlamaForCausalLM": "LLAMA", "MistralForCausalLM": "LLAMA", "Qwen2ForCausalLM": "QWEN2",
                  "Qwen3ForCausalLM": "QWEN3", "GemmaForCausalLM": "GEMMA", "Gemma2ForCausalLM": "GEMMA2",
-                 "Gemma3ForCausalLM": "GEMMA3", "Phi3ForCausalLM": "PHI3", "MixtralForCausalLM": "LLAMA",
-                 "Qwen2MoeForCausalLM": "QWEN2MOE", "Qwen3MoeForCausalLM": "QWEN3MOE"}
+                 "Gemma3ForCausalLM": "GEMMA3", "Gemma3ForConditionalGeneration": "GEMMA3", "Phi3ForCausalLM": "PHI3",
+                 "MixtralForCausalLM": "LLAMA", "Qwen2MoeForCausalLM": "QWEN2MOE", "Qwen3MoeForCausalLM": "QWEN3MOE"}
 
 
 def _gguf():
@@ -104,6 +107,11 @@ class GGUFPlan:
     notes: list[str] = field(default_factory=list)
     vocabulary: str = ""  # what the tokenizer became, as inspect says it
     made_header: tuple = ()  # (the tensors, header()'s answer for them): a large vocabulary takes a while to pack
+    mmproj: GGUFPlan | None = None  # a vision-language model's second file, its vision part (gguf_vision.py)
+
+    def files(self) -> dict[str, GGUFPlan]:
+        """The plan of each file written, by its name in the staging folder."""
+        return {FILE_NAME: self, **({MMPROJ_FILE_NAME: self.mmproj} if self.mmproj else {})}
 
     def position(self, output: OutputTensor) -> tuple:
         """Where the file's tensor holding this output goes."""
@@ -122,7 +130,7 @@ class GGUFPlan:
         for qtype in types.values():
             counts[qtype] = counts.get(qtype, 0) + 1
         return {"type": self.file_type, "architecture": self.architecture, "tensor_types": counts,
-                "vocabulary": self.vocabulary}
+                "vocabulary": self.vocabulary, "mmproj": self.mmproj.summary() if self.mmproj else None}
 
 
 # A MoE layer's experts, one Hugging Face tensor each (model.layers.0.mlp.experts.3.up_proj.weight), are one
@@ -157,6 +165,11 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
     if architecture not in ARCHITECTURES:
         raise ConfigMismatchError(f"{where}: {architecture} is not an architecture unshard writes as GGUF yet "
                                   f"({', '.join(ARCHITECTURES)}); write a folder and use llama.cpp's convert_hf_to_gguf.py")
+    vision, everything = [], hparams
+    if architecture in gguf_vision.PROJECTORS:  # the text model here, the vision part in the mmproj file
+        vision = [o for o in outputs if gguf_vision.is_vision(o.name)]
+        outputs = [o for o in outputs if not gguf_vision.is_vision(o.name)]
+        hparams = {**hparams, **(hparams.get("text_config") or {})}  # (as the converter reads a text model's)
     arch = getattr(gguf.MODEL_ARCH, ARCHITECTURES[architecture])
     file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
     ftype = (gguf.LlamaFileType.ALL_F32 if file_type == "f32"
@@ -171,6 +184,10 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
         fields = plan.writer.kv_data[0]
         for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
             fields[key] = fields.pop(key)
+    if vision:
+        plan.mmproj = gguf_vision.plan_mmproj(file_type, vision, everything, config_folder,
+                                              gguf_vision.PROJECTORS[architecture])
+        plan.notes.extend(plan.mmproj.notes)
     return plan
 
 
@@ -189,7 +206,8 @@ def _plan_tensors(plan: GGUFPlan, outputs: list[OutputTensor], hparams: dict, ar
     llama_names, stacks, expert_of = [], {}, {}
     for output in ordered:
         expert = EXPERT.match(output.name)
-        name = names.get_name(f"{expert[1]}.{expert[3]}" if expert else output.name, try_suffixes=(".weight", ".bias"))
+        source = output.name.replace("language_model.", "")  # (a vision-language model's text part, as the converter)
+        name = names.get_name(f"{expert[1]}.{expert[3]}" if expert else source, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ConfigMismatchError(f"{where}: the tensor {output.name} has no name in llama.cpp's {plan.architecture} "
                                       "model; llama.cpp cannot load it")
@@ -396,17 +414,10 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: tuple[int,
               arch) -> str:
     """The key-values the converter writes, in its order (general, hyper-parameters, tokenizer); a `llama`
     (the converter's LlamaModel) adds its vocabulary size, rope dimensions and space prefix, and Gemma 2 has
-    hyper-parameters of its own. The general ones are gguf-py's Metadata of the folder (model card, generation
-    config's sampling), as there; its name is the folder's, which names the file (OUT's name would do as well)."""
+    hyper-parameters of its own."""
     gguf = _gguf()
     writer.add_type(gguf.GGUFType.MODEL)
-    general = gguf.Metadata.load(None, folder, None, parameters[0])
-    general.name = general.name or folder.name
-    if general.sampling_penalty_repeat is None:  # (llama.cpp's own gguf-py, newer than PyPI's 0.19.0, reads this too)
-        general.sampling_penalty_repeat = _json(folder / "generation_config.json").get("repetition_penalty")
-    if general.size_label is None and parameters[0] > 0:
-        general.size_label = gguf.size_label(*parameters)  # ("8x7B" for experts)
-    general.set_gguf_meta_model(writer)
+    general_metadata(writer, folder, parameters)
     blocks = hparams["num_hidden_layers"]
     llama = arch == gguf.MODEL_ARCH.LLAMA
     if arch in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.GEMMA2):
@@ -434,6 +445,20 @@ def _metadata(writer, hparams: dict, folder: Path, ftype, parameters: tuple[int,
             arch == gguf.MODEL_ARCH.GEMMA3 and (folder / "tokenizer.model").is_file()):
         writer.add_add_space_prefix(False)
     return vocabulary
+
+
+def general_metadata(writer, folder: Path, parameters: tuple[int, int, int, int]) -> None:
+    """The general key-values: gguf-py's Metadata of the folder (model card, generation config's sampling), its name
+    the folder's (which names the converter's file; OUT's name would do as well), the size label from the parameters
+    of the file's tensors (all, outside the experts, one expert's, experts)."""
+    gguf = _gguf()
+    general = gguf.Metadata.load(None, folder, None, parameters[0])
+    general.name = general.name or folder.name
+    if general.sampling_penalty_repeat is None:  # (llama.cpp's own gguf-py, newer than PyPI's 0.19.0, reads this too)
+        general.sampling_penalty_repeat = _json(folder / "generation_config.json").get("repetition_penalty")
+    if general.size_label is None and parameters[0] > 0:
+        general.size_label = gguf.size_label(*parameters)  # ("8x7B" for experts)
+    general.set_gguf_meta_model(writer)
 
 
 def _rope(hparams: dict) -> tuple[dict, dict]:
@@ -861,7 +886,8 @@ class WrittenGGUF(WrittenFile):
     """A GGUF file read back by gguf-py's reader, for --verify: its tensors as the plan stores them (the bytes of
     their GGUF type), at the offsets the reader finds."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, stacks: set[str]):
+        """stacks: the file's tensors that stack experts (read back as the plan stores them, one per expert)."""
         gguf = _gguf()
         self.path = path
         try:
@@ -874,7 +900,7 @@ class WrittenGGUF(WrittenFile):
             shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
             byte_shape = tuple(gguf.quant_shape_to_byte_shape(shape, tensor.tensor_type))
             begin = int(tensor.data_offset) - reader.data_offset
-            if len(shape) < 3:
+            if tensor.name not in stacks:
                 self.entries[tensor.name] = ("U8", byte_shape, begin, begin + int(tensor.n_bytes))
                 continue
             step = int(tensor.n_bytes) // shape[0]  # (a stack of experts: each as the plan stores it, name[expert])
@@ -883,29 +909,40 @@ class WrittenGGUF(WrittenFile):
                 self.entries[f"{tensor.name}[{expert}]"] = ("U8", byte_shape[1:], at, at + step)
 
 
+def mmproj_path(out: Path) -> Path:
+    """Where a vision-language model's mmproj file goes: beside OUT, named after it (mmproj-OUT), as llama.cpp's
+    users and LM Studio find it."""
+    return out.with_name("mmproj-" + out.name)
+
+
 class GGUFSink:
-    """One GGUF file as the output (a Sink, see sinks/__init__.py). OUT is the file itself: it is built in a
-    staging folder beside OUT and moved into place when complete."""
+    """One GGUF file as the output (a Sink, see sinks/__init__.py), and a vision-language model's mmproj file beside
+    it. OUT is the file itself: it is built in a staging folder beside OUT and moved into place when complete."""
 
     def __init__(self, plan: GGUFPlan):
-        self.plan = plan
+        self.plans = plan.files()
 
     def lay_out(self, groups: dict[str, Group], max_shard_size: int | str) -> dict[str, list[Group]]:
-        return {FILE_NAME: sorted(groups.values(), key=lambda g: self.plan.position(g.outputs[0]))}
+        files: dict[str, list[Group]] = {name: [] for name in self.plans}
+        for group in groups.values():
+            files[next(name for name, plan in self.plans.items() if group.outputs[0].name in plan.encoded)].append(group)
+        return {name: sorted(found, key=lambda g: self.plans[name].position(g.outputs[0])) for name, found in files.items()}
 
     def stage(self, out: Path, overwrite: bool) -> OutputFile:
-        return OutputFile(out, overwrite)
+        return OutputFile(out, overwrite, {MMPROJ_FILE_NAME: mmproj_path(out)} if MMPROJ_FILE_NAME in self.plans else {})
 
     def open(self, path: Path, tensors: list[OutputTensor]) -> GGUFFile:
-        return GGUFFile(path, tensors, self.plan)
+        return GGUFFile(path, tensors, self.plans[path.name])
 
-    def file_size(self, tensors: list[OutputTensor]) -> int:
-        return header(self.plan, tensors)[3]
+    def file_size(self, filename: str, tensors: list[OutputTensor]) -> int:
+        return header(self.plans[filename], tensors)[3]
 
     def read_back(self, path: Path) -> WrittenGGUF:
         """The file's tensors read back: the computed ones checked here, the others left to --verify."""
-        written = WrittenGGUF(path)
-        for name, values in self.plan.computed.items():
+        plan = self.plans[path.name]
+        written = WrittenGGUF(path, {stacked(e.stored[0].name)[0] for e in plan.encoded.values()
+                                     if stacked(e.stored[0].name)[1] is not None})
+        for name, values in plan.computed.items():
             data = memoryview(values).cast("B")
             if name not in written.entries or written.size_of(name) != data.nbytes or not written.holds_at(name, 0, data):
                 raise UnshardError(f"{path}: {name} is not the planned one; the file was changed during conversion")
@@ -917,31 +954,37 @@ class GGUFSink:
 
 
 class OutputFile(OutputFolder):
-    """The staging folder of a one-file output: committed by moving the file to OUT."""
+    """The staging folder of a one-file output: committed by moving the file to OUT (and any other file made, as
+    a vision model's mmproj, to its place beside OUT, before OUT: OUT in place means the output is whole)."""
 
-    def __init__(self, out: Path, overwrite: bool = False):
-        if out.is_dir():
-            raise UnshardError(f"{out}: is a folder; a GGUF output is one file: choose OUT ending in .gguf")
-        if out.exists() and not overwrite:
-            raise OutputExistsError(f"{out}: already exists; choose another OUT or pass --overwrite")
+    def __init__(self, out: Path, overwrite: bool = False, others: dict[str, Path] | None = None):
+        self.places = {**(others or {}), FILE_NAME: out}  # file in the staging folder -> where it goes
+        for place in self.places.values():
+            if place.is_dir():
+                raise UnshardError(f"{place}: is a folder; a GGUF output is one file: choose OUT ending in .gguf")
+            if place.exists() and not overwrite:
+                raise OutputExistsError(f"{place}: already exists; choose another OUT or pass --overwrite")
         super().__init__(out, overwrite=True)
         self.overwrite = overwrite
 
     def commit(self) -> None:
-        made = self.path / FILE_NAME
-        if self.overwrite:
-            os.replace(made, self.out)
-        else:
-            try:  # a hard link fails if another run put a file at OUT since this one started
-                os.link(made, self.out)
-            except PermissionError:  # (a filesystem without hard links: no run put a file there before the check)
-                if self.out.exists():
-                    raise OutputExistsError(f"{self.out}: another run wrote it while this one was running; choose "
-                                            "another OUT or pass --overwrite") from None
-                os.replace(made, self.out)
-            except FileExistsError:
-                shutil.rmtree(self.path, ignore_errors=True)
-                raise OutputExistsError(f"{self.out}: another run wrote it while this one was running; this run's "
-                                        "output was dropped: choose another OUT or pass --overwrite") from None
+        for name, place in self.places.items():
+            self._move(self.path / name, place)
         shutil.rmtree(self.path, ignore_errors=True)
+
+    def _move(self, made: Path, place: Path) -> None:
+        if self.overwrite:
+            os.replace(made, place)
+            return
+        try:  # a hard link fails if another run put a file at OUT since this one started
+            os.link(made, place)
+        except PermissionError:  # (a filesystem without hard links: no run put a file there before the check)
+            if place.exists():
+                raise OutputExistsError(f"{place}: another run wrote it while this one was running; choose "
+                                        "another OUT or pass --overwrite") from None
+            os.replace(made, place)
+        except FileExistsError:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise OutputExistsError(f"{place}: another run wrote it while this one was running; this run's "
+                                    "output was dropped: choose another OUT or pass --overwrite") from None
 

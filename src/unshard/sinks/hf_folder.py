@@ -62,7 +62,7 @@ class HFFolder:
         path.parent.mkdir(exist_ok=True)  # lora_adapter/
         return SafetensorsFile(path, [(t.name, t.dtype, t.shape) for t in tensors])
 
-    def file_size(self, tensors: list[OutputTensor]) -> int:
+    def file_size(self, filename: str, tensors: list[OutputTensor]) -> int:
         return sum(t.nbytes for t in tensors)  # (and a header of a few KB)
 
     def read_back(self, path: Path) -> WrittenFile:
