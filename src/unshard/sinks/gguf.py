@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from .. import dtypes, known
 from ..errors import ConfigMismatchError, OutputExistsError, UnshardError, read_json
-from . import gguf_vision
 from .hf_folder import OutputFolder
 from .safetensors import SafetensorsFile, WrittenFile
 
@@ -165,7 +164,9 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
     if architecture not in ARCHITECTURES:
         raise ConfigMismatchError(f"{where}: {architecture} is not an architecture unshard writes as GGUF yet "
                                   f"({', '.join(ARCHITECTURES)}); write a folder and use llama.cpp's convert_hf_to_gguf.py")
-    vision, everything = [], hparams
+    from . import gguf_vision
+
+    vision, model_hparams = [], hparams  # (the whole config's: a vision-language model's mmproj reads its vision_config)
     if architecture in gguf_vision.PROJECTORS:  # the text model here, the vision part in the mmproj file
         vision = [o for o in outputs if gguf_vision.is_vision(o.name)]
         outputs = [o for o in outputs if not gguf_vision.is_vision(o.name)]
@@ -185,7 +186,7 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
         for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
             fields[key] = fields.pop(key)
     if vision:
-        plan.mmproj = gguf_vision.plan_mmproj(file_type, vision, everything, config_folder,
+        plan.mmproj = gguf_vision.plan_mmproj(file_type, vision, model_hparams, config_folder,
                                               gguf_vision.PROJECTORS[architecture])
         plan.notes.extend(plan.mmproj.notes)
     return plan
@@ -941,7 +942,7 @@ class GGUFSink:
         """The file's tensors read back: the computed ones checked here, the others left to --verify."""
         plan = self.plans[path.name]
         written = WrittenGGUF(path, {stacked(e.stored[0].name)[0] for e in plan.encoded.values()
-                                     if stacked(e.stored[0].name)[1] is not None})
+                                     if PART.match(e.stored[0].name)})
         for name, values in plan.computed.items():
             data = memoryview(values).cast("B")
             if name not in written.entries or written.size_of(name) != data.nbytes or not written.holds_at(name, 0, data):

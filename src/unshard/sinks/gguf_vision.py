@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import dtypes
 from ..errors import ConfigMismatchError
+from .gguf import GGUFPlan, GGUFTensor, _gguf, _json, general_metadata
 
 if TYPE_CHECKING:
     from ..plan import OutputTensor
-    from .gguf import GGUFPlan
 
 # Hugging Face architectures whose vision part goes to the mmproj file: -> llama.cpp's projector type
 PROJECTORS = {"Gemma3ForConditionalGeneration": "GEMMA3"}
@@ -45,7 +45,6 @@ def plan_mmproj(file_type: str, outputs: list[OutputTensor], hparams: dict[str, 
                 projector: str) -> GGUFPlan:
     """The mmproj file's tensors, types, order and metadata, as the converter's `--mmproj` writes them."""
     from ..plan import OutputTensor
-    from .gguf import GGUFPlan, GGUFTensor, _gguf
 
     gguf = _gguf()
     where = folder / "config.json"
@@ -99,8 +98,6 @@ def _tensor_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype):
 def _metadata(writer, hparams: dict, vision: dict, folder: Path, parameters: int, projector: str, mm_type: str) -> None:
     """The converter's key-values for an mmproj, in its order: general ones, the file type, the vision tower's sizes
     and the image processor's normalisation, then the projector's."""
-    from .gguf import _gguf, general_metadata
-
     gguf = _gguf()
     writer.add_type(gguf.GGUFType.MMPROJ)
     general_metadata(writer, folder, (parameters, parameters, 0, 0))
@@ -137,8 +134,6 @@ def _metadata(writer, hparams: dict, vision: dict, folder: Path, parameters: int
 def _processor_config(folder: Path) -> dict[str, Any]:
     """The image processor's settings as the converter reads them: preprocessor_config.json, then
     processor_config.json over it (its image_processor's settings at the top)."""
-    from .gguf import _json
-
     settings: dict[str, Any] = {}
     for name in ("preprocessor_config.json", "processor_config.json"):
         found = _json(folder / name)
