@@ -15,7 +15,7 @@ import torch
 
 import unshard
 from conftest import SHIPPED
-from unshard import execute
+from unshard import writing
 
 LLAMA = SHIPPED / "llama-fsdp2"
 
@@ -198,7 +198,7 @@ def test_missing_config_needs_config_from(tmp_path):
 
 
 def test_failure_mid_write_leaves_no_output(tmp_path, monkeypatch):
-    real, calls = execute.ready_to_write, []
+    real, calls = writing.ready_to_write, []
 
     def fail_on_third(plan, group):
         calls.append(group)
@@ -206,7 +206,7 @@ def test_failure_mid_write_leaves_no_output(tmp_path, monkeypatch):
             raise OSError("disk full")
         return real(plan, group)
 
-    monkeypatch.setattr(execute, "ready_to_write", fail_on_third)
+    monkeypatch.setattr(writing, "ready_to_write", fail_on_third)
     with pytest.raises(OSError, match="disk full"):
         unshard.convert(LLAMA / "global_step_1", tmp_path / "hf", progress=False, max_shard_size="60KB")
     assert not (tmp_path / "hf").exists() and not leftovers(tmp_path)
@@ -356,12 +356,12 @@ def test_architecture_override(tmp_path):
 
 KILLED_WHILE_WRITING = """
 import os, signal, sys
-from unshard import execute
+from unshard import writing
 
 def write_then_die(*args, **kwargs):  # the OOM killer, or a scheduler, stopping the run mid-write
     os.kill(os.getpid(), signal.SIGKILL)
 
-execute._write_weights = write_then_die
+writing._write_weights = write_then_die
 from unshard.cli import main
 main(["convert", sys.argv[1], sys.argv[2], "--no-progress"])
 """

@@ -421,11 +421,11 @@ def test_dcp_chunks_saved_as_safetensors_are_found_by_their_header(tmp_path, mon
 def test_verify_finds_a_byte_changed_after_writing(tmp_path, monkeypatch, dtype):
     """--verify reads every written byte back: one byte changed between writing and verifying (a bad
     disk, another process) fails the run, names the tensor, and leaves no OUT behind."""
-    from unshard import execute
+    from unshard import writing
     from unshard.errors import UnshardError
     from unshard.sinks.safetensors import WrittenFile
 
-    write = execute._write_weights
+    write = writing._write_weights
     changed = []
 
     def write_then_flip_a_byte(plan, folder, filenames, writing, bar):
@@ -439,7 +439,7 @@ def test_verify_finds_a_byte_changed_after_writing(tmp_path, monkeypatch, dtype)
         changed.append(name)
         return digests
 
-    monkeypatch.setattr(execute, "_write_weights", write_then_flip_a_byte)
+    monkeypatch.setattr(writing, "_write_weights", write_then_flip_a_byte)
     src = SHIPPED / "llama-fsdp2" / "global_step_1" / "actor"
     with pytest.raises(UnshardError) as error:
         unshard.convert(src, tmp_path / "out", dtype=dtype, verify=True, progress=False)

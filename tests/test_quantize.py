@@ -247,13 +247,13 @@ def test_bands_give_the_whole_tensor_s_encoding(tmp_path, monkeypatch):
     """A weight larger than a band is encoded band by band (memory: a band, not the weight); the file is
     the same bit for bit as when each weight is one band: zero points packed 8 rows to an int32 across
     bands, FP8 blocks of 128 rows, the last band short."""
-    from unshard import execute
+    from unshard import assemble
 
     src = SHIPPED / "llama-fsdp2-tp-q320" / "global_step_1"
     for scheme in ("W4A16_ASYM", "FP8_BLOCK", "FP8_DYNAMIC", "MXFP4A16", "NVFP4A16"):
         ignore = ignore_for(scheme, False)
         unshard.convert(src, tmp_path / f"whole-{scheme}", quantize=scheme, quantize_ignore=ignore, progress=False)
-        monkeypatch.setattr(execute, "ENCODING_BAND_BYTES", 8 * 256 * 4)  # 8 rows of 256 fp32 columns: 40 bands of gate_proj
+        monkeypatch.setattr(assemble, "ENCODING_BAND_BYTES", 8 * 256 * 4)  # 8 rows of 256 fp32 columns: 40 bands of gate_proj
         unshard.convert(src, tmp_path / f"banded-{scheme}", quantize=scheme, quantize_ignore=ignore, progress=False,
                         verify=True)
         monkeypatch.undo()

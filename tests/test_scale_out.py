@@ -57,7 +57,7 @@ def test_workers_write_the_same_bytes(single, tmp_path):
 
 
 def test_split_files_balances_bytes():
-    from unshard.execute import split_files
+    from unshard.scale_out import split_files
 
     plan = unshard.plan(MIXTRAL, max_shard_size=SHARD)
     shares = split_files(plan, 3)

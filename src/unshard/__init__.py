@@ -21,7 +21,7 @@ from .errors import (
     UnsafeCheckpointError,
     UnshardError,
 )
-from .execute import Result
+from .writing import Result
 from .plan import Plan, build_plan
 from .readers import Checkpoint, open_checkpoint
 from .sinks import OutputOptions

@@ -113,7 +113,7 @@ def compare(plan, reference: Path, progress: bool | None) -> int:
 
     from tqdm import tqdm
 
-    from .execute import materialise
+    from .assemble import materialise
     from .lora import ADAPTER_FILE
     from .readers import open_checkpoint
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .. import hf_names
-from ..execute import materialise
+from ..assemble import materialise
 from ..plan import Plan
 from .recipe import RecipeError
 

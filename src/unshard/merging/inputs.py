@@ -46,7 +46,7 @@ class Input:
     def read(self, name: str) -> torch.Tensor:
         """The tensor `name`, whole, as its plan makes it, with the adapter folded in: a tensor of its own
         (callers work in it). A group making several outputs (split experts) is made once for them all."""
-        from ..execute import materialise
+        from ..assemble import materialise
 
         group = self.groups[name]
         if len(group.outputs) == 1:

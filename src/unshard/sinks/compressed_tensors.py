@@ -230,7 +230,7 @@ _FP8_LARGEST = 448.0  # float8_e4m3fn's largest value
 class GlobalScale:
     """The tensor-wide float32 scale of NVFP4 (tensor_group): 448 * 6 over the largest magnitude of the weight, or
     of its fused siblings together, so that its groups' FP8 scales span FP8's range. So every band of them must be
-    seen (`survey`, execute.py's first pass) before the first is encoded; then `value` is that scale, computed as
+    seen (`survey`, writing.py's first pass) before the first is encoded; then `value` is that scale, computed as
     compressed-tensors computes it, in the weights' dtype."""
 
     def __init__(self):
