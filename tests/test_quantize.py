@@ -262,6 +262,35 @@ def test_bands_give_the_whole_tensor_s_encoding(tmp_path, monkeypatch):
         assert all(whole[n].reshape(-1).view(torch.uint8).equal(banded[n].reshape(-1).view(torch.uint8)) for n in whole)
 
 
+def test_threads_share_torch_s_cores_and_write_what_one_thread_writes(tmp_path, monkeypatch):
+    """Two threads encoding at once each run torch's operations on half of torch's threads (each on every core
+    would leave OpenMP threads spinning on one another), and torch's count is as it was after the run. The groups
+    that need no torch go first, while the first encoding imports it: the files are still one thread's, byte for
+    byte."""
+    from unshard.sinks import compressed_tensors
+
+    src = SHIPPED / "llama-fsdp2-tp-q320" / "global_step_1"
+    seen, real = set(), compressed_tensors.QuantizedWeight.encode
+
+    def encode(self, band, start):
+        seen.add(torch.get_num_threads())
+        return real(self, band, start)
+
+    monkeypatch.setattr(compressed_tensors.QuantizedWeight, "encode", encode)
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        unshard.convert(src, tmp_path / "one", quantize="FP8_DYNAMIC", threads=1, progress=False)
+        assert seen == {4}
+        seen.clear()
+        unshard.convert(src, tmp_path / "two", quantize="FP8_DYNAMIC", threads=2, progress=False)
+        assert seen == {2} and torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(before)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()} == \
+        {p.name: p.read_bytes() for p in (tmp_path / "two").iterdir()}
+
+
 def test_nvfp4_siblings_share_a_global_scale_whoever_writes_them(tmp_path):
     """NVFP4's tensor-wide scale is found by a first pass over the weights, before any is written, and is the same
     for q, k and v and for gate and up (vLLM runs each set as one layer): so processes writing different files

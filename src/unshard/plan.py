@@ -68,6 +68,11 @@ class Group:
     def nbytes(self) -> int:
         return sum(o.nbytes for o in self.outputs)
 
+    @property
+    def encoded(self) -> bool:
+        """Whether an output is stored otherwise than as it is (quantized): that takes torch and a band's work."""
+        return any(o.encoding for o in self.outputs)
+
 
 @dataclass
 class Plan:
@@ -131,7 +136,7 @@ class Plan:
         """Bytes held while this group is made: the assembled source (one per input of a merge) plus its
         converted outputs; for a tensor streamed piece by piece, its largest piece (see
         `Checkpoint.flat_pieces`); and an encoding's band with its working copies."""
-        encoding = ENCODING_WORK if any(o.encoding for o in group.outputs) else 0
+        encoding = ENCODING_WORK if group.encoded else 0
         pieces = self.checkpoint.flat_pieces(group.source.name) if group.convert is None else None
         rows = self.checkpoint.band_rows(group.source.name) if group.convert is None else None
         if rows is not None:  # a band (of each input, for a merge), and the band cast to the output dtype
