@@ -21,10 +21,10 @@ from .errors import (
     UnsafeCheckpointError,
     UnshardError,
 )
-from .writing import Result
 from .plan import Plan, build_plan
 from .readers import Checkpoint, open_checkpoint
 from .sinks import OutputOptions
+from .writing import Result
 
 __version__ = "0.1.0"
 

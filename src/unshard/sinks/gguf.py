@@ -166,11 +166,12 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
                                   f"({', '.join(ARCHITECTURES)}); write a folder and use llama.cpp's convert_hf_to_gguf.py")
     from . import gguf_vision
 
-    vision, model_hparams = [], hparams  # (the whole config's: a vision-language model's mmproj reads its vision_config)
+    vision = []
     if architecture in gguf_vision.PROJECTORS:  # the text model here, the vision part in the mmproj file
         vision = [o for o in outputs if gguf_vision.is_vision(o.name)]
         outputs = [o for o in outputs if not gguf_vision.is_vision(o.name)]
-        hparams = {**hparams, **(hparams.get("text_config") or {})}  # (as the converter reads a text model's)
+        # (as the converter reads a text model's; the vision_config stays, for the mmproj)
+        hparams = {**hparams, **(hparams.get("text_config") or {})}
     arch = getattr(gguf.MODEL_ARCH, ARCHITECTURES[architecture])
     file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
     ftype = (gguf.LlamaFileType.ALL_F32 if file_type == "f32"
@@ -186,7 +187,7 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
         for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
             fields[key] = fields.pop(key)
     if vision:
-        plan.mmproj = gguf_vision.plan_mmproj(file_type, vision, model_hparams, config_folder,
+        plan.mmproj = gguf_vision.plan_mmproj(file_type, vision, hparams, config_folder,
                                               gguf_vision.PROJECTORS[architecture])
         plan.notes.extend(plan.mmproj.notes)
     return plan

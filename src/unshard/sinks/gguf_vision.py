@@ -43,7 +43,8 @@ def _converter_name(name: str) -> str:
 
 def plan_mmproj(file_type: str, outputs: list[OutputTensor], hparams: dict[str, Any], folder: Path,
                 projector: str) -> GGUFPlan:
-    """The mmproj file's tensors, types, order and metadata, as the converter's `--mmproj` writes them."""
+    """The mmproj file's tensors, types, order and metadata, as the converter's `--mmproj` writes them. hparams: the
+    config with its text_config's keys at the top (the text model's width) and its vision_config."""
     from ..plan import OutputTensor
 
     gguf = _gguf()
@@ -103,14 +104,13 @@ def _metadata(writer, hparams: dict, vision: dict, folder: Path, parameters: int
     general_metadata(writer, folder, (parameters, parameters, 0, 0))
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if mm_type == "f32"
                          else getattr(gguf.LlamaFileType, "MOSTLY_" + mm_type.upper()))
-    text = {**hparams, **(hparams.get("text_config") or {})}
     processor = _processor_config(folder)
     if "image_mean" not in processor or "image_std" not in processor:
         raise ConfigMismatchError(f"{folder}: no image processor's image_mean and image_std (preprocessor_config.json "
                                   "or processor_config.json), which the mmproj file carries; pass --config-from the "
                                   "model's own folder")
     writer.add_clip_has_vision_encoder(True)
-    writer.add_vision_projection_dim(text["hidden_size"])
+    writer.add_vision_projection_dim(hparams["hidden_size"])  # (the text model's width)
     writer.add_vision_image_size(vision["image_size"])
     writer.add_vision_patch_size(vision["patch_size"])
     writer.add_vision_embedding_length(vision["hidden_size"])
