@@ -120,111 +120,130 @@ def plan_extraction(finetuned: str | Path, base: str | Path, options: Extraction
     if options.dtype == "auto" and out_dtype.name not in dtypes.OUTPUT:
         out_dtype, reason = dtypes.OUTPUT["float32"], "the fine-tune's is not a float type"
     reason = reason.replace("config.json", "the fine-tune's config.json")
-
-    def shape(item: Input, name: str) -> tuple[int, ...] | None:
-        return tuple(found.shape) if (found := item.output(name)) is not None else None
-
-    saved_keys = list(options.save_modules)
-    tensors: dict[str, SourceTensor] = {}
-    groups: list[Group] = []
-    deltas: set[str] = set()
-    notes: list[str] = []
-    adapter = ExtractedAdapter(layout="lora-extraction", path=Path(str(finetuned)), tensors=tensors,
+    adapter = ExtractedAdapter(layout="lora-extraction", path=Path(str(finetuned)), tensors={},
                                hf_folder=tuned.plan.config_folder,
                                facts={"method": f"extract-lora, rank {options.rank}", "inputs": str(finetuned),
                                       "base_model": str(base)})
-    adapter.inputs, adapter.deltas, adapter.errors = [tuned, original], deltas, {}
-    ranks: dict[str, int] = {}
-    biases = False
-
-    def source(name: str, whole_shape: tuple[int, ...], delta: bool) -> SourceTensor:
-        tensors[name] = SourceTensor(name, whole_shape, dtypes.BY_NAME["float32"] if delta else
-                                     tuned.groups[name].source.dtype, [])
-        if delta:
-            deltas.add(name)
-        return tensors[name]
-
-    def save(module: str) -> None:
-        for part in ("weight", "bias"):
-            name = f"{module}.{part}"
-            if (found := shape(tuned, name)) is not None:
-                groups.append(Group(source(name, found, False), [OutputTensor(f"base_model.model.{name}", found, out_dtype)]))
-
-    def extract(module: str, embedding: bool) -> None:
-        nonlocal biases
-        weight = f"{module}.weight"
-        tuned_shape, base_shape = shape(tuned, weight), shape(original, weight)
-        if base_shape is None:
-            raise ExtractionError(f"{base}: has no {weight}, which {finetuned} has; extract a LoRA between two "
-                                  "models of one architecture")
-        if tuned_shape != base_shape:
-            raise ExtractionError(f"{finetuned}: {weight} has shape {tuned_shape}, {base} {base_shape}; only "
-                                  "modules of equal shapes are extracted (embeddings of another vocabulary are "
-                                  "saved whole without --embed-lora)")
-        rows, columns = (tuned_shape[1], tuned_shape[0]) if embedding else tuned_shape
-        rank = min(options.rank, rows, columns)
-        ranks[module] = rank
-        kind = "lora_embedding" if embedding else "lora"
-        suffix = "" if embedding else ".weight"
-        a, b = f"base_model.model.{module}.{kind}_A{suffix}", f"base_model.model.{module}.{kind}_B{suffix}"
-        groups.append(Group(source(weight, tuned_shape, True),
-                            [OutputTensor(a, (rank, columns), out_dtype), OutputTensor(b, (rows, rank), out_dtype)],
-                            _decompose(adapter, module, rank, embedding, options.distribute_scale, (a, b))))
-        bias = f"{module}.bias"
-        if (found := shape(tuned, bias)) is not None and shape(original, bias) == found:
-            groups.append(Group(source(bias, found, True),
-                                [OutputTensor(f"base_model.model.{module}.lora_B.bias", found, out_dtype)]))
-            biases = True
-
-    covered: set[str] = set()
-    tied = {"lm_head"} if (config or {}).get("tie_word_embeddings") else set()
-    for module, kind in _modules(tuned):
-        if f"{module}.weight" not in tuned.groups:
-            if module not in tied:
-                notes.append(f"{module}: a module of the model class whose weight the fine-tune does not hold; left out")
-            continue
-        covered |= {f"{module}.weight", f"{module}.bias"}
-        key = module.split(".")[-1]
-        excluded = any(re.search(p, module) for p in options.exclude)
-        embedding = kind in ("input", "output", "embedding")
-        vocabulary_changed = embedding and shape(tuned, f"{module}.weight") != shape(original, f"{module}.weight")
-        if (embedding and not options.embed_lora or vocabulary_changed) and not excluded and key not in saved_keys:
-            saved_keys.append(key)  # (mergekit saves embeddings whole unless asked)
-        if module in saved_keys or key in saved_keys:
-            save(module)
-        elif excluded or (options.include and not any(re.search(p, module) for p in options.include)):
-            continue
-        elif kind in ("linear", "embedding", "input", "output"):
-            extract(module, embedding=kind in ("embedding", "input"))  # (the head is a Linear layer)
-        elif options.skip_undecomposable:
-            notes.append(f"{module}: neither Linear nor Embedding; left out (--skip-undecomposable)")
-        else:
-            saved_keys.append(key)  # (as mergekit: saved whole)
-            save(module)
-    left = sorted(n for n in tuned.groups if n not in covered and tuned.groups[n].source.dtype.is_floating_point)
-    if left:
-        notes.append(f"{len(left)} tensor(s) belong to no module of the model class (e.g. {left[0]}); left out")
-    if not ranks:
-        raise ExtractionError(f"{finetuned}: no module left to extract (check --include / --exclude)")
-
-    r = max(ranks.values())
-    smaller = {m: k for m, k in ranks.items() if k != r}
-    adapter_config = {
-        "base_model_name_or_path": str(base), "peft_type": "LORA", "task_type": "CAUSAL_LM", "use_rslora": False,
-        "target_modules": sorted({m.split(".")[-1] for m in ranks}), "modules_to_save": saved_keys,
-        "r": r, "lora_alpha": r, "rank_pattern": smaller, "alpha_pattern": smaller,
-        "lora_dropout": 0.0, "fan_in_fan_out": False, "inference_mode": True,
-    }
-    if biases:
-        notes.append("the biases' differences are written as lora_B.bias, as mergekit writes them; peft reads them "
-                     "only with lora_bias, which it cannot merge into the layers that have no bias, so the config "
-                     "leaves it off and peft leaves the bias differences out")
-    plan = Plan(adapter, tuned.plan.config_folder, out_dtype, reason, {ADAPTER_WEIGHTS: groups}, notes=notes,
-                extra_files={"adapter_config.json": json.dumps(adapter_config, indent=2) + "\n"},
+    adapter.inputs, adapter.deltas, adapter.errors = [tuned, original], set(), {}
+    modules = _AdapterModules(adapter, options, out_dtype, str(finetuned), str(base))
+    modules.walk(tied={"lm_head"} if (config or {}).get("tie_word_embeddings") else set())
+    plan = Plan(adapter, tuned.plan.config_folder, out_dtype, reason, {ADAPTER_WEIGHTS: modules.groups},
+                notes=modules.notes, extra_files={"adapter_config.json": modules.adapter_config()},
                 sink=PeftAdapterFolder(lambda plan, digests: adapter_card(plan, digests, options)),
                 base_models=hub_ids([str(base).partition("+")[0]]))
     plan.copies_per_tensor = 5  # the two inputs, the task vector, the SVD's factors and its work
     return plan
+
+
+class _AdapterModules:
+    """Walks the fine-tune's modules, deciding for each whether it is extracted (a task vector's two
+    factors), saved whole (modules_to_save) or left out, and plans the adapter's tensors accordingly."""
+
+    def __init__(self, adapter: ExtractedAdapter, options: ExtractionOptions, out_dtype: dtypes.DType,
+                 finetuned: str, base: str):
+        self.adapter, self.options, self.out_dtype = adapter, options, out_dtype
+        self.tuned, self.original = adapter.inputs
+        self.finetuned, self.base = finetuned, base
+        self.saved_keys = list(options.save_modules)
+        self.groups: list[Group] = []
+        self.notes: list[str] = []
+        self.ranks: dict[str, int] = {}
+        self.biases = False
+
+    def walk(self, tied: set[str]) -> None:
+        options, covered = self.options, set()
+        for module, kind in _modules(self.tuned):
+            if f"{module}.weight" not in self.tuned.groups:
+                if module not in tied:
+                    self.notes.append(f"{module}: a module of the model class whose weight the fine-tune does not "
+                                      "hold; left out")
+                continue
+            covered |= {f"{module}.weight", f"{module}.bias"}
+            key = module.split(".")[-1]
+            excluded = any(re.search(p, module) for p in options.exclude)
+            embedding = kind in ("input", "output", "embedding")
+            vocabulary_changed = embedding and self._shape(self.tuned, f"{module}.weight") != self._shape(
+                self.original, f"{module}.weight")
+            if (embedding and not options.embed_lora or vocabulary_changed) and not excluded \
+                    and key not in self.saved_keys:
+                self.saved_keys.append(key)  # (mergekit saves embeddings whole unless asked)
+            if module in self.saved_keys or key in self.saved_keys:
+                self._save(module)
+            elif excluded or (options.include and not any(re.search(p, module) for p in options.include)):
+                continue
+            elif kind in ("linear", "embedding", "input", "output"):
+                self._extract(module, embedding=kind in ("embedding", "input"))  # (the head is a Linear layer)
+            elif options.skip_undecomposable:
+                self.notes.append(f"{module}: neither Linear nor Embedding; left out (--skip-undecomposable)")
+            else:
+                self.saved_keys.append(key)  # (as mergekit: saved whole)
+                self._save(module)
+        groups = self.tuned.groups
+        left = sorted(n for n in groups if n not in covered and groups[n].source.dtype.is_floating_point)
+        if left:
+            self.notes.append(f"{len(left)} tensor(s) belong to no module of the model class (e.g. {left[0]}); "
+                              "left out")
+        if not self.ranks:
+            raise ExtractionError(f"{self.finetuned}: no module left to extract (check --include / --exclude)")
+        if self.biases:
+            self.notes.append("the biases' differences are written as lora_B.bias, as mergekit writes them; peft "
+                              "reads them only with lora_bias, which it cannot merge into the layers that have no "
+                              "bias, so the config leaves it off and peft leaves the bias differences out")
+
+    def adapter_config(self) -> str:
+        """mergekit's: r the largest rank, lora_alpha = r, the smaller ranks (and equal alphas) per module."""
+        r = max(self.ranks.values())
+        smaller = {m: k for m, k in self.ranks.items() if k != r}
+        config = {
+            "base_model_name_or_path": self.base, "peft_type": "LORA", "task_type": "CAUSAL_LM", "use_rslora": False,
+            "target_modules": sorted({m.split(".")[-1] for m in self.ranks}), "modules_to_save": self.saved_keys,
+            "r": r, "lora_alpha": r, "rank_pattern": smaller, "alpha_pattern": smaller,
+            "lora_dropout": 0.0, "fan_in_fan_out": False, "inference_mode": True,
+        }
+        return json.dumps(config, indent=2) + "\n"
+
+    @staticmethod
+    def _shape(item: Input, name: str) -> tuple[int, ...] | None:
+        return tuple(found.shape) if (found := item.output(name)) is not None else None
+
+    def _source(self, name: str, whole_shape: tuple[int, ...], delta: bool) -> SourceTensor:
+        dtype = dtypes.BY_NAME["float32"] if delta else self.tuned.groups[name].source.dtype
+        self.adapter.tensors[name] = SourceTensor(name, whole_shape, dtype, [])
+        if delta:
+            self.adapter.deltas.add(name)
+        return self.adapter.tensors[name]
+
+    def _save(self, module: str) -> None:
+        for part in ("weight", "bias"):
+            name = f"{module}.{part}"
+            if (found := self._shape(self.tuned, name)) is not None:
+                self.groups.append(Group(self._source(name, found, False),
+                                         [OutputTensor(f"base_model.model.{name}", found, self.out_dtype)]))
+
+    def _extract(self, module: str, embedding: bool) -> None:
+        weight = f"{module}.weight"
+        tuned_shape, base_shape = self._shape(self.tuned, weight), self._shape(self.original, weight)
+        if base_shape is None:
+            raise ExtractionError(f"{self.base}: has no {weight}, which {self.finetuned} has; extract a LoRA "
+                                  "between two models of one architecture")
+        if tuned_shape != base_shape:
+            raise ExtractionError(f"{self.finetuned}: {weight} has shape {tuned_shape}, {self.base} {base_shape}; "
+                                  "only modules of equal shapes are extracted (embeddings of another vocabulary "
+                                  "are saved whole without --embed-lora)")
+        rows, columns = (tuned_shape[1], tuned_shape[0]) if embedding else tuned_shape
+        rank = self.ranks[module] = min(self.options.rank, rows, columns)
+        kind, suffix = ("lora_embedding", "") if embedding else ("lora", ".weight")
+        a, b = f"base_model.model.{module}.{kind}_A{suffix}", f"base_model.model.{module}.{kind}_B{suffix}"
+        self.groups.append(Group(self._source(weight, tuned_shape, True),
+                                 [OutputTensor(a, (rank, columns), self.out_dtype),
+                                  OutputTensor(b, (rows, rank), self.out_dtype)],
+                                 _decompose(self.adapter, module, rank, embedding, self.options.distribute_scale,
+                                            (a, b))))
+        bias = f"{module}.bias"
+        if (found := self._shape(self.tuned, bias)) is not None and self._shape(self.original, bias) == found:
+            self.groups.append(Group(self._source(bias, found, True),
+                                     [OutputTensor(f"base_model.model.{module}.lora_B.bias", found, self.out_dtype)]))
+            self.biases = True
 
 
 def adapter_card(plan: Plan, digests: dict[str, str | None], options: ExtractionOptions) -> str:

@@ -3,7 +3,7 @@ then plan the merged model as a conversion of a MergedCheckpoint (`output.dtype`
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import dtypes, hf_names
@@ -118,46 +118,7 @@ def _with_bases(recipe: Recipe, method: Method, where: str) -> list[Slice]:
 def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: dict[str, Input], lead: Input,
                    where: str, vocabulary: Vocabulary | None) -> dict[str, TensorMerge]:
     """Every output tensor, in order, with the tensor of each input it is made from and its parameters."""
-    merges: dict[str, TensorMerge] = {}
-
-    def add(out: OutputTensor, piece: Slice, layer: tuple[int, int] | None, t: float) -> None:
-        """`layer`: (offset in the slice, output index) for a tensor of the layers, renamed from each source's."""
-        base_model = recipe.base_of(piece) if method.needs_base else None
-
-        def input_name(source: Source) -> str:
-            if layer is None:
-                return out.name
-            found = LAYER.match(out.name)
-            return f"{found[1]}.{(source.layers or (0, 0))[0] + layer[0]}.{found[3]}"
-
-        read = [(inputs[s.model], input_name(s)) for s in piece.sources]  # (a model may come twice)
-        by_token = vocabulary is not None and out.name in VOCABULARY_TENSORS
-        if by_token:  # (its rows are the output vocabulary's)
-            out = replace(out, shape=(vocabulary.rows, *out.shape[1:]))
-        _check_shapes(read, out, lead, by_token)
-        at_base = next((i for i, s in enumerate(piece.sources) if s.model == base_model), None)
-        others = [i for i in range(len(read)) if i != at_base]
-        shared = {}
-        for key, default in method.shared.items():
-            value = resolve(key, [piece.parameters, recipe.parameters], out.name, t)
-            if value is None and default is REQUIRED:
-                raise RecipeError(f"{where}: {recipe.method} needs parameters.{key}")
-            shared[key] = default if value is None else value
-        params = []
-        for i in others:
-            scopes = [piece.sources[i].parameters, piece.parameters, recipe.parameters]
-            values = {}
-            for key, default in method.per_input.items():
-                value = resolve(key, scopes, read[i][1], t)
-                if value is None and default is REQUIRED:
-                    raise RecipeError(f"{where}: model {piece.sources[i].model} needs parameters.{key} for {recipe.method}")
-                values[key] = default if value is None else value
-            params.append(values)
-        at_lead = next((i for i, s in enumerate(piece.sources) if s.model == recipe.base_of(piece)), 0)
-        merges[out.name] = TensorMerge(out, read[at_lead], read[at_base] if at_base is not None else None,
-                                       [read[i] for i in others], params, shared,
-                                       [item.reference for item, _ in read] if by_token else None)
-
+    merges = _Merges(recipe, method, inputs, lead, where, vocabulary)
     named = {o.name: o for g in lead.plan.groups for o in g.outputs}
     if not recipe.sliced:  # the lead's tensors, each from the same tensor of every input
         (piece,) = slices
@@ -165,8 +126,8 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
             found = LAYER.match(name)
             layers = lead.stacks.get(found[1], 1) if found else 1
             t = (int(found[2]) / (layers - 1) if layers > 1 else 1.0) if found else 0.0
-            add(out, piece, None, t)
-        return merges
+            merges.add(out, piece, None, t)
+        return merges.found
 
     # Slices: the embeddings from the first slice's models, each slice's layers renumbered, the rest from the last.
     stacks = set(lead.stacks).union(*(inputs[s.model].stacks for piece in slices for s in piece.sources))
@@ -178,7 +139,7 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
     outside = [o for name, o in named.items() if not LAYER.match(name)]
     for out in outside:
         if any(word in out.name for word in EMBEDDINGS):
-            add(out, slices[0], None, 0.0)
+            merges.add(out, slices[0], None, 0.0)
     index = 0
     for i, piece in enumerate(slices):
         for j, source in enumerate(piece.sources):
@@ -195,12 +156,71 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
             for name, out in first_named.items():
                 if name.startswith(prefix):
                     renamed = f"{stack}.{index}.{name[len(prefix):]}"
-                    add(replace(out, name=renamed), piece, (offset, index), t)
+                    merges.add(replace(out, name=renamed), piece, (offset, index), t)
             index += 1
     for out in outside:
         if not any(word in out.name for word in EMBEDDINGS):
-            add(out, slices[-1], None, 0.0)
-    return merges
+            merges.add(out, slices[-1], None, 0.0)
+    return merges.found
+
+
+@dataclass
+class _Merges:
+    """The output tensors planned so far, each with the tensor of each input it is made from and the
+    method's parameters resolved for it (`t`: its place in the layers, for gradient parameters)."""
+
+    recipe: Recipe
+    method: Method
+    inputs: dict[str, Input]
+    lead: Input
+    where: str
+    vocabulary: Vocabulary | None
+    found: dict[str, TensorMerge] = field(default_factory=dict)
+
+    def add(self, out: OutputTensor, piece: Slice, layer: tuple[int, int] | None, t: float) -> None:
+        """`layer`: (offset in the slice, output index) for a tensor of the layers, renamed from each source's."""
+        recipe = self.recipe
+        base_model = recipe.base_of(piece) if self.method.needs_base else None
+
+        def input_name(source: Source) -> str:
+            if layer is None:
+                return out.name
+            found = LAYER.match(out.name)
+            return f"{found[1]}.{(source.layers or (0, 0))[0] + layer[0]}.{found[3]}"
+
+        read = [(self.inputs[s.model], input_name(s)) for s in piece.sources]  # (a model may come twice)
+        by_token = self.vocabulary is not None and out.name in VOCABULARY_TENSORS
+        if by_token:  # (its rows are the output vocabulary's)
+            out = replace(out, shape=(self.vocabulary.rows, *out.shape[1:]))
+        _check_shapes(read, out, self.lead, by_token)
+        at_base = next((i for i, s in enumerate(piece.sources) if s.model == base_model), None)
+        others = [i for i in range(len(read)) if i != at_base]
+        at_lead = next((i for i, s in enumerate(piece.sources) if s.model == recipe.base_of(piece)), 0)
+        shared = self._shared(piece, out.name, t)
+        per_input = [self._per_input(piece, i, read[i][1], t) for i in others]
+        self.found[out.name] = TensorMerge(out, read[at_lead], read[at_base] if at_base is not None else None,
+                                           [read[i] for i in others], per_input, shared,
+                                           [item.reference for item, _ in read] if by_token else None)
+
+    def _shared(self, piece: Slice, name: str, t: float) -> dict:
+        shared = {}
+        for key, default in self.method.shared.items():
+            value = resolve(key, [piece.parameters, self.recipe.parameters], name, t)
+            if value is None and default is REQUIRED:
+                raise RecipeError(f"{self.where}: {self.recipe.method} needs parameters.{key}")
+            shared[key] = default if value is None else value
+        return shared
+
+    def _per_input(self, piece: Slice, i: int, name: str, t: float) -> dict:
+        scopes = [piece.sources[i].parameters, piece.parameters, self.recipe.parameters]
+        values = {}
+        for key, default in self.method.per_input.items():
+            value = resolve(key, scopes, name, t)
+            if value is None and default is REQUIRED:
+                raise RecipeError(f"{self.where}: model {piece.sources[i].model} needs parameters.{key} for "
+                                  f"{self.recipe.method}")
+            values[key] = default if value is None else value
+        return values
 
 
 def _check_shapes(read: list[tuple[Input, str]], out: OutputTensor, lead: Input, by_token: bool) -> None:

@@ -176,6 +176,23 @@ def layer_offsets(chunks: dict[tuple[int, int], set[int]]) -> dict[tuple[int, in
     return offsets
 
 
+@dataclasses.dataclass(frozen=True)
+class _Grid:
+    """The model-parallel sizes: tensor, pipeline, expert, and the experts' tensor parallelism."""
+
+    tp: int
+    pp: int
+    ep: int
+    etp: int
+
+    def coordinates(self, rank: tuple) -> tuple[int, int, int]:
+        """(tp, pp, ep) of a file name: the second number is the stage with PP > 1, else the expert rank."""
+        t, second, third = rank
+        if self.pp > 1:
+            return t, second or 0, third or 0
+        return t, 0, second or 0
+
+
 def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
     folder = find_folder(src, iteration)
     if folder is None:
@@ -188,64 +205,77 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
     first_rank = min(saved)
     first = saved[first_rank]
     args = plain_args(first["args"], files[first_rank]) if isinstance(first, dict) and "args" in first else None
+    grid = _grid(args, files, first_rank)
+    iterations = {state.get("iteration") for state in saved.values() if isinstance(state, dict)}
+    if len(iterations) > 1:
+        raise CheckpointError(f"{folder}: the rank files come from different iterations {sorted(iterations)}; "
+                              "copy the folder again from one save")
+    _check_every_rank(folder, files, grid)
+    states = {rank: model_chunks(state) for rank, state in saved.items()}
+    chunk_keys = sorted({k for s in states.values() for k in s})
+    if not chunk_keys:
+        raise CheckpointError(f"{files[first_rank]}: holds no `model` state; is this an optimizer-only file?")
+    megatron = _whole_tensors(folder, files, states, chunk_keys, grid, args)
+    checkpoint = MegatronFiles(layout=LAYOUT, path=folder, tensors={}, maps=maps,
+                               states={files[rank]: state for rank, state in states.items()})
+    return finish(checkpoint, megatron, args, {
+        "format": "torch (legacy: one file per rank)" if args else "verl mp_rank_*/model.pt (no Megatron-LM args)",
+        "iteration": next(iter(iterations), None),
+        "parallel": {"tensor": grid.tp, "pipeline": grid.pp, "virtual_pipeline": len(chunk_keys),
+                     "expert": grid.ep, "expert_tensor": grid.etp},
+        "files": len(files),
+    })
+
+
+def _grid(args: dict | None, files: dict[tuple, Path], first_rank: tuple) -> _Grid:
     if args is not None:
         tp = args.get("tensor_model_parallel_size", 1)
         pp = args.get("pipeline_model_parallel_size", 1)
         ep = args.get("expert_model_parallel_size", 1)
     else:  # older verl: no args; the folder names say TP and PP (that verl had no expert parallelism)
         tp, pp, ep = 1 + max(r[0] for r in files), 1 + max(r[1] or 0 for r in files), 1
-    args_or_none, args = args, args or {}
-    etp = args.get("expert_tensor_parallel_size") or tp
+    etp = (args or {}).get("expert_tensor_parallel_size") or tp
     if etp not in (1, tp):
         raise CheckpointError(f"{files[first_rank]}: experts split over {etp} tensor-parallel ranks, neither 1 nor "
                               f"the TP size {tp}; unshard cannot place those slices yet, please report it")
-    iterations = {state.get("iteration") for state in saved.values() if isinstance(state, dict)}
-    if len(iterations) > 1:
-        raise CheckpointError(f"{folder}: the rank files come from different iterations {sorted(iterations)}; "
-                              "copy the folder again from one save")
+    return _Grid(tp, pp, ep, etp)
 
-    def coordinates(rank):
-        """(tp, pp, ep) of a file name: the second number is the stage with PP > 1, else the expert rank."""
-        t, second, third = rank
-        if pp > 1:
-            return t, second or 0, third or 0
-        return t, 0, second or 0
 
-    found = {coordinates(rank) for rank in files}
-    # Every (tensor rank, stage) must be there, and every expert rank.
-    missing_tp_pp = {(t, p) for t in range(tp) for p in range(pp)} - {(t, p) for t, p, _ in found}
-    missing_ep = set(range(ep)) - {e for _, _, e in found}
+def _check_every_rank(folder: Path, files: dict[tuple, Path], grid: _Grid) -> None:
+    """Every (tensor rank, stage) must be there, and every expert rank."""
+    found = {grid.coordinates(rank) for rank in files}
+    missing_tp_pp = {(t, p) for t in range(grid.tp) for p in range(grid.pp)} - {(t, p) for t, p, _ in found}
+    missing_ep = set(range(grid.ep)) - {e for _, _, e in found}
     if missing_tp_pp or missing_ep:
         what = (f"tensor rank {min(missing_tp_pp)[0]}, stage {min(missing_tp_pp)[1]}" if missing_tp_pp
                 else f"expert rank {min(missing_ep)}")
-        raise CheckpointError(f"{folder}: no mp_rank_* file for {what} (the args say TP={tp}, PP={pp}, EP={ep}); "
-                              "copy every mp_rank_* folder of the iteration")
+        raise CheckpointError(f"{folder}: no mp_rank_* file for {what} (the args say TP={grid.tp}, PP={grid.pp}, "
+                              f"EP={grid.ep}); copy every mp_rank_* folder of the iteration")
 
-    states = {rank: model_chunks(state) for rank, state in saved.items()}
-    chunk_keys = sorted({k for s in states.values() for k in s})
-    if not chunk_keys:
-        raise CheckpointError(f"{files[first_rank]}: holds no `model` state; is this an optimizer-only file?")
+
+def _whole_tensors(folder: Path, files: dict[tuple, Path], states: dict[tuple, dict], chunk_keys: list[str],
+                   grid: _Grid, args: dict | None) -> dict[str, SourceTensor]:
+    """Megatron's whole tensors, with global layer and expert numbers, each from its ranks' slices."""
     layers: dict[tuple[int, int], set[int]] = defaultdict(set)
     for rank, state in states.items():
         for vp, key in enumerate(chunk_keys):
             for name in state.get(key, {}):
                 match = LAYER.match(name.removeprefix("module."))
                 if match:
-                    layers[(vp, coordinates(rank)[1])].add(int(match.group(1)))
+                    layers[(vp, grid.coordinates(rank)[1])].add(int(match.group(1)))
     offsets = layer_offsets(layers)
     total = sum(len(v) for v in layers.values())
-    if args.get("num_layers") and total != args["num_layers"]:
+    if (args or {}).get("num_layers") and total != args["num_layers"]:
         raise CheckpointError(f"{folder}: the files hold {total} layers, the args say {args['num_layers']}; "
                               "a pipeline stage's files are missing")
-
     pieces: dict[str, list[Piece]] = defaultdict(list)
     shapes: dict[str, tuple[int, ...]] = {}
     found_dtypes: dict[str, dtypes.DType] = {}
-    local_experts = (args.get("num_experts") or 0) // ep
+    local_experts = ((args or {}).get("num_experts") or 0) // grid.ep
     # fc1 is [gate; up] per slice when gated: what --swiglu says, or (no args) what every family has.
-    gated = bool(args.get("swiglu")) if args_or_none else True
+    gated = bool(args.get("swiglu")) if args else True
     for rank, state in states.items():
-        t, p, e = coordinates(rank)
+        t, p, e = grid.coordinates(rank)
         for vp, key in enumerate(chunk_keys):
             for local_name, tensor in state.get(key, {}).items():
                 if not hasattr(tensor, "dtype") or local_name.endswith("_extra_state"):  # (not a tensor)
@@ -255,22 +285,13 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
                 expert = LOCAL_EXPERT.search(name)
                 if expert:
                     name = LOCAL_EXPERT.sub(f".mlp.experts.{e * local_experts + int(expert.group(1))}.", name)
-                parts, index = (etp, t % etp) if expert else (tp, t)
+                parts, index = (grid.etp, t % grid.etp) if expert else (grid.tp, t)
                 blocks, shape = tp_blocks(tuple(tensor.shape), megatron_rules.tp_dim(name), parts, index,
                                           gated and "linear_fc1.weight" in name)
                 pieces[name] += [Piece(files[rank], f"{key}/{local_name}", block) for block in blocks]
                 shapes[name], found_dtypes[name] = shape, dtypes.of(tensor.dtype)
-    megatron = {name: SourceTensor(name, shapes[name], found_dtypes[name], deduplicate(name, shapes[name], found))
-                for name, found in pieces.items()}
-    checkpoint = MegatronFiles(layout=LAYOUT, path=folder, tensors={}, maps=maps,
-                               states={files[rank]: state for rank, state in states.items()})
-    return finish(checkpoint, megatron, args_or_none, {
-        "format": "torch (legacy: one file per rank)" if args_or_none else "verl mp_rank_*/model.pt (no Megatron-LM args)",
-        "iteration": next(iter(iterations), None),
-        "parallel": {"tensor": tp, "pipeline": pp, "virtual_pipeline": len(chunk_keys), "expert": ep,
-                     "expert_tensor": etp},
-        "files": len(files),
-    })
+    return {name: SourceTensor(name, shapes[name], found_dtypes[name], deduplicate(name, shapes[name], found))
+            for name, found in pieces.items()}
 
 
 def tp_blocks(local: tuple[int, ...], dim: int | None, parts: int, index: int, gated: bool):
