@@ -273,7 +273,7 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
     unshard = ["-m", "unshard", "convert", str(src), str(out), *config, "--no-progress", "--dtype"]
     # The bench's models are Llamas, which dense_families lists; this row forgets the list, as for any
     # other model, whose first conversion asks transformers.
-    without_table = ["-c", "from unshard import dense_families; dense_families.FAMILIES.clear(); "
+    without_table = ["-c", "from unshard.names import dense_families; dense_families.FAMILIES.clear(); "
                      "import sys; from unshard.cli import main; sys.exit(main(sys.argv[1:]))", *unshard[2:]]
     found = {"cp": ["cp", "-r", str(src), str(out)], "unshard" + FIRST_RUN: [*first, *unshard, "float32"],
              "unshard, transformers asked" + FIRST_RUN: [*first, *without_table, "float32"],

@@ -18,7 +18,7 @@ SHIPPED = FIXTURES / "checkpoints"
 CONVERT_AND_SAY_IMPORTS = """
 import sys
 if sys.argv.pop() == "without-table":
-    from unshard import dense_families
+    from unshard.names import dense_families
     dense_families.FAMILIES.clear()
 from unshard.cli import main
 code = main(["convert", sys.argv[1], sys.argv[2], "--no-progress"])

@@ -15,7 +15,7 @@ import torch
 
 import unshard
 from conftest import SHIPPED
-from unshard import writing
+from unshard.write import threads
 
 LLAMA = SHIPPED / "llama-fsdp2"
 
@@ -158,7 +158,7 @@ def test_loads_in_several_threads_keep_their_allow_list():
     load still unpickling DTensors in another, and none of it outlives unshard's loads."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from unshard import safe_pickle, safe_torch_load
+    from unshard.sources import safe_pickle, safe_torch_load
 
     files = sorted((SHIPPED / "llama-fsdp2" / "global_step_1" / "actor").glob("model_world_size_4_rank_*.pt"))
     before = set(torch.serialization.get_safe_globals())  # torch keeps a set: its list order is arbitrary
@@ -198,7 +198,7 @@ def test_missing_config_needs_config_from(tmp_path):
 
 
 def test_failure_mid_write_leaves_no_output(tmp_path, monkeypatch):
-    real, calls = writing.ready_to_write, []
+    real, calls = threads.ready_to_write, []
 
     def fail_on_third(plan, group):
         calls.append(group)
@@ -206,7 +206,7 @@ def test_failure_mid_write_leaves_no_output(tmp_path, monkeypatch):
             raise OSError("disk full")
         return real(plan, group)
 
-    monkeypatch.setattr(writing, "ready_to_write", fail_on_third)
+    monkeypatch.setattr(threads, "ready_to_write", fail_on_third)
     with pytest.raises(OSError, match="disk full"):
         unshard.convert(LLAMA / "global_step_1", tmp_path / "hf", progress=False, max_shard_size="60KB")
     assert not (tmp_path / "hf").exists() and not leftovers(tmp_path)
@@ -291,7 +291,7 @@ def test_custom_code_is_copied_but_never_run(tmp_path):
 
 
 def test_strip_wrappers_only_removes_whole_wrapper_components():
-    from unshard.hf_names import strip_wrappers
+    from unshard.names.hf_names import strip_wrappers
 
     assert strip_wrappers("module.model._fsdp_wrapped_module.layers.0._checkpoint_wrapped_module.mlp.weight") == \
         "model.layers.0.mlp.weight"
@@ -356,12 +356,12 @@ def test_architecture_override(tmp_path):
 
 KILLED_WHILE_WRITING = """
 import os, signal, sys
-from unshard import writing
+from unshard.write import threads
 
 def write_then_die(*args, **kwargs):  # the OOM killer, or a scheduler, stopping the run mid-write
     os.kill(os.getpid(), signal.SIGKILL)
 
-writing._write_weights = write_then_die
+threads._write_weights = write_then_die
 from unshard.cli import main
 main(["convert", sys.argv[1], sys.argv[2], "--no-progress"])
 """
@@ -406,7 +406,7 @@ def test_model_file_that_does_not_parse(tmp_path):
 
 def test_two_runs_into_one_output_never_mix(tmp_path, monkeypatch):
     """A run that finishes second finds OUT written by the first: it keeps the first's folder whole and fails."""
-    from unshard import execute
+    from unshard.write import execute
     from unshard.sinks import hf_folder
 
     out = tmp_path / "hf"

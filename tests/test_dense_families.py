@@ -12,7 +12,7 @@ import pytest
 
 import unshard
 from conftest import SHIPPED, convert_in_subprocess
-from unshard import dense_families, hf_names, known
+from unshard.names import dense_families, hf_names, known
 
 # Configs as transformers' config classes save them: sizes that make every product distinct, each
 # flag both ways, tied and untied heads, a head_dim other than hidden_size / heads.

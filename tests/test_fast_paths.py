@@ -57,7 +57,8 @@ def test_first_conversion_writes_while_transformers_answers(tmp_path, monkeypatc
     names them otherwise (transformers >= 5 fuses Mixtral's experts in memory and saves them one by one),
     the folder is written again from the answer. Either way the folder is the one a conversion with the
     answer known from the start writes."""
-    from unshard import dense_families, execute, hf_names
+    from unshard.names import dense_families, hf_names
+    from unshard.write import execute
 
     monkeypatch.setenv("UNSHARD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(hf_names, "_answers", {})
@@ -82,7 +83,8 @@ def test_first_conversion_writes_while_transformers_answers(tmp_path, monkeypatc
 def test_answer_that_the_checkpoint_does_not_fit_stops_the_writing(tmp_path, monkeypatch):
     """When transformers' answer comes in during the writing and the checkpoint does not fit the config,
     no further tensor is started, and nothing is left behind."""
-    from unshard import execute, hf_names
+    from unshard.write import execute
+    from unshard.names import hf_names
     from unshard.sinks import safetensors as writer
 
     src = tmp_path / "ckpt"
@@ -113,7 +115,7 @@ def test_answer_that_the_checkpoint_does_not_fit_stops_the_writing(tmp_path, mon
 
 def torch_loader_only(*args, **kwargs):
     """In place of torch_archives.read: every file is left to torch's own loader."""
-    from unshard import torch_archives
+    from unshard.sources import torch_archives
 
     raise torch_archives.NotPlain("this test reads with torch's loader")
 
@@ -124,7 +126,8 @@ def test_dtensor_stand_ins_read_as_the_real_classes(tmp_path, monkeypatch):
     first) gives the same pieces."""
     import torch.distributed.tensor  # noqa: F401  (this process reads with the real classes)
 
-    from unshard import open_checkpoint, torch_archives
+    from unshard import open_checkpoint
+    from unshard.sources import torch_archives
 
     monkeypatch.setattr(torch_archives, "read", torch_loader_only)
 
@@ -164,7 +167,7 @@ def test_dcp_metadata_stand_ins_read_as_torch_does():
     `.metadata` read through unshard's stand-ins says what torch's own reader says."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    from unshard.readers import dcp
+    from unshard.sources import dcp
 
     folders = sorted(p.parent for p in SHIPPED.rglob(".metadata"))
     assert len(folders) >= 10
@@ -217,7 +220,8 @@ def test_torch_save_files_read_without_torch_as_with_it(monkeypatch, src):
     loader."""
     import torch
 
-    from unshard import open_checkpoint, torch_archives
+    from unshard import open_checkpoint
+    from unshard.sources import torch_archives
 
     ours = open_checkpoint(SHIPPED / src)
     assert not ours.maps  # no file needed torch's loader
@@ -240,7 +244,7 @@ def test_tensors_cut_in_columns_assembled_band_by_band(src, tmp_path, monkeypatc
     """A tensor whose pieces interleave is assembled a band of rows at a time, holding one band, not
     the tensor; where each piece's rows lie in its file, as bytes without torch. With bands shrunk to a
     few rows, and with torch assembling, the files are byte-identical to assembling whole."""
-    from unshard.readers.base import Checkpoint
+    from unshard.sources.base import Checkpoint
 
     src = SHIPPED / src
     config_from = {"config_from": src.parent / "hf"} if (src.parent / "hf").is_dir() else {}
@@ -274,8 +278,8 @@ def test_pages_of_each_piece_are_handed_back_before_the_next_is_read(tmp_path, m
     bfloat16, with numpy's casts turned off) hands back each piece once it is written, and a banded one
     each band's rows, so mapped memory follows a piece or a band, not the tensor."""
     from unshard import dtypes
-    from unshard.readers.base import Checkpoint
-    from unshard.readers.fsdp_rank_files import FsdpRankFiles
+    from unshard.sources.base import Checkpoint
+    from unshard.sources.fsdp_rank_files import FsdpRankFiles
 
     monkeypatch.setattr(dtypes, "casts_without_torch", lambda source, target: False)
     events = []
@@ -304,7 +308,7 @@ def test_pieces_that_lie_in_their_files_are_copied_file_to_file(tmp_path, monkey
     to file through copy_file_range, never through memory; where the kernel refuses, through pread. All
     three ways write the same bytes as reading the pieces into memory."""
     from unshard.sinks import safetensors as writer
-    from unshard.readers.base import Checkpoint
+    from unshard.sources.base import Checkpoint
 
     src = SHIPPED / src
     config_from = {"config_from": src.parent / "hf"} if (src.parent / "hf").is_dir() else {}
@@ -421,11 +425,11 @@ def test_dcp_chunks_saved_as_safetensors_are_found_by_their_header(tmp_path, mon
 def test_verify_finds_a_byte_changed_after_writing(tmp_path, monkeypatch, dtype):
     """--verify reads every written byte back: one byte changed between writing and verifying (a bad
     disk, another process) fails the run, names the tensor, and leaves no OUT behind."""
-    from unshard import writing
+    from unshard.write import threads
     from unshard.errors import UnshardError
     from unshard.sinks.safetensors import WrittenFile
 
-    write = writing._write_weights
+    write = threads._write_weights
     changed = []
 
     def write_then_flip_a_byte(plan, folder, filenames, writing, bar):
@@ -439,7 +443,7 @@ def test_verify_finds_a_byte_changed_after_writing(tmp_path, monkeypatch, dtype)
         changed.append(name)
         return digests
 
-    monkeypatch.setattr(writing, "_write_weights", write_then_flip_a_byte)
+    monkeypatch.setattr(threads, "_write_weights", write_then_flip_a_byte)
     src = SHIPPED / "llama-fsdp2" / "global_step_1" / "actor"
     with pytest.raises(UnshardError) as error:
         unshard.convert(src, tmp_path / "out", dtype=dtype, verify=True, progress=False)

@@ -149,9 +149,9 @@ def test_open_checkpoint_reads_one_tensor(tmp_path):
 
 
 def test_shard_that_does_not_fit_its_placement_is_reported():
-    from unshard import safe_torch_load
+    from unshard.sources import safe_torch_load
     from unshard.errors import CheckpointError
-    from unshard.readers.fsdp_rank_files import _pieces
+    from unshard.sources.fsdp_rank_files import _pieces
 
     path = SHIPPED / "llama-fsdp2" / "global_step_1" / "actor" / "model_world_size_4_rank_1.pt"
     state = safe_torch_load.load(path)

@@ -454,7 +454,7 @@ def test_threads_keep_to_the_memory_estimate(models, tmp_path, monkeypatch):
     import threading
     import time
 
-    from unshard import execute, writing
+    from unshard.write import execute, threads
     from unshard.merging import plan_merge
 
     recipe = write_recipe(tmp_path / "recipe.yml", {**recipes(models)["ties"], "dtype": "float32"})
@@ -463,7 +463,7 @@ def test_threads_keep_to_the_memory_estimate(models, tmp_path, monkeypatch):
     plan.files[filename].sort(key=plan.held, reverse=True)
     budget, lock = plan.peak_memory_estimate(threads=2), threading.Lock()
     held, most, groups, most_groups = 0, 0, 0, 0
-    real = writing.ready_to_write
+    real = threads.ready_to_write
 
     def tracked(plan, group):
         nonlocal held, most, groups, most_groups
@@ -477,7 +477,7 @@ def test_threads_keep_to_the_memory_estimate(models, tmp_path, monkeypatch):
             with lock:
                 held, groups = held - plan.held(group), groups - 1
 
-    monkeypatch.setattr(writing, "ready_to_write", tracked)
+    monkeypatch.setattr(threads, "ready_to_write", tracked)
     try:
         execute.convert(plan, tmp_path / "out", threads=2, progress=False)
     finally:

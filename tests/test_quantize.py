@@ -247,7 +247,7 @@ def test_bands_give_the_whole_tensor_s_encoding(tmp_path, monkeypatch):
     """A weight larger than a band is encoded band by band (memory: a band, not the weight); the file is
     the same bit for bit as when each weight is one band: zero points packed 8 rows to an int32 across
     bands, FP8 blocks of 128 rows, the last band short."""
-    from unshard import assemble
+    from unshard.write import assemble
 
     src = SHIPPED / "llama-fsdp2-tp-q320" / "global_step_1"
     for scheme in ("W4A16_ASYM", "FP8_BLOCK", "FP8_DYNAMIC", "MXFP4A16", "NVFP4A16"):

@@ -57,7 +57,7 @@ def test_workers_write_the_same_bytes(single, tmp_path):
 
 
 def test_split_files_balances_bytes():
-    from unshard.scale_out import split_files
+    from unshard.write.scale_out import split_files
 
     plan = unshard.plan(MIXTRAL, max_shard_size=SHARD)
     shares = split_files(plan, 3)
@@ -81,7 +81,7 @@ def when_read(checkpoint, name, action):
 
 
 def test_a_failing_worker_fails_the_run_and_leaves_nothing(tmp_path):
-    from unshard.execute import convert
+    from unshard.write.execute import convert
 
     plan = unshard.plan(MIXTRAL, max_shard_size=SHARD)
     last = plan.files[list(plan.files)[-1]][-1].source.name
@@ -96,7 +96,7 @@ def test_a_failing_worker_fails_the_run_and_leaves_nothing(tmp_path):
 
 
 def test_a_killed_worker_fails_the_run_and_leaves_nothing(tmp_path):
-    from unshard.execute import convert
+    from unshard.write.execute import convert
 
     plan = unshard.plan(MIXTRAL, max_shard_size=SHARD)
     last = plan.files[list(plan.files)[-1]][-1].source.name
@@ -147,7 +147,7 @@ def test_torchrun_distributed_refuses_an_existing_output(tmp_path):
 
 DRIVER = """
 import sys, torch.distributed as dist, unshard
-from unshard.execute import convert
+from unshard.write.execute import convert
 
 src, out, shard = sys.argv[1:4]
 dist.init_process_group("gloo")

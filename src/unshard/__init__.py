@@ -22,9 +22,9 @@ from .errors import (
     UnshardError,
 )
 from .plan import Plan, build_plan
-from .readers import Checkpoint, open_checkpoint
 from .sinks import OutputOptions
-from .writing import Result
+from .sources import Checkpoint, open_checkpoint
+from .write.threads import Result
 
 __version__ = "0.1.0"
 
@@ -79,7 +79,7 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
     of a torchrun job; every rank calls convert with the same arguments (OUT on a shared filesystem).
     checksums: list each file's sha256 in OUT/README.md (costs about a second per GB).
     """
-    from .execute import convert as run
+    from .write.execute import convert as run
 
     output = _for(out, output or OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore)))
     the_plan = plan(src, config_from=config_from, check=check, weights=weights, tag=tag, iteration=iteration,
@@ -97,8 +97,8 @@ def merge(recipe: str | Path, out: str | Path, *, dtype: str = "auto", max_shard
           checksums: bool = False, output: OutputOptions | None = None) -> Result:
     """Merge the models a mergekit-style YAML recipe names into one Hugging Face folder OUT (or GGUF file,
     as for `convert`)."""
-    from .execute import convert as run
     from .merging import plan_merge, recipe_files
+    from .write.execute import convert as run
 
     output = _for(out, output or OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore)))
     the_plan = plan_merge(recipe, output, seed=seed)
@@ -115,8 +115,8 @@ def extract_lora(finetuned: str | Path, base: str | Path, out: str | Path, *, ra
     """A PEFT LoRA adapter folder OUT from the difference FINETUNED - BASE (any layouts unshard reads), as
     mergekit-extract-lora computes it; further `options` are ExtractionOptions' fields. The relative
     reconstruction error of each module is in OUT/README.md."""
-    from .execute import convert as run
     from .merging.extract_lora import ExtractionOptions, plan_extraction
+    from .write.execute import convert as run
 
     the_plan = plan_extraction(finetuned, base, ExtractionOptions(rank=rank, **options))
     try:
@@ -131,8 +131,8 @@ def merge_moe(recipe: str | Path, out: str | Path, *, seed: int = 0, allow_same:
     """Assemble the mixture of experts a mergekit-moe YAML recipe describes (Mixtral, Qwen MoE or Qwen3 MoE) from
     dense models of any layout unshard reads, into a Hugging Face folder OUT (or GGUF file, as for `convert`).
     seed: of gate_mode random / uniform_random and of noise_scale."""
-    from .execute import convert as run
     from .merging.moe import moe_files, plan_moe
+    from .write.execute import convert as run
 
     the_plan = plan_moe(recipe, _for(out, output or OutputOptions()), seed=seed, allow_same=allow_same)
     try:

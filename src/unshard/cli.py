@@ -271,6 +271,7 @@ def _report(args, result) -> None:
 
 def _run(args) -> int:
     import unshard
+
     from .report import as_text, describe
 
     if args.command == "merge":
@@ -295,7 +296,7 @@ def _run(args) -> int:
     if args.dry_run:
         print(as_text(describe(plan)))
         return 0
-    from .execute import convert
+    from .write.execute import convert
 
     plan.require_config()
     if _speaks(args):
@@ -320,9 +321,9 @@ def _output(args, out: str):
 
 
 def _merge(args) -> int:
-    from .execute import convert
     from .merging import plan_merge, recipe_files
     from .report import as_text, describe
+    from .write.execute import convert
 
     plan = plan_merge(args.recipe, _output(args, args.out), seed=args.seed)
     try:
@@ -343,9 +344,9 @@ def _merge(args) -> int:
 
 
 def _merge_moe(args) -> int:
-    from .execute import convert
     from .merging.moe import moe_files, plan_moe
     from .report import as_text, describe
+    from .write.execute import convert
 
     plan = plan_moe(args.recipe, _output(args, args.out), seed=args.seed, allow_same=args.allow_same)
     try:
@@ -395,9 +396,9 @@ def _merge_search(args) -> int:
 
 
 def _extract_lora(args) -> int:
-    from .execute import convert
     from .merging.extract_lora import ExtractionOptions, plan_extraction, summary
     from .report import as_text, describe
+    from .write.execute import convert
 
     options = ExtractionOptions(args.rank, args.distribute_scale, args.embed_lora, tuple(args.save_modules),
                                 tuple(args.include), tuple(args.exclude), args.skip_undecomposable, args.dtype)
@@ -421,7 +422,7 @@ def _extract_lora(args) -> int:
 
 def _verl(args) -> int:
     """verl's merger command line: the same meaning, unshard's conversion."""
-    from .execute import convert
+    from .write.execute import convert
 
     plan, notes = verl_command.plan(args, ask_later=args.operation == "merge")
     try:

@@ -112,7 +112,7 @@ def front_matter(plan: Plan) -> list[str]:
     """The YAML block that opens README.md, which the Hub reads: library, base models, tags, pipeline."""
     import yaml
 
-    from .hf_names import read_config
+    from .names.hf_names import read_config
 
     config = {**({} if plan.checkpoint.config_whole else read_config(plan.config_folder) or {}), **plan.config_updates}
     merged = plan.checkpoint.layout in ("merge", "moe")

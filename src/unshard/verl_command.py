@@ -57,10 +57,9 @@ def add_parser(sub) -> None:
 
 def plan(args, ask_later: bool = False):
     """The conversion verl's flags ask for, and what to tell the user about the flags."""
-    from . import lora
-    from .plan import build_plan
-    from .readers import open_checkpoint
+    from .plan import build_plan, lora
     from .sinks import OutputOptions
+    from .sources import open_checkpoint
 
     if not args.local_dir:
         raise UnshardError("--local_dir is required: the checkpoint folder (global_step_N/actor)")
@@ -86,7 +85,7 @@ def plan(args, ask_later: bool = False):
 
 def _flag_notes(args, plan) -> list[str]:
     """The flags whose meaning depends on what the checkpoint turned out to be."""
-    from .hf_names import read_config
+    from .names.hf_names import read_config
 
     layout = plan.checkpoint.layout
     megatron = layout.startswith("megatron")
@@ -110,12 +109,11 @@ def _flag_notes(args, plan) -> list[str]:
 def compare(plan, reference: Path, progress: bool | None) -> int:
     """verl's `test`: every tensor merge would write equals the reference's in bfloat16 (1e-6); the count."""
     import torch
-
     from tqdm import tqdm
 
-    from .assemble import materialise
-    from .lora import ADAPTER_FILE
-    from .readers import open_checkpoint
+    from .plan.lora import ADAPTER_FILE
+    from .sources import open_checkpoint
+    from .write.assemble import materialise
 
     adapter = {id(group) for group in plan.files.get(ADAPTER_FILE, [])}  # written apart, as verl does
     groups = [group for group in plan.groups if id(group) not in adapter]

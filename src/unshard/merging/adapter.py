@@ -11,7 +11,6 @@ import torch
 from ..errors import read_json
 from .recipe import RecipeError
 
-
 # what peft's save_pretrained writes, with safe_serialization and without (ColossalAI's save_lora_as_pretrained)
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 
@@ -35,7 +34,7 @@ class Adapter:
         self.replaced: dict[str, str] = {}  # HF weight name -> key of its full replacement
         self._pickled: dict[str, torch.Tensor] | None = None  # a .bin's tensors (an adapter is small), read safely
         if weights.suffix == ".bin":
-            from ..safe_torch_load import load
+            from ..sources.safe_torch_load import load
 
             self._pickled = load(weights, mmap=False)
             if not isinstance(self._pickled, dict):
@@ -80,7 +79,7 @@ class Adapter:
             return [f.get_tensor(key) for key in keys]
 
     def apply(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        from ..lora import fold_weight
+        from ..plan.lora import fold_weight
 
         if name in self.replaced:
             return self._tensors(self.replaced[name])[0].float()

@@ -13,7 +13,7 @@ import torch
 
 from ..dtypes import DType
 from ..plan import OutputTensor, pieces_read
-from ..readers import Checkpoint
+from ..sources import Checkpoint
 from .inputs import Input
 from .methods import Method
 from .vocabulary import Vocabulary

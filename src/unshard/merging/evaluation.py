@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from .. import hf_names
-from ..assemble import materialise
+from ..names import hf_names
 from ..plan import Plan
+from ..write.assemble import materialise
 from .recipe import RecipeError
 
 BATCH = 8  # examples per forward pass

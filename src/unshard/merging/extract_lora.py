@@ -26,12 +26,13 @@ from pathlib import Path
 
 import torch
 
-from .. import dtypes, hf_names
+from .. import dtypes
 from ..errors import UnshardError
 from ..hub import hub_ids
+from ..names import hf_names
 from ..plan import Group, OutputTensor, Plan, choose_dtype
-from ..readers import SourceTensor
 from ..sinks.peft_adapter import ADAPTER_WEIGHTS, PeftAdapterFolder
+from ..sources import SourceTensor
 from .checkpoint import FromInputs
 from .inputs import Input, open_input
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .. import hf_names
+from ..names import hf_names
 from .inputs import Input
 from .recipe import RecipeError
 

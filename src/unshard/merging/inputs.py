@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..hub import fetch, is_hub_id
 from ..plan import Group, OutputTensor, Plan, build_plan
-from ..readers import open_checkpoint
 from ..sinks import OutputOptions
 from ..sinks.hf_folder import MODEL_FILE_PATTERNS
+from ..sources import open_checkpoint
 from .adapter import Adapter
 from .recipe import RecipeError
 
@@ -46,7 +46,7 @@ class Input:
     def read(self, name: str) -> torch.Tensor:
         """The tensor `name`, whole, as its plan makes it, with the adapter folded in: a tensor of its own
         (callers work in it). A group making several outputs (split experts) is made once for them all."""
-        from ..assemble import materialise
+        from ..write.assemble import materialise
 
         group = self.groups[name]
         if len(group.outputs) == 1:

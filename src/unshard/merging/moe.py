@@ -24,11 +24,12 @@ from typing import Any
 
 import torch
 
-from .. import dtypes, hf_names
+from .. import dtypes
 from ..hub import hub_ids
+from ..names import hf_names
 from ..plan import TOKENIZER_FILES, Plan, build_plan, choose_dtype
-from ..readers import SourceTensor
 from ..sinks import OutputOptions
+from ..sources import SourceTensor
 from .checkpoint import FromInputs
 from .gates import GATE_MODES, PROMPT_MODES, degenerate_layers, gate_vectors
 from .inputs import LAYER, Input, open_input

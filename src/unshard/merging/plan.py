@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .. import dtypes, hf_names
+from .. import dtypes
 from ..hub import hub_ids
+from ..names import hf_names
 from ..plan import TOKENIZER_FILES, OutputTensor, Plan, build_plan, choose_dtype
-from ..readers import SourceTensor
 from ..sinks import OutputOptions
+from ..sources import SourceTensor
 from .checkpoint import MergedCheckpoint, TensorMerge
 from .inputs import LAYER, Input, open_input
 from .methods import METHODS, REQUIRED, Method

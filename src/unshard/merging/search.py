@@ -228,7 +228,7 @@ def search_and_write(space_path: str | Path, out: str | Path, options: SearchOpt
                      overwrite: bool = False, threads: int = 1, progress: bool | None = None):
     """The whole command: check, search, write the best merge to OUT; (the Result, the study)."""
     from ..errors import OutputExistsError
-    from ..execute import convert
+    from ..write.execute import convert
 
     prepared = prepare(space_path, options, output)
     target = Path(out)

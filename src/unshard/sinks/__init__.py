@@ -1,7 +1,7 @@
 """Output formats. The plan says which tensors go out (names, shapes, dtype, source pieces); an output
 format says how each is stored, in which files, and what surrounds them.
 
-Every format is fed the same way (execute.py, writing.py). The plan is made with the format's encodings (a tensor
+Every format is fed the same way (write/execute.py, write/threads.py). The plan is made with the format's encodings (a tensor
 stored otherwise than as it is) and its `lay_out` of files before any byte is read, so `inspect`,
 `--dry-run`, the memory estimate and the split of work between writers see the bytes that will really be
 written. Then each tensor is assembled (a band of rows at a time where it is large or encoded) and written
@@ -63,7 +63,7 @@ ENCODING_WORK = 6 * ENCODING_BAND_BYTES
 
 
 class Sink(Protocol):
-    """An output format, as execute.py and writing.py drive it."""
+    """An output format, as write/execute.py and write/threads.py drive it."""
 
     def lay_out(self, groups: dict[str, Group], max_shard_size: int | str) -> dict[str, list[Group]]:
         """The output files and the groups (source tensor -> output tensors) each holds, in order."""

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from .. import dtypes
 from ..errors import UnshardError
-from ..readers.base import thread_buffer
+from ..sources.base import thread_buffer
 
 if TYPE_CHECKING:
     import torch
 
-    from ..hf_names import LinearLayers
+    from ..names.hf_names import LinearLayers
     from ..plan import OutputTensor
 
 # The compressed-tensors release whose output the tests compare with (llm-compressor 0.14.0.1's);
@@ -230,7 +230,7 @@ _FP8_LARGEST = 448.0  # float8_e4m3fn's largest value
 class GlobalScale:
     """The tensor-wide float32 scale of NVFP4 (tensor_group): 448 * 6 over the largest magnitude of the weight, or
     of its fused siblings together, so that its groups' FP8 scales span FP8's range. So every band of them must be
-    seen (`survey`, writing.py's first pass) before the first is encoded; then `value` is that scale, computed as
+    seen (`survey`, write/threads.py's first pass) before the first is encoded; then `value` is that scale, computed as
     compressed-tensors computes it, in the weights' dtype."""
 
     def __init__(self):
@@ -438,7 +438,7 @@ def _quantize(x, scale, zero, args: Args, q_min, q_max):
 
 
 def _scratch(name: str, shape, dtype):
-    """A tensor over this thread's scratch buffer `name` (readers.base.thread_buffer), made once per thread, not
+    """A tensor over this thread's scratch buffer `name` (sources.base.thread_buffer), made once per thread, not
     per band. What it holds lasts until the thread's next band is encoded, by which time the writer has it."""
     import torch
 

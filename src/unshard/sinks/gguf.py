@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import dtypes, known
+from .. import dtypes
 from ..errors import ConfigMismatchError, OutputExistsError, UnshardError, read_json
+from ..names import known
 from .hf_folder import OutputFolder
 from .safetensors import SafetensorsFile, WrittenFile
 

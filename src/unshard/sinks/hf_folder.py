@@ -19,8 +19,8 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import dense_families, known
 from ..errors import OutputExistsError, UnshardError
+from ..names import dense_families, known
 from .safetensors import SafetensorsFile, WrittenFile
 
 if TYPE_CHECKING:

@@ -17,10 +17,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import dtypes, safe_pickle, torch_archives
+from .. import dtypes
 from ..errors import CheckpointError, read_json
-from ..placements import Block, ShardSpec, blocks_from_runs, local_runs, runs_shape
+from . import safe_pickle, torch_archives
 from .base import Checkpoint, Piece, SourceTensor, deduplicate, load_archive
+from .placements import Block, ShardSpec, blocks_from_runs, local_runs, runs_shape
 
 VERL_FILE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 ACCELERATE_FILE = re.compile(r"^pytorch_model_fsdp_0_rank(\d+)\.bin$")

@@ -16,11 +16,13 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import dtypes, meta_llama_rules, safe_pickle, torch_archives
+from .. import dtypes
 from ..errors import CheckpointError
-from ..placements import Block
+from ..names import meta_llama_rules
+from . import safe_pickle, torch_archives
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
 from .dcp_safetensors import byte_places
+from .placements import Block
 
 if TYPE_CHECKING:
     import torch
@@ -161,7 +163,7 @@ def read_chunk(file: Path, info, dtype: dtypes.DType, sizes: tuple[int, ...], wh
             return torch.frombuffer(bytearray(f.read(math.prod(sizes) * dtype.itemsize)), dtype=dtype.torch).reshape(sizes)
         try:
             if mapped is not None:
-                from ..safe_torch_load import load_embedded
+                from .safe_torch_load import load_embedded
 
                 tensor = load_embedded(f, info.offset, info.length, mapped)
             else:

@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .. import torch_archives
 from ..dtypes import DType
 from ..errors import CheckpointError
-from ..placements import Block, assemble, box, compose
-from ..torch_archives import StoredTensor
-
+from . import torch_archives
+from .placements import Block, assemble, box, compose
+from .torch_archives import StoredTensor
 
 if TYPE_CHECKING:
     import numpy as np
@@ -221,7 +220,7 @@ class Checkpoint:
         mapped = self.file_map(piece.file)
         start = rows.data_ptr()
         if mapped is not None and rows.is_contiguous() and mapped.data_ptr() <= start < mapped.data_ptr() + mapped.nbytes():
-            from ..safe_torch_load import forget_pages
+            from .safe_torch_load import forget_pages
 
             forget_pages(rows)
 
@@ -323,7 +322,7 @@ def load_archive(path: Path, maps: dict[Path, torch.UntypedStorage]) -> Any:
         with open(path, "rb") as f:
             return torch_archives.read(f)
     except (torch_archives.NotPlain, OSError):  # (torch's loader reports an unreadable file in its words)
-        from ..safe_torch_load import load_mapped
+        from .safe_torch_load import load_mapped
 
         saved, maps[path] = load_mapped(path)
         return saved

@@ -1,4 +1,4 @@
-"""Walk a plan into OUT: stage the folder, write the weight files (writing.py: by threads; scale_out.py: by
+"""Walk a plan into OUT: stage the folder, write the weight files (threads.py: by threads; scale_out.py: by
 processes or torchrun ranks), have the output format finish the folder, and put it in place. Nothing is written
 outside the staging folder until every file is complete.
 """
@@ -11,10 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from .hf_names import NamingChanged
-from .plan import Plan
+from ..names.hf_names import NamingChanged
+from ..plan import Plan
 from .scale_out import convert_distributed, write_in_processes
-from .writing import Result, Writing, peak_rss, progress_bar, survey, write_files
+from .threads import Result, Writing, peak_rss, progress_bar, survey, write_files
 
 log = logging.getLogger("unshard")
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..errors import UnshardError
+from ..plan import Group, Plan, pieces_read
+from ..report import human_bytes
+from ..sinks.safetensors import bytes_of, sha256_of
 from .assemble import bands, encoded, ready_to_write
-from .errors import UnshardError
-from .plan import Group, Plan, pieces_read
-from .report import human_bytes
-from .sinks.safetensors import bytes_of, sha256_of
 
 
 @dataclass

@@ -16,9 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-
-from .errors import CheckpointError, read_json
-from .readers import Checkpoint
+from ..errors import CheckpointError, read_json
+from ..sources import Checkpoint
 
 if TYPE_CHECKING:
     import torch

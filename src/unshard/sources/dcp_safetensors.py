@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from .. import dtypes
 from ..errors import CheckpointError
-from ..placements import Block
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
+from .placements import Block
 
 if TYPE_CHECKING:
     import torch

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import dtypes
-from .dtypes import DType
-from .errors import CheckpointError
+from .. import dtypes
+from ..dtypes import DType
+from ..errors import CheckpointError
 from .safe_pickle import DTENSOR_MODULES, FOREIGN_RECORDS, PLACEMENTS, DTensorStandIn, MeshRecord, Record, Window
 
 # The storage classes a pickle names for each element type (torch's legacy typed storages).

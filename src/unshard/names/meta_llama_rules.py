@@ -80,7 +80,7 @@ def rename(names, config: dict[str, Any], where: str) -> tuple[dict[str, str], d
         if rotary:
             transforms[hf] = interleaved_to_halves(heads if rotary == "q" else kv_heads)
     if unknown:
-        from .errors import CheckpointError
+        from ..errors import CheckpointError
 
         raise CheckpointError(f"{where}: {len(unknown)} tensors have no Llama rule (e.g. {unknown[0]}); unshard maps "
                               "torchtitan's and torchtune's Llama names, please report this model")

@@ -10,11 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-
 from .. import dtypes
 from ..errors import CheckpointError
-from ..placements import Block
 from .base import Checkpoint, Piece, SourceTensor
+from .placements import Block
 
 if TYPE_CHECKING:
     import torch
@@ -30,9 +29,9 @@ def find_folder(src: Path) -> Path | None:
 
 class DeepSpeedUniversal(Checkpoint):
     def local_tensor(self, piece: Piece) -> torch.Tensor:
-        from .. import safe_torch_load  # (imports torch)
-
         import torch
+
+        from . import safe_torch_load  # (imports torch)
 
         value = safe_torch_load.load(piece.file, mmap=False)
         if not isinstance(value, dict) or not isinstance(value.get("param"), torch.Tensor):
@@ -41,7 +40,7 @@ class DeepSpeedUniversal(Checkpoint):
 
 
 def open_folder(src: Path) -> DeepSpeedUniversal:
-    from .. import safe_torch_load  # (imports torch)
+    from . import safe_torch_load  # (imports torch)
 
     folder = find_folder(src)
     if folder is None:

@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-
+from ..errors import ConfigMismatchError
 from . import dense_families, known
-from .errors import ConfigMismatchError
 
 if TYPE_CHECKING:
     import torch
@@ -139,8 +138,6 @@ class ModelFacts:
 
     @classmethod
     def of(cls, model) -> ModelFacts:
-        import torch
-
         kept = {name for name, _ in model.named_parameters()}
         tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - kept
         in_memory = {name: tuple(t.shape) for name, t in model.state_dict().items()}

@@ -10,9 +10,9 @@ import queue
 import time
 from pathlib import Path
 
-from .errors import PeerFailedError, UnshardError
-from .plan import Plan
-from .writing import Result, Writing, peak_rss, progress_bar, survey, write_files
+from ..errors import PeerFailedError, UnshardError
+from ..plan import Plan
+from .threads import Result, Writing, peak_rss, progress_bar, survey, write_files
 
 
 def split_files(plan: Plan, parts: int) -> list[list[str]]:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, UnsafeCheckpointError
+from ..errors import CheckpointError, UnsafeCheckpointError
 
 
 class Record:

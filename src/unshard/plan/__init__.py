@@ -11,19 +11,21 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import dtypes, hf_names, lora
-from .dtypes import DType
-from .errors import ConfigMismatchError, UnshardError
-from .hub import fetch, hub_ids, is_hub_id
-from .readers import Checkpoint, Piece, SourceTensor
-from .sinks import ENCODING_WORK, Encoding, OutputOptions, Sink
-from .sinks.hf_folder import MODEL_FILE_PATTERNS, HFFolder, unreadable_model_files
+from .. import dtypes
+from ..dtypes import DType
+from ..errors import ConfigMismatchError, UnshardError
+from ..hub import fetch, hub_ids, is_hub_id
+from ..names import hf_names
+from ..sinks import ENCODING_WORK, Encoding, OutputOptions, Sink
+from ..sinks.hf_folder import MODEL_FILE_PATTERNS, HFFolder, unreadable_model_files
+from ..sources import Checkpoint, Piece, SourceTensor
+from . import lora
 
 if TYPE_CHECKING:
     import torch
 
-    from .sinks.compressed_tensors import Quantization
-    from .sinks.gguf import GGUFPlan
+    from ..sinks.compressed_tensors import Quantization
+    from ..sinks.gguf import GGUFPlan
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "spiece.model")
 
@@ -224,7 +226,7 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
                              _compose(fold.folds.get(name), naming.converters.get(name), outputs[0][0]))
     quantization = None
     if output.quantize:
-        from .sinks.compressed_tensors import plan_quantization
+        from ..sinks.compressed_tensors import plan_quantization
 
         quantization = plan_quantization(output.quantize, output.quantize_ignore,
                                          [o for g in groups.values() for o in g.outputs], naming.linear,
@@ -233,7 +235,7 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
             group.outputs = [quantization.encoded.get(o.name, o) for o in group.outputs]
     sink, gguf = HFFolder(), None
     if output.gguf:
-        from .sinks.gguf import GGUFSink, plan_gguf
+        from ..sinks.gguf import GGUFSink, plan_gguf
 
         if output.quantize or fold.adapter is not None:
             raise UnshardError(f"{checkpoint.path}: a GGUF file takes neither --quantize (use --gguf-type) nor "

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointError, UnsafeCheckpointError
+from ..errors import CheckpointError, UnsafeCheckpointError
 from .safe_pickle import (
     DTENSOR_MODULES,
     FOREIGN_RECORDS,

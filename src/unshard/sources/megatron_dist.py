@@ -21,14 +21,12 @@ from collections import Counter, OrderedDict, defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-
-from .. import safe_pickle
 from ..errors import CheckpointError
-from ..placements import Block
-from ..torch_archives import StoredTensor
-from . import dcp
+from . import dcp, safe_pickle
 from .base import Piece, SourceTensor, deduplicate, load_archive
 from .megatron import MegatronCheckpoint, finish, iteration_folder, plain_args
+from .placements import Block
+from .torch_archives import StoredTensor
 
 if TYPE_CHECKING:
     import torch

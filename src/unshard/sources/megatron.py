@@ -24,12 +24,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-
-from .. import dtypes, megatron_rules
+from .. import dtypes
 from ..errors import CheckpointError, read_json
-from ..placements import Block
-from ..torch_archives import StoredTensor
+from ..names import megatron_rules
 from .base import Checkpoint, Piece, SourceTensor, deduplicate, load_archive
+from .placements import Block
+from .torch_archives import StoredTensor
 
 if TYPE_CHECKING:
     import torch

@@ -25,12 +25,11 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-
 from .. import dtypes
 from ..errors import CheckpointError
-from ..placements import Block
-from ..torch_archives import StoredTensor
 from .base import Checkpoint, Piece, SourceTensor, deduplicate, load_archive
+from .placements import Block
+from .torch_archives import StoredTensor
 
 if TYPE_CHECKING:
     import torch

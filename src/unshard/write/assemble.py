@@ -8,16 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from . import dtypes
-from .plan import Group, OutputTensor, Plan
-from .readers.base import read_bytes, thread_buffer
-from .sinks import ENCODING_BAND_BYTES
-from .sinks.safetensors import FileBytes, Part, bytes_of
+from .. import dtypes
+from ..plan import Group, OutputTensor, Plan
+from ..sinks import ENCODING_BAND_BYTES
+from ..sinks.safetensors import FileBytes, Part, bytes_of
+from ..sources.base import read_bytes, thread_buffer
 
 if TYPE_CHECKING:
     import torch
 
-    from .dtypes import DType
+    from ..dtypes import DType
 
 
 def materialise(plan: Plan, group: Group) -> list[tuple[str, torch.Tensor]]:

@@ -1,4 +1,9 @@
-"""Readers, one module per checkpoint layout. `open_checkpoint` picks the one that fits SRC."""
+"""Sources: one reader module per checkpoint layout; `open_checkpoint` picks the one that fits SRC.
+
+base.py is what every reader gives (a Checkpoint of whole tensors, each a list of pieces in files);
+placements.py puts shards back into whole tensors; torch_archives.py, safe_pickle.py and
+safe_torch_load.py read torch.save files without letting them run code.
+"""
 
 from __future__ import annotations
 

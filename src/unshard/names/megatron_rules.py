@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import CheckpointError
-from .placements import Block, compose
-from .readers.base import Piece, SourceTensor
+from ..errors import CheckpointError
+from ..sources.base import Piece, SourceTensor
+from ..sources.placements import Block, compose
 
 PLAIN, QKV, GATE_UP, VOCAB = "plain", "qkv", "gate_up", "vocab"
 

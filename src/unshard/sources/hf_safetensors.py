@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..placements import Block
 from .base import Piece, SourceTensor
 from .dcp_safetensors import SafetensorsFiles, dtype_of, read_header
+from .placements import Block
 
 LAYOUT, FILE_LAYOUT = "huggingface-safetensors", "safetensors-state-dict"
 
