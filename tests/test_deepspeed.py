@@ -55,6 +55,15 @@ def test_module_weights_are_the_16bit_copy(tmp_path):
         unshard.open_checkpoint(SHIPPED / "deepspeed-zero3" / "checkpoint-1", weights="module")
 
 
+def test_source_options_stand_for_the_keywords():
+    """`source=SourceOptions(...)` (what the CLI passes) plans what the keyword arguments plan."""
+    checkpoint = SHIPPED / "deepspeed-zero2-bf16" / "checkpoint-1"
+    grouped = unshard.inspect(checkpoint, source=unshard.SourceOptions(weights="module", check=False))
+    assert grouped == unshard.inspect(checkpoint, weights="module", check=False)
+    assert grouped["weights"] == "module" and grouped["dtypes"] == {"bfloat16": 21}
+    assert unshard.inspect(checkpoint, source=unshard.SourceOptions())["dtypes"] != grouped["dtypes"]
+
+
 def test_inspect_says_stage_and_weights():
     code, out, err = run_cli("inspect", SHIPPED / "deepspeed-zero3-bf16" / "checkpoint-1")
     assert code == 0, err

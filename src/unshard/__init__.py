@@ -23,7 +23,7 @@ from .errors import (
 )
 from .plan import Plan, build_plan
 from .sinks import OutputOptions
-from .sources import Checkpoint, open_checkpoint
+from .sources import Checkpoint, SourceOptions, open_checkpoint
 from .write.threads import Result
 
 __version__ = "0.1.0"
@@ -33,13 +33,15 @@ def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5
          quantize_ignore: tuple[str, ...] = (), config_from: str | Path | None = None, check: bool = True,
          weights: str = "master", tag: str | None = None, iteration: int | None = None,
          lora_alpha: float | None = None, architecture: str | None = None, lora: str = "merge",
-         ask_later: bool = False, output: OutputOptions | None = None) -> Plan:
+         ask_later: bool = False, output: OutputOptions | None = None, source: SourceOptions | None = None) -> Plan:
     """Open SRC and plan its conversion; reads metadata only.
 
     output: what describes the output, grouped (OutputOptions: dtype, max_shard_size, quantize,
     quantize_ignore, gguf); given, it stands for those keyword arguments. OutputOptions(gguf="q8_0")
     plans one GGUF file for llama.cpp (f32, f16, bf16, q8_0, llama-quantize's q4_0, q4_1, q5_0,
     q5_1, or auto: the converter's default).
+    source: what describes the source, grouped (SourceOptions: config_from, weights, tag, iteration,
+    lora_alpha, lora, architecture, check); given, it stands for those keyword arguments.
 
     quantize: a compressed-tensors preset scheme (W4A16, W8A16, W4A16_ASYM, W8A8, FP8_DYNAMIC, FP8_BLOCK,
     NVFP4A16, MXFP4A16, MXFP4, MXFP8A16, MXFP8):
@@ -57,11 +59,10 @@ def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5
     names and shapes its model has) is answered on a thread while `convert` writes (or, with several
     writers, before they start), rather than now; the plan keeps the names as saved until then.
     """
-    reader_options = {k: v for k, v in (("weights", weights), ("tag", tag), ("iteration", iteration))
-                      if v not in ("master", None)}
     output = output or OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore))
-    return build_plan(open_checkpoint(src, **reader_options), output, config_from=config_from, check=check,
-                      lora_alpha=lora_alpha, architecture=architecture, lora_mode=lora, ask_later=ask_later)
+    source = source or SourceOptions(config_from=config_from, weights=weights, tag=tag, iteration=iteration,
+                                     lora_alpha=lora_alpha, lora=lora, architecture=architecture, check=check)
+    return build_plan(open_checkpoint(src, **source.reader_options()), output, source, ask_later=ask_later)
 
 
 def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
@@ -70,7 +71,8 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
             verify: bool = False, check: bool = True, progress: bool | None = None, weights: str = "master",
             tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None,
             architecture: str | None = None, workers: int = 1, distributed: bool = False,
-            lora: str = "merge", checksums: bool = False, output: OutputOptions | None = None) -> Result:
+            lora: str = "merge", checksums: bool = False, output: OutputOptions | None = None,
+            source: SourceOptions | None = None) -> Result:
     """Convert the checkpoint at SRC into a Hugging Face folder OUT (or, for an OUT ending in .gguf, one
     GGUF file of llama.cpp's default type, and a vision model's mmproj-OUT beside it;
     `output=OutputOptions(gguf=TYPE)` chooses another type).
@@ -82,8 +84,9 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
     from .write.execute import convert as run
 
     output = _for(out, output or OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore)))
-    the_plan = plan(src, config_from=config_from, check=check, weights=weights, tag=tag, iteration=iteration,
-                    lora_alpha=lora_alpha, architecture=architecture, lora=lora, ask_later=True, output=output)
+    source = source or SourceOptions(config_from=config_from, weights=weights, tag=tag, iteration=iteration,
+                                     lora_alpha=lora_alpha, lora=lora, architecture=architecture, check=check)
+    the_plan = plan(src, ask_later=True, output=output, source=source)
     try:
         return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
                    progress=progress, workers=workers, distributed=distributed)
@@ -181,5 +184,5 @@ def inspect(src: str | Path, **plan_options: Any) -> dict[str, Any]:
 
 __all__ = [
     "Checkpoint", "CheckpointError", "ConfigMismatchError", "OutputExistsError", "OutputOptions", "Plan", "Result",
-    "UnsafeCheckpointError", "UnshardError", "convert", "extract_lora", "inspect", "merge", "merge_moe", "merge_search", "open_checkpoint", "plan", "push_to_hub",
+    "SourceOptions", "UnsafeCheckpointError", "UnshardError", "convert", "extract_lora", "inspect", "merge", "merge_moe", "merge_search", "open_checkpoint", "plan", "push_to_hub",
 ]

@@ -273,6 +273,7 @@ def _run(args) -> int:
     import unshard
 
     from .report import as_text, describe
+    from .sources import SourceOptions
 
     if args.command == "merge":
         return _merge(args)
@@ -285,9 +286,9 @@ def _run(args) -> int:
     if args.command == "merge-search":
         return _merge_search(args)
     output = _output(args, getattr(args, "out", ""))
-    options = dict(output=output, config_from=args.config_from, check=args.check,
-                   weights=args.weights, tag=args.tag, iteration=args.iteration, lora_alpha=args.lora_alpha, lora=args.lora,
-                   architecture=args.architecture)
+    source = SourceOptions(config_from=args.config_from, weights=args.weights, tag=args.tag, iteration=args.iteration,
+                           lora_alpha=args.lora_alpha, lora=args.lora, architecture=args.architecture, check=args.check)
+    options = dict(output=output, source=source)
     if args.command == "inspect":
         info = unshard.inspect(args.src, **options)
         print(json.dumps(info, indent=2, default=str) if args.json else as_text(info))

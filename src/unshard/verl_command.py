@@ -59,7 +59,7 @@ def plan(args, ask_later: bool = False):
     """The conversion verl's flags ask for, and what to tell the user about the flags."""
     from .plan import build_plan, lora
     from .sinks import OutputOptions
-    from .sources import open_checkpoint
+    from .sources import SourceOptions, open_checkpoint
 
     if not args.local_dir:
         raise UnshardError("--local_dir is required: the checkpoint folder (global_step_N/actor)")
@@ -75,8 +75,8 @@ def plan(args, ask_later: bool = False):
     try:
         # verl writes a LoRA adapter apart from the base it was trained on (TARGET/lora_adapter/)
         with_adapter = any(lora.ADAPTER.match(name) for name in checkpoint.tensors)
-        the_plan = build_plan(checkpoint, OutputOptions(VERL_DTYPE, VERL_SHARD_SIZE), ask_later=ask_later,
-                              lora_mode="separate" if with_adapter else "merge")
+        the_plan = build_plan(checkpoint, OutputOptions(VERL_DTYPE, VERL_SHARD_SIZE),
+                              SourceOptions(lora="separate" if with_adapter else "merge"), ask_later=ask_later)
         return the_plan, notes + _flag_notes(args, the_plan)
     except BaseException:
         checkpoint.close()

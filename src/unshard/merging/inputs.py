@@ -13,7 +13,7 @@ from ..hub import fetch, is_hub_id
 from ..plan import Group, OutputTensor, Plan, build_plan
 from ..sinks import OutputOptions
 from ..sinks.hf_folder import MODEL_FILE_PATTERNS
-from ..sources import open_checkpoint
+from ..sources import SourceOptions, open_checkpoint
 from .adapter import Adapter
 from .recipe import RecipeError
 
@@ -87,7 +87,7 @@ def _resolve(reference: str, recipe_dir: Path, adapter: bool = False) -> Path:
 def open_input(reference: str, recipe_dir: Path, check: bool) -> Input:
     path, _, adapter = reference.partition("+")  # `base+adapter`, as mergekit writes a LoRA on a base model
     checkpoint = open_checkpoint(_resolve(path, recipe_dir))
-    plan = build_plan(checkpoint, OutputOptions(dtype="float32"), check=check)
+    plan = build_plan(checkpoint, OutputOptions(dtype="float32"), SourceOptions(check=check))
     item = Input(reference, plan, adapter=Adapter(_resolve(adapter, recipe_dir, adapter=True)) if adapter else None)
     item.groups = {o.name: g for g in plan.groups for o in g.outputs}
     stray = sorted({*item.adapter.lora, *item.adapter.replaced} - set(item.groups)) if item.adapter else []

@@ -29,7 +29,7 @@ from ..hub import hub_ids
 from ..names import hf_names
 from ..plan import TOKENIZER_FILES, Plan, build_plan, choose_dtype
 from ..sinks import OutputOptions
-from ..sources import SourceTensor
+from ..sources import SourceOptions, SourceTensor
 from .checkpoint import FromInputs
 from .gates import GATE_MODES, PROMPT_MODES, degenerate_layers, gate_vectors
 from .inputs import LAYER, Input, open_input
@@ -299,7 +299,7 @@ def plan_moe(recipe_path: str | Path, output: OutputOptions = OutputOptions(), *
     if not requested:
         natural, _ = choose_dtype("auto", base_config, base.plan.checkpoint)
         requested, reason = (natural.name if natural.name in dtypes.OUTPUT else "float32"), "the base model's"
-    plan = build_plan(checkpoint, replace(output, dtype=requested), check=check)
+    plan = build_plan(checkpoint, replace(output, dtype=requested), SourceOptions(check=check))
     plan.dtype_reason = reason
     plan.copies_per_tensor = 2  # the input's tensor, and its cast
     plan.notes = [note for note in plan.notes if "--config-from" not in note]

@@ -11,7 +11,7 @@ from ..hub import hub_ids
 from ..names import hf_names
 from ..plan import TOKENIZER_FILES, OutputTensor, Plan, build_plan, choose_dtype
 from ..sinks import OutputOptions
-from ..sources import SourceTensor
+from ..sources import SourceOptions, SourceTensor
 from .checkpoint import MergedCheckpoint, TensorMerge
 from .inputs import LAYER, Input, open_input
 from .methods import METHODS, REQUIRED, Method
@@ -62,7 +62,7 @@ def plan_merge(recipe_path: str | Path, output: OutputOptions = OutputOptions(),
     if not requested:  # asked for nowhere: the dtype the base would be converted to
         natural, _ = choose_dtype("auto", hf_names.read_config(lead.plan.config_folder), lead.plan.checkpoint)
         requested = natural.name if natural.name in dtypes.OUTPUT else "float32"
-    plan = build_plan(checkpoint, replace(output, dtype=requested), check=check)
+    plan = build_plan(checkpoint, replace(output, dtype=requested), SourceOptions(check=check))
     plan.dtype_reason = reason
     # Per tensor in flight: one copy per input, the stacked task vectors and the result.
     plan.copies_per_tensor = 2 * max(len(piece.sources) for piece in slices) + 1

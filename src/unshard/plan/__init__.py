@@ -18,7 +18,7 @@ from ..hub import fetch, hub_ids, is_hub_id
 from ..names import hf_names
 from ..sinks import ENCODING_WORK, Encoding, OutputOptions, Sink
 from ..sinks.hf_folder import MODEL_FILE_PATTERNS, HFFolder, unreadable_model_files
-from ..sources import Checkpoint, Piece, SourceTensor
+from ..sources import Checkpoint, Piece, SourceOptions, SourceTensor
 from . import lora
 
 if TYPE_CHECKING:
@@ -195,12 +195,12 @@ def resolve_config_source(config_from: str | Path) -> Path:
     return fetch(str(config_from), list(MODEL_FILE_PATTERNS), "--config-from")
 
 
-def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), *, config_from: str | Path | None = None,
-               check: bool = True, lora_alpha: float | None = None, architecture: str | None = None,
-               lora_mode: str = "merge", ask_later: bool = False) -> Plan:
+def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(),
+               source: SourceOptions = SourceOptions(), *, ask_later: bool = False) -> Plan:
     """ask_later: a config transformers has not answered for before is answered while the writing starts
     (see hf_names.Question); the writer then checks `plan.question` before it finishes. (Not when
     quantizing: which tensors are Linear layers is part of the answer, and needed now.)"""
+    config_from, check, architecture = source.config_from, source.check, source.architecture
     config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
     config = hf_names.read_config(config_folder)
     if config is not None:
@@ -210,7 +210,7 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
         raise ConfigMismatchError(f"{path}: {why}; fix or remove it, or pass --no-check to copy it as it is")
     checkpoint.fit_config(config)
     out_dtype, reason = choose_dtype(output.dtype, config, checkpoint)
-    fold = lora.plan_fold(checkpoint, lora_alpha, lora_mode)
+    fold = lora.plan_fold(checkpoint, source.lora_alpha, source.lora)
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
     head = hf_names.head_updates(set(shapes), shapes, config, architecture)
     updates = {**checkpoint.config_changes, **head}
@@ -219,10 +219,10 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
 
     groups: dict[str, Group] = {}
     for name, outputs in naming.outputs.items():
-        source = checkpoint.tensors[name]
+        tensor = checkpoint.tensors[name]
         # Only floating-point tensors change dtype; integer buffers keep theirs.
-        target = out_dtype if source.dtype.is_floating_point else source.dtype
-        groups[name] = Group(source, [OutputTensor(n, s, target) for n, s in outputs],
+        target = out_dtype if tensor.dtype.is_floating_point else tensor.dtype
+        groups[name] = Group(tensor, [OutputTensor(n, s, target) for n, s in outputs],
                              _compose(fold.folds.get(name), naming.converters.get(name), outputs[0][0]))
     quantization = None
     if output.quantize:
@@ -263,8 +263,7 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(), 
         updates = {**updates, "quantization_config": quantization.config()}
     rebuild = None
     if naming.question is not None:
-        rebuild = partial(build_plan, checkpoint, output, config_from=config_folder, check=check,
-                          lora_alpha=lora_alpha, architecture=architecture, lora_mode=lora_mode)
+        rebuild = partial(build_plan, checkpoint, output, replace(source, config_from=config_folder))
     # Where the weights come from, as recorded: a --config-from Hub id, the Hub id transformers 4 saved in a
     # config, an adapter's base as peft saved it.
     origins = [str(config_from) if config_from and not Path(config_from).exists() else None,

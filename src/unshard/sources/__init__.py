@@ -8,6 +8,7 @@ safe_torch_load.py read torch.save files without letting them run code.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CheckpointError
@@ -39,6 +40,25 @@ READERS = [
     (lambda src, opts: hf_pickles.find_folder(src) is not None, hf_pickles.open_folder),
     (lambda src, opts: fsdp_rank_files.find_files(src) is not None, fsdp_rank_files.open_folder),
 ]
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What describes the source beyond its path, as a user tells it (the output: sinks.OutputOptions)."""
+
+    config_from: str | Path | None = None  # the Hugging Face folder or Hub id whose config and tokenizer go with it
+    weights: str = "master"  # DeepSpeed: the fp32 optimizer copy ("master") or the 16-bit model states ("module")
+    tag: str | None = None  # DeepSpeed: the tag folder to read instead of the one `latest` names
+    iteration: int | None = None  # Megatron: the iteration to read instead of the one the tracker file names
+    lora_alpha: float | None = None  # a LoRA adapter's alpha, where nothing beside the checkpoint records it
+    lora: str = "merge"  # a LoRA adapter folded into its base ("merge"), or written as a PEFT folder ("separate")
+    architecture: str | None = None  # the transformers class config.json names (by default the one the weights fit)
+    check: bool = True  # the weights checked against the config, and the config's files against their formats
+
+    def reader_options(self) -> dict:
+        """The options a layout's reader takes (an error from `open_checkpoint` where it takes none)."""
+        return {k: v for k, v in (("weights", self.weights), ("tag", self.tag), ("iteration", self.iteration))
+                if v not in ("master", None)}
 
 
 def open_checkpoint(src: str | Path, **options) -> Checkpoint:
