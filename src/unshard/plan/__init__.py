@@ -128,7 +128,7 @@ class Plan:
                                f"a Hugging Face folder of the model it was trained from{hint}")
 
     def peak_memory_estimate(self, threads: int = 1) -> int:
-        """Bytes of tensors held at once, a bound the writer keeps to (`writing._write_weights`): the
+        """Bytes of tensors held at once, a bound the writer keeps to (`write.threads._write_weights`): the
         largest group's, plus a typical (median) group's for each further thread. So two threads never
         hold the two largest tensors of a merge together, while groups of the usual size run side by side."""
         held = sorted(self.held(g) for g in self.groups)
