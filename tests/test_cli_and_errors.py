@@ -354,6 +354,22 @@ def test_architecture_override(tmp_path):
     assert code == 1 and "transformers has no such model class" in err and not (tmp_path / "bad").exists()
 
 
+def test_the_plan_notes_a_new_head_and_a_missing_tokenizer(tmp_path):
+    critic = SHIPPED / "qwen2-fsdp2-critic" / "global_step_1"
+    code, out, err = run_cli("convert", critic, tmp_path / "out", "--dry-run")
+    assert code == 0 and "the weights end in a `score` head: config.json says Qwen2ForTokenClassification" in out
+    code, out, err = run_cli("convert", critic, tmp_path / "out", "--dry-run", "--architecture",
+                             "Qwen2ForTokenClassification")
+    assert code == 0 and "`score` head" not in out  # what the user chose is not news
+    ckpt = copy_actor(tmp_path)
+    code, out, err = run_cli("convert", ckpt, tmp_path / "out", "--dry-run")
+    assert code == 0 and "no tokenizer" not in out
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (ckpt / "huggingface" / name).unlink()
+    code, out, err = run_cli("convert", ckpt, tmp_path / "out", "--dry-run")
+    assert code == 0 and "no tokenizer beside the checkpoint: pass --config-from DIR" in out
+
+
 KILLED_WHILE_WRITING = """
 import os, signal, sys
 from unshard.write import threads

@@ -593,6 +593,43 @@ def test_what_gguf_cannot_take_is_one_line_before_anything_is_written(case, args
     assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
 
 
+def test_a_config_naming_no_architecture_takes_it_from_the_command_line(tmp_path):
+    import json
+
+    ckpt = tmp_path / "global_step_1"
+    shutil.copytree(SHIPPED / "llama-fsdp2-spm" / "global_step_1", ckpt)
+    config = ckpt / "actor" / "huggingface" / "config.json"
+    config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "architectures"}))
+    code, _, err = run_cli("convert", ckpt, tmp_path / "m.gguf", "--no-progress")
+    assert code == 1 and "names no architecture (no `architectures`)" in err and "pass --architecture" in err, err
+    assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
+    code, _, err = run_cli("convert", ckpt, tmp_path / "m.gguf", "--no-progress", "--architecture", "LlamaForCausalLM")
+    assert code == 0, err
+    code, _, err = run_cli("convert", SHIPPED / "llama-fsdp2-spm" / "global_step_1", tmp_path / "intact.gguf",
+                           "--no-progress")
+    assert code == 0 and (tmp_path / "m.gguf").read_bytes() == (tmp_path / "intact.gguf").read_bytes()
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("truncated", "not a SentencePiece model"),
+    ("a piece not UTF-8", "token 0's piece is not UTF-8 text; restore the file"),  # (the file still parses)
+])
+def test_a_damaged_tokenizer_model_is_one_line(damage, expected, tmp_path):
+    ckpt = tmp_path / "global_step_1"
+    shutil.copytree(SHIPPED / "gemma-fsdp2-spm" / "global_step_1", ckpt)
+    model = ckpt / "actor" / "huggingface" / "tokenizer.model"
+    data = model.read_bytes()
+    if damage == "truncated":
+        data = data[:len(data) // 2]
+    else:
+        at = data.index(b"<unk>")  # token 0's piece, written once
+        data = data[:at] + b"\xc0" + data[at + 1:]
+    model.write_bytes(data)
+    code, _, err = run_cli("convert", ckpt, tmp_path / "m.gguf", "--no-progress")
+    assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
+
+
 @pytest.mark.parametrize("change, expected", [
     ({"pre_tokenizer": {"type": "Whitespace"}}, "its pre-tokenizer is not one unshard can name for llama.cpp"),
     ({"model": {"type": "WordPiece", "unk_token": "<unk>", "continuing_subword_prefix": "##",

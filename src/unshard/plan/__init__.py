@@ -224,41 +224,14 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(),
         target = out_dtype if tensor.dtype.is_floating_point else tensor.dtype
         groups[name] = Group(tensor, [OutputTensor(n, s, target) for n, s in outputs],
                              _compose(fold.folds.get(name), naming.converters.get(name), outputs[0][0]))
-    quantization = None
-    if output.quantize:
-        from ..sinks.compressed_tensors import plan_quantization
-
-        quantization = plan_quantization(output.quantize, output.quantize_ignore,
-                                         [o for g in groups.values() for o in g.outputs], naming.linear,
-                                         str(config_folder / "config.json" if config_folder else checkpoint.path))
-        for group in groups.values():
-            group.outputs = [quantization.encoded.get(o.name, o) for o in group.outputs]
-    sink, gguf = HFFolder(), None
-    if output.gguf:
-        from ..sinks.gguf import GGUFSink, plan_gguf
-
-        if output.quantize or fold.adapter is not None:
-            raise UnshardError(f"{checkpoint.path}: a GGUF file takes neither --quantize (use --gguf-type) nor "
-                               "--lora separate")
-        gguf = plan_gguf(output.gguf, [o for g in groups.values() for o in g.outputs], config_folder, out_dtype.name,
-                         checkpoint.config_changes)
-        encodings = {name: e for file in gguf.files().values() for name, e in file.encoded.items()}
-        for group in groups.values():
-            group.outputs = [replace(o, encoding=encodings[o.name]) for o in group.outputs]
-        sink = GGUFSink(gguf)
+    sink, quantization, gguf = _encode_for_format(output, groups, checkpoint, fold, naming.linear, config_folder,
+                                                  out_dtype, updates)
     files = sink.lay_out(groups, output.max_shard_size)
     extra_files = {}
     if fold.adapter is not None:
         files[lora.ADAPTER_FILE], extra_files = _adapter_plan(checkpoint, fold.adapter, naming.outputs, out_dtype)
     notes = fold.notes + naming.notes + (gguf.notes if gguf else [])
-    if "architectures" in head and not architecture:
-        notes.append(f"the weights end in a `score` head: config.json says {updates['architectures'][0]}"
-                     + (f" with {updates['num_labels']} label(s)" if "num_labels" in updates else ""))
-    if config is None:
-        notes.append("no config.json found: pass --config-from DIR so the output folder loads with transformers")
-    elif not any((config_folder / name).exists() for name in TOKENIZER_FILES):
-        notes.append("no tokenizer beside the checkpoint: pass --config-from DIR (the Hugging Face model it was "
-                     "trained from) to include tokenizer, chat template and generation config")
+    notes += _missing_notes(config, config_folder, updates if "architectures" in head and not architecture else None)
     if quantization is not None:
         updates = {**updates, "quantization_config": quantization.config()}
     rebuild = None
@@ -272,6 +245,49 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(),
                 config_updates=updates, extra_files=extra_files, question=naming.question, rebuild=rebuild,
                 sink=sink, quantization=quantization, gguf=gguf, base_models=hub_ids(origins))
 
+
+def _encode_for_format(output: OutputOptions, groups: dict[str, Group], checkpoint: Checkpoint, fold: lora.LoraFold,
+                       linear: hf_names.LinearLayers, config_folder: Path | None, out_dtype: DType,
+                       config_updates: dict[str, Any]):
+    """The sink that writes the output format, with each output tensor's encoding for it set in `groups`
+    (compressed-tensors' for --quantize, GGUF's types for a .gguf OUT); and the Quantization or GGUFPlan.
+    config_updates: what the output's config.json changes (the checkpoint's, --architecture's)."""
+    outputs = [o for g in groups.values() for o in g.outputs]
+    if output.gguf:
+        from ..sinks.gguf import GGUFSink, plan_gguf
+
+        if output.quantize or fold.adapter is not None:
+            raise UnshardError(f"{checkpoint.path}: a GGUF file takes neither --quantize (use --gguf-type) nor "
+                               "--lora separate")
+        gguf = plan_gguf(output.gguf, outputs, config_folder, out_dtype.name, config_updates)
+        encodings = {name: e for file in gguf.files().values() for name, e in file.encoded.items()}
+        for group in groups.values():
+            group.outputs = [replace(o, encoding=encodings[o.name]) for o in group.outputs]
+        return GGUFSink(gguf), None, gguf
+    if output.quantize:
+        from ..sinks.compressed_tensors import plan_quantization
+
+        quantization = plan_quantization(output.quantize, output.quantize_ignore, outputs, linear,
+                                         str(config_folder / "config.json" if config_folder else checkpoint.path))
+        for group in groups.values():
+            group.outputs = [quantization.encoded.get(o.name, o) for o in group.outputs]
+        return HFFolder(), quantization, None
+    return HFFolder(), None, None
+
+
+def _missing_notes(config: dict | None, config_folder: Path | None, new_head: dict | None) -> list[str]:
+    """What the user should know of the folder: a head config.json now names (`new_head`, the config's updates),
+    or a config or tokenizer not found."""
+    notes = []
+    if new_head is not None:
+        notes.append(f"the weights end in a `score` head: config.json says {new_head['architectures'][0]}"
+                     + (f" with {new_head['num_labels']} label(s)" if "num_labels" in new_head else ""))
+    if config is None:
+        notes.append("no config.json found: pass --config-from DIR so the output folder loads with transformers")
+    elif not any((config_folder / name).exists() for name in TOKENIZER_FILES):
+        notes.append("no tokenizer beside the checkpoint: pass --config-from DIR (the Hugging Face model it was "
+                     "trained from) to include tokenizer, chat template and generation config")
+    return notes
 
 
 def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, dtype: DType):

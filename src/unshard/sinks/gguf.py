@@ -162,6 +162,9 @@ def plan_gguf(requested: str, outputs: list[OutputTensor], config_folder: Path |
     hparams = {**_hparams(config_folder), **(config_changes or {})}
     where = config_folder / "config.json"
     architecture = (hparams.get("architectures") or [None])[0]
+    if architecture is None:
+        raise ConfigMismatchError(f"{where}: names no architecture (no `architectures`), which a GGUF file's is "
+                                  f"made from; pass --architecture (one of {', '.join(ARCHITECTURES)})")
     if architecture not in ARCHITECTURES:
         raise ConfigMismatchError(f"{where}: {architecture} is not an architecture unshard writes as GGUF yet "
                                   f"({', '.join(ARCHITECTURES)}); write a folder and use llama.cpp's convert_hf_to_gguf.py")
@@ -699,7 +702,11 @@ def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_con
     for i in range(min(size, processor.vocab_size())):
         kind = (types.UNKNOWN if processor.IsUnknown(i) else types.CONTROL if processor.IsControl(i)
                 else types.UNUSED if processor.IsUnused(i) else types.BYTE if processor.IsByte(i) else types.NORMAL)
-        tokens[i], scores[i], kinds[i] = processor.IdToPiece(i).encode(), processor.GetScore(i), kind
+        try:
+            piece = processor.IdToPiece(i)
+        except UnicodeDecodeError:  # (SentencePiece writes its pieces as UTF-8: this file was damaged since)
+            raise ConfigMismatchError(f"{model}: token {i}'s piece is not UTF-8 text; restore the file") from None
+        tokens[i], scores[i], kinds[i] = piece.encode(), processor.GetScore(i), kind
     for text, i in _json(folder / "added_tokens.json").items():
         if i < size:
             tokens[i], scores[i], kinds[i] = text.encode(), -1000.0, types.USER_DEFINED
