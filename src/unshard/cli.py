@@ -17,75 +17,100 @@ from .sinks.safetensors import ROOM_ERRNOS
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 
+OUT_HELP = "output folder (must not exist or be empty, unless --overwrite)"
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="unshard", description="Sharded training checkpoints to Hugging Face folders.")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = ap.add_subparsers(dest="command", required=True)
+    for add_arguments in (_convert_arguments, _extract_lora_arguments, _merge_arguments, _merge_moe_arguments,
+                          _merge_search_arguments, _inspect_arguments):
+        add_arguments(sub)
+    verl_command.add_parser(sub)
+    return ap
 
-    def plan_options(p):
-        p.add_argument("src", help="checkpoint folder (e.g. verl's global_step_N or global_step_N/actor)")
-        p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                       help="output dtype; auto: the config's dtype, else the checkpoint's")
-        p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
-        p.add_argument("--config-from", metavar="DIR", help="Hugging Face folder with config and tokenizer files")
-        p.add_argument("--no-check", dest="check", action="store_false",
-                       help="write even if the tensors do not fit the config, or a JSON model file does not parse")
-        p.add_argument("--weights", default="master", choices=("master", "module"),
-                       help="DeepSpeed: fp32 master weights from the optimizer (default) or the 16-bit module states")
-        p.add_argument("--tag", help="DeepSpeed: the tag folder to read (default: the one `latest` names)")
-        p.add_argument("--iteration", type=int,
-                       help="Megatron: the iteration to read (default: latest_checkpointed_iteration.txt's)")
-        p.add_argument("--architecture", metavar="CLASS",
-                       help="transformers class for config.json (default: what the weights fit, e.g. "
-                            "Qwen2ForTokenClassification for a critic's score head)")
-        p.add_argument("--lora", default="merge", choices=("merge", "separate"),
-                       help="a LoRA adapter in the checkpoint: fold it into the base weights (default), or write "
-                            "the base as trained and the adapter as a PEFT folder in OUT/lora_adapter/")
-        p.add_argument("--lora-alpha", type=float,
-                       help="LoRA alpha, when no lora_train_meta.json / adapter_config.json records it")
 
-    def quantize_options(p):
-        p.add_argument("--quantize", metavar="SCHEME",
-                       help="write the Linear weights quantized for vLLM, as llm-compressor does: W4A16, W8A16, "
-                            "W4A16_ASYM, W8A8, FP8_DYNAMIC, FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP4, MXFP8A16 or MXFP8 (compressed-tensors' "
-                            "presets)")
-        p.add_argument("--quantize-ignore", metavar="PATTERN", action="append", default=[],
-                       help="a module to leave unquantized, by name or 're:REGEX' (repeatable; lm_head, MoE "
-                            "routers and vision towers are left by default)")
-        p.add_argument("--gguf-type", metavar="TYPE",
-                       help="write one GGUF file for llama.cpp (OUT ending in .gguf; implied by such an OUT): f32, "
-                            "f16, bf16, q8_0, or llama-quantize's q4_0, q4_1, q5_0, q5_1; default auto, as "
-                            "llama.cpp's converter: bf16 or f16 as the model is. A vision model's image part goes "
-                            "beside it, as mmproj-OUT")
+def _source_options(p: argparse.ArgumentParser) -> None:
+    """What describes the checkpoint (SourceOptions), and the output's dtype and file size."""
+    p.add_argument("src", help="checkpoint folder (e.g. verl's global_step_N or global_step_N/actor)")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                   help="output dtype; auto: the config's dtype, else the checkpoint's")
+    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
+    p.add_argument("--config-from", metavar="DIR", help="Hugging Face folder with config and tokenizer files")
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="write even if the tensors do not fit the config, or a JSON model file does not parse")
+    p.add_argument("--weights", default="master", choices=("master", "module"),
+                   help="DeepSpeed: fp32 master weights from the optimizer (default) or the 16-bit module states")
+    p.add_argument("--tag", help="DeepSpeed: the tag folder to read (default: the one `latest` names)")
+    p.add_argument("--iteration", type=int,
+                   help="Megatron: the iteration to read (default: latest_checkpointed_iteration.txt's)")
+    p.add_argument("--architecture", metavar="CLASS",
+                   help="transformers class for config.json (default: what the weights fit, e.g. "
+                        "Qwen2ForTokenClassification for a critic's score head)")
+    p.add_argument("--lora", default="merge", choices=("merge", "separate"),
+                   help="a LoRA adapter in the checkpoint: fold it into the base weights (default), or write "
+                        "the base as trained and the adapter as a PEFT folder in OUT/lora_adapter/")
+    p.add_argument("--lora-alpha", type=float,
+                   help="LoRA alpha, when no lora_train_meta.json / adapter_config.json records it")
 
-    def scale_options(p):
-        p.add_argument("--workers", type=int, default=1,
-                       help="processes on this host, each writing its share of the output files (default 1)")
-        p.add_argument("--distributed", action="store_true",
-                       help="run as one rank of `torchrun ... -m unshard convert`: the ranks share the output "
-                            "files on a shared filesystem")
 
-    def hub_options(p):
-        p.add_argument("--push-to-hub", metavar="REPO_ID",
-                       help="upload OUT to this Hub model repository once it is complete (created if needed)")
-        p.add_argument("--private", action="store_true", help="with --push-to-hub: a new repository is private")
-        p.add_argument("--revision", metavar="BRANCH", help="with --push-to-hub: the branch to commit to")
-        p.add_argument("--commit-message", metavar="MSG", help="with --push-to-hub: the commit's message")
+def _format_options(p: argparse.ArgumentParser) -> None:
+    """The output formats other than a plain folder: compressed-tensors (--quantize) and GGUF."""
+    p.add_argument("--quantize", metavar="SCHEME",
+                   help="write the Linear weights quantized for vLLM, as llm-compressor does: W4A16, W8A16, "
+                        "W4A16_ASYM, W8A8, FP8_DYNAMIC, FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP4, MXFP8A16 or MXFP8 "
+                        "(compressed-tensors' presets)")
+    p.add_argument("--quantize-ignore", metavar="PATTERN", action="append", default=[],
+                   help="a module to leave unquantized, by name or 're:REGEX' (repeatable; lm_head, MoE "
+                        "routers and vision towers are left by default)")
+    p.add_argument("--gguf-type", metavar="TYPE",
+                   help="write one GGUF file for llama.cpp (OUT ending in .gguf; implied by such an OUT): f32, "
+                        "f16, bf16, q8_0, or llama-quantize's q4_0, q4_1, q5_0, q5_1; default auto, as "
+                        "llama.cpp's converter: bf16 or f16 as the model is. A vision model's image part goes "
+                        "beside it, as mmproj-OUT")
 
+
+def _run_options(p: argparse.ArgumentParser, threads: int, threads_help: str,
+                 dry_run_help: str = "print the plan, write nothing") -> None:
+    """What every command that writes OUT takes."""
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--dry-run", action="store_true", help=dry_run_help)
+    p.add_argument("--threads", type=int, default=threads, help=threads_help)
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+
+
+def _scale_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes on this host, each writing its share of the output files (default 1)")
+    p.add_argument("--distributed", action="store_true",
+                   help="run as one rank of `torchrun ... -m unshard convert`: the ranks share the output "
+                        "files on a shared filesystem")
+
+
+def _hub_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--push-to-hub", metavar="REPO_ID",
+                   help="upload OUT to this Hub model repository once it is complete (created if needed)")
+    p.add_argument("--private", action="store_true", help="with --push-to-hub: a new repository is private")
+    p.add_argument("--revision", metavar="BRANCH", help="with --push-to-hub: the branch to commit to")
+    p.add_argument("--commit-message", metavar="MSG", help="with --push-to-hub: the commit's message")
+
+
+def _convert_arguments(sub) -> None:
     convert = sub.add_parser("convert", help="write a Hugging Face model folder")
-    plan_options(convert)
-    quantize_options(convert)
-    convert.add_argument("out", help="output folder (must not exist or be empty, unless --overwrite)")
-    convert.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    convert.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
-    convert.add_argument("--threads", type=int, default=2, help="tensors assembled in parallel (default 2)")
-    convert.add_argument("--verify", action="store_true", help="read every written byte back and compare it with the checkpoint's")
+    _source_options(convert)
+    _format_options(convert)
+    convert.add_argument("out", help=OUT_HELP)
+    _run_options(convert, 2, "tensors assembled in parallel (default 2)")
+    convert.add_argument("--verify", action="store_true",
+                         help="read every written byte back and compare it with the checkpoint's")
     convert.add_argument("--checksums", action="store_true",
                          help="list each file's sha256 in OUT/README.md (hashing runs at about 1 GB/s per file)")
-    convert.add_argument("--no-progress", dest="progress", action="store_false", default=None)
-    scale_options(convert)
-    hub_options(convert)
+    _scale_options(convert)
+    _hub_options(convert)
 
+
+def _extract_lora_arguments(sub) -> None:
     extract = sub.add_parser("extract-lora", help="a PEFT LoRA adapter from the difference of a fine-tune and its "
                                                   "base (as mergekit-extract-lora)")
     extract.add_argument("finetuned", help="the fine-tuned model: any layout unshard reads, or a Hub id")
@@ -106,59 +131,58 @@ def _parser() -> argparse.ArgumentParser:
     extract.add_argument("--skip-undecomposable", action="store_true",
                          help="leave out modules that are neither Linear nor Embedding (default: saved whole)")
     extract.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help="of the adapter; auto: the fine-tune's")
-    extract.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    extract.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
-    extract.add_argument("--threads", type=int, default=1, help="modules decomposed in parallel (default 1: each SVD "
-                                                                "uses every core already)")
+    _run_options(extract, 1, "modules decomposed in parallel (default 1: each SVD uses every core already)")
     extract.add_argument("--verify", action="store_true", help="re-read the adapter and compare with a fresh extraction")
-    extract.add_argument("--no-progress", dest="progress", action="store_false", default=None)
-    hub_options(extract)
+    _hub_options(extract)
     extract.set_defaults(distributed=False)  # (one process: it speaks for itself)
 
+
+def _merge_output_options(p: argparse.ArgumentParser, dtype_help: str, out_help: str = OUT_HELP) -> None:
+    """OUT and what it is written as, for the commands that make a model from others (from a recipe)."""
+    p.add_argument("out", help=out_help)
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=f"output dtype; auto: {dtype_help}")
+    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
+
+
+def _merge_arguments(sub) -> None:
     merge = sub.add_parser("merge", help="blend models as a mergekit-style YAML recipe says")
     merge.add_argument("recipe", help="YAML: merge_method, base_model, models, parameters, dtype, out_dtype")
-    merge.add_argument("out", help="output folder (must not exist or be empty, unless --overwrite)")
-    merge.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                       help="output dtype; auto: the recipe's out_dtype or dtype, else the base model's")
-    merge.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
-    quantize_options(merge)
+    _merge_output_options(merge, "the recipe's out_dtype or dtype, else the base model's")
+    _format_options(merge)
     merge.add_argument("--seed", type=int, default=0, help="seed of DARE's random drops (default 0)")
-    merge.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    merge.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
-    merge.add_argument("--threads", type=int, default=2, help="tensors merged in parallel (default 2)")
+    _run_options(merge, 2, "tensors merged in parallel (default 2)")
     merge.add_argument("--verify", action="store_true", help="re-read the output and compare with a fresh merge")
     merge.add_argument("--checksums", action="store_true", help="list each file's sha256 in OUT/README.md")
-    merge.add_argument("--no-progress", dest="progress", action="store_false", default=None)
-    scale_options(merge)
-    hub_options(merge)
+    _scale_options(merge)
+    _hub_options(merge)
 
+
+def _merge_moe_arguments(sub) -> None:
     moe = sub.add_parser("merge-moe", help="assemble a mixture of experts from dense models, as a mergekit-moe "
                                            "YAML recipe says")
     moe.add_argument("recipe", help="YAML: base_model, experts (source_model, positive_prompts, ...), gate_mode, "
                                     "experts_per_token, shared_experts, dtype, architecture")
-    moe.add_argument("out", help="output folder (must not exist or be empty, unless --overwrite)")
-    moe.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                     help="output dtype; auto: the recipe's dtype, else the base model's")
-    moe.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
-    quantize_options(moe)
+    _merge_output_options(moe, "the recipe's dtype, else the base model's")
+    _format_options(moe)
     moe.add_argument("--seed", type=int, default=0,
                      help="seed of gate_mode random / uniform_random and of noise_scale (default 0)")
     moe.add_argument("--i-understand-this-is-not-useful-without-training", dest="allow_same", action="store_true",
                      help="allow every expert to be the same model")
-    moe.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    moe.add_argument("--dry-run", action="store_true", help="print the plan, write nothing (the gates are not computed)")
-    moe.add_argument("--threads", type=int, default=2, help="tensors written in parallel (default 2)")
+    _run_options(moe, 2, "tensors written in parallel (default 2)",
+                 dry_run_help="print the plan, write nothing (the gates are not computed)")
     moe.add_argument("--verify", action="store_true", help="re-read the output and compare with a fresh assembly")
     moe.add_argument("--checksums", action="store_true", help="list each file's sha256 in OUT/README.md")
-    moe.add_argument("--no-progress", dest="progress", action="store_false", default=None)
-    hub_options(moe)
+    _hub_options(moe)
     moe.set_defaults(distributed=False)
 
+
+def _merge_search_arguments(sub) -> None:
     search = sub.add_parser("merge-search", help="search merge recipes for the best score on your own data "
                                                   "(Optuna), and write the best merge")
     search.add_argument("space", help="a recipe whose parameters may be ranges {min: 0.1, max: 0.9} or choices "
                                       "{choice: [...]}, and merge_method a list of methods")
-    search.add_argument("out", help="output folder for the best merge (must not exist or be empty, unless --overwrite)")
+    _merge_output_options(search, "the recipe's out_dtype or dtype, else the base model's",
+                          "output folder for the best merge (must not exist or be empty, unless --overwrite)")
     search.add_argument("--eval", required=True, metavar="FILE",
                         help="text (one example per line) or JSONL of {prompt, completion}: scored by loss per token")
     search.add_argument("--trials", type=int, default=20, help="trials to run now (default 20; trial 0 is the untuned recipe)")
@@ -167,23 +191,17 @@ def _parser() -> argparse.ArgumentParser:
                         help="where trials are scored (auto: CUDA if there is one)")
     search.add_argument("--study", metavar="PATH", help="the study's SQLite file, continued if it exists "
                                                         "(default: OUT.study.db)")
-    search.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                        help="output dtype; auto: the recipe's out_dtype or dtype, else the base model's")
-    search.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
-    search.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    search.add_argument("--dry-run", action="store_true",
-                        help="check the space and eval file, print the dimensions and the memory a trial takes")
-    search.add_argument("--threads", type=int, default=2, help="tensors merged in parallel when OUT is written")
-    search.add_argument("--no-progress", dest="progress", action="store_false", default=None)
-    hub_options(search)
+    _run_options(search, 2, "tensors merged in parallel when OUT is written",
+                 dry_run_help="check the space and eval file, print the dimensions and the memory a trial takes")
+    _hub_options(search)
     search.set_defaults(distributed=False, verify=False)
 
+
+def _inspect_arguments(sub) -> None:
     inspect = sub.add_parser("inspect", help="say what the checkpoint is and what convert would write")
-    plan_options(inspect)
-    quantize_options(inspect)
+    _source_options(inspect)
+    _format_options(inspect)
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
-    verl_command.add_parser(sub)
-    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
