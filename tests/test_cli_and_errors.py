@@ -259,6 +259,16 @@ def test_dcp_metadata_that_runs_code_is_refused(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("frame_length", [2**63 - 1, 2**64 - 1])  # (past what the system can hold: OverflowError)
+def test_dcp_metadata_with_a_damaged_frame_length(frame_length, tmp_path):
+    dcp = copy_dcp(tmp_path)
+    data = (dcp / ".metadata").read_bytes()
+    assert data[:3] == b"\x80\x04\x95"  # protocol 4, then a FRAME and its 8-byte length
+    (dcp / ".metadata").write_bytes(data[:3] + frame_length.to_bytes(8, "little") + data[11:])
+    code, _, err = run_cli("inspect", dcp)
+    assert code == 1 and "cannot be read" in err and "truncated or corrupt" in err and len(err.splitlines()) == 1, err
+
+
 def test_dcp_safetensors_missing_rank(tmp_path):
     sharded = tmp_path / "sharded"
     shutil.copytree(SHIPPED / "llama-fsdp2-dcp-safetensors" / "sharded", sharded)

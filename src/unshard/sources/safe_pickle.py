@@ -167,6 +167,12 @@ def forget_bytes(address: int, nbytes: int) -> None:
     _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + nbytes - start), _MADV_DONTNEED)
 
 
+# What unpickling damaged bytes raises: the pickle module's own errors, and those of opcodes given nonsense
+# (a frame's length flipped to 2**63 is an OverflowError), as opposed to a refused class.
+PICKLE_DAMAGE = (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError, OverflowError,
+                 MemoryError)
+
+
 class _AllowListUnpickler(pickle.Unpickler):
     def __init__(self, file, allowed: dict[tuple[str, str], Any], path: Path):
         super().__init__(file)
@@ -189,5 +195,5 @@ def load_plain_pickle(path: Path, allowed: dict[tuple[str, str], Any]) -> Any:
             return _AllowListUnpickler(f, allowed, path).load()
     except UnsafeCheckpointError:
         raise
-    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:
+    except PICKLE_DAMAGE as e:
         raise CheckpointError(f"{path}: cannot be read ({e}); the file is truncated or corrupt") from None

@@ -28,7 +28,8 @@ from typing import Any
 from .. import dtypes
 from ..dtypes import DType
 from ..errors import CheckpointError
-from .safe_pickle import DTENSOR_MODULES, FOREIGN_RECORDS, PLACEMENTS, DTensorStandIn, MeshRecord, Record, Window
+from .safe_pickle import (DTENSOR_MODULES, FOREIGN_RECORDS, PICKLE_DAMAGE, PLACEMENTS, DTensorStandIn, MeshRecord, Record,
+                          Window)
 
 # The storage classes a pickle names for each element type (torch's legacy typed storages).
 STORAGES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
@@ -243,7 +244,7 @@ def read(file, start: int = 0, length: int | None = None, path: Path | None = No
         return _Unpickler(data, storages).load()
     except NotPlain:
         raise
-    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError) as e:
+    except PICKLE_DAMAGE as e:
         raise NotPlain(f"its pickle ({e})") from None
 
 
