@@ -428,6 +428,10 @@ def test_model_file_that_does_not_parse(tmp_path):
     tokenizer.write_text(tokenizer.read_text().replace('"type": "BPE"', '"type": "NoSuchModel"', 1))
     code, _, err = run_cli("convert", ckpt, tmp_path / "again")
     assert code == 1 and "tokenizer.json: the tokenizers library cannot read it" in err
+    (ckpt / "huggingface" / "tokenizer.json").unlink()
+    (ckpt / "huggingface" / "chat_template.jinja").write_bytes(b"{{ \xff }}")  # (transformers reads it as UTF-8)
+    code, _, err = run_cli("convert", ckpt, tmp_path / "again")
+    assert code == 1 and "chat_template.jinja: not UTF-8 text" in err and "--no-check" in err
 
 
 def test_two_runs_into_one_output_never_mix(tmp_path, monkeypatch):

@@ -630,6 +630,17 @@ def test_a_damaged_tokenizer_model_is_one_line(damage, expected, tmp_path):
     assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
 
 
+@pytest.mark.parametrize("check", [(), ("--no-check",)])
+def test_a_chat_template_not_utf8_is_one_line(check, tmp_path):
+    """Caught by the plan's check of the model files, and, past --no-check, where gguf-py reads it."""
+    ckpt = tmp_path / "global_step_1"
+    shutil.copytree(SHIPPED / "qwen3-fsdp2-spm" / "global_step_1", ckpt)
+    (ckpt / "actor" / "huggingface" / "chat_template.jinja").write_bytes(b"\xc1\xff{{ messages }}")
+    code, _, err = run_cli("convert", ckpt, tmp_path / "m.gguf", "--no-progress", *check)
+    assert code == 1 and "chat_template.jinja: not UTF-8 text" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
+
+
 @pytest.mark.parametrize("change, expected", [
     ({"pre_tokenizer": {"type": "Whitespace"}}, "its pre-tokenizer is not one unshard can name for llama.cpp"),
     ({"model": {"type": "WordPiece", "unk_token": "<unk>", "continuing_subword_prefix": "##",

@@ -39,7 +39,7 @@ def _source_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
     p.add_argument("--config-from", metavar="DIR", help="Hugging Face folder with config and tokenizer files")
     p.add_argument("--no-check", dest="check", action="store_false",
-                   help="write even if the tensors do not fit the config, or a JSON model file does not parse")
+                   help="write even if the tensors do not fit the config, or a model file does not parse")
     p.add_argument("--weights", default="master", choices=("master", "module"),
                    help="DeepSpeed: fp32 master weights from the optimizer (default) or the 16-bit module states")
     p.add_argument("--tag", help="DeepSpeed: the tag folder to read (default: the one `latest` names)")

@@ -576,8 +576,7 @@ GEMMA_SPECIAL_TOKENS = {"prefix": 67, "suffix": 69, "middle": 68, "fsep": 70, "e
 
 
 def _gemma_special_tokens(writer, folder: Path) -> None:
-    gguf = _gguf()
-    special = gguf.SpecialVocab(folder, load_merges=False, special_token_types=list(GEMMA_SPECIAL_TOKENS))
+    special = _special_vocab(folder, load_merges=False, special_token_types=list(GEMMA_SPECIAL_TOKENS))
     for kind, token in GEMMA_SPECIAL_TOKENS.items():
         special.special_token_ids.setdefault(kind, token)
     special.chat_template = None  # (written with the vocabulary)
@@ -729,7 +728,7 @@ def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_con
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(kinds)
-    gguf.SpecialVocab(folder, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
+    _special_vocab(folder, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
     return size
 
 
@@ -806,7 +805,7 @@ def _bpe_vocabulary(writer, hparams: dict, folder: Path) -> tuple[int, str]:
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(kinds)
-    gguf.SpecialVocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
+    _special_vocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
     return size, pre
 
 
@@ -831,6 +830,18 @@ def _looks_special(text: str) -> bool:
     ones (deepseek-coder's, gemma's), <|...|>, <｜...｜> and gemma's <unused...>."""
     return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or text.startswith("<|") and text.endswith("|>")
             or text.startswith("<\uff5c") and text.endswith("\uff5c>") or text.startswith("<unused") and text.endswith(">"))
+
+
+def _special_vocab(folder: Path, **options):
+    """gguf-py's SpecialVocab of the folder (special token ids, merges, chat template), which reads its files
+    as UTF-8 and JSON: one of them that is neither is one line (--no-check lets such files through the plan)."""
+    try:
+        return _gguf().SpecialVocab(folder, **options)
+    except ValueError as e:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+        from .hf_folder import unreadable_model_files
+
+        path, why = next(iter(unreadable_model_files(folder)), (folder, str(e)[:200]))
+        raise ConfigMismatchError(f"{path}: {why}; a GGUF file holds the tokenizer's files: fix or remove it") from None
 
 
 def _json(path: Path) -> dict:

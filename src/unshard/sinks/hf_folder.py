@@ -157,20 +157,30 @@ def write_index(folder: Path, files: dict[str, list[str]], total_size: int) -> N
 
 
 def unreadable_model_files(folder: Path | None) -> list[tuple[Path, str]]:
-    """The JSON files among a folder's model files that do not parse (tokenizer.json also as the tokenizers
-    library reads it, where installed), and why: copied into OUT, a tokenizer_config.json cut short or
-    emptied would make the folder fail to load its tokenizer."""
+    """The model files of a folder that its loaders would fail on, and why: JSON files that do not parse
+    (tokenizer.json also as the tokenizers library reads it, where installed), and text files (a chat
+    template, merges.txt, vocab.txt) that are not UTF-8. Copied into OUT, a tokenizer_config.json cut
+    short or a garbled chat template would make the folder fail to load its tokenizer."""
     broken = []
     for path in sorted(folder.iterdir()) if folder is not None else []:
-        if path.suffix == ".json" and path.is_file() and any(fnmatch.fnmatch(path.name, p) for p in MODEL_FILE_PATTERNS):
-            try:
-                text = path.read_bytes().decode()
-                json.loads(text)
-            except ValueError as e:  # (UnicodeDecodeError is one)
-                broken.append((path, f"not valid JSON ({str(e)[:200]})"))
-                continue
-            if path.name == "tokenizer.json" and (why := _tokenizer_refusal(text)):
-                broken.append((path, why))
+        if not (path.suffix in (".json", ".jinja", ".txt") and path.is_file()
+                and any(fnmatch.fnmatch(path.name, p) for p in MODEL_FILE_PATTERNS)):
+            continue
+        try:
+            text = path.read_bytes().decode()
+        except UnicodeDecodeError as e:
+            broken.append((path, f"not UTF-8 text ({str(e)[:200]})" if path.suffix != ".json" else
+                           f"not valid JSON ({str(e)[:200]})"))
+            continue
+        if path.suffix != ".json":
+            continue
+        try:
+            json.loads(text)
+        except ValueError as e:
+            broken.append((path, f"not valid JSON ({str(e)[:200]})"))
+            continue
+        if path.name == "tokenizer.json" and (why := _tokenizer_refusal(text)):
+            broken.append((path, why))
     return broken
 
 
