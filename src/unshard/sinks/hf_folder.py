@@ -168,16 +168,10 @@ def unreadable_model_files(folder: Path | None) -> list[tuple[Path, str]]:
             continue
         try:
             text = path.read_bytes().decode()
-        except UnicodeDecodeError as e:
-            broken.append((path, f"not UTF-8 text ({str(e)[:200]})" if path.suffix != ".json" else
-                           f"not valid JSON ({str(e)[:200]})"))
-            continue
-        if path.suffix != ".json":
-            continue
-        try:
-            json.loads(text)
-        except ValueError as e:
-            broken.append((path, f"not valid JSON ({str(e)[:200]})"))
+            if path.suffix == ".json":
+                json.loads(text)
+        except ValueError as e:  # (UnicodeDecodeError is one)
+            broken.append((path, f"not {'valid JSON' if path.suffix == '.json' else 'UTF-8 text'} ({str(e)[:200]})"))
             continue
         if path.name == "tokenizer.json" and (why := _tokenizer_refusal(text)):
             broken.append((path, why))
