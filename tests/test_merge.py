@@ -266,6 +266,21 @@ def test_sharded_checkpoint_merges_like_its_conversion(tmp_path):
     assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
 
 
+@pytest.mark.parametrize("command", ["merge", "merge-moe", "merge-search"])
+def test_a_recipe_file_that_cannot_be_read_is_one_line(command, tmp_path):
+    """Missing, a folder, not UTF-8 text (a damaged copy), not YAML: the same line for every command's file."""
+    extra = ["--eval", str(tmp_path / "eval.txt")] if command == "merge-search" else []
+    (tmp_path / "eval.txt").write_text("hello\n")
+    (tmp_path / "folder.yml").mkdir()
+    (tmp_path / "binary.yml").write_bytes(b"merge_method: \xf7linear\n")
+    (tmp_path / "broken.yml").write_text("merge_method: [linear\n")
+    for name, expected in (("missing.yml", "file"), ("folder.yml", "cannot be read as text"),
+                           ("binary.yml", "cannot be read as text"), ("broken.yml", "not valid YAML")):
+        code, _, err = run_cli(command, tmp_path / name, tmp_path / "out", *extra)
+        assert code == 1 and f"{tmp_path / name}: " in err and expected in err and err.count("\n") == 1, err
+        assert not (tmp_path / "out").exists()
+
+
 def test_recipe_errors(models, tmp_path):
     def fails(recipe, expected):
         path = write_recipe(tmp_path / "r.yml", recipe)

@@ -33,7 +33,7 @@ from ..sources import SourceOptions, SourceTensor
 from .checkpoint import FromInputs
 from .gates import GATE_MODES, PROMPT_MODES, degenerate_layers, gate_vectors
 from .inputs import LAYER, Input, open_input
-from .recipe import RecipeError
+from .recipe import RecipeError, read_yaml
 
 MOE_KEYS = {"base_model", "experts", "gate_mode", "dtype", "experts_per_token", "shared_experts", "architecture"}
 EXPERT_KEYS = {"source_model", "positive_prompts", "negative_prompts", "noise_scale", "residual_scale"}
@@ -129,15 +129,7 @@ def _expert(path: Path, where: str, entry: Any) -> Expert:
 
 def parse_moe_recipe(path: Path, allow_same: bool = False) -> MoERecipe:
     """mergekit-moe's config, with the checks mergekit-moe makes before it starts, as one-line errors."""
-    import yaml
-
-    try:
-        text = Path(path).read_text()
-        data = yaml.safe_load(text)
-    except FileNotFoundError:
-        raise RecipeError(f"{path}: no such recipe file") from None
-    except yaml.YAMLError as e:
-        raise RecipeError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    data, text = read_yaml(path, "recipe")
     if not isinstance(data, dict) or "base_model" not in data or not isinstance(data.get("experts"), list):
         raise RecipeError(f"{path}: a MoE recipe is a YAML mapping with base_model and experts (a list)")
     if unknown := sorted(set(data) - MOE_KEYS):

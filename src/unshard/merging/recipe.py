@@ -177,17 +177,25 @@ def _source(path: Path, where: str, entry: Any, sliced: bool) -> Source:
     return Source(str(entry["model"]), layers, _parameters(path, where, entry.get("parameters")))
 
 
-def parse_recipe(path: Path, text: str | None = None) -> Recipe:
-    """The recipe at `path` (or, given, its `text`: a recipe made by merge-search, named by the space's path)."""
+def read_yaml(path: Path, what: str, text: str | None = None) -> tuple[Any, str]:
+    """A YAML file the user wrote (`what`: a recipe, a search space), parsed, and its text (or, given, `text`
+    parsed); one that is missing, not UTF-8 text or not YAML is a one-line RecipeError."""
     import yaml
 
     try:
-        text = Path(path).read_text() if text is None else text
-        data = yaml.safe_load(text)
+        text = Path(path).read_bytes().decode() if text is None else text
+        return yaml.safe_load(text), text
     except FileNotFoundError:
-        raise RecipeError(f"{path}: no such recipe file") from None
+        raise RecipeError(f"{path}: no such {what} file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecipeError(f"{path}: cannot be read as text ({str(e)[:120]}); a {what} is a YAML file") from None
     except yaml.YAMLError as e:
         raise RecipeError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+
+
+def parse_recipe(path: Path, text: str | None = None) -> Recipe:
+    """The recipe at `path` (or, given, its `text`: a recipe made by merge-search, named by the space's path)."""
+    data, text = read_yaml(path, "recipe", text)
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a YAML mapping with merge_method and models or slices")
     unknown = sorted(set(data) - RECIPE_KEYS)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .methods import METHODS
-from .recipe import RecipeError
+from .recipe import RecipeError, read_yaml
 
 # Parameters whose meaning bounds them (the others, weights and scales, may be any number).
 DOMAINS = {"density": (0.0, 1.0), "t": (0.0, 1.0), "epsilon": (0.0, 1.0)}
@@ -62,14 +62,7 @@ class Space:
 
 
 def parse_space(path: Path) -> Space:
-    import yaml
-
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise RecipeError(f"{path}: no such search space file") from None
-    except yaml.YAMLError as e:
-        raise RecipeError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    data, _ = read_yaml(path, "search space")
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a search space is a recipe (a YAML mapping) whose parameters may be ranges")
     dimensions: list[Dimension] = []
