@@ -43,7 +43,8 @@ input's pages are dropped from the cache before each run), with no earlier outpu
   llm-compressor SCHEME   layout "quantize": unshard convert --quantize SCHEME from the verl rank files, against
                           llm-compressor's data-free path (load, oneshot, save_pretrained(save_compressed=True)),
                           from PyPI in its own venv, on the same model's Hugging Face folder (converted untimed);
-                          beside them, a plain conversion, one with --verify, and --verify's CRC-32 check alone
+                          beside them, a plain conversion, one with --verify, --verify's CRC-32 check alone, and
+                          `python -c "import torch"`: the start-up any quantizer built on torch pays
 Each tool runs --repeat times, the tools taking turns (this VM's disk varies over minutes). Reports
 the median wall time and the range, peak RSS of the process tree, throughput and the ratio to `cp`
 as a markdown table, appends every measurement with the machine and versions to
@@ -259,7 +260,8 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
         crc = ("import sys; import unshard; from unshard.plan import pieces_read; plan = unshard.plan(sys.argv[1]); "
                "plan.checkpoint.check_records(pieces_read(plan.groups))")
         found = {"cp": ["cp", "-r", str(src), str(out)], "unshard": convert, "unshard --verify": [*convert, "--verify"],
-                 "CRC-32 of the records read": [*python, "-c", crc, str(src)]}
+                 "CRC-32 of the records read": [*python, "-c", crc, str(src)],
+                 "import torch alone": [*python, "-c", "import torch"]}
         oracle = ROOT / "tests" / "fixtures" / "llmcompressor_oracle.py"
         for scheme in ("W4A16", "FP8_DYNAMIC"):
             found[f"unshard --quantize {scheme}"] = [*convert, "--quantize", scheme]

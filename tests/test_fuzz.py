@@ -6,7 +6,8 @@ The property checked for every one: `unshard convert --verify` either exits 0 wi
 undamaged checkpoint gives, or exits 1 with one line saying what is wrong, and leaves neither OUT nor a
 staging folder. Never an internal error, a traceback, a hang or a death by a signal. (torch.save archives
 list a CRC-32 of every record, which --verify checks; safetensors files carry no checksum, so a flipped
-bit in their data cannot be seen by anyone: their mutants flip bytes of the header only.)
+bit in their data cannot be seen by anyone: their mutants flip bytes of the header only.) The same for a
+GGUF file written from a checkpoint, and for the models and recipes the merging commands read.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SHIPPED
+from conftest import FIXTURES, SHIPPED
 
 # fixture -> (what a user points unshard at, and --config-from, inside it)
 LAYOUTS = {
@@ -90,19 +91,113 @@ def test_damaged_checkpoints_give_the_exact_weights_or_one_line(layout, tmp_path
         what = mutate(work / src, rng)
         out = work / "out"
         done = convert(work / src, out, work / config_from if config_from else None)
-        lines = done.stderr.strip().splitlines()
-        errors = [line for line in lines if line.startswith("unshard:")]
-        left = [p.name for p in work.iterdir() if ".unshard-" in p.name]
-        if done.returncode == 0:
-            written = load_file(out / "model.safetensors")
-            exact = sorted(written) == sorted(expected) and all(
+        problem = one_line_or_exact(what, done, work, out, expected)
+        failures += [problem] if problem else []
+        shutil.rmtree(work)
+    assert not failures, "\n".join(failures)
+
+
+def one_line_or_exact(what: str, done: subprocess.CompletedProcess, work: Path, out: Path,
+                      expected: dict[str, torch.Tensor] | None) -> str | None:
+    """What is wrong with a run on a damaged input, if anything: the property above (exit 0 with `expected`'s
+    tensors, when given, or exit 1 with one line, nothing left behind)."""
+    errors = [line for line in done.stderr.strip().splitlines() if line.startswith("unshard:")]
+    left = [p.name for p in work.iterdir() if ".unshard-" in p.name]
+    if done.returncode == 0:
+        written = load_file(next(out.glob("*.safetensors"))) if expected is not None else None
+        if written is not None and (sorted(written) != sorted(expected) or not all(
                 written[n].dtype == t.dtype and torch.equal(written[n].view(torch.uint8), t.view(torch.uint8))
-                for n, t in expected.items())
-            if not exact:
-                failures.append(f"{what}: exit 0 with other weights")
-        elif done.returncode != 1 or len(errors) != 1 or "internal error" in errors[0] or "Traceback" in done.stderr:
-            failures.append(f"{what}: exit {done.returncode}: {done.stderr.strip()[-400:]}")
-        elif out.exists() or left:
-            failures.append(f"{what}: exit 1 but left {'OUT' if out.exists() else left}")
+                for n, t in expected.items())):
+            return f"{what}: exit 0 with other weights"
+    elif done.returncode != 1 or len(errors) != 1 or "internal error" in errors[0] or "Traceback" in done.stderr:
+        return f"{what}: exit {done.returncode}: {done.stderr.strip()[-400:]}"
+    elif out.exists() or left:
+        return f"{what}: exit 1 but left {'OUT' if out.exists() else left}"
+    return None
+
+
+RECIPES = {  # what merge, merge-moe and extract-lora read of the three models in tests/fixtures/search-models
+    "ties.yaml": ["merge", "merge_method: ties\nbase_model: {w}/base\nmodels:\n"
+                  "  - {{model: {w}/ft-count, parameters: {{weight: 0.6, density: 0.5}}}}\n"
+                  "  - {{model: {w}/ft-skip, parameters: {{weight: 0.4, density: 0.5}}}}\ndtype: float32\n"],
+    "moe.yaml": ["merge-moe", "base_model: {w}/base\ngate_mode: random\nexperts:\n"
+                 "  - {{source_model: {w}/ft-count, positive_prompts: [a]}}\n"
+                 "  - {{source_model: {w}/ft-skip, positive_prompts: [b]}}\ndtype: float32\n"],
+}
+MERGE_MUTANTS = 12  # (seeded with 7 rather than 13, these found a recipe that is not UTF-8: fixed since)
+
+
+def test_damaged_merge_inputs_give_the_same_merge_or_one_line(tmp_path):
+    """The same property for what the merging commands read: a file of one of three models damaged, or a
+    recipe (whose damage may change the merge, so only the one line is checked then)."""
+    def run(work: Path, recipe: str, out: Path) -> subprocess.CompletedProcess:
+        command = ["extract-lora", str(work / "ft-count"), str(work / "base"), str(out), "--rank", "4"] \
+            if recipe == "extract-lora" else [RECIPES[recipe][0], str(work / recipe), str(out)]
+        return subprocess.run([sys.executable, "-m", "unshard", *command, "--no-progress"], capture_output=True,
+                              text=True, timeout=180)
+
+    def inputs(work: Path) -> None:
+        shutil.copytree(FIXTURES / "search-models", work, ignore=shutil.ignore_patterns("eval.*"))
+        for name, (_, text) in RECIPES.items():
+            (work / name).write_text(text.format(w=work))
+
+    runs = [*RECIPES, "extract-lora"]
+    inputs(tmp_path / "intact")
+    expected = {}
+    for recipe in runs:
+        done = run(tmp_path / "intact", recipe, tmp_path / "intact" / f"out-{recipe}")
+        assert done.returncode == 0, done.stderr
+        expected[recipe] = load_file(next((tmp_path / "intact" / f"out-{recipe}").glob("*.safetensors")))
+    rng = random.Random(f"{SEED}/merge")
+    failures = []
+    for i in range(MERGE_MUTANTS):
+        work = tmp_path / f"mutant{i}"
+        inputs(work)
+        damaged = rng.choice(["base", "ft-count", "ft-skip", "recipe"])
+        if damaged == "recipe":  # (one recipe, moved into a folder of its own to be damaged there)
+            name = rng.choice(list(RECIPES))
+            (work / "recipe").mkdir()
+            (work / name).rename(work / "recipe" / name)
+            what = mutate(work / "recipe", rng)
+            if (work / "recipe" / name).exists():
+                (work / "recipe" / name).rename(work / name)
+        else:
+            what = mutate(work / damaged, rng)
+        for recipe in runs:
+            out = work / f"out-{recipe}"
+            problem = one_line_or_exact(f"{what} [{recipe}]", run(work, recipe, out), work, out,
+                                        None if damaged == "recipe" else expected[recipe])
+            failures += [problem] if problem else []
+        shutil.rmtree(work)
+    assert not failures, "\n".join(failures)
+
+
+GGUF_MUTANTS = 40  # (each a second or less; with seeds 7, 11 and 13 alike they found a chat template not UTF-8)
+
+
+def test_damaged_checkpoints_give_the_same_gguf_or_one_line(tmp_path):
+    """The property for a GGUF file, whose writer reads more of the model's folder (tokenizer.model,
+    the chat template through gguf-py): a Gemma with a SentencePiece tokenizer."""
+    def convert_to_gguf(src: Path, out: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "unshard", "convert", str(src), str(out), "--verify",
+                               "--no-progress"], capture_output=True, text=True, timeout=180)
+
+    layout = "gemma-fsdp2-spm"
+    done = convert_to_gguf(SHIPPED / layout / "global_step_1", tmp_path / "intact.gguf")
+    assert done.returncode == 0, done.stderr
+    intact = (tmp_path / "intact.gguf").read_bytes()
+    rng = random.Random(f"{SEED}/gguf/{layout}")
+    failures = []
+    for i in range(GGUF_MUTANTS):
+        work = tmp_path / f"mutant{i}"
+        shutil.copytree(SHIPPED / layout, work, ignore=shutil.ignore_patterns("reference*"))
+        what = mutate(work / "global_step_1", rng)
+        out = work / "m.gguf"
+        done = convert_to_gguf(work / "global_step_1", out)
+        problem = one_line_or_exact(what, done, work, out, None)
+        # (a damaged tokenizer or config file may still make a file: only the weights' records are checked)
+        if problem is None and done.returncode == 0 and "actor/model_world" in what and out.read_bytes() != intact:
+            problem = f"{what}: exit 0 with another file"
+        failures += [problem] if problem else []
         shutil.rmtree(work)
     assert not failures, "\n".join(failures)
