@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -265,8 +266,7 @@ def test_bands_give_the_whole_tensor_s_encoding(tmp_path, monkeypatch):
 def test_threads_share_torch_s_cores_and_write_what_one_thread_writes(tmp_path, monkeypatch):
     """Two threads encoding at once each run torch's operations on half of torch's threads (each on every core
     would leave OpenMP threads spinning on one another), and torch's count is as it was after the run. The groups
-    that need no torch go first, while the first encoding imports it: the files are still one thread's, byte for
-    byte."""
+    that need no torch go first: the files are still one thread's, byte for byte."""
     from unshard.sinks import compressed_tensors
 
     src = SHIPPED / "llama-fsdp2-tp-q320" / "global_step_1"
@@ -289,6 +289,56 @@ def test_threads_share_torch_s_cores_and_write_what_one_thread_writes(tmp_path, 
         torch.set_num_threads(before)
     assert {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()} == \
         {p.name: p.read_bytes() for p in (tmp_path / "two").iterdir()}
+
+
+TORCH_ASIDE = """
+import gc, json, sys, threading
+import unshard
+from unshard.write import execute
+
+src, out, fail = sys.argv[1], sys.argv[2], sys.argv[3]
+passes = []  # the collector's, while torch is being imported
+
+
+def importing():
+    return getattr(getattr(sys.modules.get("torch"), "__spec__", None), "_initializing", False)
+
+
+gc.callbacks.append(lambda phase, info: phase == "start" and importing() and passes.append(1))
+if fail == "at once":  # before torch is imported: the import goes on after the run has failed
+    def write_files(*args):
+        raise RuntimeError("failed at once")
+    execute.write_files = write_files
+error = None
+try:
+    unshard.convert(src, out, quantize="FP8_DYNAMIC", threads=2, progress=False)
+except RuntimeError as e:
+    error = str(e)
+for thread in threading.enumerate():
+    if thread.name == "unshard: import torch":
+        thread.join()
+print(json.dumps({"error": error, "torch": "torch" in sys.modules, "collecting": gc.isenabled(),
+                  "frozen": gc.get_freeze_count(), "passes while importing": len(passes)}))
+"""
+
+
+@pytest.mark.parametrize("fail", ["no", "at once"])
+def test_torch_is_imported_aside_and_the_collector_is_as_it_was_after(fail, tmp_path):
+    """In a process without torch, a quantizing run imports it on a thread of its own while the tensors that need
+    no torch are copied, with the cycle collector paused, and freezes what the import made until the run ends:
+    after the run, failed or not, the collector runs and nothing is left frozen. The files are those written by
+    a process that had torch already (this one)."""
+    src = SHIPPED / "llama-fsdp2-tp-q320" / "global_step_1"
+    done = subprocess.run([sys.executable, "-c", TORCH_ASIDE, str(src), str(tmp_path / "aside"), fail],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    state = json.loads(done.stdout)
+    assert state == {"error": "failed at once" if fail == "at once" else None, "torch": True, "collecting": True,
+                     "frozen": 0, "passes while importing": 0}
+    if fail == "no":
+        unshard.convert(src, tmp_path / "here", quantize="FP8_DYNAMIC", threads=2, progress=False)
+        assert {p.name: p.read_bytes() for p in (tmp_path / "aside").iterdir()} == \
+            {p.name: p.read_bytes() for p in (tmp_path / "here").iterdir()}
 
 
 def test_nvfp4_siblings_share_a_global_scale_whoever_writes_them(tmp_path):

@@ -5,10 +5,12 @@ reads every written tensor back."""
 
 from __future__ import annotations
 
+import gc
 import resource
 import sys
 import threading
 from collections import deque
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,22 +151,68 @@ def _each_group(plan: Plan, filenames: list[str], threads: int, do: Callable[[st
 
 
 def _in_order_of_work(plan: Plan, filenames: list[str]) -> list[tuple[str, Group]]:
-    """The groups across the files (`_across_files`); where some are encoded, the first of those comes first, then
-    every group that is not encoded, then the other encoded ones: the first encoding imports torch (a second), and
-    meanwhile the other threads copy the tensors that need none (1 GB FP8_DYNAMIC: 0.05-0.1 s of its 1.5)."""
+    """The groups across the files (`_across_files`), those that are not encoded first: they need no torch, and
+    are copied while torch is imported (`torch_imported_aside`)."""
     order = list(_across_files(plan, filenames))
-    encoded = [(filename, group) for filename, group in order if group.encoded]
-    plain = [(filename, group) for filename, group in order if not group.encoded]
-    return encoded[:1] + plain + encoded[1:]
+    return [work for work in order if not work[1].encoded] + [work for work in order if work[1].encoded]
+
+
+@contextmanager
+def torch_imported_aside(needed: bool) -> Iterator[None]:
+    """While the body runs: torch imported by a thread of its own, if `needed` (for encodings), so that the
+    writing threads copy the tensors that need none meanwhile; and what the import made kept out of the cycle
+    collector's way until the body ends.
+
+    The import takes a second and makes some half a million objects that live as long as torch. The collector
+    made 338 passes over them during the import, two of them full (70 ms at 1 GB FP8_DYNAMIC), and another full
+    one when the folder was finished (80 ms). So it is paused while torch is imported, and every object there is
+    when the import is done is frozen (gc.freeze: no pass walks them) until the body ends (1 GB FP8_DYNAMIC: 1.24 s
+    median against 1.39 s; torch's import alone 1.08 s). Not for a body that forks: the child of a process in the
+    middle of an import can hang on the import's locks."""
+    if not needed or "torch" in sys.modules:
+        yield
+        return
+    aside = _TorchAside()
+    try:
+        yield
+    finally:
+        aside.close()
+
+
+class _TorchAside:
+    """The importing thread, and whether the body it serves is still running."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._open = True
+        threading.Thread(target=self._import, name="unshard: import torch", daemon=True).start()
+
+    def _import(self) -> None:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            import torch  # noqa: F401
+        except ImportError:  # (the first encoding says so, as it would without this thread)
+            pass
+        finally:
+            with self._lock:
+                if self._open:  # (a body that failed early does not wait for the import, nor leave it frozen)
+                    gc.freeze()
+            if collecting:
+                gc.enable()
+
+    def close(self) -> None:
+        with self._lock:
+            self._open = False
+            gc.unfreeze()
 
 
 class _CoresShared:
     """Torch runs an operation on every core (OpenMP). Run from `threads` of ours at once on bands of a few MB, that
     is `threads` times as many OpenMP threads as cores, spinning as they wait for each other (6 GB FP8_DYNAMIC,
     2 cores: 3.4-4.2 s, and 3.2-3.3 s with one each). So each of ours runs torch's operations on its share of the
-    cores, and torch's count is put back after: from its first encoded group on, which imports torch where no other
-    did. (Not for merges: they hold fewer, larger tensors at once, and gain from all the cores: TIES at 1 GB took
-    15 s with one each rather than 11.5.)"""
+    cores, and torch's count is put back after: from its first encoded group on. (Not for merges: they hold fewer,
+    larger tensors at once, and gain from all the cores: TIES at 1 GB took 15 s with one each rather than 11.5.)"""
 
     def __init__(self, threads: int):
         self.threads = threads
@@ -174,7 +222,7 @@ class _CoresShared:
 
     def run(self, do: Callable[[str, Group], None], filename: str, group: Group) -> None:
         if self.threads > 1 and group.encoded and not getattr(self._mine, "shared", False):
-            import torch  # (the group needs it; a thread with a plain group meanwhile goes on without it)
+            import torch
 
             with self._lock:
                 if self.before is None:
