@@ -104,10 +104,12 @@ def one_line_or_exact(what: str, done: subprocess.CompletedProcess, work: Path, 
     errors = [line for line in done.stderr.strip().splitlines() if line.startswith("unshard:")]
     left = [p.name for p in work.iterdir() if ".unshard-" in p.name]
     if done.returncode == 0:
-        written = load_file(next(out.glob("*.safetensors"))) if expected is not None else None
-        if written is not None and (sorted(written) != sorted(expected) or not all(
+        if expected is None:
+            return None
+        written = load_file(next(out.glob("*.safetensors")))
+        if sorted(written) != sorted(expected) or not all(
                 written[n].dtype == t.dtype and torch.equal(written[n].view(torch.uint8), t.view(torch.uint8))
-                for n, t in expected.items())):
+                for n, t in expected.items()):
             return f"{what}: exit 0 with other weights"
     elif done.returncode != 1 or len(errors) != 1 or "internal error" in errors[0] or "Traceback" in done.stderr:
         return f"{what}: exit {done.returncode}: {done.stderr.strip()[-400:]}"

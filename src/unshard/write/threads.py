@@ -153,8 +153,7 @@ def _each_group(plan: Plan, filenames: list[str], threads: int, do: Callable[[st
 def _in_order_of_work(plan: Plan, filenames: list[str]) -> list[tuple[str, Group]]:
     """The groups across the files (`_across_files`), those that are not encoded first: they need no torch, and
     are copied while torch is imported (`torch_imported_aside`)."""
-    order = list(_across_files(plan, filenames))
-    return [work for work in order if not work[1].encoded] + [work for work in order if work[1].encoded]
+    return sorted(_across_files(plan, filenames), key=lambda work: work[1].encoded)  # (stable: in order within each)
 
 
 @contextmanager
