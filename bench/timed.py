@@ -2,8 +2,9 @@
 
     python bench/timed.py -- CMD ARGS...
 
-Peak RSS is sampled every 20 ms over the tree (psutil) and also read from the kernel's
-RUSAGE_CHILDREN (the largest single process), and the larger is reported.
+The time ends when the command exits (a thread waits for it), not at the next sample. Peak RSS is
+sampled every 20 ms over the tree (psutil) and also read from the kernel's RUSAGE_CHILDREN (the
+largest single process), and the larger is reported.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import resource
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -31,14 +33,23 @@ def main() -> None:
     cmd = sys.argv[sys.argv.index("--") + 1:]
     start = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ended = threading.Event()
+    end = start
+
+    def wait() -> None:
+        nonlocal end
+        child.wait()
+        end = time.perf_counter()
+        ended.set()
+
+    threading.Thread(target=wait, daemon=True).start()
     watched, peak = psutil.Process(child.pid), 0
-    while child.poll() is None:
+    while not ended.wait(0.02):
         try:
             peak = max(peak, tree_rss(watched))
         except psutil.Error:
             pass
-        time.sleep(0.02)
-    seconds = time.perf_counter() - start
+    seconds = end - start
     kernel_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     err = child.stderr.read().decode(errors="replace")
     print(json.dumps({"seconds": seconds, "peak_rss": max(peak, kernel_peak), "returncode": child.returncode,

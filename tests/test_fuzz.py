@@ -40,7 +40,7 @@ LAYOUTS = {
     "llama-hf-pickles": ("sharded", None),  # transformers 4's pytorch_model-*.bin and their index
     "colossalai-ddp": ("epoch-0_step-1", "hf"),  # a ColossalAI trainer's step: modeling/ beside optimizer/
 }
-MUTANTS = 25  # per layout (40 each for seeds 7, 11 and 13 found what was fixed, then nothing)
+MUTANTS = 12  # per layout (40 each for seeds 7, 11 and 13 found what was fixed, then nothing; 12 keep CI's time)
 SEED = 13
 
 
@@ -126,7 +126,7 @@ RECIPES = {  # what merge, merge-moe and extract-lora read of the three models i
                  "  - {{source_model: {w}/ft-count, positive_prompts: [a]}}\n"
                  "  - {{source_model: {w}/ft-skip, positive_prompts: [b]}}\ndtype: float32\n"],
 }
-MERGE_MUTANTS = 12  # (seeded with 7 rather than 13, these found a recipe that is not UTF-8: fixed since)
+MERGE_MUTANTS = 6  # (seeded with 7 rather than 13, these found a recipe that is not UTF-8: fixed since)
 
 
 def test_damaged_merge_inputs_give_the_same_merge_or_one_line(tmp_path):
@@ -174,7 +174,7 @@ def test_damaged_merge_inputs_give_the_same_merge_or_one_line(tmp_path):
     assert not failures, "\n".join(failures)
 
 
-GGUF_MUTANTS = 40  # (each a second or less; with seeds 7, 11 and 13 alike they found a chat template not UTF-8)
+GGUF_MUTANTS = 20  # (each a second or less; with seeds 7, 11 and 13 alike they found a chat template not UTF-8)
 
 
 def test_damaged_checkpoints_give_the_same_gguf_or_one_line(tmp_path):

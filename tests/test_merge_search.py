@@ -159,11 +159,14 @@ def test_dry_run_and_errors(tmp_path):
 
 
 def test_shipped_models_are_what_the_script_makes(fresh_models):
-    """The shipped copy is the script's output (seeded, one thread), tensor for tensor."""
+    """The shipped copy is the script's output (seeded, one thread), tensor for tensor, as near as another CPU's
+    kernels allow: a few hundred training steps on a CPU with AVX-512 put the fine-tunes 0.6-0.7% (relative
+    distance) from those made on one without, the base 0.02%; a model the script did not make is 100% or more away."""
     for name in ("base", "ft-count", "ft-skip"):
         shipped, fresh = (load_file(f / name / "model.safetensors") for f in (SHIPPED_MODELS, fresh_models))
         assert sorted(shipped) == sorted(fresh)
-        assert all(torch.allclose(shipped[k], fresh[k], atol=1e-5) for k in shipped), name
+        distances = {k: ((shipped[k] - fresh[k]).norm() / shipped[k].norm()).item() for k in shipped}
+        assert max(distances.values()) < 0.02, (name, max(distances.items(), key=lambda kv: kv[1]))
     for name in ("eval.txt", "eval.jsonl"):
         assert (SHIPPED_MODELS / name).read_text() == (fresh_models / name).read_text()
 
