@@ -33,6 +33,7 @@ def main() -> None:
     cmd = sys.argv[sys.argv.index("--") + 1:]
     start = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    watched, peak = psutil.Process(child.pid), 0  # (before anything reaps it)
     ended = threading.Event()
     end = start
 
@@ -43,7 +44,6 @@ def main() -> None:
         ended.set()
 
     threading.Thread(target=wait, daemon=True).start()
-    watched, peak = psutil.Process(child.pid), 0
     while not ended.wait(0.02):
         try:
             peak = max(peak, tree_rss(watched))
