@@ -40,7 +40,7 @@ LAYOUTS = {
     "llama-hf-pickles": ("sharded", None),  # transformers 4's pytorch_model-*.bin and their index
     "colossalai-ddp": ("epoch-0_step-1", "hf"),  # a ColossalAI trainer's step: modeling/ beside optimizer/
 }
-MUTANTS = 12  # per layout (40 each for seeds 7, 11 and 13 found what was fixed, then nothing; 12 keep CI's time)
+MUTANTS = 12  # per layout (40 each for seeds 7, 11 and 13 found what was fixed, then nothing; 12 keep CI within its time)
 SEED = 13
 
 
