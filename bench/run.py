@@ -68,14 +68,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-VENVS = HERE / ".venvs"
-# pip install steps per peer venv. verl's declared dependencies (vllm, wandb...) are not what its
-# merger needs; these are, at versions verl 0.9.1 accepts (sentencepiece for the gguf layout's tokenizer).
-PEERS = {"accelerate": [["accelerate==1.15.0"]], "deepspeed": [["deepspeed==0.19.8", "transformers", "tokenizers"]],
-         "mergekit": [["mergekit==0.1.5"]], "llmcompressor": [["llmcompressor==0.14.0.1"]],
-         "verl": [["--no-deps", "verl==0.9.1"], ["ray", "tensordict==0.10.0", "omegaconf", "hydra-core", "codetiming",
-                                                  "transformers==5.10.2", "accelerate", "safetensors", "peft",
-                                                  "datasets", "pandas", "sentencepiece"]]}
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+import generate  # noqa: E402  (tests/fixtures/generate.py: the peer venvs, made as the tests make them)
+
+# The peers only the bench runs, beside the tests' (generate.PEERS: mergekit, llm-compressor, verl's merger...).
+BENCH_PEERS = {"accelerate": ["accelerate==1.15.0"], "deepspeed": ["deepspeed==0.19.8", "transformers", "tokenizers"]}
 
 
 def sh(cmd: list[str], **kw) -> None:
@@ -84,14 +81,7 @@ def sh(cmd: list[str], **kw) -> None:
 
 def peer_python(name: str) -> Path:
     """A venv of its own for a peer tool, with the same local torch build."""
-    venv = VENVS / name
-    python = venv / "bin" / "python"
-    if not python.exists():
-        sh([sys.executable, "-m", "venv", str(venv)])
-        sh([str(python), "-m", "pip", "install", "-q", "torch==2.13.0"])
-        for step in PEERS[name]:
-            sh([str(python), "-m", "pip", "install", "-q", *step])
-    return python
+    return generate.peer_python(name, BENCH_PEERS.get(name))
 
 
 def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
@@ -171,9 +161,6 @@ def source(layout: str, folder: Path) -> Path:
 
 def llama_cpp_converter() -> list[str]:
     """llama.cpp's convert_hf_to_gguf.py as the tests get it (llama-cpp-python's source package), in its venv."""
-    sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
-    import generate
-
     return [str(generate.peer_python("llamacpp")), str(generate.llama_cpp_source() / "convert_hf_to_gguf.py")]
 
 
