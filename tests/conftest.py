@@ -68,7 +68,9 @@ def fixture_case(request, fresh_fixtures):
     """A function case -> fixture folder, for the shipped copy and for a freshly generated one.
 
     Cases marked `fresh=False` in generate.py vary only a dtype or a file format of a case that is
-    regenerated; they run on their shipped copy only, to keep the suite's time in bounds.
+    regenerated; they run on their shipped copy only, to keep the suite's time in bounds. The output formats'
+    tests (test_gguf, test_quantize) take the shipped copies alone: what they test is the sink, and what feeds
+    it, the planned tensors, is tested on every fresh copy (test_fsdp_convert, test_megatron).
     """
     if request.param == "shipped":
         return lambda case: SHIPPED / case

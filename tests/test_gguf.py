@@ -81,11 +81,11 @@ def assert_same_file(ours: Path, theirs: Path) -> None:
         assert a[3] == b[3], a[0]
 
 
-def test_each_type_as_llama_cpp_converter_writes_it(fixture_case, converter, tmp_path):
+def test_each_type_as_llama_cpp_converter_writes_it(converter, tmp_path):
     """A bf16 Llama (FSDP2 rank files, 2 ranks) with a SentencePiece tokenizer, in every type the converter
     writes; --verify reads each file back. q and k are reordered per head as llama.cpp wants them, the
     vocabulary is the tokenizer.model's with the config's size, special tokens and chat template."""
-    src = fixture_case("llama-fsdp2-spm") / "global_step_1"
+    src = SHIPPED / "llama-fsdp2-spm" / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     for kind in TYPES:
         ours = tmp_path / f"{kind}.gguf"
@@ -236,7 +236,7 @@ FAMILY_TENSORS = {"qwen2": ("F32", None, None), "qwen3": (None, "F32", None), "g
 
 @pytest.mark.parametrize("case", ["qwen2-fsdp2-spm", "qwen3-fsdp2-spm", "gemma-fsdp2-spm", "gemma2-fsdp2-spm",
                                   "gemma3-fsdp2-spm", "phi3-fsdp2-spm"])
-def test_qwen_and_gemma_families_as_the_converter_writes_them(case, fixture_case, converter, tmp_path):
+def test_qwen_and_gemma_families_as_the_converter_writes_them(case, converter, tmp_path):
     """Qwen2 (tied embeddings, biases on q, k and v), Qwen3 (q and k normed per head, heads of 32 over a
     hidden size of 64), Gemma (norms stored as 1 + weight, CodeGemma's token ids), Gemma 2 (its own
     hyper-parameters: soft caps, sliding window, no rope base), Gemma 3 (q and k norms shifted too, rope per kind
@@ -246,7 +246,7 @@ def test_qwen_and_gemma_families_as_the_converter_writes_them(case, fixture_case
     it reads no head width from the file, where llama.cpp reads attention.key_length)."""
     from transformers import AutoModelForCausalLM
 
-    src = fixture_case(case) / "global_step_1"
+    src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     for kind in ("f32", "q8_0"):
         ours = unshard.convert(src, tmp_path / f"{kind}.gguf", output=unshard.OutputOptions(gguf=kind), verify=True,
@@ -271,12 +271,12 @@ def test_qwen_and_gemma_families_as_the_converter_writes_them(case, fixture_case
 
 
 @pytest.mark.parametrize("case", ["mixtral8-fsdp2-spm", "qwen2moe-fsdp2", "qwen3moe-fsdp2"])
-def test_moe_families_stack_their_experts_as_the_converter_does(case, fixture_case, converter, tmp_path):
+def test_moe_families_stack_their_experts_as_the_converter_does(case, converter, tmp_path):
     """Mixtral (llama.cpp's llama with 8 experts), Qwen2-MoE (a shared expert behind a gate) and Qwen3-MoE, whose
     FSDP2 checkpoints hold each layer's experts fused in one tensor (transformers 5), written as separate experts in
     the folder: each layer's experts stacked in one tensor per projection, the routers in f32, the experts' counts
     and widths and the size label ("8x...") in the metadata, all as the converter writes them from the folder."""
-    src = fixture_case(case) / "global_step_1"
+    src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     pre = for_the_converter(tmp_path / "hf")
     for kind in ("f32", "bf16", "q8_0"):
@@ -449,8 +449,7 @@ def with_hub_vision_names(folder: Path, out: Path) -> Path:
     return out
 
 
-def test_gemma3_vision_model_writes_its_mmproj_beside_as_the_converter_does(fixture_case, converter, llama_cpp,
-                                                                          tmp_path):
+def test_gemma3_vision_model_writes_its_mmproj_beside_as_the_converter_does(converter, llama_cpp, tmp_path):
     """A Gemma 3 with its vision tower (FSDP2 rank files): OUT is the text model, equal to the converter's file for
     the folder, and mmproj-OUT beside it the vision tower and projector, equal to the converter's --mmproj file: the
     `clip` architecture, the vision sizes, the image processor's mean and std, the projector's scale (2 x 2 patches
@@ -459,7 +458,7 @@ def test_gemma3_vision_model_writes_its_mmproj_beside_as_the_converter_does(fixt
     the mmproj stays in f16. llama.cpp runs the text model as transformers does."""
     from transformers import AutoModelForCausalLM
 
-    src = fixture_case("gemma3vl-fsdp2-spm") / "global_step_1"
+    src = SHIPPED / "gemma3vl-fsdp2-spm" / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     hub = with_hub_vision_names(tmp_path / "hf", tmp_path / "hub")
     for kind in ("f32", "f16", "q8_0"):

@@ -87,10 +87,10 @@ def ignore_for(scheme: str, wide: bool) -> list[str]:
 
 
 @pytest.mark.parametrize("case, wide", [("llama-fsdp2-q128-bf16", True), ("llama-fsdp2-tp-q320", False)])
-def test_every_scheme_as_llm_compressor_writes_it(case, wide, fixture_case, oracle, tmp_path):
+def test_every_scheme_as_llm_compressor_writes_it(case, wide, oracle, tmp_path):
     """bf16 FSDP2 rank files whose Linear layers are multiples of 128 columns, and fp32 FSDP2 x TP ones
     (assembled in bands) with a 320-column down_proj, left unquantized where the scheme groups columns."""
-    src = fixture_case(case) / "global_step_1"
+    src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "plain", progress=False)
     jobs, loads = [], []
     for scheme in SCHEMES:
@@ -181,14 +181,14 @@ def as_llm_compressor_names(folder: Path) -> Path:
     ("megatron-mixtral-tp2-pp2-ep2", ["FP8_DYNAMIC"]),  # experts over expert parallelism, in Megatron's names
     ("megatron-qwen3moe-pp2-ep2-dp2", ["W8A8"]),
 ])
-def test_mixture_of_experts_as_llm_compressor_writes_it(case, schemes, fixture_case, oracle, tmp_path):
+def test_mixture_of_experts_as_llm_compressor_writes_it(case, schemes, oracle, tmp_path):
     """llm-compressor quantizes each expert as a Linear layer and leaves the routers (listed in the config's
     ignore list whatever the patterns, as compressed-tensors counts them as Linear layers); unshard writes
     the same tensors bit for bit, each expert a band at a time, from every layout that holds experts.
     Mixtral's keep their checkpoint's names (w1, w2, w3): compared under llm-compressor's."""
     from unshard.sinks.compressed_tensors import DEFAULT_IGNORE
 
-    src = fixture_case(case) / ("torch" if case.startswith("megatron") else "global_step_1")
+    src = SHIPPED / case / ("torch" if case.startswith("megatron") else "global_step_1")
     unshard.convert(src, tmp_path / "plain", progress=False)
     jobs, loads = [], []
     for scheme in schemes:
