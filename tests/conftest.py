@@ -38,6 +38,13 @@ def convert_in_subprocess(src, out, cache, table=True) -> tuple[bool, bool]:
     return line.split()[1] == "True", line.split()[2] == "True"
 
 
+def pytest_collection_modifyitems(items):
+    """ColossalAI's tests last. Their fresh fixture needs ColossalAI's peer venv, a 5.8 GB download that CI makes in
+    the background (generate.py --peers) while llama.cpp compiles; run second, where their file name puts them, they
+    kept the other tests waiting 7 minutes for it."""
+    items.sort(key=lambda item: item.path.name == "test_colossalai.py")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def transformers_answers_cache(tmp_path_factory):
     """unshard keeps what transformers said about configs (known.py); the tests keep theirs apart
@@ -67,8 +74,8 @@ def fresh_fixtures(tmp_path_factory):
 def fixture_case(request, fresh_fixtures):
     """A function case -> fixture folder, for the shipped copy and for a freshly generated one.
 
-    Cases marked `fresh=False` in generate.py vary only a dtype or a file format of a case that is
-    regenerated; they run on their shipped copy only, to keep the suite's time in bounds. The output formats'
+    Cases marked `fresh=False` in generate.py vary only the dtype, file format, widths or tokenizer of a case
+    that is regenerated; they run on their shipped copy only, to keep the suite's time in bounds. The output formats'
     tests (test_gguf, test_quantize) take the shipped copies alone: what they test is the sink, and what feeds
     it, the planned tensors, is tested on every fresh copy (test_fsdp_convert, test_megatron).
     """
