@@ -43,6 +43,7 @@ input's pages are dropped from the cache before each run), with no earlier outpu
   llm-compressor SCHEME   layout "quantize": unshard convert --quantize SCHEME from the verl rank files, against
                           llm-compressor's data-free path (load, oneshot, save_pretrained(save_compressed=True)),
                           from PyPI in its own venv, on the same model's Hugging Face folder (converted untimed);
+                          in fp32, and in bf16 (unshard's --dtype bfloat16, llm-compressor's folder in bf16);
                           beside them, a plain conversion, one with --verify, --verify's CRC-32 check alone, and
                           `import torch` alone: the start-up any quantizer built on torch pays
 Each tool runs --repeat times, the tools taking turns (this VM's disk varies over minutes). Reports
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import itertools
 import json
 import os
 import platform
@@ -99,6 +101,9 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
         if not (folder / "hf-model" / "config.json").exists():
             sh([sys.executable, "-m", "unshard", "convert", str(folder / "ckpt"), str(folder / "hf-model"),
                 "--overwrite", "--no-progress"], stderr=subprocess.DEVNULL)
+        if layout == "quantize" and not (folder / "hf-model-bf16" / "config.json").exists():  # (most models are bf16)
+            sh([sys.executable, "-m", "unshard", "convert", str(folder / "ckpt"), str(folder / "hf-model-bf16"),
+                "--overwrite", "--no-progress", "--dtype", "bfloat16"], stderr=subprocess.DEVNULL)
         return folder
     folder = work / f"{'megatron' if layout.startswith('megatron') else layout}-{gb}gb"
     if (folder / "done").exists():
@@ -252,12 +257,15 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
                  # (then out without Python's teardown, which torch makes 0.4 s long, as unshard's command exits)
                  "import torch alone": [*python, "-c", "import os, torch; os._exit(0)"]}
         oracle = ROOT / "tests" / "fixtures" / "llmcompressor_oracle.py"
-        for scheme in ("W4A16", "FP8_DYNAMIC"):
-            found[f"unshard --quantize {scheme}"] = [*convert, "--quantize", scheme]
-            jobs = folder / f"llmcompressor-{scheme}.json"
-            jobs.write_text(json.dumps([{"src": str(folder / "hf-model"), "out": str(out), "scheme": scheme,
-                                         "ignore": ["lm_head"]}]))
-            found[f"llm-compressor {scheme}"] = [str(peer_python("llmcompressor")), str(oracle), "quantize", str(jobs)]
+        for scheme, bf16 in itertools.product(("W4A16", "FP8_DYNAMIC"), (False, True)):
+            # (bf16: the weights cast from the rank files' fp32 as they are read; llm-compressor given them in bf16)
+            found[f"unshard --quantize {scheme}{' bf16' * bf16}"] = [*convert, "--quantize", scheme,
+                                                                      *(["--dtype", "bfloat16"] if bf16 else [])]
+            jobs = folder / f"llmcompressor-{scheme}{'-bf16' * bf16}.json"
+            jobs.write_text(json.dumps([{"src": str(folder / f"hf-model{'-bf16' * bf16}"), "out": str(out),
+                                         "scheme": scheme, "ignore": ["lm_head"]}]))
+            found[f"llm-compressor {scheme}{' bf16' * bf16}"] = [str(peer_python("llmcompressor")), str(oracle),
+                                                                  "quantize", str(jobs)]
         return found
     # DeepSpeed's and Megatron's checkpoints carry their config (Megatron's as its `args`).
     config = [] if layout.startswith(("zero", "megatron")) else ["--config-from", str(folder / "hf")]

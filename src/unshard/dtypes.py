@@ -85,6 +85,16 @@ def cast(raw, source: DType, target: DType, out=None):
     return out
 
 
+# numpy's element type for a dtype's elements: bfloat16, which numpy lacks, as its bits (and the float8s as bytes).
+NUMPY = {"float64": "<f8", "float32": "<f4", "float16": "<f2", "bfloat16": "<u2", "float8_e4m3fn": "u1",
+         "float8_e5m2": "u1", "int64": "<i8", "int32": "<i4", "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?"}
+
+
+def as_numpy(raw, dtype: DType):
+    """`raw`, whole elements of `dtype` as bytes (a uint8 numpy array), as a numpy array of them (see NUMPY)."""
+    return raw.view(NUMPY[dtype.name])
+
+
 def casts_without_torch(source: DType, target: DType) -> bool:
     """Whether `target`'s bytes are made from `source`'s without torch (kept as they are, or `cast`)."""
     return source == target or (source.name, target.name) in _CASTS

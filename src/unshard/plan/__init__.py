@@ -72,7 +72,7 @@ class Group:
 
     @property
     def encoded(self) -> bool:
-        """Whether an output is stored otherwise than as it is (quantized): that takes torch and a band's work."""
+        """Whether an output is stored otherwise than as it is (quantized): that takes a band's work."""
         return any(o.encoding for o in self.outputs)
 
 

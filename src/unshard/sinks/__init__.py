@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    import torch
+    import numpy as np
 
     from ..plan import Group, OutputTensor, Plan
 
@@ -48,17 +48,18 @@ class Encoding(Protocol):
     rows_per_band: int
     surveys: bool  # whether every band of it must be shown to `survey(band)` before the first is encoded
 
-    def encode(self, band: torch.Tensor, start: int) -> dict[str, torch.Tensor]:
+    def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
         """The pieces of the stored tensors made from rows [start, start + len(band)), by stored name;
-        each stored tensor's pieces, in order of the bands, are its bytes. A piece may be held in the thread's
-        scratch memory: it is written before the thread's next band is encoded."""
+        each stored tensor's pieces, in order of the bands, are its bytes. The band is a numpy array of the
+        tensor's elements (dtypes.NUMPY: bfloat16 as its bits), so that no encoding needs torch. A piece may be
+        held in the thread's scratch memory: it is written before the thread's next band is encoded."""
         ...
 
 
 ENCODING_BAND_BYTES = 4 << 20  # of an output tensor's rows, handed to its encoding at a time (as fast as 16 MB, whose
 # passes over a band no longer find it in the cache, in less memory)
-# What encoding one band holds besides the band itself: its thread's scratch tensors (float copies of it, scaled,
-# rounded, packed), kept from band to band. An estimate for the plan's memory bound, measured in bench/ (quantize rows).
+# What encoding one band holds besides the band itself: its thread's scratch arrays (a float32 copy of a few of its
+# rows, the values, packed), kept from band to band. An estimate for the plan's memory bound, measured in bench/ (quantize rows).
 ENCODING_WORK = 6 * ENCODING_BAND_BYTES
 
 

@@ -32,8 +32,9 @@ from .hf_folder import OutputFolder
 from .safetensors import SafetensorsFile, WrittenFile
 
 if TYPE_CHECKING:
-    import torch
+    import numpy as np
 
+    from ..dtypes import DType
     from ..plan import Group, OutputTensor, Plan
 
 
@@ -71,24 +72,34 @@ class GGUFTensor:
 
     stored: tuple[OutputTensor, ...]
     qtype: Any  # gguf.GGMLQuantizationType
+    dtype: DType  # the tensor's own, which bands hold
     head_dim: int = 0  # q/k rows to reorder per head; 0: none
     rows_per_band: int = 1
     shift: float = 0.0  # added to every value first
     surveys = False  # (each band is encoded as it comes)
 
-    def encode(self, band: torch.Tensor, start: int) -> dict[str, torch.Tensor]:
-        import torch
+    def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
+        import numpy as np
 
         gguf = _gguf()
-        if band.dtype not in (torch.float16, torch.float32):  # (as the converter: other floats via float32)
-            band = band.float()
+        if band.dtype not in (np.float16, np.float32):  # (as the converter: other floats via float32)
+            band = _as_float32(band, self.dtype)
         if self.shift:
-            band = band + self.shift
+            band = band + self.shift  # (in the band's dtype, as torch adds it)
         if self.head_dim:
             half = self.head_dim // 2
             band = band.reshape(-1, 2, half, *band.shape[1:]).swapaxes(1, 2).reshape(band.shape)
-        data = gguf.quants.quantize(band.contiguous().numpy(), self.qtype)
-        return {self.stored[0].name: torch.from_numpy(data.reshape(-1).view("uint8"))}
+        data = gguf.quants.quantize(np.ascontiguousarray(band), self.qtype)
+        return {self.stored[0].name: data.reshape(-1).view(np.uint8)}
+
+
+def _as_float32(band: np.ndarray, dtype: DType) -> np.ndarray:
+    """A band of another float dtype (bfloat16 as its bits, float64) as float32, rounded as torch's cast rounds."""
+    import numpy as np
+
+    if dtype.name == "bfloat16":
+        return dtypes.cast(band.view(np.uint8).reshape(-1), dtype, dtypes.float32).view(np.float32).reshape(band.shape)
+    return band.astype(np.float32)
 
 
 @dataclass
@@ -255,7 +266,7 @@ def _plan_tensors(plan: GGUFPlan, outputs: list[OutputTensor], hparams: dict, ar
             stored = OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"])
             shared += math.prod(output.shape)
         shift = 1.0 if gemma and output.name.endswith("norm.weight") else 0.0
-        plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, permuted, max(1, permuted), shift)
+        plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, output.dtype, permuted, max(1, permuted), shift)
         if file_type in LEGACY:
             plan.positions[name] = (int(name.split(".")[1]) if name.startswith("blk.") else -1, name)
         elif stack:

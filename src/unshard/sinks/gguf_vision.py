@@ -75,7 +75,7 @@ def plan_mmproj(file_type: str, outputs: list[OutputTensor], hparams: dict[str, 
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
         shift = 1.0 if "soft_emb_norm.weight" in source else 0.0  # (Gemma's RMS norm: 1 + weight)
         stored = OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"])
-        plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, shift=shift)
+        plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, output.dtype, shift=shift)
         plan.positions[name] = (output.name,)
         parameters += math.prod(output.shape)
     _metadata(plan.writer, hparams, vision, folder, parameters, projector, mm_type)

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Union
 
-from ..dtypes import DType
+from ..dtypes import NUMPY, DType
 from ..errors import CheckpointError, UnshardError
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 
@@ -34,8 +35,8 @@ class FileBytes:
 
 
 # What a tensor is written from: tensors, bytes lying in a source file, or bytes in memory (a band
-# of a tensor assembled without torch). Parts follow one another in the tensor's bytes.
-Part = Union["torch.Tensor", FileBytes, memoryview]
+# of a tensor assembled without torch, an encoding's numpy arrays). Parts follow one another in the tensor's bytes.
+Part = Union["torch.Tensor", FileBytes, memoryview, "np.ndarray"]
 
 
 COPY_CHUNK = 16 << 20  # bytes read at a time when the kernel cannot copy file to file
@@ -157,7 +158,7 @@ class TensorBeingWritten:
         self.file, self.name, self.dtype, self.at, self.size, self.written = file, name, dtype, at, size, 0
 
     def write(self, part: Part) -> None:
-        if not isinstance(part, (FileBytes, memoryview)) and part.dtype != self.dtype.torch:
+        if not isinstance(part, (FileBytes, memoryview)) and not _holds(part, self.dtype):
             raise AssertionError(f"{self.name}: a part in {part.dtype} for a {self.dtype} tensor")
         data = part if isinstance(part, FileBytes) else bytes_of(part)
         if self.written + data.nbytes > self.size:
@@ -188,10 +189,23 @@ def disk_full(path: Path, error: OSError) -> Exception:
                         "that disk (or raise the file size limit, ulimit -f) and run again")
 
 
-def bytes_of(part: torch.Tensor | memoryview) -> memoryview:
+def _holds(part: torch.Tensor | np.ndarray, dtype: DType) -> bool:
+    """Whether a tensor's or an array's elements are of `dtype` (see dtypes.NUMPY for an array's)."""
+    import numpy as np
+
+    if isinstance(part, np.ndarray):
+        return part.dtype == np.dtype(NUMPY[dtype.name])
+    return part.dtype == dtype.torch
+
+
+def bytes_of(part: torch.Tensor | np.ndarray | memoryview) -> memoryview:
     """A part's bytes in memory (for a tensor, torch is imported already, since there is one)."""
     if isinstance(part, memoryview):
         return part
+    import numpy as np
+
+    if isinstance(part, np.ndarray):
+        return memoryview(np.ascontiguousarray(part).reshape(-1).view(np.uint8))
     import torch
 
     return memoryview(part.contiguous().reshape(-1).view(torch.uint8).numpy())

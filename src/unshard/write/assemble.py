@@ -15,6 +15,7 @@ from ..sinks.safetensors import FileBytes, Part, bytes_of
 from ..sources.base import read_bytes, thread_buffer
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from ..dtypes import DType
@@ -112,17 +113,16 @@ def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[Part
         else:
             yield memoryview(band if dtype == source.dtype else _cast(band, source.dtype, dtype))
 
-def encoded(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[str, torch.Tensor]]:
+def encoded(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[str, np.ndarray]]:
     """(stored tensor, its next piece) for an output with an encoding: each band of its rows encoded."""
     for start, band in bands(output, parts):
         yield from output.encoding.encode(band, start).items()
 
-def bands(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[int, torch.Tensor]]:
-    """(first row, band) for an output with an encoding: the parts gathered into bands of whole rows. Memory: one
-    band, however large the tensor. The band is this thread's, kept from tensor to tensor, and a part lying in a
-    file is read straight into it; each band is used before the next is filled into it."""
-    import torch
-
+def bands(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, band) for an output with an encoding: the parts gathered into bands of whole rows, as numpy
+    arrays of the output's elements (dtypes.as_numpy: bfloat16 as its bits). Memory: one band, however large the
+    tensor. The band is this thread's, kept from tensor to tensor, and a part lying in a file is read straight into
+    it; each band is used before the next is filled into it."""
     encoding = output.encoding
     row_bytes = output.nbytes_as_is // output.shape[0]
     multiple = encoding.rows_per_band
@@ -130,9 +130,8 @@ def bands(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[int, to
     band = thread_buffer("band", rows * row_bytes)
     filled, start = 0, 0
 
-    def whole_rows(nbytes: int) -> torch.Tensor:
-        flat = torch.from_numpy(band[:nbytes]).view(output.dtype.torch)
-        return flat.view(-1, *output.shape[1:])
+    def whole_rows(nbytes: int) -> np.ndarray:
+        return dtypes.as_numpy(band[:nbytes], output.dtype).reshape(-1, *output.shape[1:])
 
     for part in parts:
         in_file = isinstance(part, FileBytes)

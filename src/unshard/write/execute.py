@@ -14,7 +14,7 @@ from pathlib import Path
 from ..names.hf_names import NamingChanged
 from ..plan import Plan
 from .scale_out import convert_distributed, write_in_processes
-from .threads import Result, Writing, peak_rss, progress_bar, survey, torch_imported_aside, write_files
+from .threads import Result, Writing, peak_rss, progress_bar, survey, write_files
 
 log = logging.getLogger("unshard")
 
@@ -59,17 +59,16 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
     start = time.perf_counter()
     folder = plan.sink.stage(out, overwrite)
     try:
-        with torch_imported_aside(workers == 1 and any(g.encoded for g in plan.groups)):
-            survey(plan, threads, progress)  # (before forking: the workers are given what it found)
-            with progress_bar(plan.total_bytes, progress) as bar:
-                if workers > 1:
-                    digests = write_in_processes(plan, folder.path, writing, bar, workers)
-                else:
-                    digests = write_files(plan, folder.path, list(plan.files), writing, bar)
-            if plan.question is not None:
-                late_notes = plan.question.verdict()
-                plan.notes.extend(late_notes)
-            copied, warnings = plan.sink.finish(plan, folder.path, digests, extra_files)
+        survey(plan, threads, progress)  # (before forking: the workers are given what it found)
+        with progress_bar(plan.total_bytes, progress) as bar:
+            if workers > 1:
+                digests = write_in_processes(plan, folder.path, writing, bar, workers)
+            else:
+                digests = write_files(plan, folder.path, list(plan.files), writing, bar)
+        if plan.question is not None:
+            late_notes = plan.question.verdict()
+            plan.notes.extend(late_notes)
+        copied, warnings = plan.sink.finish(plan, folder.path, digests, extra_files)
         folder.commit()
     except NamingChanged:
         folder.abort()

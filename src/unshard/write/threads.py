@@ -5,12 +5,9 @@ reads every written tensor back."""
 
 from __future__ import annotations
 
-import gc
 import resource
 import sys
-import threading
 from collections import deque
-from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,112 +124,23 @@ def survey(plan: Plan, threads: int, progress: bool | None) -> None:
 def _each_group(plan: Plan, filenames: list[str], threads: int, do: Callable[[str, Group], None]) -> None:
     """Call do(filename, group) for every group of these files from `threads` threads, starting a group
     only when the groups in flight leave room for it in the plan's memory estimate."""
-    work = deque((filename, group, plan.held(group)) for filename, group in _in_order_of_work(plan, filenames))
+    work = deque((filename, group, plan.held(group)) for filename, group in _across_files(plan, filenames))
     threads = max(1, threads)
     budget = plan.peak_memory_estimate(threads)
-    cores = _CoresShared(threads)
-    try:
-        with ThreadPoolExecutor(threads) as pool:
-            running: dict = {}  # future -> bytes its group holds
-            while work or running:
-                if plan.question is not None and plan.question.answered():
-                    plan.question.verdict()  # a checkpoint that does not fit its config stops here, not at the end
-                # The next group starts when a thread is free and the groups in flight leave room for it
-                # (or nothing is in flight): a large tensor waits for the others rather than doubling the peak.
-                while work and len(running) < threads and (not running or sum(running.values()) + work[0][2] <= budget):
-                    filename, group, held = work.popleft()
-                    running[pool.submit(cores.run, do, filename, group)] = held
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    del running[future]
-                    future.result()  # the first error stops the run
-    finally:
-        cores.put_back()
-
-
-def _in_order_of_work(plan: Plan, filenames: list[str]) -> list[tuple[str, Group]]:
-    """The groups across the files (`_across_files`), those that are not encoded first: they need no torch, and
-    are copied while torch is imported (`torch_imported_aside`)."""
-    return sorted(_across_files(plan, filenames), key=lambda work: work[1].encoded)  # (stable: in order within each)
-
-
-@contextmanager
-def torch_imported_aside(needed: bool) -> Iterator[None]:
-    """While the body runs: torch imported by a thread of its own, if `needed` (for encodings), so that the
-    writing threads copy the tensors that need none meanwhile; and what the import made kept out of the cycle
-    collector's way until the body ends.
-
-    The import takes a second and makes some half a million objects that live as long as torch. The collector
-    made 338 passes over them during the import, two of them full (70 ms at 1 GB FP8_DYNAMIC), and another full
-    one when the folder was finished (80 ms). So it is paused while torch is imported, and every object there is
-    when the import is done is frozen (gc.freeze: no pass walks them) until the body ends (1 GB FP8_DYNAMIC: 1.24 s
-    median against 1.39 s; torch's import alone 1.08 s). Not for a body that forks: the child of a process in the
-    middle of an import can hang on the import's locks."""
-    if not needed or "torch" in sys.modules:
-        yield
-        return
-    aside = _TorchAside()
-    try:
-        yield
-    finally:
-        aside.close()
-
-
-class _TorchAside:
-    """The importing thread, and whether the body it serves is still running."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._open = True
-        threading.Thread(target=self._import, name="unshard: import torch", daemon=True).start()
-
-    def _import(self) -> None:
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            import torch  # noqa: F401
-        except ImportError:  # (the first encoding says so, as it would without this thread)
-            pass
-        finally:
-            with self._lock:
-                if self._open:  # (a body that failed early does not wait for the import, nor leave it frozen)
-                    gc.freeze()
-            if collecting:
-                gc.enable()
-
-    def close(self) -> None:
-        with self._lock:
-            self._open = False
-            gc.unfreeze()
-
-
-class _CoresShared:
-    """Torch runs an operation on every core (OpenMP). Run from `threads` of ours at once on bands of a few MB, that
-    is `threads` times as many OpenMP threads as cores, spinning as they wait for each other (6 GB FP8_DYNAMIC,
-    2 cores: 3.4-4.2 s, and 3.2-3.3 s with one each). So each of ours runs torch's operations on its share of the
-    cores, and torch's count is put back after: from its first encoded group on. (Not for merges: they hold fewer,
-    larger tensors at once, and gain from all the cores: TIES at 1 GB took 15 s with one each rather than 11.5.)"""
-
-    def __init__(self, threads: int):
-        self.threads = threads
-        self.before: int | None = None  # torch's count when first seen
-        self._lock = threading.Lock()
-        self._mine = threading.local()
-
-    def run(self, do: Callable[[str, Group], None], filename: str, group: Group) -> None:
-        if self.threads > 1 and group.encoded and not getattr(self._mine, "shared", False):
-            import torch
-
-            with self._lock:
-                if self.before is None:
-                    self.before = torch.get_num_threads()
-            torch.set_num_threads(max(1, self.before // self.threads))  # (this thread's, and those to come)
-            self._mine.shared = True
-        do(filename, group)
-
-    def put_back(self) -> None:
-        if self.before is not None:
-            sys.modules["torch"].set_num_threads(self.before)
+    with ThreadPoolExecutor(threads) as pool:
+        running: dict = {}  # future -> bytes its group holds
+        while work or running:
+            if plan.question is not None and plan.question.answered():
+                plan.question.verdict()  # a checkpoint that does not fit its config stops here, not at the end
+            # The next group starts when a thread is free and the groups in flight leave room for it
+            # (or nothing is in flight): a large tensor waits for the others rather than doubling the peak.
+            while work and len(running) < threads and (not running or sum(running.values()) + work[0][2] <= budget):
+                filename, group, held = work.popleft()
+                running[pool.submit(do, filename, group)] = held
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                del running[future]
+                future.result()  # the first error stops the run
 
 
 def _across_files(plan: Plan, filenames: list[str]) -> Iterator[tuple[str, Group]]:
