@@ -43,7 +43,7 @@ input's pages are dropped from the cache before each run), with no earlier outpu
   llm-compressor SCHEME   layout "quantize": unshard convert --quantize SCHEME from the verl rank files, against
                           llm-compressor's data-free path (load, oneshot, save_pretrained(save_compressed=True)),
                           from PyPI in its own venv, on the same model's Hugging Face folder (converted untimed);
-                          in fp32, and in bf16 (unshard's --dtype bfloat16, llm-compressor's folder in bf16);
+                          in fp32, and in bf16 (both from the model's Hugging Face folder in bf16);
                           beside them, a plain conversion, one with --verify, --verify's CRC-32 check alone, and
                           `import torch` alone: the start-up any quantizer built on torch pays
 Each tool runs --repeat times, the tools taking turns (this VM's disk varies over minutes). Reports
@@ -258,9 +258,10 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
                  "import torch alone": [*python, "-c", "import os, torch; os._exit(0)"]}
         oracle = ROOT / "tests" / "fixtures" / "llmcompressor_oracle.py"
         for scheme, bf16 in itertools.product(("W4A16", "FP8_DYNAMIC"), (False, True)):
-            # (bf16: the weights cast from the rank files' fp32 as they are read; llm-compressor given them in bf16)
-            found[f"unshard --quantize {scheme}{' bf16' * bf16}"] = [*convert, "--quantize", scheme,
-                                                                      *(["--dtype", "bfloat16"] if bf16 else [])]
+            # (bf16: both from the bf16 Hugging Face folder, which unshard reads as it reads a checkpoint)
+            found[f"unshard --quantize {scheme}{' bf16' * bf16}"] = [
+                *python, "-m", "unshard", "convert", str(folder / "hf-model-bf16"), str(out), "--no-progress",
+                "--quantize", scheme] if bf16 else [*convert, "--quantize", scheme]
             jobs = folder / f"llmcompressor-{scheme}{'-bf16' * bf16}.json"
             jobs.write_text(json.dumps([{"src": str(folder / f"hf-model{'-bf16' * bf16}"), "out": str(out),
                                          "scheme": scheme, "ignore": ["lm_head"]}]))
@@ -319,7 +320,16 @@ def versions() -> dict:
     import unshard
 
     return {"python": platform.python_version(), "torch": torch.__version__, "unshard": unshard.__version__,
-            "machine": f"{platform.machine()} {os.cpu_count()} cores", "host": platform.node()}
+            "machine": f"{platform.machine()} {os.cpu_count()} cores", "host": platform.node(), "cpu": cpu_model()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name: each session's machine may be another (the plots keep one machine's rows)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
 
 
 def main() -> None:
@@ -414,11 +424,14 @@ def start_cache(state: str, files: list[Path]) -> None:
 
 def latest(layout: str, cache: str) -> list[dict]:
     """The newest measurement of each (size, tool) in results.jsonl, so a run of some sizes does
-    not drop the others from the plot."""
+    not drop the others from the plot; of the machine that made the newest (times from two machines
+    are not one curve)."""
     newest: dict[tuple, dict] = {}
-    for line in (HERE / "results" / "results.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if row["layout"] == layout and row.get("cache", "warm") == cache:
+    rows = [json.loads(line) for line in (HERE / "results" / "results.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["layout"] == layout and r.get("cache", "warm") == cache]
+    machine = (rows[-1].get("cpu"), rows[-1]["machine"]) if rows else None
+    for row in rows:
+        if (row.get("cpu"), row["machine"]) == machine:
             newest[(row["gb"], row["tool"])] = row  # the file is in time order
     return list(newest.values())
 
@@ -434,7 +447,10 @@ def plot(rows: list[dict], path: Path) -> Path:
 
     memory = psutil.virtual_memory().total
     fig, (time_ax, mem_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for tool in dict.fromkeys(r["tool"] for r in rows):
+    tools = list(dict.fromkeys(r["tool"] for r in rows))
+    if len(tools) > 10:  # (tab10's colours would repeat)
+        time_ax.set_prop_cycle(color=plt.cm.tab20.colors)
+    for tool in tools:
         mine = sorted((r for r in rows if r["tool"] == tool and r["returncode"] == 0), key=lambda r: r["input_bytes"])
         size = [r["input_bytes"] / 1e9 for r in mine]
         line = time_ax.plot(size, [r["seconds"] for r in mine], marker="o", label=tool)[0]
@@ -455,7 +471,7 @@ def plot(rows: list[dict], path: Path) -> Path:
         ax.set_xlabel("checkpoint size (GB)")
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
-    time_ax.legend()
+    time_ax.legend(fontsize=8 if len(tools) > 8 else None)
     fig.suptitle(f"{rows[0]['layout']} checkpoints, {versions()['machine']}, {rows[0].get('cache', 'warm')} page cache")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

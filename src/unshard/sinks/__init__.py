@@ -51,8 +51,9 @@ class Encoding(Protocol):
     def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
         """The pieces of the stored tensors made from rows [start, start + len(band)), by stored name;
         each stored tensor's pieces, in order of the bands, are its bytes. The band is a numpy array of the
-        tensor's elements (dtypes.NUMPY: bfloat16 as its bits), so that no encoding needs torch. A piece may be
-        held in the thread's scratch memory: it is written before the thread's next band is encoded."""
+        tensor's elements (dtypes.NUMPY: bfloat16 as its bits), so that no encoding needs torch; it is the
+        thread's, used once, and the encoding may overwrite it. A piece may be held in the thread's scratch
+        memory: it is written before the thread's next band is encoded."""
         ...
 
 

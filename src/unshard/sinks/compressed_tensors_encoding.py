@@ -9,8 +9,8 @@ rounded to the weight's dtype wherever torch's would be (`Rounding`). So the val
 importing torch: a second or two on every run, more than encoding a 1 GB model takes.
 
 The band is worked through a few rows at a time (`CHUNK` elements), in this thread's scratch arrays kept from
-band to band, so that each numpy pass finds its operands in the core's cache and nothing band-sized is mapped
-and page-faulted afresh (see write/execute.return_freed_memory).
+band to band, so that each numpy pass finds its operands in the cache and nothing band-sized is mapped and
+page-faulted afresh (see write/execute.return_freed_memory).
 """
 
 from __future__ import annotations
@@ -31,13 +31,18 @@ if TYPE_CHECKING:
     from ..dtypes import DType
     from ..plan import OutputTensor
 
-CHUNK = 1 << 16  # elements worked at a time: 256 KB of float32, with its scratch within a core's L2 cache
+# Elements worked at a time (1 MB of float32). Each numpy call holds the GIL for its Python part, a microsecond or two:
+# with 64K-element chunks that was half of a call's time, and two threads encoded no faster than one (FP8, fp32: 2.0
+# GB/s and 1.9); at 256K, 2.3 and 3.5. Larger chunks fall out of the cache (1M: 1.6 and 2.2).
+CHUNK = 1 << 18
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16")  # (what a model is quantized from)
 FP8_LARGEST = 448.0  # float8_e4m3fn's largest value
 FP4_LARGEST = 6.0  # FP4 (E2M1)'s
 _EXPONENT_BITS = np.uint32(0x7F800000)  # a float32 whose magnitude's bits reach these is infinite or NaN
 _FP8_SMALLEST_NORMAL = np.float32(2.0 ** -6)
+# Added to a float32 of magnitude below 2 ** 22, rounds it to an integer (ties to even), held in its lowest bits
+_ROUNDING_MAGIC = np.float32(1.5 * 2 ** 23)
 _SCALE_BAND_ROWS = 8  # asymmetric int4 zero points are packed 8 rows to an int32
 
 
@@ -141,12 +146,16 @@ class QuantizedWeight:
         return pieces
 
     def _widened(self, band: np.ndarray):
-        """(first row, last row, those rows widened to float32) through the band: a block's rows at a time, or
-        as many as make CHUNK elements (at least one)."""
+        """(first row, last row, those rows as float32) through the band: a block's rows at a time, or as many as
+        make CHUNK elements (at least one). float32 rows are the band's own, worked in place (a band is its
+        thread's, and each is used once); others are widened into scratch."""
         rows, cols = band.shape
         step = self.args.block_structure[0] if self.args.strategy == "block" else max(1, CHUNK // max(1, cols))
         for first in range(0, rows, step):
             last = min(rows, first + step)
+            if band.dtype == np.float32:
+                yield first, last, band[first:last]
+                continue
             x = scratch("x", (last - first, cols), np.float32)
             self.rounding.widen(band[first:last], x)
             yield first, last, x
@@ -180,22 +189,27 @@ class QuantizedWeight:
         torch promotes it)."""
         args = self.args
         np.divide(grouped, divisor, out=grouped)
+        if args.type == "float" and args.num_bits == 8 and self.rounding.name == "bfloat16":
+            # A bf16 value is one of 65536: its FP8 byte by table (half the time of fp8_codes' passes)
+            np.take(_fp8_of_bfloat16(), self.rounding.bfloat16_bits(x), out=values)
+            return
         if args.strategy != "tensor_group":
             self.rounding(x)
         if zero is not None:
             grouped += zero
             self.rounding(x)
-        elif args.type == "float":
-            x += 0  # (turns a -0.0 into +0.0, as the reference does: fp8 keeps the sign of a zero, an integer does not)
+        if args.type == "float" and args.num_bits == 8:
+            fp8_codes(x, values)  # (which clamps, and drops a zero's sign as adding the zero point does)
+            return
+        if args.type == "float":
+            x += 0  # (turns a -0.0 into +0.0, as the reference does: FP4 keeps the sign of a zero, an integer does not)
         q_min, q_max = _range(args)
         np.clip(x, q_min, q_max, out=x)
         if args.type == "int":
-            np.rint(x, out=x)
-            np.copyto(values, x, casting="unsafe")
-        elif args.num_bits == 4:
-            fp4_codes_packed(x, values)
+            x += _ROUNDING_MAGIC  # (rounds to the integer, held in the lowest byte: its int8)
+            np.copyto(values, x.view(np.int32), casting="unsafe")
         else:
-            fp8_codes(x, values)
+            fp4_codes_packed(x, values)
 
 
 def _range(args: Args) -> tuple[float, float]:
@@ -257,6 +271,10 @@ class Rounding:
         """`raw`, the band's elements (bfloat16 as its bits, uint16), into the float32 array `out`."""
         if self.name == "bfloat16":
             np.left_shift(raw, 16, out=out.view(np.uint32), dtype=np.uint32)
+        elif self.name == "float16":  # (by table: numpy's conversion takes 1.2 ns an element, this 0.9)
+            indices = scratch("float16 bits", raw.shape, np.intp)  # (see bfloat16_bits)
+            np.copyto(indices, raw.view(np.uint16))
+            np.take(_FLOAT16_VALUES, indices, out=out)
         else:
             np.copyto(out, raw)
 
@@ -269,17 +287,52 @@ class Rounding:
             bits += 0x7FFF
             bits &= np.uint32(0xFFFF0000)
         elif self.name == "float16":
-            with np.errstate(over="ignore"):  # (beyond fp16's range is inf, as in torch)
-                half = scratch("rounding", values.shape, np.float16)
-                np.copyto(half, values, casting="same_kind")
-            np.copyto(values, half)
+            _round_to_float16(values)
         return values
+
+    def bfloat16_bits(self, values: np.ndarray) -> np.ndarray:
+        """float32 values rounded to bfloat16, as its bits, held as indices (numpy's intp, in scratch: np.take makes
+        a fresh intp copy of any other indices, which costs it four times its work; `values` are overwritten)."""
+        bits = values.view(np.uint32)
+        lowest_kept = np.right_shift(bits, 16, out=scratch("rounding", bits.shape, np.uint32))
+        lowest_kept &= 1
+        bits += lowest_kept
+        bits += 0x7FFF
+        return np.right_shift(bits, 16, out=scratch("bfloat16 bits", bits.shape, np.intp))
 
     def stored(self, values: np.ndarray) -> np.ndarray:
         """float32 values of this dtype, as the dtype's own elements (bfloat16 as its bits) to be written."""
         if self.name == "bfloat16":
             return (values.view(np.uint32) >> 16).astype(np.uint16)
         return values.astype(np.float16) if self.name == "float16" else values
+
+
+_FLOAT16_VALUES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def _round_to_float16(values: np.ndarray) -> None:
+    """float32 values rounded in place to float16's, to nearest, ties to even, beyond its range infinite, as torch
+    casts them (numpy's own float16 conversion, there and back, takes 2.7 ns an element here; this 1 or so).
+    float16 keeps 10 bits of mantissa from its smallest normal value, 2 ** -14, up; below it, multiples of
+    2 ** -24, rounded from the magnitude by adding 1.5 * 2 ** 23 once it is scaled by 2 ** 24."""
+    bits = values.view(np.uint32)
+    shape = bits.shape
+    sign = np.bitwise_and(bits, np.uint32(0x80000000), out=scratch("float16 sign", shape, np.uint32))
+    bits &= np.uint32(0x7FFFFFFF)
+    small = np.multiply(values, np.float32(2.0 ** 24), out=scratch("float16 small", shape, np.float32))
+    small += _ROUNDING_MAGIC
+    small -= _ROUNDING_MAGIC
+    small *= np.float32(2.0 ** -24)
+    tiny = np.less(bits, np.uint32(0x38800000), out=scratch("float16 tiny", shape, np.bool_))  # (below 2 ** -14)
+    lowest_kept = np.right_shift(bits, 13, out=scratch("rounding", shape, np.uint32))
+    lowest_kept &= 1
+    bits += lowest_kept
+    bits += 0xFFF
+    bits &= np.uint32(0xFFFFE000)
+    np.copyto(values, small, where=tiny)
+    if bits.max(initial=0) > 0x477FE000:  # (above 65504, float16's largest: infinite)
+        bits[bits > 0x477FE000] = 0x7F800000
+    bits |= sign
 
 
 def peaks(grouped: np.ndarray, name: str, axes=-1) -> np.ndarray:
@@ -377,30 +430,43 @@ def mx_exponents(peak: np.ndarray, dtype: Rounding, element_bits: int) -> tuple[
 
 
 def fp8_codes(values: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """float32 values within FP8's range, rounded to float8_e4m3fn (to nearest, ties to even, as torch casts),
-    as their bytes into `out`. From a normal value's bits: its exponent rebased (127 to 7) and three mantissa
-    bits kept, rounded; below FP8's smallest normal, 2 ** -6, multiples of 2 ** -9. Both at once: the normal
-    rounding of max(|x|, 2 ** -6), plus that of min(|x|, 2 ** -6) to 2 ** -9, less the 8 they share. (Bounds by
-    np.clip: numpy's minimum and maximum with a number are several times slower.)"""
+    """float32 values as float8_e4m3fn bytes into `out`: clamped to FP8's range, then rounded to nearest, ties to
+    even, as torch casts them; a negative value's sign kept where it rounds to zero, a zero's dropped (as after
+    the reference adds its zero point, +0.0, to -0.0).
+
+    From a normal value's bits: its exponent rebased (127 to 7) and three mantissa bits kept, rounded; below
+    FP8's smallest normal, 2 ** -6, multiples of 2 ** -9. Both at once: the normal rounding of max(|x|, 2 ** -6),
+    plus that of min(|x|, 2 ** -6) to 2 ** -9, less the 8 they share. The latter is rounded by adding 1.5 * 2 ** 23,
+    which leaves the integer in the float's low bits: the byte kept is the sum's lowest."""
     shape = values.shape
     magnitude = np.abs(values, out=scratch("fp8 magnitude", shape, np.float32))
-    small = np.clip(magnitude, 0, _FP8_SMALLEST_NORMAL, out=scratch("fp8 small", shape, np.float32))
-    small *= 512
-    np.rint(small, out=small)
-    code = scratch("fp8 code", shape, np.int32)
-    np.copyto(code, small, casting="unsafe")
+    small = np.multiply(magnitude, np.float32(512), out=scratch("fp8 small", shape, np.float32))
+    np.clip(small, 0, 8, out=small)  # (np.clip: numpy's minimum and maximum with a number are several times slower)
+    small += _ROUNDING_MAGIC
     normal = np.clip(magnitude, _FP8_SMALLEST_NORMAL, FP8_LARGEST, out=magnitude).view(np.int32)
-    kept = np.right_shift(normal, 20, out=small.view(np.int32))
+    kept = np.right_shift(normal, 20, out=scratch("fp8 kept", shape, np.int32))
     kept &= 1
     normal += kept
     normal += 0x7FFFF - (((127 - 7) * 8 + 8) << 20)  # (rounding, and the exponent rebased)
     normal >>= 20
-    code += normal
-    sign = np.right_shift(values.view(np.uint32), 24, out=normal.view(np.uint32))
-    sign &= 0x80
-    code |= sign.view(np.int32)
-    np.copyto(out, code, casting="unsafe")
+    normal += small.view(np.int32)
+    np.copyto(out, normal, casting="unsafe")  # (the lowest byte)
+    negative = np.less(values, 0, out=scratch("fp8 sign", shape, np.bool_)).view(np.uint8)
+    negative <<= 7
+    out |= negative
     return out
+
+
+_FP8_OF_BFLOAT16: list[np.ndarray] = []
+
+
+def _fp8_of_bfloat16() -> np.ndarray:
+    """The float8_e4m3fn byte of each bfloat16 value, by its bits (made on first use: fp8_codes on all 65536)."""
+    if not _FP8_OF_BFLOAT16:
+        values = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            _FP8_OF_BFLOAT16.append(fp8_codes(values, np.empty(1 << 16, np.uint8)))  # (NaNs' bytes: never looked up)
+    return _FP8_OF_BFLOAT16[0]
 
 
 def _fp8_values() -> np.ndarray:
