@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 # Elements worked at a time (1 MB of float32). Each numpy call holds the GIL for its Python part, a microsecond or two:
 # with 64K-element chunks that was half of a call's time, and two threads encoded no faster than one (FP8, fp32: 2.0
-# GB/s and 1.9); at 256K, 2.3 and 3.5. Larger chunks fall out of the cache (1M: 1.6 and 2.2).
+# GB/s and 1.9); at 256K, 2.4 and 3.6. Larger chunks fall out of the cache (1M: 1.6 and 2.7).
 CHUNK = 1 << 18
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16")  # (what a model is quantized from)
