@@ -21,12 +21,11 @@ from .errors import (
     UnsafeCheckpointError,
     UnshardError,
 )
-from .plan import Plan, build_plan
-from .sinks import OutputOptions
+from .plan import build_plan
 from .sources import Checkpoint, SourceOptions, open_checkpoint
+from .types import OutputOptions, Plan
+from .version import __version__
 from .write.threads import Result
-
-__version__ = "0.1.0"
 
 
 def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB", quantize: str | None = None,

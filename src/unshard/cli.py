@@ -315,9 +315,10 @@ def _run(args) -> int:
     if args.dry_run:
         print(as_text(describe(plan)))
         return 0
+    from .plan import require_config
     from .write.execute import convert
 
-    plan.require_config()
+    require_config(plan)
     if _speaks(args):
         print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
         for note in plan.notes + _sharing_notes(args, plan):
@@ -333,7 +334,7 @@ def _run(args) -> int:
 
 
 def _output(args, out: str):
-    from .sinks import OutputOptions
+    from .types import OutputOptions
 
     gguf = args.gguf_type or ("auto" if str(out).endswith(".gguf") else None)
     return OutputOptions(args.dtype, args.max_shard_size, args.quantize, tuple(args.quantize_ignore), gguf)
@@ -387,8 +388,8 @@ def _merge_moe(args) -> int:
 
 def _merge_search(args) -> int:
     from .merging.search import SearchOptions, leaderboard, prepare, search_and_write
-    from .report import human_bytes
-    from .sinks import OutputOptions
+    from .units import human_bytes
+    from .types import OutputOptions
 
     if args.trials < 1:
         raise UnshardError(f"--trials {args.trials}: run at least one trial")
@@ -441,6 +442,7 @@ def _extract_lora(args) -> int:
 
 def _verl(args) -> int:
     """verl's merger command line: the same meaning, unshard's conversion."""
+    from .plan import require_config
     from .write.execute import convert
 
     plan, notes = verl_command.plan(args, ask_later=args.operation == "merge")
@@ -452,7 +454,7 @@ def _verl(args) -> int:
             print(f"{count} tensors of {args.local_dir} match {args.test_hf_dir} ({verl_command.VERL_DTYPE}, "
                   f"atol/rtol {verl_command.TOLERANCE}), as verl's test checks")
             return 0
-        plan.require_config()
+        require_config(plan)
         result = convert(plan, args.target_dir, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
                          progress=args.progress)
     finally:

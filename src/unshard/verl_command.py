@@ -58,7 +58,7 @@ def add_parser(sub) -> None:
 def plan(args, ask_later: bool = False):
     """The conversion verl's flags ask for, and what to tell the user about the flags."""
     from .plan import build_plan, lora
-    from .sinks import OutputOptions
+    from .types import OutputOptions
     from .sources import SourceOptions, open_checkpoint
 
     if not args.local_dir:

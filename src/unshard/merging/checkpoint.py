@@ -12,7 +12,8 @@ from typing import Any, Iterator
 import torch
 
 from ..dtypes import DType
-from ..plan import OutputTensor, pieces_read
+from ..plan import pieces_read
+from ..types import OutputTensor
 from ..sources import Checkpoint
 from .inputs import Input
 from .methods import Method

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..names import hf_names
-from ..plan import Plan
+from ..types import Plan
 from ..write.assemble import materialise
 from .recipe import RecipeError
 

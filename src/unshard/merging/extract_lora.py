@@ -30,7 +30,8 @@ from .. import dtypes
 from ..errors import UnshardError
 from ..hub import hub_ids
 from ..names import hf_names
-from ..plan import Group, OutputTensor, Plan, choose_dtype
+from ..plan import choose_dtype
+from ..types import Group, OutputTensor, Plan
 from ..sinks.peft_adapter import ADAPTER_WEIGHTS, PeftAdapterFolder
 from ..sources import SourceTensor
 from .checkpoint import FromInputs
@@ -251,7 +252,7 @@ def adapter_card(plan: Plan, digests: dict[str, str | None], options: Extraction
     """README.md: the Hub's front matter (library peft, the base), how it was made, each module's error."""
     import yaml
 
-    from .. import __version__
+    from ..version import __version__
 
     facts = plan.checkpoint.facts
     errors = plan.checkpoint.errors

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..hub import fetch, is_hub_id
-from ..plan import Group, OutputTensor, Plan, build_plan
-from ..sinks import OutputOptions
+from ..plan import build_plan
+from ..types import Group, OutputTensor, Plan
+from ..types import OutputOptions
 from ..sinks.hf_folder import MODEL_FILE_PATTERNS
 from ..sources import SourceOptions, open_checkpoint
 from .adapter import Adapter

@@ -27,8 +27,9 @@ import torch
 from .. import dtypes
 from ..hub import hub_ids
 from ..names import hf_names
-from ..plan import TOKENIZER_FILES, Plan, build_plan, choose_dtype
-from ..sinks import OutputOptions
+from ..plan import TOKENIZER_FILES, build_plan, choose_dtype
+from ..types import Plan
+from ..types import OutputOptions
 from ..sources import SourceOptions, SourceTensor
 from .checkpoint import FromInputs
 from .gates import GATE_MODES, PROMPT_MODES, degenerate_layers, gate_vectors

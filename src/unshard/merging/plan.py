@@ -9,8 +9,9 @@ from pathlib import Path
 from .. import dtypes
 from ..hub import hub_ids
 from ..names import hf_names
-from ..plan import TOKENIZER_FILES, OutputTensor, Plan, build_plan, choose_dtype
-from ..sinks import OutputOptions
+from ..plan import TOKENIZER_FILES, build_plan, choose_dtype
+from ..types import OutputTensor, Plan
+from ..types import OutputOptions
 from ..sources import SourceOptions, SourceTensor
 from .checkpoint import MergedCheckpoint, TensorMerge
 from .inputs import LAYER, Input, open_input

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UnshardError
-from ..sinks import OutputOptions
+from ..types import OutputOptions
 from .evaluation import EvalSet, context_length, merged_model
 from .plan import plan_merge, recipe_files
 from .recipe import RecipeError

@@ -9,102 +9,25 @@ the rounding torch gives it (compressed_tensors_encoding.py), so that no torch i
 the memory: a weight is quantized a band of rows at a time (every scheme here keeps its groups within
 rows), so a 70B model needs what its conversion needs.
 
-Schemes are compressed-tensors' presets, written down here as the data its config carries.
+The schemes are compressed-tensors' presets (compressed_tensors_schemes.py). As an output format
+(CompressedTensorsFolder) it is the Hugging Face folder, with config.json's quantization_config and the
+model card's lines for the scheme.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import UnshardError
+from ..types import FormatRequest, OutputTensor
+from ..units import human_bytes
+from .compressed_tensors_encoding import WEIGHT_DTYPES, GlobalScale, QuantizedWeight
+from .compressed_tensors_schemes import Scheme, scheme_named
+from .hf_folder import HFFolder
 
-if TYPE_CHECKING:
-    from ..names.hf_names import LinearLayers
-    from ..plan import OutputTensor
-
-# The compressed-tensors release whose output the tests compare with (llm-compressor 0.14.0.1's);
-# its config says which release wrote it.
-FORMAT_VERSION = "0.19.0"
-
-
-@dataclass(frozen=True)
-class Args:
-    """One tensor's quantization, as compressed-tensors' QuantizationArgs says it."""
-
-    num_bits: int
-    type: str  # "int" or "float"
-    strategy: str  # "group", "tensor_group", "channel", "block" (weights); "token", "group" (dynamic activations)
-    symmetric: bool = True
-    group_size: int | None = None
-    block_structure: tuple[int, int] | None = None
-    dynamic: bool = False
-    zp_dtype: str | None = None
-    scale_dtype: str | None = None  # "torch.uint8": MX, power-of-two scales stored as their biased exponents
-
-    @property
-    def mx(self) -> bool:
-        return self.scale_dtype == "torch.uint8"
-
-    @property
-    def grouped(self) -> bool:
-        """Columns in groups, each with its scale (tensor_group: times one scale for the whole tensor)."""
-        return self.strategy in ("group", "tensor_group")
-
-    def to_config(self, observer: str | None) -> dict[str, Any]:
-        return {"actorder": None, "block_structure": list(self.block_structure) if self.block_structure else None,
-                "dynamic": self.dynamic, "group_size": self.group_size, "num_bits": self.num_bits,
-                "observer": observer, "observer_kwargs": {}, "scale_dtype": self.scale_dtype, "strategy": self.strategy,
-                "symmetric": self.symmetric, "type": self.type, "zp_dtype": self.zp_dtype}
-
-
-@dataclass(frozen=True)
-class Scheme:
-    name: str
-    format: str  # compressed-tensors' name for how the weights are stored
-    weights: Args
-    input_activations: Args | None = None  # quantized by the serving engine, per token, as it runs
-
-    def quantization_config(self, ignore: list[str]) -> dict[str, Any]:
-        """config.json's `quantization_config`, as compressed-tensors writes it."""
-        inputs = self.input_activations.to_config(None) if self.input_activations else None
-        group = {"format": self.format, "input_activations": inputs, "output_activations": None,
-                 "targets": ["Linear"], "weights": self.weights.to_config("memoryless_minmax")}
-        return {"config_groups": {"group_0": group}, "format": self.format, "global_compression_ratio": None,
-                "ignore": ignore, "kv_cache_scheme": None, "quant_method": "compressed-tensors",
-                "quantization_status": "compressed", "sparsity_config": {}, "transform_config": {},
-                "version": FORMAT_VERSION}
-
-
-def _int_weights(bits: int, symmetric: bool = True) -> Args:
-    return Args(bits, "int", "group", symmetric, group_size=128, zp_dtype=None if symmetric else "torch.int8")
-
-
-def _mx(bits: int, dynamic: bool = False) -> Args:
-    """The OCP microscaling formats: floats in groups of 32 sharing a power-of-two scale."""
-    return Args(bits, "float", "group", group_size=32, dynamic=dynamic, scale_dtype="torch.uint8")
-
-
-_TOKEN_INT8 = Args(8, "int", "token", dynamic=True)
-_TOKEN_FP8 = Args(8, "float", "token", dynamic=True)
-SCHEMES = {scheme.name: scheme for scheme in (
-    Scheme("W8A16", "pack-quantized", _int_weights(8)),
-    Scheme("W4A16", "pack-quantized", _int_weights(4)),
-    Scheme("W4A16_ASYM", "pack-quantized", _int_weights(4, symmetric=False)),
-    Scheme("W8A8", "int-quantized", Args(8, "int", "channel"), _TOKEN_INT8),
-    Scheme("FP8_DYNAMIC", "float-quantized", Args(8, "float", "channel"), _TOKEN_FP8),
-    Scheme("FP8_BLOCK", "float-quantized", Args(8, "float", "block", block_structure=(128, 128)),
-           Args(8, "float", "group", group_size=128, dynamic=True)),
-    # NVIDIA's FP4: groups of 16 with FP8 scales, under a tensor-wide float32 scale (see GlobalScale)
-    Scheme("NVFP4A16", "nvfp4-pack-quantized", Args(4, "float", "tensor_group", group_size=16,
-                                                     scale_dtype="torch.float8_e4m3fn")),
-    Scheme("MXFP4A16", "mxfp4-pack-quantized", _mx(4)),
-    Scheme("MXFP4", "mxfp4-pack-quantized", _mx(4), _mx(4, dynamic=True)),
-    Scheme("MXFP8A16", "mxfp8-quantized", _mx(8)),
-    Scheme("MXFP8", "mxfp8-quantized", _mx(8), _mx(8, dynamic=True)),
-)}
-ALIASES = {"INT8": "W8A8"}  # as compressed-tensors names them too
+SUMMARY_KEY = "quantize"
 
 # Left unquantized unless asked otherwise, as llm-compressor's examples leave them: the output head,
 # MoE routers (tiny, and routing is sensitive to them), vision towers and their projectors.
@@ -113,14 +36,6 @@ DEFAULT_IGNORE = ("lm_head", r"re:.*mlp\.gate$", r"re:.*block_sparse_moe\.gate$"
                   "re:(model\\.)?multi_modal_projector\\..*")
 
 ROUTER = "(a MoE router)"  # why a router no pattern names is left out
-
-
-def scheme_named(name: str) -> Scheme:
-    key = ALIASES.get(name.upper(), name.upper())
-    if key not in SCHEMES:
-        raise UnshardError(f"--quantize {name}: unknown scheme; known: {', '.join(SCHEMES)} "
-                           "(compressed-tensors' preset names)")
-    return SCHEMES[key]
 
 
 def matches(module: str, pattern: str) -> bool:
@@ -143,15 +58,64 @@ class Quantization:
         return self.scheme.quantization_config(list(self.ignored))  # (in the model's order)
 
 
+def plan_sink(request: FormatRequest) -> CompressedTensorsFolder:
+    """--quantize: the folder with its Linear weights' outputs given their encodings (`linear`: hf_names'
+    LinearLayers, or None where transformers could not be asked)."""
+    outputs = [o for g in request.groups.values() for o in g.outputs]
+    options = request.options
+    quantization = plan_quantization(options.quantize, options.quantize_ignore, outputs, request.linear, request.where)
+    for group in request.groups.values():
+        group.outputs = [quantization.encoded.get(o.name, o) for o in group.outputs]
+    return CompressedTensorsFolder(quantization)
+
+
+class CompressedTensorsFolder(HFFolder):
+    """The Hugging Face folder of a quantized model: its config says the scheme, its card the layers left out."""
+
+    def __init__(self, quantization: Quantization):
+        self.quantization = quantization
+
+    def config_updates(self) -> dict[str, Any]:
+        return {"quantization_config": self.quantization.config()}
+
+    def summary(self) -> dict[str, Any]:
+        q = self.quantization
+        return {SUMMARY_KEY: {
+            "scheme": q.scheme.name, "format": q.scheme.format, "quantized": len(q.encoded), "ignored": q.ignored,
+            "bytes_as_is": sum(o.nbytes_as_is for o in q.encoded.values()),
+            "surveyed": sum(o.encoding.surveys for o in q.encoded.values())}}
+
+    def card(self) -> tuple[list[str], list[str]]:
+        scheme, q = self.quantization.scheme, self.quantization
+        line = (f"- quantized: {scheme.name} (compressed-tensors `{scheme.format}`, round to nearest, no calibration "
+                f"data), {len(q.encoded)} Linear weights; left as they are: "
+                + (", ".join(f"`{m}`" for m in q.ignored) or "none"))
+        return ["compressed-tensors", scheme.name.lower()], [line]
+
+
+def summary_lines(quantize: dict[str, Any]) -> list[str]:
+    """inspect's lines for a summary's `quantize`."""
+    lines = [f"quantize     {quantize['scheme']} (compressed-tensors {quantize['format']}): {quantize['quantized']} Linear "
+             f"weights, {human_bytes(quantize['bytes_as_is'])} unquantized; other tensors as they are"]
+    if quantize.get("surveyed"):
+        lines.append("  read twice: a first pass finds each weight's largest magnitude (its global scale, shared by fused "
+                     "siblings) before any is written")
+    by_pattern: dict[str, list[str]] = {}
+    for module, pattern in quantize["ignored"].items():
+        by_pattern.setdefault(pattern, []).append(module)
+    for pattern, modules in by_pattern.items():
+        why = "that are MoE routers" if pattern == ROUTER else f"matching {pattern}"
+        lines.append(f"  left as they are: {len(modules)} Linear layer(s) {why} (e.g. {modules[0]})")
+    return lines
+
+
 def plan_quantization(scheme_name: str, extra_ignore: tuple[str, ...], outputs: list[OutputTensor],
-                      linear: LinearLayers | None, source: str) -> Quantization:
+                      linear, source: str) -> Quantization:
     """Which outputs the scheme quantizes: the weights of the model's Linear layers (each expert of a MoE
     one's too), but those the ignore patterns name, as saved or as transformers holds them, and the MoE
     routers (which compressed-tensors lists as Linear layers left out, and llm-compressor never quantizes).
     Raises if a weight cannot take the scheme, as llm-compressor refuses it, naming the layers and the flag
     that leaves them out."""
-    from .compressed_tensors_encoding import WEIGHT_DTYPES, QuantizedWeight
-
     scheme = scheme_named(scheme_name)
     if linear is None:
         raise UnshardError(f"{source}: --quantize needs to know which tensors are Linear layers, and transformers "
@@ -200,11 +164,9 @@ FUSED_SIBLINGS = (("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj"), ("q_
                   ("w1", "w3"))
 
 
-def _share_global_scales(quantization: Quantization, linear: LinearLayers, source: str) -> None:
+def _share_global_scales(quantization: Quantization, linear, source: str) -> None:
     """Give each encoded weight its GlobalScale, one for each set of fused siblings. llm-compressor refuses a set
     of which only some are quantized; so does this."""
-    from .compressed_tensors_encoding import GlobalScale
-
     modules = {w.removesuffix(".weight") for w in linear.weights}
     shared: dict[str, GlobalScale] = {}
     for module in sorted(modules):

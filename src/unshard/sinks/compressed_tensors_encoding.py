@@ -26,11 +26,11 @@ import numpy as np
 from .. import dtypes
 from ..errors import UnshardError
 from ..sources.base import thread_buffer
-from .compressed_tensors import Args, Scheme
+from ..types import OutputTensor
+from .compressed_tensors_schemes import Args, Scheme
 
 if TYPE_CHECKING:
     from ..dtypes import DType
-    from ..plan import OutputTensor
 
 # Elements worked at a time (1 MB of float32). Each numpy call holds the GIL for its Python part, a microsecond or two:
 # with 64K-element chunks that was half of a call's time, and two threads encoded no faster than one (FP8, fp32: 2.0
@@ -51,8 +51,7 @@ class QuantizedWeight:
     """A Linear weight [out, in] as compressed-tensors stores it under the scheme (see Encoding)."""
 
     def __init__(self, scheme: Scheme, weight: OutputTensor, source: str = ""):
-        from ..plan import OutputTensor
-
+    
         self.args, self.format = scheme.weights, scheme.format
         self.name = f"{source}: {weight.name}" if source else weight.name  # (as errors name it)
         self.rounding = Rounding(weight.dtype)  # (plan_quantization took only these dtypes)

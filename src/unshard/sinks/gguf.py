@@ -21,13 +21,14 @@ import math
 import os
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import dtypes
 from ..errors import ConfigMismatchError, OutputExistsError, UnshardError, read_json
 from ..names import known
+from ..types import FormatRequest, Group, OutputTensor, Plan
 from .hf_folder import OutputFolder
 from .safetensors import SafetensorsFile, WrittenFile
 
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..dtypes import DType
-    from ..plan import Group, OutputTensor, Plan
+
+SUMMARY_KEY = "gguf"
 
 
 # --gguf-type: llama.cpp's names of the file types the converter writes; "auto" is its default:
@@ -130,7 +132,7 @@ class GGUFPlan:
 
     def computed_stored(self) -> list[OutputTensor]:
         """The computed tensors as the file stores them (their f32 bytes)."""
-        from ..plan import OutputTensor
+        from ..types import OutputTensor
 
         return [OutputTensor(name, (values.nbytes,), dtypes.BY_NAME["uint8"]) for name, values in self.computed.items()]
 
@@ -212,7 +214,7 @@ def _plan_tensors(plan: GGUFPlan, outputs: list[OutputTensor], hparams: dict, ar
                   where: Path) -> tuple[int, int, int, int]:
     """Each output's name, type and place in the file (plan.encoded, plan.positions); the parameters as gguf-py
     counts them for the size label: (all, those outside the experts, one expert's, experts)."""
-    from ..plan import OutputTensor
+    from ..types import OutputTensor
 
     gguf = _gguf()
     blocks, file_type = hparams["num_hidden_layers"], plan.file_type
@@ -983,6 +985,43 @@ class GGUFSink:
 
     def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
         return [], []  # (everything is in the file's header)
+
+    def notes(self) -> list[str]:
+        return self.plans[FILE_NAME].notes
+
+    def config_updates(self) -> dict[str, Any]:
+        return {}
+
+    def summary(self) -> dict[str, Any]:
+        return {SUMMARY_KEY: self.plans[FILE_NAME].summary()}
+
+    def card(self) -> tuple[list[str], list[str]]:
+        return [], []  # (a GGUF file has no card: its header says what it is)
+
+
+def plan_sink(request: FormatRequest) -> GGUFSink:
+    """A .gguf OUT: the file's types and metadata, each output given its GGUF encoding."""
+    if request.options.quantize or request.separate_adapter:
+        raise UnshardError(f"{request.where}: a GGUF file takes neither --quantize (use --gguf-type) nor --lora separate")
+    outputs = [o for g in request.groups.values() for o in g.outputs]
+    gguf = plan_gguf(request.options.gguf, outputs, request.config_folder, request.dtype.name, request.config_updates)
+    encodings = {name: e for file in gguf.files().values() for name, e in file.encoded.items()}
+    for group in request.groups.values():
+        group.outputs = [replace(o, encoding=encodings[o.name]) for o in group.outputs]
+    return GGUFSink(gguf)
+
+
+def summary_lines(gguf: dict[str, Any]) -> list[str]:
+    """inspect's lines for a summary's `gguf`."""
+    mmproj = gguf.get("mmproj")
+    lines = [f"gguf         one file for llama.cpp ({gguf['architecture']}), type {gguf['type']}: "
+             + ", ".join(f"{n} tensor(s) in {t}" for t, n in gguf["tensor_types"].items()),
+             f"vocabulary   {gguf['vocabulary']}"]
+    if mmproj:
+        lines.append(f"mmproj       the vision part, for llama.cpp's multimodal library, in a second file beside OUT "
+                     f"(mmproj-OUT), type {mmproj['type']}: "
+                     + ", ".join(f"{n} tensor(s) in {t}" for t, n in mmproj["tensor_types"].items()))
+    return lines
 
 
 class OutputFile(OutputFolder):

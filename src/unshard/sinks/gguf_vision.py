@@ -19,7 +19,7 @@ from ..errors import ConfigMismatchError
 from .gguf import GGUFPlan, GGUFTensor, _gguf, _json, general_metadata
 
 if TYPE_CHECKING:
-    from ..plan import OutputTensor
+    from ..types import OutputTensor
 
 # Hugging Face architectures whose vision part goes to the mmproj file: -> llama.cpp's projector type
 PROJECTORS = {"Gemma3ForConditionalGeneration": "GEMMA3"}
@@ -45,7 +45,7 @@ def plan_mmproj(file_type: str, outputs: list[OutputTensor], hparams: dict[str, 
                 projector: str) -> GGUFPlan:
     """The mmproj file's tensors, types, order and metadata, as the converter's `--mmproj` writes them. hparams: the
     config with its text_config's keys at the top (the text model's width) and its vision_config."""
-    from ..plan import OutputTensor
+    from ..types import OutputTensor
 
     gguf = _gguf()
     where = folder / "config.json"

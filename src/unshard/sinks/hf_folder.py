@@ -17,14 +17,13 @@ import secrets
 import shutil
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..errors import OutputExistsError, UnshardError
 from ..names import dense_families, known
+from ..types import FormatRequest, Group, OutputTensor, Plan
+from .model_card import model_card
 from .safetensors import SafetensorsFile, WrittenFile
-
-if TYPE_CHECKING:
-    from ..plan import Group, OutputTensor, Plan
 
 log = logging.getLogger("unshard")
 
@@ -40,8 +39,19 @@ MODEL_FILE_PATTERNS = (
 )
 
 
+SUMMARY_KEY = None  # (a plain folder adds nothing to the plan's summary)
+
+
+def plan_sink(request: FormatRequest) -> HFFolder:
+    return HFFolder()
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    return []
+
+
 class HFFolder:
-    """The Hugging Face folder as an output format (a Sink, see sinks/__init__.py)."""
+    """The Hugging Face folder as an output format (a types.Sink, see sinks/__init__.py)."""
 
     def lay_out(self, groups: dict[str, Group], max_shard_size: int | str) -> dict[str, list[Group]]:
         """The weight files and the groups each holds, by the bytes written (huggingface_hub's split)."""
@@ -70,6 +80,18 @@ class HFFolder:
 
     def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
         return finish_folder(plan, folder, digests, extra_files)
+
+    def notes(self) -> list[str]:
+        return []
+
+    def config_updates(self) -> dict[str, Any]:
+        return {}
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+    def card(self) -> tuple[list[str], list[str]]:
+        return [], []
 
 
 class OutputFolder:
@@ -228,8 +250,6 @@ def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates
 
 def finish_folder(plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
     """Everything in OUT besides the weights: index, config and tokenizer, model card; then the load check."""
-    from ..report import model_card
-
     model_files = plan.model_files
     write_index(folder, {f: [s.name for s in plan.stored(f)] for f in model_files},
                 sum(g.nbytes for gs in model_files.values() for g in gs))

@@ -4,12 +4,8 @@ what `unshard extract-lora` writes, loaded with peft's `PeftModel.from_pretraine
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-
+from ..types import Group, Plan
 from .hf_folder import HFFolder
-
-if TYPE_CHECKING:
-    from ..plan import Group, Plan
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .. import dtypes
-from ..plan import Group, OutputTensor, Plan
-from ..sinks import ENCODING_BAND_BYTES
+from ..types import Group, OutputTensor, Plan
+from ..types import ENCODING_BAND_BYTES
 from ..sinks.safetensors import FileBytes, Part, bytes_of
 from ..sources.base import read_bytes, thread_buffer
 

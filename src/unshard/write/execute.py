@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from ..names.hf_names import NamingChanged
-from ..plan import Plan
+from ..plan import require_config
+from ..types import Plan
 from .scale_out import convert_distributed, write_in_processes
 from .threads import Result, Writing, peak_rss, progress_bar, survey, write_files
 
@@ -46,7 +47,7 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
     by torchrun); every rank must call convert with the same plan and OUT on a shared filesystem.
     """
     out = Path(out)
-    plan.require_config()
+    require_config(plan)
     return_freed_memory()
     writing = Writing(threads, verify, checksums)
     workers = max(1, min(workers, len(plan.files)))

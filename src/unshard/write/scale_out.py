@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ..errors import PeerFailedError, UnshardError
-from ..plan import Plan
+from ..types import Plan
 from .threads import Result, Writing, peak_rss, progress_bar, survey, write_files
 
 

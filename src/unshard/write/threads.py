@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import UnshardError
-from ..plan import Group, Plan, pieces_read
-from ..report import human_bytes
+from ..plan import pieces_read
+from ..types import Group, Plan
+from ..units import human_bytes
 from ..sinks.safetensors import bytes_of, sha256_of
 from .assemble import bands, encoded, ready_to_write
 
