@@ -22,7 +22,9 @@ import torch.distributed as dist
 HIDDEN, FFN, VOCAB = 2048, 5632, 32000
 # A real tokenizer and chat template (the test fixtures'), as a trainer saves beside the weights;
 # verl's merger refuses a folder without one.
-TOKENIZER = Path(__file__).resolve().parent.parent / "tests/fixtures/checkpoints/llama-fsdp2/global_step_1/actor/huggingface"
+TOKENIZER = (
+    Path(__file__).resolve().parent.parent / "tests/fixtures/checkpoints/llama-fsdp2/global_step_1/actor/huggingface"
+)
 
 
 def save_hf_files(config, folder: Path) -> None:
@@ -60,9 +62,17 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN,
-                         num_hidden_layers=layers_for(args.gb), num_attention_heads=16, num_key_value_heads=4,
-                         dtype=torch.float32, tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=FFN,
+        num_hidden_layers=layers_for(args.gb),
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        dtype=torch.float32,
+        tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+    )
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     if args.writer == "verl-tp":

@@ -22,9 +22,16 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN,
-                         num_hidden_layers=layers_for(args.gb), num_attention_heads=16, num_key_value_heads=4,
-                         dtype=torch.float32, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=FFN,
+        num_hidden_layers=layers_for(args.gb),
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        dtype=torch.float32,
+        tie_word_embeddings=False,
+    )
     out = Path(args.out)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -44,7 +51,8 @@ def main() -> None:
         f"merge_method: ties\nbase_model: {out / 'base'}\nmodels:\n"
         f"  - model: {out / 'ft0'}\n    parameters: {{weight: 0.6, density: 0.5}}\n"
         f"  - model: {out / 'ft1'}\n    parameters: {{weight: 0.4, density: 0.5}}\n"
-        "parameters: {normalize: true}\ndtype: float32\n")
+        "parameters: {normalize: true}\ndtype: float32\n"
+    )
 
 
 if __name__ == "__main__":

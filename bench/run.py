@@ -1,6 +1,8 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
-    python bench/run.py [--sizes 0.5,2,6] [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,slices,extract-lora,moe,search,quantize,gguf]
+    python bench/run.py [--sizes 0.5,2,6]
+        [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,slices,extract-lora,moe,search,
+                   quantize,gguf]
                         [--repeat 3] [--cache warm|cold] [--work /tmp/unshard-bench]
 
 For each layout and size: make a real checkpoint (FSDP2, or tensor parallelism for verl-tp, by
@@ -11,7 +13,7 @@ then time every tool on it, reading from a warm page cache (or, with --cache col
 input's pages are dropped from the cache before each run), with no earlier output left to write back:
   cp                      copying the input bytes: the floor
   unshard (first run)     unshard convert (this checkout), its cache of transformers' answers emptied
-  unshard, transformers asked (first run)  the same, as for a model dense_families does not list
+  unshard, transformers asked (first run)  the same, as for a model the families' tables do not list
                           (the bench's Llamas are listed): transformers imported and asked
   unshard                 the same again: the next checkpoint of a model converted before
   unshard --verify        the same, then every written byte read back and compared with the source
@@ -93,17 +95,50 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
         hf = folder / "ckpt" / "actor" / "huggingface"
         if layout == "gguf" and not (hf / "tokenizer.model").exists():
             # a SentencePiece tokenizer: the converter takes no BPE tokenizer it does not know by its hash
-            spm = ROOT / "tests" / "fixtures" / "checkpoints" / "llama-fsdp2-spm" / "global_step_1" / "actor" / "huggingface"
+            spm = (
+                ROOT
+                / "tests"
+                / "fixtures"
+                / "checkpoints"
+                / "llama-fsdp2-spm"
+                / "global_step_1"
+                / "actor"
+                / "huggingface"
+            )
             (hf / "tokenizer.json").unlink(missing_ok=True)
             for name in ("tokenizer.model", "tokenizer_config.json"):
                 shutil.copyfile(spm / name, hf / name)
             shutil.rmtree(folder / "hf-model", ignore_errors=True)
         if not (folder / "hf-model" / "config.json").exists():
-            sh([sys.executable, "-m", "unshard", "convert", str(folder / "ckpt"), str(folder / "hf-model"),
-                "--overwrite", "--no-progress"], stderr=subprocess.DEVNULL)
+            sh(
+                [
+                    sys.executable,
+                    "-m",
+                    "unshard",
+                    "convert",
+                    str(folder / "ckpt"),
+                    str(folder / "hf-model"),
+                    "--overwrite",
+                    "--no-progress",
+                ],
+                stderr=subprocess.DEVNULL,
+            )
         if layout == "quantize" and not (folder / "hf-model-bf16" / "config.json").exists():  # (most models are bf16)
-            sh([sys.executable, "-m", "unshard", "convert", str(folder / "ckpt"), str(folder / "hf-model-bf16"),
-                "--overwrite", "--no-progress", "--dtype", "bfloat16"], stderr=subprocess.DEVNULL)
+            sh(
+                [
+                    sys.executable,
+                    "-m",
+                    "unshard",
+                    "convert",
+                    str(folder / "ckpt"),
+                    str(folder / "hf-model-bf16"),
+                    "--overwrite",
+                    "--no-progress",
+                    "--dtype",
+                    "bfloat16",
+                ],
+                stderr=subprocess.DEVNULL,
+            )
         return folder
     folder = work / f"{'megatron' if layout.startswith('megatron') else layout}-{gb}gb"
     if (folder / "done").exists():
@@ -115,15 +150,22 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", DS_BUILD_OPS="0")
     if layout in ("slices", "extract-lora", "moe", "search"):  # the merge benchmark's folders
         folder = make_checkpoint(work, "merge", gb)
-        if layout in ("moe", "search"):  # prompts need a tokenizer: the test fixtures', as bench/make_checkpoint.py uses
+        if layout in (
+            "moe",
+            "search",
+        ):  # prompts need a tokenizer: the test fixtures', as bench/make_checkpoint.py uses
             from make_checkpoint import TOKENIZER
 
             for path in TOKENIZER.glob("tokenizer*"):
                 shutil.copy(path, folder / "base" / path.name)
         return folder
     if layout == "merge":  # three Hugging Face folders and a TIES recipe, written by transformers
-        sh([sys.executable, str(HERE / "make_models.py"), "--gb", str(gb), "--out", str(folder)],
-           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE)
+        sh(
+            [sys.executable, str(HERE / "make_models.py"), "--gb", str(gb), "--out", str(folder)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=HERE,
+        )
         (folder / "done").write_text("")
         return folder
     if layout.startswith("zero"):
@@ -137,15 +179,39 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
         # megatron-core itself, TP2, 32 Llama-shaped layers widened until the weights are about `gb`
         # (width 16 makes 0.96 GB; the size grows with the square of the width).
         width = max(1, round(16 * (gb / 0.96) ** 0.5))
-        script = [str(ROOT / "tests" / "fixtures" / "make_megatron.py"), "--tp", "2", "--pp", "1",
-                  "--width", str(width), "--layers", "32"]
+        script = [
+            str(ROOT / "tests" / "fixtures" / "make_megatron.py"),
+            "--tp",
+            "2",
+            "--pp",
+            "1",
+            "--width",
+            str(width),
+            "--layers",
+            "32",
+        ]
         python = Path(sys.executable)
     else:
         script = [str(HERE / "make_checkpoint.py"), "--gb", str(gb), "--writer", layout]
         python = Path(sys.executable)
-    sh([str(python), "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-        *script, "--out", str(folder)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-       cwd=ROOT / "tests" / "fixtures")
+    sh(
+        [
+            str(python),
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            *script,
+            "--out",
+            str(folder),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT / "tests" / "fixtures",
+    )
     (folder / "done").write_text("")
     return folder
 
@@ -202,101 +268,267 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
     if layout == "slices":
         layers = json.loads((folder / "base" / "config.json").read_text())["num_hidden_layers"]
         recipe = folder / "slices.yml"
-        recipe.write_text(json.dumps({"merge_method": "passthrough", "dtype": "float32", "slices": [
-            {"sources": [{"model": str(folder / "base"), "layer_range": [0, layers // 2]}]},
-            {"sources": [{"model": str(folder / "ft0"), "layer_range": [layers // 2, layers]}]},
-            {"sources": [{"model": str(folder / "ft0"), "layer_range": [layers // 2, layers]}]}]}))  # (YAML reads JSON)
+        recipe.write_text(
+            json.dumps(
+                {
+                    "merge_method": "passthrough",
+                    "dtype": "float32",
+                    "slices": [
+                        {"sources": [{"model": str(folder / "base"), "layer_range": [0, layers // 2]}]},
+                        {"sources": [{"model": str(folder / "ft0"), "layer_range": [layers // 2, layers]}]},
+                        {"sources": [{"model": str(folder / "ft0"), "layer_range": [layers // 2, layers]}]},
+                    ],
+                }
+            )
+        )  # (YAML reads JSON)
         merge = ["-m", "unshard", "merge", str(recipe), str(out), "--no-progress"]
-        return {"cp": ["cp", "-r", str(folder / "base"), str(out)], "unshard merge": [*python, *merge],
-                "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), str(recipe), str(out)]}
+        return {
+            "cp": ["cp", "-r", str(folder / "base"), str(out)],
+            "unshard merge": [*python, *merge],
+            "mergekit-yaml": [str(peer_python("mergekit").parent / "mergekit-yaml"), str(recipe), str(out)],
+        }
     if layout == "moe":
         recipe = folder / "moe.yml"
-        recipe.write_text(json.dumps({"base_model": str(folder / "base"), "gate_mode": "hidden", "experts": [
-            {"source_model": str(folder / "ft0"), "positive_prompts": ["the cat sat on the mat", "hello world"]},
-            {"source_model": str(folder / "ft1"), "positive_prompts": ["one two three", "a b c"]}]}))
-        return {"cp": ["cp", "-r", str(folder / "base"), str(out)],
-                "unshard merge-moe": [*python, "-m", "unshard", "merge-moe", str(recipe), str(out), "--no-progress"],
-                "mergekit-moe": [str(peer_python("mergekit").parent / "mergekit-moe"), str(recipe), str(out)]}
+        recipe.write_text(
+            json.dumps(
+                {
+                    "base_model": str(folder / "base"),
+                    "gate_mode": "hidden",
+                    "experts": [
+                        {
+                            "source_model": str(folder / "ft0"),
+                            "positive_prompts": ["the cat sat on the mat", "hello world"],
+                        },
+                        {"source_model": str(folder / "ft1"), "positive_prompts": ["one two three", "a b c"]},
+                    ],
+                }
+            )
+        )
+        return {
+            "cp": ["cp", "-r", str(folder / "base"), str(out)],
+            "unshard merge-moe": [*python, "-m", "unshard", "merge-moe", str(recipe), str(out), "--no-progress"],
+            "mergekit-moe": [str(peer_python("mergekit").parent / "mergekit-moe"), str(recipe), str(out)],
+        }
     if layout == "search":
         space, eval_file, study = folder / "space.yml", folder / "eval.txt", folder / "bench-study.db"
-        space.write_text(json.dumps({"merge_method": "task_arithmetic", "base_model": str(folder / "base"), "dtype": "float32",
-                                     "models": [{"model": str(folder / f"ft{i}"), "parameters": {"weight": {"min": 0.0, "max": 1.0}}}
-                                                for i in range(2)]}))
-        eval_file.write_text("hello world\nthe quick brown fox jumps over a dog\nunshard turns sharded checkpoints into models\n" * 4)
-        search = " ".join([*python, "-m", "unshard", "merge-search", str(space), str(out), "--eval", str(eval_file),
-                           "--trials", "5", "--study", str(study), "--no-progress"])
-        return {"unshard merge-search (5 trials)": ["sh", "-c", f"rm -f {study} && exec {search}"],
-                "unshard merge + transformers, by hand (5 trials)": [sys.executable, str(HERE / "search_by_hand.py"),
-                                                                     str(folder), str(eval_file), "5", str(work_of(out))]}
+        space.write_text(
+            json.dumps(
+                {
+                    "merge_method": "task_arithmetic",
+                    "base_model": str(folder / "base"),
+                    "dtype": "float32",
+                    "models": [
+                        {"model": str(folder / f"ft{i}"), "parameters": {"weight": {"min": 0.0, "max": 1.0}}}
+                        for i in range(2)
+                    ],
+                }
+            )
+        )
+        eval_file.write_text(
+            "hello world\nthe quick brown fox jumps over a dog\nunshard turns sharded checkpoints into models\n" * 4
+        )
+        search = " ".join(
+            [
+                *python,
+                "-m",
+                "unshard",
+                "merge-search",
+                str(space),
+                str(out),
+                "--eval",
+                str(eval_file),
+                "--trials",
+                "5",
+                "--study",
+                str(study),
+                "--no-progress",
+            ]
+        )
+        return {
+            "unshard merge-search (5 trials)": ["sh", "-c", f"rm -f {study} && exec {search}"],
+            "unshard merge + transformers, by hand (5 trials)": [
+                sys.executable,
+                str(HERE / "search_by_hand.py"),
+                str(folder),
+                str(eval_file),
+                "5",
+                str(work_of(out)),
+            ],
+        }
     if layout == "extract-lora":
         pair = [str(folder / "ft0"), str(folder / "base")]
-        return {"unshard extract-lora": [*python, "-m", "unshard", "extract-lora", *pair, str(out), "--rank", "32",
-                                         "--no-progress"],
-                "mergekit-extract-lora": [str(peer_python("mergekit").parent / "mergekit-extract-lora"), "--model",
-                                          pair[0], "--base-model", pair[1], "--out-path", str(out), "--max-rank", "32"]}
+        return {
+            "unshard extract-lora": [
+                *python,
+                "-m",
+                "unshard",
+                "extract-lora",
+                *pair,
+                str(out),
+                "--rank",
+                "32",
+                "--no-progress",
+            ],
+            "mergekit-extract-lora": [
+                str(peer_python("mergekit").parent / "mergekit-extract-lora"),
+                "--model",
+                pair[0],
+                "--base-model",
+                pair[1],
+                "--out-path",
+                str(out),
+                "--max-rank",
+                "32",
+            ],
+        }
     if layout == "gguf":  # (a GGUF output is a file: each tool writes OUT/model.gguf)
         made, converter = f"mkdir -p {out} && exec ", llama_cpp_converter()
         unshard = " ".join([*python, "-m", "unshard", "convert", str(src), f"{out}/model.gguf", "--no-progress"])
         convert = " ".join([*converter, "{}", "--outfile", f"{out}/model.gguf", "--outtype"])
-        merger = " ".join([str(peer_python("verl")), "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-                           "--local_dir", str(src / "actor"), "--target_dir", f"{out}/hf"])
-        return {"cp": ["cp", "-r", str(src), str(out)],
-                "unshard (f16)": ["sh", "-c", made + unshard],
-                "unshard --gguf-type q8_0": ["sh", "-c", made + unshard + " --gguf-type q8_0"],
-                "convert_hf_to_gguf.py (f16)": ["sh", "-c", made + convert.format(folder / "hf-model") + " f16"],
-                "convert_hf_to_gguf.py q8_0": ["sh", "-c", made + convert.format(folder / "hf-model") + " q8_0"],
-                "verl model_merger, then convert_hf_to_gguf.py (f16)": [
-                    "sh", "-c", f"{merger} && exec {convert.format(f'{out}/hf')} f16"]}
+        merger = " ".join(
+            [
+                str(peer_python("verl")),
+                "-m",
+                "verl.model_merger",
+                "merge",
+                "--backend",
+                "fsdp",
+                "--local_dir",
+                str(src / "actor"),
+                "--target_dir",
+                f"{out}/hf",
+            ]
+        )
+        return {
+            "cp": ["cp", "-r", str(src), str(out)],
+            "unshard (f16)": ["sh", "-c", made + unshard],
+            "unshard --gguf-type q8_0": ["sh", "-c", made + unshard + " --gguf-type q8_0"],
+            "convert_hf_to_gguf.py (f16)": ["sh", "-c", made + convert.format(folder / "hf-model") + " f16"],
+            "convert_hf_to_gguf.py q8_0": ["sh", "-c", made + convert.format(folder / "hf-model") + " q8_0"],
+            "verl model_merger, then convert_hf_to_gguf.py (f16)": [
+                "sh",
+                "-c",
+                f"{merger} && exec {convert.format(f'{out}/hf')} f16",
+            ],
+        }
     if layout == "quantize":
         convert = [*python, "-m", "unshard", "convert", str(src), str(out), "--no-progress"]
         # --verify checks the CRC-32 of every torch.save record read; this row times that check alone.
-        crc = ("import sys; import unshard; from unshard.plan import pieces_read; plan = unshard.plan(sys.argv[1]); "
-               "plan.checkpoint.check_records(pieces_read(plan.groups))")
-        found = {"cp": ["cp", "-r", str(src), str(out)], "unshard": convert, "unshard --verify": [*convert, "--verify"],
-                 "CRC-32 of the records read": [*python, "-c", crc, str(src)],
-                 # (then out without Python's teardown, which torch makes 0.4 s long, as unshard's command exits)
-                 "import torch alone": [*python, "-c", "import os, torch; os._exit(0)"]}
+        crc = (
+            "import sys; import unshard; from unshard.plan import pieces_read; plan = unshard.plan(sys.argv[1]); "
+            "plan.checkpoint.check_records(pieces_read(plan.groups))"
+        )
+        found = {
+            "cp": ["cp", "-r", str(src), str(out)],
+            "unshard": convert,
+            "unshard --verify": [*convert, "--verify"],
+            "CRC-32 of the records read": [*python, "-c", crc, str(src)],
+            # (then out without Python's teardown, which torch makes 0.4 s long, as unshard's command exits)
+            "import torch alone": [*python, "-c", "import os, torch; os._exit(0)"],
+        }
         oracle = ROOT / "tests" / "fixtures" / "llmcompressor_oracle.py"
         for scheme, bf16 in itertools.product(("W4A16", "FP8_DYNAMIC"), (False, True)):
             # (bf16: both from the bf16 Hugging Face folder, which unshard reads as it reads a checkpoint)
-            found[f"unshard --quantize {scheme}{' bf16' * bf16}"] = [
-                *python, "-m", "unshard", "convert", str(folder / "hf-model-bf16"), str(out), "--no-progress",
-                "--quantize", scheme] if bf16 else [*convert, "--quantize", scheme]
+            found[f"unshard --quantize {scheme}{' bf16' * bf16}"] = (
+                [
+                    *python,
+                    "-m",
+                    "unshard",
+                    "convert",
+                    str(folder / "hf-model-bf16"),
+                    str(out),
+                    "--no-progress",
+                    "--quantize",
+                    scheme,
+                ]
+                if bf16
+                else [*convert, "--quantize", scheme]
+            )
             jobs = folder / f"llmcompressor-{scheme}{'-bf16' * bf16}.json"
-            jobs.write_text(json.dumps([{"src": str(folder / f"hf-model{'-bf16' * bf16}"), "out": str(out),
-                                         "scheme": scheme, "ignore": ["lm_head"]}]))
-            found[f"llm-compressor {scheme}{' bf16' * bf16}"] = [str(peer_python("llmcompressor")), str(oracle),
-                                                                  "quantize", str(jobs)]
+            jobs.write_text(
+                json.dumps(
+                    [
+                        {
+                            "src": str(folder / f"hf-model{'-bf16' * bf16}"),
+                            "out": str(out),
+                            "scheme": scheme,
+                            "ignore": ["lm_head"],
+                        }
+                    ]
+                )
+            )
+            found[f"llm-compressor {scheme}{' bf16' * bf16}"] = [
+                str(peer_python("llmcompressor")),
+                str(oracle),
+                "quantize",
+                str(jobs),
+            ]
         return found
     # DeepSpeed's and Megatron's checkpoints carry their config (Megatron's as its `args`).
     config = [] if layout.startswith(("zero", "megatron")) else ["--config-from", str(folder / "hf")]
     unshard = ["-m", "unshard", "convert", str(src), str(out), *config, "--no-progress", "--dtype"]
-    # The bench's models are Llamas, which dense_families lists; this row forgets the list, as for any
+    # The bench's models are Llamas, which the families' tensor tables list; this row forgets the list, as for any
     # other model, whose first conversion asks transformers.
-    without_table = ["-c", "from unshard.names import dense_families; dense_families.FAMILIES.clear(); "
-                     "import sys; from unshard.cli import main; sys.exit(main(sys.argv[1:]))", *unshard[2:]]
-    found = {"cp": ["cp", "-r", str(src), str(out)], "unshard" + FIRST_RUN: [*first, *unshard, "float32"],
-             "unshard, transformers asked" + FIRST_RUN: [*first, *without_table, "float32"],
-             "unshard": [*python, *unshard, "float32"], "unshard --verify": [*python, *unshard, "float32", "--verify"],
-             "unshard --workers 2": [*python, *unshard, "float32", "--workers", "2", "--max-shard-size", "1GB"],
-             "unshard --dtype bfloat16": [*python, *unshard, "bfloat16"]}
+    without_table = [
+        "-c",
+        "from unshard import families; families.TENSOR_TABLES.clear(); "
+        "import sys; from unshard.cli import main; sys.exit(main(sys.argv[1:]))",
+        *unshard[2:],
+    ]
+    found = {
+        "cp": ["cp", "-r", str(src), str(out)],
+        "unshard" + FIRST_RUN: [*first, *unshard, "float32"],
+        "unshard, transformers asked" + FIRST_RUN: [*first, *without_table, "float32"],
+        "unshard": [*python, *unshard, "float32"],
+        "unshard --verify": [*python, *unshard, "float32", "--verify"],
+        "unshard --workers 2": [*python, *unshard, "float32", "--workers", "2", "--max-shard-size", "1GB"],
+        "unshard --dtype bfloat16": [*python, *unshard, "bfloat16"],
+    }
     if layout == "verl":
-        found["verl model_merger"] = [str(peer_python("verl")), "-m", "verl.model_merger", "merge", "--backend",
-                                      "fsdp", "--local_dir", str(src / "actor"), "--target_dir", str(out)]
+        found["verl model_merger"] = [
+            str(peer_python("verl")),
+            "-m",
+            "verl.model_merger",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(src / "actor"),
+            "--target_dir",
+            str(out),
+        ]
     if layout.startswith("zero"):
-        found["zero_to_fp32.py"] = [str(peer_python("deepspeed")), str(src / "zero_to_fp32.py"), str(src), str(out),
-                                    "--safe_serialization"]
+        found["zero_to_fp32.py"] = [
+            str(peer_python("deepspeed")),
+            str(src / "zero_to_fp32.py"),
+            str(src),
+            str(out),
+            "--safe_serialization",
+        ]
     if layout == "dcp":
-        found["dcp_to_torch_save"] = [sys.executable, "-m", "torch.distributed.checkpoint.format_utils",
-                                      "dcp_to_torch", str(src), str(out)]
-        found["accelerate merge-weights"] = [str(peer_python("accelerate")), "-m", "accelerate.commands.accelerate_cli",
-                                             "merge-weights", str(src), str(out)]
+        found["dcp_to_torch_save"] = [
+            sys.executable,
+            "-m",
+            "torch.distributed.checkpoint.format_utils",
+            "dcp_to_torch",
+            str(src),
+            str(out),
+        ]
+        found["accelerate merge-weights"] = [
+            str(peer_python("accelerate")),
+            "-m",
+            "accelerate.commands.accelerate_cli",
+            "merge-weights",
+            str(src),
+            str(out),
+        ]
     return found
 
 
 def measure(cmd: list[str]) -> dict:
-    done = subprocess.run([sys.executable, str(HERE / "timed.py"), "--", *cmd], capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, str(HERE / "timed.py"), "--", *cmd], capture_output=True, text=True, check=True
+    )
     return json.loads(done.stdout)
 
 
@@ -305,8 +537,12 @@ def summarise(runs: list[dict]) -> dict:
     time, the highest peak memory; a failed run is reported as the result."""
     failed = [r for r in runs if r["returncode"]]
     times = sorted(r["seconds"] for r in runs)
-    return {**(failed[0] if failed else runs[0]), "seconds": times[len(times) // 2],
-            "runs": [r["seconds"] for r in runs], "peak_rss": max(r["peak_rss"] for r in runs)}
+    return {
+        **(failed[0] if failed else runs[0]),
+        "seconds": times[len(times) // 2],
+        "runs": [r["seconds"] for r in runs],
+        "peak_rss": max(r["peak_rss"] for r in runs),
+    }
 
 
 def spread(row: dict) -> str:
@@ -319,8 +555,14 @@ def versions() -> dict:
 
     import unshard
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "unshard": unshard.__version__,
-            "machine": f"{platform.machine()} {os.cpu_count()} cores", "host": platform.node(), "cpu": cpu_model()}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "unshard": unshard.__version__,
+        "machine": f"{platform.machine()} {os.cpu_count()} cores",
+        "host": platform.node(),
+        "cpu": cpu_model(),
+    }
 
 
 def cpu_model() -> str:
@@ -338,8 +580,12 @@ def main() -> None:
     ap.add_argument("--layouts", default="verl,dcp")
     ap.add_argument("--work", default="/tmp/unshard-bench")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each tool; the median time is reported")
-    ap.add_argument("--cache", choices=("warm", "cold"), default="warm",
-                    help="input read from memory (warm) or from the disk (cold) by every tool")
+    ap.add_argument(
+        "--cache",
+        choices=("warm", "cold"),
+        default="warm",
+        help="input read from memory (warm) or from the disk (cold) by every tool",
+    )
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
@@ -358,8 +604,10 @@ def main() -> None:
             (work / "out.pt").unlink(missing_ok=True)
             free = shutil.disk_usage(work).free
             if free < nbytes * 1.05:  # `cp` writes a copy of the input, the largest output of any tool
-                sys.exit(f"{work}: {free / 1e9:.1f} GB free, and copying the {layout} {gb} GB input needs "
-                         f"{nbytes / 1e9:.1f} GB: free some space or pass --work on a larger disk")
+                sys.exit(
+                    f"{work}: {free / 1e9:.1f} GB free, and copying the {layout} {gb} GB input needs "
+                    f"{nbytes / 1e9:.1f} GB: free some space or pass --work on a larger disk"
+                )
             commands = tools(layout, folder, work / "out", work / "unshard-cache")
             if "dcp_to_torch_save" in commands:
                 commands["dcp_to_torch_save"][-1] = str(work / "out.pt")
@@ -385,11 +633,23 @@ def main() -> None:
                     runs[name].append(measure(cmd))
             for name in commands:
                 result = summarise(runs[name])
-                rows.append({"when": stamp, "layout": layout, "cache": args.cache, "gb": gb, "input_bytes": nbytes,
-                             "tool": name, **result})
-                print(f"{layout} {gb} GB {name}: {result['seconds']:.1f}s {spread(result)}, "
-                      f"peak {result['peak_rss'] / 1e9:.2f} GB"
-                      + (f" FAILED: {result['stderr'][-300:]}" if result["returncode"] else ""), flush=True)
+                rows.append(
+                    {
+                        "when": stamp,
+                        "layout": layout,
+                        "cache": args.cache,
+                        "gb": gb,
+                        "input_bytes": nbytes,
+                        "tool": name,
+                        **result,
+                    }
+                )
+                print(
+                    f"{layout} {gb} GB {name}: {result['seconds']:.1f}s {spread(result)}, "
+                    f"peak {result['peak_rss'] / 1e9:.2f} GB"
+                    + (f" FAILED: {result['stderr'][-300:]}" if result["returncode"] else ""),
+                    flush=True,
+                )
     shutil.rmtree(work / "out", ignore_errors=True)
     (work / "out.pt").unlink(missing_ok=True)
     meta = versions()
@@ -442,7 +702,6 @@ def plot(rows: list[dict], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     import psutil
 
     memory = psutil.virtual_memory().total
@@ -461,12 +720,28 @@ def plot(rows: list[dict], path: Path) -> Path:
             why = "killed: out of memory" if out_of_memory else "failed"
             for ax, y in ((time_ax, r["seconds"]), (mem_ax, r["peak_rss"] / 1e9)):
                 ax.plot(r["input_bytes"] / 1e9, y, marker="x", markersize=10, color=line.get_color())
-                ax.annotate(why, (r["input_bytes"] / 1e9, y), textcoords="offset points", xytext=(-8, -4),
-                            ha="right", va="top", fontsize=8, color=line.get_color())
+                ax.annotate(
+                    why,
+                    (r["input_bytes"] / 1e9, y),
+                    textcoords="offset points",
+                    xytext=(-8, -4),
+                    ha="right",
+                    va="top",
+                    fontsize=8,
+                    color=line.get_color(),
+                )
     if any(r["returncode"] for r in rows):  # what a run that failed for memory ran into
         mem_ax.axhline(memory / 1e9, color="grey", linestyle="--", linewidth=1)
-        mem_ax.annotate("this machine's memory", (0, memory / 1e9), xycoords=("axes fraction", "data"),
-                        textcoords="offset points", xytext=(4, -4), va="top", fontsize=8, color="grey")
+        mem_ax.annotate(
+            "this machine's memory",
+            (0, memory / 1e9),
+            xycoords=("axes fraction", "data"),
+            textcoords="offset points",
+            xytext=(4, -4),
+            va="top",
+            fontsize=8,
+            color="grey",
+        )
     for ax, what in ((time_ax, "wall time (s)"), (mem_ax, "peak RSS of the process tree (GB)")):
         ax.set_xlabel("checkpoint size (GB)")
         ax.set_ylabel(what)
@@ -487,12 +762,17 @@ def ratio(row: dict, floor: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     floor = {(r["layout"], r["gb"]): r["seconds"] for r in rows if r["tool"] == "cp"}
-    lines = ["| layout | size | tool | wall s, median (range) | × cp | peak RSS GB | GB/s |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| layout | size | tool | wall s, median (range) | × cp | peak RSS GB | GB/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         ok = r["returncode"] == 0
-        lines.append(f"| {r['layout']} | {r['input_bytes'] / 1e9:.2f} GB | {r['tool']} | "
-                     f"{r['seconds']:.1f} {spread(r)}{'' if ok else ' (failed)'} | {ratio(r, floor)} | "
-                     f"{r['peak_rss'] / 1e9:.2f} | {r['input_bytes'] / 1e9 / r['seconds']:.2f} |")
+        lines.append(
+            f"| {r['layout']} | {r['input_bytes'] / 1e9:.2f} GB | {r['tool']} | "
+            f"{r['seconds']:.1f} {spread(r)}{'' if ok else ' (failed)'} | {ratio(r, floor)} | "
+            f"{r['peak_rss'] / 1e9:.2f} | {r['input_bytes'] / 1e9 / r['seconds']:.2f} |"
+        )
     return "\n".join(lines)
 
 

@@ -24,14 +24,19 @@ def main() -> None:
     rng = random.Random(0)
     for trial in range(trials):
         recipe = work / "trial.yml"
-        recipe.write_text(f"merge_method: task_arithmetic\nbase_model: {folder / 'base'}\nmodels:\n"
-                          f"  - model: {folder / 'ft0'}\n    parameters: {{weight: {rng.random():.3f}}}\n"
-                          f"  - model: {folder / 'ft1'}\n    parameters: {{weight: {rng.random():.3f}}}\n"
-                          "dtype: float32\n")
+        recipe.write_text(
+            f"merge_method: task_arithmetic\nbase_model: {folder / 'base'}\nmodels:\n"
+            f"  - model: {folder / 'ft0'}\n    parameters: {{weight: {rng.random():.3f}}}\n"
+            f"  - model: {folder / 'ft1'}\n    parameters: {{weight: {rng.random():.3f}}}\n"
+            "dtype: float32\n"
+        )
         out = work / "trial-model"
         shutil.rmtree(out, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "unshard", "merge", str(recipe), str(out), "--no-progress"], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "unshard", "merge", str(recipe), str(out), "--no-progress"],
+            check=True,
+            capture_output=True,
+        )
         model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
         total = count = 0
         with torch.no_grad():

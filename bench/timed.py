@@ -30,7 +30,7 @@ def tree_rss(proc: psutil.Process) -> int:
 
 
 def main() -> None:
-    cmd = sys.argv[sys.argv.index("--") + 1:]
+    cmd = sys.argv[sys.argv.index("--") + 1 :]
     start = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     watched, peak = psutil.Process(child.pid), 0  # (before anything reaps it)
@@ -52,8 +52,16 @@ def main() -> None:
     seconds = end - start
     kernel_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     err = child.stderr.read().decode(errors="replace")
-    print(json.dumps({"seconds": seconds, "peak_rss": max(peak, kernel_peak), "returncode": child.returncode,
-                      "stderr": err[-2000:] if child.returncode else ""}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "peak_rss": max(peak, kernel_peak),
+                "returncode": child.returncode,
+                "stderr": err[-2000:] if child.returncode else "",
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ SHIPPED = FIXTURES / "checkpoints"
 CONVERT_AND_SAY_IMPORTS = """
 import sys
 if sys.argv.pop() == "without-table":
-    from unshard.names import dense_families
-    dense_families.FAMILIES.clear()
+    from unshard import families
+    families.TENSOR_TABLES.clear()
 from unshard.cli import main
 code = main(["convert", sys.argv[1], sys.argv[2], "--no-progress"])
 print("IMPORTED", "transformers" in sys.modules, "torch" in sys.modules)
@@ -29,10 +29,14 @@ sys.exit(code)
 
 def convert_in_subprocess(src, out, cache, table=True) -> tuple[bool, bool]:
     """Convert in a fresh process with this cache of transformers' answers (or "off"), with or without
-    dense_families' table: whether it imported (transformers, torch)."""
-    done = subprocess.run([sys.executable, "-c", CONVERT_AND_SAY_IMPORTS, str(src), str(out),
-                           "with-table" if table else "without-table"], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, UNSHARD_CACHE=str(cache)))
+    the families' tensor tables: whether it imported (transformers, torch)."""
+    done = subprocess.run(
+        [sys.executable, "-c", CONVERT_AND_SAY_IMPORTS, str(src), str(out), "with-table" if table else "without-table"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, UNSHARD_CACHE=str(cache)),
+    )
     assert done.returncode == 0, done.stderr
     line = next(li for li in done.stdout.splitlines() if li.startswith("IMPORTED"))
     return line.split()[1] == "True", line.split()[2] == "True"

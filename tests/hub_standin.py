@@ -35,7 +35,9 @@ def validate_card(readme: str) -> list[dict]:
         return [{"message": "metadata is not a mapping"}]
     bases = data.get("base_model", [])
     bases = [bases] if isinstance(bases, str) else bases
-    if not isinstance(bases, list) or not all(isinstance(b, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", b) for b in bases):
+    if not isinstance(bases, list) or not all(
+        isinstance(b, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", b) for b in bases
+    ):
         return [{"message": f'"base_model" must be a model id or a list of them, not {bases!r}'}]
     return []
 
@@ -63,8 +65,9 @@ class Hub:
     def revision(self, repo: str, branch: str) -> str:
         """A commit id for the branch as it is (40 hex digits, as the Hub's)."""
         files = self.files(repo, branch)
-        return hashlib.sha1(json.dumps({k: hashlib.sha256(v).hexdigest() for k, v in sorted(files.items())})
-                            .encode()).hexdigest()
+        return hashlib.sha1(
+            json.dumps({k: hashlib.sha256(v).hexdigest() for k, v in sorted(files.items())}).encode()
+        ).hexdigest()
 
     def branch_of(self, repo: str, revision: str) -> str | None:
         """The branch a revision names: a branch's name, or the commit id it is at."""
@@ -126,15 +129,25 @@ class Hub:
                     if branch is None:
                         return self._reply(404, {"error": "Repository not found"})
                     files = hub.files(m.group(1), branch)
-                    return self._reply(200, {"id": m.group(1), "sha": hub.revision(m.group(1), branch),
-                                             "siblings": [{"rfilename": name} for name in sorted(files)]})
+                    return self._reply(
+                        200,
+                        {
+                            "id": m.group(1),
+                            "sha": hub.revision(m.group(1), branch),
+                            "siblings": [{"rfilename": name} for name in sorted(files)],
+                        },
+                    )
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/?]+).*", self.path):
                     branch = hub.branch_of(m.group(1), m.group(2)) if m.group(1) in hub.repos else None
                     if branch is None:
                         return self._reply(404, {"error": "Revision not found"})
-                    return self._reply(200, [{"type": "file", "path": name, "size": len(data),
-                                              "oid": hashlib.sha1(data).hexdigest()}
-                                             for name, data in sorted(hub.files(m.group(1), branch).items())])
+                    return self._reply(
+                        200,
+                        [
+                            {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                            for name, data in sorted(hub.files(m.group(1), branch).items())
+                        ],
+                    )
                 data, commit = self._file()
                 if data is not None:
                     self.send_response(200)
@@ -158,7 +171,11 @@ class Hub:
                     return self._reply(200, {"errors": validate_card(json.loads(body)["content"]), "warnings": []})
                 if self.path == "/api/repos/create":
                     request = json.loads(body)
-                    repo = f"{request['organization']}/{request['name']}" if request.get("organization") else request["name"]
+                    repo = (
+                        f"{request['organization']}/{request['name']}"
+                        if request.get("organization")
+                        else request["name"]
+                    )
                     private = bool(request.get("private")) or request.get("visibility") == "private"
                     hub.repos.setdefault(repo, {"private": private, "branches": {"main": {}}})
                     return self._reply(200, {"url": f"{hub.endpoint}/{repo}", "name": repo})
@@ -172,14 +189,37 @@ class Hub:
                     if m.group(1) not in hub.repos:
                         return self._reply(404, {"error": "Repository not found"})
                     files = json.loads(body)["files"]
-                    return self._reply(200, {"files": [
-                        {"path": f["path"], "uploadMode": "lfs" if f["size"] > 1024 else "regular",
-                         "shouldIgnore": False, "oid": None} for f in files]})
+                    return self._reply(
+                        200,
+                        {
+                            "files": [
+                                {
+                                    "path": f["path"],
+                                    "uploadMode": "lfs" if f["size"] > 1024 else "regular",
+                                    "shouldIgnore": False,
+                                    "oid": None,
+                                }
+                                for f in files
+                            ]
+                        },
+                    )
                 if m := re.fullmatch(r"/([^/]+/[^/]+)\.git/info/lfs/objects/batch", self.path):
                     objects = json.loads(body)["objects"]
-                    return self._reply(200, {"transfer": "basic", "objects": [
-                        {"oid": o["oid"], "size": o["size"], "authenticated": True,
-                         "actions": {"upload": {"href": f"{hub.endpoint}/lfs-upload/{o['oid']}"}}} for o in objects]})
+                    return self._reply(
+                        200,
+                        {
+                            "transfer": "basic",
+                            "objects": [
+                                {
+                                    "oid": o["oid"],
+                                    "size": o["size"],
+                                    "authenticated": True,
+                                    "actions": {"upload": {"href": f"{hub.endpoint}/lfs-upload/{o['oid']}"}},
+                                }
+                                for o in objects
+                            ],
+                        },
+                    )
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/commit/(.+)", self.path):
                     return self._commit(m.group(1), m.group(2).replace("%2F", "/"), body)
                 self._reply(404, {"error": f"no route {self.path}"})
@@ -203,7 +243,8 @@ class Hub:
                 repo["branches"][branch].update(files)
                 hub.commits.append({"repo": repo_id, "branch": branch, "message": message, "paths": sorted(files)})
                 oid = hashlib.sha1(json.dumps(hub.commits).encode()).hexdigest()
-                self._reply(200, {"success": True, "commitOid": oid,
-                                  "commitUrl": f"{hub.endpoint}/{repo_id}/commit/{oid}"})
+                self._reply(
+                    200, {"success": True, "commitOid": oid, "commitUrl": f"{hub.endpoint}/{repo_id}/commit/{oid}"}
+                )
 
         return Handler

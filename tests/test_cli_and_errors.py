@@ -12,17 +12,18 @@ import textwrap
 
 import pytest
 import torch
+from conftest import SHIPPED
 
 import unshard
-from conftest import SHIPPED
 from unshard.write import threads
 
 LLAMA = SHIPPED / "llama-fsdp2"
 
 
 def run_cli(*args, cwd=None):
-    done = subprocess.run([sys.executable, "-m", "unshard", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "unshard", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
     return done.returncode, done.stdout, done.stderr
 
 
@@ -103,8 +104,10 @@ def test_truncated_rank_file(tmp_path):
 
 def test_rank_file_from_another_model(tmp_path):
     ckpt = copy_actor(tmp_path, "llama-fsdp2")
-    shutil.copy(SHIPPED / "llama-fsdp1-shardedtensor/global_step_1/actor/model_world_size_4_rank_3.pt",
-                ckpt / "model_world_size_4_rank_3.pt")
+    shutil.copy(
+        SHIPPED / "llama-fsdp1-shardedtensor/global_step_1/actor/model_world_size_4_rank_3.pt",
+        ckpt / "model_world_size_4_rank_3.pt",
+    )
     code, _, err = run_cli("convert", ckpt, tmp_path / "hf")
     assert code == 1 and "model_world_size_4_rank_3.pt" in err
 
@@ -303,8 +306,10 @@ def test_custom_code_is_copied_but_never_run(tmp_path):
 def test_strip_wrappers_only_removes_whole_wrapper_components():
     from unshard.names.hf_names import strip_wrappers
 
-    assert strip_wrappers("module.model._fsdp_wrapped_module.layers.0._checkpoint_wrapped_module.mlp.weight") == \
-        "model.layers.0.mlp.weight"
+    assert (
+        strip_wrappers("module.model._fsdp_wrapped_module.layers.0._checkpoint_wrapped_module.mlp.weight")
+        == "model.layers.0.mlp.weight"
+    )
     assert strip_wrappers("_orig_mod.model.norm.weight") == "model.norm.weight"
     assert strip_wrappers("model.submodule.weight") == "model.submodule.weight"
 
@@ -368,8 +373,9 @@ def test_the_plan_notes_a_new_head_and_a_missing_tokenizer(tmp_path):
     critic = SHIPPED / "qwen2-fsdp2-critic" / "global_step_1"
     code, out, err = run_cli("convert", critic, tmp_path / "out", "--dry-run")
     assert code == 0 and "the weights end in a `score` head: config.json says Qwen2ForTokenClassification" in out
-    code, out, err = run_cli("convert", critic, tmp_path / "out", "--dry-run", "--architecture",
-                             "Qwen2ForTokenClassification")
+    code, out, err = run_cli(
+        "convert", critic, tmp_path / "out", "--dry-run", "--architecture", "Qwen2ForTokenClassification"
+    )
     assert code == 0 and "`score` head" not in out  # what the user chose is not news
     ckpt = copy_actor(tmp_path)
     code, out, err = run_cli("convert", ckpt, tmp_path / "out", "--dry-run")
@@ -396,8 +402,12 @@ main(["convert", sys.argv[1], sys.argv[2], "--no-progress"])
 def test_a_killed_run_s_staging_folder_is_removed_by_the_next(tmp_path):
     """SIGKILL leaves the staging folder; the next run into the same folder removes it and says so, but
     leaves a live process's and another host's alone."""
-    done = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, str(LLAMA / "global_step_1"), str(tmp_path / "a")],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_WHILE_WRITING, str(LLAMA / "global_step_1"), str(tmp_path / "a")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == -9
     (stale,) = leftovers(tmp_path)
     alive = subprocess.Popen(["sleep", "60"])
@@ -409,8 +419,12 @@ def test_a_killed_run_s_staging_folder_is_removed_by_the_next(tmp_path):
         alive.kill()
     assert code == 0, err
     assert f"note: removed {tmp_path / stale}, left by process" in err and "no longer running" in err
-    assert sorted(leftovers(tmp_path)) == sorted([f".b.unshard-partial-{socket.gethostname()}-{alive.pid}-k2_x9abc",
-                                                  ".c.unshard-partial-another-host-999991-a1b2c3d4"])
+    assert sorted(leftovers(tmp_path)) == sorted(
+        [
+            f".b.unshard-partial-{socket.gethostname()}-{alive.pid}-k2_x9abc",
+            ".c.unshard-partial-another-host-999991-a1b2c3d4",
+        ]
+    )
 
 
 def test_model_file_that_does_not_parse(tmp_path):
@@ -436,8 +450,8 @@ def test_model_file_that_does_not_parse(tmp_path):
 
 def test_two_runs_into_one_output_never_mix(tmp_path, monkeypatch):
     """A run that finishes second finds OUT written by the first: it keeps the first's folder whole and fails."""
-    from unshard.write import execute
     from unshard.sinks import hf_folder
+    from unshard.write import execute
 
     out = tmp_path / "hf"
     finish = hf_folder.finish_folder
@@ -463,8 +477,13 @@ def test_no_room_to_write_is_one_line_and_leaves_nothing(tmp_path):
     def limit_file_size():
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))  # the weights are 290 KB
 
-    done = subprocess.run([sys.executable, "-m", "unshard", "convert", str(LLAMA / "global_step_1"), str(tmp_path / "hf")],
-                          capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
+    done = subprocess.run(
+        [sys.executable, "-m", "unshard", "convert", str(LLAMA / "global_step_1"), str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit_file_size,
+    )
     errors = [line for line in done.stderr.splitlines() if line.startswith("unshard:")]
     assert done.returncode == 1 and len(errors) == 1, done.stderr
     assert "model.safetensors: File too large; nothing was written to the output" in errors[0]

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from test_hf_pickles import Payload, one_line_error, run
 
 
@@ -56,8 +55,10 @@ def test_a_lora_step_says_how_to_fold_it_and_the_fold_is_peft_s(case, tmp_path):
     assert not (tmp_path / "out").exists()
     # what the message says to do: the adapter (peft's pickled adapter_model.bin) folded onto its base
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f"merge_method: linear\ndtype: float32\nmodels:\n"
-                      f"  - model: {case / 'lora' / 'base'}+{step / 'modeling'}\n    parameters: {{weight: 1.0}}\n")
+    recipe.write_text(
+        f"merge_method: linear\ndtype: float32\nmodels:\n"
+        f"  - model: {case / 'lora' / 'base'}+{step / 'modeling'}\n    parameters: {{weight: 1.0}}\n"
+    )
     run("merge", recipe, tmp_path / "merged", "--no-progress")
     assert_same_weights(tmp_path / "merged", case / "lora" / "reference")
 
@@ -71,7 +72,9 @@ def test_a_pickled_adapter_that_runs_code_is_refused(case, tmp_path):
     Payload.marker = tmp_path / "pwned"
     (adapter / "adapter_model.bin").write_bytes(pickle.dumps({"base_model.model.x.lora_A.weight": Payload()}))
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f"merge_method: linear\nmodels:\n  - model: {case / 'lora' / 'base'}+{adapter}\n"
-                      "    parameters: {weight: 1.0}\n")
+    recipe.write_text(
+        f"merge_method: linear\nmodels:\n  - model: {case / 'lora' / 'base'}+{adapter}\n"
+        "    parameters: {weight: 1.0}\n"
+    )
     assert "adapter_model.bin" in one_line_error(run("merge", recipe, tmp_path / "merged", ok=False))
     assert not Payload.marker.exists() and not (tmp_path / "merged").exists()

@@ -6,15 +6,21 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-import unshard
 from conftest import SHIPPED
 from generate import CASES
+from safetensors.torch import load_file
 from test_cli_and_errors import RunsShellCommand, leftovers, run_cli
 
-STAGES = ["deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero2-bf16", "deepspeed-zero3-bf16", "deepspeed-zero1-bf16",
-          "deepspeed-zero2-fp16"]
+import unshard
+
+STAGES = [
+    "deepspeed-zero2",
+    "deepspeed-zero3",
+    "deepspeed-zero2-bf16",
+    "deepspeed-zero3-bf16",
+    "deepspeed-zero1-bf16",
+    "deepspeed-zero2-fp16",
+]
 
 
 @pytest.mark.parametrize("case", [*STAGES, "deepspeed-zero2-universal"])
@@ -95,8 +101,10 @@ def test_optimizer_file_that_runs_code_is_refused(tmp_path):
     checkpoint = tmp_path / "checkpoint-1"
     shutil.copytree(SHIPPED / "deepspeed-zero2" / "checkpoint-1", checkpoint)
     marker = tmp_path / "pwned"
-    torch.save({"optimizer_state_dict": RunsShellCommand(marker)},
-               checkpoint / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    torch.save(
+        {"optimizer_state_dict": RunsShellCommand(marker)},
+        checkpoint / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+    )
     code, _, err = run_cli("inspect", checkpoint)
     assert code == 1 and "refused to load" in err and not marker.exists()
 

@@ -14,15 +14,15 @@ import re
 import subprocess
 from pathlib import Path
 
+import generate
 import pytest
 import torch
-from safetensors.torch import load_file
-
-import unshard
-import generate
 from conftest import SHIPPED
+from safetensors.torch import load_file
 from test_cli_and_errors import run_cli
 from test_merge import lora_adapter, models, perturbed_copy  # noqa: F401  (fixtures)
+
+import unshard
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -37,9 +37,22 @@ def pair(models, lora_adapter) -> dict[str, Path]:
 def mergekit_extract(tuned: Path, base: Path, out: Path, *flags: str) -> None:
     tool = generate.peer_python("mergekit").parent / "mergekit-extract-lora"
     # (absolute paths: its model card asks the Hub about any path that could be a repository id)
-    done = subprocess.run([str(tool), "--model", str(tuned.resolve()), "--base-model", str(base.resolve()),
-                           "--out-path", str(out), *flags], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run(
+        [
+            str(tool),
+            "--model",
+            str(tuned.resolve()),
+            "--base-model",
+            str(base.resolve()),
+            "--out-path",
+            str(out),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -51,8 +64,10 @@ def logits(model, ids=torch.tensor([[1, 5, 9, 17, 33, 65, 100]])) -> torch.Tenso
 CASES = {  # mergekit's flags -> unshard's
     "rank 8": (["--max-rank", "8"], dict(rank=8)),
     "rank 2, S on A": (["--max-rank", "2", "--no-distribute-scale"], dict(rank=2, distribute_scale=False)),
-    "embeddings as LoRA, attention left out": (["--max-rank", "6", "--embed-lora", "-e", "self_attn"],
-                                               dict(rank=6, embed_lora=True, exclude=("self_attn",))),
+    "embeddings as LoRA, attention left out": (
+        ["--max-rank", "6", "--embed-lora", "-e", "self_attn"],
+        dict(rank=6, embed_lora=True, exclude=("self_attn",)),
+    ),
 }
 
 
@@ -68,11 +83,13 @@ def test_same_adapter_as_mergekit(case, tuned, pair, tmp_path):
         assert got[key].shape == tensor.shape and got[key].dtype == tensor.dtype, key
         if "_A" in key:  # the factors are the SVD's, up to each singular vector's sign: compare B @ A
             b_key = key.replace("_A", "_B")
-            product = lambda t: t[b_key] @ t[key] if "embedding" not in key else (t[b_key] @ t[key]).T  # noqa: E731
+            product = lambda t: t[b_key] @ t[key] if "embedding" not in key else (t[b_key] @ t[key]).T  # noqa: E731, B023 (used at once)
             torch.testing.assert_close(product(got), product(expected), atol=1e-6, rtol=0, msg=key)
         elif "_B" not in key:  # saved whole
             assert torch.equal(got[key], tensor), key
-    config, their_config = (json.loads((tmp_path / x / "adapter_config.json").read_text()) for x in ("unshard", "mergekit"))
+    config, their_config = (
+        json.loads((tmp_path / x / "adapter_config.json").read_text()) for x in ("unshard", "mergekit")
+    )
     for key in ("r", "lora_alpha", "rank_pattern", "alpha_pattern", "modules_to_save", "peft_type", "use_rslora"):
         assert config[key] == their_config[key], key
     assert sorted(config["target_modules"]) == sorted(their_config["target_modules"])
@@ -81,7 +98,7 @@ def test_same_adapter_as_mergekit(case, tuned, pair, tmp_path):
 def test_peft_loads_it_and_the_errors_are_reported(pair, tmp_path):
     """peft puts the adapter on the base: a rank-4 task vector extracted at rank 4 gives the fine-tune back
     (errors ~1e-7 reported); full-rank noise cut to rank 8 leaves a reported error, and logits further off."""
-    base = lambda: transformers.AutoModelForCausalLM.from_pretrained(pair["base"])  # noqa: E731
+    base = lambda: transformers.AutoModelForCausalLM.from_pretrained(pair["base"])  # noqa: E731, B023 (used at once)
     distances = {}
     for tuned, rank in (("lora-tuned", 4), ("noise-tuned", 8)):
         out = tmp_path / tuned
@@ -125,15 +142,24 @@ def test_bad_input_is_one_line(pair, tmp_path):
     fails("not a regular expression", pair["lora-tuned"], pair["base"], out, "-e", "(")
     fails("no such model folder", tmp_path / "nowhere", pair["base"], out)
     other = tmp_path / "other"
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=False)).save_pretrained(other)
+    transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+        )
+    ).save_pretrained(other)
     fails("only modules of equal shapes are extracted", pair["lora-tuned"], other, out)
     assert not out.exists()
     out.mkdir()
     (out / "keep").write_text("x")
-    fails("already exists and is not empty", pair["lora-tuned"], pair["base"], out, "--rank", "2",
-          lines=2)  # (after the line saying the dtype, as convert and merge)
+    fails(
+        "already exists and is not empty", pair["lora-tuned"], pair["base"], out, "--rank", "2", lines=2
+    )  # (after the line saying the dtype, as convert and merge)
     assert [p.name for p in out.iterdir()] == ["keep"]
 
 
@@ -147,8 +173,14 @@ def test_bias_differences(tmp_path):
     written = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
     tuned, original = load_file(reference / "model.safetensors"), load_file(base / "model.safetensors")
     name = "model.layers.0.self_attn.q_proj.bias"
-    assert torch.equal(written[f"base_model.model.{name.removesuffix('.bias')}.lora_B.bias"], tuned[name] - original[name])
-    model = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base), tmp_path / "adapter")
+    assert torch.equal(
+        written[f"base_model.model.{name.removesuffix('.bias')}.lora_B.bias"], tuned[name] - original[name]
+    )
+    model = peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(base), tmp_path / "adapter"
+    )
     merged = model.merge_and_unload().state_dict()
     for key, tensor in tuned.items():
-        torch.testing.assert_close(merged[key], original[key] if key.endswith(".bias") else tensor, atol=1e-5, rtol=0, msg=key)
+        torch.testing.assert_close(
+            merged[key], original[key] if key.endswith(".bias") else tensor, atol=1e-5, rtol=0, msg=key
+        )

@@ -16,9 +16,9 @@ import threading
 import time
 
 import pytest
+from conftest import SHIPPED, convert_in_subprocess
 
 import unshard
-from conftest import SHIPPED, convert_in_subprocess
 
 
 def folder_bytes(folder):
@@ -29,7 +29,7 @@ def test_second_conversion_of_a_model_does_not_import_transformers(tmp_path):
     src = tmp_path / "ckpt"
     shutil.copytree(SHIPPED / "llama-fsdp2" / "global_step_1", src)
     cache = tmp_path / "cache"
-    # (Llama's tensors are listed in dense_families' table: without it, as for any model not listed.)
+    # (Llama's tensors are listed in the families' tensor tables: without it, as for any model not listed.)
     transformers_used, torch_imported = convert_in_subprocess(src, tmp_path / "first", cache, table=False)
     assert transformers_used and torch_imported and sorted(p.name for p in cache.iterdir()) == ["folders", "models"]
     transformers_used, torch_imported = convert_in_subprocess(src, tmp_path / "second", cache, table=False)
@@ -46,7 +46,9 @@ def test_second_conversion_of_a_model_does_not_import_transformers(tmp_path):
         entry.write_text("{not json")
     transformers_used, _ = convert_in_subprocess(src, tmp_path / "fourth", cache, table=False)
     assert transformers_used
-    assert (tmp_path / "fourth" / "model.safetensors").read_bytes() == (tmp_path / "first" / "model.safetensors").read_bytes()
+    assert (tmp_path / "fourth" / "model.safetensors").read_bytes() == (
+        tmp_path / "first" / "model.safetensors"
+    ).read_bytes()
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -57,12 +59,13 @@ def test_first_conversion_writes_while_transformers_answers(tmp_path, monkeypatc
     names them otherwise (transformers >= 5 fuses Mixtral's experts in memory and saves them one by one),
     the folder is written again from the answer. Either way the folder is the one a conversion with the
     answer known from the start writes."""
-    from unshard.names import dense_families, hf_names
+    from unshard import families
+    from unshard.names import hf_names
     from unshard.write import execute
 
     monkeypatch.setenv("UNSHARD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(hf_names, "_answers", {})
-    monkeypatch.setattr(dense_families, "FAMILIES", {})  # (Llama's tensors are listed there: ask, as for others)
+    monkeypatch.setattr(families, "TENSOR_TABLES", {})  # (Llama's tensors are listed there: ask, as for others)
     src = SHIPPED / case / "global_step_1"
     first = unshard.plan(src, ask_later=True, max_shard_size="60KB")
     assert first.question is not None and len(first.files) > 1  # planned before the answer, which may come any time
@@ -83,9 +86,9 @@ def test_first_conversion_writes_while_transformers_answers(tmp_path, monkeypatc
 def test_answer_that_the_checkpoint_does_not_fit_stops_the_writing(tmp_path, monkeypatch):
     """When transformers' answer comes in during the writing and the checkpoint does not fit the config,
     no further tensor is started, and nothing is left behind."""
-    from unshard.write import execute
     from unshard.names import hf_names
     from unshard.sinks import safetensors as writer
+    from unshard.write import execute
 
     src = tmp_path / "ckpt"
     shutil.copytree(SHIPPED / "llama-fsdp2" / "global_step_1", src)
@@ -153,12 +156,27 @@ def test_dtensor_stand_ins_read_as_the_real_classes(tmp_path, monkeypatch):
 def describe_dcp_metadata(metadata) -> list:
     """What unshard reads from a DCP `.metadata`: every tensor's size, dtype and chunks, and where
     each chunk's bytes are."""
-    tensors = sorted((fqn, tuple(md.size), str(md.properties.dtype).removeprefix("torch."),
-                      [(tuple(c.offsets), tuple(c.sizes)) for c in md.chunks])
-                     for fqn, md in metadata.state_dict_metadata.items() if hasattr(md, "chunks"))
-    places = sorted((index.fqn, tuple(index.offset or ()), info.relative_path, info.offset, info.length,
-                     getattr(info, "transform_descriptors", None))
-                    for index, info in metadata.storage_data.items())
+    tensors = sorted(
+        (
+            fqn,
+            tuple(md.size),
+            str(md.properties.dtype).removeprefix("torch."),
+            [(tuple(c.offsets), tuple(c.sizes)) for c in md.chunks],
+        )
+        for fqn, md in metadata.state_dict_metadata.items()
+        if hasattr(md, "chunks")
+    )
+    places = sorted(
+        (
+            index.fqn,
+            tuple(index.offset or ()),
+            info.relative_path,
+            info.offset,
+            info.length,
+            getattr(info, "transform_descriptors", None),
+        )
+        for index, info in metadata.storage_data.items()
+    )
     return [tensors, places, sorted(metadata.state_dict_metadata), metadata.planner_data]
 
 
@@ -173,22 +191,27 @@ def test_dcp_metadata_stand_ins_read_as_torch_does():
     assert len(folders) >= 10
     for folder in folders:
         ours = dcp.read_metadata(folder)
-        assert describe_dcp_metadata(ours) == describe_dcp_metadata(FileSystemReader(str(folder)).read_metadata()), folder
+        assert describe_dcp_metadata(ours) == describe_dcp_metadata(FileSystemReader(str(folder)).read_metadata()), (
+            folder
+        )
         assert all(dcp.is_tensor_entry(md) == hasattr(md, "chunks") for md in ours.state_dict_metadata.values())
 
 
-@pytest.mark.parametrize("src, config_from, dtype", [
-    ("llama-fsdp1-dcp/dcp", "llama-fsdp1-dcp/hf", "auto"),  # .metadata and each chunk's archive
-    ("deepspeed-zero2/checkpoint-1", None, "auto"),  # ZeRO's optimizer files, their enums and loss scaler
-    ("deepspeed-zero3/checkpoint-1", None, "bfloat16"),  # fp32 master weights cast by numpy
-    ("llama-fsdp2-tp/global_step_1", None, "auto"),  # tensor-parallel columns, put together as bytes
-    ("qwen2-fsdp2-tp-dcp/dcp", "qwen2-fsdp2-tp-dcp/hf", "float16"),
-    ("megatron-llama-tp2-pp2-vpp2/torch", None, "auto"),  # Megatron-LM's rank files: args, numpy RNG state
-    ("megatron-mixtral-tp2-pp2-ep2/torch_dist", None, "bfloat16"),  # common.pt, chunks of a DCP folder
-    ("megatron-qwen2-tp2-pp2/verl-legacy/global_step_10", None, "auto"),  # verl's model.pt: a list of stages
-])
+@pytest.mark.parametrize(
+    "src, config_from, dtype",
+    [
+        ("llama-fsdp1-dcp/dcp", "llama-fsdp1-dcp/hf", "auto"),  # .metadata and each chunk's archive
+        ("deepspeed-zero2/checkpoint-1", None, "auto"),  # ZeRO's optimizer files, their enums and loss scaler
+        ("deepspeed-zero3/checkpoint-1", None, "bfloat16"),  # fp32 master weights cast by numpy
+        ("llama-fsdp2-tp/global_step_1", None, "auto"),  # tensor-parallel columns, put together as bytes
+        ("qwen2-fsdp2-tp-dcp/dcp", "qwen2-fsdp2-tp-dcp/hf", "float16"),
+        ("megatron-llama-tp2-pp2-vpp2/torch", None, "auto"),  # Megatron-LM's rank files: args, numpy RNG state
+        ("megatron-mixtral-tp2-pp2-ep2/torch_dist", None, "bfloat16"),  # common.pt, chunks of a DCP folder
+        ("megatron-qwen2-tp2-pp2/verl-legacy/global_step_10", None, "auto"),  # verl's model.pt: a list of stages
+    ],
+)
 def test_conversion_does_not_import_torch(tmp_path, src, config_from, dtype):
-    """Once transformers' answers are remembered (or for a model dense_families lists), a conversion
+    """Once transformers' answers are remembered (or for a model the families' tables list), a conversion
     that keeps the dtype or makes one of the usual casts needs no torch: the files' metadata is read by
     stand-ins, the bytes are copied file to file or cast by numpy (and, with --verify, read back and
     compared byte for byte)."""
@@ -202,18 +225,25 @@ def test_conversion_does_not_import_torch(tmp_path, src, config_from, dtype):
     config = (["--config-from", str(SHIPPED / config_from)] if config_from else []) + ["--dtype", dtype]
     imported = []
     for out, verify in (("first", []), ("second", ["--verify"])):
-        done = subprocess.run([sys.executable, "-c", code, str(SHIPPED / src), str(tmp_path / out), *config, *verify],
-                              capture_output=True, text=True, timeout=300,
-                              env=dict(os.environ, UNSHARD_CACHE=str(tmp_path / "cache")))
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(SHIPPED / src), str(tmp_path / out), *config, *verify],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=dict(os.environ, UNSHARD_CACHE=str(tmp_path / "cache")),
+        )
         assert done.returncode == 0, done.stderr
         imported.append(done.stdout.splitlines()[-1])
-    # (The first run imports torch where transformers is asked: models that dense_families does not list.)
+    # (The first run imports torch where transformers is asked: models that the families' tables do not list.)
     assert imported[1] == "[]"
     assert folder_bytes(tmp_path / "first") == folder_bytes(tmp_path / "second")
 
 
-@pytest.mark.parametrize("src", sorted(str(p.parent.relative_to(SHIPPED)) for p in SHIPPED.glob("deepspeed-*/*/latest"))
-                         + sorted(str(p.relative_to(SHIPPED)) for p in SHIPPED.glob("megatron-*/torch")))
+@pytest.mark.parametrize(
+    "src",
+    sorted(str(p.parent.relative_to(SHIPPED)) for p in SHIPPED.glob("deepspeed-*/*/latest"))
+    + sorted(str(p.relative_to(SHIPPED)) for p in SHIPPED.glob("megatron-*/torch")),
+)
 def test_torch_save_files_read_without_torch_as_with_it(monkeypatch, src):
     """ZeRO's model and optimizer files, and Megatron-LM's rank files (args, RNG state as numpy arrays),
     read by torch_archives' stand-ins give the same tensors, pieces and bytes as read by torch's own
@@ -235,11 +265,14 @@ def test_torch_save_files_read_without_torch_as_with_it(monkeypatch, src):
         assert [ours.file_offset(p) for p in pieces] == [theirs.file_offset(p) for p in pieces], name
 
 
-@pytest.mark.parametrize("src", [
-    "llama-fsdp2-tp/global_step_1",  # Shard(1) and _StridedShard on dp x tp
-    "qwen2-fsdp2-tp-dcp/dcp",  # DCP chunks of tensor-parallel columns
-    "megatron-qwen3-tp2-dp2/torch_dist",  # Megatron row-parallel layers, split along columns
-])
+@pytest.mark.parametrize(
+    "src",
+    [
+        "llama-fsdp2-tp/global_step_1",  # Shard(1) and _StridedShard on dp x tp
+        "qwen2-fsdp2-tp-dcp/dcp",  # DCP chunks of tensor-parallel columns
+        "megatron-qwen3-tp2-dp2/torch_dist",  # Megatron row-parallel layers, split along columns
+    ],
+)
 def test_tensors_cut_in_columns_assembled_band_by_band(src, tmp_path, monkeypatch):
     """A tensor whose pieces interleave is assembled a band of rows at a time, holding one band, not
     the tensor; where each piece's rows lie in its file, as bytes without torch. With bands shrunk to a
@@ -285,24 +318,42 @@ def test_pages_of_each_piece_are_handed_back_before_the_next_is_read(tmp_path, m
     events = []
     for method in ("read_piece", "release", "release_rows"):
         real = getattr(FsdpRankFiles, method)
-        monkeypatch.setattr(FsdpRankFiles, method, lambda self, piece, *rest, real=real, method=method: (
-            events.append((method, piece.key, piece.block.global_offsets)), real(self, piece, *rest))[1])
-    unshard.convert(SHIPPED / "llama-fsdp2" / "global_step_1", tmp_path / "streamed", progress=False, threads=1,
-                    dtype="bfloat16")
+        monkeypatch.setattr(
+            FsdpRankFiles,
+            method,
+            lambda self, piece, *rest, real=real, method=method: (
+                events.append((method, piece.key, piece.block.global_offsets)),
+                real(self, piece, *rest),
+            )[1],
+        )
+    unshard.convert(
+        SHIPPED / "llama-fsdp2" / "global_step_1", tmp_path / "streamed", progress=False, threads=1, dtype="bfloat16"
+    )
     reads = [i for i, e in enumerate(events) if e[0] == "read_piece"]
     assert reads and all(events[i + 1] == ("release", *events[i][1:]) for i in reads)
 
     events.clear()
     monkeypatch.setattr(Checkpoint, "BAND_BYTES", 1024)
-    unshard.convert(SHIPPED / "llama-fsdp2-tp" / "global_step_1", tmp_path / "banded", progress=False, threads=1,
-                    dtype="bfloat16")  # (assembled by torch from the file maps)
+    unshard.convert(
+        SHIPPED / "llama-fsdp2-tp" / "global_step_1", tmp_path / "banded", progress=False, threads=1, dtype="bfloat16"
+    )  # (assembled by torch from the file maps)
     banded = [e for e in events if e[0] == "release_rows" and e[1] == "model.layers.0.self_attn.o_proj.weight"]
     assert len(banded) > len({e[2] for e in banded})  # each piece handed back band by band, not once at the end
 
 
-@pytest.mark.parametrize("src", [
-    "llama-fsdp2/global_step_1", "llama-fsdp1-dcp/dcp", "llama-fsdp1-shardedtensor/global_step_1", "megatron-qwen3-tp2-dp2/torch",
-    "megatron-qwen3-tp2-dp2/torch_dist", "deepspeed-zero3/checkpoint-1", "llama-fsdp2-dcp-safetensors/sharded", "llama-fsdp2/reference"])
+@pytest.mark.parametrize(
+    "src",
+    [
+        "llama-fsdp2/global_step_1",
+        "llama-fsdp1-dcp/dcp",
+        "llama-fsdp1-shardedtensor/global_step_1",
+        "megatron-qwen3-tp2-dp2/torch",
+        "megatron-qwen3-tp2-dp2/torch_dist",
+        "deepspeed-zero3/checkpoint-1",
+        "llama-fsdp2-dcp-safetensors/sharded",
+        "llama-fsdp2/reference",
+    ],
+)
 def test_pieces_that_lie_in_their_files_are_copied_file_to_file(tmp_path, monkeypatch, src):
     """A same-dtype piece that is one run of bytes in a mapped file (FSDP rows, a DCP chunk) goes file
     to file through copy_file_range, never through memory; where the kernel refuses, through pread. All
@@ -313,7 +364,9 @@ def test_pieces_that_lie_in_their_files_are_copied_file_to_file(tmp_path, monkey
     src = SHIPPED / src
     config_from = {"config_from": src.parent / "hf"} if (src.parent / "hf").is_dir() else {}
     copied, real_copy = [], writer.SafetensorsFile._copy_at
-    monkeypatch.setattr(writer.SafetensorsFile, "_copy_at", lambda self, at, part: (copied.append(part), real_copy(self, at, part))[1])
+    monkeypatch.setattr(
+        writer.SafetensorsFile, "_copy_at", lambda self, at, part: (copied.append(part), real_copy(self, at, part))[1]
+    )
     monkeypatch.setattr(writer, "_KERNEL_COPIES", True)  # restored after the test, whatever a refusal below sets
     unshard.convert(src, tmp_path / "kernel", progress=False, verify=True, **config_from)
     assert copied and all(part.path.is_relative_to(src) for part in copied)
@@ -344,8 +397,8 @@ def test_a_source_file_shorter_than_its_part_is_named(tmp_path, monkeypatch, ker
     """A rank file cut short after it was opened (a copy still running) is an error naming it, not a
     short tensor written silently (nor, as through a memory map, a bus error)."""
     from unshard import dtypes
-    from unshard.sinks import safetensors as writer
     from unshard.errors import CheckpointError
+    from unshard.sinks import safetensors as writer
 
     monkeypatch.setattr(writer, "_KERNEL_COPIES", kernel_copies)
     short = tmp_path / "model_world_size_2_rank_1.pt"
@@ -366,7 +419,9 @@ def test_threads_that_map_a_file_at_once_share_one_map(monkeypatch):
 
     import torch
 
-    checkpoint = unshard.plan(SHIPPED / "llama-fsdp1-dcp" / "dcp", config_from=SHIPPED / "llama-fsdp1-dcp" / "hf").checkpoint
+    checkpoint = unshard.plan(
+        SHIPPED / "llama-fsdp1-dcp" / "dcp", config_from=SHIPPED / "llama-fsdp1-dcp" / "hf"
+    ).checkpoint
     file = next(p.file for t in checkpoint.tensors.values() for p in t.pieces)
     checkpoint.maps.clear()
     real = torch.UntypedStorage.from_file
@@ -411,9 +466,14 @@ def test_dcp_chunks_saved_as_safetensors_are_found_by_their_header(tmp_path, mon
     reference = SHIPPED / "llama-fsdp2" / "reference"
     state = load_file(reference / "model.safetensors")
     with pytest.warns(UserWarning):  # no process group: torch saves as a single process
-        dcp.save(state, storage_writer=FileSystemWriter(tmp_path / "dcp", serialization_format=SerializationFormat.SAFETENSORS))
+        dcp.save(
+            state,
+            storage_writer=FileSystemWriter(tmp_path / "dcp", serialization_format=SerializationFormat.SAFETENSORS),
+        )
     copied, real_copy = [], writer.SafetensorsFile._copy_at
-    monkeypatch.setattr(writer.SafetensorsFile, "_copy_at", lambda self, at, part: (copied.append(part), real_copy(self, at, part))[1])
+    monkeypatch.setattr(
+        writer.SafetensorsFile, "_copy_at", lambda self, at, part: (copied.append(part), real_copy(self, at, part))[1]
+    )
     unshard.convert(tmp_path / "dcp", tmp_path / "out", progress=False, verify=True, config_from=reference)
     written = load_file(tmp_path / "out" / "model.safetensors")
     assert written.keys() == state.keys()
@@ -425,9 +485,9 @@ def test_dcp_chunks_saved_as_safetensors_are_found_by_their_header(tmp_path, mon
 def test_verify_finds_a_byte_changed_after_writing(tmp_path, monkeypatch, dtype):
     """--verify reads every written byte back: one byte changed between writing and verifying (a bad
     disk, another process) fails the run, names the tensor, and leaves no OUT behind."""
-    from unshard.write import threads
     from unshard.errors import UnshardError
     from unshard.sinks.safetensors import WrittenFile
+    from unshard.write import threads
 
     write = threads._write_weights
     changed = []
@@ -460,16 +520,44 @@ def test_casts_by_numpy_round_as_torch_does():
 
     from unshard import dtypes
 
-    edges = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x807FFFFF, 0x7F800001,
-             0xFFC00123, 0x7FA00000, 0x3F808000, 0x3F818000, 0x3F807FFF, 0x477FF000, 0x477FE000, 0x477FEFFF,
-             0x387FC000, 0x33000000, 0x33000001, 0xB3000000]
+    edges = [
+        0,
+        0x80000000,
+        0x7F800000,
+        0xFF800000,
+        0x7F7FFFFF,
+        0xFF7FFFFF,
+        0x00000001,
+        0x807FFFFF,
+        0x7F800001,
+        0xFFC00123,
+        0x7FA00000,
+        0x3F808000,
+        0x3F818000,
+        0x3F807FFF,
+        0x477FF000,
+        0x477FE000,
+        0x477FEFFF,
+        0x387FC000,
+        0x33000000,
+        0x33000001,
+        0xB3000000,
+    ]
     rng = np.random.default_rng(0)
-    bits = np.concatenate([np.array(edges, np.uint32), rng.integers(0, 2**32, 2_000_000, dtype=np.uint64).astype(np.uint32),
-                           rng.standard_normal(500_000).astype(np.float32).view(np.uint32)])
+    bits = np.concatenate(
+        [
+            np.array(edges, np.uint32),
+            rng.integers(0, 2**32, 2_000_000, dtype=np.uint64).astype(np.uint32),
+            rng.standard_normal(500_000).astype(np.float32).view(np.uint32),
+        ]
+    )
     float32 = torch.from_numpy(bits.view(np.float32).copy())
     every_bf16 = np.arange(2**16, dtype=np.uint16)
-    cases = [(bits, float32, "bfloat16"), (bits, float32, "float16"),
-             (every_bf16, torch.from_numpy(every_bf16.view(np.int16).copy()).view(torch.bfloat16), "float32")]
+    cases = [
+        (bits, float32, "bfloat16"),
+        (bits, float32, "float16"),
+        (every_bf16, torch.from_numpy(every_bf16.view(np.int16).copy()).view(torch.bfloat16), "float32"),
+    ]
     for raw, tensor, target in cases:
         ours = dtypes.cast(raw.view(np.uint8), dtypes.of(tensor.dtype), dtypes.BY_NAME[target])
         theirs = tensor.to(getattr(torch, target)).view(torch.uint8).numpy()
@@ -477,9 +565,15 @@ def test_casts_by_numpy_round_as_torch_does():
     assert dtypes.cast(bits.view(np.uint8), dtypes.BY_NAME["float16"], dtypes.BY_NAME["bfloat16"]) is None
 
 
-@pytest.mark.parametrize("src, config_from", [
-    ("llama-fsdp2/global_step_1", None), ("llama-fsdp2-tp/global_step_1", None),
-    ("qwen2-fsdp2-tp-dcp/dcp", "qwen2-fsdp2-tp-dcp/hf"), ("deepspeed-zero3/checkpoint-1", None)])
+@pytest.mark.parametrize(
+    "src, config_from",
+    [
+        ("llama-fsdp2/global_step_1", None),
+        ("llama-fsdp2-tp/global_step_1", None),
+        ("qwen2-fsdp2-tp-dcp/dcp", "qwen2-fsdp2-tp-dcp/hf"),
+        ("deepspeed-zero3/checkpoint-1", None),
+    ],
+)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_casts_by_numpy_write_what_torch_writes(tmp_path, monkeypatch, src, config_from, dtype):
     """Row shards, column shards, DCP chunks and ZeRO ranges cast by numpy from the files give the

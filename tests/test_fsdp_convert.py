@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
+from conftest import SHIPPED
+from generate import CASES
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 import unshard
-from conftest import SHIPPED
-from generate import CASES
 
 transformers = pytest.importorskip("transformers")
 # Cases whose oracle is a `reference/` folder written by save_pretrained (Megatron's is its own forward
@@ -88,8 +88,9 @@ def test_transformers_loads_it_and_logits_match(case, tmp_path):
         assert torch.equal(model(ids).logits, original(ids).logits)
 
     tokenizer = AutoTokenizer.from_pretrained(out)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt.endswith("<|assistant|>")
     generation = GenerationConfig.from_pretrained(out)
     assert generation.eos_token_id == [2, 0] and generation.temperature == 0.7
@@ -115,13 +116,17 @@ def test_moe_experts_use_save_pretrained_names(tmp_path):
 
 def test_sharded_output_and_index(tmp_path):
     out = tmp_path / "out"
-    result = unshard.convert(SHIPPED / "llama-fsdp2" / "global_step_1", out, max_shard_size="60KB",
-                             progress=False, verify=True)
+    result = unshard.convert(
+        SHIPPED / "llama-fsdp2" / "global_step_1", out, max_shard_size="60KB", progress=False, verify=True
+    )
     files = sorted(p.name for p in out.glob("*.safetensors"))
     assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
     index = json.loads((out / "model.safetensors.index.json").read_text())
-    assert index["metadata"]["total_size"] == result.bytes == sum(
-        t.numel() * t.element_size() for t in load_folder_tensors(out).values())
+    assert (
+        index["metadata"]["total_size"]
+        == result.bytes
+        == sum(t.numel() * t.element_size() for t in load_folder_tensors(out).values())
+    )
     assert set(index["weight_map"].values()) == set(files)
     model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"]
@@ -149,8 +154,8 @@ def test_open_checkpoint_reads_one_tensor(tmp_path):
 
 
 def test_shard_that_does_not_fit_its_placement_is_reported():
-    from unshard.sources import safe_torch_load
     from unshard.errors import CheckpointError
+    from unshard.sources import safe_torch_load
     from unshard.sources.fsdp_rank_files import _pieces
 
     path = SHIPPED / "llama-fsdp2" / "global_step_1" / "actor" / "model_world_size_4_rank_1.pt"
@@ -158,7 +163,9 @@ def test_shard_that_does_not_fit_its_placement_is_reported():
     value = state["model.embed_tokens.weight"]
     _pieces(path, "model.embed_tokens.weight", value)  # the real shard fits
     value._local_tensor = value._local_tensor[:-1]  # as if the file held a row too few
-    with pytest.raises(CheckpointError, match=r"rank_1.pt: model.embed_tokens.weight holds a shard of shape \(25, 64\)"):
+    with pytest.raises(
+        CheckpointError, match=r"rank_1.pt: model.embed_tokens.weight holds a shard of shape \(25, 64\)"
+    ):
         _pieces(path, "model.embed_tokens.weight", value)
 
 

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import FIXTURES, SHIPPED
+from safetensors.torch import load_file
 
 # fixture -> (what a user points unshard at, and --config-from, inside it)
 LAYOUTS = {
@@ -40,14 +39,20 @@ LAYOUTS = {
     "llama-hf-pickles": ("sharded", None),  # transformers 4's pytorch_model-*.bin and their index
     "colossalai-ddp": ("epoch-0_step-1", "hf"),  # a ColossalAI trainer's step: modeling/ beside optimizer/
 }
-MUTANTS = 12  # per layout (40 each for seeds 7, 11 and 13 found what was fixed, then nothing; 12 keep CI within its time)
+MUTANTS = (
+    12  # per layout (40 each for seeds 7, 11 and 13 found what was fixed, then nothing; 12 keep CI within its time)
+)
 SEED = 13
 
 
 def convert(src: Path, out: Path, config_from: Path | None) -> subprocess.CompletedProcess:
     extra = ["--config-from", str(config_from)] if config_from else []
-    return subprocess.run([sys.executable, "-m", "unshard", "convert", str(src), str(out), "--verify", "--no-progress",
-                           *extra], capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "unshard", "convert", str(src), str(out), "--verify", "--no-progress", *extra],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def mutate(folder: Path, rng: random.Random) -> str:
@@ -58,7 +63,7 @@ def mutate(folder: Path, rng: random.Random) -> str:
     text = path.suffix in (".json", ".jinja", ".txt", ".yaml") or path.name == "latest"
     kind = rng.choice(["truncate", "flip-head", "flip", "delete"] + (["empty", "garble"] if text else []))
     if kind == "truncate":
-        del data[rng.randrange(len(data) or 1):]
+        del data[rng.randrange(len(data) or 1) :]
     elif kind.startswith("flip") and data:
         span = min(len(data), 4096) if kind == "flip-head" else len(data)
         if path.suffix == ".safetensors":  # (the header: its length, then JSON)
@@ -97,8 +102,9 @@ def test_damaged_checkpoints_give_the_exact_weights_or_one_line(layout, tmp_path
     assert not failures, "\n".join(failures)
 
 
-def one_line_or_exact(what: str, done: subprocess.CompletedProcess, work: Path, out: Path,
-                      expected: dict[str, torch.Tensor] | None) -> str | None:
+def one_line_or_exact(
+    what: str, done: subprocess.CompletedProcess, work: Path, out: Path, expected: dict[str, torch.Tensor] | None
+) -> str | None:
     """What is wrong with a run on a damaged input, if anything: the property above (exit 0 with `expected`'s
     tensors, when given, or exit 1 with one line, nothing left behind)."""
     errors = [line for line in done.stderr.strip().splitlines() if line.startswith("unshard:")]
@@ -108,8 +114,9 @@ def one_line_or_exact(what: str, done: subprocess.CompletedProcess, work: Path, 
             return None
         written = load_file(next(out.glob("*.safetensors")))
         if sorted(written) != sorted(expected) or not all(
-                written[n].dtype == t.dtype and torch.equal(written[n].view(torch.uint8), t.view(torch.uint8))
-                for n, t in expected.items()):
+            written[n].dtype == t.dtype and torch.equal(written[n].view(torch.uint8), t.view(torch.uint8))
+            for n, t in expected.items()
+        ):
             return f"{what}: exit 0 with other weights"
     elif done.returncode != 1 or len(errors) != 1 or "internal error" in errors[0] or "Traceback" in done.stderr:
         return f"{what}: exit {done.returncode}: {done.stderr.strip()[-400:]}"
@@ -119,12 +126,18 @@ def one_line_or_exact(what: str, done: subprocess.CompletedProcess, work: Path, 
 
 
 RECIPES = {  # what merge, merge-moe and extract-lora read of the three models in tests/fixtures/search-models
-    "ties.yaml": ["merge", "merge_method: ties\nbase_model: {w}/base\nmodels:\n"
-                  "  - {{model: {w}/ft-count, parameters: {{weight: 0.6, density: 0.5}}}}\n"
-                  "  - {{model: {w}/ft-skip, parameters: {{weight: 0.4, density: 0.5}}}}\ndtype: float32\n"],
-    "moe.yaml": ["merge-moe", "base_model: {w}/base\ngate_mode: random\nexperts:\n"
-                 "  - {{source_model: {w}/ft-count, positive_prompts: [a]}}\n"
-                 "  - {{source_model: {w}/ft-skip, positive_prompts: [b]}}\ndtype: float32\n"],
+    "ties.yaml": [
+        "merge",
+        "merge_method: ties\nbase_model: {w}/base\nmodels:\n"
+        "  - {{model: {w}/ft-count, parameters: {{weight: 0.6, density: 0.5}}}}\n"
+        "  - {{model: {w}/ft-skip, parameters: {{weight: 0.4, density: 0.5}}}}\ndtype: float32\n",
+    ],
+    "moe.yaml": [
+        "merge-moe",
+        "base_model: {w}/base\ngate_mode: random\nexperts:\n"
+        "  - {{source_model: {w}/ft-count, positive_prompts: [a]}}\n"
+        "  - {{source_model: {w}/ft-skip, positive_prompts: [b]}}\ndtype: float32\n",
+    ],
 }
 MERGE_MUTANTS = 6  # (seeded with 7 rather than 13, these found a recipe that is not UTF-8: fixed since)
 
@@ -132,11 +145,16 @@ MERGE_MUTANTS = 6  # (seeded with 7 rather than 13, these found a recipe that is
 def test_damaged_merge_inputs_give_the_same_merge_or_one_line(tmp_path):
     """The same property for what the merging commands read: a file of one of three models damaged, or a
     recipe (whose damage may change the merge, so only the one line is checked then)."""
+
     def run(work: Path, recipe: str, out: Path) -> subprocess.CompletedProcess:
-        command = ["extract-lora", str(work / "ft-count"), str(work / "base"), str(out), "--rank", "4"] \
-            if recipe == "extract-lora" else [RECIPES[recipe][0], str(work / recipe), str(out)]
-        return subprocess.run([sys.executable, "-m", "unshard", *command, "--no-progress"], capture_output=True,
-                              text=True, timeout=180)
+        command = (
+            ["extract-lora", str(work / "ft-count"), str(work / "base"), str(out), "--rank", "4"]
+            if recipe == "extract-lora"
+            else [RECIPES[recipe][0], str(work / recipe), str(out)]
+        )
+        return subprocess.run(
+            [sys.executable, "-m", "unshard", *command, "--no-progress"], capture_output=True, text=True, timeout=180
+        )
 
     def inputs(work: Path) -> None:
         shutil.copytree(FIXTURES / "search-models", work, ignore=shutil.ignore_patterns("eval.*"))
@@ -167,8 +185,13 @@ def test_damaged_merge_inputs_give_the_same_merge_or_one_line(tmp_path):
             what = mutate(work / damaged, rng)
         for recipe in runs:
             out = work / f"out-{recipe}"
-            problem = one_line_or_exact(f"{what} [{recipe}]", run(work, recipe, out), work, out,
-                                        None if damaged == "recipe" else expected[recipe])
+            problem = one_line_or_exact(
+                f"{what} [{recipe}]",
+                run(work, recipe, out),
+                work,
+                out,
+                None if damaged == "recipe" else expected[recipe],
+            )
             failures += [problem] if problem else []
         shutil.rmtree(work)
     assert not failures, "\n".join(failures)
@@ -180,9 +203,14 @@ GGUF_MUTANTS = 20  # (each a second or less; with seeds 7, 11 and 13 alike they 
 def test_damaged_checkpoints_give_the_same_gguf_or_one_line(tmp_path):
     """The property for a GGUF file, whose writer reads more of the model's folder (tokenizer.model,
     the chat template through gguf-py): a Gemma with a SentencePiece tokenizer."""
+
     def convert_to_gguf(src: Path, out: Path) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "unshard", "convert", str(src), str(out), "--verify",
-                               "--no-progress"], capture_output=True, text=True, timeout=180)
+        return subprocess.run(
+            [sys.executable, "-m", "unshard", "convert", str(src), str(out), "--verify", "--no-progress"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
 
     layout = "gemma-fsdp2-spm"
     done = convert_to_gguf(SHIPPED / layout / "global_step_1", tmp_path / "intact.gguf")

@@ -14,16 +14,16 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import generate
 import gguf
 import pytest
 import torch
 import yaml
-
-import generate
-import unshard
 from conftest import SHIPPED
-from unshard.report import human_bytes
 from test_cli_and_errors import leftovers, run_cli
+
+import unshard
+from unshard.report import human_bytes
 
 TYPES = ["f32", "f16", "bf16", "q8_0", "auto"]
 # The converter names the file after the folder it read, and takes tags from the model card there (a merged
@@ -40,11 +40,27 @@ def converter():
         """pre: the BPE pre-tokenizer's name, given to the converter (llama_cpp_converter.py) for a tokenizer
         trained by the fixtures, which its table of known tokenizers' hashes lacks. mmproj: write a vision-language
         model's vision part (its --mmproj) rather than its text model."""
-        script = [str(root / "convert_hf_to_gguf.py")] if pre is None else [
-            str(Path(__file__).parent / "llama_cpp_converter.py"), str(root), pre]
-        done = subprocess.run([str(python), *script, str(folder), "--outtype", outtype, "--outfile", str(out),
-                               *(["--mmproj"] if mmproj else [])],
-                              capture_output=True, text=True, timeout=600, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        script = (
+            [str(root / "convert_hf_to_gguf.py")]
+            if pre is None
+            else [str(Path(__file__).parent / "llama_cpp_converter.py"), str(root), pre]
+        )
+        done = subprocess.run(
+            [
+                str(python),
+                *script,
+                str(folder),
+                "--outtype",
+                outtype,
+                "--outfile",
+                str(out),
+                *(["--mmproj"] if mmproj else []),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return out
 
@@ -67,8 +83,11 @@ def for_the_converter(folder: Path) -> str | None:
 def contents(path: Path) -> tuple[dict, list]:
     """(metadata fields, [(tensor name, type, shape, bytes)] in file order), as gguf-py reads them."""
     reader = gguf.GGUFReader(path)
-    fields = {key: field.contents() for key, field in reader.fields.items()
-              if not key.startswith("GGUF.") and key not in NAMING}
+    fields = {
+        key: field.contents()
+        for key, field in reader.fields.items()
+        if not key.startswith("GGUF.") and key not in NAMING
+    }
     tensors = [(t.name, t.tensor_type.name, t.shape.tolist(), t.data.tobytes()) for t in reader.tensors]
     return fields, tensors
 
@@ -109,11 +128,28 @@ def test_added_tokens_take_the_converter_types(converter, tmp_path):
     unshard.convert(src, tmp_path / "hf", progress=False)
     config_path = tmp_path / "hf" / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
-    added = {96: ("<think>", False), 97: ("<|im_end|>", False), 98: ("<unused0>", False), 99: ("[INST]", False),
-             100: ("\u2581hi", False), 101: ("<tool>", True)}
-    config["added_tokens_decoder"] = {**config.get("added_tokens_decoder", {}), **{
-        str(i): {"content": text, "special": special, "lstrip": False, "rstrip": False, "normalized": False,
-                 "single_word": False} for i, (text, special) in added.items()}}
+    added = {
+        96: ("<think>", False),
+        97: ("<|im_end|>", False),
+        98: ("<unused0>", False),
+        99: ("[INST]", False),
+        100: ("\u2581hi", False),
+        101: ("<tool>", True),
+    }
+    config["added_tokens_decoder"] = {
+        **config.get("added_tokens_decoder", {}),
+        **{
+            str(i): {
+                "content": text,
+                "special": special,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "single_word": False,
+            }
+            for i, (text, special) in added.items()
+        },
+    }
     config_path.write_text(json.dumps(config))
     code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress")
     assert code == 0, err
@@ -151,8 +187,16 @@ LLAMA_CPP_TOLERANCE = {"f32": 1e-3, "f16": 2e-3, "bf16": 1e-2, "q8_0": 0.05}
 def llama_cpp_client(*args) -> None:
     """tests/llama_cpp_client.py, run by llama.cpp itself: llama-cpp-python compiled from its source package
     (a peer venv)."""
-    done = subprocess.run([str(generate.peer_python("llamacpp-client")), str(Path(__file__).parent / "llama_cpp_client.py"),
-                           *map(str, args)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            str(generate.peer_python("llamacpp-client")),
+            str(Path(__file__).parent / "llama_cpp_client.py"),
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -170,8 +214,9 @@ def llama_cpp():
     return run
 
 
-@pytest.mark.parametrize("case", ["llama-fsdp2-spm", "qwen2-fsdp2-spm", "gemma2-fsdp2-spm", "mixtral8-fsdp2-spm",
-                                  "qwen2moe-fsdp2"])
+@pytest.mark.parametrize(
+    "case", ["llama-fsdp2-spm", "qwen2-fsdp2-spm", "gemma2-fsdp2-spm", "mixtral8-fsdp2-spm", "qwen2moe-fsdp2"]
+)
 def test_legacy_types_as_llama_quantize_makes_them_from_the_converter_s_file(case, converter, llama_cpp, tmp_path):
     """q4_0, q4_1, q5_0 and q5_1 equal what llama.cpp's llama-quantize writes from the converter's f32 file with
     `--output-tensor-type q8_0` (its own output type, q6_K, is a K-quant gguf-py cannot compute): every field in
@@ -185,7 +230,9 @@ def test_legacy_types_as_llama_quantize_makes_them_from_the_converter_s_file(cas
     unshard.convert(src, tmp_path / "hf", progress=False)
     f32 = converter(tmp_path / "hf", "f32", tmp_path / "converter-f32.gguf", pre=for_the_converter(tmp_path / "hf"))
     prompt = [1, 5, 20, 33, 64, 70, 90, 2]
-    expected = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)(torch.tensor([prompt])).logits[0]
+    expected = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)(
+        torch.tensor([prompt])
+    ).logits[0]
     for kind in ("q4_0", "q4_1", "q5_0", "q5_1"):
         ours, theirs = tmp_path / f"{kind}.gguf", tmp_path / f"llama-quantize-{kind}.gguf"
         unshard.convert(src, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
@@ -200,9 +247,21 @@ def test_legacy_types_as_llama_quantize_makes_them_from_the_converter_s_file(cas
     assert types.get("blk.0.ffn_gate_inp.weight", "F32") == "F32"
 
 
-@pytest.mark.parametrize("case", ["llama-fsdp2-spm", "qwen2-fsdp2-spm", "qwen3-fsdp2-spm", "gemma-fsdp2-spm",
-                                  "gemma2-fsdp2-spm", "gemma3-fsdp2-spm", "phi3-fsdp2-spm", "mixtral8-fsdp2-spm",
-                                  "qwen2moe-fsdp2", "qwen3moe-fsdp2"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "llama-fsdp2-spm",
+        "qwen2-fsdp2-spm",
+        "qwen3-fsdp2-spm",
+        "gemma-fsdp2-spm",
+        "gemma2-fsdp2-spm",
+        "gemma3-fsdp2-spm",
+        "phi3-fsdp2-spm",
+        "mixtral8-fsdp2-spm",
+        "qwen2moe-fsdp2",
+        "qwen3moe-fsdp2",
+    ],
+)
 def test_llama_cpp_runs_the_file_as_transformers_runs_the_model(case, llama_cpp, tmp_path):
     """llama.cpp itself loads each file and computes the unsharded model's logits, within LLAMA_CPP_TOLERANCE;
     every position's most likely token and 8 greedy tokens are transformers' own, for every type but q8_0,
@@ -226,22 +285,31 @@ def test_llama_cpp_runs_the_file_as_transformers_runs_the_model(case, llama_cpp,
         assert distance <= tolerance, (kind, distance)
         if kind != "q8_0":
             assert torch.equal(logits.argmax(-1), expected.argmax(-1)), kind
-            assert greedy == sequence[len(prompt):], (kind, greedy, sequence[len(prompt):])
+            assert greedy == sequence[len(prompt) :], (kind, greedy, sequence[len(prompt) :])
 
 
 # what each family has that the others do not: (q's bias, q's norm, layer 0's post-feed-forward norm)
-FAMILY_TENSORS = {"qwen2": ("F32", None, None), "qwen3": (None, "F32", None), "gemma": (None, None, None),
-                  "gemma2": (None, None, "F32"), "gemma3": (None, "F32", "F32"), "phi3": (None, None, None)}
+FAMILY_TENSORS = {
+    "qwen2": ("F32", None, None),
+    "qwen3": (None, "F32", None),
+    "gemma": (None, None, None),
+    "gemma2": (None, None, "F32"),
+    "gemma3": (None, "F32", "F32"),
+    "phi3": (None, None, None),
+}
 
 
-@pytest.mark.parametrize("case", ["qwen2-fsdp2-spm", "qwen3-fsdp2-spm", "gemma-fsdp2-spm", "gemma2-fsdp2-spm",
-                                  "gemma3-fsdp2-spm", "phi3-fsdp2-spm"])
+@pytest.mark.parametrize(
+    "case",
+    ["qwen2-fsdp2-spm", "qwen3-fsdp2-spm", "gemma-fsdp2-spm", "gemma2-fsdp2-spm", "gemma3-fsdp2-spm", "phi3-fsdp2-spm"],
+)
 def test_qwen_and_gemma_families_as_the_converter_writes_them(case, converter, tmp_path):
     """Qwen2 (tied embeddings, biases on q, k and v), Qwen3 (q and k normed per head, heads of 32 over a
     hidden size of 64), Gemma (norms stored as 1 + weight, CodeGemma's token ids), Gemma 2 (its own
     hyper-parameters: soft caps, sliding window, no rope base), Gemma 3 (q and k norms shifted too, rope per kind
     of layer) and Phi-3 (q, k, v and gate, up fused): llama.cpp's qwen2, qwen3, gemma, gemma2, gemma3 and phi3,
-    whose q and k keep transformers' order; the metadata without the llama-only fields. down_proj's rows of 90 do not fill q8_0's blocks: f16, as the converter.
+    whose q and k keep transformers' order; the metadata without the llama-only fields. down_proj's rows of 90 do not
+    fill q8_0's blocks: f16, as the converter.
     transformers' GGUF reader gives the training model's logits back exactly from f32 (given the config:
     it reads no head width from the file, where llama.cpp reads attention.key_length)."""
     from transformers import AutoModelForCausalLM
@@ -249,8 +317,9 @@ def test_qwen_and_gemma_families_as_the_converter_writes_them(case, converter, t
     src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     for kind in ("f32", "q8_0"):
-        ours = unshard.convert(src, tmp_path / f"{kind}.gguf", output=unshard.OutputOptions(gguf=kind), verify=True,
-                               progress=False)
+        ours = unshard.convert(
+            src, tmp_path / f"{kind}.gguf", output=unshard.OutputOptions(gguf=kind), verify=True, progress=False
+        )
         assert ours.files == ["model.gguf"]
         assert_same_file(tmp_path / f"{kind}.gguf", converter(tmp_path / "hf", kind, tmp_path / f"oracle-{kind}.gguf"))
     fields, tensors = contents(tmp_path / "q8_0.gguf")
@@ -259,13 +328,17 @@ def test_qwen_and_gemma_families_as_the_converter_writes_them(case, converter, t
     types = {name: kind for name, kind, *_ in tensors}
     assert types["blk.0.ffn_down.weight"] == "F16"
     assert types.get("blk.0.attn_q.weight", types.get("blk.0.attn_qkv.weight")) == "Q8_0"  # (Phi-3's q, k, v in one)
-    assert (types.get("blk.0.attn_q.bias"), types.get("blk.0.attn_q_norm.weight"),
-            types.get("blk.0.post_ffw_norm.weight")) == FAMILY_TENSORS[arch]
+    assert (
+        types.get("blk.0.attn_q.bias"),
+        types.get("blk.0.attn_q_norm.weight"),
+        types.get("blk.0.post_ffw_norm.weight"),
+    ) == FAMILY_TENSORS[arch]
     if arch == "gemma":
         return  # (transformers' GGUF reader takes no gemma; llama.cpp runs it, test_llama_cpp_runs_the_file_...)
     reference = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="f32.gguf", dtype=torch.float32,
-                                                 config=reference.config)
+    model = AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="f32.gguf", dtype=torch.float32, config=reference.config
+    )
     ids = torch.tensor([[1, 5, 20, 33, 64, 70, 90, 2]])
     assert torch.equal(model(ids).logits, reference(ids).logits)
 
@@ -288,7 +361,9 @@ def test_moe_families_stack_their_experts_as_the_converter_does(case, converter,
     assert fields[f"{arch}.expert_count"] == experts and fields["general.size_label"].startswith(f"{experts}x")
     shapes = {name: (kind, shape) for name, kind, shape, _ in tensors}
     assert shapes["blk.1.ffn_gate_exps.weight"][1][2] == experts and shapes["blk.1.ffn_gate_inp.weight"] == (
-        "F32", [64, experts])
+        "F32",
+        [64, experts],
+    )
     assert not any(".experts." in name or name.count(".") > 3 for name in shapes)
 
 
@@ -297,19 +372,48 @@ def test_moe_families_stack_their_experts_as_the_converter_does(case, converter,
 # short factors per pair of rotary dimensions, an attention factor in the header; an original context of 4096, which
 # both llama.cpp's context here and the prompt stay under, so both take the short factors).
 COMPUTED_ROPE = {
-    "llama-fsdp2-spm": ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                             "original_max_position_embeddings": 32}}, ["rope_freqs.weight"]),
-    "phi3-fsdp2-spm": ({"max_position_embeddings": 16384, "original_max_position_embeddings": 4096,
-                        "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
-                                            "original_max_position_embeddings": 4096,
-                                            "long_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
-                                            "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.6, 3.3, 4.0]}},
-                       ["rope_factors_long.weight", "rope_factors_short.weight"]),
+    "llama-fsdp2-spm": (
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+        ["rope_freqs.weight"],
+    ),
+    "phi3-fsdp2-spm": (
+        {
+            "max_position_embeddings": 16384,
+            "original_max_position_embeddings": 4096,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 1.0,
+                "original_max_position_embeddings": 4096,
+                "long_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.6, 3.3, 4.0],
+            },
+        },
+        ["rope_factors_long.weight", "rope_factors_short.weight"],
+    ),
     # YaRN (as Qwen2.5's and Qwen3's long-context configs set it): header fields only
-    "qwen2-fsdp2-spm": ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                             "original_max_position_embeddings": 32, "beta_fast": 32.0,
-                                             "beta_slow": 1.0}}, []),
+    "qwen2-fsdp2-spm": (
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+            }
+        },
+        [],
+    ),
 }
 
 
@@ -327,14 +431,23 @@ def test_rope_scalings_as_the_converter_writes_them(case, converter, llama_cpp, 
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
     for kind in ("f32", "q8_0", "q4_0"):
-        code, _, err = run_cli("convert", src, tmp_path / f"{kind}.gguf", "--config-from", tmp_path / "hf",
-                               "--gguf-type", kind, "--verify", "--no-progress")
+        code, _, err = run_cli(
+            "convert",
+            src,
+            tmp_path / f"{kind}.gguf",
+            "--config-from",
+            tmp_path / "hf",
+            "--gguf-type",
+            kind,
+            "--verify",
+            "--no-progress",
+        )
         assert code == 0, err
     assert_same_file(tmp_path / "f32.gguf", converter(tmp_path / "hf", "f32", tmp_path / "converter-f32.gguf"))
     assert_same_file(tmp_path / "q8_0.gguf", converter(tmp_path / "hf", "q8_0", tmp_path / "converter-q8_0.gguf"))
     llama_cpp_client("quantize", tmp_path / "converter-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_0", "q8_0")
     assert_same_file(tmp_path / "q4_0.gguf", tmp_path / "llama-quantize.gguf")
-    assert [t[:2] for t in contents(tmp_path / "f32.gguf")[1][:len(computed)]] == [(n, "F32") for n in computed]
+    assert [t[:2] for t in contents(tmp_path / "f32.gguf")[1][: len(computed)]] == [(n, "F32") for n in computed]
 
     prompt = [1, 5, 20, 33, 64, 70, 90, 2]
     logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0)
@@ -343,7 +456,8 @@ def test_rope_scalings_as_the_converter_writes_them(case, converter, llama_cpp, 
         (tmp_path / "hf" / "config.json").write_text(json.dumps(folder_config))
         with torch.no_grad():
             expected = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)(
-                torch.tensor([prompt])).logits[0]
+                torch.tensor([prompt])
+            ).logits[0]
         distances.append(((logits - expected).norm() / expected.norm()).item())
     # (measured: 2.8e-4 against 0.026 for Llama 3's, 2.8e-4 against 4.5e-3 for Phi-3's, whose factors change little
     # over a short prompt)
@@ -354,8 +468,18 @@ def test_a_merge_as_one_gguf_file(converter, tmp_path):
     """`unshard merge RECIPE OUT.gguf`: the merged model as the converter writes the merged folder."""
     src = SHIPPED / "llama-fsdp2-spm" / "global_step_1"
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({"merge_method": "linear", "dtype": "float32", "models": [
-        {"model": str(src), "parameters": {"weight": 0.7}}, {"model": str(src), "parameters": {"weight": 0.3}}]}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "merge_method": "linear",
+                "dtype": "float32",
+                "models": [
+                    {"model": str(src), "parameters": {"weight": 0.7}},
+                    {"model": str(src), "parameters": {"weight": 0.3}},
+                ],
+            }
+        )
+    )
     unshard.merge(recipe, tmp_path / "merged", progress=False)
     code, _, err = run_cli("merge", recipe, tmp_path / "merged.gguf", "--gguf-type", "q8_0", "--no-progress")
     assert code == 0, err
@@ -379,18 +503,32 @@ def test_the_cli_implies_gguf_from_the_name_and_dry_run_tells_the_size(tmp_path)
 
 # tokenizer.json's pre-tokenizers: GPT-2's byte-level split, and Splits by Llama 3's and Qwen2's regexes
 # before a byte-level step (as those models' tokenizer.json hold them)
-SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}%s| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}%s| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
 PRE_TOKENIZERS = {
     "gpt-2": None,  # (the fixture's own)
-    "llama-bpe": {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": SPLIT % "{1,3}"}, "behavior": "Isolated", "invert": False}, BYTE_LEVEL]},
-    "qwen2": {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": SPLIT % ""}, "behavior": "Isolated", "invert": False}, BYTE_LEVEL]},
+    "llama-bpe": {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": SPLIT % "{1,3}"}, "behavior": "Isolated", "invert": False},
+            BYTE_LEVEL,
+        ],
+    },
+    "qwen2": {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": SPLIT % ""}, "behavior": "Isolated", "invert": False},
+            BYTE_LEVEL,
+        ],
+    },
 }
 
 
-@pytest.mark.parametrize("case, pre", [("llama-fsdp2", "gpt-2"), ("llama-fsdp2", "llama-bpe"), ("qwen2-fsdp2", "qwen2")])
+@pytest.mark.parametrize(
+    "case, pre", [("llama-fsdp2", "gpt-2"), ("llama-fsdp2", "llama-bpe"), ("qwen2-fsdp2", "qwen2")]
+)
 def test_byte_level_bpe_vocabularies_as_the_converter_writes_them(case, pre, converter, tmp_path):
     """A byte-level BPE tokenizer.json (trained by the fixtures; special tokens, added ones, merges): llama.cpp's
     gpt2 tokenizer model, the pre-tokenizer named by its split. The converter knows a pre-tokenizer only by the
@@ -408,8 +546,17 @@ def test_byte_level_bpe_vocabularies_as_the_converter_writes_them(case, pre, con
     config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
     (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps(config))
-    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress",
-                           "--gguf-type", "f16", "--verify")
+    code, _, err = run_cli(
+        "convert",
+        src,
+        tmp_path / "m.gguf",
+        "--config-from",
+        tmp_path / "hf",
+        "--no-progress",
+        "--gguf-type",
+        "f16",
+        "--verify",
+    )
     assert code == 0, err
     assert_same_file(tmp_path / "m.gguf", converter(tmp_path / "hf", "f16", tmp_path / "oracle.gguf", pre=pre))
     fields = contents(tmp_path / "m.gguf")[0]
@@ -444,8 +591,11 @@ def with_hub_vision_names(folder: Path, out: Path) -> Path:
 
     shutil.copytree(folder, out)
     tensors = load_file(out / "model.safetensors")
-    save_file({name.replace("vision_tower.", "vision_tower.vision_model.", 1): t for name, t in tensors.items()},
-              out / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {name.replace("vision_tower.", "vision_tower.vision_model.", 1): t for name, t in tensors.items()},
+        out / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     return out
 
 
@@ -466,14 +616,19 @@ def test_gemma3_vision_model_writes_its_mmproj_beside_as_the_converter_does(conv
         result = unshard.convert(src, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
         assert result.files == ["model.gguf", "mmproj.gguf"] and not leftovers(tmp_path)
         assert_same_file(ours, converter(hub, kind, tmp_path / f"oracle-{kind}.gguf"))
-        assert_same_file(tmp_path / f"mmproj-{kind}.gguf",
-                         converter(hub, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", mmproj=True))
+        assert_same_file(
+            tmp_path / f"mmproj-{kind}.gguf", converter(hub, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", mmproj=True)
+        )
     fields, tensors = contents(tmp_path / "mmproj-q8_0.gguf")
     assert fields["general.architecture"] == "clip" and fields["clip.projector_type"] == "gemma3"
     assert fields["clip.vision.projector.scale_factor"] == 2 and fields["clip.vision.image_mean"] == [0.5] * 3
     types = {name: kind for name, kind, *_ in tensors}
-    assert (types["mm.input_projection.weight"], types["v.patch_embd.weight"], types["v.blk.0.attn_q.weight"],
-            types["v.blk.0.ffn_down.weight"]) == ("F16", "F32", "Q8_0", "F16")
+    assert (
+        types["mm.input_projection.weight"],
+        types["v.patch_embd.weight"],
+        types["v.blk.0.attn_q.weight"],
+        types["v.blk.0.ffn_down.weight"],
+    ) == ("F16", "F32", "Q8_0", "F16")
     assert "vision_tower" not in str(contents(tmp_path / "f32.gguf")[1])  # (the text file holds no vision tensor)
     code, out, _ = run_cli("convert", src, tmp_path / "dry.gguf", "--gguf-type", "q8_0", "--dry-run")
     assert code == 0 and "mmproj       the vision part" in out and "mmproj.gguf" in out and "type q8_0" in out
@@ -488,18 +643,28 @@ def test_gemma3_vision_model_writes_its_mmproj_beside_as_the_converter_does(conv
     assert_same_file(tmp_path / "mmproj-q4_0.gguf", tmp_path / "mmproj-f16.gguf")
     prompt = [1, 5, 20, 33, 64, 70, 90, 2]
     with torch.no_grad():
-        expected = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)(torch.tensor([prompt])).logits[0]
+        expected = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)(
+            torch.tensor([prompt])
+        ).logits[0]
     logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0)
     assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
 
 
-@pytest.mark.parametrize("change, expected", [
-    ({"vision_config": {"vision_use_head": True}}, "a pooling head (vision_use_head), which llama.cpp's gemma3 projector"),
-    # (transformers' config class refuses it first, when it is there to ask)
-    ({"vision_config": {"patch_size": None}}, "config.json: transformers cannot read it (Validation error for field "
-                                              "'patch_size'"),
-    ({}, "no image processor's image_mean and image_std"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (
+            {"vision_config": {"vision_use_head": True}},
+            "a pooling head (vision_use_head), which llama.cpp's gemma3 projector",
+        ),
+        # (transformers' config class refuses it first, when it is there to ask)
+        (
+            {"vision_config": {"patch_size": None}},
+            "config.json: transformers cannot read it (Validation error for field 'patch_size'",
+        ),
+        ({}, "no image processor's image_mean and image_std"),
+    ],
+)
 def test_a_vision_part_llama_cpp_cannot_take_is_one_line(change, expected, tmp_path):
     """The mmproj file's facts missing or unlike what llama.cpp's gemma3 projector runs: one line before anything is
     written, neither file left (the processor's settings are gone with processor_config.json)."""
@@ -514,8 +679,9 @@ def test_a_vision_part_llama_cpp_cannot_take_is_one_line(change, expected, tmp_p
     if not change:
         (tmp_path / "hf" / "processor_config.json").unlink()
     # (--no-check: transformers' model of such a config has other tensors, which the config check says first)
-    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress",
-                           "--no-check")
+    code, _, err = run_cli(
+        "convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress", "--no-check"
+    )
     assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "m.gguf").exists() and not (tmp_path / "mmproj-m.gguf").exists() and not leftovers(tmp_path)
 
@@ -534,10 +700,17 @@ def test_llama_cpp_sees_an_image_through_the_mmproj_as_transformers_does(tmp_pat
     src = SHIPPED / "gemma3vl-fsdp2-spm" / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
-    config["added_tokens_decoder"] = {str(i): {"content": text, "special": True, "lstrip": False, "rstrip": False,
-                                               "normalized": False, "single_word": False}
-                                      for i, text in ((96, "<start_of_image>"), (97, "<end_of_image>"),
-                                                      (98, "<image_soft_token>"))}
+    config["added_tokens_decoder"] = {
+        str(i): {
+            "content": text,
+            "special": True,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "single_word": False,
+        }
+        for i, text in ((96, "<start_of_image>"), (97, "<end_of_image>"), (98, "<image_soft_token>"))
+    }
     (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps(config))
     image = np.random.default_rng(0).integers(0, 256, (56, 56, 3), dtype=np.uint8)
     image.tofile(tmp_path / "image.rgb")
@@ -548,10 +721,18 @@ def test_llama_cpp_sees_an_image_through_the_mmproj_as_transformers_does(tmp_pat
     assert expected.shape == (4, 64)
     for kind, tolerance in (("f32", 1e-3), ("f16", 2e-3), ("q8_0", 0.03)):
         gguf_file = tmp_path / f"{kind}.gguf"
-        unshard.convert(src, gguf_file, config_from=tmp_path / "hf", output=unshard.OutputOptions(gguf=kind),
-                        progress=False)
-        llama_cpp_client("image", gguf_file, tmp_path / f"mmproj-{kind}.gguf", 56, 56, tmp_path / "image.rgb",
-                         tmp_path / f"{kind}.npy")
+        unshard.convert(
+            src, gguf_file, config_from=tmp_path / "hf", output=unshard.OutputOptions(gguf=kind), progress=False
+        )
+        llama_cpp_client(
+            "image",
+            gguf_file,
+            tmp_path / f"mmproj-{kind}.gguf",
+            56,
+            56,
+            tmp_path / "image.rgb",
+            tmp_path / f"{kind}.npy",
+        )
         embeddings = torch.from_numpy(np.load(tmp_path / f"{kind}.npy"))
         distance = ((embeddings - expected).norm() / expected.norm()).item()
         assert embeddings.shape == (4, 64) and distance <= tolerance, (kind, distance)
@@ -563,7 +744,9 @@ def test_gemma3_with_a_byte_level_bpe_vocabulary(converter, tmp_path):
     fewer than the rows, the converter's cut file is one llama.cpp refuses (it lists the config's 103 tokens): that
     is one line here, before anything is written."""
     src, hf = gemma3_with_a_byte_level_bpe(tmp_path / "whole", 40)
-    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", hf, "--no-progress", "--gguf-type", "f32")
+    code, _, err = run_cli(
+        "convert", src, tmp_path / "m.gguf", "--config-from", hf, "--no-progress", "--gguf-type", "f32"
+    )
     assert code == 0, err
     assert_same_file(tmp_path / "m.gguf", converter(hf, "f32", tmp_path / "oracle.gguf", pre="gpt-2"))
     assert contents(tmp_path / "m.gguf")[0]["tokenizer.ggml.model"] == "gpt2"
@@ -573,19 +756,37 @@ def test_gemma3_with_a_byte_level_bpe_vocabulary(converter, tmp_path):
     assert code == 1 and len(err.strip().splitlines()) == 1 and not (tmp_path / "short.gguf").exists()
     assert "67 tokens for an embedding of 103 rows; llama.cpp's converter would cut" in err
     cut = converter(hf, "f32", tmp_path / "cut.gguf", pre="gpt-2")
-    refused = subprocess.run([str(generate.peer_python("llamacpp-client")), str(Path(__file__).parent / "llama_cpp_client.py"),
-                              "run", str(cut), "1,5", str(tmp_path / "cut.npz"), "1"], capture_output=True, text=True,
-                             timeout=600)
+    refused = subprocess.run(
+        [
+            str(generate.peer_python("llamacpp-client")),
+            str(Path(__file__).parent / "llama_cpp_client.py"),
+            "run",
+            str(cut),
+            "1,5",
+            str(tmp_path / "cut.npz"),
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert refused.returncode != 0 and "Failed to load model" in refused.stderr  # (token_embd has the wrong shape)
 
 
-@pytest.mark.parametrize("case, args, expected", [
-    ("qwen2vl-fsdp2", (), "Qwen2VLForConditionalGeneration is not an architecture unshard writes as GGUF yet"),
-    ("llama-fsdp2-spm", ("--gguf-type", "q4_k_m"), "--gguf-type q4_k_m: a type llama-quantize computes and gguf-py "
-                                                   "does not; write f16 (or f32) here and run `llama-quantize"),
-    ("llama-fsdp2-spm", ("--gguf-type", "q7"), "--gguf-type q7: not one unshard writes; choose one of f32, f16"),
-    ("llama-fsdp2-spm", ("--quantize", "W4A16"), "a GGUF file takes neither --quantize"),
-])
+@pytest.mark.parametrize(
+    "case, args, expected",
+    [
+        ("qwen2vl-fsdp2", (), "Qwen2VLForConditionalGeneration is not an architecture unshard writes as GGUF yet"),
+        (
+            "llama-fsdp2-spm",
+            ("--gguf-type", "q4_k_m"),
+            "--gguf-type q4_k_m: a type llama-quantize computes and gguf-py "
+            "does not; write f16 (or f32) here and run `llama-quantize",
+        ),
+        ("llama-fsdp2-spm", ("--gguf-type", "q7"), "--gguf-type q7: not one unshard writes; choose one of f32, f16"),
+        ("llama-fsdp2-spm", ("--quantize", "W4A16"), "a GGUF file takes neither --quantize"),
+    ],
+)
 def test_what_gguf_cannot_take_is_one_line_before_anything_is_written(case, args, expected, tmp_path):
     code, _, err = run_cli("convert", SHIPPED / case / "global_step_1", tmp_path / "m.gguf", *args, "--no-progress")
     assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, err
@@ -604,25 +805,29 @@ def test_a_config_naming_no_architecture_takes_it_from_the_command_line(tmp_path
     assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
     code, _, err = run_cli("convert", ckpt, tmp_path / "m.gguf", "--no-progress", "--architecture", "LlamaForCausalLM")
     assert code == 0, err
-    code, _, err = run_cli("convert", SHIPPED / "llama-fsdp2-spm" / "global_step_1", tmp_path / "intact.gguf",
-                           "--no-progress")
+    code, _, err = run_cli(
+        "convert", SHIPPED / "llama-fsdp2-spm" / "global_step_1", tmp_path / "intact.gguf", "--no-progress"
+    )
     assert code == 0 and (tmp_path / "m.gguf").read_bytes() == (tmp_path / "intact.gguf").read_bytes()
 
 
-@pytest.mark.parametrize("damage, expected", [
-    ("truncated", "not a SentencePiece model"),
-    ("a piece not UTF-8", "token 0's piece is not UTF-8 text; restore the file"),  # (the file still parses)
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        ("truncated", "not a SentencePiece model"),
+        ("a piece not UTF-8", "token 0's piece is not UTF-8 text; restore the file"),  # (the file still parses)
+    ],
+)
 def test_a_damaged_tokenizer_model_is_one_line(damage, expected, tmp_path):
     ckpt = tmp_path / "global_step_1"
     shutil.copytree(SHIPPED / "gemma-fsdp2-spm" / "global_step_1", ckpt)
     model = ckpt / "actor" / "huggingface" / "tokenizer.model"
     data = model.read_bytes()
     if damage == "truncated":
-        data = data[:len(data) // 2]
+        data = data[: len(data) // 2]
     else:
         at = data.index(b"<unk>")  # token 0's piece, written once
-        data = data[:at] + b"\xc0" + data[at + 1:]
+        data = data[:at] + b"\xc0" + data[at + 1 :]
     model.write_bytes(data)
     code, _, err = run_cli("convert", ckpt, tmp_path / "m.gguf", "--no-progress")
     assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, err
@@ -640,15 +845,29 @@ def test_a_chat_template_not_utf8_is_one_line(check, tmp_path):
     assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
 
 
-@pytest.mark.parametrize("change, expected", [
-    ({"pre_tokenizer": {"type": "Whitespace"}}, "its pre-tokenizer is not one unshard can name for llama.cpp"),
-    ({"model": {"type": "WordPiece", "unk_token": "<unk>", "continuing_subword_prefix": "##",
-                "max_input_chars_per_word": 100, "vocab": {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}}},
-     "a WordPiece tokenizer, not a byte-level BPE"),
-    ({"model": {"type": "BPE", "vocab": {}, "merges": [], "byte_fallback": True}},
-     "a BPE with byte fallback tokenizer, not a byte-level BPE"),
-    ({"model": {"type": "BPE", "vocab": {}, "merges": []}}, "a BPE tokenizer without a vocabulary"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"pre_tokenizer": {"type": "Whitespace"}}, "its pre-tokenizer is not one unshard can name for llama.cpp"),
+        (
+            {
+                "model": {
+                    "type": "WordPiece",
+                    "unk_token": "<unk>",
+                    "continuing_subword_prefix": "##",
+                    "max_input_chars_per_word": 100,
+                    "vocab": {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3},
+                }
+            },
+            "a WordPiece tokenizer, not a byte-level BPE",
+        ),
+        (
+            {"model": {"type": "BPE", "vocab": {}, "merges": [], "byte_fallback": True}},
+            "a BPE with byte fallback tokenizer, not a byte-level BPE",
+        ),
+        ({"model": {"type": "BPE", "vocab": {}, "merges": []}}, "a BPE tokenizer without a vocabulary"),
+    ],
+)
 def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_path):
     import json
 
@@ -661,29 +880,71 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
     assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
 
 
-@pytest.mark.parametrize("case, change, expected", [
-    ("gemma2-fsdp2-spm", {"final_logit_softcapping": None}, "no final_logit_softcapping, which llama.cpp's gemma2 needs"),
-    # llama.cpp scales queries by 1/sqrt(head_dim) (16 here), whatever the config says
-    ("gemma2-fsdp2-spm", {"query_pre_attn_scalar": 256}, "query_pre_attn_scalar is 256, but llama.cpp's gemma2 scales "
-                                                         "queries by 1/sqrt(16)"),
-    ("gemma3-fsdp2-spm", {"query_pre_attn_scalar": 64}, "query_pre_attn_scalar is 64, but llama.cpp's gemma3 scales"),
-    # llama.cpp's gemma3 makes every sixth layer global
-    ("gemma3-fsdp2-spm", {"layer_types": ["full_attention"] + ["sliding_attention"] * 5},
-     "layer_types is not one global layer in six"),
-    # llama.cpp renormalises the chosen experts' weights for qwen3moe, never for qwen2moe; runs no dense layer there
-    ("qwen3moe-fsdp2", {"norm_topk_prob": False}, "norm_topk_prob is False, but llama.cpp's qwen3moe always renormalises"),
-    ("qwen2moe-fsdp2", {"norm_topk_prob": True}, "norm_topk_prob is True, but llama.cpp's qwen2moe never renormalises"),
-    ("qwen2moe-fsdp2", {"mlp_only_layers": [1]}, "some layers are dense (mlp_only_layers, decoder_sparse_step)"),
-    # rope scalings: one unshard does not write yet; Phi-3's factors, one per pair of rotary dimensions
-    ("llama-fsdp2-spm", {"rope_parameters": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}},
-     "rope type 'dynamic' is not written as GGUF by unshard yet"),
-    ("phi3-fsdp2-spm", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "long_factor": [1.0] * 4,
-                                            "short_factor": [1.0] * 4, "original_max_position_embeddings": 64}},
-     "4 long and 4 short rope factors for 16 rotary dimensions (one per pair, 8)"),
-    # a config of other experts than the checkpoint's
-    ("mixtral8-fsdp2-spm", {"num_local_experts": 4}, "_exps.weight stacks 4 experts of one shape in llama.cpp, and "
-                                                     "the checkpoint has experts [0, 1, 2, 3, 4, 5, 6, 7]"),
-])
+@pytest.mark.parametrize(
+    "case, change, expected",
+    [
+        (
+            "gemma2-fsdp2-spm",
+            {"final_logit_softcapping": None},
+            "no final_logit_softcapping, which llama.cpp's gemma2 needs",
+        ),
+        # llama.cpp scales queries by 1/sqrt(head_dim) (16 here), whatever the config says
+        (
+            "gemma2-fsdp2-spm",
+            {"query_pre_attn_scalar": 256},
+            "query_pre_attn_scalar is 256, but llama.cpp's gemma2 scales queries by 1/sqrt(16)",
+        ),
+        (
+            "gemma3-fsdp2-spm",
+            {"query_pre_attn_scalar": 64},
+            "query_pre_attn_scalar is 64, but llama.cpp's gemma3 scales",
+        ),
+        # llama.cpp's gemma3 makes every sixth layer global
+        (
+            "gemma3-fsdp2-spm",
+            {"layer_types": ["full_attention"] + ["sliding_attention"] * 5},
+            "layer_types is not one global layer in six",
+        ),
+        # llama.cpp renormalises the chosen experts' weights for qwen3moe, never for qwen2moe; runs no dense layer there
+        (
+            "qwen3moe-fsdp2",
+            {"norm_topk_prob": False},
+            "norm_topk_prob is False, but llama.cpp's qwen3moe always renormalises",
+        ),
+        (
+            "qwen2moe-fsdp2",
+            {"norm_topk_prob": True},
+            "norm_topk_prob is True, but llama.cpp's qwen2moe never renormalises",
+        ),
+        ("qwen2moe-fsdp2", {"mlp_only_layers": [1]}, "some layers are dense (mlp_only_layers, decoder_sparse_step)"),
+        # rope scalings: one unshard does not write yet; Phi-3's factors, one per pair of rotary dimensions
+        (
+            "llama-fsdp2-spm",
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}},
+            "rope type 'dynamic' is not written as GGUF by unshard yet",
+        ),
+        (
+            "phi3-fsdp2-spm",
+            {
+                "rope_parameters": {
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "long_factor": [1.0] * 4,
+                    "short_factor": [1.0] * 4,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+            "4 long and 4 short rope factors for 16 rotary dimensions (one per pair, 8)",
+        ),
+        # a config of other experts than the checkpoint's
+        (
+            "mixtral8-fsdp2-spm",
+            {"num_local_experts": 4},
+            "_exps.weight stacks 4 experts of one shape in llama.cpp, and "
+            "the checkpoint has experts [0, 1, 2, 3, 4, 5, 6, 7]",
+        ),
+    ],
+)
 def test_a_config_llama_cpp_would_run_otherwise_is_one_line(case, change, expected, tmp_path):
     import json
 
@@ -692,8 +953,9 @@ def test_a_config_llama_cpp_would_run_otherwise_is_one_line(case, change, expect
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
     # (--no-check: a dense layer the checkpoint lacks would fail the config check first; llama.cpp's checks stand)
-    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress",
-                           "--no-check")
+    code, _, err = run_cli(
+        "convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress", "--no-check"
+    )
     assert code == 1 and expected in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import SHIPPED
+from safetensors.torch import load_file
 
 UNSHARD = [sys.executable, "-m", "unshard"]
 CASE = SHIPPED / "llama-hf-pickles"
@@ -41,7 +40,10 @@ def test_pickled_folder_converts_exactly(saved, case, tmp_path):
     done = run("inspect", case / saved)
     assert "huggingface-pickle" in done.stdout
     run("convert", case / saved, tmp_path / "out", "--verify", "--no-progress")
-    mine, reference = load_file(tmp_path / "out" / "model.safetensors"), load_file(case / "reference" / "model.safetensors")
+    mine, reference = (
+        load_file(tmp_path / "out" / "model.safetensors"),
+        load_file(case / "reference" / "model.safetensors"),
+    )
     assert sorted(mine) == sorted(reference)
     for name, tensor in reference.items():
         assert mine[name].dtype == tensor.dtype and torch.equal(mine[name], tensor), name
@@ -54,10 +56,15 @@ def test_pickled_folder_converts_exactly(saved, case, tmp_path):
 
 def test_pickled_folder_as_a_merge_input(tmp_path):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f"merge_method: linear\nmodels:\n  - model: {CASE / 'sharded'}\n    parameters: {{weight: 0.5}}\n"
-                      f"  - model: {CASE / 'reference'}\n    parameters: {{weight: 0.5}}\n")
+    recipe.write_text(
+        f"merge_method: linear\nmodels:\n  - model: {CASE / 'sharded'}\n    parameters: {{weight: 0.5}}\n"
+        f"  - model: {CASE / 'reference'}\n    parameters: {{weight: 0.5}}\n"
+    )
     run("merge", recipe, tmp_path / "out", "--no-progress")
-    mine, reference = load_file(tmp_path / "out" / "model.safetensors"), load_file(CASE / "reference" / "model.safetensors")
+    mine, reference = (
+        load_file(tmp_path / "out" / "model.safetensors"),
+        load_file(CASE / "reference" / "model.safetensors"),
+    )
     assert all(torch.equal(mine[name], tensor) for name, tensor in reference.items())
 
 
@@ -94,8 +101,11 @@ def test_damaged_sharded_folders_are_one_line(tmp_path):
     shutil.copytree(CASE / "sharded", folder)
     index = json.loads((folder / "pytorch_model.bin.index.json").read_text())
     moved = next(iter(index["weight_map"]))
-    index["weight_map"][moved] = "pytorch_model-00003-of-00003.bin" if not index["weight_map"][moved].startswith(
-        "pytorch_model-00003") else "pytorch_model-00001-of-00003.bin"
+    index["weight_map"][moved] = (
+        "pytorch_model-00003-of-00003.bin"
+        if not index["weight_map"][moved].startswith("pytorch_model-00003")
+        else "pytorch_model-00001-of-00003.bin"
+    )
     (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
     line = one_line_error(run("convert", folder, tmp_path / "out", ok=False))
     assert "index lists" in line and not (tmp_path / "out").exists()

@@ -1,8 +1,8 @@
 """LoRA adapters trained under FSDP2 (peft, sharded by torch, saved as verl does): kept as a PEFT folder.
 
 Cases: plain LoRA on linear layers (verl's rank files, and through DCP); DoRA on linear layers and
-the embedding, with lm_head in modules_to_save. Folding them in (`--lora merge`) is checked against peft's merge_and_unload with the
-other reference cases in test_fsdp_convert.py, bit for bit.
+the embedding, with lm_head in modules_to_save. Folding them in (`--lora merge`) is checked against peft's
+merge_and_unload with the other reference cases in test_fsdp_convert.py, bit for bit.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import json
 
 import pytest
 import torch
+from conftest import SHIPPED
+from generate import CASES
 from safetensors.torch import load_file
 
 import unshard
-from conftest import SHIPPED
-from generate import CASES
 
 
 @pytest.mark.parametrize("name", ["llama-fsdp2-lora", "llama-fsdp2-dora", "llama-fsdp2-lora-dcp"])
@@ -30,8 +30,10 @@ def test_lora_separate_writes_what_peft_saves(name, fixture_case, tmp_path):
 
     # The adapter: peft's own save_pretrained of the same model is the reference, name for name.
     theirs = case / "reference-adapter"
-    written, expected = load_file(out / "lora_adapter" / "adapter_model.safetensors"), load_file(
-        theirs / "adapter_model.safetensors")
+    written, expected = (
+        load_file(out / "lora_adapter" / "adapter_model.safetensors"),
+        load_file(theirs / "adapter_model.safetensors"),
+    )
     assert written.keys() == expected.keys()
     assert all(torch.equal(written[n], t) for n, t in expected.items())
     config, peft_config = (json.loads((f / "adapter_config.json").read_text()) for f in (out / "lora_adapter", theirs))
@@ -43,8 +45,10 @@ def test_lora_separate_writes_what_peft_saves(name, fixture_case, tmp_path):
     base_weights = load_file(out / "model.safetensors")
     assert not any(part in n for n in base_weights for part in ("lora", "base_layer", "modules_to_save", "original"))
     merged_reference = load_file(case / "reference" / "model.safetensors")
-    assert not torch.equal(base_weights["model.layers.0.self_attn.q_proj.weight"],
-                           merged_reference["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        base_weights["model.layers.0.self_attn.q_proj.weight"],
+        merged_reference["model.layers.0.self_attn.q_proj.weight"],
+    )
     model = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(out), out / "lora_adapter")
     ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
     reference = transformers.AutoModelForCausalLM.from_pretrained(case / "reference")

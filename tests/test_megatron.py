@@ -8,12 +8,12 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-import unshard
 from conftest import SHIPPED
 from generate import CASES
+from safetensors.torch import load_file
 from test_cli_and_errors import leftovers, run_cli
+
+import unshard
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,8 +27,7 @@ LLAMA = SHIPPED / "megatron-llama-tp2-pp2-vpp2"
 
 def megatron_logits_match(fixture, out):
     oracle = torch.load(fixture / "oracle.pt")
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True,
-                                                                   dtype=torch.float32)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True, dtype=torch.float32)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     with torch.no_grad():
         logits = model.eval()(oracle["tokens"]).logits
@@ -93,10 +92,14 @@ def test_config_made_from_args_is_removed_when_the_command_ends(tmp_path):
     src = SHIPPED / "megatron-qwen2moe-tp2-pp2-ep2" / "torch"
     env = dict(os.environ, TMPDIR=str(scratch))
     # The second conversion fails: OUT exists.
-    for args, code in ((["convert", src, tmp_path / "out"], 0), (["convert", src, tmp_path / "out"], 1),
-                       (["inspect", src], 0)):
-        done = subprocess.run([sys.executable, "-m", "unshard", *map(str, args)], env=env, capture_output=True,
-                              timeout=300)
+    for args, code in (
+        (["convert", src, tmp_path / "out"], 0),
+        (["convert", src, tmp_path / "out"], 1),
+        (["inspect", src], 0),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "unshard", *map(str, args)], env=env, capture_output=True, timeout=300
+        )
         assert done.returncode == code, done.stderr
         assert list(scratch.glob("unshard-*")) == [], args
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "qwen2_moe"
@@ -142,8 +145,9 @@ def resave_rank_file(path, change):
 
 def test_rank_files_from_different_iterations(tmp_path):
     ckpt = copy_fixture(tmp_path)
-    resave_rank_file(ckpt / "iter_0000010" / "mp_rank_00_001" / "model_optim_rng.pt",
-                     lambda state: state.update(iteration=20))
+    resave_rank_file(
+        ckpt / "iter_0000010" / "mp_rank_00_001" / "model_optim_rng.pt", lambda state: state.update(iteration=20)
+    )
     code, _, err = run_cli("convert", ckpt, tmp_path / "out")
     assert code == 1 and "different iterations [10, 20]" in err
 
@@ -180,10 +184,12 @@ def test_conversion_never_imports_megatron(tmp_path):
     import subprocess
     import sys
 
-    script = ("import sys, unshard\n"
-              f"unshard.convert({str(LLAMA / 'torch')!r}, {str(tmp_path / 'a')!r}, progress=False)\n"
-              f"unshard.convert({str(LLAMA / 'torch_dist')!r}, {str(tmp_path / 'b')!r}, progress=False)\n"
-              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'megatron'))\n")
+    script = (
+        "import sys, unshard\n"
+        f"unshard.convert({str(LLAMA / 'torch')!r}, {str(tmp_path / 'a')!r}, progress=False)\n"
+        f"unshard.convert({str(LLAMA / 'torch_dist')!r}, {str(tmp_path / 'b')!r}, progress=False)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'megatron'))\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
@@ -195,8 +201,15 @@ def test_verl_layouts_without_megatron_args(tmp_path):
     fixture = SHIPPED / "megatron-qwen2-tp2-pp2"
     unshard.convert(fixture / "torch", tmp_path / "megatron-lm", progress=False)
     expected = load_file(tmp_path / "megatron-lm" / "model.safetensors")
-    for i, src in enumerate(["verl", "verl/global_step_10", "verl/global_step_10/actor",
-                             "verl-legacy/global_step_10", "verl-legacy/global_step_10/actor/model"]):
+    for i, src in enumerate(
+        [
+            "verl",
+            "verl/global_step_10",
+            "verl/global_step_10/actor",
+            "verl-legacy/global_step_10",
+            "verl-legacy/global_step_10/actor/model",
+        ]
+    ):
         out = tmp_path / f"out{i}"
         unshard.convert(fixture / src, out, progress=False)
         written = load_file(out / "model.safetensors")

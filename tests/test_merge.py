@@ -12,18 +12,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import generate
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
-
-import unshard
-import generate
 from conftest import SHIPPED
+from safetensors.torch import load_file, save_file
 from test_cli_and_errors import run_cli
 
-transformers = pytest.importorskip("transformers")
+import unshard
 
+transformers = pytest.importorskip("transformers")
 
 
 def perturbed_copy(src: Path, dest: Path, seed: int, scale: float = 0.02) -> Path:
@@ -32,17 +31,27 @@ def perturbed_copy(src: Path, dest: Path, seed: int, scale: float = 0.02) -> Pat
     generator = torch.Generator().manual_seed(seed)
     for path in src.glob("*.safetensors"):
         tensors = load_file(path)
-        save_file({k: (v + torch.randn(v.shape, generator=generator) * scale).to(v.dtype)
-                   for k, v in tensors.items()}, dest / path.name, metadata={"format": "pt"})
+        save_file(
+            {k: (v + torch.randn(v.shape, generator=generator) * scale).to(v.dtype) for k, v in tensors.items()},
+            dest / path.name,
+            metadata={"format": "pt"},
+        )
     return dest
 
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("models")
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      tie_word_embeddings=False)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(root / "base")
     for i in range(3):
@@ -63,8 +72,12 @@ def write_recipe(path: Path, recipe: dict) -> Path:
 
 def run_mergekit(mergekit: Path, recipe: Path, out: Path) -> dict[str, torch.Tensor]:
     cache = out.parent / "lora-merge-cache"  # where mergekit folds `base+adapter` models first
-    done = subprocess.run([str(mergekit), str(recipe), str(out), "--lora-merge-cache", str(cache)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(mergekit), str(recipe), str(out), "--lora-merge-cache", str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return load_file(out / "model.safetensors")
 
@@ -72,24 +85,50 @@ def run_mergekit(mergekit: Path, recipe: Path, out: Path) -> dict[str, torch.Ten
 def recipes(m: Path) -> dict[str, dict]:
     base, ft = str(m / "base"), [str(m / f"ft{i}") for i in range(3)]
     return {
-        "linear": dict(merge_method="linear", models=[
-            dict(model=ft[0], parameters=dict(weight=0.5)), dict(model=ft[1], parameters=dict(weight=[0.1, 1.0])),
-            dict(model=ft[2], parameters=dict(weight=0.3))]),
-        "linear-unnormalized": dict(merge_method="linear", parameters=dict(normalize=False), models=[
-            dict(model=ft[0], parameters=dict(weight=0.5)), dict(model=ft[1], parameters=dict(weight=0.25))]),
-        "task_arithmetic": dict(merge_method="task_arithmetic", base_model=base, parameters={"lambda": 0.8},
-                                models=[dict(model=ft[0], parameters=dict(weight=0.7)),
-                                        dict(model=ft[1], parameters=dict(weight=-0.2))]),
-        "ties": dict(merge_method="ties", base_model=base, parameters=dict(normalize=True), models=[
-            dict(model=base),
-            dict(model=ft[0], parameters=dict(weight=0.6, density=0.5)),
-            dict(model=ft[1], parameters=dict(weight=[0.2, 0.8], density=0.7)),
-            dict(model=ft[2], parameters=dict(weight=[dict(filter="self_attn", value=0.9), dict(value=0.3)],
-                                              density=0.4))]),
-        "slerp": dict(merge_method="slerp", base_model=base, models=[dict(model=base), dict(model=ft[0])],
-                      parameters=dict(t=[dict(filter="mlp", value=[0.0, 0.7]), dict(value=0.35)])),
-        "model_stock": dict(merge_method="model_stock", base_model=base,
-                            models=[dict(model=ft[0]), dict(model=ft[1]), dict(model=ft[2])]),
+        "linear": dict(
+            merge_method="linear",
+            models=[
+                dict(model=ft[0], parameters=dict(weight=0.5)),
+                dict(model=ft[1], parameters=dict(weight=[0.1, 1.0])),
+                dict(model=ft[2], parameters=dict(weight=0.3)),
+            ],
+        ),
+        "linear-unnormalized": dict(
+            merge_method="linear",
+            parameters=dict(normalize=False),
+            models=[dict(model=ft[0], parameters=dict(weight=0.5)), dict(model=ft[1], parameters=dict(weight=0.25))],
+        ),
+        "task_arithmetic": dict(
+            merge_method="task_arithmetic",
+            base_model=base,
+            parameters={"lambda": 0.8},
+            models=[dict(model=ft[0], parameters=dict(weight=0.7)), dict(model=ft[1], parameters=dict(weight=-0.2))],
+        ),
+        "ties": dict(
+            merge_method="ties",
+            base_model=base,
+            parameters=dict(normalize=True),
+            models=[
+                dict(model=base),
+                dict(model=ft[0], parameters=dict(weight=0.6, density=0.5)),
+                dict(model=ft[1], parameters=dict(weight=[0.2, 0.8], density=0.7)),
+                dict(
+                    model=ft[2],
+                    parameters=dict(weight=[dict(filter="self_attn", value=0.9), dict(value=0.3)], density=0.4),
+                ),
+            ],
+        ),
+        "slerp": dict(
+            merge_method="slerp",
+            base_model=base,
+            models=[dict(model=base), dict(model=ft[0])],
+            parameters=dict(t=[dict(filter="mlp", value=[0.0, 0.7]), dict(value=0.35)]),
+        ),
+        "model_stock": dict(
+            merge_method="model_stock",
+            base_model=base,
+            models=[dict(model=ft[0]), dict(model=ft[1]), dict(model=ft[2])],
+        ),
     }
 
 
@@ -119,7 +158,9 @@ def test_same_result_as_mergekit(name, models, mergekit, tmp_path, monkeypatch):
 
     banded(monkeypatch)
     plan = plan_merge(recipe)
-    assert all(plan.checkpoint.band_rows(n) for n in ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight"))
+    assert all(
+        plan.checkpoint.band_rows(n) for n in ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight")
+    )
     plan.checkpoint.close()
     unshard.merge(recipe, tmp_path / "banded", progress=False, verify=True, threads=2)
     in_bands = load_file(tmp_path / "banded" / "model.safetensors")
@@ -134,9 +175,15 @@ def test_same_result_as_mergekit(name, models, mergekit, tmp_path, monkeypatch):
 def test_dare_statistics_and_reproducibility(method, models, mergekit, tmp_path, monkeypatch):
     """DARE drops at random: the kept fraction and the L1 rescale match mergekit's; a seed repeats."""
     density = 0.3
-    recipe = write_recipe(tmp_path / "recipe.yml", dict(
-        merge_method=method, base_model=str(models / "base"), dtype="float32",
-        models=[dict(model=str(models / "ft0"), parameters=dict(weight=1.0, density=density))]))
+    recipe = write_recipe(
+        tmp_path / "recipe.yml",
+        dict(
+            merge_method=method,
+            base_model=str(models / "base"),
+            dtype="float32",
+            models=[dict(model=str(models / "ft0"), parameters=dict(weight=1.0, density=density))],
+        ),
+    )
     expected = run_mergekit(mergekit, recipe, tmp_path / "mergekit")
     unshard.merge(recipe, tmp_path / "a", progress=False, seed=7)
     unshard.merge(recipe, tmp_path / "b", progress=False, seed=7)
@@ -162,27 +209,74 @@ def slice_recipes(m: Path) -> dict[str, dict]:
     base, ft = str(m / "base"), [str(m / f"ft{i}") for i in range(3)]
     return {
         # a frankenmerge: 5 layers from two models, one layer taken twice
-        "passthrough": dict(merge_method="passthrough", slices=[
-            dict(sources=[dict(model=base, layer_range=[0, 2])]),
-            dict(sources=[dict(model=ft[0], layer_range=[1, 3], parameters=dict(scale=[dict(filter="o_proj", value=0.5),
-                                                                                      dict(value=1.0)]))]),
-            dict(sources=[dict(model=ft[1], layer_range=[2, 3])])]),
+        "passthrough": dict(
+            merge_method="passthrough",
+            slices=[
+                dict(sources=[dict(model=base, layer_range=[0, 2])]),
+                dict(
+                    sources=[
+                        dict(
+                            model=ft[0],
+                            layer_range=[1, 3],
+                            parameters=dict(scale=[dict(filter="o_proj", value=0.5), dict(value=1.0)]),
+                        )
+                    ]
+                ),
+                dict(sources=[dict(model=ft[1], layer_range=[2, 3])]),
+            ],
+        ),
         # mergekit's usual SLERP recipe: whole ranges, t a gradient across the slice's layers
-        "slerp": dict(merge_method="slerp", base_model=base, parameters=dict(
-            t=[dict(filter="self_attn", value=[0.0, 0.5, 1.0]), dict(filter="mlp", value=[1.0, 0.5, 0.0]), dict(value=0.3)]),
-            slices=[dict(sources=[dict(model=base, layer_range=[0, 3]), dict(model=ft[0], layer_range=[0, 3])])]),
+        "slerp": dict(
+            merge_method="slerp",
+            base_model=base,
+            parameters=dict(
+                t=[
+                    dict(filter="self_attn", value=[0.0, 0.5, 1.0]),
+                    dict(filter="mlp", value=[1.0, 0.5, 0.0]),
+                    dict(value=0.3),
+                ]
+            ),
+            slices=[dict(sources=[dict(model=base, layer_range=[0, 3]), dict(model=ft[0], layer_range=[0, 3])])],
+        ),
         # a method per slice's settings: its own base and parameters, layers of other depths
-        "ties": dict(merge_method="ties", base_model=base, parameters=dict(density=0.5, weight=0.5), slices=[
-            dict(sources=[dict(model=base, layer_range=[0, 2]), dict(model=ft[0], layer_range=[0, 2]),
-                          dict(model=ft[1], layer_range=[1, 3], parameters=dict(weight=0.8))]),
-            dict(base_model=ft[2], parameters=dict(density=[0.3, 0.9]), sources=[
-                dict(model=ft[2], layer_range=[1, 3]), dict(model=ft[0], layer_range=[0, 2]),
-                dict(model=base, layer_range=[1, 3])])]),
-        "linear": dict(merge_method="linear", slices=[
-            dict(sources=[dict(model=ft[0], layer_range=[0, 1], parameters=dict(weight=1.0)),
-                          dict(model=ft[1], layer_range=[2, 3], parameters=dict(weight=3.0))]),
-            dict(parameters=dict(weight=0.5), sources=[dict(model=ft[1], layer_range=[0, 3]),
-                                                       dict(model=ft[2], layer_range=[0, 3])])]),
+        "ties": dict(
+            merge_method="ties",
+            base_model=base,
+            parameters=dict(density=0.5, weight=0.5),
+            slices=[
+                dict(
+                    sources=[
+                        dict(model=base, layer_range=[0, 2]),
+                        dict(model=ft[0], layer_range=[0, 2]),
+                        dict(model=ft[1], layer_range=[1, 3], parameters=dict(weight=0.8)),
+                    ]
+                ),
+                dict(
+                    base_model=ft[2],
+                    parameters=dict(density=[0.3, 0.9]),
+                    sources=[
+                        dict(model=ft[2], layer_range=[1, 3]),
+                        dict(model=ft[0], layer_range=[0, 2]),
+                        dict(model=base, layer_range=[1, 3]),
+                    ],
+                ),
+            ],
+        ),
+        "linear": dict(
+            merge_method="linear",
+            slices=[
+                dict(
+                    sources=[
+                        dict(model=ft[0], layer_range=[0, 1], parameters=dict(weight=1.0)),
+                        dict(model=ft[1], layer_range=[2, 3], parameters=dict(weight=3.0)),
+                    ]
+                ),
+                dict(
+                    parameters=dict(weight=0.5),
+                    sources=[dict(model=ft[1], layer_range=[0, 3]), dict(model=ft[2], layer_range=[0, 3])],
+                ),
+            ],
+        ),
     }
 
 
@@ -228,9 +322,17 @@ def test_slices_from_sharded_checkpoints_and_to_gguf(models, tmp_path):
     count = json.loads((fixture / "reference" / "config.json").read_text())["num_hidden_layers"]
     results = {}
     for label, source in (("sharded", fixture / "global_step_1"), ("converted", tmp_path / "converted")):
-        recipe = write_recipe(tmp_path / f"{label}.yml", dict(merge_method="passthrough", dtype="float32", slices=[
-            dict(sources=[dict(model=str(source), layer_range=[0, count])]),
-            dict(sources=[dict(model=str(tuned), layer_range=[count - 1, count])])]))
+        recipe = write_recipe(
+            tmp_path / f"{label}.yml",
+            dict(
+                merge_method="passthrough",
+                dtype="float32",
+                slices=[
+                    dict(sources=[dict(model=str(source), layer_range=[0, count])]),
+                    dict(sources=[dict(model=str(tuned), layer_range=[count - 1, count])]),
+                ],
+            ),
+        )
         unshard.merge(recipe, tmp_path / f"merged-{label}", progress=False)
         results[label] = load_file(tmp_path / f"merged-{label}" / "model.safetensors")
     assert sorted(results["sharded"]) == sorted(results["converted"])
@@ -253,9 +355,15 @@ def test_sharded_checkpoint_merges_like_its_conversion(tmp_path):
     tuned = perturbed_copy(fixture / "reference", tmp_path / "tuned", seed=5)
     results = {}
     for label, base in (("sharded", fixture / "global_step_1"), ("converted", converted)):
-        recipe = write_recipe(tmp_path / f"{label}.yml", dict(
-            merge_method="ties", base_model=str(base), dtype="float32",
-            models=[dict(model=str(tuned), parameters=dict(weight=0.5, density=0.5))]))
+        recipe = write_recipe(
+            tmp_path / f"{label}.yml",
+            dict(
+                merge_method="ties",
+                base_model=str(base),
+                dtype="float32",
+                models=[dict(model=str(tuned), parameters=dict(weight=0.5, density=0.5))],
+            ),
+        )
         unshard.merge(recipe, tmp_path / f"merged-{label}", progress=False)
         results[label] = load_file(tmp_path / f"merged-{label}" / "model.safetensors")
     assert sorted(results["sharded"]) == sorted(results["converted"])
@@ -274,8 +382,12 @@ def test_a_recipe_file_that_cannot_be_read_is_one_line(command, tmp_path):
     (tmp_path / "folder.yml").mkdir()
     (tmp_path / "binary.yml").write_bytes(b"merge_method: \xf7linear\n")
     (tmp_path / "broken.yml").write_text("merge_method: [linear\n")
-    for name, expected in (("missing.yml", "file"), ("folder.yml", "cannot be read as text"),
-                           ("binary.yml", "cannot be read as text"), ("broken.yml", "not valid YAML")):
+    for name, expected in (
+        ("missing.yml", "file"),
+        ("folder.yml", "cannot be read as text"),
+        ("binary.yml", "cannot be read as text"),
+        ("broken.yml", "not valid YAML"),
+    ):
         code, _, err = run_cli(command, tmp_path / name, tmp_path / "out", *extra)
         assert code == 1 and f"{tmp_path / name}: " in err and expected in err and err.count("\n") == 1, err
         assert not (tmp_path / "out").exists()
@@ -292,27 +404,52 @@ def test_recipe_errors(models, tmp_path):
     fails(dict(merge_method="frankenmerge", models=[ft0]), "use one of linear, task_arithmetic")
     fails(dict(merge_method="linear", modules={}, models=[ft0]), "unknown key 'modules'")
     fails(dict(merge_method="linear", slices=[], models=[ft0]), "either `models` (whole models) or `slices`")
-    fails(dict(merge_method="passthrough", slices=[dict(sources=[dict(model=ft0, layer_range=[2, 1])])]),
-          "slices[0].sources[0].layer_range must be [start, stop]")
-    fails(dict(merge_method="linear", slices=[dict(sources=[dict(model=ft0, layer_range=[0, 2]),
-                                                            dict(model=base, layer_range=[0, 3])])]),
-          "every source of a slice spans the same number of layers (got 2, 3)")
-    fails(dict(merge_method="passthrough", slices=[dict(sources=[dict(model=ft0, layer_range=[1, 4])])]),
-          "slices[0].sources[0]: layer_range [1, 4] goes past")
-    fails(dict(merge_method="slerp", base_model=base, parameters=dict(t=0.5), slices=[
-        dict(sources=[dict(model=ft0, layer_range=[0, 3])])]), "needs the base model")
-    fails(dict(merge_method="ties", base_model=base, slices=[dict(sources=[dict(model=base, layer_range=[0, 3]),
-                                                                   dict(model=ft0, layer_range=[0, 3])])]),
-          "model " + ft0 + " needs parameters.weight for ties")
-    fails(dict(merge_method="passthrough", slices=[dict(sources=[dict(model=ft0, layer_range=[0, 1]),
-                                                                 dict(model=base, layer_range=[1, 2])])]),
-          "passthrough takes exactly 1 model(s) besides the base, got 2")
+    fails(
+        dict(merge_method="passthrough", slices=[dict(sources=[dict(model=ft0, layer_range=[2, 1])])]),
+        "slices[0].sources[0].layer_range must be [start, stop]",
+    )
+    fails(
+        dict(
+            merge_method="linear",
+            slices=[dict(sources=[dict(model=ft0, layer_range=[0, 2]), dict(model=base, layer_range=[0, 3])])],
+        ),
+        "every source of a slice spans the same number of layers (got 2, 3)",
+    )
+    fails(
+        dict(merge_method="passthrough", slices=[dict(sources=[dict(model=ft0, layer_range=[1, 4])])]),
+        "slices[0].sources[0]: layer_range [1, 4] goes past",
+    )
+    fails(
+        dict(
+            merge_method="slerp",
+            base_model=base,
+            parameters=dict(t=0.5),
+            slices=[dict(sources=[dict(model=ft0, layer_range=[0, 3])])],
+        ),
+        "needs the base model",
+    )
+    fails(
+        dict(
+            merge_method="ties",
+            base_model=base,
+            slices=[dict(sources=[dict(model=base, layer_range=[0, 3]), dict(model=ft0, layer_range=[0, 3])])],
+        ),
+        "model " + ft0 + " needs parameters.weight for ties",
+    )
+    fails(
+        dict(
+            merge_method="passthrough",
+            slices=[dict(sources=[dict(model=ft0, layer_range=[0, 1]), dict(model=base, layer_range=[1, 2])])],
+        ),
+        "passthrough takes exactly 1 model(s) besides the base, got 2",
+    )
     fails(dict(merge_method="ties", base_model=base, models=[dict(model=ft0)]), "needs parameters.weight")
     fails(dict(merge_method="slerp", base_model=base, models=[dict(model=ft0)]), "slerp needs parameters.t")
-    fails(dict(merge_method="task_arithmetic", models=[dict(model=ft0, parameters=dict(weight=1))]),
-          "needs base_model")
-    fails(dict(merge_method="linear", models=[dict(model=str(tmp_path / "nowhere"), parameters=dict(weight=1))]),
-          "no such model folder")
+    fails(dict(merge_method="task_arithmetic", models=[dict(model=ft0, parameters=dict(weight=1))]), "needs base_model")
+    fails(
+        dict(merge_method="linear", models=[dict(model=str(tmp_path / "nowhere"), parameters=dict(weight=1))]),
+        "no such model folder",
+    )
     other = tmp_path / "other"
     shutil.copytree(models / "ft1", other)
     tensors = load_file(other / "model.safetensors")
@@ -320,9 +457,13 @@ def test_recipe_errors(models, tmp_path):
     save_file(tensors, other / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "vocab_size": 130}))
-    fails(dict(merge_method="linear", models=[dict(model=ft0, parameters=dict(weight=1)),
-                                              dict(model=str(other), parameters=dict(weight=1))]),
-          "unshard merges equal shapes only")
+    fails(
+        dict(
+            merge_method="linear",
+            models=[dict(model=ft0, parameters=dict(weight=1)), dict(model=str(other), parameters=dict(weight=1))],
+        ),
+        "unshard merges equal shapes only",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -330,8 +471,9 @@ def lora_adapter(models, tmp_path_factory) -> Path:
     """A LoRA adapter on the base, made and saved by peft (B filled so it changes something)."""
     peft = pytest.importorskip("peft")
     model = transformers.AutoModelForCausalLM.from_pretrained(models / "base")
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
-                             alpha_pattern={"down_proj": 2})
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], alpha_pattern={"down_proj": 2}
+    )
     wrapped = peft.get_peft_model(model, config)
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -347,20 +489,32 @@ def lora_adapter(models, tmp_path_factory) -> Path:
 
 def test_lora_adapter_on_a_base(models, lora_adapter, mergekit, tmp_path):
     """`base+adapter` folds the adapter as peft's merge_and_unload does, and merges as mergekit does."""
-    alone = write_recipe(tmp_path / "alone.yml", dict(
-        merge_method="passthrough", dtype="float32", models=[dict(model=f"{models / 'base'}+{lora_adapter}")]))
+    alone = write_recipe(
+        tmp_path / "alone.yml",
+        dict(merge_method="passthrough", dtype="float32", models=[dict(model=f"{models / 'base'}+{lora_adapter}")]),
+    )
     unshard.merge(alone, tmp_path / "alone", progress=False)
     folded = load_file(tmp_path / "alone" / "model.safetensors")
     expected = load_file(lora_adapter / "peft-merged" / "model.safetensors")
     assert sorted(folded) == sorted(expected)
     for key, tensor in expected.items():
         torch.testing.assert_close(folded[key], tensor, atol=1e-6, rtol=0, msg=key)
-    assert not torch.equal(folded["model.layers.0.self_attn.q_proj.weight"],
-                           load_file(models / "base" / "model.safetensors")["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        folded["model.layers.0.self_attn.q_proj.weight"],
+        load_file(models / "base" / "model.safetensors")["model.layers.0.self_attn.q_proj.weight"],
+    )
 
-    recipe = write_recipe(tmp_path / "recipe.yml", dict(merge_method="linear", dtype="float32", models=[
-        dict(model=f"{models / 'base'}+{lora_adapter}", parameters=dict(weight=0.5)),
-        dict(model=str(models / "ft0"), parameters=dict(weight=0.5))]))
+    recipe = write_recipe(
+        tmp_path / "recipe.yml",
+        dict(
+            merge_method="linear",
+            dtype="float32",
+            models=[
+                dict(model=f"{models / 'base'}+{lora_adapter}", parameters=dict(weight=0.5)),
+                dict(model=str(models / "ft0"), parameters=dict(weight=0.5)),
+            ],
+        ),
+    )
     theirs = run_mergekit(mergekit, recipe, tmp_path / "mergekit")
     unshard.merge(recipe, tmp_path / "unshard", progress=False)
     ours = load_file(tmp_path / "unshard" / "model.safetensors")
@@ -373,8 +527,14 @@ def test_dora_adapter_with_embedding_and_saved_modules(models, tmp_path):
     peft: `base+adapter` folds it as peft's merge_and_unload does."""
     peft = pytest.importorskip("peft")
     model = transformers.AutoModelForCausalLM.from_pretrained(models / "base")
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj", "embed_tokens"],
-                             use_dora=True, modules_to_save=["lm_head"], init_lora_weights=False)
+    config = peft.LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "down_proj", "embed_tokens"],
+        use_dora=True,
+        modules_to_save=["lm_head"],
+        init_lora_weights=False,
+    )
     wrapped = peft.get_peft_model(model, config)
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():  # as after training: magnitudes and the saved head moved
@@ -384,8 +544,10 @@ def test_dora_adapter_with_embedding_and_saved_modules(models, tmp_path):
     adapter = tmp_path / "adapter"
     wrapped.save_pretrained(adapter)
     expected = wrapped.merge_and_unload().state_dict()
-    recipe = write_recipe(tmp_path / "alone.yml", dict(
-        merge_method="passthrough", dtype="float32", models=[dict(model=f"{models / 'base'}+{adapter}")]))
+    recipe = write_recipe(
+        tmp_path / "alone.yml",
+        dict(merge_method="passthrough", dtype="float32", models=[dict(model=f"{models / 'base'}+{adapter}")]),
+    )
     unshard.merge(recipe, tmp_path / "merged", progress=False)
     folded = load_file(tmp_path / "merged" / "model.safetensors")
     assert sorted(folded) == sorted(expected)
@@ -399,9 +561,17 @@ def test_dora_adapter_with_embedding_and_saved_modules(models, tmp_path):
 def test_megatron_checkpoints_merge_in_place(tmp_path):
     """Megatron inputs (legacy and torch_dist, the same weights) merge like their conversion."""
     fixture = SHIPPED / "megatron-llama-tp2-pp2-vpp2"
-    recipe = write_recipe(tmp_path / "recipe.yml", dict(merge_method="linear", dtype="float32", models=[
-        dict(model=str(fixture / "torch"), parameters=dict(weight=0.25)),
-        dict(model=str(fixture / "torch_dist"), parameters=dict(weight=0.75))]))
+    recipe = write_recipe(
+        tmp_path / "recipe.yml",
+        dict(
+            merge_method="linear",
+            dtype="float32",
+            models=[
+                dict(model=str(fixture / "torch"), parameters=dict(weight=0.25)),
+                dict(model=str(fixture / "torch_dist"), parameters=dict(weight=0.75)),
+            ],
+        ),
+    )
     unshard.merge(recipe, tmp_path / "merged", progress=False)
     unshard.convert(fixture / "torch", tmp_path / "converted", progress=False)
     merged, converted = (load_file(tmp_path / x / "model.safetensors") for x in ("merged", "converted"))
@@ -431,8 +601,9 @@ def test_kth_largest_is_kthvalue(dtype):
         "small": torch.randn(1000, generator=g).abs(),
         "zeros": torch.zeros(1_200_000),
         "few values": torch.randint(0, 5, (2_000_000,), generator=g).float(),
-        "inf and nan": torch.cat([torch.full((600_000,), float("inf")), torch.rand(600_000, generator=g),
-                                  torch.full((3,), float("nan"))]),
+        "inf and nan": torch.cat(
+            [torch.full((600_000,), float("inf")), torch.rand(600_000, generator=g), torch.full((3,), float("nan"))]
+        ),
     }
     for case, values in cases.items():
         values = values.to(dtype)
@@ -469,8 +640,8 @@ def test_threads_keep_to_the_memory_estimate(models, tmp_path, monkeypatch):
     import threading
     import time
 
-    from unshard.write import execute, threads
     from unshard.merging import plan_merge
+    from unshard.write import execute, threads
 
     recipe = write_recipe(tmp_path / "recipe.yml", {**recipes(models)["ties"], "dtype": "float32"})
     plan = plan_merge(recipe)
@@ -507,11 +678,21 @@ def test_bf16_inputs_merge_alike_in_bands(models, tmp_path, monkeypatch):
     the same model, bit for bit."""
     for name in ("base", "ft0", "ft1"):
         shutil.copytree(models / name, tmp_path / name, ignore=shutil.ignore_patterns("*.safetensors"))
-        save_file({k: v.to(torch.bfloat16) for k, v in load_file(models / name / "model.safetensors").items()},
-                  tmp_path / name / "model.safetensors", metadata={"format": "pt"})
-    recipe = write_recipe(tmp_path / "recipe.yml", dict(
-        merge_method="ties", base_model=str(tmp_path / "base"), dtype="float32", out_dtype="bfloat16",
-        models=[dict(model=str(tmp_path / f"ft{i}"), parameters=dict(weight=0.5, density=0.6)) for i in range(2)]))
+        save_file(
+            {k: v.to(torch.bfloat16) for k, v in load_file(models / name / "model.safetensors").items()},
+            tmp_path / name / "model.safetensors",
+            metadata={"format": "pt"},
+        )
+    recipe = write_recipe(
+        tmp_path / "recipe.yml",
+        dict(
+            merge_method="ties",
+            base_model=str(tmp_path / "base"),
+            dtype="float32",
+            out_dtype="bfloat16",
+            models=[dict(model=str(tmp_path / f"ft{i}"), parameters=dict(weight=0.5, density=0.6)) for i in range(2)],
+        ),
+    )
     unshard.merge(recipe, tmp_path / "whole", progress=False)
     banded(monkeypatch)
     unshard.merge(recipe, tmp_path / "banded", progress=False, verify=True)
@@ -525,25 +706,44 @@ def test_merge_memory_follows_the_band_not_the_tensor(tmp_path):
     """A tensor larger than a band is merged a band of rows at a time: three inputs with a 64 MB
     embedding each, merged by TIES, peak hundreds of MB lower in 1 MB bands than whole (which holds
     each input's tensor, the task vectors and the sums: seven copies or more), to the same model."""
-    config = transformers.LlamaConfig(vocab_size=16384, hidden_size=1024, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=True)
+    config = transformers.LlamaConfig(
+        vocab_size=16384,
+        hidden_size=1024,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "base")
     for i in range(2):
         perturbed_copy(tmp_path / "base", tmp_path / f"ft{i}", seed=200 + i)
-    recipe = write_recipe(tmp_path / "recipe.yml", dict(
-        merge_method="ties", base_model=str(tmp_path / "base"), dtype="float32",
-        models=[dict(model=str(tmp_path / f"ft{i}"), parameters=dict(weight=0.5, density=0.5)) for i in range(2)]))
+    recipe = write_recipe(
+        tmp_path / "recipe.yml",
+        dict(
+            merge_method="ties",
+            base_model=str(tmp_path / "base"),
+            dtype="float32",
+            models=[dict(model=str(tmp_path / f"ft{i}"), parameters=dict(weight=0.5, density=0.5)) for i in range(2)],
+        ),
+    )
     # The peak as /proc tells it: getrusage's would start at what this process held when it forked the child.
-    script = ("import re, sys, unshard\n"
-              "from unshard.merging import MergedCheckpoint\n"
-              "MergedCheckpoint.BAND_BYTES = int(sys.argv[3])\n"
-              "unshard.merge(sys.argv[1], sys.argv[2], progress=False, threads=1)\n"
-              "print(int(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())[1]) * 1024)\n")
+    script = (
+        "import re, sys, unshard\n"
+        "from unshard.merging import MergedCheckpoint\n"
+        "MergedCheckpoint.BAND_BYTES = int(sys.argv[3])\n"
+        "unshard.merge(sys.argv[1], sys.argv[2], progress=False, threads=1)\n"
+        "print(int(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())[1]) * 1024)\n"
+    )
     peaks = {}
     for label, band in (("whole", 1 << 40), ("banded", 1 << 20)):
-        done = subprocess.run([sys.executable, "-c", script, str(recipe), str(tmp_path / label), str(band)],
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(recipe), str(tmp_path / label), str(band)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         peaks[label] = int(done.stdout.split()[-1])
     assert peaks["whole"] - peaks["banded"] > 300e6, peaks

@@ -19,9 +19,9 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from test_cli_and_errors import run_cli
 
 import unshard
-from test_cli_and_errors import run_cli
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("optuna")
@@ -33,16 +33,26 @@ SHIPPED_MODELS = HERE / "fixtures" / "search-models"
 @pytest.fixture(scope="session")
 def fresh_models(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("search-models")
-    subprocess.run([sys.executable, str(HERE / "fixtures" / "make_search_models.py"), str(out)], check=True,
-                   capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, str(HERE / "fixtures" / "make_search_models.py"), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return out
 
 
 def space(folder: Path, path: Path, **changes) -> Path:
-    data = {"merge_method": "task_arithmetic", "base_model": str(folder / "base"),
-            "models": [{"model": str(folder / "ft-count"), "parameters": {"weight": {"min": 0.0, "max": 1.0}}},
-                       {"model": str(folder / "ft-skip"), "parameters": {"weight": {"min": 0.0, "max": 1.0}}}],
-            "dtype": "float32", **changes}
+    data = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(folder / "base"),
+        "models": [
+            {"model": str(folder / "ft-count"), "parameters": {"weight": {"min": 0.0, "max": 1.0}}},
+            {"model": str(folder / "ft-skip"), "parameters": {"weight": {"min": 0.0, "max": 1.0}}},
+        ],
+        "dtype": "float32",
+        **changes,
+    }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -60,8 +70,18 @@ def eval_loss(model_folder: Path, eval_file: Path) -> float:
 def test_search_finds_a_better_merge(fresh_models, tmp_path):
     folder = fresh_models
     out = tmp_path / "best"
-    code, _, err = run_cli("merge-search", space(folder, tmp_path / "space.yml"), out, "--eval", folder / "eval.txt",
-                           "--trials", 16, "--seed", 0, "--no-progress")
+    code, _, err = run_cli(
+        "merge-search",
+        space(folder, tmp_path / "space.yml"),
+        out,
+        "--eval",
+        folder / "eval.txt",
+        "--trials",
+        16,
+        "--seed",
+        0,
+        "--no-progress",
+    )
     assert code == 0, err
     rows = list(csv.DictReader((out / "search" / "leaderboard.csv").open()))
     assert len(rows) == 16
@@ -70,13 +90,28 @@ def test_search_finds_a_better_merge(fresh_models, tmp_path):
 
     # Against the fine-tunes and the even linear merge, scored by transformers' own loss.
     linear = tmp_path / "linear.yml"
-    linear.write_text(yaml.safe_dump({"merge_method": "linear", "dtype": "float32", "models": [
-        {"model": str(folder / "ft-count"), "parameters": {"weight": 0.5}},
-        {"model": str(folder / "ft-skip"), "parameters": {"weight": 0.5}}]}))
+    linear.write_text(
+        yaml.safe_dump(
+            {
+                "merge_method": "linear",
+                "dtype": "float32",
+                "models": [
+                    {"model": str(folder / "ft-count"), "parameters": {"weight": 0.5}},
+                    {"model": str(folder / "ft-skip"), "parameters": {"weight": 0.5}},
+                ],
+            }
+        )
+    )
     unshard.merge(linear, tmp_path / "linear", progress=False)
-    losses = {name: eval_loss(path, folder / "eval.txt") for name, path in
-              (("ft-count", folder / "ft-count"), ("ft-skip", folder / "ft-skip"), ("linear 50/50", tmp_path / "linear"),
-               ("best", out))}
+    losses = {
+        name: eval_loss(path, folder / "eval.txt")
+        for name, path in (
+            ("ft-count", folder / "ft-count"),
+            ("ft-skip", folder / "ft-skip"),
+            ("linear 50/50", tmp_path / "linear"),
+            ("best", out),
+        )
+    }
     measured = ", ".join(f"{k} {v:.4f}" for k, v in losses.items())
     assert abs(losses["best"] - best) < 1e-4, measured  # (the search's score is transformers' loss)
     assert losses["best"] < min(losses["ft-count"], losses["ft-skip"], losses["linear 50/50"]) - 0.05, measured
@@ -94,8 +129,19 @@ def test_search_finds_a_better_merge(fresh_models, tmp_path):
     assert "merge-search" in (out / "README.md").read_text()
 
     # The study lives on: a second run continues it.
-    code, _, err = run_cli("merge-search", tmp_path / "space.yml", out, "--eval", folder / "eval.txt", "--trials", 2,
-                           "--study", f"{out}.study.db", "--overwrite", "--no-progress")
+    code, _, err = run_cli(
+        "merge-search",
+        tmp_path / "space.yml",
+        out,
+        "--eval",
+        folder / "eval.txt",
+        "--trials",
+        2,
+        "--study",
+        f"{out}.study.db",
+        "--overwrite",
+        "--no-progress",
+    )
     assert code == 0, err
     assert len(list(csv.DictReader((out / "search" / "leaderboard.csv").open()))) == 18
 
@@ -106,8 +152,11 @@ def test_jsonl_scores_the_completions_only(tmp_path):
 
     folder = SHIPPED_MODELS
     evaluation = EvalSet.read(folder / "eval.jsonl", folder / "base", 64)
-    plan = plan_merge(space(folder, tmp_path / "space.yml", models=[{"model": str(folder / "ft-count"),
-                                                                     "parameters": {"weight": 1.0}}]))
+    plan = plan_merge(
+        space(
+            folder, tmp_path / "space.yml", models=[{"model": str(folder / "ft-count"), "parameters": {"weight": 1.0}}]
+        )
+    )
     loss = evaluation.loss(merged_model(plan, "cpu"), "cpu")
     # transformers' own loss, the prompt's labels masked
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder / "base")
@@ -139,12 +188,19 @@ def test_dry_run_and_errors(tmp_path):
         assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "out.study.db").exists() and not (tmp_path / "out" / "model.safetensors").exists()
 
-    bad("a range needs numbers min < max", space(folder, tmp_path / "s1.yml", parameters={"lambda": {"min": 2, "max": 1}}))
-    bad("goes outside density's domain [0.0, 1.0]",
-        space(folder, tmp_path / "s2.yml", merge_method="ties", parameters={"density": {"min": 0.5, "max": 1.5}}))
+    bad(
+        "a range needs numbers min < max",
+        space(folder, tmp_path / "s1.yml", parameters={"lambda": {"min": 2, "max": 1}}),
+    )
+    bad(
+        "goes outside density's domain [0.0, 1.0]",
+        space(folder, tmp_path / "s2.yml", merge_method="ties", parameters={"density": {"min": 0.5, "max": 1.5}}),
+    )
     bad("slerp", space(folder, tmp_path / "s3.yml", merge_method=["task_arithmetic", "slerp"]))
-    bad("nothing to search", space(folder, tmp_path / "s4.yml", models=[
-        {"model": str(folder / "ft-count"), "parameters": {"weight": 1.0}}]))
+    bad(
+        "nothing to search",
+        space(folder, tmp_path / "s4.yml", models=[{"model": str(folder / "ft-count"), "parameters": {"weight": 1.0}}]),
+    )
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"prompt": "w1 w2", "completion": " w3"}\n{"prompt": "w1"}\n')
     bad(f"{broken}:2: each line must be a JSON object", good, broken)

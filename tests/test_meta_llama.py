@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-import unshard
 from conftest import SHIPPED
 from generate import CASES
+from safetensors.torch import load_file
 from test_cli_and_errors import run_cli
+
+import unshard
 
 transformers = pytest.importorskip("transformers")
 CASES_HERE = ["torchtitan-llama3-fsdp2", "torchtune-llama3-fsdp2"]
@@ -18,8 +18,9 @@ CASES_HERE = ["torchtitan-llama3-fsdp2", "torchtune-llama3-fsdp2"]
 
 def check(name, fixture, out):
     case = CASES[name]
-    result = unshard.convert(fixture / case.src, out, config_from=fixture / case.config_from, progress=False,
-                             verify=True)
+    result = unshard.convert(
+        fixture / case.src, out, config_from=fixture / case.config_from, progress=False, verify=True
+    )
     expected = load_file(fixture / "reference" / "model.safetensors")
     written = load_file(out / "model.safetensors")
     assert sorted(written) == sorted(expected) and result.tensors == len(expected)

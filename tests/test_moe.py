@@ -14,17 +14,17 @@ import re
 import subprocess
 from pathlib import Path
 
+import generate
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
-
-import unshard
-import generate
 from conftest import SHIPPED
+from safetensors.torch import load_file
 from test_cli_and_errors import leftovers, run_cli
 from test_merge import models, perturbed_copy  # noqa: F401  (fixtures)
 from test_quantize import as_llm_compressor_names, assert_same_files, oracle  # noqa: F401  (oracle: a fixture)
+
+import unshard
 
 transformers = pytest.importorskip("transformers")
 
@@ -51,21 +51,29 @@ def dense(tmp_path_factory) -> dict[str, Path]:
 
 
 def moe_recipe(path: Path, base: Path, folder: Path, mode: str, shared: bool = False, **extra) -> Path:
-    experts = [dict(source_model=str(folder / name), positive_prompts=positive,
-                    **({"negative_prompts": negative} if negative else {})) for name, (positive, negative) in PROMPTS.items()]
+    experts = [
+        dict(
+            source_model=str(folder / name),
+            positive_prompts=positive,
+            **({"negative_prompts": negative} if negative else {}),
+        )
+        for name, (positive, negative) in PROMPTS.items()
+    ]
     experts[1]["residual_scale"] = 0.5
     recipe = dict(base_model=str(base), gate_mode=mode, experts=experts, **extra)
     if shared:
-        recipe["shared_experts"] = [dict(source_model=str(folder / "base"), positive_prompts=["shared"],
-                                         residual_scale=2.0)]
+        recipe["shared_experts"] = [
+            dict(source_model=str(folder / "base"), positive_prompts=["shared"], residual_scale=2.0)
+        ]
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
 
 
 def mergekit_moe(recipe: Path, out: Path, seed: int) -> None:
     tool = generate.peer_python("mergekit").parent / "mergekit-moe"
-    done = subprocess.run([str(tool), str(recipe), str(out), "--random-seed", str(seed)], capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [str(tool), str(recipe), str(out), "--random-seed", str(seed)], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -86,14 +94,17 @@ def as_mergekit_writes(tensors: dict[str, torch.Tensor], reference: dict[str, to
             out[name.replace("block_sparse_moe.gate.", "mlp.gate.")] = tensor
     for layer, parts in experts.items():
         count = 1 + max(e for e, _ in parts)
-        out[f"{layer}.mlp.experts.gate_up_proj"] = torch.stack([torch.cat([parts[e, "gate"], parts[e, "up"]])
-                                                                for e in range(count)])
+        out[f"{layer}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([parts[e, "gate"], parts[e, "up"]]) for e in range(count)]
+        )
         out[f"{layer}.mlp.experts.down_proj"] = torch.stack([parts[e, "down"] for e in range(count)])
     return out
 
 
 def logits(folder: Path) -> torch.Tensor:
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, experts_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, experts_implementation="eager"
+    )
     with torch.no_grad():
         return model(torch.tensor([[1, 5, 9, 22, 40, 7, 3]])).logits
 
@@ -124,8 +135,9 @@ def test_same_moe_as_mergekit(case, dense, tmp_path):
     different = [name for name in mine if not torch.equal(mine[name], reference[name])]
     assert different == []  # every tensor bit for bit, the routers included (measured: hidden mode too)
     config, expected = (json.loads((f / "config.json").read_text()) for f in (ours, theirs))
-    assert {k: v for k, v in config.items() if k != "transformers_version"} == \
-           {k: v for k, v in expected.items() if k != "transformers_version"}
+    assert {k: v for k, v in config.items() if k != "transformers_version"} == {
+        k: v for k, v in expected.items() if k != "transformers_version"
+    }
     # (the same weights: only the order of transformers' expert sums may differ between two loads)
     assert float((logits(ours) - logits(theirs)).abs().max()) < 1e-5
     assert (ours / "mergekit_moe_config.yml").read_text() == recipe.read_text()
@@ -141,11 +153,22 @@ def test_quantized_as_llm_compressor_quantizes_the_merge(dense, oracle, tmp_path
     recipe = moe_recipe(tmp_path / "recipe.yml", FAMILIES["llama"], dense / "llama", "cheap_embed")
     code, _, err = run_cli("merge-moe", recipe, tmp_path / "plain", "--seed", 7, "--no-progress")
     assert code == 0, err
-    code, _, err = run_cli("merge-moe", recipe, tmp_path / "w4a16", "--seed", 7, "--no-progress", "--quantize", "W4A16",
-                           "--verify")
+    code, _, err = run_cli(
+        "merge-moe", recipe, tmp_path / "w4a16", "--seed", 7, "--no-progress", "--quantize", "W4A16", "--verify"
+    )
     assert code == 0, err
-    oracle("quantize", [{"src": str(tmp_path / "plain"), "out": str(tmp_path / "oracle"), "scheme": "W4A16",
-                         "ignore": list(DEFAULT_IGNORE)}], tmp_path)
+    oracle(
+        "quantize",
+        [
+            {
+                "src": str(tmp_path / "plain"),
+                "out": str(tmp_path / "oracle"),
+                "scheme": "W4A16",
+                "ignore": list(DEFAULT_IGNORE),
+            }
+        ],
+        tmp_path,
+    )
     assert_same_files(as_llm_compressor_names(tmp_path / "w4a16"), tmp_path / "oracle")
 
 
@@ -159,7 +182,11 @@ def test_hidden_gates_a_layer_at_a_time(dense, tmp_path, monkeypatch):
     loads = []
     original = gates._LayerByLayer._load
     monkeypatch.setattr(gates, "KEEP_LAYERS_BYTES", 0)
-    monkeypatch.setattr(gates._LayerByLayer, "_load", lambda self, module, prefix: (loads.append(prefix), original(self, module, prefix)))
+    monkeypatch.setattr(
+        gates._LayerByLayer,
+        "_load",
+        lambda self, module, prefix: (loads.append(prefix), original(self, module, prefix)),
+    )
     unshard.merge_moe(recipe, tmp_path / "dropped", progress=False)
     kept, dropped = (load_file(tmp_path / f / "model.safetensors") for f in ("kept", "dropped"))
     assert all(torch.equal(kept[k], dropped[k]) for k in kept)
@@ -209,22 +236,38 @@ def test_dry_run_and_errors(dense, models, tmp_path):  # noqa: F811
     bad(lambda d: d.update(experts_per_token=3), "2 expert(s) for experts_per_token 3")
     bad(lambda d: d.update(modules=[]), "unknown key 'modules'")
     bad(lambda d: d["experts"][1].pop("positive_prompts"), "experts[1] has no positive_prompts")
-    bad(lambda d: [e.update(positive_prompts=["same"], negative_prompts=[]) for e in d["experts"]],
-        "every expert has the same prompts")
-    bad(lambda d: [e.update(source_model=str(folder / "ft0")) for e in d["experts"]],
-        "--i-understand-this-is-not-useful-without-training")
+    bad(
+        lambda d: [e.update(positive_prompts=["same"], negative_prompts=[]) for e in d["experts"]],
+        "every expert has the same prompts",
+    )
+    bad(
+        lambda d: [e.update(source_model=str(folder / "ft0")) for e in d["experts"]],
+        "--i-understand-this-is-not-useful-without-training",
+    )
     bad(lambda d: d.update(architecture="deepseek"), "architecture 'deepseek': use one of Mixtral, Qwen MoE")
-    bad(lambda d: d.update(shared_experts=[dict(source_model=str(folder / "base"), positive_prompts=["x"])] * 2),
-        "no MoE architecture takes these models")
+    bad(
+        lambda d: d.update(shared_experts=[dict(source_model=str(folder / "base"), positive_prompts=["x"])] * 2),
+        "no MoE architecture takes these models",
+    )
     bad(lambda d: d["experts"][0].update(source_model=str(dense / "qwen2" / "ft0")), "no MoE architecture takes")
-    bad(lambda d: d.update(base_model=str(models / "base"), experts=[
-        dict(source_model=str(models / f"ft{i}"), positive_prompts=[f"p{i}"]) for i in range(2)]), "has no tokenizer")
+    bad(
+        lambda d: d.update(
+            base_model=str(models / "base"),
+            experts=[dict(source_model=str(models / f"ft{i}"), positive_prompts=[f"p{i}"]) for i in range(2)],
+        ),
+        "has no tokenizer",
+    )
     bad(lambda d: d["experts"][0].update(residual_scale="half"), "experts[0].residual_scale must be a number")
     # The same experts are allowed when asked for.
     same = json.loads(json.dumps(good))
     for expert in same["experts"]:
         expert["source_model"] = str(folder / "ft0")
     (tmp_path / "same.yml").write_text(yaml.safe_dump(same))
-    code, out, err = run_cli("merge-moe", tmp_path / "same.yml", tmp_path / "same", "--no-progress",
-                             "--i-understand-this-is-not-useful-without-training")
+    code, out, err = run_cli(
+        "merge-moe",
+        tmp_path / "same.yml",
+        tmp_path / "same",
+        "--no-progress",
+        "--i-understand-this-is-not-useful-without-training",
+    )
     assert code == 0, err

@@ -15,18 +15,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+import generate
 import pytest
 import torch
 import yaml
-from safetensors import safe_open
-
-import generate
-import unshard
 from conftest import SHIPPED
+from safetensors import safe_open
 from test_cli_and_errors import run_cli
 
-SCHEMES = ["W8A16", "W4A16", "W4A16_ASYM", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16", "MXFP4", "MXFP8A16",
-           "MXFP8"]
+import unshard
+
+SCHEMES = [
+    "W8A16",
+    "W4A16",
+    "W4A16_ASYM",
+    "W8A8",
+    "FP8_DYNAMIC",
+    "FP8_BLOCK",
+    "NVFP4A16",
+    "MXFP4A16",
+    "MXFP4",
+    "MXFP8A16",
+    "MXFP8",
+]
 # Columns in groups of 128 (FP8_BLOCK: the inputs'), so a 320-column down_proj is refused: left unquantized here.
 GROUPED = {"W8A16", "W4A16", "W4A16_ASYM", "FP8_BLOCK"}
 ORACLE = Path(generate.HERE) / "llmcompressor_oracle.py"
@@ -39,8 +50,13 @@ def oracle():
 
     def run(task: str, jobs: list[dict], tmp_path: Path) -> list[dict]:
         (tmp_path / f"{task}.json").write_text(json.dumps(jobs))
-        done = subprocess.run([str(python), str(ORACLE), task, str(tmp_path / f"{task}.json")], capture_output=True,
-                              text=True, timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        done = subprocess.run(
+            [str(python), str(ORACLE), task, str(tmp_path / f"{task}.json")],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -70,8 +86,7 @@ def load_job(plain: Path, quantized: Path, scheme: str, dtype: str = "auto", **e
     """A job of the oracle's `load` (compressed-tensors decompresses MX and NVFP4 weights to bf16 whatever the model's
     dtype, so those folders run in bf16)."""
     bf16 = scheme.startswith(("MX", "NVFP4"))
-    return {"plain": str(plain), "quantized": str(quantized), "dtype": "bfloat16" if bf16 else dtype,
-            **extra}
+    return {"plain": str(plain), "quantized": str(quantized), "dtype": "bfloat16" if bf16 else dtype, **extra}
 
 
 def assert_loaded_within(loaded: list[dict], schemes: list[str], bound: dict[str, float]) -> None:
@@ -95,11 +110,18 @@ def test_every_scheme_as_llm_compressor_writes_it(case, wide, oracle, tmp_path):
     jobs, loads = [], []
     for scheme in SCHEMES:
         ignore = ignore_for(scheme, wide)
-        result = unshard.convert(src, tmp_path / scheme, quantize=scheme, quantize_ignore=ignore, progress=False,
-                                 verify=True)
+        result = unshard.convert(
+            src, tmp_path / scheme, quantize=scheme, quantize_ignore=ignore, progress=False, verify=True
+        )
         assert result.bytes < (tmp_path / "plain" / "model.safetensors").stat().st_size
-        jobs.append({"src": str(tmp_path / "plain"), "out": str(tmp_path / f"oracle-{scheme}"), "scheme": scheme,
-                     "ignore": ["lm_head", *ignore]})
+        jobs.append(
+            {
+                "src": str(tmp_path / "plain"),
+                "out": str(tmp_path / f"oracle-{scheme}"),
+                "scheme": scheme,
+                "ignore": ["lm_head", *ignore],
+            }
+        )
         loads.append(load_job(tmp_path / "plain", tmp_path / scheme, scheme))
         card = (tmp_path / scheme / "README.md").read_text()
         assert f"quantized: {scheme} (compressed-tensors" in card
@@ -109,11 +131,23 @@ def test_every_scheme_as_llm_compressor_writes_it(case, wide, oracle, tmp_path):
 
     # transformers loads each through compressed-tensors, every tensor in place. The logits' largest distance from
     # the unquantized model's, on a prompt, relative to their largest magnitude (random tiny models; measured:
-    # W8A16 0.017, W8A8 0.025, FP8_DYNAMIC 0.09, FP8_BLOCK 0.09, W4A16 0.28, W4A16_ASYM 0.22 on the bf16 case; run in bf16,
+    # W8A16 0.017, W8A8 0.025, FP8_DYNAMIC 0.09, FP8_BLOCK 0.09, W4A16 0.28, W4A16_ASYM 0.22 on the bf16 case;
+    # run in bf16,
     # MXFP8A16 0.04-0.08, MXFP8 0.09-0.11, MXFP4A16 0.23-0.24, MXFP4 0.30-0.49, its inputs quantized to FP4 too;
     # NVFP4A16 0.19-0.26).
-    bound = {"W8A16": 0.05, "W8A8": 0.05, "FP8_DYNAMIC": 0.2, "FP8_BLOCK": 0.2, "W4A16": 0.5, "W4A16_ASYM": 0.5,
-             "NVFP4A16": 0.5, "MXFP8A16": 0.15, "MXFP8": 0.2, "MXFP4A16": 0.5, "MXFP4": 0.65}
+    bound = {
+        "W8A16": 0.05,
+        "W8A8": 0.05,
+        "FP8_DYNAMIC": 0.2,
+        "FP8_BLOCK": 0.2,
+        "W4A16": 0.5,
+        "W4A16_ASYM": 0.5,
+        "NVFP4A16": 0.5,
+        "MXFP8A16": 0.15,
+        "MXFP8": 0.2,
+        "MXFP4A16": 0.5,
+        "MXFP4": 0.65,
+    }
     assert_loaded_within(oracle("load", loads, tmp_path), SCHEMES, bound)
 
 
@@ -121,9 +155,18 @@ def test_from_other_layouts_and_merges(oracle, tmp_path):
     """Quantizing happens after the tensors are whole: DCP, DeepSpeed ZeRO-3, Megatron's fused QKV over
     TP, a LoRA folded in, Qwen2, and a merge all give what llm-compressor gives on their unquantized output."""
     recipe = tmp_path / "recipe.yml"
-    recipe.write_text(yaml.safe_dump({"merge_method": "linear", "dtype": "float32", "models": [
-        {"model": str(SHIPPED / "llama-fsdp2" / "global_step_1"), "parameters": {"weight": 0.7}},
-        {"model": str(SHIPPED / "llama-fsdp2-tp" / "global_step_1"), "parameters": {"weight": 0.3}}]}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "merge_method": "linear",
+                "dtype": "float32",
+                "models": [
+                    {"model": str(SHIPPED / "llama-fsdp2" / "global_step_1"), "parameters": {"weight": 0.7}},
+                    {"model": str(SHIPPED / "llama-fsdp2-tp" / "global_step_1"), "parameters": {"weight": 0.3}},
+                ],
+            }
+        )
+    )
     sources = {
         "dcp": (SHIPPED / "llama-fsdp1-dcp" / "dcp", {"config_from": SHIPPED / "llama-fsdp1-dcp" / "hf"}),
         "zero3": (SHIPPED / "deepspeed-zero3" / "checkpoint-1", {}),
@@ -144,10 +187,23 @@ def test_from_other_layouts_and_merges(oracle, tmp_path):
         if name == "merge":
             unshard.merge(recipe, out, quantize=scheme, quantize_ignore=ignore, progress=False, verify=True)
         else:
-            unshard.convert(sources[name][0], out, quantize=scheme, quantize_ignore=ignore, progress=False, verify=True,
-                            **sources[name][1])
-        jobs.append({"src": str(tmp_path / f"{name}-plain"), "out": str(tmp_path / f"oracle-{name}-{scheme}"),
-                     "scheme": scheme, "ignore": ["lm_head", *ignore]})
+            unshard.convert(
+                sources[name][0],
+                out,
+                quantize=scheme,
+                quantize_ignore=ignore,
+                progress=False,
+                verify=True,
+                **sources[name][1],
+            )
+        jobs.append(
+            {
+                "src": str(tmp_path / f"{name}-plain"),
+                "out": str(tmp_path / f"oracle-{name}-{scheme}"),
+                "scheme": scheme,
+                "ignore": ["lm_head", *ignore],
+            }
+        )
     oracle("quantize", jobs, tmp_path)
     for job in jobs:
         assert_same_files(Path(job["out"].replace("oracle-", "")), Path(job["out"]))
@@ -174,13 +230,16 @@ def as_llm_compressor_names(folder: Path) -> Path:
     return renamed
 
 
-@pytest.mark.parametrize("case, schemes", [
-    ("qwen3moe-fsdp2-q128", SCHEMES),  # experts fused per projection in the rank files (transformers 5), 128 wide
-    ("qwen2moe-fsdp2", ["W8A8", "FP8_DYNAMIC"]),  # a shared expert behind a one-row gate
-    ("mixtral-fsdp2", ["W8A8"]),
-    ("megatron-mixtral-tp2-pp2-ep2", ["FP8_DYNAMIC"]),  # experts over expert parallelism, in Megatron's names
-    ("megatron-qwen3moe-pp2-ep2-dp2", ["W8A8"]),
-])
+@pytest.mark.parametrize(
+    "case, schemes",
+    [
+        ("qwen3moe-fsdp2-q128", SCHEMES),  # experts fused per projection in the rank files (transformers 5), 128 wide
+        ("qwen2moe-fsdp2", ["W8A8", "FP8_DYNAMIC"]),  # a shared expert behind a one-row gate
+        ("mixtral-fsdp2", ["W8A8"]),
+        ("megatron-mixtral-tp2-pp2-ep2", ["FP8_DYNAMIC"]),  # experts over expert parallelism, in Megatron's names
+        ("megatron-qwen3moe-pp2-ep2-dp2", ["W8A8"]),
+    ],
+)
 def test_mixture_of_experts_as_llm_compressor_writes_it(case, schemes, oracle, tmp_path):
     """llm-compressor quantizes each expert as a Linear layer and leaves the routers (listed in the config's
     ignore list whatever the patterns, as compressed-tensors counts them as Linear layers); unshard writes
@@ -193,8 +252,14 @@ def test_mixture_of_experts_as_llm_compressor_writes_it(case, schemes, oracle, t
     jobs, loads = [], []
     for scheme in schemes:
         unshard.convert(src, tmp_path / scheme, quantize=scheme, progress=False, verify=True)
-        jobs.append({"src": str(tmp_path / "plain"), "out": str(tmp_path / f"oracle-{scheme}"), "scheme": scheme,
-                     "ignore": list(DEFAULT_IGNORE)})
+        jobs.append(
+            {
+                "src": str(tmp_path / "plain"),
+                "out": str(tmp_path / f"oracle-{scheme}"),
+                "scheme": scheme,
+                "ignore": list(DEFAULT_IGNORE),
+            }
+        )
         loads.append(load_job(tmp_path / "plain", tmp_path / scheme, scheme, "float32", moe=True))
     oracle("quantize", jobs, tmp_path)
     layers = json.loads((tmp_path / "plain" / "config.json").read_text())["num_hidden_layers"]
@@ -207,8 +272,19 @@ def test_mixture_of_experts_as_llm_compressor_writes_it(case, schemes, oracle, t
     # Linear layer (transformers cannot load a quantized MoE folder, llm-compressor's own neither). Distance of the
     # logits from the unquantized model's, relative to their largest magnitude: farther than a dense model's where
     # a token's choice of experts changes (measured: W8A16 0.094, W8A8 0.016-0.018, FP8 0.11-0.12, 4-bit 0.19-0.20).
-    bound = {"W8A16": 0.15, "W8A8": 0.15, "FP8_DYNAMIC": 0.2, "FP8_BLOCK": 0.2, "W4A16": 0.5, "W4A16_ASYM": 0.5,
-             "NVFP4A16": 0.5, "MXFP8A16": 0.2, "MXFP8": 0.2, "MXFP4A16": 0.5, "MXFP4": 0.65}
+    bound = {
+        "W8A16": 0.15,
+        "W8A8": 0.15,
+        "FP8_DYNAMIC": 0.2,
+        "FP8_BLOCK": 0.2,
+        "W4A16": 0.5,
+        "W4A16_ASYM": 0.5,
+        "NVFP4A16": 0.5,
+        "MXFP8A16": 0.2,
+        "MXFP8": 0.2,
+        "MXFP4A16": 0.5,
+        "MXFP4": 0.65,
+    }
     assert_loaded_within(oracle("load", loads, tmp_path), schemes, bound)
 
 
@@ -216,7 +292,11 @@ def test_vision_language_models_as_llm_compressor_writes_them(oracle, tmp_path):
     """The language model quantized, the vision tower and projector left as they are, the config's ignore list
     naming them as the checkpoint does (Qwen2-VL's `visual.*` where transformers 5 holds `model.visual.*`,
     Mllama's `language_model.lm_head`), bit for bit as llm-compressor writes them."""
-    cases = {"qwen2vl": SHIPPED / "qwen2vl-fsdp2", "qwen25vl": SHIPPED / "qwen25vl-fsdp2", "mllama": SHIPPED / "mllama-fsdp2"}
+    cases = {
+        "qwen2vl": SHIPPED / "qwen2vl-fsdp2",
+        "qwen25vl": SHIPPED / "qwen25vl-fsdp2",
+        "mllama": SHIPPED / "mllama-fsdp2",
+    }
     from unshard.sinks.compressed_tensors import DEFAULT_IGNORE
 
     jobs, loads = [], []
@@ -224,15 +304,24 @@ def test_vision_language_models_as_llm_compressor_writes_them(oracle, tmp_path):
         src = case / "global_step_1"
         unshard.convert(src, tmp_path / f"{name}-plain", progress=False)
         unshard.convert(src, tmp_path / name, quantize="W8A8", progress=False, verify=True)
-        jobs.append({"src": str(tmp_path / f"{name}-plain"), "out": str(tmp_path / f"oracle-{name}"), "scheme": "W8A8",
-                     "ignore": list(DEFAULT_IGNORE)})
-        loads += [load_job(tmp_path / f"{name}-plain", tmp_path / folder, "W8A8") for folder in (name, f"oracle-{name}")]
+        jobs.append(
+            {
+                "src": str(tmp_path / f"{name}-plain"),
+                "out": str(tmp_path / f"oracle-{name}"),
+                "scheme": "W8A8",
+                "ignore": list(DEFAULT_IGNORE),
+            }
+        )
+        loads += [
+            load_job(tmp_path / f"{name}-plain", tmp_path / folder, "W8A8") for folder in (name, f"oracle-{name}")
+        ]
     oracle("quantize", jobs, tmp_path)
     for name in cases:
         assert_same_files(tmp_path / name, tmp_path / f"oracle-{name}")
         ignored = json.loads((tmp_path / name / "config.json").read_text())["quantization_config"]["ignore"]
-        assert ignored and all(m.startswith(("visual.", "vision_model.", "multi_modal_projector"))
-                               for m in ignored if "lm_head" not in m)
+        assert ignored and all(
+            m.startswith(("visual.", "vision_model.", "multi_modal_projector")) for m in ignored if "lm_head" not in m
+        )
     # transformers 5 cannot load either tool's folder whole: compressed-tensors matches the ignore list (the
     # checkpoint's names, as vLLM reads them) against the names transformers holds, so it expects scales for the
     # vision tower (and for Mllama's head, left uninitialised). It loads unshard's as it loads llm-compressor's, and
@@ -254,9 +343,12 @@ def test_bands_give_the_whole_tensor_s_encoding(tmp_path, monkeypatch):
     for scheme in ("W4A16_ASYM", "FP8_BLOCK", "FP8_DYNAMIC", "MXFP4A16", "NVFP4A16"):
         ignore = ignore_for(scheme, False)
         unshard.convert(src, tmp_path / f"whole-{scheme}", quantize=scheme, quantize_ignore=ignore, progress=False)
-        monkeypatch.setattr(assemble, "ENCODING_BAND_BYTES", 8 * 256 * 4)  # 8 rows of 256 fp32 columns: 40 bands of gate_proj
-        unshard.convert(src, tmp_path / f"banded-{scheme}", quantize=scheme, quantize_ignore=ignore, progress=False,
-                        verify=True)
+        monkeypatch.setattr(
+            assemble, "ENCODING_BAND_BYTES", 8 * 256 * 4
+        )  # 8 rows of 256 fp32 columns: 40 bands of gate_proj
+        unshard.convert(
+            src, tmp_path / f"banded-{scheme}", quantize=scheme, quantize_ignore=ignore, progress=False, verify=True
+        )
         monkeypatch.undo()
         whole, banded = tensors_of(tmp_path / f"whole-{scheme}"), tensors_of(tmp_path / f"banded-{scheme}")
         assert sorted(whole) == sorted(banded)
@@ -280,12 +372,17 @@ def test_quantizing_imports_no_torch_and_threads_write_what_one_writes(scheme, t
     src = SHIPPED / "llama-fsdp2-tp-q320" / "global_step_1"
     ignore = ignore_for(scheme, False)
     unshard.convert(src, tmp_path / "one", quantize=scheme, quantize_ignore=ignore, threads=1, progress=False)
-    done = subprocess.run([sys.executable, "-c", NO_TORCH, str(src), str(tmp_path / "two"), scheme, json.dumps(ignore)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, str(src), str(tmp_path / "two"), scheme, json.dumps(ignore)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {"torch": False}
-    assert {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()} == \
-        {p.name: p.read_bytes() for p in (tmp_path / "two").iterdir()}
+    assert {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()} == {
+        p.name: p.read_bytes() for p in (tmp_path / "two").iterdir()
+    }
 
 
 def rounding_cases(shape: tuple[int, int], rng) -> torch.Tensor:
@@ -297,7 +394,7 @@ def rounding_cases(shape: tuple[int, int], rng) -> torch.Tensor:
 
     rows, cols = shape
     x = rng.standard_normal(shape) * 10.0 ** rng.uniform(-4, 2, size=(rows, 1))
-    fp8 = np.array([0.0] + [(1 + m / 8) * 2.0 ** e for e in range(-6, 9) for m in range(8)])
+    fp8 = np.array([0.0] + [(1 + m / 8) * 2.0**e for e in range(-6, 9) for m in range(8)])
     fp8_ties = ((fp8[1:] + fp8[:-1]) / 2)[fp8[1:] <= 448]
     fp4_ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
     for row in range(rows):
@@ -336,8 +433,14 @@ def test_rounding_cases_as_llm_compressor_writes_them(oracle, tmp_path):
     rng = np.random.default_rng(25)
     jobs = []
     for dtype in ("float32", "bfloat16", "float16"):
-        config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=1, vocab_size=64,
-                                          num_attention_heads=4, num_key_value_heads=2)
+        config = transformers.LlamaConfig(
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=1,
+            vocab_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
         model = transformers.LlamaForCausalLM(config)
         with torch.no_grad():
             for name, parameter in model.named_parameters():
@@ -346,8 +449,14 @@ def test_rounding_cases_as_llm_compressor_writes_them(oracle, tmp_path):
         model.to(getattr(torch, dtype)).save_pretrained(tmp_path / dtype)
         for scheme in SCHEMES:
             unshard.convert(tmp_path / dtype, tmp_path / f"{dtype}-{scheme}", quantize=scheme, progress=False)
-            jobs.append({"src": str(tmp_path / dtype), "out": str(tmp_path / f"oracle-{dtype}-{scheme}"),
-                         "scheme": scheme, "ignore": ["lm_head"]})
+            jobs.append(
+                {
+                    "src": str(tmp_path / dtype),
+                    "out": str(tmp_path / f"oracle-{dtype}-{scheme}"),
+                    "scheme": scheme,
+                    "ignore": ["lm_head"],
+                }
+            )
     oracle("quantize", jobs, tmp_path)
     for job in jobs:
         assert_same_files(Path(job["out"].replace("oracle-", "")), Path(job["out"]))
@@ -358,8 +467,14 @@ def test_a_weight_with_nan_is_one_line_naming_it(tmp_path):
     leaves it out, and nothing is written; left out, the rest is quantized."""
     import transformers
 
-    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1, vocab_size=64,
-                                      num_attention_heads=2, num_key_value_heads=2)
+    config = transformers.LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        vocab_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     model = transformers.LlamaForCausalLM(config)
     with torch.no_grad():
         model.model.layers[0].mlp.up_proj.weight[3, 7] = float("nan")
@@ -369,10 +484,23 @@ def test_a_weight_with_nan_is_one_line_naming_it(tmp_path):
         code, _, err = run_cli("convert", tmp_path / "model", tmp_path / "out", "--quantize", scheme)
         errors = [line for line in err.splitlines() if line.startswith("unshard:")]
         assert code == 1 and len(errors) == 1 and not (tmp_path / "out").exists(), err
-        assert str(tmp_path / 'model') in errors[0] and ": model.layers.0." in errors[0] and "holds NaN or infinite" in errors[0]
+        assert (
+            str(tmp_path / "model") in errors[0]
+            and ": model.layers.0." in errors[0]
+            and "holds NaN or infinite" in errors[0]
+        )
         assert "--quantize-ignore model.layers.0." in errors[0] and list(tmp_path.iterdir()) == [tmp_path / "model"]
-    code, _, err = run_cli("convert", tmp_path / "model", tmp_path / "out", "--quantize", "NVFP4A16",
-                           "--quantize-ignore", "re:.*(up|gate)_proj$", "--quantize-ignore", "re:.*o_proj$")
+    code, _, err = run_cli(
+        "convert",
+        tmp_path / "model",
+        tmp_path / "out",
+        "--quantize",
+        "NVFP4A16",
+        "--quantize-ignore",
+        "re:.*(up|gate)_proj$",
+        "--quantize-ignore",
+        "re:.*o_proj$",
+    )
     assert code == 0, err
 
 
@@ -382,28 +510,40 @@ def test_nvfp4_siblings_share_a_global_scale_whoever_writes_them(tmp_path):
     write what one process writes. Leaving out some of a set but not all is refused, as llm-compressor refuses it."""
     src = SHIPPED / "llama-fsdp2-tp-q320" / "global_step_1"
     one = unshard.convert(src, tmp_path / "one", quantize="NVFP4A16", max_shard_size="100KB", progress=False)
-    two = unshard.convert(src, tmp_path / "two", quantize="NVFP4A16", max_shard_size="100KB", progress=False, workers=2,
-                          verify=True)
+    two = unshard.convert(
+        src, tmp_path / "two", quantize="NVFP4A16", max_shard_size="100KB", progress=False, workers=2, verify=True
+    )
     assert len(one.files) > 2 and two.writers == 2
-    assert {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()} == \
-        {p.name: p.read_bytes() for p in (tmp_path / "two").iterdir()}
-    scales = {name.removesuffix(".weight_global_scale"): t.item() for name, t in tensors_of(tmp_path / "one").items()
-              if name.endswith("global_scale")}
+    assert {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()} == {
+        p.name: p.read_bytes() for p in (tmp_path / "two").iterdir()
+    }
+    scales = {
+        name.removesuffix(".weight_global_scale"): t.item()
+        for name, t in tensors_of(tmp_path / "one").items()
+        if name.endswith("global_scale")
+    }
     for layer in (0, 1):
         at = f"model.layers.{layer}."
         assert scales[f"{at}self_attn.q_proj"] == scales[f"{at}self_attn.k_proj"] == scales[f"{at}self_attn.v_proj"]
         assert scales[f"{at}mlp.gate_proj"] == scales[f"{at}mlp.up_proj"] != scales[f"{at}mlp.down_proj"]
 
-    code, _, err = run_cli("convert", src, tmp_path / "out", "--quantize", "NVFP4A16", "--quantize-ignore", "re:.*k_proj$")
+    code, _, err = run_cli(
+        "convert", src, tmp_path / "out", "--quantize", "NVFP4A16", "--quantize-ignore", "re:.*k_proj$"
+    )
     assert code == 1 and len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
-    assert "model.layers.0.self_attn.q_proj, model.layers.0.self_attn.k_proj, model.layers.0.self_attn.v_proj share " \
-           "one global scale" in err and "leave out all of them or none" in err
+    assert (
+        "model.layers.0.self_attn.q_proj, model.layers.0.self_attn.k_proj, model.layers.0.self_attn.v_proj share "
+        "one global scale"
+        in err
+        and "leave out all of them or none" in err
+    )
 
 
 def test_dry_run_and_inspect_say_what_is_quantized(tmp_path):
     src = str(SHIPPED / "llama-fsdp2-tp-q320" / "global_step_1")
-    code, out, _ = run_cli("convert", src, tmp_path / "out", "--quantize", "w4a16", "--quantize-ignore", "re:.*down_proj$",
-                            "--dry-run")
+    code, out, _ = run_cli(
+        "convert", src, tmp_path / "out", "--quantize", "w4a16", "--quantize-ignore", "re:.*down_proj$", "--dry-run"
+    )
     assert code == 0 and not (tmp_path / "out").exists()
     assert "quantize     W4A16 (compressed-tensors pack-quantized): 12 Linear weights" in out
     assert "left as they are: 1 Linear layer(s) matching lm_head (e.g. lm_head)" in out

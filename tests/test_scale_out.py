@@ -15,10 +15,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-import unshard
 from conftest import SHIPPED
 from generate import free_port
+
+import unshard
 
 MIXTRAL = SHIPPED / "mixtral-fsdp2" / "global_step_1"
 SHARD = "40KB"  # several output files from a tiny model, so there is work to share
@@ -42,10 +42,24 @@ def single(tmp_path_factory) -> Path:
 
 def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory(prefix="unshard-torchrun-") as scratch:  # (torchrun leaves a folder in TMPDIR)
-        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args],
-                              capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=scratch),
-                              timeout=300)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                str(nproc),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(free_port()),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=scratch),
+            timeout=300,
+        )
 
 
 def test_workers_write_the_same_bytes(single, tmp_path):
@@ -72,6 +86,7 @@ def when_read(checkpoint, name, action):
     """Have `action(piece)` run when a piece of tensor `name` is read, whichever way: loaded to be
     assembled, or located in its file to be copied file to file."""
     for method in ("local_tensor", "file_offset"):
+
         def patched(piece, original=getattr(checkpoint, method)):
             if piece.key == name:
                 action(piece)
@@ -112,14 +127,16 @@ def test_a_killed_worker_fails_the_run_and_leaves_nothing(tmp_path):
 
 def test_merge_with_workers_matches_one_process(tmp_path):
     recipe = tmp_path / "recipe.yml"
-    recipe.write_text(textwrap.dedent(f"""\
+    recipe.write_text(
+        textwrap.dedent(f"""\
         merge_method: ties
         base_model: {MIXTRAL}
         models:
-          - model: {SHIPPED / 'mixtral-fsdp2' / 'reference'}
+          - model: {SHIPPED / "mixtral-fsdp2" / "reference"}
             parameters: {{weight: 0.7, density: 0.5}}
         dtype: float32
-    """))
+    """)
+    )
     unshard.merge(recipe, tmp_path / "one", max_shard_size=SHARD, progress=False)
     unshard.merge(recipe, tmp_path / "two", max_shard_size=SHARD, progress=False, workers=2)
     assert folder_bytes(tmp_path / "two") == folder_bytes(tmp_path / "one")
@@ -127,8 +144,19 @@ def test_merge_with_workers_matches_one_process(tmp_path):
 
 def test_torchrun_distributed_writes_the_same_bytes(single, tmp_path):
     out = tmp_path / "out"
-    done = torchrun(3, "-m", "unshard", "convert", str(MIXTRAL), str(out), "--max-shard-size", SHARD,
-                    "--distributed", "--verify", "--no-progress")
+    done = torchrun(
+        3,
+        "-m",
+        "unshard",
+        "convert",
+        str(MIXTRAL),
+        str(out),
+        "--max-shard-size",
+        SHARD,
+        "--distributed",
+        "--verify",
+        "--no-progress",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert folder_bytes(out) == folder_bytes(single)
     assert done.stdout.count("wrote ") == 1 and "by 3 processes" in done.stdout  # rank 0 speaks for all

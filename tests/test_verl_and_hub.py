@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from conftest import ROOT, SHIPPED
 from generate import peer_python
 from hub_standin import TOKEN, Hub, validate_card
+from safetensors.torch import load_file, save_file
 
 UNSHARD = [sys.executable, "-m", "unshard"]
 EXAMPLE = ROOT / "examples" / "tiny-llama-verl-fsdp2" / "global_step_1"
@@ -47,6 +46,7 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
 
 # ---- the model card ----
 
+
 def card(folder: Path):
     from huggingface_hub import ModelCard
 
@@ -67,8 +67,17 @@ def test_card_front_matter_is_what_the_hub_reads(tmp_path):
     config_path = src / "actor" / "huggingface" / "config.json"
     config = json.loads(config_path.read_text())
     config_path.write_text(json.dumps({**config, "_name_or_path": "meta-llama/Llama-3.2-1B"}))
-    run("convert", src, tmp_path / "with-base", "--no-progress", "--quantize", "W8A16", "--quantize-ignore",
-        "re:.*", "--no-check")
+    run(
+        "convert",
+        src,
+        tmp_path / "with-base",
+        "--no-progress",
+        "--quantize",
+        "W8A16",
+        "--quantize-ignore",
+        "re:.*",
+        "--no-check",
+    )
     data = card(tmp_path / "with-base")
     assert data.base_model == "meta-llama/Llama-3.2-1B" and {"compressed-tensors", "w8a16"} <= set(data.tags)
 
@@ -86,23 +95,32 @@ def test_critic_card_says_token_classification(tmp_path):
 def test_merge_card_names_hub_inputs_as_mergekit_does(tmp_path):
     llama = SHIPPED / "llama-fsdp2" / "reference"
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f"merge_method: linear\nmodels:\n  - model: {llama}\n    parameters: {{weight: 0.5}}\n"
-                      f"  - model: {SHIPPED / 'llama-fsdp2' / 'global_step_1'}\n    parameters: {{weight: 0.5}}\n")
+    recipe.write_text(
+        f"merge_method: linear\nmodels:\n  - model: {llama}\n    parameters: {{weight: 0.5}}\n"
+        f"  - model: {SHIPPED / 'llama-fsdp2' / 'global_step_1'}\n    parameters: {{weight: 0.5}}\n"
+    )
     run("merge", recipe, tmp_path / "out", "--no-progress")
     data = card(tmp_path / "out")
     assert {"merge", "mergekit", "unshard"} <= set(data.tags) and data.base_model is None  # local inputs only
     from unshard.hub import hub_ids
 
     assert hub_ids(["Qwen/Qwen2.5-0.5B", "/abs/path", "./rel", "a/b/c", "base+adapter/x", "org/m", "org/m"]) == [
-        "Qwen/Qwen2.5-0.5B", "org/m"]
+        "Qwen/Qwen2.5-0.5B",
+        "org/m",
+    ]
 
 
 # ---- --push-to-hub ----
 
+
 def hub_env(hub: Hub, tmp_path: Path, token: str | None = TOKEN) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1",
-               HF_HUB_DISABLE_XET="1")  # the stand-in speaks LFS, not Xet
+    env.update(
+        HF_ENDPOINT=hub.endpoint,
+        HF_HOME=str(tmp_path / "hf-home"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_XET="1",
+    )  # the stand-in speaks LFS, not Xet
     if token:
         env["HF_TOKEN"] = token
     return env
@@ -119,8 +137,20 @@ def test_push_to_hub_sends_every_file(tmp_path):
     with Hub() as hub:
         env = hub_env(hub, tmp_path)
         out = tmp_path / "out"
-        done = run("convert", EXAMPLE, out, "--no-progress", "--push-to-hub", "me/tiny-llama", "--private",
-                   "--revision", "step-1", "--commit-message", "first step", env=env)
+        done = run(
+            "convert",
+            EXAMPLE,
+            out,
+            "--no-progress",
+            "--push-to-hub",
+            "me/tiny-llama",
+            "--private",
+            "--revision",
+            "step-1",
+            "--commit-message",
+            "first step",
+            env=env,
+        )
         assert "pushed" in done.stdout and "me/tiny-llama" in done.stdout
         assert hub.repos["me/tiny-llama"]["private"] is True
         assert_arrived(out, hub.files("me/tiny-llama", "step-1"))
@@ -149,8 +179,9 @@ def test_a_failed_push_is_one_line_and_keeps_out(failure, tmp_path):
     if failure == "no network":  # the stand-in is gone: nothing listens at HF_ENDPOINT any more
         done = push()
     line = one_line_error(done)
-    assert {"no token": "no Hugging Face token", "refused token": "401",
-            "no network": "cannot be reached"}[failure] in line
+    assert {"no token": "no Hugging Face token", "refused token": "401", "no network": "cannot be reached"}[
+        failure
+    ] in line
     assert "complete on disk and stays" in line
     assert "wrote 21 tensors" in done.stdout  # the conversion itself finished
     reference = weights(tmp_path / "out")
@@ -159,11 +190,27 @@ def test_a_failed_push_is_one_line_and_keeps_out(failure, tmp_path):
 
 # ---- unshard verl merge / test, against verl's merger ----
 
+
 def verl_merge(local: Path, target: Path) -> subprocess.CompletedProcess:
     python = peer_python("verl")
-    return subprocess.run([str(python), "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(local),
-                           "--target_dir", str(target)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return subprocess.run(
+        [
+            str(python),
+            "-m",
+            "verl.model_merger",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(local),
+            "--target_dir",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
 
 
 def without_version(path: Path) -> dict:
@@ -177,7 +224,17 @@ def test_verl_merge_writes_what_verls_merger_writes(case, tmp_path):
     local = SHIPPED / case / "global_step_1" / "actor"
     theirs = verl_merge(local, tmp_path / "verl")
     assert theirs.returncode == 0, theirs.stderr[-3000:]
-    run("verl", "merge", "--backend", "fsdp", "--local_dir", local, "--target_dir", tmp_path / "unshard", "--no-progress")
+    run(
+        "verl",
+        "merge",
+        "--backend",
+        "fsdp",
+        "--local_dir",
+        local,
+        "--target_dir",
+        tmp_path / "unshard",
+        "--no-progress",
+    )
     ours, verl = tmp_path / "unshard", tmp_path / "verl"
 
     def names(folder):
@@ -234,8 +291,19 @@ def test_verl_merge_of_a_lora_run(tmp_path):
 def test_verl_test_compares_as_verl_does(tmp_path):
     local = SHIPPED / "qwen2-fsdp2" / "global_step_1" / "actor"
     reference = SHIPPED / "qwen2-fsdp2" / "reference"
-    done = run("verl", "test", "--backend", "fsdp", "--local_dir", local, "--test_hf_dir", reference,
-               "--use_cpu_initialization", "--trust-remote-code", "--no-progress")
+    done = run(
+        "verl",
+        "test",
+        "--backend",
+        "fsdp",
+        "--local_dir",
+        local,
+        "--test_hf_dir",
+        reference,
+        "--use_cpu_initialization",
+        "--trust-remote-code",
+        "--no-progress",
+    )
     assert "26 tensors" in done.stdout and "match" in done.stdout
     assert "--use_cpu_initialization" in done.stderr and "--trust-remote-code" in done.stderr
 
@@ -246,50 +314,139 @@ def test_verl_test_compares_as_verl_does(tmp_path):
     tensors["model.norm.weight"] = tensors["model.norm.weight"].clone()
     tensors["model.norm.weight"][3] += 0.5
     save_file(tensors, changed / "model.safetensors", metadata={"format": "pt"})
-    line = one_line_error(run("verl", "test", "--backend", "fsdp", "--local_dir", local, "--test_hf_dir", changed,
-                              "--no-progress", ok=False))
+    line = one_line_error(
+        run(
+            "verl",
+            "test",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            local,
+            "--test_hf_dir",
+            changed,
+            "--no-progress",
+            ok=False,
+        )
+    )
     assert "model.norm.weight" in line and "1 tensor" in line
 
     # Another model altogether: the tensors missing and extra are named.
-    line = one_line_error(run("verl", "test", "--backend", "fsdp", "--local_dir",
-                              SHIPPED / "llama-fsdp2" / "global_step_1" / "actor", "--test_hf_dir", reference, ok=False))
+    line = one_line_error(
+        run(
+            "verl",
+            "test",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            SHIPPED / "llama-fsdp2" / "global_step_1" / "actor",
+            "--test_hf_dir",
+            reference,
+            ok=False,
+        )
+    )
     assert "missing" in line and "q_proj.bias" in line
 
 
 def test_verl_flags_that_do_not_fit_the_checkpoint(tmp_path):
     local = SHIPPED / "qwen2-fsdp2" / "global_step_1" / "actor"  # Qwen2 with tied embeddings
     untied = SHIPPED / "llama-fsdp2" / "global_step_1" / "actor"
-    run("verl", "merge", "--backend", "fsdp", "--local_dir", local, "--target_dir", tmp_path / "tied",
-        "--tie-word-embedding", "--no-progress")
-    line = one_line_error(run("verl", "merge", "--backend", "fsdp", "--local_dir", untied, "--target_dir",
-                              tmp_path / "a", "--tie-word-embedding", ok=False))
+    run(
+        "verl",
+        "merge",
+        "--backend",
+        "fsdp",
+        "--local_dir",
+        local,
+        "--target_dir",
+        tmp_path / "tied",
+        "--tie-word-embedding",
+        "--no-progress",
+    )
+    line = one_line_error(
+        run(
+            "verl",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            untied,
+            "--target_dir",
+            tmp_path / "a",
+            "--tie-word-embedding",
+            ok=False,
+        )
+    )
     assert "tie_word_embeddings" in line and not (tmp_path / "a").exists()
-    line = one_line_error(run("verl", "merge", "--backend", "fsdp", "--local_dir", untied, "--target_dir",
-                              tmp_path / "b", "--is-value-model", ok=False))
+    line = one_line_error(
+        run(
+            "verl",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            untied,
+            "--target_dir",
+            tmp_path / "b",
+            "--is-value-model",
+            ok=False,
+        )
+    )
     assert "value head" in line and not (tmp_path / "b").exists()
     critic = SHIPPED / "qwen2-fsdp2-critic" / "global_step_1" / "critic"
-    run("verl", "merge", "--backend", "fsdp", "--local_dir", critic, "--target_dir", tmp_path / "critic",
-        "--is-value-model", "--no-progress")
-    line = one_line_error(run("verl", "merge", "--backend", "megatron", "--local_dir", SHIPPED / "megatron-qwen2-tp2-pp2"
-                              / "verl" / "global_step_10" / "actor", "--target_dir", tmp_path / "c", "--is-value-model",
-                              ok=False))
+    run(
+        "verl",
+        "merge",
+        "--backend",
+        "fsdp",
+        "--local_dir",
+        critic,
+        "--target_dir",
+        tmp_path / "critic",
+        "--is-value-model",
+        "--no-progress",
+    )
+    line = one_line_error(
+        run(
+            "verl",
+            "merge",
+            "--backend",
+            "megatron",
+            "--local_dir",
+            SHIPPED / "megatron-qwen2-tp2-pp2" / "verl" / "global_step_10" / "actor",
+            "--target_dir",
+            tmp_path / "c",
+            "--is-value-model",
+            ok=False,
+        )
+    )
     assert "--is-value-model" in line
     # The megatron backend reads verl's Megatron layout (verl's own Megatron merger wants a GPU: it is not run
     # here): the weights a bf16 conversion writes. A backend naming another layout is a note.
     megatron = SHIPPED / "megatron-qwen2-tp2-pp2" / "verl" / "global_step_10" / "actor"
-    done = run("verl", "merge", "--backend", "megatron", "--local_dir", megatron, "--target_dir", tmp_path / "m",
-               "--no-progress")
+    done = run(
+        "verl",
+        "merge",
+        "--backend",
+        "megatron",
+        "--local_dir",
+        megatron,
+        "--target_dir",
+        tmp_path / "m",
+        "--no-progress",
+    )
     assert "--backend" not in done.stderr
     run("convert", megatron, tmp_path / "m-bf16", "--dtype", "bfloat16", "--no-progress")
     mine, expected = weights(tmp_path / "m"), weights(tmp_path / "m-bf16")
     assert sorted(mine) == sorted(expected) and all(torch.equal(mine[n], t) for n, t in expected.items())
     assert all(t.dtype == torch.bfloat16 for t in mine.values())
-    done = run("verl", "merge", "--backend", "fsdp", "--local_dir", megatron, "--target_dir", tmp_path / "m2",
-               "--no-progress")
+    done = run(
+        "verl", "merge", "--backend", "fsdp", "--local_dir", megatron, "--target_dir", tmp_path / "m2", "--no-progress"
+    )
     assert "--backend fsdp" in done.stderr and (tmp_path / "m2" / "model.safetensors").exists()
     # verl writes over target_dir; unshard asks first.
-    line = one_line_error(run("verl", "merge", "--backend", "fsdp", "--local_dir", local, "--target_dir",
-                              tmp_path / "tied", ok=False))
+    line = one_line_error(
+        run("verl", "merge", "--backend", "fsdp", "--local_dir", local, "--target_dir", tmp_path / "tied", ok=False)
+    )
     assert "--overwrite" in line
     line = one_line_error(run("verl", "merge", "--backend", "fsdp", "--target_dir", tmp_path / "d", ok=False))
     assert "--local_dir" in line
@@ -298,8 +455,21 @@ def test_verl_flags_that_do_not_fit_the_checkpoint(tmp_path):
 def test_verl_hf_upload_path_pushes(tmp_path):
     with Hub() as hub:
         local = SHIPPED / "qwen2-fsdp2" / "global_step_1" / "actor"
-        run("verl", "merge", "--backend", "fsdp", "--local_dir", local, "--target_dir", tmp_path / "out",
-            "--hf_upload_path", "me/qwen-rl", "--private", "--no-progress", env=hub_env(hub, tmp_path))
+        run(
+            "verl",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            local,
+            "--target_dir",
+            tmp_path / "out",
+            "--hf_upload_path",
+            "me/qwen-rl",
+            "--private",
+            "--no-progress",
+            env=hub_env(hub, tmp_path),
+        )
         assert hub.repos["me/qwen-rl"]["private"] is True
         assert_arrived(tmp_path / "out", hub.files("me/qwen-rl"))
 
@@ -312,9 +482,14 @@ def test_a_repository_id_the_hub_refuses_is_one_line_before_writing(tmp_path):
 def test_push_to_hub_from_python(tmp_path):
     run("convert", EXAMPLE, tmp_path / "out", "--no-progress")
     with Hub() as hub:
-        code = ("import sys, unshard; print(unshard.push_to_hub(sys.argv[1], 'me/api', revision='r1', progress=False))")
-        done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], capture_output=True, text=True,
-                              timeout=300, env=hub_env(hub, tmp_path))
+        code = "import sys, unshard; print(unshard.push_to_hub(sys.argv[1], 'me/api', revision='r1', progress=False))"
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "out")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=hub_env(hub, tmp_path),
+        )
         assert done.returncode == 0, done.stderr
         assert "/me/api/commit/" in done.stdout
         assert_arrived(tmp_path / "out", hub.files("me/api", "r1"))
@@ -322,10 +497,13 @@ def test_push_to_hub_from_python(tmp_path):
 
 # ---- Hub ids as merge inputs and as --config-from ----
 
+
 def hub_repo(hub: Hub, repo: str, folder: Path) -> None:
     """A model repository on the stand-in holding FOLDER's files, as an upload would leave it."""
-    hub.repos[repo] = {"private": False, "branches": {"main": {p.name: p.read_bytes() for p in folder.iterdir()
-                                                              if p.is_file()}}}
+    hub.repos[repo] = {
+        "private": False,
+        "branches": {"main": {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}},
+    }
 
 
 def test_hub_ids_as_config_from_and_merge_inputs(tmp_path):
@@ -342,14 +520,18 @@ def test_hub_ids_as_config_from_and_merge_inputs(tmp_path):
         assert card(tmp_path / "from-id").base_model == "org/llama-hf"
 
         recipe = tmp_path / "recipe.yaml"
-        recipe.write_text("merge_method: linear\nmodels:\n  - model: org/llama\n    parameters: {weight: 0.5}\n"
-                          f"  - model: {SHIPPED / 'llama-fsdp2' / 'reference'}\n    parameters: {{weight: 0.5}}\n")
+        recipe.write_text(
+            "merge_method: linear\nmodels:\n  - model: org/llama\n    parameters: {weight: 0.5}\n"
+            f"  - model: {SHIPPED / 'llama-fsdp2' / 'reference'}\n    parameters: {{weight: 0.5}}\n"
+        )
         run("merge", recipe, tmp_path / "merged", "--no-progress", env=env)
         merged, reference = weights(tmp_path / "merged"), weights(SHIPPED / "llama-fsdp2" / "reference")
         assert all(torch.equal(merged[n], t) for n, t in reference.items())  # the same model twice
         assert card(tmp_path / "merged").base_model == ["org/llama"]
         # An older model on the Hub, in pickles only: fetched and read without running them.
-        recipe.write_text("merge_method: linear\nmodels:\n  - model: org/llama-pickled\n    parameters: {weight: 1.0}\n")
+        recipe.write_text(
+            "merge_method: linear\nmodels:\n  - model: org/llama-pickled\n    parameters: {weight: 1.0}\n"
+        )
         run("merge", recipe, tmp_path / "merged-pickled", "--no-progress", env=env)
         expected = weights(SHIPPED / "llama-hf-pickles" / "reference")
         assert all(torch.equal(weights(tmp_path / "merged-pickled")[n], t) for n, t in expected.items())

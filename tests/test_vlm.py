@@ -31,7 +31,7 @@ def test_vision_language_model_loads_and_gives_the_same_logits(name, fixture_cas
     image_processor, tokenizer = AutoImageProcessor.from_pretrained(out), AutoTokenizer.from_pretrained(out)
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (56, 56, 3), dtype=np.uint8))
     pixels = image_processor(images=[image], return_tensors="pt")
-    image_tokens = int(pixels["image_grid_thw"].prod()) // image_processor.merge_size ** 2
+    image_tokens = int(pixels["image_grid_thw"].prod()) // image_processor.merge_size**2
     text = "<|vision_start|>" + "<|image_pad|>" * image_tokens + "<|vision_end|>hello world"
     inputs = {**tokenizer(text, return_tensors="pt"), **pixels}
     # what the processor adds for M-RoPE: which tokens are image (1) tokens

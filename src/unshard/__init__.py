@@ -1,11 +1,11 @@
 """unshard: sharded training checkpoints -> Hugging Face model folders.
 
-    import unshard
-    ckpt = unshard.open_checkpoint("checkpoints/global_step_100/actor")
-    ckpt.tensors["model.embed_tokens.weight"].shape   # every logical tensor, nothing read yet
-    ckpt.read("model.embed_tokens.weight")              # one whole tensor, assembled from its shards
-    unshard.convert("checkpoints/global_step_100/actor", "hf_model")
-    unshard.merge("recipe.yaml", "merged_model")          # mergekit-style recipe, any readable inputs
+import unshard
+ckpt = unshard.open_checkpoint("checkpoints/global_step_100/actor")
+ckpt.tensors["model.embed_tokens.weight"].shape   # every logical tensor, nothing read yet
+ckpt.read("model.embed_tokens.weight")              # one whole tensor, assembled from its shards
+unshard.convert("checkpoints/global_step_100/actor", "hf_model")
+unshard.merge("recipe.yaml", "merged_model")          # mergekit-style recipe, any readable inputs
 """
 
 from __future__ import annotations
@@ -24,15 +24,29 @@ from .errors import (
 from .plan import build_plan
 from .sources import Checkpoint, SourceOptions, open_checkpoint
 from .types import OutputOptions, Plan
-from .version import __version__
+from .version import __version__ as __version__
 from .write.threads import Result
 
 
-def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB", quantize: str | None = None,
-         quantize_ignore: tuple[str, ...] = (), config_from: str | Path | None = None, check: bool = True,
-         weights: str = "master", tag: str | None = None, iteration: int | None = None,
-         lora_alpha: float | None = None, architecture: str | None = None, lora: str = "merge",
-         ask_later: bool = False, output: OutputOptions | None = None, source: SourceOptions | None = None) -> Plan:
+def plan(
+    src: str | Path,
+    *,
+    dtype: str = "auto",
+    max_shard_size: int | str = "5GB",
+    quantize: str | None = None,
+    quantize_ignore: tuple[str, ...] = (),
+    config_from: str | Path | None = None,
+    check: bool = True,
+    weights: str = "master",
+    tag: str | None = None,
+    iteration: int | None = None,
+    lora_alpha: float | None = None,
+    architecture: str | None = None,
+    lora: str = "merge",
+    ask_later: bool = False,
+    output: OutputOptions | None = None,
+    source: SourceOptions | None = None,
+) -> Plan:
     """Open SRC and plan its conversion; reads metadata only.
 
     output: what describes the output, grouped (OutputOptions: dtype, max_shard_size, quantize,
@@ -59,19 +73,45 @@ def plan(src: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5
     writers, before they start), rather than now; the plan keeps the names as saved until then.
     """
     output = output or OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore))
-    source = source or SourceOptions(config_from=config_from, weights=weights, tag=tag, iteration=iteration,
-                                     lora_alpha=lora_alpha, lora=lora, architecture=architecture, check=check)
+    source = source or SourceOptions(
+        config_from=config_from,
+        weights=weights,
+        tag=tag,
+        iteration=iteration,
+        lora_alpha=lora_alpha,
+        lora=lora,
+        architecture=architecture,
+        check=check,
+    )
     return build_plan(open_checkpoint(src, **source.reader_options()), output, source, ask_later=ask_later)
 
 
-def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
-            quantize: str | None = None, quantize_ignore: tuple[str, ...] = (),
-            config_from: str | Path | None = None, overwrite: bool = False, threads: int = 1,
-            verify: bool = False, check: bool = True, progress: bool | None = None, weights: str = "master",
-            tag: str | None = None, iteration: int | None = None, lora_alpha: float | None = None,
-            architecture: str | None = None, workers: int = 1, distributed: bool = False,
-            lora: str = "merge", checksums: bool = False, output: OutputOptions | None = None,
-            source: SourceOptions | None = None) -> Result:
+def convert(
+    src: str | Path,
+    out: str | Path,
+    *,
+    dtype: str = "auto",
+    max_shard_size: int | str = "5GB",
+    quantize: str | None = None,
+    quantize_ignore: tuple[str, ...] = (),
+    config_from: str | Path | None = None,
+    overwrite: bool = False,
+    threads: int = 1,
+    verify: bool = False,
+    check: bool = True,
+    progress: bool | None = None,
+    weights: str = "master",
+    tag: str | None = None,
+    iteration: int | None = None,
+    lora_alpha: float | None = None,
+    architecture: str | None = None,
+    workers: int = 1,
+    distributed: bool = False,
+    lora: str = "merge",
+    checksums: bool = False,
+    output: OutputOptions | None = None,
+    source: SourceOptions | None = None,
+) -> Result:
     """Convert the checkpoint at SRC into a Hugging Face folder OUT (or, for an OUT ending in .gguf, one
     GGUF file of llama.cpp's default type, and a vision model's mmproj-OUT beside it;
     `output=OutputOptions(gguf=TYPE)` chooses another type).
@@ -83,20 +123,51 @@ def convert(src: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_
     from .write.execute import convert as run
 
     output = _for(out, output or OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore)))
-    source = source or SourceOptions(config_from=config_from, weights=weights, tag=tag, iteration=iteration,
-                                     lora_alpha=lora_alpha, lora=lora, architecture=architecture, check=check)
+    source = source or SourceOptions(
+        config_from=config_from,
+        weights=weights,
+        tag=tag,
+        iteration=iteration,
+        lora_alpha=lora_alpha,
+        lora=lora,
+        architecture=architecture,
+        check=check,
+    )
     the_plan = plan(src, ask_later=True, output=output, source=source)
     try:
-        return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
-                   progress=progress, workers=workers, distributed=distributed)
+        return run(
+            the_plan,
+            out,
+            overwrite=overwrite,
+            threads=threads,
+            verify=verify,
+            checksums=checksums,
+            progress=progress,
+            workers=workers,
+            distributed=distributed,
+        )
     finally:
         the_plan.checkpoint.close()
 
 
-def merge(recipe: str | Path, out: str | Path, *, dtype: str = "auto", max_shard_size: int | str = "5GB",
-          quantize: str | None = None, quantize_ignore: tuple[str, ...] = (), seed: int = 0, overwrite: bool = False, threads: int = 1, verify: bool = False,
-          progress: bool | None = None, workers: int = 1, distributed: bool = False,
-          checksums: bool = False, output: OutputOptions | None = None) -> Result:
+def merge(
+    recipe: str | Path,
+    out: str | Path,
+    *,
+    dtype: str = "auto",
+    max_shard_size: int | str = "5GB",
+    quantize: str | None = None,
+    quantize_ignore: tuple[str, ...] = (),
+    seed: int = 0,
+    overwrite: bool = False,
+    threads: int = 1,
+    verify: bool = False,
+    progress: bool | None = None,
+    workers: int = 1,
+    distributed: bool = False,
+    checksums: bool = False,
+    output: OutputOptions | None = None,
+) -> Result:
     """Merge the models a mergekit-style YAML recipe names into one Hugging Face folder OUT (or GGUF file,
     as for `convert`)."""
     from .merging import plan_merge, recipe_files
@@ -105,15 +176,34 @@ def merge(recipe: str | Path, out: str | Path, *, dtype: str = "auto", max_shard
     output = _for(out, output or OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore)))
     the_plan = plan_merge(recipe, output, seed=seed)
     try:
-        return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
-                   progress=progress, extra_files=recipe_files(the_plan), workers=workers, distributed=distributed)
+        return run(
+            the_plan,
+            out,
+            overwrite=overwrite,
+            threads=threads,
+            verify=verify,
+            checksums=checksums,
+            progress=progress,
+            extra_files=recipe_files(the_plan),
+            workers=workers,
+            distributed=distributed,
+        )
     finally:
         the_plan.checkpoint.close()
 
 
-def extract_lora(finetuned: str | Path, base: str | Path, out: str | Path, *, rank: int = 128,
-                 overwrite: bool = False, threads: int = 1, verify: bool = False, progress: bool | None = None,
-                 **options: Any) -> Result:
+def extract_lora(
+    finetuned: str | Path,
+    base: str | Path,
+    out: str | Path,
+    *,
+    rank: int = 128,
+    overwrite: bool = False,
+    threads: int = 1,
+    verify: bool = False,
+    progress: bool | None = None,
+    **options: Any,
+) -> Result:
     """A PEFT LoRA adapter folder OUT from the difference FINETUNED - BASE (any layouts unshard reads), as
     mergekit-extract-lora computes it; further `options` are ExtractionOptions' fields. The relative
     reconstruction error of each module is in OUT/README.md."""
@@ -127,9 +217,19 @@ def extract_lora(finetuned: str | Path, base: str | Path, out: str | Path, *, ra
         the_plan.checkpoint.close()
 
 
-def merge_moe(recipe: str | Path, out: str | Path, *, seed: int = 0, allow_same: bool = False,
-              output: OutputOptions | None = None, overwrite: bool = False, threads: int = 1, verify: bool = False,
-              progress: bool | None = None, checksums: bool = False) -> Result:
+def merge_moe(
+    recipe: str | Path,
+    out: str | Path,
+    *,
+    seed: int = 0,
+    allow_same: bool = False,
+    output: OutputOptions | None = None,
+    overwrite: bool = False,
+    threads: int = 1,
+    verify: bool = False,
+    progress: bool | None = None,
+    checksums: bool = False,
+) -> Result:
     """Assemble the mixture of experts a mergekit-moe YAML recipe describes (Mixtral, Qwen MoE or Qwen3 MoE) from
     dense models of any layout unshard reads, into a Hugging Face folder OUT (or GGUF file, as for `convert`).
     seed: of gate_mode random / uniform_random and of noise_scale."""
@@ -138,15 +238,34 @@ def merge_moe(recipe: str | Path, out: str | Path, *, seed: int = 0, allow_same:
 
     the_plan = plan_moe(recipe, _for(out, output or OutputOptions()), seed=seed, allow_same=allow_same)
     try:
-        return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
-                   progress=progress, extra_files=moe_files(the_plan))
+        return run(
+            the_plan,
+            out,
+            overwrite=overwrite,
+            threads=threads,
+            verify=verify,
+            checksums=checksums,
+            progress=progress,
+            extra_files=moe_files(the_plan),
+        )
     finally:
         the_plan.checkpoint.close()
 
 
-def merge_search(space: str | Path, out: str | Path, eval_file: str | Path, *, trials: int = 20, seed: int = 0,
-                 device: str = "auto", study: str | Path | None = None, output: OutputOptions | None = None,
-                 overwrite: bool = False, threads: int = 1, progress: bool | None = None) -> Result:
+def merge_search(
+    space: str | Path,
+    out: str | Path,
+    eval_file: str | Path,
+    *,
+    trials: int = 20,
+    seed: int = 0,
+    device: str = "auto",
+    study: str | Path | None = None,
+    output: OutputOptions | None = None,
+    overwrite: bool = False,
+    threads: int = 1,
+    progress: bool | None = None,
+) -> Result:
     """Search the merge recipes SPACE allows (ranges {min, max}, choices {choice: [...]}, a list of
     merge_method) for the lowest loss per token on EVAL_FILE (text, or JSONL of prompt and completion), with
     Optuna's TPE, the study kept in STUDY (default OUT.study.db, continued if it exists); write the best merge to
@@ -164,8 +283,15 @@ def _for(out: str | Path, output: OutputOptions) -> OutputOptions:
     return output
 
 
-def push_to_hub(out: str | Path, repo_id: str, *, private: bool = False, revision: str | None = None,
-                commit_message: str | None = None, progress: bool | None = None) -> str:
+def push_to_hub(
+    out: str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    progress: bool | None = None,
+) -> str:
     """Upload a finished OUT (a folder, or one GGUF file) to the Hub model repository REPO_ID, created if
     needed, in one commit; the commit's URL. A missing token, no network or a refused push raises
     PushFailedError (a ConnectionError), and OUT stays as it is."""
@@ -182,6 +308,23 @@ def inspect(src: str | Path, **plan_options: Any) -> dict[str, Any]:
 
 
 __all__ = [
-    "Checkpoint", "CheckpointError", "ConfigMismatchError", "OutputExistsError", "OutputOptions", "Plan", "Result",
-    "SourceOptions", "UnsafeCheckpointError", "UnshardError", "convert", "extract_lora", "inspect", "merge", "merge_moe", "merge_search", "open_checkpoint", "plan", "push_to_hub",
+    "Checkpoint",
+    "CheckpointError",
+    "ConfigMismatchError",
+    "OutputExistsError",
+    "OutputOptions",
+    "Plan",
+    "Result",
+    "SourceOptions",
+    "UnsafeCheckpointError",
+    "UnshardError",
+    "convert",
+    "extract_lora",
+    "inspect",
+    "merge",
+    "merge_moe",
+    "merge_search",
+    "open_checkpoint",
+    "plan",
+    "push_to_hub",
 ]

@@ -24,8 +24,15 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="unshard", description="Sharded training checkpoints to Hugging Face folders.")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = ap.add_subparsers(dest="command", required=True)
-    for add_arguments in (_convert_arguments, _extract_lora_arguments, _merge_arguments, _merge_moe_arguments,
-                          _merge_search_arguments, _inspect_arguments):
+    for add_arguments in (
+        _convert_arguments,
+        _extract_lora_arguments,
+        _merge_arguments,
+        _merge_moe_arguments,
+        _merge_search_arguments,
+        _inspect_arguments,
+        _families_arguments,
+    ):
         add_arguments(sub)
     verl_command.add_parser(sub)
     return ap
@@ -34,45 +41,78 @@ def _parser() -> argparse.ArgumentParser:
 def _source_options(p: argparse.ArgumentParser) -> None:
     """What describes the checkpoint (SourceOptions), and the output's dtype and file size."""
     p.add_argument("src", help="checkpoint folder (e.g. verl's global_step_N or global_step_N/actor)")
-    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                   help="output dtype; auto: the config's dtype, else the checkpoint's")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPE_CHOICES,
+        help="output dtype; auto: the config's dtype, else the checkpoint's",
+    )
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
     p.add_argument("--config-from", metavar="DIR", help="Hugging Face folder with config and tokenizer files")
-    p.add_argument("--no-check", dest="check", action="store_false",
-                   help="write even if the tensors do not fit the config, or a model file does not parse")
-    p.add_argument("--weights", default="master", choices=("master", "module"),
-                   help="DeepSpeed: fp32 master weights from the optimizer (default) or the 16-bit module states")
+    p.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="write even if the tensors do not fit the config, or a model file does not parse",
+    )
+    p.add_argument(
+        "--weights",
+        default="master",
+        choices=("master", "module"),
+        help="DeepSpeed: fp32 master weights from the optimizer (default) or the 16-bit module states",
+    )
     p.add_argument("--tag", help="DeepSpeed: the tag folder to read (default: the one `latest` names)")
-    p.add_argument("--iteration", type=int,
-                   help="Megatron: the iteration to read (default: latest_checkpointed_iteration.txt's)")
-    p.add_argument("--architecture", metavar="CLASS",
-                   help="transformers class for config.json (default: what the weights fit, e.g. "
-                        "Qwen2ForTokenClassification for a critic's score head)")
-    p.add_argument("--lora", default="merge", choices=("merge", "separate"),
-                   help="a LoRA adapter in the checkpoint: fold it into the base weights (default), or write "
-                        "the base as trained and the adapter as a PEFT folder in OUT/lora_adapter/")
-    p.add_argument("--lora-alpha", type=float,
-                   help="LoRA alpha, when no lora_train_meta.json / adapter_config.json records it")
+    p.add_argument(
+        "--iteration", type=int, help="Megatron: the iteration to read (default: latest_checkpointed_iteration.txt's)"
+    )
+    p.add_argument(
+        "--architecture",
+        metavar="CLASS",
+        help="transformers class for config.json (default: what the weights fit, e.g. "
+        "Qwen2ForTokenClassification for a critic's score head)",
+    )
+    p.add_argument(
+        "--lora",
+        default="merge",
+        choices=("merge", "separate"),
+        help="a LoRA adapter in the checkpoint: fold it into the base weights (default), or write "
+        "the base as trained and the adapter as a PEFT folder in OUT/lora_adapter/",
+    )
+    p.add_argument(
+        "--lora-alpha", type=float, help="LoRA alpha, when no lora_train_meta.json / adapter_config.json records it"
+    )
 
 
 def _format_options(p: argparse.ArgumentParser) -> None:
     """The output formats other than a plain folder: compressed-tensors (--quantize) and GGUF."""
-    p.add_argument("--quantize", metavar="SCHEME",
-                   help="write the Linear weights quantized for vLLM, as llm-compressor does: W4A16, W8A16, "
-                        "W4A16_ASYM, W8A8, FP8_DYNAMIC, FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP4, MXFP8A16 or MXFP8 "
-                        "(compressed-tensors' presets)")
-    p.add_argument("--quantize-ignore", metavar="PATTERN", action="append", default=[],
-                   help="a module to leave unquantized, by name or 're:REGEX' (repeatable; lm_head, MoE "
-                        "routers and vision towers are left by default)")
-    p.add_argument("--gguf-type", metavar="TYPE",
-                   help="write one GGUF file for llama.cpp (OUT ending in .gguf; implied by such an OUT): f32, "
-                        "f16, bf16, q8_0, or llama-quantize's q4_0, q4_1, q5_0, q5_1; default auto, as "
-                        "llama.cpp's converter: bf16 or f16 as the model is. A vision model's image part goes "
-                        "beside it, as mmproj-OUT")
+    p.add_argument(
+        "--quantize",
+        metavar="SCHEME",
+        help="write the Linear weights quantized for vLLM, as llm-compressor does: W4A16, W8A16, "
+        "W4A16_ASYM, W8A8, FP8_DYNAMIC, FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP4, MXFP8A16 or MXFP8 "
+        "(compressed-tensors' presets)",
+    )
+    p.add_argument(
+        "--quantize-ignore",
+        metavar="PATTERN",
+        action="append",
+        default=[],
+        help="a module to leave unquantized, by name or 're:REGEX' (repeatable; lm_head, MoE "
+        "routers and vision towers are left by default)",
+    )
+    p.add_argument(
+        "--gguf-type",
+        metavar="TYPE",
+        help="write one GGUF file for llama.cpp (OUT ending in .gguf; implied by such an OUT): f32, "
+        "f16, bf16, q8_0, or llama-quantize's q4_0, q4_1, q5_0, q5_1; default auto, as "
+        "llama.cpp's converter: bf16 or f16 as the model is. A vision model's image part goes "
+        "beside it, as mmproj-OUT",
+    )
 
 
-def _run_options(p: argparse.ArgumentParser, threads: int, threads_help: str,
-                 dry_run_help: str = "print the plan, write nothing") -> None:
+def _run_options(
+    p: argparse.ArgumentParser, threads: int, threads_help: str, dry_run_help: str = "print the plan, write nothing"
+) -> None:
     """What every command that writes OUT takes."""
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.add_argument("--dry-run", action="store_true", help=dry_run_help)
@@ -81,16 +121,26 @@ def _run_options(p: argparse.ArgumentParser, threads: int, threads_help: str,
 
 
 def _scale_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, default=1,
-                   help="processes on this host, each writing its share of the output files (default 1)")
-    p.add_argument("--distributed", action="store_true",
-                   help="run as one rank of `torchrun ... -m unshard convert`: the ranks share the output "
-                        "files on a shared filesystem")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes on this host, each writing its share of the output files (default 1)",
+    )
+    p.add_argument(
+        "--distributed",
+        action="store_true",
+        help="run as one rank of `torchrun ... -m unshard convert`: the ranks share the output "
+        "files on a shared filesystem",
+    )
 
 
 def _hub_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--push-to-hub", metavar="REPO_ID",
-                   help="upload OUT to this Hub model repository once it is complete (created if needed)")
+    p.add_argument(
+        "--push-to-hub",
+        metavar="REPO_ID",
+        help="upload OUT to this Hub model repository once it is complete (created if needed)",
+    )
     p.add_argument("--private", action="store_true", help="with --push-to-hub: a new repository is private")
     p.add_argument("--revision", metavar="BRANCH", help="with --push-to-hub: the branch to commit to")
     p.add_argument("--commit-message", metavar="MSG", help="with --push-to-hub: the commit's message")
@@ -102,37 +152,80 @@ def _convert_arguments(sub) -> None:
     _format_options(convert)
     convert.add_argument("out", help=OUT_HELP)
     _run_options(convert, 2, "tensors assembled in parallel (default 2)")
-    convert.add_argument("--verify", action="store_true",
-                         help="read every written byte back and compare it with the checkpoint's")
-    convert.add_argument("--checksums", action="store_true",
-                         help="list each file's sha256 in OUT/README.md (hashing runs at about 1 GB/s per file)")
+    convert.add_argument(
+        "--verify", action="store_true", help="read every written byte back and compare it with the checkpoint's"
+    )
+    convert.add_argument(
+        "--checksums",
+        action="store_true",
+        help="list each file's sha256 in OUT/README.md (hashing runs at about 1 GB/s per file)",
+    )
     _scale_options(convert)
     _hub_options(convert)
 
 
 def _extract_lora_arguments(sub) -> None:
-    extract = sub.add_parser("extract-lora", help="a PEFT LoRA adapter from the difference of a fine-tune and its "
-                                                  "base (as mergekit-extract-lora)")
+    extract = sub.add_parser(
+        "extract-lora",
+        help="a PEFT LoRA adapter from the difference of a fine-tune and its base (as mergekit-extract-lora)",
+    )
     extract.add_argument("finetuned", help="the fine-tuned model: any layout unshard reads, or a Hub id")
     extract.add_argument("base", help="the model it was tuned from")
     extract.add_argument("out", help="output adapter folder (must not exist or be empty, unless --overwrite)")
-    extract.add_argument("--rank", "--max-rank", type=int, default=128,
-                         help="LoRA rank (default 128; a smaller module keeps its full rank)")
-    extract.add_argument("--no-distribute-scale", dest="distribute_scale", action="store_false",
-                         help="the singular values on A only (default: their square roots on A and B)")
-    extract.add_argument("--embed-lora", action="store_true",
-                         help="extract the embeddings as LoRA too (default: saved whole, in modules_to_save)")
-    extract.add_argument("--save-module", dest="save_modules", metavar="NAME", action="append", default=[],
-                         help="save this module whole (a name or its last part, e.g. lm_head; repeatable)")
-    extract.add_argument("--include-regex", "-i", dest="include", metavar="REGEX", action="append", default=[],
-                         help="extract only the modules this matches (repeatable)")
-    extract.add_argument("--exclude-regex", "-e", dest="exclude", metavar="REGEX", action="append", default=[],
-                         help="leave out the modules this matches (repeatable)")
-    extract.add_argument("--skip-undecomposable", action="store_true",
-                         help="leave out modules that are neither Linear nor Embedding (default: saved whole)")
+    extract.add_argument(
+        "--rank",
+        "--max-rank",
+        type=int,
+        default=128,
+        help="LoRA rank (default 128; a smaller module keeps its full rank)",
+    )
+    extract.add_argument(
+        "--no-distribute-scale",
+        dest="distribute_scale",
+        action="store_false",
+        help="the singular values on A only (default: their square roots on A and B)",
+    )
+    extract.add_argument(
+        "--embed-lora",
+        action="store_true",
+        help="extract the embeddings as LoRA too (default: saved whole, in modules_to_save)",
+    )
+    extract.add_argument(
+        "--save-module",
+        dest="save_modules",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="save this module whole (a name or its last part, e.g. lm_head; repeatable)",
+    )
+    extract.add_argument(
+        "--include-regex",
+        "-i",
+        dest="include",
+        metavar="REGEX",
+        action="append",
+        default=[],
+        help="extract only the modules this matches (repeatable)",
+    )
+    extract.add_argument(
+        "--exclude-regex",
+        "-e",
+        dest="exclude",
+        metavar="REGEX",
+        action="append",
+        default=[],
+        help="leave out the modules this matches (repeatable)",
+    )
+    extract.add_argument(
+        "--skip-undecomposable",
+        action="store_true",
+        help="leave out modules that are neither Linear nor Embedding (default: saved whole)",
+    )
     extract.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help="of the adapter; auto: the fine-tune's")
     _run_options(extract, 1, "modules decomposed in parallel (default 1: each SVD uses every core already)")
-    extract.add_argument("--verify", action="store_true", help="re-read the adapter and compare with a fresh extraction")
+    extract.add_argument(
+        "--verify", action="store_true", help="re-read the adapter and compare with a fresh extraction"
+    )
     _hub_options(extract)
     extract.set_defaults(distributed=False)  # (one process: it speaks for itself)
 
@@ -158,18 +251,31 @@ def _merge_arguments(sub) -> None:
 
 
 def _merge_moe_arguments(sub) -> None:
-    moe = sub.add_parser("merge-moe", help="assemble a mixture of experts from dense models, as a mergekit-moe "
-                                           "YAML recipe says")
-    moe.add_argument("recipe", help="YAML: base_model, experts (source_model, positive_prompts, ...), gate_mode, "
-                                    "experts_per_token, shared_experts, dtype, architecture")
+    moe = sub.add_parser(
+        "merge-moe", help="assemble a mixture of experts from dense models, as a mergekit-moe YAML recipe says"
+    )
+    moe.add_argument(
+        "recipe",
+        help="YAML: base_model, experts (source_model, positive_prompts, ...), gate_mode, "
+        "experts_per_token, shared_experts, dtype, architecture",
+    )
     _merge_output_options(moe, "the recipe's dtype, else the base model's")
     _format_options(moe)
-    moe.add_argument("--seed", type=int, default=0,
-                     help="seed of gate_mode random / uniform_random and of noise_scale (default 0)")
-    moe.add_argument("--i-understand-this-is-not-useful-without-training", dest="allow_same", action="store_true",
-                     help="allow every expert to be the same model")
-    _run_options(moe, 2, "tensors written in parallel (default 2)",
-                 dry_run_help="print the plan, write nothing (the gates are not computed)")
+    moe.add_argument(
+        "--seed", type=int, default=0, help="seed of gate_mode random / uniform_random and of noise_scale (default 0)"
+    )
+    moe.add_argument(
+        "--i-understand-this-is-not-useful-without-training",
+        dest="allow_same",
+        action="store_true",
+        help="allow every expert to be the same model",
+    )
+    _run_options(
+        moe,
+        2,
+        "tensors written in parallel (default 2)",
+        dry_run_help="print the plan, write nothing (the gates are not computed)",
+    )
     moe.add_argument("--verify", action="store_true", help="re-read the output and compare with a fresh assembly")
     moe.add_argument("--checksums", action="store_true", help="list each file's sha256 in OUT/README.md")
     _hub_options(moe)
@@ -177,22 +283,45 @@ def _merge_moe_arguments(sub) -> None:
 
 
 def _merge_search_arguments(sub) -> None:
-    search = sub.add_parser("merge-search", help="search merge recipes for the best score on your own data "
-                                                  "(Optuna), and write the best merge")
-    search.add_argument("space", help="a recipe whose parameters may be ranges {min: 0.1, max: 0.9} or choices "
-                                      "{choice: [...]}, and merge_method a list of methods")
-    _merge_output_options(search, "the recipe's out_dtype or dtype, else the base model's",
-                          "output folder for the best merge (must not exist or be empty, unless --overwrite)")
-    search.add_argument("--eval", required=True, metavar="FILE",
-                        help="text (one example per line) or JSONL of {prompt, completion}: scored by loss per token")
-    search.add_argument("--trials", type=int, default=20, help="trials to run now (default 20; trial 0 is the untuned recipe)")
+    search = sub.add_parser(
+        "merge-search",
+        help="search merge recipes for the best score on your own data (Optuna), and write the best merge",
+    )
+    search.add_argument(
+        "space",
+        help="a recipe whose parameters may be ranges {min: 0.1, max: 0.9} or choices "
+        "{choice: [...]}, and merge_method a list of methods",
+    )
+    _merge_output_options(
+        search,
+        "the recipe's out_dtype or dtype, else the base model's",
+        "output folder for the best merge (must not exist or be empty, unless --overwrite)",
+    )
+    search.add_argument(
+        "--eval",
+        required=True,
+        metavar="FILE",
+        help="text (one example per line) or JSONL of {prompt, completion}: scored by loss per token",
+    )
+    search.add_argument(
+        "--trials", type=int, default=20, help="trials to run now (default 20; trial 0 is the untuned recipe)"
+    )
     search.add_argument("--seed", type=int, default=0, help="seed of the search (TPE) and of DARE's drops (default 0)")
-    search.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                        help="where trials are scored (auto: CUDA if there is one)")
-    search.add_argument("--study", metavar="PATH", help="the study's SQLite file, continued if it exists "
-                                                        "(default: OUT.study.db)")
-    _run_options(search, 2, "tensors merged in parallel when OUT is written",
-                 dry_run_help="check the space and eval file, print the dimensions and the memory a trial takes")
+    search.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="where trials are scored (auto: CUDA if there is one)",
+    )
+    search.add_argument(
+        "--study", metavar="PATH", help="the study's SQLite file, continued if it exists (default: OUT.study.db)"
+    )
+    _run_options(
+        search,
+        2,
+        "tensors merged in parallel when OUT is written",
+        dry_run_help="check the space and eval file, print the dimensions and the memory a trial takes",
+    )
     _hub_options(search)
     search.set_defaults(distributed=False, verify=False)
 
@@ -202,6 +331,19 @@ def _inspect_arguments(sub) -> None:
     _source_options(inspect)
     _format_options(inspect)
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _families_arguments(sub) -> None:
+    families = sub.add_parser(
+        "families",
+        help="which model families each path supports (the support matrix)",
+        description="One row per model family unshard knows, one column per path: yes, or why "
+        "not. A family not listed still converts wherever transformers knows it "
+        "(rank files, DCP, DeepSpeed, --quantize).",
+        epilog="examples:\n  unshard families\n  unshard families --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    families.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,12 +370,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("unshard: interrupted; nothing was written to the output", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # (`unshard families | head` read what it wanted)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:  # a bug, not bad input: still one line, the traceback with --debug
         if args.debug:
             raise
         if isinstance(e, OSError) and e.errno in ROOM_ERRNOS:  # (weights' writes say which file themselves)
-            print(f"unshard: error: {e.filename or 'the output'}: {e.strerror}; nothing was written to the output: "
-                  "free space on that disk (or raise the file size limit, ulimit -f) and run again", file=sys.stderr)
+            print(
+                f"unshard: error: {e.filename or 'the output'}: {e.strerror}; nothing was written to the output: "
+                "free space on that disk (or raise the file size limit, ulimit -f) and run again",
+                file=sys.stderr,
+            )
             return 1
         print(f"unshard: internal error: {type(e).__name__}: {e}; rerun with --debug and report it", file=sys.stderr)
         return 2
@@ -263,8 +411,10 @@ def _sharing_notes(args, plan) -> list[str]:
     """Work is shared by output file: more writers than files leaves some idle."""
     writers = int(os.environ.get("WORLD_SIZE", 1)) if args.distributed else args.workers
     if writers > len(plan.files):
-        return [f"{writers} writers but {len(plan.files)} output file(s): only {len(plan.files)} will work; "
-                "lower --max-shard-size for more files"]
+        return [
+            f"{writers} writers but {len(plan.files)} output file(s): only {len(plan.files)} will work; "
+            "lower --max-shard-size for more files"
+        ]
     return []
 
 
@@ -282,8 +432,9 @@ def _report(args, result) -> None:
     if args.push_to_hub:
         from .hub import HubTarget, push
 
-        url = push(result.out, HubTarget(args.push_to_hub, args.private, args.revision, args.commit_message),
-                   args.progress)
+        url = push(
+            result.out, HubTarget(args.push_to_hub, args.private, args.revision, args.commit_message), args.progress
+        )
         print(f"pushed {result.out} to {url}")
 
 
@@ -293,19 +444,27 @@ def _run(args) -> int:
     from .report import as_text, describe
     from .sources import SourceOptions
 
-    if args.command == "merge":
-        return _merge(args)
-    if args.command == "verl":
-        return _verl(args)
-    if args.command == "extract-lora":
-        return _extract_lora(args)
-    if args.command == "merge-moe":
-        return _merge_moe(args)
-    if args.command == "merge-search":
-        return _merge_search(args)
+    handlers = {
+        "merge": _merge,
+        "verl": _verl,
+        "extract-lora": _extract_lora,
+        "merge-moe": _merge_moe,
+        "merge-search": _merge_search,
+        "families": _families,
+    }
+    if args.command in handlers:
+        return handlers[args.command](args)
     output = _output(args, getattr(args, "out", ""))
-    source = SourceOptions(config_from=args.config_from, weights=args.weights, tag=args.tag, iteration=args.iteration,
-                           lora_alpha=args.lora_alpha, lora=args.lora, architecture=args.architecture, check=args.check)
+    source = SourceOptions(
+        config_from=args.config_from,
+        weights=args.weights,
+        tag=args.tag,
+        iteration=args.iteration,
+        lora_alpha=args.lora_alpha,
+        lora=args.lora,
+        architecture=args.architecture,
+        check=args.check,
+    )
     options = dict(output=output, source=source)
     if args.command == "inspect":
         info = unshard.inspect(args.src, **options)
@@ -324,12 +483,29 @@ def _run(args) -> int:
         for note in plan.notes + _sharing_notes(args, plan):
             print(f"note: {note}", file=sys.stderr)
     try:
-        result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
-                         checksums=args.checksums, progress=args.progress, workers=args.workers,
-                         distributed=args.distributed)
+        result = convert(
+            plan,
+            args.out,
+            overwrite=args.overwrite,
+            threads=args.threads,
+            verify=args.verify,
+            checksums=args.checksums,
+            progress=args.progress,
+            workers=args.workers,
+            distributed=args.distributed,
+        )
     finally:
         plan.checkpoint.close()
     _report(args, result)
+    return 0
+
+
+def _families(args) -> int:
+    from . import families
+    from .report import families_table
+
+    rows = families.matrix()
+    print(json.dumps(rows, indent=2) if args.json else families_table(rows, families.PATHS))
     return 0
 
 
@@ -354,9 +530,18 @@ def _merge(args) -> int:
             print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
             for note in _sharing_notes(args, plan):
                 print(f"note: {note}", file=sys.stderr)
-        result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
-                         checksums=args.checksums, progress=args.progress, extra_files=recipe_files(plan),
-                         workers=args.workers, distributed=args.distributed)
+        result = convert(
+            plan,
+            args.out,
+            overwrite=args.overwrite,
+            threads=args.threads,
+            verify=args.verify,
+            checksums=args.checksums,
+            progress=args.progress,
+            extra_files=recipe_files(plan),
+            workers=args.workers,
+            distributed=args.distributed,
+        )
     finally:
         plan.checkpoint.close()
     _report(args, result)
@@ -376,8 +561,16 @@ def _merge_moe(args) -> int:
         print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
         for note in plan.notes:
             print(f"note: {note}", file=sys.stderr)
-        result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
-                         checksums=args.checksums, progress=args.progress, extra_files=moe_files(plan))
+        result = convert(
+            plan,
+            args.out,
+            overwrite=args.overwrite,
+            threads=args.threads,
+            verify=args.verify,
+            checksums=args.checksums,
+            progress=args.progress,
+            extra_files=moe_files(plan),
+        )
     finally:
         plan.checkpoint.close()
     for warning in plan.checkpoint.warnings:
@@ -388,29 +581,38 @@ def _merge_moe(args) -> int:
 
 def _merge_search(args) -> int:
     from .merging.search import SearchOptions, leaderboard, prepare, search_and_write
-    from .units import human_bytes
     from .types import OutputOptions
+    from .units import human_bytes
 
     if args.trials < 1:
         raise UnshardError(f"--trials {args.trials}: run at least one trial")
-    options = SearchOptions(Path(args.eval), args.trials, args.seed, args.device, Path(args.study) if args.study else None)
+    options = SearchOptions(
+        Path(args.eval), args.trials, args.seed, args.device, Path(args.study) if args.study else None
+    )
     output = OutputOptions(args.dtype, args.max_shard_size)
     if args.dry_run:
         prepared = prepare(args.space, options, output)
         print(f"space        {args.space}: {len(prepared.space.dimensions)} dimension(s)")
         for dimension in prepared.space.dimensions:
             print(f"  {dimension.describe()}, trial 0: {dimension.default}")
-        print(f"eval         {args.eval}: {len(prepared.evaluation.batches)} batch(es), {prepared.evaluation.tokens} "
-              "tokens scored")
+        print(
+            f"eval         {args.eval}: {len(prepared.evaluation.batches)} batch(es), {prepared.evaluation.tokens} "
+            "tokens scored"
+        )
         print(f"trials       {args.trials} on {prepared.device}, each merging in memory")
-        print(f"peak memory  about {human_bytes(prepared.bound)} per trial (the merged model in fp32, the merge's "
-              "working set, the logits of a batch), plus the Python process")
+        print(
+            f"peak memory  about {human_bytes(prepared.bound)} per trial (the merged model in fp32, the merge's "
+            "working set, the logits of a batch), plus the Python process"
+        )
         return 0
     result, study = search_and_write(args.space, args.out, options, output, args.overwrite, args.threads, args.progress)
     rows = leaderboard(study)
     first = next((t.value for t in study.trials if t.number == 0), None)
-    print(f"best loss {rows[0]['loss']:.4f} (trial {rows[0]['trial']} of {len(study.trials)})"
-          + (f"; untuned recipe (trial 0) {first:.4f}" if first is not None else ""), file=sys.stderr)
+    print(
+        f"best loss {rows[0]['loss']:.4f} (trial {rows[0]['trial']} of {len(study.trials)})"
+        + (f"; untuned recipe (trial 0) {first:.4f}" if first is not None else ""),
+        file=sys.stderr,
+    )
     _report(args, result)
     return 0
 
@@ -420,8 +622,16 @@ def _extract_lora(args) -> int:
     from .report import as_text, describe
     from .write.execute import convert
 
-    options = ExtractionOptions(args.rank, args.distribute_scale, args.embed_lora, tuple(args.save_modules),
-                                tuple(args.include), tuple(args.exclude), args.skip_undecomposable, args.dtype)
+    options = ExtractionOptions(
+        args.rank,
+        args.distribute_scale,
+        args.embed_lora,
+        tuple(args.save_modules),
+        tuple(args.include),
+        tuple(args.exclude),
+        args.skip_undecomposable,
+        args.dtype,
+    )
     plan = plan_extraction(args.finetuned, args.base, options)
     try:
         if args.dry_run:
@@ -430,8 +640,9 @@ def _extract_lora(args) -> int:
         print(f"output dtype {plan.dtype.name} ({plan.dtype_reason})", file=sys.stderr)
         for note in plan.notes:
             print(f"note: {note}", file=sys.stderr)
-        result = convert(plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
-                         progress=args.progress)
+        result = convert(
+            plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify, progress=args.progress
+        )
     finally:
         plan.checkpoint.close()
     for line in summary(plan):
@@ -451,12 +662,20 @@ def _verl(args) -> int:
             print(f"note: {note}", file=sys.stderr)
         if args.operation == "test":
             count = verl_command.compare(plan, Path(args.test_hf_dir), args.progress)
-            print(f"{count} tensors of {args.local_dir} match {args.test_hf_dir} ({verl_command.VERL_DTYPE}, "
-                  f"atol/rtol {verl_command.TOLERANCE}), as verl's test checks")
+            print(
+                f"{count} tensors of {args.local_dir} match {args.test_hf_dir} ({verl_command.VERL_DTYPE}, "
+                f"atol/rtol {verl_command.TOLERANCE}), as verl's test checks"
+            )
             return 0
         require_config(plan)
-        result = convert(plan, args.target_dir, overwrite=args.overwrite, threads=args.threads, verify=args.verify,
-                         progress=args.progress)
+        result = convert(
+            plan,
+            args.target_dir,
+            overwrite=args.overwrite,
+            threads=args.threads,
+            verify=args.verify,
+            progress=args.progress,
+        )
     finally:
         plan.checkpoint.close()
     _report(args, result)

@@ -29,10 +29,17 @@ class DType:
         return self.name
 
 
-ALL = [DType("float64", 8, "F64"), DType("float32", 4, "F32"), DType("float16", 2, "F16"),
-       DType("bfloat16", 2, "BF16"), DType("float8_e4m3fn", 1, "F8_E4M3"), DType("float8_e5m2", 1, "F8_E5M2"),
-       *(DType(f"int{bits}", bits // 8, f"I{bits}", False) for bits in (64, 32, 16, 8)),
-       DType("uint8", 1, "U8", False), DType("bool", 1, "BOOL", False)]
+ALL = [
+    DType("float64", 8, "F64"),
+    DType("float32", 4, "F32"),
+    DType("float16", 2, "F16"),
+    DType("bfloat16", 2, "BF16"),
+    DType("float8_e4m3fn", 1, "F8_E4M3"),
+    DType("float8_e5m2", 1, "F8_E5M2"),
+    *(DType(f"int{bits}", bits // 8, f"I{bits}", False) for bits in (64, 32, 16, 8)),
+    DType("uint8", 1, "U8", False),
+    DType("bool", 1, "BOOL", False),
+]
 BY_NAME = {d.name: d for d in ALL}
 BY_SAFETENSORS = {d.safetensors: d for d in ALL}
 float32 = BY_NAME["float32"]
@@ -78,16 +85,30 @@ def cast(raw, source: DType, target: DType, out=None):
     if convert is None:
         return None
     count = raw.nbytes // source.itemsize
-    out = np.empty(count * target.itemsize, np.uint8) if out is None else out[:count * target.itemsize]
+    out = np.empty(count * target.itemsize, np.uint8) if out is None else out[: count * target.itemsize]
     for start in range(0, count, CAST_STEP):
         stop = min(start + CAST_STEP, count)
-        convert(raw[start * source.itemsize:stop * source.itemsize], out[start * target.itemsize:stop * target.itemsize])
+        convert(
+            raw[start * source.itemsize : stop * source.itemsize], out[start * target.itemsize : stop * target.itemsize]
+        )
     return out
 
 
 # numpy's element type for a dtype's elements: bfloat16, which numpy lacks, as its bits (and the float8s as bytes).
-NUMPY = {"float64": "<f8", "float32": "<f4", "float16": "<f2", "bfloat16": "<u2", "float8_e4m3fn": "u1",
-         "float8_e5m2": "u1", "int64": "<i8", "int32": "<i4", "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?"}
+NUMPY = {
+    "float64": "<f8",
+    "float32": "<f4",
+    "float16": "<f2",
+    "bfloat16": "<u2",
+    "float8_e4m3fn": "u1",
+    "float8_e5m2": "u1",
+    "int64": "<i8",
+    "int32": "<i4",
+    "int16": "<i2",
+    "int8": "i1",
+    "uint8": "u1",
+    "bool": "?",
+}
 
 
 def as_numpy(raw, dtype: DType):
@@ -134,5 +155,8 @@ def _bfloat16_to_float32(raw, out) -> None:
     np.left_shift(raw.view("<u2"), 16, out=out.view("<u4"), dtype=np.uint32)  # (one pass: widened as shifted)
 
 
-_CASTS = {("float32", "bfloat16"): _float32_to_bfloat16, ("float32", "float16"): _float32_to_float16,
-          ("bfloat16", "float32"): _bfloat16_to_float32}
+_CASTS = {
+    ("float32", "bfloat16"): _float32_to_bfloat16,
+    ("float32", "float16"): _float32_to_float16,
+    ("bfloat16", "float32"): _bfloat16_to_float32,
+}

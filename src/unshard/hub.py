@@ -44,9 +44,11 @@ def fetch(repo_id: str, patterns: list[str], what: str) -> Path:
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as e:
-        raise UnshardError(f"{repo_id}: {what} is no local folder, and the Hub's copy could not be fetched "
-                           f"({_first_line(e)}); download it (`hf download {repo_id} --local-dir DIR`) and name "
-                           "the folder") from None
+        raise UnshardError(
+            f"{repo_id}: {what} is no local folder, and the Hub's copy could not be fetched "
+            f"({_first_line(e)}); download it (`hf download {repo_id} --local-dir DIR`) and name "
+            "the folder"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,9 @@ def check_repo_id(repo_id: str) -> None:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as e:
-        raise PushFailedError(f"--push-to-hub {repo_id!r}: not a Hub repository id ({_first_line(e)}); "
-                              "use owner/name") from None
+        raise PushFailedError(
+            f"--push-to-hub {repo_id!r}: not a Hub repository id ({_first_line(e)}); use owner/name"
+        ) from None
 
 
 def push(out: str | Path, target: HubTarget, progress: bool | None = None) -> str:
@@ -91,26 +94,38 @@ def push(out: str | Path, target: HubTarget, progress: bool | None = None) -> st
             api.create_branch(target.repo_id, branch=target.revision, exist_ok=True)
         message = target.commit_message or f"Upload {folder.name} (written by unshard)"
         if folder.is_file():
-            commit = api.upload_file(path_or_fileobj=folder, path_in_repo=folder.name, repo_id=target.repo_id,
-                                     revision=target.revision, commit_message=message)
+            commit = api.upload_file(
+                path_or_fileobj=folder,
+                path_in_repo=folder.name,
+                repo_id=target.repo_id,
+                revision=target.revision,
+                commit_message=message,
+            )
         else:
-            commit = api.upload_folder(repo_id=target.repo_id, folder_path=folder, revision=target.revision,
-                                       commit_message=message)
+            commit = api.upload_folder(
+                repo_id=target.repo_id, folder_path=folder, revision=target.revision, commit_message=message
+            )
     except LocalTokenNotFoundError:
-        raise PushFailedError(f"push to {target.repo_id}: no Hugging Face token (set HF_TOKEN or run `hf auth login`); "
-                              f"{keep}") from None
+        raise PushFailedError(
+            f"push to {target.repo_id}: no Hugging Face token (set HF_TOKEN or run `hf auth login`); {keep}"
+        ) from None
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else "?"
-        why = {401: "the token was refused (check HF_TOKEN)", 403: "this token may not write there (a write token, "
-               "and the namespace yours or your organisation's?)", 404: "no such repository or namespace"}.get(status, "")
-        raise PushFailedError(f"push to {target.repo_id} refused ({status}{': ' + why if why else ''}; "
-                              f"{_first_line(e)}); {keep}") from None
+        why = {
+            401: "the token was refused (check HF_TOKEN)",
+            403: "this token may not write there (a write token, and the namespace yours or your organisation's?)",
+            404: "no such repository or namespace",
+        }.get(status, "")
+        raise PushFailedError(
+            f"push to {target.repo_id} refused ({status}{': ' + why if why else ''}; {_first_line(e)}); {keep}"
+        ) from None
     except Exception as e:
         # No network: huggingface_hub's offline mode (a ConnectionError), its HTTP client's connect, read and
         # name-lookup errors (httpx's, whose classes are not OSErrors).
         if isinstance(e, ConnectionError) or type(e).__module__.split(".")[0].startswith("httpx"):
-            raise PushFailedError(f"push to {target.repo_id}: the Hub cannot be reached ({_first_line(e)}); "
-                                  f"{keep}") from None
+            raise PushFailedError(
+                f"push to {target.repo_id}: the Hub cannot be reached ({_first_line(e)}); {keep}"
+            ) from None
         raise
     return str(commit.commit_url)
 

@@ -6,8 +6,8 @@ from collections import Counter
 from typing import Any
 
 from . import sinks
-from .units import human_bytes
 from .types import Plan
+from .units import human_bytes
 
 
 def describe(plan: Plan) -> dict[str, Any]:
@@ -30,15 +30,37 @@ def describe(plan: Plan) -> dict[str, Any]:
 def as_text(info: dict[str, Any]) -> str:
     out = info["output"]
     lines = [f"source       {info['source']}", f"layout       {info['layout']}"]
-    for key in ("method", "inputs", "seed", "format", "iteration", "architecture", "zero_stage", "weights", "epoch",
-                "step", "experts", "optimizer_files", "world_size", "ranks", "naming", "fsdp_version", "files", "chunks",
-                "base_model"):
+    for key in (
+        "method",
+        "inputs",
+        "seed",
+        "format",
+        "iteration",
+        "architecture",
+        "zero_stage",
+        "weights",
+        "epoch",
+        "step",
+        "experts",
+        "optimizer_files",
+        "world_size",
+        "ranks",
+        "naming",
+        "fsdp_version",
+        "files",
+        "chunks",
+        "base_model",
+    ):
         if info.get(key) is not None:
             lines.append(f"  {key.replace('_', ' '):<15s} {info[key]}")
     if info.get("parallel"):
-        lines.append("  parallel        " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info["parallel"].items()))
+        lines.append(
+            "  parallel        " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info["parallel"].items())
+        )
     if info.get("padded_vocab_size"):
-        lines.append(f"  vocabulary      {info['vocab_size']} (padded to {info['padded_vocab_size']} in the checkpoint)")
+        lines.append(
+            f"  vocabulary      {info['vocab_size']} (padded to {info['padded_vocab_size']} in the checkpoint)"
+        )
     if info.get("fsdp_config_json") is False:
         lines.append("  (no fsdp_config.json: world size taken from the file names)")
     for how, count in info.get("sharding", {}).items():
@@ -47,9 +69,11 @@ def as_text(info: dict[str, Any]) -> str:
         lines.append(f"  skipped    {count:4d} {what}")
     lines += [
         f"hf files     {out['config_from'] or info['huggingface_folder'] or 'none (pass --config-from DIR)'}"
-        if not info.get("config") else f"hf files     none; {info['config']}",
+        if not info.get("config")
+        else f"hf files     none; {info['config']}",
         f"tensors      {info['tensors']}, {info['parameters']:,} parameters, "
-        + ", ".join(f"{n} {d}" for d, n in info["dtypes"].items()) + f", {human_bytes(info['bytes'])}",
+        + ", ".join(f"{n} {d}" for d, n in info["dtypes"].items())
+        + f", {human_bytes(info['bytes'])}",
         f"will write   {out['tensors']} tensors in {out['dtype']} ({out['dtype_reason']}), {human_bytes(out['bytes'])} "
         f"in {len(out['files'])} file(s)",
     ]
@@ -61,7 +85,40 @@ def as_text(info: dict[str, Any]) -> str:
         lines.append(f"  skipped {count} tensor(s): {why} (e.g. {example})")
     for note in out["notes"]:
         lines.append(f"note         {note}")
-    lines.append(f"peak memory  about {human_bytes(info['peak_memory_estimate'])} of tensors with the default "
-                 "2 threads, plus the Python process itself (about 30 MB; 0.25-0.4 GB where torch is needed: "
-                 "the first conversion of a model outside the common dense families, merges, rarer casts)")
+    lines.append(
+        f"peak memory  about {human_bytes(info['peak_memory_estimate'])} of tensors with the default "
+        "2 threads, plus the Python process itself (about 30 MB; 0.25-0.4 GB where torch is needed: "
+        "the first conversion of a model outside the common dense families, merges, rarer casts)"
+    )
+    return "\n".join(lines)
+
+
+def families_table(rows: list[dict[str, Any]], paths: dict[str, tuple[str, Any]]) -> str:
+    """`unshard families`: the matrix as a table of yes and no, then each no's reason (and each yes's note)."""
+    headings = ["family", "model_type", *(heading for heading, _ in paths.values())]
+
+    def cell(value: str) -> str:
+        return "-" if value.startswith("n/a: ") else value.partition(":")[0] + "*" if ": " in value else "no"
+
+    cells = [
+        [row["family"], row["model_type"], *("yes" if row[p] == "yes" else cell(row[p]) for p in paths)] for row in rows
+    ]
+    widths = [max(len(line[i]) for line in [headings, *cells]) for i in range(len(headings))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [headings, *cells]]
+    lines += [
+        "",
+        "no: why not; yes*: how; -: the family has no such part (a text model's mmproj, a dense model as a "
+        "merge-moe output)",
+    ]
+    for row in rows:
+        said: dict[str, list[str]] = {}  # reason -> the paths it is given for
+        for path, (heading, _) in paths.items():
+            if row[path] != "yes" and not row[path].startswith("n/a: "):
+                said.setdefault(row[path].removeprefix("yes: "), []).append(heading)
+        lines += [f"  {row['family']}, {' and '.join(headings)}: {reason}" for reason, headings in said.items()]
+    lines += [
+        "",
+        "A family not listed still converts wherever transformers knows it: FSDP/DCP/DeepSpeed rank files "
+        "and --quantize.",
+    ]
     return "\n".join(lines)

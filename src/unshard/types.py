@@ -8,9 +8,10 @@ Checkpoint and SourceTensor are sources.base's, a DType is dtypes'.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -82,7 +83,8 @@ class Encoding(Protocol):
 ENCODING_BAND_BYTES = 4 << 20  # of an output tensor's rows, handed to its encoding at a time (as fast as 16 MB, whose
 # passes over a band no longer find it in the cache, in less memory)
 # What encoding one band holds besides the band itself: its thread's scratch arrays (a float32 copy of a few of its
-# rows, the values, packed), kept from band to band. An estimate for the plan's memory bound, measured in bench/ (quantize rows).
+# rows, the values, packed), kept from band to band. An estimate for the plan's memory bound, measured in bench/
+# (quantize rows).
 ENCODING_WORK = 6 * ENCODING_BAND_BYTES
 
 
@@ -112,6 +114,7 @@ class FormatRequest:
     options: OutputOptions
     groups: dict[str, Group]  # by source tensor name
     where: str  # the file to name in a message (the config.json, else the checkpoint)
+    model_type: str | None  # the config's: the family (families/), whose parts a format may need
     linear: Any  # names.hf_names.LinearLayers: which weights are Linear layers' (what --quantize may quantize)
     config_folder: Path | None
     dtype: Any  # the output's dtypes.DType
@@ -144,8 +147,9 @@ class Sink(Protocol):
         """A written file, for --verify: `.entries`, `.holds(name, parts)`, `.holds_at(name, offset, bytes)`."""
         ...
 
-    def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None],
-               extra_files: dict[str, str] | None) -> tuple[list[str], list[str]]:
+    def finish(
+        self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None
+    ) -> tuple[list[str], list[str]]:
         """Everything besides the tensors; (files added, warnings)."""
         ...
 
@@ -225,7 +229,9 @@ class Plan:
         pieces = self.checkpoint.flat_pieces(group.source.name) if group.convert is None else None
         rows = self.checkpoint.band_rows(group.source.name) if group.convert is None else None
         if rows is not None:  # a band (of each input, for a merge), and the band cast to the output dtype
-            return encoding + rows * (group.source.nbytes * self.copies_per_tensor + group.nbytes) // group.source.shape[0]
+            return (
+                encoding + rows * (group.source.nbytes * self.copies_per_tensor + group.nbytes) // group.source.shape[0]
+            )
         if pieces is None:
             return encoding + group.source.nbytes * self.copies_per_tensor + group.nbytes
         return encoding + max((p.block.numel for p in pieces), default=0) * group.source.dtype.itemsize

@@ -32,10 +32,16 @@ def add_parser(sub) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--backend", required=True, choices=["fsdp", "megatron"], help="the trainer's backend")
     common.add_argument("--local_dir", help="the checkpoint: global_step_N/actor (any layout unshard reads)")
-    common.add_argument("--tie-word-embedding", action="store_true",
-                        help="the model ties lm_head to the embeddings (checked against config.json)")
-    common.add_argument("--trust-remote-code", action="store_true",
-                        help="accepted; unshard copies a model's custom code and never runs it")
+    common.add_argument(
+        "--tie-word-embedding",
+        action="store_true",
+        help="the model ties lm_head to the embeddings (checked against config.json)",
+    )
+    common.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="accepted; unshard copies a model's custom code and never runs it",
+    )
     common.add_argument("--is-value-model", action="store_true", help="the checkpoint is a critic / value model")
     common.add_argument("--use_cpu_initialization", action="store_true", help="accepted; unshard builds no model")
     common.add_argument("--threads", type=int, default=2, help="(unshard) tensors assembled in parallel")
@@ -43,11 +49,18 @@ def add_parser(sub) -> None:
 
     merge = operations.add_parser("merge", parents=[common], help="write the Hugging Face model")
     merge.add_argument("--target_dir", default="tmp", help="output folder (default tmp, as verl's)")
-    merge.add_argument("--hf_upload_path", dest="push_to_hub", metavar="REPO_ID",
-                       help="push the folder to this Hub repository (unshard's --push-to-hub)")
+    merge.add_argument(
+        "--hf_upload_path",
+        dest="push_to_hub",
+        metavar="REPO_ID",
+        help="push the folder to this Hub repository (unshard's --push-to-hub)",
+    )
     merge.add_argument("--private", action="store_true", help="a new Hub repository is private")
-    merge.add_argument("--overwrite", action="store_true",
-                       help="(unshard) replace a non-empty target_dir; verl writes over it, unshard asks first")
+    merge.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="(unshard) replace a non-empty target_dir; verl writes over it, unshard asks first",
+    )
     merge.add_argument("--verify", action="store_true", help="(unshard) read every written byte back and compare")
 
     merge.set_defaults(revision=None, commit_message=None, distributed=False)  # (verl's merger: one process)
@@ -58,8 +71,8 @@ def add_parser(sub) -> None:
 def plan(args, ask_later: bool = False):
     """The conversion verl's flags ask for, and what to tell the user about the flags."""
     from .plan import build_plan, lora
-    from .types import OutputOptions
     from .sources import SourceOptions, open_checkpoint
+    from .types import OutputOptions
 
     if not args.local_dir:
         raise UnshardError("--local_dir is required: the checkpoint folder (global_step_N/actor)")
@@ -75,8 +88,12 @@ def plan(args, ask_later: bool = False):
     try:
         # verl writes a LoRA adapter apart from the base it was trained on (TARGET/lora_adapter/)
         with_adapter = any(lora.ADAPTER.match(name) for name in checkpoint.tensors)
-        the_plan = build_plan(checkpoint, OutputOptions(VERL_DTYPE, VERL_SHARD_SIZE),
-                              SourceOptions(lora="separate" if with_adapter else "merge"), ask_later=ask_later)
+        the_plan = build_plan(
+            checkpoint,
+            OutputOptions(VERL_DTYPE, VERL_SHARD_SIZE),
+            SourceOptions(lora="separate" if with_adapter else "merge"),
+            ask_later=ask_later,
+        )
         return the_plan, notes + _flag_notes(args, the_plan)
     except BaseException:
         checkpoint.close()
@@ -94,15 +111,21 @@ def _flag_notes(args, plan) -> list[str]:
         notes.append(f"--backend {args.backend}, but {plan.checkpoint.path} holds a {layout} checkpoint: read as that")
     config = {**(read_config(plan.config_folder) or {}), **plan.config_updates}
     if args.tie_word_embedding and not config.get("tie_word_embeddings", False):
-        raise UnshardError(f"--tie-word-embedding, but {plan.config_folder}/config.json has tie_word_embeddings "
-                           "false: the model's lm_head is its own; drop the flag (verl would leave lm_head out)")
+        raise UnshardError(
+            f"--tie-word-embedding, but {plan.config_folder}/config.json has tie_word_embeddings "
+            "false: the model's lm_head is its own; drop the flag (verl would leave lm_head out)"
+        )
     if args.is_value_model:
         if megatron:
-            raise UnshardError(f"{plan.checkpoint.path}: --is-value-model with Megatron is not supported yet "
-                               "(unshard reads FSDP critics' score heads); convert the FSDP checkpoint instead")
+            raise UnshardError(
+                f"{plan.checkpoint.path}: --is-value-model with Megatron is not supported yet "
+                "(unshard reads FSDP critics' score heads); convert the FSDP checkpoint instead"
+            )
         if "architectures" not in plan.config_updates:
-            raise UnshardError(f"--is-value-model, but {plan.checkpoint.path} ends in no value head (score.weight): "
-                               "is this the actor? point --local_dir at global_step_N/critic")
+            raise UnshardError(
+                f"--is-value-model, but {plan.checkpoint.path} ends in no value head (score.weight): "
+                "is this the actor? point --local_dir at global_step_N/critic"
+            )
     return notes
 
 
@@ -122,11 +145,18 @@ def compare(plan, reference: Path, progress: bool | None) -> int:
         mine = {o.name: o for group in groups for o in group.outputs}
         missing, extra = sorted(set(ref.tensors) - set(mine)), sorted(set(mine) - set(ref.tensors))
         if missing or extra:
-            raise VerlTestFailed(f"{plan.checkpoint.path} and {reference} hold different tensors: "
-                                 + "; ".join(f"{what} {len(names)} ({', '.join(names[:3])}...)"
-                                             for what, names in (("missing", missing), ("extra", extra)) if names))
+            raise VerlTestFailed(
+                f"{plan.checkpoint.path} and {reference} hold different tensors: "
+                + "; ".join(
+                    f"{what} {len(names)} ({', '.join(names[:3])}...)"
+                    for what, names in (("missing", missing), ("extra", extra))
+                    if names
+                )
+            )
         differ = []
-        with tqdm(total=len(groups), desc="comparing", unit="tensor", disable=None if progress is None else not progress) as bar:
+        with tqdm(
+            total=len(groups), desc="comparing", unit="tensor", disable=None if progress is None else not progress
+        ) as bar:
             for group in groups:
                 for name, tensor in materialise(plan, group):
                     expected = ref.read(name).to(torch.bfloat16)
@@ -137,9 +167,10 @@ def compare(plan, reference: Path, progress: bool | None) -> int:
                         differ.append(f"{name}: differs by up to {gap:.3g}")
                 bar.update(1)
         if differ:
-            raise VerlTestFailed(f"{plan.checkpoint.path} differs from {reference} in {len(differ)} tensor(s) "
-                                 f"(bfloat16, atol/rtol {TOLERANCE}): " + "; ".join(differ[:3]))
+            raise VerlTestFailed(
+                f"{plan.checkpoint.path} differs from {reference} in {len(differ)} tensor(s) "
+                f"(bfloat16, atol/rtol {TOLERANCE}): " + "; ".join(differ[:3])
+            )
         return len(mine)
     finally:
         ref.close()
-

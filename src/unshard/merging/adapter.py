@@ -24,8 +24,9 @@ class Adapter:
         config_path = folder / "adapter_config.json"
         weights = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
         if not config_path.is_file() or weights is None:
-            raise RecipeError(f"{folder}: not a PEFT adapter folder (adapter_config.json and "
-                              "adapter_model.safetensors or .bin)")
+            raise RecipeError(
+                f"{folder}: not a PEFT adapter folder (adapter_config.json and adapter_model.safetensors or .bin)"
+            )
         config = read_json(config_path, "restore it from where the adapter came from", RecipeError)
         if config.get("peft_type", "LORA") != "LORA":
             raise RecipeError(f"{config_path}: only LoRA adapters are folded (not {config.get('peft_type')})")
@@ -49,8 +50,13 @@ class Adapter:
             name = key.removeprefix("base_model.model.")
             module, _, part = name.partition(".lora_")
             if part:
-                kind = {"A.weight": "A", "B.weight": "B", "embedding_A": "A", "embedding_B": "B",
-                        "magnitude_vector": "magnitude"}.get(part)
+                kind = {
+                    "A.weight": "A",
+                    "B.weight": "B",
+                    "embedding_A": "A",
+                    "embedding_B": "B",
+                    "magnitude_vector": "magnitude",
+                }.get(part)
                 if kind is None:
                     raise RecipeError(f"{weights}: {key}: a LoRA tensor unshard does not know")
                 self.lora.setdefault(module + ".weight", {})[kind] = key
@@ -88,5 +94,11 @@ class Adapter:
         keys = self.lora[name]
         a, b, *magnitude = self._tensors(keys["A"], keys["B"], *([keys["magnitude"]] if "magnitude" in keys else []))
         embedding = ".lora_embedding_" in keys["A"]
-        return fold_weight(tensor, a, b, self._scale(name[: -len(".weight")], a.shape[0]), embedding,
-                           magnitude[0] if magnitude else None)
+        return fold_weight(
+            tensor,
+            a,
+            b,
+            self._scale(name[: -len(".weight")], a.shape[0]),
+            embedding,
+            magnitude[0] if magnitude else None,
+        )

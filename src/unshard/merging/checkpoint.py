@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from ..dtypes import DType
 from ..plan import pieces_read
-from ..types import OutputTensor
 from ..sources import Checkpoint
+from ..types import OutputTensor
 from .inputs import Input
 from .methods import Method
 from .vocabulary import Vocabulary
@@ -30,7 +31,9 @@ class TensorMerge:
     others: list[tuple[Input, str]]
     params: list[dict[str, Any]]  # per other input
     shared: dict[str, Any]
-    by_token: list[str] | None = None  # a tensor of a row per token, laid onto the output's vocabulary: its models, in order
+    by_token: list[str] | None = (
+        None  # a tensor of a row per token, laid onto the output's vocabulary: its models, in order
+    )
 
 
 class FromInputs(Checkpoint):
@@ -59,9 +62,24 @@ class MergedCheckpoint(FromInputs):
     work: DType
     seed: int
 
-    def setup(self, method: Method, merges: dict[str, TensorMerge], work: DType, seed: int, inputs: list[Input],
-              recipe: Any, vocabulary: Vocabulary | None = None) -> None:
-        self.method, self.merges, self.work, self.seed, self.inputs, self.recipe = method, merges, work, seed, inputs, recipe
+    def setup(
+        self,
+        method: Method,
+        merges: dict[str, TensorMerge],
+        work: DType,
+        seed: int,
+        inputs: list[Input],
+        recipe: Any,
+        vocabulary: Vocabulary | None = None,
+    ) -> None:
+        self.method, self.merges, self.work, self.seed, self.inputs, self.recipe = (
+            method,
+            merges,
+            work,
+            seed,
+            inputs,
+            recipe,
+        )
         self.vocabulary = vocabulary
         self._band_rows = {name: rows for name in merges if (rows := self._in_bands(name)) is not None}
         self._merging: dict[str, Iterator[tuple[int, torch.Tensor]]] = {}
@@ -101,7 +119,7 @@ class MergedCheckpoint(FromInputs):
         def buffer(dtype: torch.dtype) -> torch.Tensor:
             if (slot, dtype) not in buffers:  # (made for the first band, the largest)
                 buffers[slot, dtype] = torch.empty(math.prod(shape), dtype=dtype)
-            return buffers[slot, dtype][:math.prod(shape)].view(shape)
+            return buffers[slot, dtype][: math.prod(shape)].view(shape)
 
         rows = buffer(source.dtype.torch)
         if checkpoint.read_rows_as_bytes(source.name, start, stop, out=rows.view(-1).view(torch.uint8).numpy()) is None:
@@ -118,9 +136,13 @@ class MergedCheckpoint(FromInputs):
         rows = max(1, self.BAND_BYTES // (math.prod(out.shape[1:]) * self.work.itemsize))
         read = ([merge.base] if merge.base else []) + merge.others
         if rows >= out.shape[0] or not all(
-                len(g.outputs) == 1 and g.convert is None and item.plan.checkpoint.reads_rows(g.source.name)
-                and not (item.adapter and item.adapter.adapts(input_name))
-                for item, input_name in read for g in [item.groups[input_name]]):
+            len(g.outputs) == 1
+            and g.convert is None
+            and item.plan.checkpoint.reads_rows(g.source.name)
+            and not (item.adapter and item.adapter.adapts(input_name))
+            for item, input_name in read
+            for g in [item.groups[input_name]]
+        ):
             return None
         return rows
 
@@ -135,7 +157,9 @@ class MergedCheckpoint(FromInputs):
         base, others, method = merge.base, merge.others, self.method
 
         def draws(start: int) -> torch.Generator:  # seeded per tensor and band: repeats whatever the threads
-            return torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{name}{f'/{start}' if start else ''}".encode()))
+            return torch.Generator().manual_seed(
+                zlib.crc32(f"{self.seed}/{name}{f'/{start}' if start else ''}".encode())
+            )
 
         if rows is None and merge.by_token:  # each input's rows moved to the output's token ids, together
             read = {item.reference: (item, name) for item, name in ([base] if base else []) + others}
@@ -151,11 +175,16 @@ class MergedCheckpoint(FromInputs):
             total, buffers = merge.out.shape[0], {}
             starts = list(range(0, total, rows))
 
-            def bands():  # (each band read into the buffers of the one before: it is done with when the next is asked for)
+            # (each band read into the buffers of the one before: it is done with when the next is asked for)
+            def bands():
                 for start in starts:
                     stop = min(start + rows, total)
-                    yield (self._rows_of(*base, start, stop, buffers, -1) if base else None,
-                           [self._rows_of(*other, start, stop, buffers, i) for i, other in enumerate(others)], draws(start))
+                    yield (
+                        self._rows_of(*base, start, stop, buffers, -1) if base else None,
+                        [self._rows_of(*other, start, stop, buffers, i) for i, other in enumerate(others)],
+                        draws(start),
+                    )
+
         numbers = method.survey(bands, merge.params, merge.shared) if method.survey else None
         for start, (base_band, other_bands, generator) in zip(starts, bands()):
             yield start, method.combine(base_band, other_bands, merge.params, merge.shared, numbers, generator)

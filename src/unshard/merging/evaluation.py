@@ -25,7 +25,9 @@ BATCH = 8  # examples per forward pass
 @dataclass
 class EvalSet:
     path: Path
-    batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # input ids, attention mask, labels (-100: not scored)
+    batches: list[
+        tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    ]  # input ids, attention mask, labels (-100: not scored)
     tokens: int  # tokens scored
 
     @classmethod
@@ -35,12 +37,16 @@ class EvalSet:
         try:
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
         except Exception as e:  # (transformers raises many kinds for a folder without a usable tokenizer)
-            raise RecipeError(f"{tokenizer_folder}: the base model's tokenizer does not load "
-                              f"({str(e).splitlines()[0][:200]}); merge-search tokenises --eval with it") from None
+            raise RecipeError(
+                f"{tokenizer_folder}: the base model's tokenizer does not load "
+                f"({str(e).splitlines()[0][:200]}); merge-search tokenises --eval with it"
+            ) from None
         try:
             text = Path(path).read_text()
         except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError) as e:
-            raise RecipeError(f"{path}: cannot read the eval file ({e.__class__.__name__}); give a text or JSONL file") from None
+            raise RecipeError(
+                f"{path}: cannot read the eval file ({e.__class__.__name__}); give a text or JSONL file"
+            ) from None
         bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
         examples: list[tuple[list[int], list[int]]] = []  # (ids, scored: 1 per token)
         if str(path).endswith(".jsonl"):
@@ -53,8 +59,9 @@ class EvalSet:
                     if not isinstance(prompt, str) or not isinstance(completion, str):
                         raise TypeError
                 except (json.JSONDecodeError, KeyError, TypeError):
-                    raise RecipeError(f"{path}:{number}: each line must be a JSON object with string `prompt` and "
-                                      "`completion`") from None
+                    raise RecipeError(
+                        f"{path}:{number}: each line must be a JSON object with string `prompt` and `completion`"
+                    ) from None
                 asked = bos + tokenizer(prompt, add_special_tokens=False).input_ids
                 answered = tokenizer(completion, add_special_tokens=False).input_ids
                 examples.append((asked + answered, [0] * len(asked) + [1] * len(answered)))
@@ -66,20 +73,22 @@ class EvalSet:
         examples = [(ids[:context], scored[:context]) for ids, scored in examples]
         tokens = sum(sum(scored[1:]) for _, scored in examples)  # (the first token is never predicted)
         if not tokens:
-            raise RecipeError(f"{path}: nothing to score: no example has a token to predict after the first "
-                              "(an empty file, or completions that tokenise to nothing)")
+            raise RecipeError(
+                f"{path}: nothing to score: no example has a token to predict after the first "
+                "(an empty file, or completions that tokenise to nothing)"
+            )
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         batches = []
         for start in range(0, len(examples), BATCH):
-            chunk = examples[start:start + BATCH]
+            chunk = examples[start : start + BATCH]
             width = max(len(ids) for ids, _ in chunk)
             ids = torch.full((len(chunk), width), pad)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
             labels = torch.full((len(chunk), width), -100)
             for row, (found, scored) in enumerate(chunk):
-                ids[row, :len(found)] = torch.tensor(found)
-                mask[row, :len(found)] = 1
-                labels[row, :len(found)] = torch.tensor([t if s else -100 for t, s in zip(found, scored)])
+                ids[row, : len(found)] = torch.tensor(found)
+                mask[row, : len(found)] = 1
+                labels[row, : len(found)] = torch.tensor([t if s else -100 for t, s in zip(found, scored)])
             batches.append((ids, mask, labels))
         return cls(Path(path), batches, tokens)
 
@@ -89,9 +98,14 @@ class EvalSet:
         with torch.no_grad():
             for ids, mask, labels in self.batches:
                 logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
-                total += float(torch.nn.functional.cross_entropy(
-                    logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1).to(device),
-                    ignore_index=-100, reduction="sum"))
+                total += float(
+                    torch.nn.functional.cross_entropy(
+                        logits[:, :-1].reshape(-1, logits.shape[-1]),
+                        labels[:, 1:].reshape(-1).to(device),
+                        ignore_index=-100,
+                        reduction="sum",
+                    )
+                )
         return total / self.tokens if math.isfinite(total) else math.inf
 
 
@@ -110,20 +124,27 @@ def merged_model(plan: Plan, device: str):
         model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
     state = {name: tensor for group in plan.groups for name, tensor in materialise(plan, group)}
     compute = torch.float32 if device == "cpu" else plan.dtype.torch
-    state = {name: tensor.to(device=device, dtype=compute if tensor.is_floating_point() else tensor.dtype)
-             for name, tensor in state.items()}
+    state = {
+        name: tensor.to(device=device, dtype=compute if tensor.is_floating_point() else tensor.dtype)
+        for name, tensor in state.items()
+    }
     expected = set(model.state_dict())
-    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {
+        n for n, _ in model.named_parameters()
+    }
     if set(state) - expected or expected - set(state) - tied:
         stray = sorted((set(state) - expected) | (expected - set(state) - tied))
-        raise RecipeError(f"{plan.checkpoint.path}: the merged model's tensors load into transformers' model only as "
-                          f"saved names converted on loading (e.g. {stray[0]}), which merge-search does not do yet; "
-                          "search over dense models")
+        raise RecipeError(
+            f"{plan.checkpoint.path}: the merged model's tensors load into transformers' model only as "
+            f"saved names converted on loading (e.g. {stray[0]}), which merge-search does not do yet; "
+            "search over dense models"
+        )
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     hf_names.rebuild_computed_modules(model)
     stray = next((name for name, buffer in model.named_buffers() if buffer.is_meta), None)
     if stray is not None:
-        raise RecipeError(f"{stray}: a buffer the model computes when built, which merge-search cannot make for "
-                          "this architecture")
+        raise RecipeError(
+            f"{stray}: a buffer the model computes when built, which merge-search cannot make for this architecture"
+        )
     return model.to(device).eval()

@@ -31,9 +31,9 @@ from ..errors import UnshardError
 from ..hub import hub_ids
 from ..names import hf_names
 from ..plan import choose_dtype
-from ..types import Group, OutputTensor, Plan
 from ..sinks.peft_adapter import ADAPTER_WEIGHTS, PeftAdapterFolder
 from ..sources import SourceTensor
+from ..types import Group, OutputTensor, Plan
 from .checkpoint import FromInputs
 from .inputs import Input, open_input
 
@@ -66,8 +66,9 @@ class ExtractedAdapter(FromInputs):
         return tuned.read(name).float().sub_(base.read(name).float()) if name in self.deltas else tuned.read(name)
 
 
-def _decompose(adapter: ExtractedAdapter, module: str, rank: int, embedding: bool, distribute: bool,
-               names: tuple[str, str]):
+def _decompose(
+    adapter: ExtractedAdapter, module: str, rank: int, embedding: bool, distribute: bool, names: tuple[str, str]
+):
     """The SVD of a module's task vector, cut to `rank`: {A name: A, B name: B}, with its error recorded."""
 
     def convert(delta: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -91,22 +92,33 @@ def _modules(tuned: Input) -> list[tuple[str, str]]:
     config = hf_names.read_config(tuned.plan.config_folder)
     model = hf_names.meta_model(tuned.plan.config_folder, config) if config else None
     if model is None:
-        raise ExtractionError(f"{tuned.reference}: extract-lora needs the model's config.json and its class in "
-                              "transformers (not custom code), to tell Linear layers from the rest")
+        raise ExtractionError(
+            f"{tuned.reference}: extract-lora needs the model's config.json and its class in "
+            "transformers (not custom code), to tell Linear layers from the rest"
+        )
     inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
     found = []
     for name, module in model.named_modules():
         if getattr(module, "weight", None) is None or not isinstance(module.weight, torch.Tensor):
             continue
-        kind = ("input" if module is inputs else "output" if module is outputs
-                else "embedding" if isinstance(module, torch.nn.Embedding)
-                else "linear" if isinstance(module, torch.nn.Linear) else "other")
+        kind = (
+            "input"
+            if module is inputs
+            else "output"
+            if module is outputs
+            else "embedding"
+            if isinstance(module, torch.nn.Embedding)
+            else "linear"
+            if isinstance(module, torch.nn.Linear)
+            else "other"
+        )
         found.append((name, kind))
     return found
 
 
-def plan_extraction(finetuned: str | Path, base: str | Path, options: ExtractionOptions = ExtractionOptions(), *,
-                    check: bool = True) -> Plan:
+def plan_extraction(
+    finetuned: str | Path, base: str | Path, options: ExtractionOptions = ExtractionOptions(), *, check: bool = True
+) -> Plan:
     """Open both models (metadata only) and plan the adapter: every tensor's name, shape and dtype."""
     if options.rank < 1:
         raise ExtractionError(f"--rank {options.rank}: give a rank of 1 or more")
@@ -122,17 +134,27 @@ def plan_extraction(finetuned: str | Path, base: str | Path, options: Extraction
     if options.dtype == "auto" and out_dtype.name not in dtypes.OUTPUT:
         out_dtype, reason = dtypes.OUTPUT["float32"], "the fine-tune's is not a float type"
     reason = reason.replace("config.json", "the fine-tune's config.json")
-    adapter = ExtractedAdapter(layout="lora-extraction", path=Path(str(finetuned)), tensors={},
-                               hf_folder=tuned.plan.config_folder,
-                               facts={"method": f"extract-lora, rank {options.rank}", "inputs": str(finetuned),
-                                      "base_model": str(base)})
+    adapter = ExtractedAdapter(
+        layout="lora-extraction",
+        path=Path(str(finetuned)),
+        tensors={},
+        hf_folder=tuned.plan.config_folder,
+        facts={"method": f"extract-lora, rank {options.rank}", "inputs": str(finetuned), "base_model": str(base)},
+    )
     adapter.inputs, adapter.deltas, adapter.errors = [tuned, original], set(), {}
     modules = _AdapterModules(adapter, options, out_dtype, str(finetuned), str(base))
     modules.walk(tied={"lm_head"} if (config or {}).get("tie_word_embeddings") else set())
-    plan = Plan(adapter, tuned.plan.config_folder, out_dtype, reason, {ADAPTER_WEIGHTS: modules.groups},
-                notes=modules.notes, extra_files={"adapter_config.json": modules.adapter_config()},
-                sink=PeftAdapterFolder(lambda plan, digests: adapter_card(plan, digests, options)),
-                base_models=hub_ids([str(base).partition("+")[0]]))
+    plan = Plan(
+        adapter,
+        tuned.plan.config_folder,
+        out_dtype,
+        reason,
+        {ADAPTER_WEIGHTS: modules.groups},
+        notes=modules.notes,
+        extra_files={"adapter_config.json": modules.adapter_config()},
+        sink=PeftAdapterFolder(lambda plan, digests: adapter_card(plan, digests, options)),
+        base_models=hub_ids([str(base).partition("+")[0]]),
+    )
     plan.copies_per_tensor = 5  # the two inputs, the task vector, the SVD's factors and its work
     return plan
 
@@ -141,8 +163,9 @@ class _AdapterModules:
     """Walks the fine-tune's modules, deciding for each whether it is extracted (a task vector's two
     factors), saved whole (modules_to_save) or left out, and plans the adapter's tensors accordingly."""
 
-    def __init__(self, adapter: ExtractedAdapter, options: ExtractionOptions, out_dtype: dtypes.DType,
-                 finetuned: str, base: str):
+    def __init__(
+        self, adapter: ExtractedAdapter, options: ExtractionOptions, out_dtype: dtypes.DType, finetuned: str, base: str
+    ):
         self.adapter, self.options, self.out_dtype = adapter, options, out_dtype
         self.tuned, self.original = adapter.inputs
         self.finetuned, self.base = finetuned, base
@@ -157,17 +180,22 @@ class _AdapterModules:
         for module, kind in _modules(self.tuned):
             if f"{module}.weight" not in self.tuned.groups:
                 if module not in tied:
-                    self.notes.append(f"{module}: a module of the model class whose weight the fine-tune does not "
-                                      "hold; left out")
+                    self.notes.append(
+                        f"{module}: a module of the model class whose weight the fine-tune does not hold; left out"
+                    )
                 continue
             covered |= {f"{module}.weight", f"{module}.bias"}
             key = module.split(".")[-1]
             excluded = any(re.search(p, module) for p in options.exclude)
             embedding = kind in ("input", "output", "embedding")
             vocabulary_changed = embedding and self._shape(self.tuned, f"{module}.weight") != self._shape(
-                self.original, f"{module}.weight")
-            if (embedding and not options.embed_lora or vocabulary_changed) and not excluded \
-                    and key not in self.saved_keys:
+                self.original, f"{module}.weight"
+            )
+            if (
+                (embedding and not options.embed_lora or vocabulary_changed)
+                and not excluded
+                and key not in self.saved_keys
+            ):
                 self.saved_keys.append(key)  # (mergekit saves embeddings whole unless asked)
             if module in self.saved_keys or key in self.saved_keys:
                 self._save(module)
@@ -183,24 +211,36 @@ class _AdapterModules:
         groups = self.tuned.groups
         left = sorted(n for n in groups if n not in covered and groups[n].source.dtype.is_floating_point)
         if left:
-            self.notes.append(f"{len(left)} tensor(s) belong to no module of the model class (e.g. {left[0]}); "
-                              "left out")
+            self.notes.append(
+                f"{len(left)} tensor(s) belong to no module of the model class (e.g. {left[0]}); left out"
+            )
         if not self.ranks:
             raise ExtractionError(f"{self.finetuned}: no module left to extract (check --include / --exclude)")
         if self.biases:
-            self.notes.append("the biases' differences are written as lora_B.bias, as mergekit writes them; peft "
-                              "reads them only with lora_bias, which it cannot merge into the layers that have no "
-                              "bias, so the config leaves it off and peft leaves the bias differences out")
+            self.notes.append(
+                "the biases' differences are written as lora_B.bias, as mergekit writes them; peft "
+                "reads them only with lora_bias, which it cannot merge into the layers that have no "
+                "bias, so the config leaves it off and peft leaves the bias differences out"
+            )
 
     def adapter_config(self) -> str:
         """mergekit's: r the largest rank, lora_alpha = r, the smaller ranks (and equal alphas) per module."""
         r = max(self.ranks.values())
         smaller = {m: k for m, k in self.ranks.items() if k != r}
         config = {
-            "base_model_name_or_path": self.base, "peft_type": "LORA", "task_type": "CAUSAL_LM", "use_rslora": False,
-            "target_modules": sorted({m.split(".")[-1] for m in self.ranks}), "modules_to_save": self.saved_keys,
-            "r": r, "lora_alpha": r, "rank_pattern": smaller, "alpha_pattern": smaller,
-            "lora_dropout": 0.0, "fan_in_fan_out": False, "inference_mode": True,
+            "base_model_name_or_path": self.base,
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "use_rslora": False,
+            "target_modules": sorted({m.split(".")[-1] for m in self.ranks}),
+            "modules_to_save": self.saved_keys,
+            "r": r,
+            "lora_alpha": r,
+            "rank_pattern": smaller,
+            "alpha_pattern": smaller,
+            "lora_dropout": 0.0,
+            "fan_in_fan_out": False,
+            "inference_mode": True,
         }
         return json.dumps(config, indent=2) + "\n"
 
@@ -219,32 +259,46 @@ class _AdapterModules:
         for part in ("weight", "bias"):
             name = f"{module}.{part}"
             if (found := self._shape(self.tuned, name)) is not None:
-                self.groups.append(Group(self._source(name, found, False),
-                                         [OutputTensor(f"base_model.model.{name}", found, self.out_dtype)]))
+                self.groups.append(
+                    Group(
+                        self._source(name, found, False),
+                        [OutputTensor(f"base_model.model.{name}", found, self.out_dtype)],
+                    )
+                )
 
     def _extract(self, module: str, embedding: bool) -> None:
         weight = f"{module}.weight"
         tuned_shape, base_shape = self._shape(self.tuned, weight), self._shape(self.original, weight)
         if base_shape is None:
-            raise ExtractionError(f"{self.base}: has no {weight}, which {self.finetuned} has; extract a LoRA "
-                                  "between two models of one architecture")
+            raise ExtractionError(
+                f"{self.base}: has no {weight}, which {self.finetuned} has; extract a LoRA "
+                "between two models of one architecture"
+            )
         if tuned_shape != base_shape:
-            raise ExtractionError(f"{self.finetuned}: {weight} has shape {tuned_shape}, {self.base} {base_shape}; "
-                                  "only modules of equal shapes are extracted (embeddings of another vocabulary "
-                                  "are saved whole without --embed-lora)")
+            raise ExtractionError(
+                f"{self.finetuned}: {weight} has shape {tuned_shape}, {self.base} {base_shape}; "
+                "only modules of equal shapes are extracted (embeddings of another vocabulary "
+                "are saved whole without --embed-lora)"
+            )
         rows, columns = (tuned_shape[1], tuned_shape[0]) if embedding else tuned_shape
         rank = self.ranks[module] = min(self.options.rank, rows, columns)
         kind, suffix = ("lora_embedding", "") if embedding else ("lora", ".weight")
         a, b = f"base_model.model.{module}.{kind}_A{suffix}", f"base_model.model.{module}.{kind}_B{suffix}"
-        self.groups.append(Group(self._source(weight, tuned_shape, True),
-                                 [OutputTensor(a, (rank, columns), self.out_dtype),
-                                  OutputTensor(b, (rows, rank), self.out_dtype)],
-                                 _decompose(self.adapter, module, rank, embedding, self.options.distribute_scale,
-                                            (a, b))))
+        self.groups.append(
+            Group(
+                self._source(weight, tuned_shape, True),
+                [OutputTensor(a, (rank, columns), self.out_dtype), OutputTensor(b, (rows, rank), self.out_dtype)],
+                _decompose(self.adapter, module, rank, embedding, self.options.distribute_scale, (a, b)),
+            )
+        )
         bias = f"{module}.bias"
         if (found := self._shape(self.tuned, bias)) is not None and self._shape(self.original, bias) == found:
-            self.groups.append(Group(self._source(bias, found, True),
-                                     [OutputTensor(f"base_model.model.{module}.lora_B.bias", found, self.out_dtype)]))
+            self.groups.append(
+                Group(
+                    self._source(bias, found, True),
+                    [OutputTensor(f"base_model.model.{module}.lora_B.bias", found, self.out_dtype)],
+                )
+            )
             self.biases = True
 
 
@@ -256,22 +310,37 @@ def adapter_card(plan: Plan, digests: dict[str, str | None], options: Extraction
 
     facts = plan.checkpoint.facts
     errors = plan.checkpoint.errors
-    front = {"library_name": "peft", **({"base_model": plan.base_models[0]} if plan.base_models else {}),
-             "tags": ["unshard", "lora", "extract-lora"]}
+    front = {
+        "library_name": "peft",
+        **({"base_model": plan.base_models[0]} if plan.base_models else {}),
+        "tags": ["unshard", "lora", "extract-lora"],
+    }
     worst = max(errors.items(), key=lambda e: e[1][1], default=None)
-    lines = ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", "", "# Extracted LoRA adapter", "",
-             f"A LoRA adapter extracted by unshard {__version__} from `{facts['inputs']}` on the base "
-             f"`{facts['base_model']}`: the SVD of each module's difference, cut to rank {options.rank} "
-             f"(mergekit-extract-lora's method). Load it with `PeftModel.from_pretrained(base, this_folder)`.", "",
-             f"- dtype: {plan.dtype.name} ({plan.dtype_reason})"]
+    lines = [
+        "---",
+        yaml.safe_dump(front, sort_keys=False).rstrip(),
+        "---",
+        "",
+        "# Extracted LoRA adapter",
+        "",
+        f"A LoRA adapter extracted by unshard {__version__} from `{facts['inputs']}` on the base "
+        f"`{facts['base_model']}`: the SVD of each module's difference, cut to rank {options.rank} "
+        f"(mergekit-extract-lora's method). Load it with `PeftModel.from_pretrained(base, this_folder)`.",
+        "",
+        f"- dtype: {plan.dtype.name} ({plan.dtype_reason})",
+    ]
     if worst is not None:
         mean = sum(e for _, e in errors.values()) / len(errors)
-        lines.append(f"- relative reconstruction error ‖Δ − BA‖/‖Δ‖: mean {mean:.3g} over {len(errors)} modules, "
-                     f"largest {worst[1][1]:.3g} (`{worst[0]}`)")
+        lines.append(
+            f"- relative reconstruction error ‖Δ − BA‖/‖Δ‖: mean {mean:.3g} over {len(errors)} modules, "
+            f"largest {worst[1][1]:.3g} (`{worst[0]}`)"
+        )
     lines += [f"- note: {note}" for note in plan.notes]
     lines += ["", "| module | rank | relative error |", "|---|---|---|"]
     lines += [f"| {module} | {rank} | {error:.3g} |" for module, (rank, error) in sorted(errors.items())]
-    lines += ["", "| file | sha256 |", "|---|---|"] + [f"| {name} | `{digest or '-'}` |" for name, digest in digests.items()]
+    lines += ["", "| file | sha256 |", "|---|---|"] + [
+        f"| {name} | `{digest or '-'}` |" for name, digest in digests.items()
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -282,8 +351,10 @@ def summary(plan: Plan) -> list[str]:
         return []
     ordered = sorted(errors.items(), key=lambda e: -e[1][1])
     mean = sum(e for _, e in errors.values()) / len(errors)
-    return [f"relative reconstruction error: mean {mean:.3g} over {len(errors)} modules; largest "
-            + ", ".join(f"{module} {error:.3g}" for module, (_, error) in ordered[:3])]
+    return [
+        f"relative reconstruction error: mean {mean:.3g} over {len(errors)} modules; largest "
+        + ", ".join(f"{module} {error:.3g}" for module, (_, error) in ordered[:3])
+    ]
 
 
 __all__ = ["ExtractionError", "ExtractionOptions", "plan_extraction", "summary"]

@@ -31,8 +31,9 @@ PROMPT_MODES = ("hidden", "hidden_avg", "hidden_last", "cheap_embed")
 GATE_MODES = (*PROMPT_MODES, "random", "uniform_random")
 
 
-def gate_vectors(mode: str, base: Input, prompts: list[tuple[list[str], list[str]]], config: dict[str, Any],
-                 seed: int) -> torch.Tensor:
+def gate_vectors(
+    mode: str, base: Input, prompts: list[tuple[list[str], list[str]]], config: dict[str, Any], seed: int
+) -> torch.Tensor:
     """(layers, gates, hidden size) in float32: one vector per (positive, negative) prompt lists."""
     layers, hidden, count = config["num_hidden_layers"], config["hidden_size"], len(prompts)
     generator = torch.Generator().manual_seed(seed)
@@ -69,8 +70,10 @@ def _tokenizer(folder: Path | None):
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except Exception as e:  # (transformers raises many kinds for a folder without a usable tokenizer)
-        raise RecipeError(f"{folder}: the base model's tokenizer does not load ({str(e).splitlines()[0][:200]}); "
-                          "gate_mode hidden and cheap_embed tokenise the prompts with it") from None
+        raise RecipeError(
+            f"{folder}: the base model's tokenizer does not load ({str(e).splitlines()[0][:200]}); "
+            "gate_mode hidden and cheap_embed tokenise the prompts with it"
+        ) from None
     tokenizer.padding_side = "left"
     tokenizer.pad_token_id = tokenizer.bos_token_id
     if tokenizer.pad_token_id is None:
@@ -79,8 +82,9 @@ def _tokenizer(folder: Path | None):
 
 
 def _tokenized(tokenizer, prompts: list[str]):
-    return tokenizer([(tokenizer.bos_token or "") + p for p in prompts], return_tensors="pt", padding=True,
-                     add_special_tokens=False)
+    return tokenizer(
+        [(tokenizer.bos_token or "") + p for p in prompts], return_tensors="pt", padding=True, add_special_tokens=False
+    )
 
 
 def _embedded(embedding: torch.Tensor, batch) -> torch.Tensor:
@@ -132,8 +136,12 @@ class _LayerByLayer:
         """(layers, hidden): each layer's input hidden state, at the last token or averaged over the tokens,
         averaged over the prompts."""
         with torch.no_grad():
-            output = self.decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                  output_hidden_states=True, return_dict=True)
+            output = self.decoder(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                output_hidden_states=True,
+                return_dict=True,
+            )
         states = torch.stack(output.hidden_states[:-1])  # (layers, prompts, tokens, hidden)
         states = states.sum(dim=2) / states.shape[2] if average else states[:, :, -1, :]
         return states.sum(dim=1) / states.shape[1]

@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..hub import fetch, is_hub_id
 from ..plan import build_plan
-from ..types import Group, OutputTensor, Plan
-from ..types import OutputOptions
-from ..sinks.hf_folder import MODEL_FILE_PATTERNS
+from ..sinks.model_files import MODEL_FILE_PATTERNS
 from ..sources import SourceOptions, open_checkpoint
+from ..types import Group, OutputOptions, OutputTensor, Plan
 from .adapter import Adapter
 from .recipe import RecipeError
 
@@ -93,6 +92,8 @@ def open_input(reference: str, recipe_dir: Path, check: bool) -> Input:
     item.groups = {o.name: g for g in plan.groups for o in g.outputs}
     stray = sorted({*item.adapter.lora, *item.adapter.replaced} - set(item.groups)) if item.adapter else []
     if stray:
-        raise RecipeError(f"{item.adapter.weights}: adapts {stray[0]}, which {path} does not have; is it the "
-                          "adapter of another model?")
+        raise RecipeError(
+            f"{item.adapter.weights}: adapts {stray[0]}, which {path} does not have; is it the "
+            "adapter of another model?"
+        )
     return item

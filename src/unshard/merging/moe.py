@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from .. import dtypes
+from .. import dtypes, families
+from ..families.parts import INTERMEDIATE, MoELayout
 from ..hub import hub_ids
 from ..names import hf_names
 from ..plan import TOKENIZER_FILES, build_plan, choose_dtype
-from ..types import Plan
-from ..types import OutputOptions
 from ..sources import SourceOptions, SourceTensor
+from ..types import OutputOptions, Plan
 from .checkpoint import FromInputs
 from .gates import GATE_MODES, PROMPT_MODES, degenerate_layers, gate_vectors
 from .inputs import LAYER, Input, open_input
@@ -40,7 +40,6 @@ MOE_KEYS = {"base_model", "experts", "gate_mode", "dtype", "experts_per_token", 
 EXPERT_KEYS = {"source_model", "positive_prompts", "negative_prompts", "noise_scale", "residual_scale"}
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # a dense MLP's, as Llama, Mistral and Qwen name them
 RESIDUAL = "down_proj"  # the projection `residual_scale` scales
-INTERMEDIATE = object()  # a config setting that is the dense model's intermediate size
 
 
 @dataclass(frozen=True)
@@ -68,43 +67,8 @@ class MoERecipe:
         return list(dict.fromkeys([self.base, *(e.model for e in self.experts + self.shared)]))
 
 
-@dataclass(frozen=True)
-class MoELayout:
-    """An output architecture: what it is made from and how its layers' MoE tensors are named."""
-
-    name: str  # mergekit's (`architecture:` picks one by its start)
-    architecture: str
-    config_class: str
-    inputs: tuple[str, ...]  # the model types of the dense models it takes
-    shared_experts: int  # how many it takes
-    expert: str  # a layer's expert projection: {e}, {part}
-    parts: dict[str, str]  # dense projection -> the expert's part
-    router: str
-    experts_key: str  # the config's expert count
-    settings: dict[str, Any]  # set in the config besides the counts (INTERMEDIATE: the base's intermediate size)
-    shared_expert: str | None = None  # {part}: the dense projection's name
-    shared_router: str | None = None
-    attention_biases: tuple[str, ...] = ()  # its attention has these biases: zeros where the base has none
-
-
-SAME = {p: p for p in PROJECTIONS}
-LAYOUTS = (
-    MoELayout("Mixtral", "MixtralForCausalLM", "MixtralConfig", ("llama", "mistral"), 0,
-              "block_sparse_moe.experts.{e}.{part}.weight", {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"},
-              "block_sparse_moe.gate.weight", "num_local_experts", {"sliding_window": None}),
-    MoELayout("Qwen MoE", "Qwen2MoeForCausalLM", "Qwen2MoeConfig", ("llama", "mistral", "qwen2"), 1,
-              "mlp.experts.{e}.{part}.weight", SAME, "mlp.gate.weight", "num_experts",
-              {"decoder_sparse_step": 1, "norm_topk_prob": True, "sliding_window": None, "use_sliding_window": False,
-               "shared_expert_intermediate_size": INTERMEDIATE, "moe_intermediate_size": INTERMEDIATE},
-              "mlp.shared_expert.{part}.weight", "mlp.shared_expert_gate.weight",
-              ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-    MoELayout("Qwen3 MoE", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", ("qwen3",), 0,
-              "mlp.experts.{e}.{part}.weight", SAME, "mlp.gate.weight", "num_experts",
-              {"decoder_sparse_step": 1, "norm_topk_prob": True, "moe_intermediate_size": INTERMEDIATE}),
-)
-
-
 # ---- reading the recipe ----
+
 
 def _prompts(path: Path, where: str, value: Any) -> tuple[str, ...]:
     if value is None:
@@ -116,16 +80,22 @@ def _prompts(path: Path, where: str, value: Any) -> tuple[str, ...]:
 
 def _expert(path: Path, where: str, entry: Any) -> Expert:
     if not isinstance(entry, dict) or "source_model" not in entry or set(entry) - EXPERT_KEYS:
-        raise RecipeError(f"{path}: {where} must be a mapping with `source_model` and optional "
-                          "`positive_prompts`, `negative_prompts`, `noise_scale`, `residual_scale`")
+        raise RecipeError(
+            f"{path}: {where} must be a mapping with `source_model` and optional "
+            "`positive_prompts`, `negative_prompts`, `noise_scale`, `residual_scale`"
+        )
     scales = {}
     for key in ("noise_scale", "residual_scale"):
         value = entry.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise RecipeError(f"{path}: {where}.{key} must be a number (got {value!r})")
         scales[key] = None if value is None else float(value)
-    return Expert(str(entry["source_model"]), _prompts(path, f"{where}.positive_prompts", entry.get("positive_prompts")),
-                  _prompts(path, f"{where}.negative_prompts", entry.get("negative_prompts")), **scales)
+    return Expert(
+        str(entry["source_model"]),
+        _prompts(path, f"{where}.positive_prompts", entry.get("positive_prompts")),
+        _prompts(path, f"{where}.negative_prompts", entry.get("negative_prompts")),
+        **scales,
+    )
 
 
 def parse_moe_recipe(path: Path, allow_same: bool = False) -> MoERecipe:
@@ -147,34 +117,54 @@ def parse_moe_recipe(path: Path, allow_same: bool = False) -> MoERecipe:
     if type(per_token) is not int or per_token < 1:
         raise RecipeError(f"{path}: experts_per_token must be a whole number of 1 or more (got {per_token!r})")
     if len(experts) < per_token:
-        raise RecipeError(f"{path}: {len(experts)} expert(s) for experts_per_token {per_token}: list at least as many "
-                          "experts as each token uses")
+        raise RecipeError(
+            f"{path}: {len(experts)} expert(s) for experts_per_token {per_token}: list at least as many "
+            "experts as each token uses"
+        )
     if data.get("dtype") is not None and data["dtype"] not in dtypes.OUTPUT:
         raise RecipeError(f"{path}: dtype {data['dtype']!r}: use one of {', '.join(dtypes.OUTPUT)}")
     if mode in PROMPT_MODES:
         for i, expert in enumerate(experts):
             if not expert.positive:
-                raise RecipeError(f"{path}: experts[{i}] has no positive_prompts, which gate_mode {mode} routes by "
-                                  "(or use gate_mode random)")
+                raise RecipeError(
+                    f"{path}: experts[{i}] has no positive_prompts, which gate_mode {mode} routes by "
+                    "(or use gate_mode random)"
+                )
         if len(experts) > 1 and len({(e.positive, e.negative) for e in experts}) == 1:
-            raise RecipeError(f"{path}: every expert has the same prompts, so the router cannot tell them apart; give "
-                              "each expert prompts of what should go to it")
+            raise RecipeError(
+                f"{path}: every expert has the same prompts, so the router cannot tell them apart; give "
+                "each expert prompts of what should go to it"
+            )
         if shared and len({bool(e.positive) for e in shared}) > 1:
             raise RecipeError(f"{path}: give prompts to every shared expert or to none")
     if not allow_same and len(experts) > 1 and len({e.model for e in experts}) == 1:
-        raise RecipeError(f"{path}: every expert is the same model, which gives the model's own output at more cost; "
-                          "pass --i-understand-this-is-not-useful-without-training if you will train it further")
+        raise RecipeError(
+            f"{path}: every expert is the same model, which gives the model's own output at more cost; "
+            "pass --i-understand-this-is-not-useful-without-training if you will train it further"
+        )
     architecture = data.get("architecture")
-    return MoERecipe(str(data["base_model"]), experts, shared, mode, data.get("dtype"), per_token,
-                     None if architecture is None else str(architecture), text)
+    return MoERecipe(
+        str(data["base_model"]),
+        experts,
+        shared,
+        mode,
+        data.get("dtype"),
+        per_token,
+        None if architecture is None else str(architecture),
+        text,
+    )
 
 
 def _layout(recipe: MoERecipe, model_types: dict[str, str], where: str) -> MoELayout:
     """The first output architecture (Mixtral before the others, as mergekit) that takes these models."""
-    candidates = [a for a in LAYOUTS if not recipe.architecture or a.name.lower().startswith(recipe.architecture.lower())]
+    layouts = families.moe_layouts()
+    candidates = [
+        a for a in layouts if not recipe.architecture or a.name.lower().startswith(recipe.architecture.lower())
+    ]
     if not candidates:
-        raise RecipeError(f"{where}: architecture {recipe.architecture!r}: use one of "
-                          f"{', '.join(a.name for a in LAYOUTS)}")
+        raise RecipeError(
+            f"{where}: architecture {recipe.architecture!r}: use one of {', '.join(a.name for a in layouts)}"
+        )
     kinds = set(model_types.values())
     why = []
     for layout in candidates:
@@ -187,11 +177,14 @@ def _layout(recipe: MoERecipe, model_types: dict[str, str], where: str) -> MoELa
         else:
             return layout
     found = ", ".join(f"{m}: {t}" for m, t in model_types.items())
-    raise RecipeError(f"{where}: no MoE architecture takes these models ({found}; {len(recipe.shared)} shared "
-                      f"expert(s)): {'; '.join(why)}")
+    raise RecipeError(
+        f"{where}: no MoE architecture takes these models ({found}; {len(recipe.shared)} shared "
+        f"expert(s)): {'; '.join(why)}"
+    )
 
 
 # ---- the assembled model ----
+
 
 @dataclass(frozen=True)
 class Copied:
@@ -233,7 +226,7 @@ class AssembledMoE(FromInputs):
         if what is None:
             return torch.zeros(self.tensors[name].shape)
         if isinstance(what, Routed):
-            return self.gates()[what.layer, what.start:what.stop].clone()
+            return self.gates()[what.layer, what.start : what.stop].clone()
         tensor = what.item.read(what.name)
         if what.scale is not None or what.noise is not None:
             tensor = tensor.to(what.item.groups[what.name].source.dtype.torch)  # (as mergekit: in the stored dtype)
@@ -250,13 +243,21 @@ class AssembledMoE(FromInputs):
                 (base, *_) = self.inputs
                 self._gates = gate_vectors(self.recipe.gate_mode, base, self.prompts, self.base_config, self.seed)
                 if self.recipe.gate_mode in PROMPT_MODES and (bad := degenerate_layers(self._gates)):
-                    self.warnings.append(f"the gate vectors of layer(s) {', '.join(map(str, bad))} are nearly "
-                                         "dependent (prompts too alike): some experts will hardly be chosen there")
+                    self.warnings.append(
+                        f"the gate vectors of layer(s) {', '.join(map(str, bad))} are nearly "
+                        "dependent (prompts too alike): some experts will hardly be chosen there"
+                    )
         return self._gates
 
 
-def plan_moe(recipe_path: str | Path, output: OutputOptions = OutputOptions(), *, seed: int = 0,
-             allow_same: bool = False, check: bool = True) -> Plan:
+def plan_moe(
+    recipe_path: str | Path,
+    output: OutputOptions = OutputOptions(),
+    *,
+    seed: int = 0,
+    allow_same: bool = False,
+    check: bool = True,
+) -> Plan:
     """Open the models (metadata only) and plan the MoE: every tensor's name, shape, dtype and making."""
     where = str(recipe_path)
     recipe = parse_moe_recipe(Path(recipe_path), allow_same)
@@ -271,20 +272,37 @@ def plan_moe(recipe_path: str | Path, output: OutputOptions = OutputOptions(), *
     base_config = configs[recipe.base]
     layout = _layout(recipe, {m: c.get("model_type", "?") for m, c in configs.items()}, where)
     if recipe.gate_mode in PROMPT_MODES and not any((base.plan.config_folder / f).exists() for f in TOKENIZER_FILES):
-        raise RecipeError(f"{recipe.base}: has no tokenizer, which gate_mode {recipe.gate_mode} needs for the prompts "
-                          "(or use gate_mode random)")
+        raise RecipeError(
+            f"{recipe.base}: has no tokenizer, which gate_mode {recipe.gate_mode} needs for the prompts "
+            "(or use gate_mode random)"
+        )
 
     routed = recipe.experts + recipe.shared  # (a layout with a shared expert has its prompts: see _layout)
     tensors, made_from = _assembly(recipe, layout, inputs, base_config)
 
-    checkpoint = AssembledMoE(layout="moe", path=Path(recipe_path), tensors=tensors, hf_folder=base.plan.config_folder,
-                              facts={"method": f"merge-moe: {layout.name}, {len(recipe.experts)} experts "
-                                               f"({recipe.per_token} per token)"
-                                               + (f" and {len(recipe.shared)} shared" if recipe.shared else "")
-                                               + f", gate_mode {recipe.gate_mode}",
-                                     "inputs": ", ".join(inputs), "base_model": recipe.base, "seed": seed})
-    checkpoint.setup(made_from, recipe, base_config, [(list(e.positive), list(e.negative)) for e in routed], seed,
-                     list(inputs.values()))
+    checkpoint = AssembledMoE(
+        layout="moe",
+        path=Path(recipe_path),
+        tensors=tensors,
+        hf_folder=base.plan.config_folder,
+        facts={
+            "method": f"merge-moe: {layout.name}, {len(recipe.experts)} experts "
+            f"({recipe.per_token} per token)"
+            + (f" and {len(recipe.shared)} shared" if recipe.shared else "")
+            + f", gate_mode {recipe.gate_mode}",
+            "inputs": ", ".join(inputs),
+            "base_model": recipe.base,
+            "seed": seed,
+        },
+    )
+    checkpoint.setup(
+        made_from,
+        recipe,
+        base_config,
+        [(list(e.positive), list(e.negative)) for e in routed],
+        seed,
+        list(inputs.values()),
+    )
     checkpoint.config_changes = _config(layout, base_config, len(recipe.experts), recipe.per_token)
     checkpoint.config_whole = True
     requested = output.dtype if output.dtype != "auto" else recipe.dtype
@@ -315,8 +333,9 @@ def _assembly(recipe: MoERecipe, layout: MoELayout, inputs: dict[str, Input], ba
         made_from[name] = what
 
     def copied(item: Input, name: str, expert: Expert | None = None, residual: bool = False) -> Copied:
-        return Copied(item, name, expert.residual_scale if expert and residual else None,
-                      expert.noise_scale if expert else None)
+        return Copied(
+            item, name, expert.residual_scale if expert and residual else None, expert.noise_scale if expert else None
+        )
 
     def moe_block(stack: str, layer: int) -> None:
         at = f"{stack}.{layer}."
@@ -331,15 +350,25 @@ def _assembly(recipe: MoERecipe, layout: MoELayout, inputs: dict[str, Input], ba
                 name = f"{at}mlp.{projection}.weight"
                 theirs, ours = item.output(name), base.output(name)
                 if theirs is None or ours is None or theirs.shape != ours.shape:
-                    raise RecipeError(f"{expert.model}: its {name} ({'none' if theirs is None else tuple(theirs.shape)}) "
-                                      f"is not the base's ({'none' if ours is None else tuple(ours.shape)}); experts "
-                                      f"must share {recipe.base}'s architecture and sizes")
+                    raise RecipeError(
+                        f"{expert.model}: its {name} ({'none' if theirs is None else tuple(theirs.shape)}) "
+                        f"is not the base's ({'none' if ours is None else tuple(ours.shape)}); experts "
+                        f"must share {recipe.base}'s architecture and sizes"
+                    )
                 part = layout.parts[projection] if pattern is not layout.shared_expert else projection
-                add(at + pattern.format(part=part), tuple(theirs.shape), item.groups[name].source.dtype,
-                    copied(item, name, expert, projection == RESIDUAL))
+                add(
+                    at + pattern.format(part=part),
+                    tuple(theirs.shape),
+                    item.groups[name].source.dtype,
+                    copied(item, name, expert, projection == RESIDUAL),
+                )
         if layout.shared_router and recipe.shared:
-            add(at + layout.shared_router, (len(recipe.shared), hidden), gate_dtype,
-                Routed(layer, len(recipe.experts), routed))
+            add(
+                at + layout.shared_router,
+                (len(recipe.shared), hidden),
+                gate_dtype,
+                Routed(layer, len(recipe.experts), routed),
+            )
 
     done: set[int] = set()
     names = [o.name for g in base.plan.groups for o in g.outputs]
@@ -347,8 +376,10 @@ def _assembly(recipe: MoERecipe, layout: MoELayout, inputs: dict[str, Input], ba
         found = LAYER.match(name)
         if found and found[3].startswith("mlp."):
             if found[3].removesuffix(".weight") not in (f"mlp.{p}" for p in PROJECTIONS):
-                raise RecipeError(f"{recipe.base}: {name} is not a weight of a dense MLP's {', '.join(PROJECTIONS)}; "
-                                  f"{layout.name} experts are made of those alone")
+                raise RecipeError(
+                    f"{recipe.base}: {name} is not a weight of a dense MLP's {', '.join(PROJECTIONS)}; "
+                    f"{layout.name} experts are made of those alone"
+                )
             if int(found[2]) not in done:
                 done.add(int(found[2]))
                 moe_block(found[1], int(found[2]))
@@ -357,7 +388,12 @@ def _assembly(recipe: MoERecipe, layout: MoELayout, inputs: dict[str, Input], ba
         if found:
             for bias in layout.attention_biases:
                 if found[3] == f"{bias}.weight" and f"{found[1]}.{found[2]}.{bias}.bias" not in base.groups:
-                    add(f"{found[1]}.{found[2]}.{bias}.bias", (base.output(name).shape[0],), dtypes.BY_NAME["float32"], None)
+                    add(
+                        f"{found[1]}.{found[2]}.{bias}.bias",
+                        (base.output(name).shape[0],),
+                        dtypes.BY_NAME["float32"],
+                        None,
+                    )
 
     return tensors, made_from
 
@@ -384,17 +420,25 @@ def moe_files(plan: Plan) -> dict[str, str]:
     """The recipe, as mergekit-moe keeps it, and the opening of README.md."""
     checkpoint = plan.checkpoint
     recipe = checkpoint.recipe
-    lines = ["# Mixture of experts", "",
-             f"Assembled with [unshard](https://pypi.org/project/unshard/) "
-             f"{checkpoint.facts['method'].replace('merge-moe:', '`merge-moe`:')}, seed {checkpoint.seed}.", "",
-             f"Base model: `{recipe.base}`", "",
-             "Experts:", ""]
-    lines += [f"- `{e.model}`" + (f": {', '.join(repr(p) for p in e.positive[:3])}" if e.positive else "")
-              for e in recipe.experts]
+    lines = [
+        "# Mixture of experts",
+        "",
+        f"Assembled with [unshard](https://pypi.org/project/unshard/) "
+        f"{checkpoint.facts['method'].replace('merge-moe:', '`merge-moe`:')}, seed {checkpoint.seed}.",
+        "",
+        f"Base model: `{recipe.base}`",
+        "",
+        "Experts:",
+        "",
+    ]
+    lines += [
+        f"- `{e.model}`" + (f": {', '.join(repr(p) for p in e.positive[:3])}" if e.positive else "")
+        for e in recipe.experts
+    ]
     if recipe.shared:
         lines += ["", "Shared experts:", ""] + [f"- `{e.model}`" for e in recipe.shared]
     lines += ["", "Recipe:", "", "```yaml", recipe.text.rstrip(), "```", ""]
     return {"mergekit_moe_config.yml": recipe.text, "README.md": "\n".join(lines)}
 
 
-__all__ = ["LAYOUTS", "AssembledMoE", "MoERecipe", "moe_files", "parse_moe_recipe", "plan_moe"]
+__all__ = ["AssembledMoE", "MoERecipe", "moe_files", "parse_moe_recipe", "plan_moe"]

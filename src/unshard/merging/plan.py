@@ -10,9 +10,8 @@ from .. import dtypes
 from ..hub import hub_ids
 from ..names import hf_names
 from ..plan import TOKENIZER_FILES, build_plan, choose_dtype
-from ..types import OutputTensor, Plan
-from ..types import OutputOptions
 from ..sources import SourceOptions, SourceTensor
+from ..types import OutputOptions, OutputTensor, Plan
 from .checkpoint import MergedCheckpoint, TensorMerge
 from .inputs import LAYER, Input, open_input
 from .methods import METHODS, REQUIRED, Method
@@ -24,8 +23,14 @@ from .vocabulary import VOCABULARY_TENSORS, Vocabulary
 EMBEDDINGS = ("embed", "wte", "wpe")
 
 
-def plan_merge(recipe_path: str | Path, output: OutputOptions = OutputOptions(), *, seed: int = 0,
-               check: bool = True, text: str | None = None) -> Plan:
+def plan_merge(
+    recipe_path: str | Path,
+    output: OutputOptions = OutputOptions(),
+    *,
+    seed: int = 0,
+    check: bool = True,
+    text: str | None = None,
+) -> Plan:
     """text: the recipe itself, where it is in no file (merge-search's trials); models are then found
     relative to `recipe_path`'s folder still."""
     recipe = parse_recipe(Path(recipe_path), text)
@@ -34,8 +39,9 @@ def plan_merge(recipe_path: str | Path, output: OutputOptions = OutputOptions(),
     where = str(recipe_path)
     slices = _with_bases(recipe, method, where)
     inputs: dict[str, Input] = {}
-    for reference in dict.fromkeys([*([recipe.base] if recipe.base else []),
-                                    *(s.model for piece in slices for s in piece.sources)]):
+    for reference in dict.fromkeys(
+        [*([recipe.base] if recipe.base else []), *(s.model for piece in slices for s in piece.sources)]
+    ):
         inputs[reference] = open_input(reference, recipe_dir, check)
     lead = inputs[recipe.base or slices[0].sources[0].model]
     work = dtypes.OUTPUT[recipe.dtype or "float32"]
@@ -46,20 +52,32 @@ def plan_merge(recipe_path: str | Path, output: OutputOptions = OutputOptions(),
     source = lead if chosen in ("base", "union") else inputs.get(chosen)
     if source is None:
         raise RecipeError(f"{where}: tokenizer source {chosen!r} is none of union, base or the models")
-    tensors = {name: SourceTensor(name, m.out.shape, work if m.out.dtype.is_floating_point else m.out.dtype, [])
-               for name, m in merges.items()}
-    checkpoint = MergedCheckpoint(layout="merge", path=Path(recipe_path), tensors=tensors,
-                                  hf_folder=source.plan.config_folder,
-                                  facts={"method": recipe.method, "inputs": ", ".join(inputs),
-                                         "base_model": recipe.base, "seed": seed})
+    tensors = {
+        name: SourceTensor(name, m.out.shape, work if m.out.dtype.is_floating_point else m.out.dtype, [])
+        for name, m in merges.items()
+    }
+    checkpoint = MergedCheckpoint(
+        layout="merge",
+        path=Path(recipe_path),
+        tensors=tensors,
+        hf_folder=source.plan.config_folder,
+        facts={"method": recipe.method, "inputs": ", ".join(inputs), "base_model": recipe.base, "seed": seed},
+    )
     checkpoint.setup(method, merges, work, seed, list(inputs.values()), recipe, vocabulary)
     if recipe.sliced:
         checkpoint.config_changes = _layer_count(slices, lead)
     if vocabulary is not None:
         checkpoint.config_changes["vocab_size"] = vocabulary.rows
-    requested, reason = next((value, why) for value, why in (
-        (None if output.dtype == "auto" else output.dtype, "asked for with --dtype"), (recipe.out_dtype, "the recipe's out_dtype"),
-        (recipe.dtype, "the recipe's dtype"), ("", "the base model's")) if value is not None)
+    requested, reason = next(
+        (value, why)
+        for value, why in (
+            (None if output.dtype == "auto" else output.dtype, "asked for with --dtype"),
+            (recipe.out_dtype, "the recipe's out_dtype"),
+            (recipe.dtype, "the recipe's dtype"),
+            ("", "the base model's"),
+        )
+        if value is not None
+    )
     if not requested:  # asked for nowhere: the dtype the base would be converted to
         natural, _ = choose_dtype("auto", hf_names.read_config(lead.plan.config_folder), lead.plan.checkpoint)
         requested = natural.name if natural.name in dtypes.OUTPUT else "float32"
@@ -85,11 +103,14 @@ def _vocabulary(recipe: Recipe, inputs: dict[str, Input], lead: Input, where: st
     for reference, item in inputs.items():
         rows = item.output(VOCABULARY_TENSORS[0])
         if rows is None:
-            raise RecipeError(f"{reference}: has no {VOCABULARY_TENSORS[0]}; unshard merges vocabularies of models "
-                              "that name their embeddings so (Llama, Mistral, Qwen and their kin)")
+            raise RecipeError(
+                f"{reference}: has no {VOCABULARY_TENSORS[0]}; unshard merges vocabularies of models "
+                "that name their embeddings so (Llama, Mistral, Qwen and their kin)"
+            )
         sizes[reference] = rows.shape[0]
-    return Vocabulary(recipe.vocabulary, lead.reference, {r: i.plan.config_folder for r, i in inputs.items()}, sizes,
-                      where)
+    return Vocabulary(
+        recipe.vocabulary, lead.reference, {r: i.plan.config_folder for r, i in inputs.items()}, sizes, where
+    )
 
 
 def _with_bases(recipe: Recipe, method: Method, where: str) -> list[Slice]:
@@ -105,8 +126,10 @@ def _with_bases(recipe: Recipe, method: Method, where: str) -> list[Slice]:
                 raise RecipeError(f"{at}: {recipe.method} needs base_model")
             if base not in models:
                 if recipe.sliced:
-                    raise RecipeError(f"{at}: {recipe.method} needs the base model {base} among the slice's sources, "
-                                      "with its layer_range")
+                    raise RecipeError(
+                        f"{at}: {recipe.method} needs the base model {base} among the slice's sources, "
+                        "with its layer_range"
+                    )
                 piece = replace(piece, sources=[*piece.sources, Source(base, None, {})])
         others = [s for s in piece.sources if not (method.needs_base and s.model == base)]
         least, most = method.inputs
@@ -117,8 +140,15 @@ def _with_bases(recipe: Recipe, method: Method, where: str) -> list[Slice]:
     return slices
 
 
-def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: dict[str, Input], lead: Input,
-                   where: str, vocabulary: Vocabulary | None) -> dict[str, TensorMerge]:
+def _tensor_merges(
+    recipe: Recipe,
+    method: Method,
+    slices: list[Slice],
+    inputs: dict[str, Input],
+    lead: Input,
+    where: str,
+    vocabulary: Vocabulary | None,
+) -> dict[str, TensorMerge]:
     """Every output tensor, in order, with the tensor of each input it is made from and its parameters."""
     merges = _Merges(recipe, method, inputs, lead, where, vocabulary)
     named = {o.name: o for g in lead.plan.groups for o in g.outputs}
@@ -134,9 +164,11 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
     # Slices: the embeddings from the first slice's models, each slice's layers renumbered, the rest from the last.
     stacks = set(lead.stacks).union(*(inputs[s.model].stacks for piece in slices for s in piece.sources))
     if len(stacks) != 1:
-        raise RecipeError(f"{where}: slices take models with one stack of layers; {lead.reference} has "
-                          f"{', '.join(sorted(stacks)) or 'none'} (mergekit merges such models by `modules`, which "
-                          "unshard does not)")
+        raise RecipeError(
+            f"{where}: slices take models with one stack of layers; {lead.reference} has "
+            f"{', '.join(sorted(stacks)) or 'none'} (mergekit merges such models by `modules`, which "
+            "unshard does not)"
+        )
     (stack,) = stacks
     outside = [o for name, o in named.items() if not LAYER.match(name)]
     for out in outside:
@@ -147,8 +179,10 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
         for j, source in enumerate(piece.sources):
             has = inputs[source.model].stacks[stack]
             if source.layers[1] > has:
-                raise RecipeError(f"{where}: slices[{i}].sources[{j}]: layer_range {list(source.layers)} goes past "
-                                  f"{source.model}'s {has} layers")
+                raise RecipeError(
+                    f"{where}: slices[{i}].sources[{j}]: layer_range {list(source.layers)} goes past "
+                    f"{source.model}'s {has} layers"
+                )
         first = piece.sources[0]
         count = first.layers[1] - first.layers[0]
         first_named = {o.name: o for g in inputs[first.model].plan.groups for o in g.outputs}
@@ -157,7 +191,7 @@ def _tensor_merges(recipe: Recipe, method: Method, slices: list[Slice], inputs: 
             prefix = f"{stack}.{first.layers[0] + offset}."
             for name, out in first_named.items():
                 if name.startswith(prefix):
-                    renamed = f"{stack}.{index}.{name[len(prefix):]}"
+                    renamed = f"{stack}.{index}.{name[len(prefix) :]}"
                     merges.add(replace(out, name=renamed), piece, (offset, index), t)
             index += 1
     for out in outside:
@@ -200,9 +234,15 @@ class _Merges:
         at_lead = next((i for i, s in enumerate(piece.sources) if s.model == recipe.base_of(piece)), 0)
         shared = self._shared(piece, out.name, t)
         per_input = [self._per_input(piece, i, read[i][1], t) for i in others]
-        self.found[out.name] = TensorMerge(out, read[at_lead], read[at_base] if at_base is not None else None,
-                                           [read[i] for i in others], per_input, shared,
-                                           [item.reference for item, _ in read] if by_token else None)
+        self.found[out.name] = TensorMerge(
+            out,
+            read[at_lead],
+            read[at_base] if at_base is not None else None,
+            [read[i] for i in others],
+            per_input,
+            shared,
+            [item.reference for item, _ in read] if by_token else None,
+        )
 
     def _shared(self, piece: Slice, name: str, t: float) -> dict:
         shared = {}
@@ -219,8 +259,9 @@ class _Merges:
         for key, default in self.method.per_input.items():
             value = resolve(key, scopes, name, t)
             if value is None and default is REQUIRED:
-                raise RecipeError(f"{self.where}: model {piece.sources[i].model} needs parameters.{key} for "
-                                  f"{self.recipe.method}")
+                raise RecipeError(
+                    f"{self.where}: model {piece.sources[i].model} needs parameters.{key} for {self.recipe.method}"
+                )
             values[key] = default if value is None else value
         return values
 
@@ -231,12 +272,16 @@ def _check_shapes(read: list[tuple[Input, str]], out: OutputTensor, lead: Input,
     for item, name in read:
         theirs = item.output(name)
         if theirs is None:
-            raise RecipeError(f"{item.reference}: has no {name}, which {lead.reference} has; "
-                              "models merged together must share an architecture")
+            raise RecipeError(
+                f"{item.reference}: has no {name}, which {lead.reference} has; "
+                "models merged together must share an architecture"
+            )
         if by_token and theirs.shape[1:] != out.shape[1:] or not by_token and theirs.shape != out.shape:
-            raise RecipeError(f"{item.reference}: {name} has shape {tuple(theirs.shape)}, {lead.reference} "
-                              f"{tuple(out.shape)}; unshard merges equal shapes only (different vocabularies: "
-                              "set tokenizer_source: union, or base)")
+            raise RecipeError(
+                f"{item.reference}: {name} has shape {tuple(theirs.shape)}, {lead.reference} "
+                f"{tuple(out.shape)}; unshard merges equal shapes only (different vocabularies: "
+                "set tokenizer_source: union, or base)"
+            )
 
 
 def _layer_count(slices: list[Slice], lead: Input) -> dict:
@@ -246,8 +291,7 @@ def _layer_count(slices: list[Slice], lead: Input) -> dict:
     changes: dict = {"num_hidden_layers": total}
     config = hf_names.read_config(lead.plan.config_folder) or {}
     if isinstance(config.get("layer_types"), list):
-        changes["layer_types"] = [config["layer_types"][i] for piece in slices
-                                  for i in range(*piece.sources[0].layers)]
+        changes["layer_types"] = [config["layer_types"][i] for piece in slices for i in range(*piece.sources[0].layers)]
     return changes
 
 
@@ -255,12 +299,19 @@ def model_card(plan: Plan) -> str:
     """The opening of README.md for the merged folder: the method, the inputs and the recipe
     (the writer adds the dtype and the list of files)."""
     recipe = plan.checkpoint.recipe
-    lines = ["# Merged model", "",
-             f"Made with [unshard](https://pypi.org/project/unshard/) `merge` using the **{recipe.method}** method.", ""]
+    lines = [
+        "# Merged model",
+        "",
+        f"Made with [unshard](https://pypi.org/project/unshard/) `merge` using the **{recipe.method}** method.",
+        "",
+    ]
     if recipe.base:
         lines += [f"Base model: `{recipe.base}`", ""]
-    lines += ["Models:", ""] + [f"- `{m}`" for m in recipe.models] + ["", "Recipe:", "", "```yaml",
-                                                                       recipe.text.rstrip(), "```", ""]
+    lines += (
+        ["Models:", ""]
+        + [f"- `{m}`" for m in recipe.models]
+        + ["", "Recipe:", "", "```yaml", recipe.text.rstrip(), "```", ""]
+    )
     return "\n".join(lines)
 
 

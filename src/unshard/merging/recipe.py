@@ -11,11 +11,25 @@ from .. import dtypes
 from ..errors import UnshardError
 from .methods import METHODS
 
-RECIPE_KEYS = {"merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype", "tokenizer_source",
-               "tokenizer"}
+RECIPE_KEYS = {
+    "merge_method",
+    "base_model",
+    "models",
+    "slices",
+    "parameters",
+    "dtype",
+    "out_dtype",
+    "tokenizer_source",
+    "tokenizer",
+}
 MODEL_KEYS = {"model", "parameters"}
 SOURCE_KEYS = {"model", "layer_range", "parameters"}
-SLICE_KEYS = {"sources", "base_model", "parameters", "residual_weight"}  # (mergekit reads residual_weight, uses it nowhere)
+SLICE_KEYS = {
+    "sources",
+    "base_model",
+    "parameters",
+    "residual_weight",
+}  # (mergekit reads residual_weight, uses it nowhere)
 
 
 class RecipeError(UnshardError, ValueError):
@@ -49,7 +63,9 @@ class Recipe:
     parameters: dict[str, Any]
     dtype: str | None
     out_dtype: str | None
-    vocabulary: VocabularyRecipe | None  # tokenizer_source / tokenizer: the output's vocabulary, else the base's as it is
+    vocabulary: (
+        VocabularyRecipe | None
+    )  # tokenizer_source / tokenizer: the output's vocabulary, else the base's as it is
     text: str
 
     @property
@@ -84,7 +100,9 @@ def parse_vocabulary(path: Path, data: dict[str, Any]) -> VocabularyRecipe | Non
     if data.get("tokenizer_source") is not None and data.get("tokenizer") is not None:
         raise RecipeError(f"{path}: give tokenizer_source or tokenizer, not both")
     if data.get("tokenizer") is None:
-        return None if data.get("tokenizer_source") is None else VocabularyRecipe(str(data["tokenizer_source"]), {}, None)
+        return (
+            None if data.get("tokenizer_source") is None else VocabularyRecipe(str(data["tokenizer_source"]), {}, None)
+        )
     entry = data["tokenizer"]
     if not isinstance(entry, dict) or set(entry) - {"source", "tokens", "pad_to_multiple_of"}:
         raise RecipeError(f"{path}: tokenizer must be a mapping with source, tokens and pad_to_multiple_of")
@@ -103,11 +121,14 @@ def parse_vocabulary(path: Path, data: dict[str, Any]) -> VocabularyRecipe | Non
             if kind == "zero" and set(source) == {"kind"}:
                 tokens[token] = TokenSetting(zero=True, force=force)
             elif kind == "model_token" and "model" in source and (("token" in source) != ("token_id" in source)):
-                tokens[token] = TokenSetting(str(source["model"]), source.get("token"), source.get("token_id"),
-                                             force=force)
+                tokens[token] = TokenSetting(
+                    str(source["model"]), source.get("token"), source.get("token_id"), force=force
+                )
             else:
-                raise RecipeError(f"{path}: {where}.source must be a model, {{kind: zero}} or {{kind: model_token, "
-                                  "model: M, token: T}} (or token_id)")
+                raise RecipeError(
+                    f"{path}: {where}.source must be a model, {{kind: zero}} or {{kind: model_token, "
+                    "model: M, token: T}} (or token_id)"
+                )
         elif source is None:
             tokens[token] = TokenSetting(force=force)
         else:
@@ -116,6 +137,7 @@ def parse_vocabulary(path: Path, data: dict[str, Any]) -> VocabularyRecipe | Non
 
 
 # ---- parameters: scalars, gradients across layers, filters by tensor name (mergekit's rules) ----
+
 
 def evaluate(setting: Any, tensor: str, t: float) -> Any:
     """A parameter's value for one tensor: `t` runs from 0 (first layer) to 1 (last layer)."""
@@ -134,8 +156,9 @@ def evaluate(setting: Any, tensor: str, t: float) -> Any:
         return (1 - (scaled - low)) * setting[low] + (scaled - low) * setting[high]
     for condition in setting:
         if not isinstance(condition, dict) or "value" not in condition:
-            raise RecipeError(f"parameter value {setting!r}: a list holds numbers (a gradient) or "
-                              "{filter: ..., value: ...} entries")
+            raise RecipeError(
+                f"parameter value {setting!r}: a list holds numbers (a gradient) or {{filter: ..., value: ...}} entries"
+            )
         where = condition.get("filter")
         if where in (None, "*") or where in tensor:
             return evaluate(condition["value"], tensor, t)
@@ -153,6 +176,7 @@ def resolve(key: str, scopes: list[dict[str, Any]], tensor: str, t: float) -> An
 
 # ---- reading the YAML ----
 
+
 def _parameters(path: Path, where: str, value: Any) -> dict[str, Any]:
     if value is None:
         return {}
@@ -165,14 +189,22 @@ def _source(path: Path, where: str, entry: Any, sliced: bool) -> Source:
     keys = SOURCE_KEYS if sliced else MODEL_KEYS
     entry = {"model": entry} if isinstance(entry, str) and not sliced else entry
     if not isinstance(entry, dict) or "model" not in entry or set(entry) - keys:
-        raise RecipeError(f"{path}: {where} must be a mapping with `model`"
-                          + (", `layer_range` and optional `parameters`" if sliced else " and optional `parameters`"))
+        raise RecipeError(
+            f"{path}: {where} must be a mapping with `model`"
+            + (", `layer_range` and optional `parameters`" if sliced else " and optional `parameters`")
+        )
     layers = None
     if sliced:
         span = entry.get("layer_range")
-        if (not isinstance(span, list) or len(span) != 2 or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                                   for i in span) or not 0 <= span[0] < span[1]):
-            raise RecipeError(f"{path}: {where}.layer_range must be [start, stop] with 0 <= start < stop (got {span!r})")
+        if (
+            not isinstance(span, list)
+            or len(span) != 2
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in span)
+            or not 0 <= span[0] < span[1]
+        ):
+            raise RecipeError(
+                f"{path}: {where}.layer_range must be [start, stop] with 0 <= start < stop (got {span!r})"
+            )
         layers = (span[0], span[1])
     return Source(str(entry["model"]), layers, _parameters(path, where, entry.get("parameters")))
 
@@ -200,15 +232,18 @@ def parse_recipe(path: Path, text: str | None = None) -> Recipe:
         raise RecipeError(f"{path}: a recipe is a YAML mapping with merge_method and models or slices")
     unknown = sorted(set(data) - RECIPE_KEYS)
     if unknown:
-        raise RecipeError(f"{path}: unknown key {unknown[0]!r}; unshard reads {', '.join(sorted(RECIPE_KEYS))} "
-                          "(not mergekit's per-module `modules`)")
+        raise RecipeError(
+            f"{path}: unknown key {unknown[0]!r}; unshard reads {', '.join(sorted(RECIPE_KEYS))} "
+            "(not mergekit's per-module `modules`)"
+        )
     method = data.get("merge_method")
     if method not in METHODS:
-        raise RecipeError(f"{path}: merge_method {method!r} is not one unshard has; use one of "
-                          f"{', '.join(METHODS)}")
+        raise RecipeError(f"{path}: merge_method {method!r} is not one unshard has; use one of {', '.join(METHODS)}")
     if (data.get("models") is None) == (data.get("slices") is None):
-        raise RecipeError(f"{path}: a recipe has either `models` (whole models) or `slices` (layer ranges), not "
-                          f"{'both' if data.get('models') is not None else 'neither'}")
+        raise RecipeError(
+            f"{path}: a recipe has either `models` (whole models) or `slices` (layer ranges), not "
+            f"{'both' if data.get('models') is not None else 'neither'}"
+        )
     sliced = data.get("slices") is not None
     slices = []
     if sliced:
@@ -217,15 +252,24 @@ def parse_recipe(path: Path, text: str | None = None) -> Recipe:
         for i, entry in enumerate(data["slices"]):
             where = f"slices[{i}]"
             if not isinstance(entry, dict) or not isinstance(entry.get("sources"), list) or set(entry) - SLICE_KEYS:
-                raise RecipeError(f"{path}: {where} must be a mapping with `sources` (a list) and optional "
-                                  "`base_model` and `parameters`")
+                raise RecipeError(
+                    f"{path}: {where} must be a mapping with `sources` (a list) and optional "
+                    "`base_model` and `parameters`"
+                )
             sources = [_source(path, f"{where}.sources[{j}]", s, True) for j, s in enumerate(entry["sources"])]
             lengths = {s.layers[1] - s.layers[0] for s in sources}
             if len(lengths) > 1:
-                raise RecipeError(f"{path}: {where}: every source of a slice spans the same number of layers "
-                                  f"(got {', '.join(str(s.layers[1] - s.layers[0]) for s in sources)})")
-            slices.append(Slice(sources, str(entry["base_model"]) if entry.get("base_model") else None,
-                                _parameters(path, where, entry.get("parameters"))))
+                raise RecipeError(
+                    f"{path}: {where}: every source of a slice spans the same number of layers "
+                    f"(got {', '.join(str(s.layers[1] - s.layers[0]) for s in sources)})"
+                )
+            slices.append(
+                Slice(
+                    sources,
+                    str(entry["base_model"]) if entry.get("base_model") else None,
+                    _parameters(path, where, entry.get("parameters")),
+                )
+            )
     else:
         if not isinstance(data["models"], list):
             raise RecipeError(f"{path}: models must be a list")
@@ -233,6 +277,14 @@ def parse_recipe(path: Path, text: str | None = None) -> Recipe:
     for key in ("dtype", "out_dtype"):
         if data.get(key) is not None and data[key] not in dtypes.OUTPUT:
             raise RecipeError(f"{path}: {key} {data[key]!r}: use one of {', '.join(dtypes.OUTPUT)}")
-    return Recipe(method, str(data["base_model"]) if data.get("base_model") else None, slices, sliced,
-                  _parameters(path, "the recipe", data.get("parameters")), data.get("dtype"), data.get("out_dtype"),
-                  parse_vocabulary(path, data), text)
+    return Recipe(
+        method,
+        str(data["base_model"]) if data.get("base_model") else None,
+        slices,
+        sliced,
+        _parameters(path, "the recipe", data.get("parameters")),
+        data.get("dtype"),
+        data.get("out_dtype"),
+        parse_vocabulary(path, data),
+        text,
+    )

@@ -75,7 +75,11 @@ def prepare(space_path: str | Path, options: SearchOptions, output: OutputOption
     evaluation = EvalSet.read(options.eval_file, plan.config_folder, context_length(plan))
     width = max(ids.shape[1] for ids, _, _ in evaluation.batches)
     vocabulary = max(o.shape[0] for o in plan.outputs if o.name.endswith(("lm_head.weight", "embed_tokens.weight")))
-    held = sum(math.prod(o.shape) * 4 for o in plan.outputs) + plan.peak_memory_estimate(1) + 2 * 8 * width * vocabulary * 4
+    held = (
+        sum(math.prod(o.shape) * 4 for o in plan.outputs)
+        + plan.peak_memory_estimate(1)
+        + 2 * 8 * width * vocabulary * 4
+    )
     return Prepared(space, evaluation, device, held)
 
 
@@ -91,15 +95,25 @@ def score(prepared: Prepared, recipe: str, seed: int, output: OutputOptions = Ou
     return loss
 
 
-def run_search(prepared: Prepared, options: SearchOptions, study_path: Path, progress: bool | None = None,
-               output: OutputOptions = OutputOptions()):
+def run_search(
+    prepared: Prepared,
+    options: SearchOptions,
+    study_path: Path,
+    progress: bool | None = None,
+    output: OutputOptions = OutputOptions(),
+):
     """Run `options.trials` more trials of the study in `study_path`; the study."""
     import optuna
     from tqdm import tqdm
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=STUDY_NAME, storage=f"sqlite:///{study_path}", load_if_exists=True,
-                                direction="minimize", sampler=optuna.samplers.TPESampler(seed=options.seed))
+    study = optuna.create_study(
+        study_name=STUDY_NAME,
+        storage=f"sqlite:///{study_path}",
+        load_if_exists=True,
+        direction="minimize",
+        sampler=optuna.samplers.TPESampler(seed=options.seed),
+    )
     space = prepared.space
     if not study.trials:
         study.enqueue_trial(space.defaults())  # trial 0: the untuned recipe
@@ -107,8 +121,11 @@ def run_search(prepared: Prepared, options: SearchOptions, study_path: Path, pro
     def objective(trial) -> float:
         values = {}
         for d in space.dimensions:
-            values[d.name] = (trial.suggest_categorical(d.name, list(d.choices)) if d.choices
-                              else trial.suggest_float(d.name, d.low, d.high, log=d.log))
+            values[d.name] = (
+                trial.suggest_categorical(d.name, list(d.choices))
+                if d.choices
+                else trial.suggest_float(d.name, d.low, d.high, log=d.log)
+            )
         recipe = space.recipe(values)
         trial.set_user_attr("recipe", recipe)
         loss = score(prepared, recipe, options.seed, output)
@@ -148,7 +165,8 @@ def search_files(study, space: Space) -> dict[str, str | bytes]:
     files: dict[str, str | bytes] = {
         "search/leaderboard.csv": text.getvalue(),
         "search/leaderboard.json": json.dumps([{**row, "recipe": recipes.get(row["trial"])} for row in rows], indent=2)
-                                   + "\n"}
+        + "\n",
+    }
     if (plot := _plot(study, space)) is not None:
         files["search/trials.png"] = plot
     return files
@@ -159,6 +177,7 @@ def _plot(study, space: Space) -> bytes | None:
     Optuna's fANOVA importance, where it can be computed). None without matplotlib."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -168,14 +187,17 @@ def _plot(study, space: Space) -> bytes | None:
     try:
         import optuna
 
-        ranked = [n for n in optuna.importance.get_param_importances(study) if n in {d.name for d in space.dimensions
-                                                                                      if not d.choices}]
+        ranked = [
+            n
+            for n in optuna.importance.get_param_importances(study)
+            if n in {d.name for d in space.dimensions if not d.choices}
+        ]
         important = ranked[:2] or important
     except Exception:  # (too few trials, or no variation yet: keep the space's order)
         pass
     figure, axes = plt.subplots(1, 1 + len(important), figsize=(5 * (1 + len(important)), 4), squeeze=False)
     numbers, losses = [t.number for t in done], [t.value for t in done]
-    best = [min(losses[:i + 1]) for i in range(len(losses))]
+    best = [min(losses[: i + 1]) for i in range(len(losses))]
     axes[0][0].plot(numbers, losses, "o", label="trial")
     axes[0][0].step(numbers, best, where="post", label="best so far")
     axes[0][0].set(xlabel="trial", ylabel="eval loss per token", title="merge-search")
@@ -194,17 +216,27 @@ def search_card(study, space: Space, options: SearchOptions, evaluation: EvalSet
     """The merge-search part of OUT/README.md."""
     rows = leaderboard(study)
     first = next((t for t in study.trials if t.number == 0 and t.value is not None), None)
-    lines = ["", "## merge-search", "",
-             f"Chosen by `unshard merge-search` over {len(rows)} scored trial(s) (TPE, seed {options.seed}) by the loss "
-             f"per token of `{Path(options.eval_file).name}` ({evaluation.tokens} tokens scored): best "
-             f"{rows[0]['loss']:.4f} (trial {rows[0]['trial']})"
-             + (f", untuned (trial 0) {first.value:.4f}" if first else "") + ".",
-             f"`unshard merge mergekit_config.yml OUT --seed {options.seed}` makes this model again. The search's "
-             "leaderboard is in `search/`.", "", "| trial | loss | " + " | ".join(d.name for d in space.dimensions) + " |",
-             "|---|---|" + "---|" * len(space.dimensions)]
+    lines = [
+        "",
+        "## merge-search",
+        "",
+        f"Chosen by `unshard merge-search` over {len(rows)} scored trial(s) (TPE, seed {options.seed}) by the loss "
+        f"per token of `{Path(options.eval_file).name}` ({evaluation.tokens} tokens scored): best "
+        f"{rows[0]['loss']:.4f} (trial {rows[0]['trial']})"
+        + (f", untuned (trial 0) {first.value:.4f}" if first else "")
+        + ".",
+        f"`unshard merge mergekit_config.yml OUT --seed {options.seed}` makes this model again. The search's "
+        "leaderboard is in `search/`.",
+        "",
+        "| trial | loss | " + " | ".join(d.name for d in space.dimensions) + " |",
+        "|---|---|" + "---|" * len(space.dimensions),
+    ]
     for row in rows[:10]:
-        lines.append(f"| {row['trial']} | {row['loss']:.4f} | "
-                     + " | ".join(_shown(row.get(d.name)) for d in space.dimensions) + " |")
+        lines.append(
+            f"| {row['trial']} | {row['loss']:.4f} | "
+            + " | ".join(_shown(row.get(d.name)) for d in space.dimensions)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -224,8 +256,15 @@ def best_plan(prepared: Prepared, study, options: SearchOptions, output: OutputO
     return plan, files
 
 
-def search_and_write(space_path: str | Path, out: str | Path, options: SearchOptions, output: OutputOptions,
-                     overwrite: bool = False, threads: int = 1, progress: bool | None = None):
+def search_and_write(
+    space_path: str | Path,
+    out: str | Path,
+    options: SearchOptions,
+    output: OutputOptions,
+    overwrite: bool = False,
+    threads: int = 1,
+    progress: bool | None = None,
+):
     """The whole command: check, search, write the best merge to OUT; (the Result, the study)."""
     from ..errors import OutputExistsError
     from ..write.execute import convert
@@ -233,8 +272,9 @@ def search_and_write(space_path: str | Path, out: str | Path, options: SearchOpt
     prepared = prepare(space_path, options, output)
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())) and not overwrite:
-        raise OutputExistsError(f"{out}: already exists; choose another OUT or pass --overwrite (checked before the "
-                                "search, not after it)")
+        raise OutputExistsError(
+            f"{out}: already exists; choose another OUT or pass --overwrite (checked before the search, not after it)"
+        )
     study_path = options.study or Path(str(out).rstrip("/") + ".study.db")
     study = run_search(prepared, options, study_path, progress, output)
     plan, files = best_plan(prepared, study, options, output)

@@ -70,8 +70,9 @@ def parse_space(path: Path) -> Space:
     if isinstance(methods, list):
         unknown = [m for m in methods if m not in METHODS]
         if not methods or unknown:
-            raise RecipeError(f"{path}: merge_method choices {unknown or methods!r}: use methods of "
-                              f"{', '.join(METHODS)}")
+            raise RecipeError(
+                f"{path}: merge_method choices {unknown or methods!r}: use methods of {', '.join(METHODS)}"
+            )
         dimensions.append(Dimension("merge_method", ("merge_method",), choices=tuple(methods), default=methods[0]))
 
     def name_of(at: tuple) -> str:
@@ -100,8 +101,10 @@ def parse_space(path: Path) -> Space:
 
     walk(data, (), None)
     if not dimensions:
-        raise RecipeError(f"{path}: nothing to search: give a parameter a range ({{min: 0.1, max: 0.9}}), a choice "
-                          "({choice: [...]}) or merge_method a list of methods")
+        raise RecipeError(
+            f"{path}: nothing to search: give a parameter a range ({{min: 0.1, max: 0.9}}), a choice "
+            "({choice: [...]}) or merge_method a list of methods"
+        )
     return Space(Path(path), data, dimensions)
 
 
@@ -111,7 +114,9 @@ def _range(path: Path, name: str, at: tuple, parameter: str, node: dict) -> Dime
         raise RecipeError(f"{path}: {name}: a range needs numbers min < max (got {low!r}, {high!r})")
     bounds = DOMAINS.get(parameter)
     if bounds and not (bounds[0] <= low and high <= bounds[1]):
-        raise RecipeError(f"{path}: {name}: [{low}, {high}] goes outside {parameter}'s domain [{bounds[0]}, {bounds[1]}]")
+        raise RecipeError(
+            f"{path}: {name}: [{low}, {high}] goes outside {parameter}'s domain [{bounds[0]}, {bounds[1]}]"
+        )
     if log and low <= 0:
         raise RecipeError(f"{path}: {name}: a log range needs min > 0")
     default = node.get("default", (low * high) ** 0.5 if log else (low + high) / 2)

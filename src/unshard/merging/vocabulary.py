@@ -26,8 +26,9 @@ VOCABULARY_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
 class Vocabulary:
     """The output tokenizer, its size in rows, and each model's row for every output token (-1: none)."""
 
-    def __init__(self, recipe: VocabularyRecipe, base: str, folders: dict[str, Path], sizes: dict[str, int],
-                 where: str):
+    def __init__(
+        self, recipe: VocabularyRecipe, base: str, folders: dict[str, Path], sizes: dict[str, int], where: str
+    ):
         self.recipe, self.base = recipe, base
         tokenizers = {base: _tokenizer(folders[base], sizes[base], base, strip=True)}
         for model, folder in folders.items():
@@ -64,13 +65,17 @@ class Vocabulary:
         for token, setting in recipe.tokens.items():
             for model in filter(None, [setting.model]):
                 if model not in folders:
-                    raise RecipeError(f"{where}: tokenizer.tokens[{token!r}] takes its row from {model}, which the "
-                                      "recipe does not merge")
+                    raise RecipeError(
+                        f"{where}: tokenizer.tokens[{token!r}] takes its row from {model}, which the "
+                        "recipe does not merge"
+                    )
                 if setting.token is not None and setting.token not in self.vocabularies.get(model, {}):
                     raise RecipeError(f"{where}: tokenizer.tokens[{token!r}]: {model} has no token {setting.token!r}")
                 if setting.token_id is not None and not 0 <= setting.token_id < sizes[model]:
-                    raise RecipeError(f"{where}: tokenizer.tokens[{token!r}]: token_id {setting.token_id} is outside "
-                                      f"{model}'s {sizes[model]} rows")
+                    raise RecipeError(
+                        f"{where}: tokenizer.tokens[{token!r}]: token_id {setting.token_id} is outside "
+                        f"{model}'s {sizes[model]} rows"
+                    )
 
     def files(self) -> dict[str, str]:
         """The output tokenizer's files, as save_pretrained writes them."""
@@ -102,10 +107,16 @@ class Vocabulary:
                 fallback[token] = torch.zeros(shape, dtype=dtype)
             elif setting.model is not None:
                 if setting.model not in given:
-                    raise RecipeError(f"token {token!r} takes its row from {setting.model}, which this tensor's merge "
-                                      "does not read")
-                source = (self.vocabularies[setting.model][setting.token] if setting.token is not None
-                          else setting.token_id if setting.token_id is not None else self.rows_of[setting.model][at])
+                    raise RecipeError(
+                        f"token {token!r} takes its row from {setting.model}, which this tensor's merge does not read"
+                    )
+                source = (
+                    self.vocabularies[setting.model][setting.token]
+                    if setting.token is not None
+                    else setting.token_id
+                    if setting.token_id is not None
+                    else self.rows_of[setting.model][at]
+                )
                 if source < 0:
                     raise RecipeError(f"token {token!r}: {setting.model} has no row for it")
                 fallback[token] = given[setting.model][source]
@@ -120,7 +131,7 @@ class Vocabulary:
                 elif token in fallback:
                     out[at] = fallback[token]
             if self.rows > len(self.ids):  # padding rows: the mean of the others
-                out[len(self.ids):] = out[:len(self.ids)].mean(dim=0)
+                out[len(self.ids) :] = out[: len(self.ids)].mean(dim=0)
             laid.append(out)
         return laid
 
@@ -147,11 +158,15 @@ def _tokenizer(folder: Path, rows: int | None, model: str, strip: bool = False):
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=True)
     except Exception as e:  # (transformers raises many kinds for a folder without a usable tokenizer)
-        raise RecipeError(f"{model}: its tokenizer does not load ({str(e).splitlines()[0][:200]}); a vocabulary "
-                          "merge needs each model's") from None
+        raise RecipeError(
+            f"{model}: its tokenizer does not load ({str(e).splitlines()[0][:200]}); a vocabulary "
+            "merge needs each model's"
+        ) from None
     if strip and rows is not None and any(at >= rows for at in tokenizer.get_vocab().values()):
-        raise RecipeError(f"{model}: its tokenizer has tokens beyond the {rows} rows of its embeddings, which unshard "
-                          "does not strip (mergekit does, for BPE tokenizers)")
+        raise RecipeError(
+            f"{model}: its tokenizer has tokens beyond the {rows} rows of its embeddings, which unshard "
+            "does not strip (mergekit does, for BPE tokenizers)"
+        )
     return tokenizer
 
 

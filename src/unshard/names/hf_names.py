@@ -6,7 +6,7 @@ example). Rather than keep our own tables for every model, we ask transformers: 
 the meta device (no memory, no weights) and transformers' own reverse conversion tells which names
 and shapes `save_pretrained` would write. Those facts are cached per config (known.py), so
 converting the next checkpoint of a run need not import transformers; for the most common dense
-families they are written down (dense_families.py), so not even the first does. Without
+families they are written down (each family's TensorTable: names/dense_tables.py), so not even the first does. Without
 transformers, other models' names are kept as they are.
 """
 
@@ -16,13 +16,15 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
+from .. import families
 from ..errors import ConfigMismatchError
-from . import dense_families, known
+from . import dense_tables, known
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +63,9 @@ def read_config(folder: Path | None) -> dict[str, Any] | None:
     try:
         return json.loads((folder / "config.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigMismatchError(f"{folder / 'config.json'}: not valid JSON ({e}); fix it or pass --config-from") from None
+        raise ConfigMismatchError(
+            f"{folder / 'config.json'}: not valid JSON ({e}); fix it or pass --config-from"
+        ) from None
 
 
 def meta_model(config_folder: Path, config: dict, updates: dict | None = None) -> Any:
@@ -77,12 +81,20 @@ def meta_model(config_folder: Path, config: dict, updates: dict | None = None) -
         if updates.get("model_type", config.get("model_type")) != config.get("model_type"):  # (a MoE of dense models)
             hf_config = transformers.AutoConfig.for_model(**{**config, **updates})
         else:
-            hf_config = transformers.AutoConfig.from_pretrained(config_folder, **{
-                k: v for k, v in updates.items() if k in ("num_labels", "num_hidden_layers", "layer_types", "vocab_size")})
+            hf_config = transformers.AutoConfig.from_pretrained(
+                config_folder,
+                **{
+                    k: v
+                    for k, v in updates.items()
+                    if k in ("num_labels", "num_hidden_layers", "layer_types", "vocab_size")
+                },
+            )
     except Exception as e:  # (a value of the wrong type or out of range: transformers' config classes check them)
         why = str(e).strip().splitlines()[0].rstrip(":") if str(e).strip() else type(e).__name__
-        raise ConfigMismatchError(f"{config_folder / 'config.json'}: transformers cannot read it ({why}); fix it or pass "
-                                  "--config-from the model's own folder") from None
+        raise ConfigMismatchError(
+            f"{config_folder / 'config.json'}: transformers cannot read it ({why}); fix it or pass "
+            "--config-from the model's own folder"
+        ) from None
     architectures = updates.get("architectures") or config.get("architectures") or []
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None and updates.get("architectures"):
@@ -102,8 +114,11 @@ def rebuild_computed_modules(model: Any) -> None:
     """Modules of a model built on the meta device whose buffers are computed at construction, not saved
     (rotary embeddings' inverse frequencies), made again on the CPU from their config."""
     for name, module in list(model.named_modules()):
-        if (module._non_persistent_buffers_set and not any(True for _ in module.parameters())
-                and hasattr(module, "config")):
+        if (
+            module._non_persistent_buffers_set
+            and not any(True for _ in module.parameters())
+            and hasattr(module, "config")
+        ):
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, type(module)(config=module.config))
 
@@ -144,14 +159,19 @@ class ModelFacts:
         return cls(in_memory, tied, _saved_shapes(model, in_memory), _linear_layers(model))
 
     def to_json(self) -> dict:
-        return {"in_memory": self.in_memory, "tied": sorted(self.tied), "saved": self.saved,
-                "linear": self.linear.to_json()}
+        return {
+            "in_memory": self.in_memory,
+            "tied": sorted(self.tied),
+            "saved": self.saved,
+            "linear": self.linear.to_json(),
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> ModelFacts:
         shapes = lambda d: {n: tuple(s) for n, s in d.items()}  # noqa: E731
-        return cls(shapes(data["in_memory"]), set(data["tied"]), shapes(data["saved"]),
-                   LinearLayers.from_json(data["linear"]))
+        return cls(
+            shapes(data["in_memory"]), set(data["tied"]), shapes(data["saved"]), LinearLayers.from_json(data["linear"])
+        )
 
 
 # What this process asked transformers already, by cache entry (answers of None included), so that
@@ -205,8 +225,9 @@ class Question:
     under the names as saved: importing torch and transformers takes 3-6 s, as long as writing a few
     GB, and most models keep their names. `verdict` compares the answer with that naming."""
 
-    def __init__(self, ask: Callable[[], ModelFacts | None], naming: Naming,
-                 settle: Callable[[ModelFacts | None], Naming]):
+    def __init__(
+        self, ask: Callable[[], ModelFacts | None], naming: Naming, settle: Callable[[ModelFacts | None], Naming]
+    ):
         self.naming, self._settle, self._notes = naming, settle, None
         self._answer: Future = Future()
 
@@ -229,15 +250,19 @@ class Question:
         if self._notes is None:
             self._thread.join()  # (gone, not just done, before any writer process is forked)
             settled = self._settle(self._answer.result())
-            if (settled.outputs != self.naming.outputs or set(settled.dropped) != set(self.naming.dropped)
-                    or settled.converters):
+            if (
+                settled.outputs != self.naming.outputs
+                or set(settled.dropped) != set(self.naming.dropped)
+                or settled.converters
+            ):
                 raise NamingChanged
             self._notes = settled.notes
         return self._notes
 
 
-def head_updates(names: set[str], shapes: dict[str, tuple[int, ...]], config: dict | None,
-                 architecture: str | None = None) -> dict[str, Any]:
+def head_updates(
+    names: set[str], shapes: dict[str, tuple[int, ...]], config: dict | None, architecture: str | None = None
+) -> dict[str, Any]:
     """config.json changes so the head in the weights loads: verl saves a critic or reward model's
     weights (a `score` head, one label) beside the config of the causal LM it started from."""
     updates: dict[str, Any] = {}
@@ -250,13 +275,22 @@ def head_updates(names: set[str], shapes: dict[str, tuple[int, ...]], config: di
     if not architecture and declared.endswith("ForCausalLM"):
         updates["architectures"] = [declared.replace("ForCausalLM", "ForTokenClassification")]
     if config.get("num_labels", len(config.get("id2label") or {}) or 2) != score[0]:
-        updates.update(num_labels=score[0], id2label={str(i): f"LABEL_{i}" for i in range(score[0])},
-                       label2id={f"LABEL_{i}": i for i in range(score[0])})
+        updates.update(
+            num_labels=score[0],
+            id2label={str(i): f"LABEL_{i}" for i in range(score[0])},
+            label2id={f"LABEL_{i}": i for i in range(score[0])},
+        )
     return updates
 
 
-def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, check: bool = True,
-               renames: dict[str, str] | None = None, updates: dict | None = None, ask_later: bool = False) -> Naming:
+def plan_names(
+    shapes: dict[str, tuple[int, ...]],
+    config_folder: Path | None,
+    check: bool = True,
+    renames: dict[str, str] | None = None,
+    updates: dict | None = None,
+    ask_later: bool = False,
+) -> Naming:
     """Decide the output names for checkpoint tensors of the given shapes (after `renames`).
     ask_later: if transformers must be asked (a config not seen before), name the tensors as saved now and
     ask on a thread; the naming's `question` then tells whether that holds."""
@@ -274,38 +308,65 @@ def plan_names(shapes: dict[str, tuple[int, ...]], config_folder: Path | None, c
     answered, facts = _recalled(entry)
     if not answered and ask_later:
         naming = _naming(None, renamed, shapes, config, config_folder, check, updates, note=False)
-        naming.question = Question(lambda: _ask(config_folder, config, updates, entry), naming,
-                                   lambda facts: _naming(facts, renamed, shapes, config, config_folder, check, updates))
+        naming.question = Question(
+            lambda: _ask(config_folder, config, updates, entry),
+            naming,
+            lambda facts: _naming(facts, renamed, shapes, config, config_folder, check, updates),
+        )
         return naming
     if not answered:
         facts = _ask(config_folder, config, updates, entry)
     return _naming(facts, renamed, shapes, config, config_folder, check, updates)
 
 
-def _named_by_table(renamed: dict[str, str], shapes: dict[str, tuple[int, ...]], config: dict,
-                    config_folder: Path | None, updates: dict | None) -> Naming | None:
-    """The naming dense_families' table gives, if it covers the config and the checkpoint fits its
+def _named_by_table(
+    renamed: dict[str, str],
+    shapes: dict[str, tuple[int, ...]],
+    config: dict,
+    config_folder: Path | None,
+    updates: dict | None,
+) -> Naming | None:
+    """The naming the family's tensor table gives, if it covers the config and the checkpoint fits its
     answer exactly (checked even under --no-check); None otherwise, and transformers has the last word."""
-    found = dense_families.tensors(config, updates)
+    table = families.tensor_table(config.get("model_type"))
+    found = None if table is None else dense_tables.tensors(table, config, updates)
     if found is None:
         return None
     in_memory, tied = found
     try:  # (these families save the names they hold in memory)
-        naming = _naming(ModelFacts(in_memory, tied, in_memory, LinearLayers(dense_families.linear(in_memory))), renamed, shapes, config, config_folder, True, updates)
+        naming = _naming(
+            ModelFacts(in_memory, tied, in_memory, LinearLayers(dense_tables.linear(in_memory))),
+            renamed,
+            shapes,
+            config,
+            config_folder,
+            True,
+            updates,
+        )
     except ConfigMismatchError:
         return None
     log.debug("tensors named and checked by unshard's table of %s models", config["model_type"])
     return naming
 
 
-def _naming(facts: ModelFacts | None, renamed: dict[str, str], shapes: dict[str, tuple[int, ...]], config: dict,
-            config_folder: Path | None, check: bool, updates: dict | None, note: bool = True) -> Naming:
+def _naming(
+    facts: ModelFacts | None,
+    renamed: dict[str, str],
+    shapes: dict[str, tuple[int, ...]],
+    config: dict,
+    config_folder: Path | None,
+    check: bool,
+    updates: dict | None,
+    note: bool = True,
+) -> Naming:
     """The naming the model's facts give (None: names as saved, a tied head dropped as the config says)."""
     notes: list[str] = []
     if facts is None:
         if config and note:
-            notes.append("tensor names kept as saved and not checked against the config "
-                         "(transformers not installed, a custom-code model, or no model class for this config)")
+            notes.append(
+                "tensor names kept as saved and not checked against the config "
+                "(transformers not installed, a custom-code model, or no model class for this config)"
+            )
         dropped = {}
         if config.get("tie_word_embeddings") and "lm_head.weight" in renamed.values():
             dropped = {n: "tied to model.embed_tokens.weight" for n, c in renamed.items() if c == "lm_head.weight"}
@@ -382,8 +443,11 @@ def _linear_layers(model) -> LinearLayers:
         prefix = f"{name}." if name else ""
         own = dict(module.named_parameters(recurse=False))
         type_name = type(module).__name__
-        router = (_ROUTER_CLASS.search(type_name) and "ExpertMLP" not in type_name
-                  and getattr(own.get("weight"), "dim", lambda: 0)() == 2)
+        router = (
+            _ROUTER_CLASS.search(type_name)
+            and "ExpertMLP" not in type_name
+            and getattr(own.get("weight"), "dim", lambda: 0)() == 2
+        )
         if isinstance(module, torch.nn.Linear) or router:
             linear.weights += saved({f"{prefix}weight": own["weight"]})
             if router and not isinstance(module, torch.nn.Linear):
@@ -396,8 +460,9 @@ def _linear_layers(model) -> LinearLayers:
     return linear
 
 
-def _check_against_model(expected: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]],
-                         config_folder: Path) -> None:
+def _check_against_model(
+    expected: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]], config_folder: Path
+) -> None:
     missing = sorted(set(expected) - set(shapes))
     unexpected = sorted(set(shapes) - set(expected))
     wrong = sorted(n for n in set(expected) & set(shapes) if expected[n] != shapes[n])
@@ -408,7 +473,9 @@ def _check_against_model(expected: dict[str, tuple[int, ...]], shapes: dict[str,
         if unexpected:
             parts.append(f"unexpected {len(unexpected)} (e.g. {unexpected[0]})")
         if wrong:
-            parts.append(f"{len(wrong)} with other shapes (e.g. {wrong[0]}: {shapes[wrong[0]]} vs {expected[wrong[0]]})")
+            parts.append(
+                f"{len(wrong)} with other shapes (e.g. {wrong[0]}: {shapes[wrong[0]]} vs {expected[wrong[0]]})"
+            )
         raise ConfigMismatchError(
             f"{config_folder / 'config.json'}: the checkpoint does not fit this config: {'; '.join(parts)}. "
             "Pass the config the model was trained with (--config-from DIR), or --no-check to write anyway"

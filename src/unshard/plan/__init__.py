@@ -10,14 +10,13 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from .. import dtypes, sinks
 from ..dtypes import DType
 from ..errors import ConfigMismatchError, UnshardError
 from ..hub import fetch, hub_ids, is_hub_id
 from ..names import hf_names
-from ..sinks.hf_folder import MODEL_FILE_PATTERNS, unreadable_model_files
+from ..sinks.model_files import MODEL_FILE_PATTERNS, unreadable_model_files
 from ..sources import Checkpoint, Piece, SourceOptions
 from ..types import FormatRequest, Group, OutputOptions, OutputTensor, Plan
 from . import lora
@@ -30,8 +29,10 @@ def require_config(plan: Plan) -> None:
     if plan.config_folder is None or not (plan.config_folder / "config.json").exists():
         base = plan.checkpoint.facts.get("base_model")
         hint = f" (train_params.yaml names the base model: {base})" if base else ""
-        raise UnshardError(f"{plan.checkpoint.path}: the checkpoint has no config.json; pass --config-from DIR, "
-                           f"a Hugging Face folder of the model it was trained from{hint}")
+        raise UnshardError(
+            f"{plan.checkpoint.path}: the checkpoint has no config.json; pass --config-from DIR, "
+            f"a Hugging Face folder of the model it was trained from{hint}"
+        )
 
 
 def pieces_read(groups: list[Group]) -> list[tuple[Piece, int]]:
@@ -62,8 +63,13 @@ def resolve_config_source(config_from: str | Path) -> Path:
     return fetch(str(config_from), list(MODEL_FILE_PATTERNS), "--config-from")
 
 
-def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(),
-               source: SourceOptions = SourceOptions(), *, ask_later: bool = False) -> Plan:
+def build_plan(
+    checkpoint: Checkpoint,
+    output: OutputOptions = OutputOptions(),
+    source: SourceOptions = SourceOptions(),
+    *,
+    ask_later: bool = False,
+) -> Plan:
     """ask_later: a config transformers has not answered for before is answered while the writing starts
     (see hf_names.Question); the writer then checks `plan.question` before it finishes. (Not when
     quantizing: which tensors are Linear layers is part of the answer, and needed now.)"""
@@ -81,19 +87,39 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(),
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
     head = hf_names.head_updates(set(shapes), shapes, config, architecture)
     updates = {**checkpoint.config_changes, **head}
-    naming = hf_names.plan_names(shapes, config_folder, check, renames=fold.renames, updates=updates,
-                                 ask_later=ask_later and output.format == "safetensors")
+    naming = hf_names.plan_names(
+        shapes,
+        config_folder,
+        check,
+        renames=fold.renames,
+        updates=updates,
+        ask_later=ask_later and output.format == "safetensors",
+    )
 
     groups: dict[str, Group] = {}
     for name, outputs in naming.outputs.items():
         tensor = checkpoint.tensors[name]
         # Only floating-point tensors change dtype; integer buffers keep theirs.
         target = out_dtype if tensor.dtype.is_floating_point else tensor.dtype
-        groups[name] = Group(tensor, [OutputTensor(n, s, target) for n, s in outputs],
-                             _compose(fold.folds.get(name), naming.converters.get(name), outputs[0][0]))
+        groups[name] = Group(
+            tensor,
+            [OutputTensor(n, s, target) for n, s in outputs],
+            _compose(fold.folds.get(name), naming.converters.get(name), outputs[0][0]),
+        )
     where = str(config_folder / "config.json" if config_folder else checkpoint.path)
-    sink = sinks.plan_format(FormatRequest(output, groups, where, naming.linear, config_folder, out_dtype, updates,
-                                           separate_adapter=fold.adapter is not None))
+    sink = sinks.plan_format(
+        FormatRequest(
+            output,
+            groups,
+            where,
+            (config or {}).get("model_type"),
+            naming.linear,
+            config_folder,
+            out_dtype,
+            updates,
+            separate_adapter=fold.adapter is not None,
+        )
+    )
     files = sink.lay_out(groups, output.max_shard_size)
     extra_files = {}
     if fold.adapter is not None:
@@ -106,11 +132,26 @@ def build_plan(checkpoint: Checkpoint, output: OutputOptions = OutputOptions(),
         rebuild = partial(build_plan, checkpoint, output, replace(source, config_from=config_folder))
     # Where the weights come from, as recorded: a --config-from Hub id, the Hub id transformers 4 saved in a
     # config, an adapter's base as peft saved it.
-    origins = [str(config_from) if config_from and not Path(config_from).exists() else None,
-               (config or {}).get("_name_or_path"), (fold.adapter.meta if fold.adapter else {}).get("base_model_name_or_path")]
-    return Plan(checkpoint, config_folder, out_dtype, reason, files, {**fold.dropped, **naming.dropped}, notes,
-                config_updates=updates, extra_files=extra_files, question=naming.question, rebuild=rebuild,
-                sink=sink, base_models=hub_ids(origins))
+    origins = [
+        str(config_from) if config_from and not Path(config_from).exists() else None,
+        (config or {}).get("_name_or_path"),
+        (fold.adapter.meta if fold.adapter else {}).get("base_model_name_or_path"),
+    ]
+    return Plan(
+        checkpoint,
+        config_folder,
+        out_dtype,
+        reason,
+        files,
+        {**fold.dropped, **naming.dropped},
+        notes,
+        config_updates=updates,
+        extra_files=extra_files,
+        question=naming.question,
+        rebuild=rebuild,
+        sink=sink,
+        base_models=hub_ids(origins),
+    )
 
 
 def _missing_notes(config: dict | None, config_folder: Path | None, new_head: dict | None) -> list[str]:
@@ -118,13 +159,17 @@ def _missing_notes(config: dict | None, config_folder: Path | None, new_head: di
     or a config or tokenizer not found."""
     notes = []
     if new_head is not None:
-        notes.append(f"the weights end in a `score` head: config.json says {new_head['architectures'][0]}"
-                     + (f" with {new_head['num_labels']} label(s)" if "num_labels" in new_head else ""))
+        notes.append(
+            f"the weights end in a `score` head: config.json says {new_head['architectures'][0]}"
+            + (f" with {new_head['num_labels']} label(s)" if "num_labels" in new_head else "")
+        )
     if config is None:
         notes.append("no config.json found: pass --config-from DIR so the output folder loads with transformers")
     elif not any((config_folder / name).exists() for name in TOKENIZER_FILES):
-        notes.append("no tokenizer beside the checkpoint: pass --config-from DIR (the Hugging Face model it was "
-                     "trained from) to include tokenizer, chat template and generation config")
+        notes.append(
+            "no tokenizer beside the checkpoint: pass --config-from DIR (the Hugging Face model it was "
+            "trained from) to include tokenizer, chat template and generation config"
+        )
     return notes
 
 
@@ -145,8 +190,13 @@ def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, 
         embedding = module in adapter.embeddings
         for part, name in parts.items():
             # PEFT drops the adapter name, and `.weight` where the tensor is a parameter, not a layer's.
-            key = ("lora_magnitude_vector" if part == "magnitude_vector"
-                   else f"lora_embedding_{part}" if embedding else f"lora_{part}.weight")
+            key = (
+                "lora_magnitude_vector"
+                if part == "magnitude_vector"
+                else f"lora_embedding_{part}"
+                if embedding
+                else f"lora_{part}.weight"
+            )
             tensors[f"base_model.model.{hf_modules[module]}.{key}"] = name
     for module in adapter.embeddings:  # as PEFT does, so the adapter also fits a resized vocabulary
         tensors[f"base_model.model.{hf_modules[module]}.base_layer.weight"] = f"{module}.base_layer.weight"

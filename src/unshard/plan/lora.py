@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..errors import CheckpointError, read_json
 from ..sources import Checkpoint
@@ -23,9 +24,13 @@ if TYPE_CHECKING:
     import torch
 
 PEFT_PREFIX = "base_model.model."
-ADAPTER = re.compile(r"^(?P<module>.+)\.lora_(?P<part>A|B|embedding_A|embedding_B|magnitude_vector)"
-                     r"\.(?P<adapter>[^.]+)(\.weight)?$")
-SAVED_MODULE = re.compile(r"^(?P<module>.+)\.(?P<which>modules_to_save\.[^.]+|original_module)\.(?P<param>weight|bias)$")
+ADAPTER = re.compile(
+    r"^(?P<module>.+)\.lora_(?P<part>A|B|embedding_A|embedding_B|magnitude_vector)"
+    r"\.(?P<adapter>[^.]+)(\.weight)?$"
+)
+SAVED_MODULE = re.compile(
+    r"^(?P<module>.+)\.(?P<which>modules_to_save\.[^.]+|original_module)\.(?P<param>weight|bias)$"
+)
 
 
 ADAPTER_FOLDER = "lora_adapter"
@@ -84,7 +89,7 @@ class LoraFold:
 
 
 def _peft_name(name: str) -> str:
-    name = name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name
+    name = name[len(PEFT_PREFIX) :] if name.startswith(PEFT_PREFIX) else name
     return name.replace(".base_layer.", ".")
 
 
@@ -99,8 +104,9 @@ def _recorded(checkpoint: Checkpoint) -> tuple[dict, str]:
             if path.is_file():
                 meta = read_json(path, "restore it from the run, or delete it and pass --lora-alpha")
                 if not isinstance(meta, dict):
-                    raise CheckpointError(f"{path}: holds no JSON object; restore it from the run, or delete it "
-                                          "and pass --lora-alpha")
+                    raise CheckpointError(
+                        f"{path}: holds no JSON object; restore it from the run, or delete it and pass --lora-alpha"
+                    )
                 if meta.get("lora_alpha") is not None:
                     return meta, str(path)
     return {}, ""
@@ -131,8 +137,10 @@ def plan_fold(checkpoint: Checkpoint, alpha: float | None = None, mode: str = "m
     elif meta:
         alpha = float(meta["lora_alpha"])
     if alpha is None:
-        raise CheckpointError(f"{checkpoint.path}: holds LoRA adapters but no lora_alpha (no lora_train_meta.json or "
-                              "adapter_config.json beside it); pass --lora-alpha, the value the run trained with")
+        raise CheckpointError(
+            f"{checkpoint.path}: holds LoRA adapters but no lora_alpha (no lora_train_meta.json or "
+            "adapter_config.json beside it); pass --lora-alpha, the value the run trained with"
+        )
     fold = LoraFold(renames={n: _peft_name(n) for n in names})
     ranks = {}
     for module, parts in adapters.items():
@@ -147,8 +155,9 @@ def plan_fold(checkpoint: Checkpoint, alpha: float | None = None, mode: str = "m
             scale = alpha / (math.sqrt(rank) if rslora else rank)
             fold.folds[base] = _folder(checkpoint, parts, scale, embedding)
         for part in parts.values():
-            fold.dropped[part] = ("LoRA, folded into its base weight" if mode == "merge"
-                                  else f"LoRA, written to {ADAPTER_FOLDER}/")
+            fold.dropped[part] = (
+                "LoRA, folded into its base weight" if mode == "merge" else f"LoRA, written to {ADAPTER_FOLDER}/"
+            )
     # modules_to_save: PEFT keeps the module as it was (original_module) and the trained copy.
     kept = {}
     for name in names:
@@ -167,18 +176,30 @@ def plan_fold(checkpoint: Checkpoint, alpha: float | None = None, mode: str = "m
         else:
             fold.renames[name] = plain
     dora = sum("magnitude_vector" in parts for parts in adapters.values())
-    what = f"{len(adapters)} modules" + (f" ({dora} DoRA)" if dora else "") + (
-        f", {len(saved)} modules_to_save" if saved else "")
-    how = (f"LoRA folded into {what}" if mode == "merge"
-           else f"LoRA of {what} kept apart in {ADAPTER_FOLDER}/ (base weights as trained)")
+    what = (
+        f"{len(adapters)} modules"
+        + (f" ({dora} DoRA)" if dora else "")
+        + (f", {len(saved)} modules_to_save" if saved else "")
+    )
+    how = (
+        f"LoRA folded into {what}"
+        if mode == "merge"
+        else f"LoRA of {what} kept apart in {ADAPTER_FOLDER}/ (base weights as trained)"
+    )
     fold.notes.append(f"{how} (alpha {alpha:g} from {source}" + (", rsLoRA" if rslora else "") + ")")
     if mode == "separate":
         fold.adapter = Adapter(adapters, alpha, rslora, ranks, meta, kept)
     return fold
 
 
-def fold_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, embedding: bool = False,
-                magnitude: torch.Tensor | None = None) -> torch.Tensor:
+def fold_weight(
+    weight: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale: float,
+    embedding: bool = False,
+    magnitude: torch.Tensor | None = None,
+) -> torch.Tensor:
     """W + scale * B @ A in fp32 (transposed for an embedding, whose A is [r, vocab]); with DoRA, each
     output row (embedding: each hidden column) rescaled to its trained magnitude. The operations
     are peft's merge's, in its order, so the result is the same to the bit."""
@@ -196,6 +217,8 @@ def fold_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: f
 def _folder(checkpoint: Checkpoint, parts: dict[str, str], scale: float, embedding: bool):
     def fold(weight: torch.Tensor) -> torch.Tensor:
         magnitude = checkpoint.read(parts["magnitude_vector"]) if "magnitude_vector" in parts else None
-        return fold_weight(weight, checkpoint.read(parts["A"]), checkpoint.read(parts["B"]), scale, embedding,
-                           magnitude)
+        return fold_weight(
+            weight, checkpoint.read(parts["A"]), checkpoint.read(parts["B"]), scale, embedding, magnitude
+        )
+
     return fold

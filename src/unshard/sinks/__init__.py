@@ -20,23 +20,33 @@ the format `finish`es what surrounds the tensors and the place is committed.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
 from ..types import FormatRequest, Sink
-from . import compressed_tensors, gguf, hf_folder
 
-# Each format's module: `plan_sink(request) -> Sink` (which sets the encodings of the request's outputs), and
-# `SUMMARY_KEY` with `summary_lines(summary)`: what inspect prints of the format's part of the plan's summary.
-FORMATS = {"safetensors": hf_folder, "compressed-tensors": compressed_tensors, "gguf": gguf}
+# Each format's module, imported when a conversion asks for it: `plan_sink(request) -> Sink` (which sets the
+# encodings of the request's outputs), and `SUMMARY_KEY` with `summary_lines(summary)`: what inspect prints of the
+# format's part of the plan's summary.
+FORMATS = {"safetensors": "hf_folder", "compressed-tensors": "compressed_tensors", "gguf": "gguf.sink"}
+
+
+def format_module(name: str) -> ModuleType:
+    return importlib.import_module(f"{__name__}.{FORMATS[name]}")
 
 
 def plan_format(request: FormatRequest) -> Sink:
     """The sink that writes the output format the options ask for, with each output tensor's encoding for it set
     in `request.groups`."""
-    return FORMATS[request.options.format].plan_sink(request)
+    return format_module(request.options.format).plan_sink(request)
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """inspect's lines for the output format of a plan's summary (none for a plain folder)."""
-    return [line for module in FORMATS.values() if summary.get(module.SUMMARY_KEY)
-            for line in module.summary_lines(summary[module.SUMMARY_KEY])]
+    return [
+        line
+        for module in map(format_module, FORMATS)
+        if summary.get(module.SUMMARY_KEY)
+        for line in module.summary_lines(summary[module.SUMMARY_KEY])
+    ]

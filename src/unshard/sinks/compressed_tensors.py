@@ -20,7 +20,9 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .. import families
 from ..errors import UnshardError
+from ..families.parts import DEFAULT_FUSED_SIBLINGS, Unsupported
 from ..types import FormatRequest, OutputTensor
 from ..units import human_bytes
 from .compressed_tensors_encoding import WEIGHT_DTYPES, GlobalScale, QuantizedWeight
@@ -31,9 +33,16 @@ SUMMARY_KEY = "quantize"
 
 # Left unquantized unless asked otherwise, as llm-compressor's examples leave them: the output head,
 # MoE routers (tiny, and routing is sensitive to them), vision towers and their projectors.
-DEFAULT_IGNORE = ("lm_head", r"re:.*mlp\.gate$", r"re:.*block_sparse_moe\.gate$", r"re:.*shared_expert_gate$",
-                  "re:(model\\.)?visual\\..*", "re:(model\\.)?vision_tower\\..*", "re:(model\\.)?vision_model\\..*",
-                  "re:(model\\.)?multi_modal_projector\\..*")
+DEFAULT_IGNORE = (
+    "lm_head",
+    r"re:.*mlp\.gate$",
+    r"re:.*block_sparse_moe\.gate$",
+    r"re:.*shared_expert_gate$",
+    "re:(model\\.)?visual\\..*",
+    "re:(model\\.)?vision_tower\\..*",
+    "re:(model\\.)?vision_model\\..*",
+    "re:(model\\.)?multi_modal_projector\\..*",
+)
 
 ROUTER = "(a MoE router)"  # why a router no pattern names is left out
 
@@ -62,8 +71,13 @@ def plan_sink(request: FormatRequest) -> CompressedTensorsFolder:
     """--quantize: the folder with its Linear weights' outputs given their encodings (`linear`: hf_names'
     LinearLayers, or None where transformers could not be asked)."""
     outputs = [o for g in request.groups.values() for o in g.outputs]
-    options = request.options
-    quantization = plan_quantization(options.quantize, options.quantize_ignore, outputs, request.linear, request.where)
+    options, family = request.options, families.by_model_type(request.model_type)
+    siblings = DEFAULT_FUSED_SIBLINGS if family is None else family.fused_siblings
+    if isinstance(siblings, Unsupported):
+        raise UnshardError(f"{request.where}: --quantize: {family.name}: {siblings.reason}")
+    quantization = plan_quantization(
+        options.quantize, options.quantize_ignore, outputs, request.linear, request.where, siblings
+    )
     for group in request.groups.values():
         group.outputs = [quantization.encoded.get(o.name, o) for o in group.outputs]
     return CompressedTensorsFolder(quantization)
@@ -80,26 +94,38 @@ class CompressedTensorsFolder(HFFolder):
 
     def summary(self) -> dict[str, Any]:
         q = self.quantization
-        return {SUMMARY_KEY: {
-            "scheme": q.scheme.name, "format": q.scheme.format, "quantized": len(q.encoded), "ignored": q.ignored,
-            "bytes_as_is": sum(o.nbytes_as_is for o in q.encoded.values()),
-            "surveyed": sum(o.encoding.surveys for o in q.encoded.values())}}
+        return {
+            SUMMARY_KEY: {
+                "scheme": q.scheme.name,
+                "format": q.scheme.format,
+                "quantized": len(q.encoded),
+                "ignored": q.ignored,
+                "bytes_as_is": sum(o.nbytes_as_is for o in q.encoded.values()),
+                "surveyed": sum(o.encoding.surveys for o in q.encoded.values()),
+            }
+        }
 
     def card(self) -> tuple[list[str], list[str]]:
         scheme, q = self.quantization.scheme, self.quantization
-        line = (f"- quantized: {scheme.name} (compressed-tensors `{scheme.format}`, round to nearest, no calibration "
-                f"data), {len(q.encoded)} Linear weights; left as they are: "
-                + (", ".join(f"`{m}`" for m in q.ignored) or "none"))
+        line = (
+            f"- quantized: {scheme.name} (compressed-tensors `{scheme.format}`, round to nearest, no calibration "
+            f"data), {len(q.encoded)} Linear weights; left as they are: "
+            + (", ".join(f"`{m}`" for m in q.ignored) or "none")
+        )
         return ["compressed-tensors", scheme.name.lower()], [line]
 
 
 def summary_lines(quantize: dict[str, Any]) -> list[str]:
     """inspect's lines for a summary's `quantize`."""
-    lines = [f"quantize     {quantize['scheme']} (compressed-tensors {quantize['format']}): {quantize['quantized']} Linear "
-             f"weights, {human_bytes(quantize['bytes_as_is'])} unquantized; other tensors as they are"]
+    lines = [
+        f"quantize     {quantize['scheme']} (compressed-tensors {quantize['format']}): {quantize['quantized']} Linear "
+        f"weights, {human_bytes(quantize['bytes_as_is'])} unquantized; other tensors as they are"
+    ]
     if quantize.get("surveyed"):
-        lines.append("  read twice: a first pass finds each weight's largest magnitude (its global scale, shared by fused "
-                     "siblings) before any is written")
+        lines.append(
+            "  read twice: a first pass finds each weight's largest magnitude (its global scale, shared by fused "
+            "siblings) before any is written"
+        )
     by_pattern: dict[str, list[str]] = {}
     for module, pattern in quantize["ignored"].items():
         by_pattern.setdefault(pattern, []).append(module)
@@ -109,8 +135,14 @@ def summary_lines(quantize: dict[str, Any]) -> list[str]:
     return lines
 
 
-def plan_quantization(scheme_name: str, extra_ignore: tuple[str, ...], outputs: list[OutputTensor],
-                      linear, source: str) -> Quantization:
+def plan_quantization(
+    scheme_name: str,
+    extra_ignore: tuple[str, ...],
+    outputs: list[OutputTensor],
+    linear,
+    source: str,
+    fused_siblings: tuple[tuple[str, ...], ...],
+) -> Quantization:
     """Which outputs the scheme quantizes: the weights of the model's Linear layers (each expert of a MoE
     one's too), but those the ignore patterns name, as saved or as transformers holds them, and the MoE
     routers (which compressed-tensors lists as Linear layers left out, and llm-compressor never quantizes).
@@ -118,9 +150,11 @@ def plan_quantization(scheme_name: str, extra_ignore: tuple[str, ...], outputs: 
     that leaves them out."""
     scheme = scheme_named(scheme_name)
     if linear is None:
-        raise UnshardError(f"{source}: --quantize needs to know which tensors are Linear layers, and transformers "
-                           "could not be asked (not installed, custom code, or no model class for this config); "
-                           "install unshard[hf]")
+        raise UnshardError(
+            f"{source}: --quantize needs to know which tensors are Linear layers, and transformers "
+            "could not be asked (not installed, custom code, or no model class for this config); "
+            "install unshard[hf]"
+        )
     patterns = DEFAULT_IGNORE + tuple(extra_ignore)
     by_name = {o.name: o for o in outputs}
     quantization = Quantization(scheme, patterns=patterns)
@@ -128,58 +162,67 @@ def plan_quantization(scheme_name: str, extra_ignore: tuple[str, ...], outputs: 
     for weight in linear.weights:
         module = weight.removesuffix(".weight")
         held_as = linear.held_as.get(weight, weight).removesuffix(".weight")
-        pattern = next((p for p in patterns if matches(module, p) or matches(held_as, p)),
-                       ROUTER if weight in linear.routers else None)
+        pattern = next(
+            (p for p in patterns if matches(module, p) or matches(held_as, p)),
+            ROUTER if weight in linear.routers else None,
+        )
         if pattern is not None:
             quantization.ignored[module] = pattern
             continue
         output = by_name.get(weight)
         if output is None:  # tied to another tensor and not saved, or missing (--no-check)
-            raise UnshardError(f"{source}: --quantize {scheme.name}: the Linear layer {module} is not among the "
-                               f"tensors written (tied, or missing); leave it out with --quantize-ignore {module}")
+            raise UnshardError(
+                f"{source}: --quantize {scheme.name}: the Linear layer {module} is not among the "
+                f"tensors written (tied, or missing); leave it out with --quantize-ignore {module}"
+            )
         if not output.dtype.is_floating_point or len(output.shape) != 2:
-            raise UnshardError(f"{source}: {weight} is {output.dtype} {list(output.shape)}; --quantize takes 2-D "
-                               f"floating-point weights: leave it out with --quantize-ignore {module}")
+            raise UnshardError(
+                f"{source}: {weight} is {output.dtype} {list(output.shape)}; --quantize takes 2-D "
+                f"floating-point weights: leave it out with --quantize-ignore {module}"
+            )
         if output.dtype.name not in WEIGHT_DTYPES:
-            raise UnshardError(f"{source}: {weight} is {output.dtype}; --quantize takes {', '.join(WEIGHT_DTYPES)}"
-                               " weights, as llm-compressor's models hold them: convert with --dtype bfloat16")
+            raise UnshardError(
+                f"{source}: {weight} is {output.dtype}; --quantize takes {', '.join(WEIGHT_DTYPES)}"
+                " weights, as llm-compressor's models hold them: convert with --dtype bfloat16"
+            )
         misfit = _misfit(scheme, output.shape)
         if misfit:
             misfits.append(f"{module} ({misfit})")
             continue
         quantization.encoded[weight] = replace(output, encoding=QuantizedWeight(scheme, output, source))
     if misfits:
-        raise UnshardError(f"{source}: --quantize {scheme.name} groups a layer's columns by {_group_size(scheme)}, so "
-                           f"they must be a multiple of it; not so for {len(misfits)} layer(s): "
-                           f"{', '.join(misfits[:4])}{' ...' if len(misfits) > 4 else ''}; leave them unquantized "
-                           f"with --quantize-ignore NAME or 're:REGEX' (e.g. {_suggestion(misfits[0])})")
+        raise UnshardError(
+            f"{source}: --quantize {scheme.name} groups a layer's columns by {_group_size(scheme)}, so "
+            f"they must be a multiple of it; not so for {len(misfits)} layer(s): "
+            f"{', '.join(misfits[:4])}{' ...' if len(misfits) > 4 else ''}; leave them unquantized "
+            f"with --quantize-ignore NAME or 're:REGEX' (e.g. {_suggestion(misfits[0])})"
+        )
     if scheme.weights.strategy == "tensor_group":
-        _share_global_scales(quantization, linear, source)
+        _share_global_scales(quantization, linear, source, fused_siblings)
     return quantization
 
 
-# Linear layers that vLLM runs as one (q, k and v; gate and up, as Mixtral's w1 and w3), which llm-compressor has
-# share one tensor-wide scale (its FUSED_LAYER_NAMES): siblings under one module that has all of the names.
-FUSED_SIBLINGS = (("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj"), ("q_a_proj", "kv_a_proj_with_mqa"),
-                  ("w1", "w3"))
-
-
-def _share_global_scales(quantization: Quantization, linear, source: str) -> None:
-    """Give each encoded weight its GlobalScale, one for each set of fused siblings. llm-compressor refuses a set
-    of which only some are quantized; so does this."""
+def _share_global_scales(
+    quantization: Quantization, linear, source: str, fused_siblings: tuple[tuple[str, ...], ...]
+) -> None:
+    """Give each encoded weight its GlobalScale, one for each set of fused siblings (the Linear layers vLLM runs as
+    one: the family's, families/): siblings under one module that has all of the names. llm-compressor refuses a
+    set of which only some are quantized; so does this."""
     modules = {w.removesuffix(".weight") for w in linear.weights}
     shared: dict[str, GlobalScale] = {}
     for module in sorted(modules):
         parent, _, leaf = module.rpartition(".")
-        for names in FUSED_SIBLINGS:
+        for names in fused_siblings:
             siblings = [f"{parent}.{n}" if parent else n for n in names]
             if leaf != names[0] or not all(s in modules for s in siblings):
                 continue
             left = [s for s in siblings if f"{s}.weight" not in quantization.encoded]
             if left and len(left) < len(siblings):
-                raise UnshardError(f"{source}: --quantize {quantization.scheme.name}: {', '.join(siblings)} share one "
-                                   f"global scale, as vLLM runs them as one layer, but {', '.join(left)} would be left "
-                                   "unquantized; leave out all of them or none (--quantize-ignore)")
+                raise UnshardError(
+                    f"{source}: --quantize {quantization.scheme.name}: {', '.join(siblings)} share one "
+                    f"global scale, as vLLM runs them as one layer, but {', '.join(left)} would be left "
+                    "unquantized; leave out all of them or none (--quantize-ignore)"
+                )
             if not left:
                 scale = GlobalScale()
                 shared.update((f"{s}.weight", scale) for s in siblings)
@@ -189,8 +232,10 @@ def _share_global_scales(quantization: Quantization, linear, source: str) -> Non
 
 def _group_size(scheme: Scheme) -> int | None:
     """The columns a layer's weights, or its inputs, are quantized in groups of (FP8_BLOCK: its inputs)."""
-    return next((args.group_size for args in (scheme.weights, scheme.input_activations)
-                 if args is not None and args.grouped), None)
+    return next(
+        (args.group_size for args in (scheme.weights, scheme.input_activations) if args is not None and args.grouped),
+        None,
+    )
 
 
 def _misfit(scheme: Scheme, shape: tuple[int, ...]) -> str | None:
@@ -206,5 +251,3 @@ def _misfit(scheme: Scheme, shape: tuple[int, ...]) -> str | None:
 def _suggestion(misfit: str) -> str:
     module = misfit.split(" ")[0]
     return f"'re:.*{re.escape(module.rsplit('.', 1)[-1])}$'"
-
-

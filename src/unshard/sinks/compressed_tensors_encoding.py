@@ -41,9 +41,9 @@ WEIGHT_DTYPES = ("float32", "bfloat16", "float16")  # (what a model is quantized
 FP8_LARGEST = 448.0  # float8_e4m3fn's largest value
 FP4_LARGEST = 6.0  # FP4 (E2M1)'s
 _EXPONENT_BITS = np.uint32(0x7F800000)  # a float32 whose magnitude's bits reach these is infinite or NaN
-_FP8_SMALLEST_NORMAL = np.float32(2.0 ** -6)
+_FP8_SMALLEST_NORMAL = np.float32(2.0**-6)
 # Added to a float32 of magnitude below 2 ** 22, rounds it to an integer (ties to even), held in its lowest bits
-_ROUNDING_MAGIC = np.float32(1.5 * 2 ** 23)
+_ROUNDING_MAGIC = np.float32(1.5 * 2**23)
 _SCALE_BAND_ROWS = 8  # asymmetric int4 zero points are packed 8 rows to an int32
 
 
@@ -51,7 +51,7 @@ class QuantizedWeight:
     """A Linear weight [out, in] as compressed-tensors stores it under the scheme (see Encoding)."""
 
     def __init__(self, scheme: Scheme, weight: OutputTensor, source: str = ""):
-    
+
         self.args, self.format = scheme.weights, scheme.format
         self.name = f"{source}: {weight.name}" if source else weight.name  # (as errors name it)
         self.rounding = Rounding(weight.dtype)  # (plan_quantization took only these dtypes)
@@ -70,22 +70,32 @@ class QuantizedWeight:
         self.shape = weight.shape
         stored = []
         if self.format == "pack-quantized":
-            stored.append(OutputTensor(f"{name}weight_packed", (rows, -(-cols * args.num_bits // 32)), dtypes.BY_NAME["int32"]))
+            stored.append(
+                OutputTensor(f"{name}weight_packed", (rows, -(-cols * args.num_bits // 32)), dtypes.BY_NAME["int32"])
+            )
         elif self.format.endswith("fp4-pack-quantized"):  # two values to a byte
             stored.append(OutputTensor(f"{name}weight_packed", (rows, cols // 2), dtypes.BY_NAME["uint8"]))
         else:
             code = "int8" if args.type == "int" else "float8_e4m3fn"
             stored.append(OutputTensor(f"{name}weight", (rows, cols), dtypes.BY_NAME[code]))
         scale_dtype = {"torch.uint8": "uint8", "torch.float8_e4m3fn": "float8_e4m3fn"}.get(args.scale_dtype)
-        stored.append(OutputTensor(f"{name}weight_scale", scale_shape, dtypes.BY_NAME[scale_dtype] if scale_dtype
-                                   else weight.dtype))
+        stored.append(
+            OutputTensor(
+                f"{name}weight_scale", scale_shape, dtypes.BY_NAME[scale_dtype] if scale_dtype else weight.dtype
+            )
+        )
         if args.strategy == "tensor_group":
             stored.append(OutputTensor(f"{name}weight_global_scale", (1,), dtypes.BY_NAME["float32"]))
         if self.format == "pack-quantized":
             stored.append(OutputTensor(f"{name}weight_shape", (2,), dtypes.BY_NAME["int64"]))
             if not args.symmetric:  # packed along the rows, 32 // num_bits rows to an int32
-                stored.append(OutputTensor(f"{name}weight_zero_point",
-                                           (-(-rows * args.num_bits // 32), scale_shape[1]), dtypes.BY_NAME["int32"]))
+                stored.append(
+                    OutputTensor(
+                        f"{name}weight_zero_point",
+                        (-(-rows * args.num_bits // 32), scale_shape[1]),
+                        dtypes.BY_NAME["int32"],
+                    )
+                )
         self.stored = tuple(stored)
         self.names = {s.name.rsplit(".", 1)[-1]: s.name for s in stored}
 
@@ -215,7 +225,7 @@ class QuantizedWeight:
 def _range(args: Args) -> tuple[float, float]:
     """The quantized values' range."""
     if args.type == "int":
-        half = 2 ** args.num_bits // 2
+        half = 2**args.num_bits // 2
         return float(-half), float(half - 1)
     largest = FP4_LARGEST if args.num_bits == 4 else FP8_LARGEST
     return -largest, largest
@@ -264,14 +274,18 @@ class Rounding:
         if dtype.name not in WEIGHT_DTYPES:
             raise ValueError(f"no compressed-tensors arithmetic for {dtype.name} weights")
         self.name = dtype.name
-        self.eps = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}[self.name]
-        self.tiny = 2.0 ** -14 if self.name == "float16" else 2.0 ** -126  # the smallest normal value
+        self.eps = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}[self.name]
+        self.tiny = 2.0**-14 if self.name == "float16" else 2.0**-126  # the smallest normal value
 
     def widen(self, raw: np.ndarray, out: np.ndarray) -> None:
         """`raw`, the band's elements (bfloat16 as its bits, uint16), into the float32 array `out`."""
         if self.name == "bfloat16":
-            dtypes.cast(raw.reshape(-1).view(np.uint8), dtypes.BY_NAME["bfloat16"], dtypes.float32,
-                        out.reshape(-1).view(np.uint8))
+            dtypes.cast(
+                raw.reshape(-1).view(np.uint8),
+                dtypes.BY_NAME["bfloat16"],
+                dtypes.float32,
+                out.reshape(-1).view(np.uint8),
+            )
         elif self.name == "float16":  # (by table: numpy's conversion takes 1.2 ns an element, this 0.9)
             indices = scratch("float16 bits", raw.shape, np.intp)  # (see bfloat16_bits)
             np.copyto(indices, raw.view(np.uint16))
@@ -323,10 +337,10 @@ def _round_to_float16(values: np.ndarray) -> None:
     shape = bits.shape
     sign = np.bitwise_and(bits, np.uint32(0x80000000), out=scratch("float16 sign", shape, np.uint32))
     bits &= np.uint32(0x7FFFFFFF)
-    small = np.multiply(values, np.float32(2.0 ** 24), out=scratch("float16 small", shape, np.float32))
+    small = np.multiply(values, np.float32(2.0**24), out=scratch("float16 small", shape, np.float32))
     small += _ROUNDING_MAGIC
     small -= _ROUNDING_MAGIC
-    small *= np.float32(2.0 ** -24)
+    small *= np.float32(2.0**-24)
     tiny = np.less(bits, np.uint32(0x38800000), out=scratch("float16 tiny", shape, np.bool_))  # (below 2 ** -14)
     _round_off(bits, 13)
     bits &= np.uint32(0xFFFFE000)
@@ -340,8 +354,9 @@ def peaks(grouped: np.ndarray, name: str, axes=-1) -> np.ndarray:
     """Each group's largest magnitude (float32), the groups along `axes`: compressed-tensors' max(|min(least, 0)|,
     max(greatest, 0)), which is the same value. Taken over the magnitudes' bits (integers: numpy reduces them
     groups of 128 at a time twice as fast as floats). A NaN or infinity is refused: no scale encodes it."""
-    bits = np.bitwise_and(grouped.view(np.uint32), np.uint32(0x7FFFFFFF),
-                          out=scratch("magnitudes", grouped.shape, np.uint32))
+    bits = np.bitwise_and(
+        grouped.view(np.uint32), np.uint32(0x7FFFFFFF), out=scratch("magnitudes", grouped.shape, np.uint32)
+    )
     peak = bits.max(axis=axes)
     if peak.size and peak.max() >= _EXPONENT_BITS:
         raise _non_finite(name)
@@ -358,8 +373,10 @@ def least_and_greatest(grouped: np.ndarray, name: str) -> tuple[np.ndarray, np.n
 
 def _non_finite(name: str) -> NonFinite:
     module = name.rpartition(": ")[2].removesuffix(".weight")
-    return NonFinite(f"{name} holds NaN or infinite values, which no quantization scale encodes; leave it out with "
-                     f"--quantize-ignore {module}, or check the checkpoint that gave it")
+    return NonFinite(
+        f"{name} holds NaN or infinite values, which no quantization scale encodes; leave it out with "
+        f"--quantize-ignore {module}, or check the checkpoint that gave it"
+    )
 
 
 def symmetric_scale(peak: np.ndarray, half_range: float, dtype: Rounding) -> np.ndarray:
@@ -467,7 +484,7 @@ def _fp8_values() -> np.ndarray:
     """float8_e4m3fn's 256 values, by code (float32; NaN for its two NaNs)."""
     code = np.arange(256)
     exponent, mantissa = (code >> 3) & 0xF, code & 7
-    magnitude = np.where(exponent == 0, mantissa / 8 * 2.0 ** -6, (1 + mantissa / 8) * 2.0 ** (exponent - 7))
+    magnitude = np.where(exponent == 0, mantissa / 8 * 2.0**-6, (1 + mantissa / 8) * 2.0 ** (exponent - 7))
     magnitude[(code & 0x7F) == 0x7F] = np.nan
     return np.where(code & 0x80, -magnitude, magnitude).astype(np.float32)
 

@@ -37,10 +37,20 @@ class Args:
         return self.strategy in ("group", "tensor_group")
 
     def to_config(self, observer: str | None) -> dict[str, Any]:
-        return {"actorder": None, "block_structure": list(self.block_structure) if self.block_structure else None,
-                "dynamic": self.dynamic, "group_size": self.group_size, "num_bits": self.num_bits,
-                "observer": observer, "observer_kwargs": {}, "scale_dtype": self.scale_dtype, "strategy": self.strategy,
-                "symmetric": self.symmetric, "type": self.type, "zp_dtype": self.zp_dtype}
+        return {
+            "actorder": None,
+            "block_structure": list(self.block_structure) if self.block_structure else None,
+            "dynamic": self.dynamic,
+            "group_size": self.group_size,
+            "num_bits": self.num_bits,
+            "observer": observer,
+            "observer_kwargs": {},
+            "scale_dtype": self.scale_dtype,
+            "strategy": self.strategy,
+            "symmetric": self.symmetric,
+            "type": self.type,
+            "zp_dtype": self.zp_dtype,
+        }
 
 
 @dataclass(frozen=True)
@@ -53,12 +63,25 @@ class Scheme:
     def quantization_config(self, ignore: list[str]) -> dict[str, Any]:
         """config.json's `quantization_config`, as compressed-tensors writes it."""
         inputs = self.input_activations.to_config(None) if self.input_activations else None
-        group = {"format": self.format, "input_activations": inputs, "output_activations": None,
-                 "targets": ["Linear"], "weights": self.weights.to_config("memoryless_minmax")}
-        return {"config_groups": {"group_0": group}, "format": self.format, "global_compression_ratio": None,
-                "ignore": ignore, "kv_cache_scheme": None, "quant_method": "compressed-tensors",
-                "quantization_status": "compressed", "sparsity_config": {}, "transform_config": {},
-                "version": FORMAT_VERSION}
+        group = {
+            "format": self.format,
+            "input_activations": inputs,
+            "output_activations": None,
+            "targets": ["Linear"],
+            "weights": self.weights.to_config("memoryless_minmax"),
+        }
+        return {
+            "config_groups": {"group_0": group},
+            "format": self.format,
+            "global_compression_ratio": None,
+            "ignore": ignore,
+            "kv_cache_scheme": None,
+            "quant_method": "compressed-tensors",
+            "quantization_status": "compressed",
+            "sparsity_config": {},
+            "transform_config": {},
+            "version": FORMAT_VERSION,
+        }
 
 
 def _int_weights(bits: int, symmetric: bool = True) -> Args:
@@ -72,28 +95,39 @@ def _mx(bits: int, dynamic: bool = False) -> Args:
 
 _TOKEN_INT8 = Args(8, "int", "token", dynamic=True)
 _TOKEN_FP8 = Args(8, "float", "token", dynamic=True)
-SCHEMES = {scheme.name: scheme for scheme in (
-    Scheme("W8A16", "pack-quantized", _int_weights(8)),
-    Scheme("W4A16", "pack-quantized", _int_weights(4)),
-    Scheme("W4A16_ASYM", "pack-quantized", _int_weights(4, symmetric=False)),
-    Scheme("W8A8", "int-quantized", Args(8, "int", "channel"), _TOKEN_INT8),
-    Scheme("FP8_DYNAMIC", "float-quantized", Args(8, "float", "channel"), _TOKEN_FP8),
-    Scheme("FP8_BLOCK", "float-quantized", Args(8, "float", "block", block_structure=(128, 128)),
-           Args(8, "float", "group", group_size=128, dynamic=True)),
-    # NVIDIA's FP4: groups of 16 with FP8 scales, under a tensor-wide float32 scale (see GlobalScale)
-    Scheme("NVFP4A16", "nvfp4-pack-quantized", Args(4, "float", "tensor_group", group_size=16,
-                                                     scale_dtype="torch.float8_e4m3fn")),
-    Scheme("MXFP4A16", "mxfp4-pack-quantized", _mx(4)),
-    Scheme("MXFP4", "mxfp4-pack-quantized", _mx(4), _mx(4, dynamic=True)),
-    Scheme("MXFP8A16", "mxfp8-quantized", _mx(8)),
-    Scheme("MXFP8", "mxfp8-quantized", _mx(8), _mx(8, dynamic=True)),
-)}
+SCHEMES = {
+    scheme.name: scheme
+    for scheme in (
+        Scheme("W8A16", "pack-quantized", _int_weights(8)),
+        Scheme("W4A16", "pack-quantized", _int_weights(4)),
+        Scheme("W4A16_ASYM", "pack-quantized", _int_weights(4, symmetric=False)),
+        Scheme("W8A8", "int-quantized", Args(8, "int", "channel"), _TOKEN_INT8),
+        Scheme("FP8_DYNAMIC", "float-quantized", Args(8, "float", "channel"), _TOKEN_FP8),
+        Scheme(
+            "FP8_BLOCK",
+            "float-quantized",
+            Args(8, "float", "block", block_structure=(128, 128)),
+            Args(8, "float", "group", group_size=128, dynamic=True),
+        ),
+        # NVIDIA's FP4: groups of 16 with FP8 scales, under a tensor-wide float32 scale (see GlobalScale)
+        Scheme(
+            "NVFP4A16",
+            "nvfp4-pack-quantized",
+            Args(4, "float", "tensor_group", group_size=16, scale_dtype="torch.float8_e4m3fn"),
+        ),
+        Scheme("MXFP4A16", "mxfp4-pack-quantized", _mx(4)),
+        Scheme("MXFP4", "mxfp4-pack-quantized", _mx(4), _mx(4, dynamic=True)),
+        Scheme("MXFP8A16", "mxfp8-quantized", _mx(8)),
+        Scheme("MXFP8", "mxfp8-quantized", _mx(8), _mx(8, dynamic=True)),
+    )
+}
 ALIASES = {"INT8": "W8A8"}  # as compressed-tensors names them too
 
 
 def scheme_named(name: str) -> Scheme:
     key = ALIASES.get(name.upper(), name.upper())
     if key not in SCHEMES:
-        raise UnshardError(f"--quantize {name}: unknown scheme; known: {', '.join(SCHEMES)} "
-                           "(compressed-tensors' preset names)")
+        raise UnshardError(
+            f"--quantize {name}: unknown scheme; known: {', '.join(SCHEMES)} (compressed-tensors' preset names)"
+        )
     return SCHEMES[key]

@@ -19,25 +19,15 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from .. import families
 from ..errors import OutputExistsError, UnshardError
-from ..names import dense_families, known
+from ..names import dense_tables, known
 from ..types import FormatRequest, Group, OutputTensor, Plan
 from .model_card import model_card
+from .model_files import MODEL_FILE_PATTERNS, TOKENIZER_PATTERNS, unreadable_model_files
 from .safetensors import SafetensorsFile, WrittenFile
 
 log = logging.getLogger("unshard")
-
-# The files of a Hugging Face model folder other than weights. Only these are copied into OUT, so
-# a trainer's own files beside them (`latest`, `zero_to_fp32.py`, `trainer_state.json`,
-# `training_args.bin`, optimizer states) stay behind. Python files are custom model code and are
-# copied only when config.json points at them (`auto_map`).
-MODEL_FILE_PATTERNS = (
-    "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
-    "vocab.*", "merges.txt", "*.model", "*.tiktoken", "chat_template.*", "preprocessor_config.json",
-    "processor_config.json", "video_preprocessor_config.json", "image_processor_config.json",
-    "feature_extractor_config.json", "*.py",
-)
-
 
 SUMMARY_KEY = None  # (a plain folder adds nothing to the plan's summary)
 
@@ -58,9 +48,12 @@ class HFFolder:
         from huggingface_hub import split_state_dict_into_shards_factory
 
         try:
-            split = split_state_dict_into_shards_factory(groups, get_storage_size=lambda g: g.nbytes,
-                                                         filename_pattern="model{suffix}.safetensors",
-                                                         max_shard_size=max_shard_size)
+            split = split_state_dict_into_shards_factory(
+                groups,
+                get_storage_size=lambda g: g.nbytes,
+                filename_pattern="model{suffix}.safetensors",
+                max_shard_size=max_shard_size,
+            )
         except ValueError:
             raise UnshardError(f"--max-shard-size {max_shard_size!r}: give a size such as 5GB or 500MB") from None
         return {filename: [groups[n] for n in names] for filename, names in split.filename_to_tensors.items()}
@@ -109,12 +102,19 @@ class OutputFolder:
             out.parent.mkdir(parents=True, exist_ok=True)
             self.removed = remove_stale_staging(out.parent)
             # (a token of its own: two conversions in one process, or threads, never share a staging folder)
-            self.path = out.parent / f".{out.name}.unshard-partial-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+            self.path = (
+                out.parent / f".{out.name}.unshard-partial-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+            )
             self.path.mkdir()
         except OSError as e:  # not writable by this user, a file, a read-only filesystem
-            why = "a file is where a folder must be" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror
-            raise UnshardError(f"{out.parent}: cannot hold the output ({why}); choose an OUT in a folder you can "
-                               "write to") from None
+            why = (
+                "a file is where a folder must be"
+                if isinstance(e, (FileExistsError, NotADirectoryError))
+                else e.strerror
+            )
+            raise UnshardError(
+                f"{out.parent}: cannot hold the output ({why}); choose an OUT in a folder you can write to"
+            ) from None
         for path, pid in self.removed:
             log.info(f"note: removed {path}, left by process {pid} of this host, which is no longer running")
 
@@ -125,8 +125,10 @@ class OutputFolder:
             except OSError as e:
                 if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
                     raise
-                raise OutputExistsError(f"{self.out}: another run wrote it while this one was running; this run's "
-                                        "output was dropped: choose another OUT or pass --overwrite") from None
+                raise OutputExistsError(
+                    f"{self.out}: another run wrote it while this one was running; this run's "
+                    "output was dropped: choose another OUT or pass --overwrite"
+                ) from None
             return
         old = None
         if self.out.exists():
@@ -178,48 +180,14 @@ def write_index(folder: Path, files: dict[str, list[str]], total_size: int) -> N
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def unreadable_model_files(folder: Path | None) -> list[tuple[Path, str]]:
-    """The model files of a folder that its loaders would fail on, and why: JSON files that do not parse
-    (tokenizer.json also as the tokenizers library reads it, where installed), and text files (a chat
-    template, merges.txt, vocab.txt) that are not UTF-8. Copied into OUT, a tokenizer_config.json cut
-    short or a garbled chat template would make the folder fail to load its tokenizer."""
-    broken = []
-    for path in sorted(folder.iterdir()) if folder is not None else []:
-        if not (path.suffix in (".json", ".jinja", ".txt") and path.is_file()
-                and any(fnmatch.fnmatch(path.name, p) for p in MODEL_FILE_PATTERNS)):
-            continue
-        try:
-            text = path.read_bytes().decode()
-            if path.suffix == ".json":
-                json.loads(text)
-        except ValueError as e:  # (UnicodeDecodeError is one)
-            broken.append((path, f"not {'valid JSON' if path.suffix == '.json' else 'UTF-8 text'} ({str(e)[:200]})"))
-            continue
-        if path.name == "tokenizer.json" and (why := _tokenizer_refusal(text)):
-            broken.append((path, why))
-    return broken
-
-
-def _tokenizer_refusal(text: str) -> str | None:
-    """Why the tokenizers library cannot read a tokenizer.json (None: it can, or is not installed)."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        return None
-    try:
-        Tokenizer.from_str(text)
-    except Exception as e:  # (the library raises its own Exception type)
-        return f"the tokenizers library cannot read it ({str(e)[:200]})"
-    return None
-
-
-# The tokenizer's files among them (left for a merged vocabulary's own)
-TOKENIZER_PATTERNS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "*.model",
-                      "*.tiktoken")
-
-
-def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates: dict | None = None,
-                     whole: bool = False, tokenizer: bool = True) -> list[str]:
+def copy_model_files(
+    source: Path | None,
+    folder: Path,
+    dtype_name: str,
+    updates: dict | None = None,
+    whole: bool = False,
+    tokenizer: bool = True,
+) -> list[str]:
     """Copy config, generation config, tokenizer, chat template, processor and code files into OUT.
 
     config.json gets the dtype of the written weights, under the key(s) it already uses, and the
@@ -228,7 +196,9 @@ def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates
     copied = []
     if source is None:
         return copied
-    config = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() and not whole else {}
+    config = (
+        json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() and not whole else {}
+    )
     for path in sorted(source.iterdir()):
         if not path.is_file() or not any(fnmatch.fnmatch(path.name, p) for p in MODEL_FILE_PATTERNS):
             continue
@@ -248,13 +218,61 @@ def copy_model_files(source: Path | None, folder: Path, dtype_name: str, updates
     return copied
 
 
+# Tokenizer classes that transformers loads from tokenizer.json alone, with no code of the model's.
+TOKENIZERS_JSON_CLASSES = frozenset(
+    {
+        None,
+        "PreTrainedTokenizerFast",
+        "TokenizersBackend",
+        "LlamaTokenizer",
+        "LlamaTokenizerFast",
+        "Qwen2Tokenizer",
+        "Qwen2TokenizerFast",
+        "GPT2Tokenizer",
+        "GPT2TokenizerFast",
+        "GemmaTokenizer",
+        "GemmaTokenizerFast",
+    }
+)
+
+
+def loads_without_transformers(folder: Path) -> bool:
+    """Whether this output folder is known to load without asking transformers: its config is one its
+    family's tensor table covers, and its tokenizer, if any, is a tokenizer.json that the tokenizers library reads."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        table = families.tensor_table(config.get("model_type"))
+        if table is None or dense_tables.settings(table, config) is None:
+            return False
+        if not (folder / "tokenizer.json").exists():
+            return not any((folder / name).exists() for name in ("tokenizer.model", "tokenizer_config.json"))
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+        if "auto_map" in tokenizer_config or tokenizer_config.get("tokenizer_class") not in TOKENIZERS_JSON_CLASSES:
+            return False
+        import tokenizers
+
+        tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+        return True
+    except Exception:  # anything unusual: transformers is asked and says what is wrong
+        return False
+
+
 def finish_folder(plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
     """Everything in OUT besides the weights: index, config and tokenizer, model card; then the load check."""
     model_files = plan.model_files
-    write_index(folder, {f: [s.name for s in plan.stored(f)] for f in model_files},
-                sum(g.nbytes for gs in model_files.values() for g in gs))
-    copied = copy_model_files(plan.config_folder, folder, plan.dtype.name, plan.config_updates,
-                              plan.checkpoint.config_whole, tokenizer=not plan.own_tokenizer)
+    write_index(
+        folder,
+        {f: [s.name for s in plan.stored(f)] for f in model_files},
+        sum(g.nbytes for gs in model_files.values() for g in gs),
+    )
+    copied = copy_model_files(
+        plan.config_folder,
+        folder,
+        plan.dtype.name,
+        plan.config_updates,
+        plan.checkpoint.config_whole,
+        tokenizer=not plan.own_tokenizer,
+    )
     extra = {**plan.extra_files, **(extra_files or {})}
     extra["README.md"] = model_card(plan, {f: digests[f] for f in plan.files}, extra.get("README.md"))
     for name, text in extra.items():
@@ -270,11 +288,14 @@ def finish_folder(plan: Plan, folder: Path, digests: dict[str, str | None], extr
 def check_folder(folder: Path) -> list[str]:
     """Load the written config (and tokenizer) as a serving stack would; what it would miss, as warnings.
     A config transformers cannot read is an error: the folder would not load anywhere."""
-    warnings = [f"{path.name}: {why}; copied as it is (--no-check)"
-                for path, why in unreadable_model_files(folder)]
+    warnings = [f"{path.name}: {why}; copied as it is (--no-check)" for path, why in unreadable_model_files(folder)]
     names = {p.name for p in folder.iterdir()}
     # (A missing tokenizer is already among the plan's notes.)
-    if names & {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"} and "chat_template.jinja" not in names and "chat_template" not in _read_json(folder / "tokenizer_config.json"):
+    if (
+        names & {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"}
+        and "chat_template.jinja" not in names
+        and "chat_template" not in _read_json(folder / "tokenizer_config.json")
+    ):
         warnings.append("no chat template in the output (fine for a base model; a chat model needs one)")
     if "generation_config.json" not in names:
         warnings.append("no generation_config.json: generation falls back to defaults (eos, sampling)")
@@ -282,11 +303,14 @@ def check_folder(folder: Path) -> list[str]:
     if version is None:
         return warnings
     # The same config and tokenizer files load the same way with the same transformers: ask once.
-    model_files = [p for p in folder.iterdir()
-                   if p.is_file() and any(fnmatch.fnmatch(p.name, pattern) for pattern in MODEL_FILE_PATTERNS)]
+    model_files = [
+        p
+        for p in folder.iterdir()
+        if p.is_file() and any(fnmatch.fnmatch(p.name, pattern) for pattern in MODEL_FILE_PATTERNS)
+    ]
     entry = known.key("folder", version, known.files_digest(model_files))
     if (cached := known.recall("folders", entry)) is None:
-        light = dense_families.loads_without_transformers(folder)  # (known to load: transformers not imported)
+        light = loads_without_transformers(folder)  # (known to load: transformers not imported)
         cached = [] if light else _load_as_transformers_would(folder, names)
         known.remember("folders", entry, cached)
     return warnings + cached

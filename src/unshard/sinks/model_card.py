@@ -9,11 +9,14 @@ from ..names.hf_names import read_config
 from ..types import Plan
 from ..version import __version__
 
-
 # What a model's class says it does, in the Hub's pipeline names (the card's pipeline_tag).
-PIPELINES = (("ForCausalLM", "text-generation"), ("ForConditionalGeneration", "image-text-to-text"),
-             ("ForImageTextToText", "image-text-to-text"), ("ForTokenClassification", "token-classification"),
-             ("ForSequenceClassification", "text-classification"))
+PIPELINES = (
+    ("ForCausalLM", "text-generation"),
+    ("ForConditionalGeneration", "image-text-to-text"),
+    ("ForImageTextToText", "image-text-to-text"),
+    ("ForTokenClassification", "token-classification"),
+    ("ForSequenceClassification", "text-classification"),
+)
 
 
 def front_matter(plan: Plan) -> list[str]:
@@ -25,7 +28,9 @@ def front_matter(plan: Plan) -> list[str]:
     data: dict[str, Any] = {"library_name": "transformers"}
     if plan.base_models:
         data["base_model"] = plan.base_models if merged or len(plan.base_models) > 1 else plan.base_models[0]
-    tags = ["unshard"] + (["mergekit", "merge"] if merged else []) + (["moe"] if plan.checkpoint.layout == "moe" else [])
+    tags = (
+        ["unshard"] + (["mergekit", "merge"] if merged else []) + (["moe"] if plan.checkpoint.layout == "moe" else [])
+    )
     data["tags"] = tags + plan.sink.card()[0]
     architecture = (config.get("architectures") or [""])[0]
     for ending, pipeline in PIPELINES:
@@ -41,8 +46,12 @@ def model_card(plan: Plan, checksums: dict[str, str | None], intro: str | None =
     ckpt = plan.checkpoint
     lines = front_matter(plan)
     if intro is None:
-        lines += ["# Converted model", "", f"Converted with unshard {__version__} from `{ckpt.path}` "
-                 f"(layout `{ckpt.layout}`).", ""]
+        lines += [
+            "# Converted model",
+            "",
+            f"Converted with unshard {__version__} from `{ckpt.path}` (layout `{ckpt.layout}`).",
+            "",
+        ]
         for key in ("world_size", "parallel", "zero_stage", "format", "iteration", "architecture", "naming"):
             if ckpt.facts.get(key) is not None:
                 lines.append(f"- {key.replace('_', ' ')}: {ckpt.facts[key]}")

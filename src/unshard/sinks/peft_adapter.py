@@ -4,6 +4,7 @@ what `unshard extract-lora` writes, loaded with peft's `PeftModel.from_pretraine
 from __future__ import annotations
 
 from pathlib import Path
+
 from ..types import Group, Plan
 from .hf_folder import HFFolder
 

@@ -13,9 +13,10 @@ import json
 import os
 import struct
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Union
+from typing import TYPE_CHECKING, Union
 
 from ..dtypes import NUMPY, DType
 from ..errors import CheckpointError, UnshardError
@@ -78,8 +79,14 @@ class SafetensorsFile:
         raw += b" " * (-len(raw) % 8)  # the format asks for 8-byte alignment of the data
         self._start(path, struct.pack("<Q", len(raw)) + raw, entries)
 
-    def _start(self, path: Path, header: bytes, entries: dict[str, tuple[DType, tuple[int, ...], int, int]],
-               data_start: int | None = None, size: int | None = None) -> None:
+    def _start(
+        self,
+        path: Path,
+        header: bytes,
+        entries: dict[str, tuple[DType, tuple[int, ...], int, int]],
+        data_start: int | None = None,
+        size: int | None = None,
+    ) -> None:
         """Create the file with its header; entries: name -> (dtype, shape, offset from data_start, bytes).
         (`size`: the whole file's, where the format pads after the last tensor.)"""
         self.path, self._entries = path, entries
@@ -117,8 +124,9 @@ class SafetensorsFile:
                 if n == 0:  # refused, or nothing copied: read it, which also tells the end of the file
                     data = os.pread(source, min(left, COPY_CHUNK), offset)
                     if not data:
-                        raise CheckpointError(f"{part.path}: ends before byte {offset + left}; the file is "
-                                              "truncated: copy it again")
+                        raise CheckpointError(
+                            f"{part.path}: ends before byte {offset + left}; the file is truncated: copy it again"
+                        )
                     self._write_at(at, memoryview(data))
                     n = len(data)
                 offset, at, left = offset + n, at + n, left - n
@@ -185,8 +193,10 @@ def disk_full(path: Path, error: OSError) -> Exception:
     """A write's error as the one line it should be where there is no room; otherwise as it is."""
     if error.errno not in ROOM_ERRNOS:
         return error
-    return UnshardError(f"{path}: {os.strerror(error.errno)}; nothing was written to the output: free space on "
-                        "that disk (or raise the file size limit, ulimit -f) and run again")
+    return UnshardError(
+        f"{path}: {os.strerror(error.errno)}; nothing was written to the output: free space on "
+        "that disk (or raise the file size limit, ulimit -f) and run again"
+    )
 
 
 def _holds(part: torch.Tensor | np.ndarray, dtype: DType) -> bool:
@@ -245,14 +255,17 @@ class WrittenFile:
                     with open(part.path, "rb", buffering=0) as source:
                         for done, n in _chunks(part.nbytes):
                             # (startswith compares with memcmp; == on memoryviews goes element by element)
-                            if not (_read(source, expected, n, part.offset + done) and _read(out, actual, n, at + done)
-                                    and expected.startswith(memoryview(actual)[:n])):
+                            if not (
+                                _read(source, expected, n, part.offset + done)
+                                and _read(out, actual, n, at + done)
+                                and expected.startswith(memoryview(actual)[:n])
+                            ):
                                 return False
                     at += part.nbytes
                 else:
                     data = bytes_of(part)
                     for done, n in _chunks(data.nbytes):
-                        if not (_read(out, actual, n, at + done) and actual.startswith(data[done:done + n])):
+                        if not (_read(out, actual, n, at + done) and actual.startswith(data[done : done + n])):
                             return False
                     at += data.nbytes
         return at == self.data_start + end
@@ -265,8 +278,10 @@ class WrittenFile:
         _, actual = _chunk_buffers()
         with open(self.path, "rb", buffering=0) as out:
             for done, n in _chunks(data.nbytes):
-                if not (_read(out, actual, n, self.data_start + begin + offset + done)
-                        and actual.startswith(data[done:done + n])):
+                if not (
+                    _read(out, actual, n, self.data_start + begin + offset + done)
+                    and actual.startswith(data[done : done + n])
+                ):
                     return False
         return True
 

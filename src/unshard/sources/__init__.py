@@ -29,8 +29,10 @@ from .base import Checkpoint, Piece, SourceTensor
 # Each entry: (does SRC look like this layout, given the options?, open it). Tried in order.
 READERS = [
     (lambda src, opts: deepspeed_universal.find_folder(src) is not None, deepspeed_universal.open_folder),
-    (lambda src, opts: deepspeed.find_folder(src, opts.get("tag")) is not None or (src / "latest").is_file(),
-     deepspeed.open_folder),
+    (
+        lambda src, opts: deepspeed.find_folder(src, opts.get("tag")) is not None or (src / "latest").is_file(),
+        deepspeed.open_folder,
+    ),
     (lambda src, opts: megatron.find_folder(src, opts.get("iteration")) is not None, megatron.open_folder),
     (lambda src, opts: megatron_dist.find_folder(src, opts.get("iteration")) is not None, megatron_dist.open_folder),
     (lambda src, opts: dcp.find_folder(src) is not None, dcp.open_folder),
@@ -57,8 +59,11 @@ class SourceOptions:
 
     def reader_options(self) -> dict:
         """The options a layout's reader takes (an error from `open_checkpoint` where it takes none)."""
-        return {k: v for k, v in (("weights", self.weights), ("tag", self.tag), ("iteration", self.iteration))
-                if v not in ("master", None)}
+        return {
+            k: v
+            for k, v in (("weights", self.weights), ("tag", self.tag), ("iteration", self.iteration))
+            if v not in ("master", None)
+        }
 
 
 def open_checkpoint(src: str | Path, **options) -> Checkpoint:

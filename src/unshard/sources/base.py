@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..dtypes import DType
 from ..errors import CheckpointError
@@ -115,7 +116,9 @@ class Checkpoint:
     def read(self, name: str) -> torch.Tensor:
         """The whole tensor `name`, assembled from its pieces; nothing else is loaded."""
         source = self.tensors[name]
-        whole = assemble(source.shape, source.dtype.torch, [(p.block, lambda p=p: self.local_tensor(p)) for p in source.pieces])
+        whole = assemble(
+            source.shape, source.dtype.torch, [(p.block, lambda p=p: self.local_tensor(p)) for p in source.pieces]
+        )
         for piece in source.pieces:
             self.release(piece)
         transform = self.transforms.get(name)
@@ -136,8 +139,11 @@ class Checkpoint:
             block = piece.block
             if len(block.sizes) == 1 and len(source.shape) > 1:  # a range of the flattened tensor
                 starts.append((block.global_offsets[0], piece))
-            elif (tuple(block.sizes[1:]) == tuple(source.shape[1:]) and not any(block.global_offsets[1:])
-                  and not any(block.local_offsets[1:])):
+            elif (
+                tuple(block.sizes[1:]) == tuple(source.shape[1:])
+                and not any(block.global_offsets[1:])
+                and not any(block.local_offsets[1:])
+            ):
                 starts.append((block.global_offsets[0] * row, piece))
             else:
                 return None
@@ -154,8 +160,13 @@ class Checkpoint:
         """Whether any band of rows of `name` can be read on its own (`read_rows`): its pieces are boxes
         of it, read as they lie, with nothing applied after (not ZeRO's flat ranges, not a transform)."""
         source = self.tensors[name]
-        return (len(source.shape) >= 2 and name not in self.transforms and bool(source.pieces) and source.numel > 0
-                and all(len(p.block.sizes) == len(source.shape) for p in source.pieces))
+        return (
+            len(source.shape) >= 2
+            and name not in self.transforms
+            and bool(source.pieces)
+            and source.numel > 0
+            and all(len(p.block.sizes) == len(source.shape) for p in source.pieces)
+        )
 
     def band_rows(self, name: str) -> int | None:
         """Rows per band when `name` is assembled a band of rows at a time: a tensor whose pieces are
@@ -185,7 +196,9 @@ class Checkpoint:
             row_bytes = math.prod(piece.block.sizes[1:]) * itemsize  # (the band holds the piece's whole rows)
             runs.append((block, piece.file, at + (block.local_offsets[0] - piece.block.local_offsets[0]) * row_bytes))
         nbytes = band.numel * itemsize
-        rows = (thread_buffer("band", nbytes) if out is None else out).reshape(*band.sizes, itemsize)  # (a last axis: bytes)
+        rows = (thread_buffer("band", nbytes) if out is None else out).reshape(
+            *band.sizes, itemsize
+        )  # (a last axis: bytes)
         if len(runs) == 1 and runs[0][0].sizes == band.sizes:  # the band lies in one piece: read in place
             read_bytes(runs[0][1], runs[0][2], rows)
             return rows.reshape(-1)
@@ -198,7 +211,9 @@ class Checkpoint:
     @staticmethod
     def _band(source: SourceTensor, start: int, stop: int) -> Block:
         """Rows [start, stop) of the whole tensor as a box of the band that holds them."""
-        return Block((start,) + (0,) * (len(source.shape) - 1), (0,) * len(source.shape), (stop - start, *source.shape[1:]))
+        return Block(
+            (start,) + (0,) * (len(source.shape) - 1), (0,) * len(source.shape), (stop - start, *source.shape[1:])
+        )
 
     def read_rows(self, name: str, start: int, stop: int, local: Callable[[Piece], torch.Tensor]) -> torch.Tensor:
         """Rows [start, stop) of `name`, from the parts of the pieces that fall in them (see `band_rows`);
@@ -209,7 +224,7 @@ class Checkpoint:
         rows = assemble(band.sizes, source.dtype.torch, [(block, lambda p=p: local(p)) for block, p in used])
         for block, piece in used:  # copied: their pages can go before the next band maps its own
             start = block.local_offsets[0]
-            self.release_rows(piece, local(piece)[start:start + block.sizes[0]])
+            self.release_rows(piece, local(piece)[start : start + block.sizes[0]])
         return rows
 
     def release_rows(self, piece: Piece, rows: torch.Tensor) -> None:
@@ -219,7 +234,11 @@ class Checkpoint:
         map, so dropping them loses nothing. (Never for memory of its own: that would zero it.)"""
         mapped = self.file_map(piece.file)
         start = rows.data_ptr()
-        if mapped is not None and rows.is_contiguous() and mapped.data_ptr() <= start < mapped.data_ptr() + mapped.nbytes():
+        if (
+            mapped is not None
+            and rows.is_contiguous()
+            and mapped.data_ptr() <= start < mapped.data_ptr() + mapped.nbytes()
+        ):
             from .safe_torch_load import forget_pages
 
             forget_pages(rows)
@@ -278,8 +297,10 @@ class Checkpoint:
                 if ranges is not None and not any(a < end and record.start < b for a, b in ranges):
                     continue
                 if torch_archives.crc_of(file, record.start, record.nbytes) != record.crc:
-                    raise CheckpointError(f"{file}: record {record.name} fails its CRC-32 check; the file is "
-                                          "corrupt: copy it again from the training job's storage")
+                    raise CheckpointError(
+                        f"{file}: record {record.name} fails its CRC-32 check; the file is "
+                        "corrupt: copy it again from the training job's storage"
+                    )
 
     def read_piece(self, piece: Piece) -> torch.Tensor:
         """One piece's elements, flattened, as they lie in the whole tensor (see `flat_pieces`)."""

@@ -41,11 +41,15 @@ def open_folder(src: Path) -> Checkpoint:
     elif hf_pickles.find_folder(model) is not None:
         found, stored = hf_pickles.open_folder(model), "pickles"
     elif (model / "adapter_config.json").is_file():
-        raise CheckpointError(f"{model}: a LoRA adapter (Booster.save_lora_as_pretrained), not a model; fold it into "
-                              f"its base with `unshard merge`, naming the model `BASE+{model}` in the recipe")
+        raise CheckpointError(
+            f"{model}: a LoRA adapter (Booster.save_lora_as_pretrained), not a model; fold it into "
+            f"its base with `unshard merge`, naming the model `BASE+{model}` in the recipe"
+        )
     else:
-        raise CheckpointError(f"{model}: no config.json with model weights (pytorch_model*.bin or *.safetensors); "
-                              "copy the folder Booster.save_model wrote whole")
+        raise CheckpointError(
+            f"{model}: no config.json with model weights (pytorch_model*.bin or *.safetensors); "
+            "copy the folder Booster.save_model wrote whole"
+        )
     facts = {"weights": f"{MODEL_FOLDER}/, {found.facts.get('files', 1)} file(s) of {stored} (Booster.save_model)"}
     states = src / "running_states.json"
     if states.is_file():

@@ -16,9 +16,9 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import dtypes
+from .. import dtypes, families
 from ..errors import CheckpointError
-from ..names import meta_llama_rules
+from ..names import meta_rules
 from . import safe_pickle, torch_archives
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
 from .dcp_safetensors import byte_places
@@ -29,8 +29,23 @@ if TYPE_CHECKING:
 
 LAYOUT = "torch-dcp"
 # Top-level keys trainers save beside the model in the same DCP folder; none of them is a weight.
-NOT_MODEL = {"optimizer", "optim", "optimizers", "lr_scheduler", "lr_schedulers", "scheduler", "dataloader",
-             "train_state", "rng", "rng_state", "extra_state", "args", "epoch", "step", "global_step"}
+NOT_MODEL = {
+    "optimizer",
+    "optim",
+    "optimizers",
+    "lr_scheduler",
+    "lr_schedulers",
+    "scheduler",
+    "dataloader",
+    "train_state",
+    "rng",
+    "rng_state",
+    "extra_state",
+    "args",
+    "epoch",
+    "step",
+    "global_step",
+}
 
 
 def find_folder(src: Path) -> Path | None:
@@ -69,22 +84,30 @@ def _metadata_classes() -> dict[tuple[str, str], object]:
 
     save_plan = _fields("SavePlan")
     stand_ins = {
-        "metadata": {"Metadata": _fields("Metadata", planner_data=None, storage_data=None, storage_meta=None,
-                                         version=None),
-                     "TensorStorageMetadata": _fields("TensorStorageMetadata"),
-                     "BytesStorageMetadata": _fields("BytesStorageMetadata"),
-                     "ChunkStorageMetadata": _fields("ChunkStorageMetadata"),
-                     "TensorProperties": _TensorProperties,
-                     "MetadataIndex": _fields("MetadataIndex", offset=None, index=None),
-                     "StorageMeta": _fields("StorageMeta"),
-                     "_MEM_FORMAT_ENCODING": safe_pickle.enum_value},
+        "metadata": {
+            "Metadata": _fields("Metadata", planner_data=None, storage_data=None, storage_meta=None, version=None),
+            "TensorStorageMetadata": _fields("TensorStorageMetadata"),
+            "BytesStorageMetadata": _fields("BytesStorageMetadata"),
+            "ChunkStorageMetadata": _fields("ChunkStorageMetadata"),
+            "TensorProperties": _TensorProperties,
+            "MetadataIndex": _fields("MetadataIndex", offset=None, index=None),
+            "StorageMeta": _fields("StorageMeta"),
+            "_MEM_FORMAT_ENCODING": safe_pickle.enum_value,
+        },
         "filesystem": {"_StorageInfo": _fields("_StorageInfo", transform_descriptors=None)},
         # Some writers (megatron's) also keep every rank's save plan in .metadata.
-        "planner": {"SavePlan": save_plan, "WriteItem": _fields("WriteItem"), "WriteItemType": safe_pickle.enum_value,
-                    "TensorWriteData": _fields("TensorWriteData")},
+        "planner": {
+            "SavePlan": save_plan,
+            "WriteItem": _fields("WriteItem"),
+            "WriteItemType": safe_pickle.enum_value,
+            "TensorWriteData": _fields("TensorWriteData"),
+        },
     }
-    allowed = {(f"torch.distributed.checkpoint.{module}", name): cls
-               for module, classes in stand_ins.items() for name, cls in classes.items()}
+    allowed = {
+        (f"torch.distributed.checkpoint.{module}", name): cls
+        for module, classes in stand_ins.items()
+        for name, cls in classes.items()
+    }
     # megatron-core <= 0.15 pickled subclasses of these two, with the same fields.
     mcore = "megatron.core.dist_checkpointing.strategies.torch"
     allowed[(mcore, "MCoreMetadata")] = stand_ins["metadata"]["Metadata"]
@@ -144,8 +167,9 @@ def tensor_dtype(folder: Path, fqn: str, entry) -> dtypes.DType:
     return dtype
 
 
-def read_chunk(file: Path, info, dtype: dtypes.DType, sizes: tuple[int, ...], what: str,
-               mapped: torch.UntypedStorage | None = None) -> torch.Tensor:
+def read_chunk(
+    file: Path, info, dtype: dtypes.DType, sizes: tuple[int, ...], what: str, mapped: torch.UntypedStorage | None = None
+) -> torch.Tensor:
     """One chunk, from the byte range `info` (a `_StorageInfo`) names in `file`. Given `mapped`, the
     file's map, an archived chunk's tensor is a view of it: no copy, pages read as they are used."""
     import torch
@@ -157,10 +181,12 @@ def read_chunk(file: Path, info, dtype: dtypes.DType, sizes: tuple[int, ...], wh
         if not archived:  # SerializationFormat.SAFETENSORS: raw bytes, found by the file's header
             start = _safetensors_start(f, file, what, dtype, sizes, info.offset)
             if mapped is not None:  # a view of the map, as an archived chunk's tensor is
-                raw = torch.empty(0, dtype=torch.uint8).set_(mapped[start:start + math.prod(sizes) * dtype.itemsize])
+                raw = torch.empty(0, dtype=torch.uint8).set_(mapped[start : start + math.prod(sizes) * dtype.itemsize])
                 return raw.view(dtype.torch).reshape(sizes)
             f.seek(start)
-            return torch.frombuffer(bytearray(f.read(math.prod(sizes) * dtype.itemsize)), dtype=dtype.torch).reshape(sizes)
+            return torch.frombuffer(bytearray(f.read(math.prod(sizes) * dtype.itemsize)), dtype=dtype.torch).reshape(
+                sizes
+            )
         try:
             if mapped is not None:
                 from .safe_torch_load import load_embedded
@@ -186,18 +212,25 @@ def chunk_offset(file: Path, info, dtype: dtypes.DType, sizes: tuple[int, ...], 
             tensor = torch_archives.read(f, info.offset, info.length)
         except torch_archives.NotPlain:
             return None
-    if not isinstance(tensor, torch_archives.StoredTensor) or tensor.dtype != dtype or tensor.numel() != math.prod(sizes):
+    if (
+        not isinstance(tensor, torch_archives.StoredTensor)
+        or tensor.dtype != dtype
+        or tensor.numel() != math.prod(sizes)
+    ):
         return None
     return tensor.offset_of((0,) * len(tensor.shape), tensor.shape)
 
 
 def _check_chunk(file: Path, info, what: str) -> None:
     if getattr(info, "transform_descriptors", None):
-        raise CheckpointError(f"{file}: the chunk of {what} is stored with transforms {info.transform_descriptors}, "
-                              "which unshard cannot read yet")
+        raise CheckpointError(
+            f"{file}: the chunk of {what} is stored with transforms {info.transform_descriptors}, "
+            "which unshard cannot read yet"
+        )
     if info.offset + info.length > file.stat().st_size:
-        raise CheckpointError(f"{file}: ends before the chunk of {what} at byte {info.offset}; "
-                              "the file is truncated: copy it again")
+        raise CheckpointError(
+            f"{file}: ends before the chunk of {what} at byte {info.offset}; the file is truncated: copy it again"
+        )
 
 
 def _safetensors_start(f, file: Path, fqn: str, dtype: dtypes.DType, sizes: tuple[int, ...], offset: int) -> int:
@@ -210,15 +243,20 @@ def _safetensors_start(f, file: Path, fqn: str, dtype: dtypes.DType, sizes: tupl
     stat = file.stat()
     begin, shape, itemsize = byte_places(file, stat.st_mtime_ns, stat.st_size).get(fqn, (None, None, None))
     if begin is None or shape != tuple(sizes) or itemsize != dtype.itemsize:
-        raise CheckpointError(f"{file}: holds no {dtype} tensor {fqn} of shape {tuple(sizes)}, which .metadata "
-                              "puts there; the checkpoint is corrupt or from another save")
+        raise CheckpointError(
+            f"{file}: holds no {dtype} tensor {fqn} of shape {tuple(sizes)}, which .metadata "
+            "puts there; the checkpoint is corrupt or from another save"
+        )
     return begin
 
 
 def storage_index(metadata) -> dict:
     """(fqn, chunk offsets) -> where the chunk's bytes are (`_StorageInfo`)."""
-    return {(index.fqn, tuple(index.offset)): info for index, info in metadata.storage_data.items()
-            if index.offset is not None}
+    return {
+        (index.fqn, tuple(index.offset)): info
+        for index, info in metadata.storage_data.items()
+        if index.offset is not None
+    }
 
 
 def chunk_location(folder: Path, storage: dict, fqn: str, offsets: tuple[int, ...]):
@@ -235,7 +273,9 @@ def chunk_location(folder: Path, storage: dict, fqn: str, offsets: tuple[int, ..
 class DcpFolder(Checkpoint):
     def local_tensor(self, piece: Piece) -> torch.Tensor:
         info = self._storage[(piece.key, piece.block.global_offsets)]
-        return read_chunk(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key, self.map_file(piece.file))
+        return read_chunk(
+            piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key, self.map_file(piece.file)
+        )
 
     def file_map(self, file: Path) -> torch.UntypedStorage:
         return self.map_file(file)  # chunks are loaded as views of it
@@ -258,11 +298,18 @@ class DcpFolder(Checkpoint):
             safe_pickle.forget_bytes(self.maps[piece.file].data_ptr() + info.offset, info.length)
 
     def fit_config(self, config: dict | None) -> None:
-        """torchtitan and torchtune save Meta's Llama names: rename them once the config gives the head counts."""
-        trainer = meta_llama_rules.trainer(self.tensors)
+        """torchtitan and torchtune save Meta's names: rename them by the family's table once the config gives the
+        family and the head counts."""
+        trainer = meta_rules.trainer(self.tensors)
         if config is None or trainer is None:
             return
-        renamed, self.transforms = meta_llama_rules.rename(self.tensors, config, str(self.path))
+        family = families.by_model_type(config.get("model_type"))
+        if family is None or not families.supports(family, "meta_names"):
+            why = family.meta_names.reason if family else "not a family unshard knows (unshard families)"
+            raise CheckpointError(f"{self.path}: {trainer}'s names of model_type {config.get('model_type')!r}: {why}")
+        renamed, self.transforms = meta_rules.rename(
+            family.meta_names, family.name, self.tensors, config, str(self.path)
+        )
         self.tensors = {renamed[n]: dataclasses.replace(t, name=renamed[n]) for n, t in self.tensors.items()}
         self.facts["naming"] = f"{trainer} (q/k rows permuted to Hugging Face's rotary layout)"
 
@@ -293,8 +340,7 @@ def open_folder(src: Path) -> DcpFolder:
         path=folder,
         tensors=tensors,
         hf_folder=_find_hf_folder(folder),
-        facts={"files": len(files), "chunks": chunks, "skipped": dict(skipped),
-               **_train_params(folder)},
+        facts={"files": len(files), "chunks": chunks, "skipped": dict(skipped), **_train_params(folder)},
     )
     checkpoint._storage, checkpoint._offsets = storage, {}
     checkpoint._dtypes = {fqn: tensor_dtype(folder, fqn, metadata.state_dict_metadata[fqn]) for fqn in names}

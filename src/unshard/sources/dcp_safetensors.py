@@ -61,8 +61,11 @@ def byte_places(path: Path, mtime_ns: int, size: int) -> dict[str, tuple[int, tu
     """Each tensor of a safetensors file: (its first byte in the file, shape, bytes per element).
     (`mtime_ns` and `size` key the cache: a file written again is read again.)"""
     header, data_start = read_header(path)
-    return {name: (data_start + entry["data_offsets"][0], tuple(entry["shape"]), dtype_of(path, name, entry).itemsize)
-            for name, entry in header.items() if name != "__metadata__"}
+    return {
+        name: (data_start + entry["data_offsets"][0], tuple(entry["shape"]), dtype_of(path, name, entry).itemsize)
+        for name, entry in header.items()
+        if name != "__metadata__"
+    }
 
 
 def read_header(path: Path) -> tuple[dict, int]:
@@ -104,7 +107,9 @@ def open_folder(src: Path) -> SafetensorsFiles:
         try:
             info = json.loads((header.get("__metadata__") or {}).get("DCP_SHARDING_INFO", "{}"))
         except ValueError as e:
-            raise CheckpointError(f"{path}: its DCP_SHARDING_INFO is not valid JSON ({e}); copy the file again") from None
+            raise CheckpointError(
+                f"{path}: its DCP_SHARDING_INFO is not valid JSON ({e}); copy the file again"
+            ) from None
         for key, entry in header.items():
             if key == "__metadata__":
                 continue
@@ -113,16 +118,25 @@ def open_folder(src: Path) -> SafetensorsFiles:
             dtype = dtype_of(path, key, entry)
             if found_dtypes.setdefault(key, dtype) != dtype:
                 raise CheckpointError(f"{path}: {key} is {dtype} here but {found_dtypes[key]} in another shard")
-            pieces.setdefault(key, []).append(Piece(path, key, Block.placed(tuple(info[key]["saved_offsets"]),
-                                                                            tuple(entry["shape"]))))
+            pieces.setdefault(key, []).append(
+                Piece(path, key, Block.placed(tuple(info[key]["saved_offsets"]), tuple(entry["shape"])))
+            )
     missing = sorted(set(range(1, max(ranks) + 1)) - ranks)
     if missing:
-        raise CheckpointError(f"{folder}: no files from rank(s) {missing} (shard-{missing[0]:05d}-...); copy every rank's files")
+        raise CheckpointError(
+            f"{folder}: no files from rank(s) {missing} (shard-{missing[0]:05d}-...); copy every rank's files"
+        )
     tensors = {}
     for key, found in pieces.items():
-        shape = tuple(max(p.block.global_offsets[d] + p.block.sizes[d] for p in found) for d in range(len(found[0].block.sizes)))
+        shape = tuple(
+            max(p.block.global_offsets[d] + p.block.sizes[d] for p in found) for d in range(len(found[0].block.sizes))
+        )
         tensors[key] = SourceTensor(key, shape, found_dtypes[key], deduplicate(key, shape, found))
     hf = folder.parent / "huggingface"
-    return SafetensorsFiles(layout="dcp-safetensors", path=folder, tensors=tensors,
-                          hf_folder=hf if (hf / "config.json").is_file() else None,
-                          facts={"ranks": len(ranks), "files": len(_shard_files(folder))})
+    return SafetensorsFiles(
+        layout="dcp-safetensors",
+        path=folder,
+        tensors=tensors,
+        hf_folder=hf if (hf / "config.json").is_file() else None,
+        facts={"ranks": len(ranks), "files": len(_shard_files(folder))},
+    )

@@ -89,7 +89,9 @@ def _ranges(path: Path, key: str, part: int, local_start: int, global_start: int
 def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> DeepSpeedZero:
     folder = find_folder(src, tag)
     if folder is None:
-        tags = sorted(p.name for p in src.iterdir() if p.is_dir() and any(MODEL_FILE.match(f.name) for f in p.iterdir()))
+        tags = sorted(
+            p.name for p in src.iterdir() if p.is_dir() and any(MODEL_FILE.match(f.name) for f in p.iterdir())
+        )
         found = f"tags here: {', '.join(tags) or 'none'}"
         if tag is not None:
             raise CheckpointError(f"{src}: no tag folder {tag!r}; {found}")
@@ -100,20 +102,27 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
         raise CheckpointError(f"{src}: no DeepSpeed `latest` file or *_model_states.pt files here")
     model_files, optim_files = _files(folder, MODEL_FILE), _files(folder, OPTIM_FILE)
     expert_files = [p for p in folder.iterdir() if EXPERT_FILE.match(p.name)]
-    if any(mp for _, mp in [*model_files, *optim_files]) or any(EXPERT_FILE.match(p.name).group(3) != "00"
-                                                                 for p in expert_files):
-        raise CheckpointError(f"{folder}: tensor-parallel DeepSpeed checkpoints (mp_rank_01 and up) are not supported yet")
+    if any(mp for _, mp in [*model_files, *optim_files]) or any(
+        EXPERT_FILE.match(p.name).group(3) != "00" for p in expert_files
+    ):
+        raise CheckpointError(
+            f"{folder}: tensor-parallel DeepSpeed checkpoints (mp_rank_01 and up) are not supported yet"
+        )
     if not model_files:
-        raise CheckpointError(f"{folder}: no mp_rank_00_model_states.pt (or zero_pp_rank_N_mp_rank_00_model_states.pt) "
-                              "here; the checkpoint is incomplete: copy the tag folder again")
+        raise CheckpointError(
+            f"{folder}: no mp_rank_00_model_states.pt (or zero_pp_rank_N_mp_rank_00_model_states.pt) "
+            "here; the checkpoint is incomplete: copy the tag folder again"
+        )
     first_model = model_files[min(model_files)]
     maps: dict[Path, torch.UntypedStorage] = {}
     model_state = load_archive(first_model, maps)
     world = int(model_state.get("dp_world_size") or len(optim_files))
     missing = sorted(set(range(world)) - {dp for dp, _ in optim_files})
     if missing:
-        raise CheckpointError(f"{folder}: optimizer partitions of rank(s) {missing[:4]} are missing "
-                              f"(zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt); copy every rank's files")
+        raise CheckpointError(
+            f"{folder}: optimizer partitions of rank(s) {missing[:4]} are missing "
+            f"(zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt); copy every rank's files"
+        )
     states = {first_model: model_state}
     optims = []
     for dp in range(world):
@@ -132,15 +141,18 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
             raise CheckpointError(f"{folder}: DeepSpeed MoE experts with ZeRO-3 are not supported")
     if weights == "module":
         if stage == 3:
-            raise CheckpointError(f"{first_model}: ZeRO-3 keeps no whole weights in the model states; "
-                                  "use the default fp32 master weights (--weights master)")
+            raise CheckpointError(
+                f"{first_model}: ZeRO-3 keeps no whole weights in the model states; "
+                "use the default fp32 master weights (--weights master)"
+            )
         for name, t in model_state["module"].items():
             tensors[name] = _from_module(first_model, name, t)
         for path in sorted(expert_files):
             states[path] = load_archive(path, maps)
             for name, t in states[path].items():
-                tensors[name] = SourceTensor(name, tuple(t.shape), dtypes.of(t.dtype), [Piece(path, f"expert/{name}",
-                                                                                   Block.whole(t.shape))])
+                tensors[name] = SourceTensor(
+                    name, tuple(t.shape), dtypes.of(t.dtype), [Piece(path, f"expert/{name}", Block.whole(t.shape))]
+                )
     else:
         masters = _zero12_masters if stage <= 2 else _zero3_masters
         for name, shape, pieces in masters(param_shapes, optims, states, world):
@@ -148,18 +160,23 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
         _add_frozen(tensors, model_state, first_model, folder, model_files, states, maps, stage, world)
         for name in model_state.get("buffer_names") or []:
             tensors[name] = _from_module(first_model, name, model_state["module"][name])
-        facts["optimizer_files"] = Counter("bf16" if p.name.startswith("bf16_") else "fp32" for p in optims).most_common(1)[0][0]
+        facts["optimizer_files"] = Counter(
+            "bf16" if p.name.startswith("bf16_") else "fp32" for p in optims
+        ).most_common(1)[0][0]
     for alias, source in (model_state.get("shared_params") or {}).items():
         if source in tensors:
             tensors[alias] = SourceTensor(alias, tensors[source].shape, tensors[source].dtype, tensors[source].pieces)
     hf = _hf_folder(folder)
-    return DeepSpeedZero(layout=LAYOUT, path=folder, tensors=tensors, hf_folder=hf, facts=facts, maps=maps,
-                         states=states)
+    return DeepSpeedZero(
+        layout=LAYOUT, path=folder, tensors=tensors, hf_folder=hf, facts=facts, maps=maps, states=states
+    )
 
 
 def _from_module(path: Path, name: str, tensor: torch.Tensor) -> SourceTensor:
     """A tensor held whole in the model states' `module` dict (16-bit weights, buffers)."""
-    return SourceTensor(name, tuple(tensor.shape), dtypes.of(tensor.dtype), [Piece(path, f"module/{name}", Block.whole(tensor.shape))])
+    return SourceTensor(
+        name, tuple(tensor.shape), dtypes.of(tensor.dtype), [Piece(path, f"module/{name}", Block.whole(tensor.shape))]
+    )
 
 
 def _zero12_masters(param_shapes, optims, states, world):
@@ -232,8 +249,10 @@ def _add_frozen(tensors, model_state, first_model, folder, model_files, states, 
     if stage == 3:
         missing = [dp for dp in range(world) if (dp, 0) not in model_files]
         if missing:
-            raise CheckpointError(f"{folder}: model states of rank(s) {missing[:4]} are missing "
-                                  f"(zero_pp_rank_{missing[0]}_mp_rank_00_model_states.pt); copy every rank's files")
+            raise CheckpointError(
+                f"{folder}: model states of rank(s) {missing[:4]} are missing "
+                f"(zero_pp_rank_{missing[0]}_mp_rank_00_model_states.pt); copy every rank's files"
+            )
         for dp in range(world):
             path = model_files[(dp, 0)]
             if path not in states:

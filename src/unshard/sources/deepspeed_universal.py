@@ -50,7 +50,10 @@ def open_folder(src: Path) -> DeepSpeedUniversal:
         # The shape and dtype come from the file's metadata; the data stays on disk until read.
         param = safe_torch_load.load(path)["param"]
         name = path.parent.name
-        tensors[name] = SourceTensor(name, tuple(param.shape), dtypes.of(param.dtype), [Piece(path, "param", Block.whole(param.shape))])
+        tensors[name] = SourceTensor(
+            name, tuple(param.shape), dtypes.of(param.dtype), [Piece(path, "param", Block.whole(param.shape))]
+        )
     hf = next((c for c in (folder, folder.parent) if (c / "config.json").is_file()), None)
-    return DeepSpeedUniversal(layout="deepspeed-universal", path=folder, tensors=tensors, hf_folder=hf,
-                              facts={"files": len(tensors)})
+    return DeepSpeedUniversal(
+        layout="deepspeed-universal", path=folder, tensors=tensors, hf_folder=hf, facts={"files": len(tensors)}
+    )

@@ -63,7 +63,7 @@ def find_files(src: Path) -> RankFiles | None:
             sizes = ", ".join(str(w) for w in sorted(verl))
             raise CheckpointError(f"{folder}: rank files of several world sizes ({sizes}); keep only one run's files")
         if verl:
-            (world, files), = verl.items()
+            ((world, files),) = verl.items()
             return RankFiles(folder, files, world, "verl")
         accelerate = {int(m.group(1)): p for p in folder.iterdir() if (m := ACCELERATE_FILE.match(p.name))}
         if accelerate:
@@ -116,8 +116,10 @@ def _pieces(path: Path, key: str, value) -> tuple[tuple[int, ...], dtypes.DType,
         for part, shard in enumerate(value.local_shards):
             sizes, offsets = tuple(shard.metadata.shard_sizes), tuple(shard.metadata.shard_offsets)
             if tuple(shard.tensor.shape) != sizes:
-                raise CheckpointError(f"{path}: {key} shard {part} has shape {tuple(shard.tensor.shape)}, "
-                                      f"its metadata says {sizes}; the file is corrupt")
+                raise CheckpointError(
+                    f"{path}: {key} shard {part} has shape {tuple(shard.tensor.shape)}, "
+                    f"its metadata says {sizes}; the file is corrupt"
+                )
             pieces.append(Piece(path, key, Block.placed(offsets, sizes), part))
         return tuple(value.shape), dtypes.of(value.dtype), pieces, "ShardedTensor"
     if _is_tensor(value):
@@ -141,7 +143,9 @@ def open_folder(src: Path) -> FsdpRankFiles:
     missing = sorted(set(range(world)) - set(found.files))
     if missing:
         names = ", ".join(found.name_for(r) for r in missing[:4])
-        raise CheckpointError(f"{folder}: missing {len(missing)} of {world} rank files ({names}); copy every rank's file")
+        raise CheckpointError(
+            f"{folder}: missing {len(missing)} of {world} rank files ({names}); copy every rank's file"
+        )
     fsdp_config = _read_fsdp_config(folder, world) if found.naming == "verl" else {}
 
     states, maps, pieces, how_sharded, skipped = {}, {}, {}, Counter(), Counter()
@@ -166,14 +170,16 @@ def open_folder(src: Path) -> FsdpRankFiles:
             if shapes.setdefault(key, (shape, dtype)) != (shape, dtype):
                 raise CheckpointError(f"{path}: {key} is {shape} {dtype} here but {shapes[key]} on rank 0")
             if sharding.setdefault(key, how) != how:
-                raise CheckpointError(f"{path}: {key} is a {how} here but a {sharding[key]} on rank 0; "
-                                      "the file comes from another run")
+                raise CheckpointError(
+                    f"{path}: {key} is a {how} here but a {sharding[key]} on rank 0; the file comes from another run"
+                )
             pieces.setdefault(key, []).extend(found_pieces)
             if rank == 0:
                 how_sharded[how] += 1
     tensors = {
         key: SourceTensor(key, shapes[key][0], shapes[key][1], deduplicate(key, shapes[key][0], pieces[key]))
-        for key in keys0 if key in shapes
+        for key in keys0
+        if key in shapes
     }
     hf = folder / "huggingface"
     facts = {"world_size": world, "naming": found.naming, "sharding": dict(how_sharded)}

@@ -41,8 +41,10 @@ def _weight_files(folder: Path) -> dict[Path, set[str] | None]:
         files.setdefault(folder / filename, set()).add(name)
     missing = [path.name for path in files if not path.is_file()]
     if missing:
-        raise CheckpointError(f"{folder}: {len(missing)} weight file(s) the index lists are missing ({', '.join(missing[:3])}); "
-                              "copy every pytorch_model-*.bin file")
+        raise CheckpointError(
+            f"{folder}: {len(missing)} weight file(s) the index lists are missing ({', '.join(missing[:3])}); "
+            "copy every pytorch_model-*.bin file"
+        )
     return files
 
 
@@ -58,11 +60,22 @@ def open_folder(src: Path) -> FsdpRankFiles:
             if not _is_tensor(value):
                 continue
             if key in tensors:
-                raise CheckpointError(f"{path}: {key} is also in {tensors[key].pieces[0].file.name}; save the model again")
+                raise CheckpointError(
+                    f"{path}: {key} is also in {tensors[key].pieces[0].file.name}; save the model again"
+                )
             shape, dtype, pieces, _ = _pieces(path, key, value)
             tensors[key] = SourceTensor(key, shape, dtype, pieces)
         if listed is not None and (absent := sorted(listed - set(tensors))):
-            raise CheckpointError(f"{path}: the index lists {len(absent)} tensor(s) it does not hold (e.g. {absent[0]}); "
-                                  "the file is from another save, or cut short")
-    return FsdpRankFiles(layout=LAYOUT, path=folder, tensors=tensors, hf_folder=folder,
-                         facts={"files": len(states)}, maps=maps, states=states)
+            raise CheckpointError(
+                f"{path}: the index lists {len(absent)} tensor(s) it does not hold (e.g. {absent[0]}); "
+                "the file is from another save, or cut short"
+            )
+    return FsdpRankFiles(
+        layout=LAYOUT,
+        path=folder,
+        tensors=tensors,
+        hf_folder=folder,
+        facts={"files": len(states)},
+        maps=maps,
+        states=states,
+    )

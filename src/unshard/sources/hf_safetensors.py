@@ -41,7 +41,14 @@ def open_folder(src: Path) -> SafetensorsFiles:
         for key, entry in header.items():
             if key != "__metadata__":
                 shape = tuple(entry["shape"])
-                tensors[key] = SourceTensor(key, shape, dtype_of(path, key, entry), [Piece(path, key, Block.whole(shape))])
+                tensors[key] = SourceTensor(
+                    key, shape, dtype_of(path, key, entry), [Piece(path, key, Block.whole(shape))]
+                )
     alone = found.is_file()
-    return SafetensorsFiles(layout=FILE_LAYOUT if alone else LAYOUT, path=found, tensors=tensors,
-                            hf_folder=None if alone else found, facts={"files": len(files)})
+    return SafetensorsFiles(
+        layout=FILE_LAYOUT if alone else LAYOUT,
+        path=found,
+        tensors=tensors,
+        hf_folder=None if alone else found,
+        facts={"files": len(files)},
+    )

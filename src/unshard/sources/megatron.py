@@ -7,7 +7,7 @@ TT is the tensor-parallel rank, PPP the pipeline stage (when there are several),
 (when experts are split). Each file holds `args` and `model`, or `model0`..`modelV` with virtual
 pipeline stages; layer numbers inside are local to the (virtual) stage and expert numbers local to
 the expert rank. This module renumbers them and places each rank's slice, so the checkpoint reads
-as whole Megatron tensors; `megatron_rules` names them as Hugging Face does. The shared parts
+as whole Megatron tensors; `megatron_hf` names them as Hugging Face does, by the family's rules. The shared parts
 (finding the iteration, the config from `args`) serve the torch_dist reader too.
 """
 
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .. import dtypes
 from ..errors import CheckpointError, read_json
 from ..names import megatron_rules
+from . import megatron_hf
 from .base import Checkpoint, Piece, SourceTensor, deduplicate, load_archive
 from .placements import Block
 from .torch_archives import StoredTensor
@@ -59,8 +60,10 @@ def iteration_folder(src: Path, iteration: int | None = None) -> Path:
     folder = next((src / name for name in names if (src / name).is_dir()), src / names[0])
     if not folder.is_dir():
         saved = sorted(p.name for pattern in ("iter_*", "global_step_*", "release") for p in src.glob(pattern))
-        raise CheckpointError(f"{folder}: missing, but {said}; saved here: {', '.join(saved) or 'no iteration'}. "
-                              "Pass --iteration N with one of them")
+        raise CheckpointError(
+            f"{folder}: missing, but {said}; saved here: {', '.join(saved) or 'no iteration'}. "
+            "Pass --iteration N with one of them"
+        )
     return folder
 
 
@@ -93,8 +96,10 @@ def plain_args(args: Any, where: Path) -> dict[str, Any]:
         return vars(args)
     if isinstance(args, dict):
         return args
-    raise CheckpointError(f"{where}: holds no Megatron `args`, where the parallel layout and model sizes are "
-                          "recorded; unshard reads checkpoints saved by Megatron-LM's save_checkpoint")
+    raise CheckpointError(
+        f"{where}: holds no Megatron `args`, where the parallel layout and model sizes are "
+        "recorded; unshard reads checkpoints saved by Megatron-LM's save_checkpoint"
+    )
 
 
 class MegatronCheckpoint(Checkpoint):
@@ -117,12 +122,16 @@ class MegatronCheckpoint(Checkpoint):
         vocab = config.get("vocab_size", self.shapes.vocab)
         if (model_type, vocab) != (self.model_type, self.shapes.vocab):
             self.model_type, self.shapes = model_type, dataclasses.replace(self.shapes, vocab=vocab)
-            self.tensors = megatron_rules.to_hf(self.megatron, model_type, self.shapes, str(self.path))
+            self.tensors = megatron_hf.to_hf(self.megatron, model_type, self.shapes, str(self.path))
             self.facts.update(architecture=model_type, vocab_size=vocab)
 
 
-def finish(checkpoint: MegatronCheckpoint, megatron: dict[str, SourceTensor], args: dict[str, Any] | None,
-           facts: dict[str, Any]) -> MegatronCheckpoint:
+def finish(
+    checkpoint: MegatronCheckpoint,
+    megatron: dict[str, SourceTensor],
+    args: dict[str, Any] | None,
+    facts: dict[str, Any],
+) -> MegatronCheckpoint:
     """Name the Megatron tensors as Hugging Face does, and find or make the config folder.
 
     Sizes and family come from Megatron-LM's `args`; without them (verl saves none), from the
@@ -135,24 +144,27 @@ def finish(checkpoint: MegatronCheckpoint, megatron: dict[str, SourceTensor], ar
     checkpoint.hf_folder = _hf_folder(checkpoint.path)
     if args is not None:
         vocab = args.get("vocab_size") or padded.shape[0]
-        model_type = megatron_rules.model_type_from_args(args, where)
+        model_type = megatron_hf.model_type_from_args(args, where)
         shapes = megatron_rules.shapes_from_args(args, vocab)
     elif checkpoint.hf_folder is not None:
         config = read_json(checkpoint.hf_folder / "config.json", "restore it from the run")
         model_type, shapes = config.get("model_type"), megatron_rules.shapes_from_config(config)
     else:
-        raise CheckpointError(f"{where}: holds no Megatron-LM args and has no huggingface/config.json beside it; "
-                              "unshard needs one of them for the model's sizes")
+        raise CheckpointError(
+            f"{where}: holds no Megatron-LM args and has no huggingface/config.json beside it; "
+            "unshard needs one of them for the model's sizes"
+        )
     checkpoint.megatron, checkpoint.model_type, checkpoint.shapes = megatron, model_type, shapes
-    checkpoint.tensors = megatron_rules.to_hf(megatron, model_type, shapes, where)
+    checkpoint.tensors = megatron_hf.to_hf(megatron, model_type, shapes, where)
     checkpoint.facts.update(facts)
     checkpoint.facts.update(architecture=model_type, vocab_size=shapes.vocab, padded_vocab_size=padded.shape[0])
     if checkpoint.hf_folder is None:
         dtype = "bfloat16" if args.get("bf16") else "float16" if args.get("fp16") else "float32"
         folder = Path(tempfile.mkdtemp(prefix="unshard-megatron-config-"))
         checkpoint._made_config_folder = weakref.finalize(checkpoint, shutil.rmtree, folder, True)
-        (folder / "config.json").write_text(json.dumps(
-            megatron_rules.hf_config(args, model_type, shapes.vocab, dtype), indent=2) + "\n")
+        (folder / "config.json").write_text(
+            json.dumps(megatron_hf.hf_config(args, model_type, shapes.vocab, dtype), indent=2) + "\n"
+        )
         checkpoint.hf_folder = folder
         checkpoint.facts["config"] = f"made from the checkpoint's args ({model_type})"
     return checkpoint
@@ -196,8 +208,10 @@ class _Grid:
 def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
     folder = find_folder(src, iteration)
     if folder is None:
-        raise CheckpointError(f"{iteration_folder(src, iteration)}: no mp_rank_*/model_optim_rng.pt here; "
-                              "pass the Megatron checkpoint folder or one of its iter_* folders")
+        raise CheckpointError(
+            f"{iteration_folder(src, iteration)}: no mp_rank_*/model_optim_rng.pt here; "
+            "pass the Megatron checkpoint folder or one of its iter_* folders"
+        )
     files = rank_files(folder)
     saved, maps = {}, {}
     for rank, path in files.items():
@@ -208,23 +222,36 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
     grid = _grid(args, files, first_rank)
     iterations = {state.get("iteration") for state in saved.values() if isinstance(state, dict)}
     if len(iterations) > 1:
-        raise CheckpointError(f"{folder}: the rank files come from different iterations {sorted(iterations)}; "
-                              "copy the folder again from one save")
+        raise CheckpointError(
+            f"{folder}: the rank files come from different iterations {sorted(iterations)}; "
+            "copy the folder again from one save"
+        )
     _check_every_rank(folder, files, grid)
     states = {rank: model_chunks(state) for rank, state in saved.items()}
     chunk_keys = sorted({k for s in states.values() for k in s})
     if not chunk_keys:
         raise CheckpointError(f"{files[first_rank]}: holds no `model` state; is this an optimizer-only file?")
     megatron = _whole_tensors(folder, files, states, chunk_keys, grid, args)
-    checkpoint = MegatronFiles(layout=LAYOUT, path=folder, tensors={}, maps=maps,
-                               states={files[rank]: state for rank, state in states.items()})
-    return finish(checkpoint, megatron, args, {
-        "format": "torch (legacy: one file per rank)" if args else "verl mp_rank_*/model.pt (no Megatron-LM args)",
-        "iteration": next(iter(iterations), None),
-        "parallel": {"tensor": grid.tp, "pipeline": grid.pp, "virtual_pipeline": len(chunk_keys),
-                     "expert": grid.ep, "expert_tensor": grid.etp},
-        "files": len(files),
-    })
+    checkpoint = MegatronFiles(
+        layout=LAYOUT, path=folder, tensors={}, maps=maps, states={files[rank]: state for rank, state in states.items()}
+    )
+    return finish(
+        checkpoint,
+        megatron,
+        args,
+        {
+            "format": "torch (legacy: one file per rank)" if args else "verl mp_rank_*/model.pt (no Megatron-LM args)",
+            "iteration": next(iter(iterations), None),
+            "parallel": {
+                "tensor": grid.tp,
+                "pipeline": grid.pp,
+                "virtual_pipeline": len(chunk_keys),
+                "expert": grid.ep,
+                "expert_tensor": grid.etp,
+            },
+            "files": len(files),
+        },
+    )
 
 
 def _grid(args: dict | None, files: dict[tuple, Path], first_rank: tuple) -> _Grid:
@@ -236,8 +263,10 @@ def _grid(args: dict | None, files: dict[tuple, Path], first_rank: tuple) -> _Gr
         tp, pp, ep = 1 + max(r[0] for r in files), 1 + max(r[1] or 0 for r in files), 1
     etp = (args or {}).get("expert_tensor_parallel_size") or tp
     if etp not in (1, tp):
-        raise CheckpointError(f"{files[first_rank]}: experts split over {etp} tensor-parallel ranks, neither 1 nor "
-                              f"the TP size {tp}; unshard cannot place those slices yet, please report it")
+        raise CheckpointError(
+            f"{files[first_rank]}: experts split over {etp} tensor-parallel ranks, neither 1 nor "
+            f"the TP size {tp}; unshard cannot place those slices yet, please report it"
+        )
     return _Grid(tp, pp, ep, etp)
 
 
@@ -247,14 +276,25 @@ def _check_every_rank(folder: Path, files: dict[tuple, Path], grid: _Grid) -> No
     missing_tp_pp = {(t, p) for t in range(grid.tp) for p in range(grid.pp)} - {(t, p) for t, p, _ in found}
     missing_ep = set(range(grid.ep)) - {e for _, _, e in found}
     if missing_tp_pp or missing_ep:
-        what = (f"tensor rank {min(missing_tp_pp)[0]}, stage {min(missing_tp_pp)[1]}" if missing_tp_pp
-                else f"expert rank {min(missing_ep)}")
-        raise CheckpointError(f"{folder}: no mp_rank_* file for {what} (the args say TP={grid.tp}, PP={grid.pp}, "
-                              f"EP={grid.ep}); copy every mp_rank_* folder of the iteration")
+        what = (
+            f"tensor rank {min(missing_tp_pp)[0]}, stage {min(missing_tp_pp)[1]}"
+            if missing_tp_pp
+            else f"expert rank {min(missing_ep)}"
+        )
+        raise CheckpointError(
+            f"{folder}: no mp_rank_* file for {what} (the args say TP={grid.tp}, PP={grid.pp}, "
+            f"EP={grid.ep}); copy every mp_rank_* folder of the iteration"
+        )
 
 
-def _whole_tensors(folder: Path, files: dict[tuple, Path], states: dict[tuple, dict], chunk_keys: list[str],
-                   grid: _Grid, args: dict | None) -> dict[str, SourceTensor]:
+def _whole_tensors(
+    folder: Path,
+    files: dict[tuple, Path],
+    states: dict[tuple, dict],
+    chunk_keys: list[str],
+    grid: _Grid,
+    args: dict | None,
+) -> dict[str, SourceTensor]:
     """Megatron's whole tensors, with global layer and expert numbers, each from its ranks' slices."""
     layers: dict[tuple[int, int], set[int]] = defaultdict(set)
     for rank, state in states.items():
@@ -266,8 +306,10 @@ def _whole_tensors(folder: Path, files: dict[tuple, Path], states: dict[tuple, d
     offsets = layer_offsets(layers)
     total = sum(len(v) for v in layers.values())
     if (args or {}).get("num_layers") and total != args["num_layers"]:
-        raise CheckpointError(f"{folder}: the files hold {total} layers, the args say {args['num_layers']}; "
-                              "a pipeline stage's files are missing")
+        raise CheckpointError(
+            f"{folder}: the files hold {total} layers, the args say {args['num_layers']}; "
+            "a pipeline stage's files are missing"
+        )
     pieces: dict[str, list[Piece]] = defaultdict(list)
     shapes: dict[str, tuple[int, ...]] = {}
     found_dtypes: dict[str, dtypes.DType] = {}
@@ -281,17 +323,24 @@ def _whole_tensors(folder: Path, files: dict[tuple, Path], states: dict[tuple, d
                 if not hasattr(tensor, "dtype") or local_name.endswith("_extra_state"):  # (not a tensor)
                     continue
                 name = local_name.removeprefix("module.")  # a DDP wrapper's prefix
-                name = LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + offsets[(vp, p)]}.", name)
+                name = LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + offsets[(vp, p)]}.", name)  # noqa: B023
                 expert = LOCAL_EXPERT.search(name)
                 if expert:
                     name = LOCAL_EXPERT.sub(f".mlp.experts.{e * local_experts + int(expert.group(1))}.", name)
                 parts, index = (grid.etp, t % grid.etp) if expert else (grid.tp, t)
-                blocks, shape = tp_blocks(tuple(tensor.shape), megatron_rules.tp_dim(name), parts, index,
-                                          gated and "linear_fc1.weight" in name)
+                blocks, shape = tp_blocks(
+                    tuple(tensor.shape),
+                    megatron_rules.tp_dim(name),
+                    parts,
+                    index,
+                    gated and "linear_fc1.weight" in name,
+                )
                 pieces[name] += [Piece(files[rank], f"{key}/{local_name}", block) for block in blocks]
                 shapes[name], found_dtypes[name] = shape, dtypes.of(tensor.dtype)
-    return {name: SourceTensor(name, shapes[name], found_dtypes[name], deduplicate(name, shapes[name], found))
-            for name, found in pieces.items()}
+    return {
+        name: SourceTensor(name, shapes[name], found_dtypes[name], deduplicate(name, shapes[name], found))
+        for name, found in pieces.items()
+    }
 
 
 def tp_blocks(local: tuple[int, ...], dim: int | None, parts: int, index: int, gated: bool):
@@ -308,8 +357,10 @@ def tp_blocks(local: tuple[int, ...], dim: int | None, parts: int, index: int, g
     half = local[0] // 2
     sizes = (half, *local[1:])
     rest = (0,) * (len(local) - 1)
-    return [Block((0, *rest), (index * half, *rest), sizes),
-            Block((half, *rest), (parts * half + index * half, *rest), sizes)], whole
+    return [
+        Block((0, *rest), (index * half, *rest), sizes),
+        Block((half, *rest), (parts * half + index * half, *rest), sizes),
+    ], whole
 
 
 class MegatronFiles(MegatronCheckpoint):

@@ -8,7 +8,7 @@ Keys are global, whatever the parallel layout: identical layers are stacked unde
 leading layer axis (`decoder.layers.self_attention.linear_qkv.weight` is [layers, rows, hidden]), and
 experts under a second axis (`decoder.layers.mlp.experts.experts.linear_fc1.weight`). Each chunk is
 one layer's (and expert's) tensor-parallel slice. This module unstacks them into per-layer Megatron
-tensors, read chunk by chunk from their byte ranges; `megatron_rules` names them as Hugging Face does.
+tensors, read chunk by chunk from their byte ranges; `megatron_hf` names them as Hugging Face does.
 megatron itself is never imported.
 """
 
@@ -65,11 +65,15 @@ def _verl_parallel(folder: Path) -> dict:
                 config = json.loads(candidate.read_text())
             except ValueError:
                 return {}
-            return {"parallel": {"tensor": config.get("tensor_model_parallel_size", 1),
-                                 "pipeline": config.get("pipeline_model_parallel_size", 1),
-                                 "virtual_pipeline": config.get("virtual_pipeline_model_parallel_size") or 1,
-                                 "expert": config.get("expert_model_parallel_size", 1)},
-                    "naming": "verl (no Megatron-LM args: sizes from huggingface/config.json)"}
+            return {
+                "parallel": {
+                    "tensor": config.get("tensor_model_parallel_size", 1),
+                    "pipeline": config.get("pipeline_model_parallel_size", 1),
+                    "virtual_pipeline": config.get("virtual_pipeline_model_parallel_size") or 1,
+                    "expert": config.get("expert_model_parallel_size", 1),
+                },
+                "naming": "verl (no Megatron-LM args: sizes from huggingface/config.json)",
+            }
     return {}
 
 
@@ -99,7 +103,7 @@ class MegatronDist(MegatronCheckpoint):
         if piece.part not in self._stored:
             info, dtype, sizes, index = self._chunks[piece.part]
             start = dcp.chunk_offset(piece.file, info, dtype, sizes, piece.key)
-            self._stored[piece.part] = None if start is None else StoredTensor.at(start, dtype, sizes[len(index):])
+            self._stored[piece.part] = None if start is None else StoredTensor.at(start, dtype, sizes[len(index) :])
         chunk = self._stored[piece.part]
         return None if chunk is None else chunk.offset_of(piece.block.local_offsets, piece.block.sizes)
 
@@ -121,7 +125,7 @@ def _unstack(fqn: str, offsets: tuple[int, ...]) -> tuple[str, int]:
     """The per-layer (and per-expert) name of a chunk of a stacked tensor, and how many axes to drop."""
     if not STACKED.match(fqn):
         return fqn, 0
-    rest = fqn[len("decoder.layers."):]
+    rest = fqn[len("decoder.layers.") :]
     if STACKED_EXPERTS in "." + rest:
         head, tail = ("." + rest).split(STACKED_EXPERTS, 1)
         return f"decoder.layers.{offsets[0]}{head}.mlp.experts.{offsets[1]}.{tail}", 2
@@ -151,25 +155,42 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
             path, info = dcp.chunk_location(folder, storage, fqn, offsets)
             name, stacked = _unstack(fqn, offsets)
             if any(size != 1 for size in sizes[:stacked]):
-                raise CheckpointError(f"{folder / '.metadata'}: a chunk of {fqn} spans several layers or experts; "
-                                      "unshard reads one layer per chunk, as megatron-core saves them. Please report it")
+                raise CheckpointError(
+                    f"{folder / '.metadata'}: a chunk of {fqn} spans several layers or experts; "
+                    "unshard reads one layer per chunk, as megatron-core saves them. Please report it"
+                )
             shapes[name], dtypes[name] = tuple(md.size[stacked:]), dcp.tensor_dtype(folder, fqn, md)
             chunks.append((info, dtypes[name], sizes, (0,) * stacked))
             pieces[name].append(Piece(path, fqn, Block.placed(offsets[stacked:], sizes[stacked:]), len(chunks) - 1))
-    megatron = {name: SourceTensor(name, shapes[name], dtypes[name], deduplicate(name, shapes[name], found))
-                for name, found in pieces.items()}
+    megatron = {
+        name: SourceTensor(name, shapes[name], dtypes[name], deduplicate(name, shapes[name], found))
+        for name, found in pieces.items()
+    }
     checkpoint = MegatronDist(layout=LAYOUT, path=folder, tensors={})
     checkpoint._chunks, checkpoint._recent, checkpoint._lock = chunks, OrderedDict(), threading.Lock()
     checkpoint._stored = {}
     files = {p.file for found in pieces.values() for p in found}
     if args is not None:
-        layout = {"parallel": {"tensor": args.get("tensor_model_parallel_size", 1),
-                               "pipeline": args.get("pipeline_model_parallel_size", 1),
-                               "virtual_pipeline": args.get("virtual_pipeline_model_parallel_size") or 1,
-                               "expert": args.get("expert_model_parallel_size", 1)}}
+        layout = {
+            "parallel": {
+                "tensor": args.get("tensor_model_parallel_size", 1),
+                "pipeline": args.get("pipeline_model_parallel_size", 1),
+                "virtual_pipeline": args.get("virtual_pipeline_model_parallel_size") or 1,
+                "expert": args.get("expert_model_parallel_size", 1),
+            }
+        }
     else:
         layout = _verl_parallel(folder)
-    return finish(checkpoint, megatron, args, {
-        "format": "torch_dist (dist_checkpointing)", "iteration": saved.get("iteration"), **layout,
-        "files": len(files), "chunks": len(chunks), "skipped": dict(skipped),
-    })
+    return finish(
+        checkpoint,
+        megatron,
+        args,
+        {
+            "format": "torch_dist (dist_checkpointing)",
+            "iteration": saved.get("iteration"),
+            **layout,
+            "files": len(files),
+            "chunks": len(chunks),
+            "skipped": dict(skipped),
+        },
+    )

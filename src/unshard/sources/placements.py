@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -32,12 +33,12 @@ class Block:
         return math.prod(self.sizes)
 
     @classmethod
-    def placed(cls, offsets: Sequence[int], sizes: Sequence[int]) -> "Block":
+    def placed(cls, offsets: Sequence[int], sizes: Sequence[int]) -> Block:
         """A whole local tensor that sits at `offsets` in the global one."""
         return cls((0,) * len(sizes), tuple(offsets), tuple(sizes))
 
     @classmethod
-    def whole(cls, shape: Sequence[int]) -> "Block":
+    def whole(cls, shape: Sequence[int]) -> Block:
         """The block of a tensor held entirely by one piece."""
         return cls.placed((0,) * len(shape), shape)
 
@@ -73,8 +74,9 @@ def _total(runs: Runs) -> int:
     return sum(length for _, length in runs)
 
 
-def local_runs(global_shape: Sequence[int], mesh_shape: Sequence[int], placements: Sequence[ShardSpec],
-               coordinate: Sequence[int]) -> list[Runs]:
+def local_runs(
+    global_shape: Sequence[int], mesh_shape: Sequence[int], placements: Sequence[ShardSpec], coordinate: Sequence[int]
+) -> list[Runs]:
     """Per tensor dimension, the global index runs a rank holds, applying placements left to right."""
     runs: list[Runs] = [[(0, n)] for n in global_shape]
     for mesh_size, placement, index in zip(mesh_shape, placements, coordinate):
@@ -121,8 +123,12 @@ def box(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[slice, ...]:
     return tuple(slice(o, o + s) for o, s in zip(offsets, sizes))
 
 
-def assemble(shape: Sequence[int], dtype: torch.dtype, pieces: Sequence[tuple[Block, Callable[[], torch.Tensor]]],
-             out: torch.Tensor | None = None) -> torch.Tensor:
+def assemble(
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    pieces: Sequence[tuple[Block, Callable[[], torch.Tensor]]],
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Build the whole tensor from (block, loader of the local tensor) pairs.
 
     A one-dimensional block of a tensor with more dimensions addresses its flattened elements,
@@ -142,7 +148,9 @@ def compose(piece: Block, rule: Block) -> Block | None:
     """Chain two copies: `piece` puts part of a local tensor into tensor M, `rule` puts part of M into
     tensor H. The result puts what both touch straight from the local tensor into H (None if nothing)."""
     lo = [max(p, r) for p, r in zip(piece.global_offsets, rule.local_offsets)]
-    hi = [min(p + ps, r + rs) for p, ps, r, rs in zip(piece.global_offsets, piece.sizes, rule.local_offsets, rule.sizes)]
+    hi = [
+        min(p + ps, r + rs) for p, ps, r, rs in zip(piece.global_offsets, piece.sizes, rule.local_offsets, rule.sizes)
+    ]
     if any(h <= l for l, h in zip(lo, hi)):
         return None
     return Block(

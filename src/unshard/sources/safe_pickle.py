@@ -64,8 +64,10 @@ class MeshRecord(Record):
             return tuple(math.prod(_field(axis, "shape")) for axis in axes)
         if hasattr(mesh, "shape"):  # older torch: the tensor of ranks itself
             return tuple(mesh.shape)
-        raise CheckpointError("a DTensor's device mesh was saved in a form unshard does not know (no layout or "
-                              "mesh tensor); please report the torch version that saved it")
+        raise CheckpointError(
+            "a DTensor's device mesh was saved in a form unshard does not know (no layout or "
+            "mesh tensor); please report the torch version that saved it"
+        )
 
     @property
     def ndim(self) -> int:
@@ -78,8 +80,10 @@ class MeshRecord(Record):
     def get_coordinate(self) -> tuple[int, ...]:
         coordinate = self._get("_coordinate_on_dim")
         if coordinate is None:
-            raise CheckpointError("a DTensor's device mesh was saved without this rank's coordinate; "
-                                  "please report the torch version that saved it")
+            raise CheckpointError(
+                "a DTensor's device mesh was saved without this rank's coordinate; "
+                "please report the torch version that saved it"
+            )
         return tuple(coordinate)
 
 
@@ -96,7 +100,12 @@ class PlacementRecord(Record):
     def __setstate__(self, state):
         self.__dict__.update(state or {})
 
-    SHORT = {"Shard": "S({dim})", "_StridedShard": "_S({dim}, {split_factor})", "Replicate": "R", "Partial": "P({reduce_op})"}
+    SHORT = {
+        "Shard": "S({dim})",
+        "_StridedShard": "_S({dim}, {split_factor})",
+        "Replicate": "R",
+        "Partial": "P({reduce_op})",
+    }
 
     def __repr__(self) -> str:  # as torch prints placements
         try:
@@ -169,8 +178,16 @@ def forget_bytes(address: int, nbytes: int) -> None:
 
 # What unpickling damaged bytes raises: the pickle module's own errors, and those of opcodes given nonsense
 # (a frame's length flipped to 2**63 is an OverflowError), as opposed to a refused class.
-PICKLE_DAMAGE = (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError, OverflowError,
-                 MemoryError)
+PICKLE_DAMAGE = (
+    pickle.UnpicklingError,
+    EOFError,
+    AttributeError,
+    TypeError,
+    ValueError,
+    IndexError,
+    OverflowError,
+    MemoryError,
+)
 
 
 class _AllowListUnpickler(pickle.Unpickler):

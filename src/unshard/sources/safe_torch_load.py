@@ -76,8 +76,12 @@ class DTensorRecord(torch.Tensor, DTensorStandIn):
 DTENSOR_RECORDS = {
     **{f"{m}.{api}DTensor": DTensorRecord for m in DTENSOR_MODULES for api in ("", "api.")},
     **{f"{m}.placement_types.{name}": cls for m in DTENSOR_MODULES for name, cls in PLACEMENTS.items()},
-    **{f"{m}.{where}.{name}": Record for m in DTENSOR_MODULES for where in ("_dtensor_spec", "placement_types")
-       for name in ("DTensorSpec", "TensorMeta", "ShardOrderEntry")},
+    **{
+        f"{m}.{where}.{name}": Record
+        for m in DTENSOR_MODULES
+        for where in ("_dtensor_spec", "placement_types")
+        for name in ("DTensorSpec", "TensorMeta", "ShardOrderEntry")
+    },
     "torch.distributed.device_mesh.DeviceMesh": MeshRecord,
     "torch.distributed._tensor.device_mesh.DeviceMesh": MeshRecord,
     "torch.distributed._mesh_layout._MeshLayout": Record,
@@ -192,8 +196,9 @@ def load_mapped(path: Path) -> tuple[Any, torch.UntypedStorage | None]:
     with _refusing_unsafe(path):
         mapped = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=path.stat().st_size)
         archive = torch._C.PyTorchFileReader(str(path))
-        value = torch.serialization._load(archive, "cpu", torch._weights_only_unpickler, overall_storage=mapped,
-                                          encoding="utf-8")
+        value = torch.serialization._load(
+            archive, "cpu", torch._weights_only_unpickler, overall_storage=mapped, encoding="utf-8"
+        )
     if archive.has_record("byteorder") and archive.get_record("byteorder").decode() != sys.byteorder:
         return value, None  # torch swapped the bytes in memory: the file's are not the tensors'
     return value, mapped
@@ -215,8 +220,17 @@ def _refusing_unsafe(path: Path):
             "never runs code from a checkpoint. Re-save the state dict as plain tensors, or report the type "
             "if it is a legitimate torch class"
         ) from None
-    except (RuntimeError, zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, IndexError, TypeError,
-            AttributeError) as e:  # (past its allow-list, a damaged pickle fails anywhere in torch's loader)
+    except (
+        RuntimeError,
+        zipfile.BadZipFile,
+        EOFError,
+        OSError,
+        ValueError,
+        KeyError,
+        IndexError,
+        TypeError,
+        AttributeError,
+    ) as e:  # (past its allow-list, a damaged pickle fails anywhere in torch's loader)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
             f"{path}: cannot be read ({first}); the file is truncated or corrupt: copy it again from "
@@ -230,8 +244,9 @@ def load_embedded(file, start: int, length: int, mapped: torch.UntypedStorage) -
     than copied. torch.load itself takes only whole files or buffers; this is its loader on a window."""
     reader = torch._C.PyTorchFileReader(Window(file, start, length))
     with _ALLOWING:
-        return torch.serialization._load(reader, "cpu", torch._weights_only_unpickler,
-                                         overall_storage=mapped[start:start + length])
+        return torch.serialization._load(
+            reader, "cpu", torch._weights_only_unpickler, overall_storage=mapped[start : start + length]
+        )
 
 
 def forget_pages(tensor: torch.Tensor) -> None:
@@ -243,5 +258,3 @@ def forget_pages(tensor: torch.Tensor) -> None:
     Only for tensors from `load` (file-backed); on anonymous memory this would zero the data.
     """
     forget_bytes(tensor.data_ptr(), tensor.numel() * tensor.element_size())
-
-

@@ -28,14 +28,32 @@ from typing import Any
 from .. import dtypes
 from ..dtypes import DType
 from ..errors import CheckpointError
-from .safe_pickle import (DTENSOR_MODULES, FOREIGN_RECORDS, PICKLE_DAMAGE, PLACEMENTS, DTensorStandIn, MeshRecord, Record,
-                          Window)
+from .safe_pickle import (
+    DTENSOR_MODULES,
+    FOREIGN_RECORDS,
+    PICKLE_DAMAGE,
+    PLACEMENTS,
+    DTensorStandIn,
+    MeshRecord,
+    Record,
+    Window,
+)
 
 # The storage classes a pickle names for each element type (torch's legacy typed storages).
-STORAGES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
-            "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
-            "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
-            "Float8_e4m3fnStorage": "float8_e4m3fn", "Float8_e5m2Storage": "float8_e5m2"}
+STORAGES = {
+    "DoubleStorage": "float64",
+    "FloatStorage": "float32",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+    "Float8_e4m3fnStorage": "float8_e4m3fn",
+    "Float8_e5m2Storage": "float8_e5m2",
+}
 
 
 class NotPlain(Exception):
@@ -201,8 +219,13 @@ class _Unpickler(pickle.Unpickler):
             raise NotPlain(f"{module}.{name}") from None
 
     def persistent_load(self, pid) -> Storage:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-                and isinstance(pid[1], tuple) and pid[1][0] == "storage type"):
+        if not (
+            isinstance(pid, tuple)
+            and len(pid) == 5
+            and pid[0] == "storage"
+            and isinstance(pid[1], tuple)
+            and pid[1][0] == "storage type"
+        ):
             raise NotPlain(f"a storage reference {pid!r}")
         dtype, key, numel = pid[1][1], str(pid[2]), int(pid[4])
         start, nbytes = self._storages.get(key, (None, 0))
@@ -231,12 +254,14 @@ def read(file, start: int = 0, length: int | None = None, path: Path | None = No
             if info.filename.startswith(prefix + "data/"):
                 if info.compress_type != zipfile.ZIP_STORED:
                     raise NotPlain("a compressed storage")
-                storages[info.filename[len(prefix) + 5:]] = (start + _data_start(file, start, info), info.file_size)
+                storages[info.filename[len(prefix) + 5 :]] = (start + _data_start(file, start, info), info.file_size)
         data = archive.read(pickles[0])  # (zipfile checks the record's CRC-32)
     except zipfile.BadZipFile as e:
         if "CRC" in str(e):  # the pickle was written otherwise: torch's loader would only build something else
             where = path or getattr(file, "name", "the archive")
-            raise CheckpointError(f"{where}: its pickle fails its CRC-32 check; the file is corrupt: copy it again") from None
+            raise CheckpointError(
+                f"{where}: its pickle fails its CRC-32 check; the file is corrupt: copy it again"
+            ) from None
         raise NotPlain(f"not a readable archive ({e})") from None
     except (OSError, EOFError, UnicodeDecodeError, KeyError, ValueError) as e:  # (EOFError: a record's size damaged)
         raise NotPlain(f"not a readable archive ({e!r})") from None
@@ -270,14 +295,19 @@ def records(path: Path, start: int = 0, length: int | None = None) -> list[Archi
             return []
         try:
             infos = zipfile.ZipFile(Window(file, start, length)).infolist()
-            found = [ArchiveRecord(i.filename, start + _data_start(file, start, i), i.file_size, i.CRC)
-                     for i in infos if i.compress_type == zipfile.ZIP_STORED]  # (torch.save stores, never compresses)
+            found = [
+                ArchiveRecord(i.filename, start + _data_start(file, start, i), i.file_size, i.CRC)
+                for i in infos
+                if i.compress_type == zipfile.ZIP_STORED
+            ]  # (torch.save stores, never compresses)
         except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-            raise CheckpointError(f"{path}: its archive's directory does not read ({e}); the file is corrupt: copy it "
-                                  "again") from None
+            raise CheckpointError(
+                f"{path}: its archive's directory does not read ({e}); the file is corrupt: copy it again"
+            ) from None
         if any(r.start + r.nbytes > start + length for r in found):
-            raise CheckpointError(f"{path}: a record runs past the end of its archive; the file is truncated or "
-                                  "corrupt: copy it again")
+            raise CheckpointError(
+                f"{path}: a record runs past the end of its archive; the file is truncated or corrupt: copy it again"
+            )
         return found
 
 
@@ -292,7 +322,7 @@ def crc_of(path: Path, start: int, nbytes: int) -> int:
     with open(path, "rb", buffering=0) as file:
         file.seek(start)
         while nbytes:
-            n = file.readinto(memoryview(buffer)[:min(len(buffer), nbytes)])
+            n = file.readinto(memoryview(buffer)[: min(len(buffer), nbytes)])
             if not n:
                 break  # (short: the CRC differs, which says the file is damaged)
             crc, nbytes = zlib.crc32(memoryview(buffer)[:n], crc), nbytes - n

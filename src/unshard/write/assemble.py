@@ -5,14 +5,14 @@ to encode."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from .. import dtypes
-from ..types import Group, OutputTensor, Plan
-from ..types import ENCODING_BAND_BYTES
 from ..sinks.safetensors import FileBytes, Part, bytes_of
 from ..sources.base import read_bytes, thread_buffer
+from ..types import ENCODING_BAND_BYTES, Group, OutputTensor, Plan
 
 if TYPE_CHECKING:
     import numpy as np
@@ -27,6 +27,7 @@ def materialise(plan: Plan, group: Group) -> list[tuple[str, torch.Tensor]]:
     produced = group.convert(whole) if group.convert else {group.outputs[0].name: whole}
     return [(o.name, produced[o.name].to(o.dtype.torch)) for o in group.outputs]
 
+
 @dataclass
 class Parts:
     """One output tensor ready to write: parts whose bytes, in order, are the tensor's (a list, or an
@@ -36,7 +37,9 @@ class Parts:
     parts: Iterable[Part]
     then: Callable[[], None] | None = None
 
+
 CAST_CHUNK = 16 << 20  # elements cast at a time when a streamed tensor changes dtype
+
 
 def ready_to_write(plan: Plan, group: Group) -> list[Parts]:
     """A group's output tensors for the writer. A tensor that is its pieces one after another (FSDP
@@ -54,6 +57,7 @@ def ready_to_write(plan: Plan, group: Group) -> list[Parts]:
         return [Parts(output, _read_in_bands(checkpoint, source, rows, output.dtype), release)]
     return [Parts(output, _read_in_order(checkpoint, source, pieces, output.dtype))]
 
+
 def _read_in_order(checkpoint, source, pieces, dtype: DType) -> Iterator[Part]:
     as_bytes = dtypes.casts_without_torch(source.dtype, dtype)
     for piece in pieces:
@@ -70,12 +74,14 @@ def _read_in_order(checkpoint, source, pieces, dtype: DType) -> Iterator[Part]:
             yield flat
         else:
             for start in range(0, flat.numel(), CAST_CHUNK):
-                yield flat[start:start + CAST_CHUNK].to(dtype.torch)
+                yield flat[start : start + CAST_CHUNK].to(dtype.torch)
         # The writer asks for the next part once this one is written: its pages can go, so that a
         # tensor's mapped pages never add up to more than one piece.
         checkpoint.release(piece)
 
+
 READ_CHUNK = 16 << 20  # bytes read at a time from a file to be cast
+
 
 def _cast_from_file(part: FileBytes, source: DType, target: DType) -> Iterator[memoryview]:
     """A part's bytes read from its file a chunk at a time and cast by numpy: no torch, no map, and
@@ -83,6 +89,7 @@ def _cast_from_file(part: FileBytes, source: DType, target: DType) -> Iterator[m
     for, so the thread's buffers are used again.)"""
     for chunk in _chunks_of_file(part):
         yield memoryview(_cast(chunk, source, target))
+
 
 def _chunks_of_file(part: FileBytes) -> Iterator:
     """A part's bytes read from its file into this thread's read buffer, READ_CHUNK at a time (each chunk is
@@ -92,9 +99,11 @@ def _chunks_of_file(part: FileBytes) -> Iterator:
         read_bytes(part.path, part.offset + done, chunk)
         yield chunk
 
+
 def _cast(raw, source: DType, target: DType):
     """`raw` cast by numpy into this thread's cast buffer."""
     return dtypes.cast(raw, source, target, thread_buffer("cast", raw.nbytes // source.itemsize * target.itemsize))
+
 
 def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[Part]:
     loaded: dict[int, torch.Tensor] = {}  # each piece's local tensor, loaded once for all bands
@@ -113,10 +122,12 @@ def _read_in_bands(checkpoint, source, rows: int, dtype: DType) -> Iterator[Part
         else:
             yield memoryview(band if dtype == source.dtype else _cast(band, source.dtype, dtype))
 
+
 def encoded(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[str, np.ndarray]]:
     """(stored tensor, its next piece) for an output with an encoding: each band of its rows encoded."""
     for start, band in bands(output, parts):
         yield from output.encoding.encode(band, start).items()
+
 
 def bands(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[int, np.ndarray]]:
     """(first row, band) for an output with an encoding: the parts gathered into bands of whole rows, as numpy
@@ -140,9 +151,9 @@ def bands(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[int, np
         while done < size:
             n = min(size - done, len(band) - filled)
             if in_file:
-                read_bytes(part.path, part.offset + done, band[filled:filled + n])
+                read_bytes(part.path, part.offset + done, band[filled : filled + n])
             else:
-                band[filled:filled + n] = data[done:done + n]
+                band[filled : filled + n] = data[done : done + n]
             filled, done = filled + n, done + n
             if filled == len(band):
                 yield start, whole_rows(filled)

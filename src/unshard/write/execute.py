@@ -36,9 +36,20 @@ def return_freed_memory() -> None:
         except (OSError, AttributeError):
             pass
 
-def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: int = 1, verify: bool = False,
-            checksums: bool = False, progress: bool | None = None, extra_files: dict[str, str | bytes] | None = None,
-            workers: int = 1, distributed: bool = False) -> Result:
+
+def convert(
+    plan: Plan,
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    threads: int = 1,
+    verify: bool = False,
+    checksums: bool = False,
+    progress: bool | None = None,
+    extra_files: dict[str, str | bytes] | None = None,
+    workers: int = 1,
+    distributed: bool = False,
+) -> Result:
     """Write the plan's folder at OUT. `extra_files` (name -> text, or bytes) are added to it (a merge's recipe);
     a README.md among them opens the model card.
 
@@ -74,13 +85,32 @@ def convert(plan: Plan, out: str | Path, *, overwrite: bool = False, threads: in
     except NamingChanged:
         folder.abort()
         log.info("transformers names this model's tensors otherwise than the checkpoint: writing again")
-        return convert(plan.rebuild(), out, overwrite=overwrite, threads=threads, verify=verify, checksums=checksums,
-                       progress=progress, extra_files=extra_files, workers=workers)
+        return convert(
+            plan.rebuild(),
+            out,
+            overwrite=overwrite,
+            threads=threads,
+            verify=verify,
+            checksums=checksums,
+            progress=progress,
+            extra_files=extra_files,
+            workers=workers,
+        )
     except BaseException:
         folder.abort()
         raise
-    return Result(out, len(plan.outputs), plan.total_bytes, time.perf_counter() - start,
-                  peak_rss(children=workers > 1), list(plan.files), copied, late_notes + warnings, writers=workers)
+    return Result(
+        out,
+        len(plan.outputs),
+        plan.total_bytes,
+        time.perf_counter() - start,
+        peak_rss(children=workers > 1),
+        list(plan.files),
+        copied,
+        late_notes + warnings,
+        writers=workers,
+    )
+
 
 def _answered(plan: Plan) -> tuple[Plan, list[str]]:
     """The plan once transformers has answered (itself, or made again from the answer), and the notes

@@ -28,6 +28,7 @@ def split_files(plan: Plan, parts: int) -> list[list[str]]:
     order = list(plan.files)
     return [sorted(share, key=order.index) for share in shares]
 
+
 class _SharedCounter:
     """A progress bar's `update` for a forked worker: bytes written, added to a counter the parent shows."""
 
@@ -38,22 +39,28 @@ class _SharedCounter:
         with self.value.get_lock():
             self.value.value += n
 
+
 def _worker(plan, folder, filenames, writing, written, results) -> None:
     try:
         results.put(("ok", write_files(plan, folder, filenames, writing, _SharedCounter(written))))
     except BaseException as e:  # reported to the parent, which fails the whole run
         results.put(("error", _describe(e), isinstance(e, UnshardError)))
 
+
 def _describe(e: BaseException) -> str:
     return str(e) if isinstance(e, UnshardError) else f"{type(e).__name__}: {e}"
+
 
 def write_in_processes(plan: Plan, folder: Path, writing: Writing, bar, workers: int) -> dict[str, str | None]:
     """Fork `workers` processes, each writing its share of the files; any failure fails the run."""
     # fork: each worker starts with the plan (readers, open maps, a merge's methods) already built.
     context = multiprocessing.get_context("fork")
     written, results = context.Value("q", 0), context.Queue()
-    procs = [context.Process(target=_worker, args=(plan, folder, share, writing, written, results), daemon=True)
-             for share in split_files(plan, workers) if share]
+    procs = [
+        context.Process(target=_worker, args=(plan, folder, share, writing, written, results), daemon=True)
+        for share in split_files(plan, workers)
+        if share
+    ]
     for proc in procs:
         proc.start()
     digests: dict[str, str | None] = {}
@@ -67,8 +74,10 @@ def write_in_processes(plan: Plan, folder: Path, writing: Writing, bar, workers:
                     bar.update(written.value - bar.n)
                     dead = [p for p in procs if p.exitcode not in (None, 0)]
                     if dead and results.empty():
-                        raise UnshardError(f"a worker process died (exit code {dead[0].exitcode}: killed, or out of "
-                                           "memory?); nothing was written to the output; retry with fewer --workers")
+                        raise UnshardError(
+                            f"a worker process died (exit code {dead[0].exitcode}: killed, or out of "
+                            "memory?); nothing was written to the output; retry with fewer --workers"
+                        ) from None
             if outcome[0] == "error":
                 raise UnshardError(outcome[1]) if outcome[2] else RuntimeError(outcome[1])
             digests.update(outcome[1])
@@ -80,8 +89,10 @@ def write_in_processes(plan: Plan, folder: Path, writing: Writing, bar, workers:
             proc.join()
     return digests
 
-def convert_distributed(plan: Plan, out: Path, overwrite: bool, writing: Writing, progress: bool | None,
-                         extra_files: dict[str, str] | None) -> Result:
+
+def convert_distributed(
+    plan: Plan, out: Path, overwrite: bool, writing: Writing, progress: bool | None, extra_files: dict[str, str] | None
+) -> Result:
     """One rank's part of a torchrun conversion. Rank 0 owns the staging folder and everything in OUT
     besides the weights; each rank writes the files `split_files` deals it; a failure anywhere fails
     every rank, and rank 0 then removes the staging folder."""
@@ -104,7 +115,9 @@ def convert_distributed(plan: Plan, out: Path, overwrite: bool, writing: Writing
     mine = split_files(plan, world)[rank]
     try:
         survey(plan, writing.threads, progress if rank == 0 else False)  # (every rank all of it: what any file needs)
-        with progress_bar(sum(sum(g.nbytes for g in plan.files[f]) for f in mine), progress if rank == 0 else False) as bar:
+        with progress_bar(
+            sum(sum(g.nbytes for g in plan.files[f]) for f in mine), progress if rank == 0 else False
+        ) as bar:
             outcome = ("ok", write_files(plan, Path(shared[0]), mine, writing, bar), peak_rss())
     except Exception as e:
         outcome = ("error", _describe(e), peak_rss())
@@ -127,5 +140,15 @@ def convert_distributed(plan: Plan, out: Path, overwrite: bool, writing: Writing
     dist.broadcast_object_list(status, src=0)
     if status[0] is not None:
         raise PeerFailedError(status[0])
-    return Result(out, len(plan.outputs), plan.total_bytes, time.perf_counter() - start,
-                  max(o[2] for o in outcomes), list(plan.files), copied, warnings, writers=world, rank=rank)
+    return Result(
+        out,
+        len(plan.outputs),
+        plan.total_bytes,
+        time.perf_counter() - start,
+        max(o[2] for o in outcomes),
+        list(plan.files),
+        copied,
+        warnings,
+        writers=world,
+        rank=rank,
+    )

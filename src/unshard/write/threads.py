@@ -8,16 +8,16 @@ from __future__ import annotations
 import resource
 import sys
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from ..errors import UnshardError
 from ..plan import pieces_read
+from ..sinks.safetensors import bytes_of, sha256_of
 from ..types import Group, Plan
 from ..units import human_bytes
-from ..sinks.safetensors import bytes_of, sha256_of
 from .assemble import bands, encoded, ready_to_write
 
 
@@ -37,9 +37,12 @@ class Result:
     def line(self) -> str:
         rate = self.bytes / max(self.seconds, 1e-9)
         by = f" by {self.writers} processes" if self.writers > 1 else ""
-        return (f"wrote {self.tensors} tensors, {human_bytes(self.bytes)} in {len(self.files)} file(s) to {self.out}"
-                f"{by} in {self.seconds:.1f}s ({human_bytes(rate)}/s), peak memory "
-                f"{human_bytes(self.peak_rss)}{' per process' if self.writers > 1 else ''}")
+        return (
+            f"wrote {self.tensors} tensors, {human_bytes(self.bytes)} in {len(self.files)} file(s) to {self.out}"
+            f"{by} in {self.seconds:.1f}s ({human_bytes(rate)}/s), peak memory "
+            f"{human_bytes(self.peak_rss)}{' per process' if self.writers > 1 else ''}"
+        )
+
 
 @dataclass(frozen=True)
 class Writing:
@@ -49,16 +52,19 @@ class Writing:
     verify: bool = False  # re-read every written tensor and compare it with the source
     checksums: bool = False  # each file's sha256 in the model card (costs a core at about 1 GB/s)
 
+
 def peak_rss(children: bool = False) -> int:
     """Largest resident set of this process (or, with `children`, of it and any waited-for child)."""
     who = [resource.RUSAGE_SELF] + ([resource.RUSAGE_CHILDREN] if children else [])
     kb = max(resource.getrusage(w).ru_maxrss for w in who)
     return kb if sys.platform == "darwin" else kb * 1024
 
+
 def progress_bar(total: int, enabled: bool | None, what: str = "converting"):
     from tqdm import tqdm
 
     return tqdm(total=total, unit="B", unit_scale=True, desc=what, disable=None if enabled is None else not enabled)
+
 
 def write_files(plan: Plan, folder: Path, filenames: list[str], writing: Writing, bar) -> dict[str, str | None]:
     """Write (and verify, if asked) some of the plan's files; their sha256 by name, if asked."""
@@ -66,6 +72,7 @@ def write_files(plan: Plan, folder: Path, filenames: list[str], writing: Writing
     if writing.verify:
         verify_folder(plan, folder, filenames, writing.threads)
     return digests
+
 
 def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writing, bar) -> dict[str, str | None]:
     """These files of the plan, and their sha256 if asked. `writing.threads` threads each read, assemble
@@ -100,6 +107,7 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writ
     with ThreadPoolExecutor(max(1, writing.threads)) as pool:  # (hashlib lets go of the GIL: one core per file)
         return dict(zip(filenames, pool.map(lambda name: sha256_of(folder / name), filenames)))
 
+
 def survey(plan: Plan, threads: int, progress: bool | None) -> None:
     """A first pass over the outputs whose encoding must see all of them before encoding any (NVFP4's global scale,
     shared by fused siblings): each read a band at a time, as writing reads it, and shown to its encoding."""
@@ -121,6 +129,7 @@ def survey(plan: Plan, threads: int, progress: bool | None) -> None:
     total = sum(o.nbytes_as_is for o in plan.outputs if o.name in surveyed)
     with progress_bar(total, progress, "surveying") as bar:
         _each_group(plan, list(plan.files), threads, look)
+
 
 def _each_group(plan: Plan, filenames: list[str], threads: int, do: Callable[[str, Group], None]) -> None:
     """Call do(filename, group) for every group of these files from `threads` threads, starting a group
@@ -159,6 +168,7 @@ def _across_files(plan: Plan, filenames: list[str]) -> Iterator[tuple[str, Group
             del left[filename]
         yield filename, group
 
+
 def verify_folder(plan: Plan, folder: Path, filenames: list[str], threads: int = 1) -> None:
     """Check the CRC-32 of the torch.save records read, then read back every tensor written to these files
     and compare it byte for byte with the checkpoint: each piece's bytes read again from its file, or
@@ -169,7 +179,9 @@ def verify_folder(plan: Plan, folder: Path, filenames: list[str], threads: int =
     for filename, file in written.items():
         planned = sorted((s.name, s.dtype.safetensors, s.shape) for s in plan.stored(filename))
         if sorted((name, *entry[:2]) for name, entry in file.entries.items()) != planned:  # (in the format's order)
-            raise UnshardError(f"{file.path}: its header is not the planned one; the file was changed during conversion")
+            raise UnshardError(
+                f"{file.path}: its header is not the planned one; the file was changed during conversion"
+            )
 
     def compare(filename: str, group: Group) -> None:
         for ready in ready_to_write(plan, group):
@@ -187,7 +199,9 @@ def verify_folder(plan: Plan, folder: Path, filenames: list[str], threads: int =
             if ready.then is not None:
                 ready.then()
             if not same:
-                raise UnshardError(f"{folder / filename}: {output.name} differs from the checkpoint after "
-                                   "writing; the disk or the source changed during conversion")
+                raise UnshardError(
+                    f"{folder / filename}: {output.name} differs from the checkpoint after "
+                    "writing; the disk or the source changed during conversion"
+                )
 
     _each_group(plan, filenames, threads, compare)

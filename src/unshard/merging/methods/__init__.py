@@ -12,8 +12,9 @@ Each method computes what mergekit 0.1.5 computes, with its defaults and paramet
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 

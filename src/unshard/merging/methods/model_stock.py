@@ -15,8 +15,11 @@ def _model_stock_survey(bands, params, shared) -> float:
         for i in range(n):
             for j in range(i, n):
                 dots[i][j] += _dot(offsets[i], offsets[j])
-    cosines = [max(-1.0, min(1.0, dots[i][j] / max(math.sqrt(dots[i][i] * dots[j][j]), 1e-6)))
-               for i in range(n) for j in range(i + 1, n)]
+    cosines = [
+        max(-1.0, min(1.0, dots[i][j] / max(math.sqrt(dots[i][i] * dots[j][j]), 1e-6)))
+        for i in range(n)
+        for j in range(i + 1, n)
+    ]
     cos = sum(cosines) / len(cosines)
     denominator = 1 + (n - 1) * cos
     return 0.0 if abs(denominator) < 1e-6 else n * cos / denominator

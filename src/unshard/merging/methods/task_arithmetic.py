@@ -23,7 +23,9 @@ class TopK:
     def _buckets(magnitudes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         wide = magnitudes if magnitudes.element_size() >= 4 else magnitudes.float()  # exact for 16-bit floats
         bits = wide.reshape(-1).view(torch.int32 if wide.element_size() == 4 else torch.int64)
-        return wide.reshape(-1), (bits >> (8 * wide.element_size() - 16)).bitwise_and_(0x7FFF)  # a NaN's sign: still largest
+        return wide.reshape(-1), (bits >> (8 * wide.element_size() - 16)).bitwise_and_(
+            0x7FFF
+        )  # a NaN's sign: still largest
 
     def count(self, magnitudes: torch.Tensor) -> None:
         self.counts += torch.bincount(self._buckets(magnitudes)[1], minlength=self.BUCKETS)
@@ -52,7 +54,7 @@ class _TaskVectors:
     def __call__(self, i: int, other: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
         if i not in self.buffers or self.buffers[i].numel() < base.numel():
             self.buffers[i] = torch.empty(base.numel(), dtype=base.dtype)
-        return torch.sub(other, base, out=self.buffers[i][:base.numel()].view(base.shape))
+        return torch.sub(other, base, out=self.buffers[i][: base.numel()].view(base.shape))
 
 
 class _TaskArithmetic:
@@ -124,8 +126,10 @@ class _TaskArithmetic:
     def combine(self, base, others, params, shared, numbers, generator):
         # Task vectors are made in the inputs' own buffers, one at a time: memory stays at the inputs
         # plus a few bands, however many models are merged.
-        deltas = [self.kept(other.sub_(base), p, n, generator).mul_(p["weight"])
-                  for other, p, n in zip(others, params, numbers)]
+        deltas = [
+            self.kept(other.sub_(base), p, n, generator).mul_(p["weight"])
+            for other, p, n in zip(others, params, numbers)
+        ]
         if self.consensus:
             mixed, divisor = _elect_signs(deltas, params, base)
         else:
@@ -170,11 +174,16 @@ def _method(shared: dict, per_input: dict, consensus: bool, sparsify: str | None
 
 
 METHODS = {
-    "task_arithmetic": _method({"normalize": False, "lambda": 1.0, "rescale": False}, {"weight": REQUIRED}, False, None),
-    "ties": _method({"normalize": True, "lambda": 1.0, "rescale": False}, {"weight": REQUIRED, "density": 1.0},
-                    True, "magnitude"),
-    "dare_linear": _method({"normalize": False, "lambda": 1.0, "rescale": True}, {"weight": REQUIRED, "density": 1.0},
-                           False, "random"),
-    "dare_ties": _method({"normalize": False, "lambda": 1.0, "rescale": True}, {"weight": REQUIRED, "density": 1.0},
-                         True, "random"),
+    "task_arithmetic": _method(
+        {"normalize": False, "lambda": 1.0, "rescale": False}, {"weight": REQUIRED}, False, None
+    ),
+    "ties": _method(
+        {"normalize": True, "lambda": 1.0, "rescale": False}, {"weight": REQUIRED, "density": 1.0}, True, "magnitude"
+    ),
+    "dare_linear": _method(
+        {"normalize": False, "lambda": 1.0, "rescale": True}, {"weight": REQUIRED, "density": 1.0}, False, "random"
+    ),
+    "dare_ties": _method(
+        {"normalize": False, "lambda": 1.0, "rescale": True}, {"weight": REQUIRED, "density": 1.0}, True, "random"
+    ),
 }

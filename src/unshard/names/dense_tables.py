@@ -1,19 +1,17 @@
-"""The tensors of the dense decoder families most often trained (Llama, Mistral, Qwen2, Qwen3,
-Gemma 1-3, Phi-3), written down as data.
+"""The tensors of a dense decoder family written down as data (a TensorTable), and what a config's model holds
+by it. The families' tables are theirs (families/llama.py, ...); the pieces they are made of are here.
 
 A model's first conversion asks transformers which tensors the config's model holds (hf_names):
 importing torch and transformers' model code takes 3-4 s, longer than writing a 2 GB model. For the
-families below the answer is this table, with no import. It only ever speeds things up: a config
+families with a table the answer is the table, with no import. It only ever speeds things up: a config
 field the table does not list, a transformers release it was not checked against, or a checkpoint
 that does not fit its answer all go to transformers as before. tests/test_dense_families.py compares
-the table with transformers' own answer across configs of every family.
+the tables with transformers' own answer across configs of every family.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from . import known
@@ -24,21 +22,54 @@ CHECKED_WITH = ("5.",)
 
 # Config fields that add, drop or resize no tensor of these models: ids, bookkeeping, rotary
 # embedding and attention-window settings, dropout, initialisation, generation leftovers.
-INERT = frozenset({
-    "_name_or_path", "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
-    "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "hidden_act",
-    "rms_norm_eps", "attention_dropout", "max_position_embeddings", "rope_theta", "rope_scaling",
-    "rope_parameters", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
-    "output_attentions", "output_hidden_states", "return_dict", "pretraining_tp", "use_mrope",
-    "hidden_activation", "cache_implementation", "query_pre_attn_scalar", "final_logit_softcapping",
-    "attn_logit_softcapping", "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern",
-    "use_bidirectional_attention", "resid_pdrop", "embd_pdrop", "original_max_position_embeddings",
-    "partial_rotary_factor",
-})
+INERT = frozenset(
+    {
+        "_name_or_path",
+        "architectures",
+        "model_type",
+        "transformers_version",
+        "dtype",
+        "torch_dtype",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "use_cache",
+        "initializer_range",
+        "hidden_act",
+        "rms_norm_eps",
+        "attention_dropout",
+        "max_position_embeddings",
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "sliding_window",
+        "use_sliding_window",
+        "max_window_layers",
+        "layer_types",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "pretraining_tp",
+        "use_mrope",
+        "hidden_activation",
+        "cache_implementation",
+        "query_pre_attn_scalar",
+        "final_logit_softcapping",
+        "attn_logit_softcapping",
+        "rope_local_base_freq",
+        "sliding_window_pattern",
+        "_sliding_window_pattern",
+        "use_bidirectional_attention",
+        "resid_pdrop",
+        "embd_pdrop",
+        "original_max_position_embeddings",
+        "partial_rotary_factor",
+    }
+)
 
 # Tensors of every decoder layer: name -> shape, each dimension a sum of products of config fields
 # and numbers (see _derived).
-_LAYER = {
+LAYER = {
     "self_attn.q_proj.weight": ("num_attention_heads*head_dim", "hidden_size"),
     "self_attn.k_proj.weight": ("num_key_value_heads*head_dim", "hidden_size"),
     "self_attn.v_proj.weight": ("num_key_value_heads*head_dim", "hidden_size"),
@@ -49,43 +80,54 @@ _LAYER = {
     "input_layernorm.weight": ("hidden_size",),
     "post_attention_layernorm.weight": ("hidden_size",),
 }
-_QKV_BIAS = {
+QKV_BIAS = {
     "self_attn.q_proj.bias": ("num_attention_heads*head_dim",),
     "self_attn.k_proj.bias": ("num_key_value_heads*head_dim",),
     "self_attn.v_proj.bias": ("num_key_value_heads*head_dim",),
 }
-_ATTENTION_BIAS = {**_QKV_BIAS, "self_attn.o_proj.bias": ("hidden_size",)}
-_MLP_BIAS = {
+ATTENTION_BIAS = {**QKV_BIAS, "self_attn.o_proj.bias": ("hidden_size",)}
+MLP_BIAS = {
     "mlp.gate_proj.bias": ("intermediate_size",),
     "mlp.up_proj.bias": ("intermediate_size",),
     "mlp.down_proj.bias": ("hidden_size",),
 }
-_QK_NORM = {"self_attn.q_norm.weight": ("head_dim",), "self_attn.k_norm.weight": ("head_dim",)}
+QK_NORM = {"self_attn.q_norm.weight": ("head_dim",), "self_attn.k_norm.weight": ("head_dim",)}
 # Phi-3 holds q, k and v in one projection, and the MLP's gate and up in another (declared after o_proj:
 # the table keeps each model's order, which --quantize's list of layers left unquantized follows).
-_FUSED_LAYER = {
+FUSED_LAYER = {
     "self_attn.o_proj.weight": ("hidden_size", "num_attention_heads*head_dim"),
     "self_attn.qkv_proj.weight": ("num_attention_heads*head_dim+2*num_key_value_heads*head_dim", "hidden_size"),
     "mlp.gate_up_proj.weight": ("2*intermediate_size", "hidden_size"),
-    **{name: dims for name, dims in _LAYER.items()
-       if name not in {f"self_attn.{p}_proj.weight" for p in "qkvo"} | {"mlp.gate_proj.weight", "mlp.up_proj.weight"}},
+    **{
+        name: dims
+        for name, dims in LAYER.items()
+        if name not in {f"self_attn.{p}_proj.weight" for p in "qkvo"} | {"mlp.gate_proj.weight", "mlp.up_proj.weight"}
+    },
 }
-_FEEDFORWARD_NORMS = {"pre_feedforward_layernorm.weight": ("hidden_size",),
-                      "post_feedforward_layernorm.weight": ("hidden_size",)}
+FEEDFORWARD_NORMS = {
+    "pre_feedforward_layernorm.weight": ("hidden_size",),
+    "post_feedforward_layernorm.weight": ("hidden_size",),
+}
 
 # Sizes every family reads, with the value the config class gives one the config leaves out: a
 # number, another field, a//b; None: the config must say it.
-_SIZES = {"vocab_size": None, "hidden_size": None, "intermediate_size": None, "num_hidden_layers": None,
-          "num_attention_heads": None, "num_key_value_heads": "num_attention_heads",
-          "head_dim": "hidden_size//num_attention_heads"}
+SIZES = {
+    "vocab_size": None,
+    "hidden_size": None,
+    "intermediate_size": None,
+    "num_hidden_layers": None,
+    "num_attention_heads": None,
+    "num_key_value_heads": "num_attention_heads",
+    "head_dim": "hidden_size//num_attention_heads",
+}
 # What a size set to null becomes, where the config class derives it (`nullable` says where).
 WHEN_NULL = {"num_key_value_heads": "num_attention_heads", "head_dim": "hidden_size//num_attention_heads"}
 
 
 @dataclass(frozen=True)
-class Family:
+class TensorTable:
     architecture: str  # the causal LM class whose tensors these are
-    sizes: dict[str, Any]  # field -> its value when left out (see _SIZES)
+    sizes: dict[str, Any]  # field -> its value when left out (see SIZES)
     layer: dict[str, tuple[str, ...]]  # tensors of each layer, whatever the flags
     flags: dict[str, tuple[bool, dict[str, tuple[str, ...]]]]  # boolean field -> (default, layer tensors it adds)
     nullable: tuple[str, ...] = ("num_key_value_heads",)  # sizes a null sets to WHEN_NULL's value
@@ -94,35 +136,14 @@ class Family:
     pad_token_default: int | None = None  # the padding index of the embedding, when the config has none
 
 
-FAMILIES = {
-    "llama": Family("LlamaForCausalLM", _SIZES, _LAYER,
-                    {"attention_bias": (False, _ATTENTION_BIAS), "mlp_bias": (False, _MLP_BIAS)},
-                    nullable=tuple(WHEN_NULL), heads_divide_hidden=True),
-    "mistral": Family("MistralForCausalLM", {**_SIZES, "num_key_value_heads": 8}, _LAYER, {}, nullable=("head_dim",)),
-    "qwen2": Family("Qwen2ForCausalLM", {**_SIZES, "num_key_value_heads": 32}, {**_LAYER, **_QKV_BIAS}, {}),
-    "qwen3": Family("Qwen3ForCausalLM", {**_SIZES, "num_key_value_heads": 32, "head_dim": 128},
-                    {**_LAYER, **_QK_NORM}, {"attention_bias": (False, _ATTENTION_BIAS)}),
-    "gemma": Family("GemmaForCausalLM", {**_SIZES, "num_key_value_heads": 16, "head_dim": 256}, _LAYER,
-                    {"attention_bias": (False, _ATTENTION_BIAS)}, nullable=(), tie_default=True),
-    "gemma2": Family("Gemma2ForCausalLM", {**_SIZES, "num_key_value_heads": 4, "head_dim": 256},
-                     {**_LAYER, **_FEEDFORWARD_NORMS}, {"attention_bias": (False, _ATTENTION_BIAS)}, nullable=(),
-                     heads_divide_hidden=True, tie_default=True),
-    "gemma3_text": Family("Gemma3ForCausalLM", {**_SIZES, "num_key_value_heads": 4, "head_dim": 256},
-                          {**_LAYER, **_QK_NORM, **_FEEDFORWARD_NORMS}, {"attention_bias": (False, _ATTENTION_BIAS)},
-                          nullable=(), heads_divide_hidden=True, tie_default=True),
-    "phi3": Family("Phi3ForCausalLM", _SIZES, _FUSED_LAYER, {}, pad_token_default=32000),
-}
-
-
 def _installed_transformers_checked() -> bool:
     version = known.transformers_version()
     return version is None or version.startswith(CHECKED_WITH)
 
 
-def settings(config: dict, updates: dict | None = None) -> tuple[Family, dict[str, Any]] | None:
-    """The family and its settings (every size and flag) of a config the table covers, else None."""
-    family = FAMILIES.get(config.get("model_type"))
-    if family is None or updates or not _installed_transformers_checked():
+def settings(family: TensorTable, config: dict, updates: dict | None = None) -> dict[str, Any] | None:
+    """The settings (every size and flag) of a config the table covers, else None."""
+    if updates or not _installed_transformers_checked():
         return None
     if config.get("architectures") not in (None, [family.architecture]):
         return None
@@ -151,19 +172,22 @@ def settings(config: dict, updates: dict | None = None) -> tuple[Family, dict[st
     if isinstance(pad, int) and not -values["vocab_size"] <= pad < values["vocab_size"]:
         return None  # the embedding's padding_idx: torch refuses to build the model
     layer_types = config.get("layer_types")
-    if layer_types is not None and (len(layer_types) != values["num_hidden_layers"]
-                                    or not set(layer_types) <= {"full_attention", "sliding_attention"}):
+    if layer_types is not None and (
+        len(layer_types) != values["num_hidden_layers"]
+        or not set(layer_types) <= {"full_attention", "sliding_attention"}
+    ):
         return None
-    return family, values
+    return values
 
 
-def tensors(config: dict, updates: dict | None = None) -> tuple[dict[str, tuple[int, ...]], set[str]] | None:
+def tensors(
+    family: TensorTable, config: dict, updates: dict | None = None
+) -> tuple[dict[str, tuple[int, ...]], set[str]] | None:
     """(name -> shape of the model's state dict, the names tied to another tensor) for a config the
     table covers; None for any other, which transformers then answers."""
-    found = settings(config, updates)
-    if found is None:
+    values = settings(family, config, updates)
+    if values is None:
         return None
-    family, values = found
     per_layer = dict(family.layer)
     for field, (_, added) in family.flags.items():
         if values[field]:
@@ -189,34 +213,6 @@ def _derived(expression: str, values: dict[str, int]) -> int:
             product *= int(factor) if factor.isdigit() else values[factor]
         total += product
     return total
-
-
-# Tokenizer classes that transformers loads from tokenizer.json alone, with no code of the model's.
-TOKENIZERS_JSON_CLASSES = frozenset({
-    None, "PreTrainedTokenizerFast", "TokenizersBackend", "LlamaTokenizer", "LlamaTokenizerFast",
-    "Qwen2Tokenizer", "Qwen2TokenizerFast", "GPT2Tokenizer", "GPT2TokenizerFast", "GemmaTokenizer",
-    "GemmaTokenizerFast",
-})
-
-
-def loads_without_transformers(folder: Path) -> bool:
-    """Whether this output folder is known to load without asking transformers: its config is one
-    the table covers, and its tokenizer, if any, is a tokenizer.json that the tokenizers library reads."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-        if settings(config) is None:
-            return False
-        if not (folder / "tokenizer.json").exists():
-            return not any((folder / name).exists() for name in ("tokenizer.model", "tokenizer_config.json"))
-        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
-        if "auto_map" in tokenizer_config or tokenizer_config.get("tokenizer_class") not in TOKENIZERS_JSON_CLASSES:
-            return False
-        import tokenizers
-
-        tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
-        return True
-    except Exception:  # anything unusual: transformers is asked and says what is wrong
-        return False
 
 
 def linear(in_memory: dict[str, tuple[int, ...]]) -> list[str]:

@@ -12,17 +12,14 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .. import dtypes
-from ..errors import ConfigMismatchError
-from .gguf import GGUFPlan, GGUFTensor, _gguf, _json, general_metadata
+from ... import dtypes
+from ...errors import ConfigMismatchError
+from ...types import OutputTensor
+from .header import general_metadata, gguf_py, json_or_empty
+from .tensors import GGUFPlan, GGUFTensor
 
-if TYPE_CHECKING:
-    from ..types import OutputTensor
-
-# Hugging Face architectures whose vision part goes to the mmproj file: -> llama.cpp's projector type
-PROJECTORS = {"Gemma3ForConditionalGeneration": "GEMMA3"}
 VISION = re.compile(r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.")
 MMPROJ_TYPES = ("f32", "f16", "bf16", "q8_0")  # (llama-quantize leaves an mmproj alone: others write it in f16)
 
@@ -37,27 +34,40 @@ def _converter_name(name: str) -> str:
     (vision_tower.vision_model..., which transformers 5 saves as vision_tower...), `_weight` as `.weight`."""
     name = re.sub(r"^model\.", "", name)
     if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
-        name = "vision_tower.vision_model." + name[len("vision_tower."):]
+        name = "vision_tower.vision_model." + name[len("vision_tower.") :]
     return name.replace("_weight", ".weight")
 
 
-def plan_mmproj(file_type: str, outputs: list[OutputTensor], hparams: dict[str, Any], folder: Path,
-                projector: str) -> GGUFPlan:
+def plan_mmproj(
+    file_type: str, outputs: list[OutputTensor], hparams: dict[str, Any], folder: Path, projector: str
+) -> GGUFPlan:
     """The mmproj file's tensors, types, order and metadata, as the converter's `--mmproj` writes them. hparams: the
     config with its text_config's keys at the top (the text model's width) and its vision_config."""
-    from ..types import OutputTensor
-
-    gguf = _gguf()
+    gguf = gguf_py()
     where = folder / "config.json"
     vision = hparams.get("vision_config") or {}
     if vision.get("vision_use_head"):
-        raise ConfigMismatchError(f"{where}: the vision tower has a pooling head (vision_use_head), which llama.cpp's "
-                                  "gemma3 projector does not run; serve this model with transformers or vLLM")
-    missing = [key for key in ("image_size", "patch_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                               "num_attention_heads") if vision.get(key) is None]
+        raise ConfigMismatchError(
+            f"{where}: the vision tower has a pooling head (vision_use_head), which llama.cpp's "
+            "gemma3 projector does not run; serve this model with transformers or vLLM"
+        )
+    missing = [
+        key
+        for key in (
+            "image_size",
+            "patch_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+        )
+        if vision.get(key) is None
+    ]
     if missing:
-        raise ConfigMismatchError(f"{where}: vision_config lacks {', '.join(missing)}, which the mmproj file carries; "
-                                  "pass --config-from the model's own folder")
+        raise ConfigMismatchError(
+            f"{where}: vision_config lacks {', '.join(missing)}, which the mmproj file carries; "
+            "pass --config-from the model's own folder"
+        )
     mm_type = file_type if file_type in MMPROJ_TYPES else "f16"
     plan = GGUFPlan(mm_type, "clip", gguf.GGUFWriter(None, "clip"))
     if mm_type != file_type:
@@ -69,8 +79,10 @@ def plan_mmproj(file_type: str, outputs: list[OutputTensor], hparams: dict[str, 
         source = _converter_name(output.name)
         name = names.get_name(source, try_suffixes=(".weight", ".bias"))
         if name is None:
-            raise ConfigMismatchError(f"{where}: the tensor {output.name} has no name in llama.cpp's mmproj (clip) "
-                                      "file; llama.cpp cannot load it")
+            raise ConfigMismatchError(
+                f"{where}: the tensor {output.name} has no name in llama.cpp's mmproj (clip) "
+                "file; llama.cpp cannot load it"
+            )
         tensor_type = _tensor_type(gguf, source, name, output.shape, qtype)
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
         shift = 1.0 if "soft_emb_norm.weight" in source else 0.0  # (Gemma's RMS norm: 1 + weight)
@@ -99,16 +111,19 @@ def _tensor_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype):
 def _metadata(writer, hparams: dict, vision: dict, folder: Path, parameters: int, projector: str, mm_type: str) -> None:
     """The converter's key-values for an mmproj, in its order: general ones, the file type, the vision tower's sizes
     and the image processor's normalisation, then the projector's."""
-    gguf = _gguf()
+    gguf = gguf_py()
     writer.add_type(gguf.GGUFType.MMPROJ)
     general_metadata(writer, folder, (parameters, parameters, 0, 0))
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if mm_type == "f32"
-                         else getattr(gguf.LlamaFileType, "MOSTLY_" + mm_type.upper()))
+    writer.add_file_type(
+        gguf.LlamaFileType.ALL_F32 if mm_type == "f32" else getattr(gguf.LlamaFileType, "MOSTLY_" + mm_type.upper())
+    )
     processor = _processor_config(folder)
     if "image_mean" not in processor or "image_std" not in processor:
-        raise ConfigMismatchError(f"{folder}: no image processor's image_mean and image_std (preprocessor_config.json "
-                                  "or processor_config.json), which the mmproj file carries; pass --config-from the "
-                                  "model's own folder")
+        raise ConfigMismatchError(
+            f"{folder}: no image processor's image_mean and image_std (preprocessor_config.json "
+            "or processor_config.json), which the mmproj file carries; pass --config-from the "
+            "model's own folder"
+        )
     writer.add_clip_has_vision_encoder(True)
     writer.add_vision_projection_dim(hparams["hidden_size"])  # (the text model's width)
     writer.add_vision_image_size(vision["image_size"])
@@ -136,7 +151,7 @@ def _processor_config(folder: Path) -> dict[str, Any]:
     processor_config.json over it (its image_processor's settings at the top)."""
     settings: dict[str, Any] = {}
     for name in ("preprocessor_config.json", "processor_config.json"):
-        found = _json(folder / name)
+        found = json_or_empty(folder / name)
         for nested in ("media_proc_cfg", "image_processor"):
             if isinstance(found.get(nested), dict):
                 found = {**found, **found[nested]}

@@ -1,0 +1,226 @@
+"""Gemma, Gemma 2 and Gemma 3 (its text model, and with its SigLIP vision tower): Llama's layout with norms applied
+as 1 + weight (shifted by one for llama.cpp, which applies them as they are), Gemma 2's and 3's norms around the
+feed-forward, Gemma 3's q and k norms; llama.cpp's gemma, gemma2 and gemma3 with their own header hooks, and Gemma
+3's vision part as the mmproj file."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..errors import ConfigMismatchError
+from ..names import dense_tables as t
+from ..sinks.gguf.header import check_query_scale, json_or_empty, special_vocab, text_hyperparameters
+from .llama import SIBLINGS, TEXT_ONLY
+from .parts import Family, GGUFPart, Unsupported
+
+GEMMA_HPARAMS = (
+    "max_position_embeddings",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "rms_norm_eps",
+    "head_dim",
+)
+GEMMA2_HPARAMS = (*GEMMA_HPARAMS, "attn_logit_softcapping", "final_logit_softcapping", "sliding_window")
+
+
+def _gemma_hyperparameters(writer, hparams: dict, ftype, blocks: int, where: Path, gemma2: bool) -> None:
+    """Gemma's and Gemma 2's, as the converter writes them: no rope frequency (llama.cpp's default is Gemma's);
+    Gemma 2 adds the logits' soft caps and the sliding window."""
+    needed, name = (GEMMA2_HPARAMS, "gemma2") if gemma2 else (GEMMA_HPARAMS, "gemma")
+    missing = [key for key in needed if hparams.get(key) is None]
+    if missing:
+        raise ConfigMismatchError(
+            f"{where}: no {', '.join(missing)}, which llama.cpp's {name} needs; "
+            "pass --config-from the model's own folder"
+        )
+    if gemma2:  # (Gemma scales queries by head width alone, as llama.cpp's gemma does)
+        check_query_scale(hparams, name, 46, where)
+    writer.add_context_length(hparams["max_position_embeddings"])
+    writer.add_embedding_length(hparams["hidden_size"])
+    writer.add_block_count(blocks)
+    writer.add_feed_forward_length(hparams["intermediate_size"])
+    writer.add_head_count(hparams["num_attention_heads"])
+    writer.add_head_count_kv(hparams.get("num_key_value_heads") or hparams["num_attention_heads"])
+    writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
+    writer.add_key_length(hparams["head_dim"])
+    writer.add_value_length(hparams["head_dim"])
+    writer.add_file_type(ftype)
+    if gemma2:
+        writer.add_attn_logit_softcapping(hparams["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(hparams["final_logit_softcapping"])
+        writer.add_sliding_window(hparams["sliding_window"])
+
+
+# CodeGemma's fill-in-the-middle tokens, which the converter writes for every Gemma (its ids, as it has them)
+GEMMA_SPECIAL_TOKENS = {"prefix": 67, "suffix": 69, "middle": 68, "fsep": 70, "eot": 107}
+
+
+def _gemma_special_tokens(writer, folder: Path) -> None:
+    special = special_vocab(folder, load_merges=False, special_token_types=list(GEMMA_SPECIAL_TOKENS))
+    for kind, token in GEMMA_SPECIAL_TOKENS.items():
+        special.special_token_ids.setdefault(kind, token)
+    special.chat_template = None  # (written with the vocabulary)
+    quiet = logging.getLogger("gguf")
+    level, quiet.level = quiet.level, logging.ERROR  # (gguf-py has no field for some, and says so for each)
+    try:
+        special.add_to_gguf(writer, quiet=True)
+    finally:
+        quiet.level = level
+
+
+def gemma3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """Gemma 3's text model, as the converter writes it: TextModel's fields (the global layers' rope base, the
+    sliding ones' as rope.freq_base_swa), with Gemma 3's defaults where the config lacks a value, then the final
+    soft cap and the sliding window. llama.cpp makes every sixth layer global and scales queries by head width:
+    a config otherwise is one line."""
+    where = folder / "config.json"
+    if hparams.get("attn_logit_softcapping") is not None:
+        raise ConfigMismatchError(
+            f"{where}: attn_logit_softcapping is set, which llama.cpp's gemma3 does not apply; "
+            "serve this model with transformers or vLLM"
+        )
+    defaults = {
+        "max_position_embeddings": 131072,
+        "num_attention_heads": 8,
+        "rms_norm_eps": 1e-6,
+        "head_dim": 256,
+        "num_key_value_heads": 4,
+    }
+    hparams = {**hparams, **{key: value for key, value in defaults.items() if hparams.get(key) is None}}
+    check_query_scale(hparams, "gemma3", 62, where)
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    if hparams.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(hparams["final_logit_softcapping"])
+    if hparams.get("sliding_window_pattern") != 1:
+        writer.add_sliding_window(hparams["sliding_window"])
+        global_every_sixth = ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(blocks)]
+        if hparams.get("layer_types") not in (None, global_every_sixth):
+            raise ConfigMismatchError(
+                f"{where}: layer_types is not one global layer in six, the only pattern "
+                "llama.cpp's gemma3 runs; serve this model with transformers or vLLM"
+            )
+    if not (folder / "tokenizer.model").is_file():
+        # The converter cuts the embedding to the tokens tokenizer.json lists (its vocabulary plus its added tokens,
+        # counted again where they are in both) but lists the config's count of tokens, so fewer rows than that
+        # make a file llama.cpp refuses to load ("token_embd.weight has wrong shape").
+        tokenizer = json_or_empty(folder / "tokenizer.json")
+        tokens = len(tokenizer.get("model", {}).get("vocab", {})) + len(tokenizer.get("added_tokens", []))
+        if tokens < hparams["vocab_size"]:
+            raise ConfigMismatchError(
+                f"{folder / 'tokenizer.json'}: {tokens} tokens for an embedding of "
+                f"{hparams['vocab_size']} rows; llama.cpp's converter would cut the embedding "
+                "to the tokens, and llama.cpp then refuses the file; give the folder the model's "
+                "tokenizer.model (SentencePiece), with which every row is kept"
+            )
+
+
+def gemma_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    _gemma_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json", gemma2=False)
+
+
+def gemma2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    _gemma_hyperparameters(writer, hparams, ftype, blocks, folder / "config.json", gemma2=True)
+
+
+def gemma_after_vocabulary(writer, hparams: dict, folder: Path) -> None:
+    """CodeGemma's fill-in-the-middle tokens, then no space prefix."""
+    _gemma_special_tokens(writer, folder)
+    writer.add_add_space_prefix(False)
+
+
+def no_space_prefix(writer, hparams: dict, folder: Path) -> None:
+    writer.add_add_space_prefix(False)
+
+
+def gemma3_after_vocabulary(writer, hparams: dict, folder: Path) -> None:
+    if (folder / "tokenizer.model").is_file():  # (a SentencePiece vocabulary: no space prefix)
+        writer.add_add_space_prefix(False)
+
+
+MEGATRON = Unsupported("Megatron's Gemma layout (GeGLU, the embedding's scale, 1 + weight norms) is not mapped yet")
+META = Unsupported("torchtitan's and torchtune's names are mapped for Llama and Mistral only so far")
+DENSE_ONLY = Unsupported("a dense family; merge-moe assembles no MoE from Gemma models", applies=False)
+GEMMA3 = GGUFPart(
+    "GEMMA3", hyperparameters=gemma3_hyperparameters, after_vocabulary=gemma3_after_vocabulary, norm_shift=1.0
+)
+GEMMA3_TABLE = t.TensorTable(
+    "Gemma3ForCausalLM",
+    {**t.SIZES, "num_key_value_heads": 4, "head_dim": 256},
+    {**t.LAYER, **t.QK_NORM, **t.FEEDFORWARD_NORMS},
+    {"attention_bias": (False, t.ATTENTION_BIAS)},
+    nullable=(),
+    heads_divide_hidden=True,
+    tie_default=True,
+)
+
+FAMILIES = (
+    Family(
+        "Gemma",
+        "gemma",
+        "GemmaForCausalLM",
+        tensors=t.TensorTable(
+            "GemmaForCausalLM",
+            {**t.SIZES, "num_key_value_heads": 16, "head_dim": 256},
+            t.LAYER,
+            {"attention_bias": (False, t.ATTENTION_BIAS)},
+            nullable=(),
+            tie_default=True,
+        ),
+        megatron=MEGATRON,
+        meta_names=META,
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "GEMMA", hyperparameters=gemma_hyperparameters, after_vocabulary=gemma_after_vocabulary, norm_shift=1.0
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=DENSE_ONLY,
+    ),
+    Family(
+        "Gemma 2",
+        "gemma2",
+        "Gemma2ForCausalLM",
+        tensors=t.TensorTable(
+            "Gemma2ForCausalLM",
+            {**t.SIZES, "num_key_value_heads": 4, "head_dim": 256},
+            {**t.LAYER, **t.FEEDFORWARD_NORMS},
+            {"attention_bias": (False, t.ATTENTION_BIAS)},
+            nullable=(),
+            heads_divide_hidden=True,
+            tie_default=True,
+        ),
+        megatron=MEGATRON,
+        meta_names=META,
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "GEMMA2", hyperparameters=gemma2_hyperparameters, after_vocabulary=no_space_prefix, norm_shift=1.0
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=DENSE_ONLY,
+    ),
+    Family(
+        "Gemma 3 (text)",
+        "gemma3_text",
+        "Gemma3ForCausalLM",
+        tensors=GEMMA3_TABLE,
+        megatron=MEGATRON,
+        meta_names=META,
+        fused_siblings=SIBLINGS,
+        gguf=GEMMA3,
+        mmproj=TEXT_ONLY,
+        moe_layout=DENSE_ONLY,
+    ),
+    Family(
+        "Gemma 3",
+        "gemma3",
+        "Gemma3ForConditionalGeneration",
+        tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
+        megatron=MEGATRON,
+        meta_names=META,
+        fused_siblings=SIBLINGS,
+        gguf=GEMMA3,
+        mmproj="GEMMA3",
+        moe_layout=DENSE_ONLY,
+    ),
+)

@@ -1,0 +1,128 @@
+"""Llama and Mistral: one set of names (Mistral is Llama's layout with a sliding window), Meta's names as torchtitan
+and torchtune save them, llama.cpp's `llama` (q and k rows reordered per head, Llama 3's rope factors computed)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..names import dense_tables as t
+from ..names import megatron_rules as m
+from .parts import Family, GGUFPart, MegatronRules, Unsupported
+
+# torchtune's and torchtitan's names (layer as {i}) -> (Hugging Face name, which rotary permutation: q, k or none)
+L = "model.layers.{i}."
+TORCHTUNE = {
+    "norm.scale": ("model.norm.weight", None),
+    "layers.{i}.sa_norm.scale": (L + "input_layernorm.weight", None),
+    "layers.{i}.mlp_norm.scale": (L + "post_attention_layernorm.weight", None),
+    "layers.{i}.attn.q_proj.weight": (L + "self_attn.q_proj.weight", "q"),
+    "layers.{i}.attn.k_proj.weight": (L + "self_attn.k_proj.weight", "k"),
+    "layers.{i}.attn.v_proj.weight": (L + "self_attn.v_proj.weight", None),
+    "layers.{i}.attn.output_proj.weight": (L + "self_attn.o_proj.weight", None),
+    "layers.{i}.mlp.w1.weight": (L + "mlp.gate_proj.weight", None),
+    "layers.{i}.mlp.w2.weight": (L + "mlp.down_proj.weight", None),
+    "layers.{i}.mlp.w3.weight": (L + "mlp.up_proj.weight", None),
+}
+TORCHTITAN = {
+    "tok_embeddings.weight": ("model.embed_tokens.weight", None),
+    "norm.weight": ("model.norm.weight", None),
+    "output.weight": ("lm_head.weight", None),  # torchtitan before its lm_head rename
+    "lm_head.weight": ("lm_head.weight", None),
+    "layers.{i}.attention_norm.weight": (L + "input_layernorm.weight", None),
+    "layers.{i}.ffn_norm.weight": (L + "post_attention_layernorm.weight", None),
+    "layers.{i}.attention.wo.weight": (L + "self_attn.o_proj.weight", None),
+    "layers.{i}.feed_forward.w1.weight": (L + "mlp.gate_proj.weight", None),
+    "layers.{i}.feed_forward.w2.weight": (L + "mlp.down_proj.weight", None),
+    "layers.{i}.feed_forward.w3.weight": (L + "mlp.up_proj.weight", None),
+    # Names with and without the fused-QKV module of torchtitan >= 0.3.
+    **{
+        f"layers.{{i}}.attention{mid}.w{p}.weight": (L + f"self_attn.{p}_proj.weight", p if p != "v" else None)
+        for mid in ("", ".qkv_linear")
+        for p in "qkv"
+    },
+}
+META_NAMES = {**TORCHTITAN, **TORCHTUNE}  # the two name sets do not overlap
+
+# The Linear layers vLLM runs as one (--quantize's shared global scales) in Llama's layout
+SIBLINGS = (("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj"))
+MEGATRON_RULES = {**m.COMMON, **m.DENSE_MLP}
+
+
+def _no_biases(args: dict) -> dict:
+    return {"attention_bias": False, "mlp_bias": False}
+
+
+def llama3_rope_factors(rope: dict, head_dim: int) -> list[float]:
+    """Llama 3's rope frequencies, divided by these factors per pair of dimensions: by `factor` for wavelengths
+    longer than the original context over `low_freq_factor`, by 1 for those shorter than it over
+    `high_freq_factor`, smoothly between (as transformers' and the converter's rope of type llama3)."""
+    import torch
+
+    base = rope.get("rope_theta", 10000.0)
+    factor, low, high = rope.get("factor", 8.0), rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    context = rope.get("original_max_position_embeddings", 8192)
+    factors = []  # (computed in float32 as the converter computes them, so the values are its own to the bit)
+    for frequency in 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)):
+        wavelength = 2 * math.pi / frequency
+        if wavelength < context / high:
+            factors.append(1)
+        elif wavelength > context / low:
+            factors.append(factor)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return [float(f) for f in factors]
+
+
+def llama_computed(writer, hparams: dict, rope: dict, head_dim: int, where: Path) -> dict[str, list[float]]:
+    """Llama 3's rope frequency factors, which the converter computes for rope of type llama3."""
+    if str(rope.get("rope_type")).lower() == "llama3":
+        return {"rope_freqs.weight": llama3_rope_factors(rope, head_dim)}
+    return {}
+
+
+# llama.cpp's llama: Llama, Mistral and Mixtral
+GGUF = GGUFPart("LLAMA", computed=llama_computed, permute_qk=True, llama_vocabulary=True)
+TEXT_ONLY = Unsupported("a text model: it has no vision part", applies=False)
+
+FAMILIES = (
+    Family(
+        "Llama",
+        "llama",
+        "LlamaForCausalLM",
+        tensors=t.TensorTable(
+            "LlamaForCausalLM",
+            t.SIZES,
+            t.LAYER,
+            {"attention_bias": (False, t.ATTENTION_BIAS), "mlp_bias": (False, t.MLP_BIAS)},
+            nullable=tuple(t.WHEN_NULL),
+            heads_divide_hidden=True,
+        ),
+        megatron=MegatronRules(MEGATRON_RULES, (False, False, False, False), _no_biases),
+        meta_names=META_NAMES,
+        fused_siblings=SIBLINGS,
+        gguf=GGUF,
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("a dense family: merge-moe assembles Mixtral or Qwen MoE from it", applies=False),
+    ),
+    Family(
+        "Mistral",
+        "mistral",
+        "MistralForCausalLM",
+        tensors=t.TensorTable(
+            "MistralForCausalLM", {**t.SIZES, "num_key_value_heads": 8}, t.LAYER, {}, nullable=("head_dim",)
+        ),
+        # (Megatron-LM's args describe a Llama: a Mistral is read with --config-from its config)
+        megatron=MegatronRules(MEGATRON_RULES, None, _no_biases),
+        meta_names=META_NAMES,
+        fused_siblings=SIBLINGS,
+        gguf=GGUF,
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("a dense family: merge-moe assembles Mixtral or Qwen MoE from it", applies=False),
+        notes={
+            "megatron_legacy": "with --config-from (the args describe a Llama)",
+            "megatron_dist": "with --config-from (the args describe a Llama)",
+        },
+    ),
+)

@@ -1,0 +1,105 @@
+"""What a family module declares: the Family, and the kinds of its parts.
+
+Each part is what one path of unshard needs to know of the family: its value, or `Unsupported(reason)`, the
+one line that path says when it refuses the family (and that `unshard families` shows). No part is left out:
+a Family cannot be made without every one of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A part a family does not have, and why: what the path that needs it says, and `unshard families` shows.
+    `applies` False: the family cannot have it (a text model's vision part), which the matrix shows as such."""
+
+    reason: str
+    applies: bool = True
+
+
+@dataclass(frozen=True)
+class MegatronRules:
+    """How Megatron names the family's tensors (names.megatron_rules' rule kinds), how its args say it is this
+    family, and what config.json it becomes."""
+
+    rules: dict[str, Any]  # Megatron name, layer as {i} and expert as {e} -> the Hugging Face name(s), with its kind
+    # (qkv bias, q/k norm, experts, shared experts) as Megatron-LM's args have them; None: known by its config alone
+    signature: tuple[bool, bool, bool, bool] | None
+    config: Callable[[dict[str, Any]], dict[str, Any]] = lambda args: {}  # config.json's own keys, from the args
+
+
+@dataclass(frozen=True)
+class GGUFPart:
+    """How llama.cpp's converter writes the family (sinks/gguf): its architecture and the family's header hooks."""
+
+    arch: str  # gguf.MODEL_ARCH's member
+    # (writer, hparams, ftype, blocks, folder): the hyper-parameters in the converter's order; None: its TextModel's
+    hyperparameters: Callable[..., None] | None = None
+    # (writer, hparams, folder): what the converter writes after the vocabulary (special tokens, the space prefix)
+    after_vocabulary: Callable[..., None] | None = None
+    # (writer, hparams, rope, head_dim, where) -> tensors the converter computes from the config (rope factors)
+    computed: Callable[..., dict[str, list[float]]] | None = None
+    permute_qk: bool = False  # q and k rows reordered per head (llama.cpp's llama rotates pairs, as Meta's code)
+    norm_shift: float = 0.0  # added to every norm weight (Gemma's 1 + weight, which llama.cpp applies as it is)
+    # (hparams, where): refuses a config llama.cpp would compute otherwise than transformers (its experts' routing)
+    check_experts: Callable[..., None] | None = None
+    vocabulary: str = "auto"  # auto: SentencePiece where there is a tokenizer.model, else BPE; bpe: tokenizer.json only
+    llama_vocabulary: bool = False  # the converter's LlamaModel: vocabulary size, rope dimensions, space prefix
+    expert_widths: bool = False  # the experts' (and a shared expert's) widths, after the file type
+    phi3_tokens: bool = False  # (Phi-3's tokenizer, as the converter reads it)
+
+
+# Linear layers that vLLM runs as one, for a model of a family not listed (and the vision-language models, whose
+# towers name theirs otherwise): the common names, as llm-compressor's FUSED_LAYER_NAMES (q, k and v; gate and up,
+# as Mixtral's w1 and w3; DeepSeek's q_a and kv_a).
+DEFAULT_FUSED_SIBLINGS = (
+    ("gate_proj", "up_proj"),
+    ("q_proj", "k_proj", "v_proj"),
+    ("q_a_proj", "kv_a_proj_with_mqa"),
+    ("w1", "w3"),
+)
+
+# merge-moe: a config setting that is the dense model's intermediate size
+INTERMEDIATE = object()
+
+
+@dataclass(frozen=True)
+class MoELayout:
+    """A MoE architecture merge-moe assembles: what it is made from and how its layers' MoE tensors are named."""
+
+    name: str  # mergekit's (`architecture:` picks one by its start)
+    config_class: str
+    inputs: tuple[str, ...]  # the model types of the dense models it takes
+    shared_experts: int  # how many it takes
+    expert: str  # a layer's expert projection: {e}, {part}
+    parts: dict[str, str]  # dense projection -> the expert's part
+    router: str
+    experts_key: str  # the config's expert count
+    settings: dict[str, Any]  # set in the config besides the counts (INTERMEDIATE: the base's intermediate size)
+    shared_expert: str | None = None  # {part}: the dense projection's name
+    shared_router: str | None = None
+    attention_biases: tuple[str, ...] = ()  # its attention has these biases: zeros where the base has none
+    architecture: str = ""  # (the family's class, filled in by the registry)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family as unshard knows it. Every part is declared: a value, or Unsupported with the reason."""
+
+    name: str  # as people say it
+    model_type: str  # config.json's
+    architecture: str  # the transformers class config.json names
+    # The state dict written down (names.dense_tables.TensorTable): named with no transformers import; without it
+    # transformers is asked once per config (3-4 s, then remembered).
+    tensors: Any
+    megatron: MegatronRules | Unsupported  # Megatron-LM's legacy and torch_dist checkpoints
+    meta_names: dict[str, tuple[str, str | None]] | Unsupported  # torchtitan's and torchtune's names (names.meta_rules)
+    fused_siblings: tuple[tuple[str, ...], ...] | Unsupported  # --quantize: Linear layers vLLM runs as one
+    gguf: GGUFPart | Unsupported
+    mmproj: str | Unsupported  # llama.cpp's projector type of the vision part's file
+    moe_layout: MoELayout | Unsupported  # what merge-moe assembles as this family
+    notes: dict[str, str] = field(default_factory=dict)  # path -> what to know where it says yes

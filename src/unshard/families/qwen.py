@@ -1,0 +1,44 @@
+"""Qwen2 (and Qwen2.5) and Qwen3: Llama's layout with biases on q, k and v (Qwen2) or q and k norms (Qwen3);
+llama.cpp's qwen2 and qwen3, which rotate halves of each head as transformers does."""
+
+from __future__ import annotations
+
+from ..names import dense_tables as t
+from .llama import MEGATRON_RULES, SIBLINGS, TEXT_ONLY
+from .parts import Family, GGUFPart, MegatronRules, Unsupported
+
+META = Unsupported("torchtitan's and torchtune's names are mapped for Llama and Mistral only so far")
+
+FAMILIES = (
+    Family(
+        "Qwen2",
+        "qwen2",
+        "Qwen2ForCausalLM",
+        tensors=t.TensorTable(
+            "Qwen2ForCausalLM", {**t.SIZES, "num_key_value_heads": 32}, {**t.LAYER, **t.QKV_BIAS}, {}
+        ),
+        megatron=MegatronRules(MEGATRON_RULES, (True, False, False, False)),
+        meta_names=META,
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart("QWEN2"),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("a dense family: merge-moe assembles Qwen MoE from it", applies=False),
+    ),
+    Family(
+        "Qwen3",
+        "qwen3",
+        "Qwen3ForCausalLM",
+        tensors=t.TensorTable(
+            "Qwen3ForCausalLM",
+            {**t.SIZES, "num_key_value_heads": 32, "head_dim": 128},
+            {**t.LAYER, **t.QK_NORM},
+            {"attention_bias": (False, t.ATTENTION_BIAS)},
+        ),
+        megatron=MegatronRules(MEGATRON_RULES, (False, True, False, False)),
+        meta_names=META,
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart("QWEN3"),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("a dense family: merge-moe assembles Qwen3 MoE from it", applies=False),
+    ),
+)

@@ -1,0 +1,100 @@
+"""The one module that touches gguf-py's writer internals: a planned file's header bytes (metadata and tensor infos at
+aligned offsets), the file a band at a time behind it, and a written file read back for --verify."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...errors import UnshardError
+from ...types import OutputTensor
+from ..safetensors import SafetensorsFile, WrittenFile
+from .header import gguf_py
+from .tensors import GGUFPlan, stacked
+
+if TYPE_CHECKING:
+    pass
+
+
+def header(plan: GGUFPlan, tensors: list[OutputTensor]):
+    """The file's header as gguf-py writes it (metadata, then tensor infos, in the plan's positions), and where
+    each stored tensor goes (an expert, in its place in its stack):
+    (header bytes, {name: (dtype, shape, offset from the data's start, bytes)}, data start, file size)."""
+    import io
+
+    import numpy as np
+
+    asked = tuple((t.name, t.shape, t.nbytes) for t in tensors)
+    if plan.made_header and plan.made_header[0] == asked:
+        return plan.made_header[1]
+    gguf = gguf_py()
+    writer = plan.writer
+    writer.tensors = [{}]  # (one writer makes every header of the plan: --dry-run's, the file's)
+    qtypes = {stacked(e.stored[0].name)[0]: e.qtype for e in plan.encoded.values()}
+    qtypes.update(dict.fromkeys(plan.computed, gguf.GGMLQuantizationType.F32))
+    parts: dict[str, dict[int | None, OutputTensor]] = {}  # the file's tensors: their experts, or themselves (None)
+    for tensor in [*tensors, *plan.computed_stored()]:
+        name, expert = stacked(tensor.name)
+        parts.setdefault(name, {})[expert] = tensor
+    entries, offset = {}, 0
+    for name in sorted(parts, key=plan.positions.__getitem__):
+        each = [parts[name][expert] for expert in sorted(parts[name], key=lambda e: e or 0)]
+        shape = (len(each), *each[0].shape) if None not in parts[name] else each[0].shape
+        nbytes = sum(t.nbytes for t in each)
+        writer.add_tensor_info(name, shape, np.dtype(np.uint8), nbytes, raw_dtype=qtypes[name])
+        at = offset
+        for tensor in each:
+            entries[tensor.name] = (tensor.dtype, tensor.shape, at, tensor.nbytes)
+            at += tensor.nbytes
+        offset += writer.ggml_pad(nbytes, writer.data_alignment)
+    made = io.BytesIO()
+    writer.fout, writer.path, writer.state = [made], None, gguf.WriterState.EMPTY
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+    finally:
+        writer.fout, writer.state, writer.tensors = None, gguf.WriterState.NO_FILE, [{}]
+    raw = made.getvalue()
+    data_start = writer.ggml_pad(len(raw), writer.data_alignment)
+    plan.made_header = (asked, (raw, entries, data_start, data_start + offset))
+    return plan.made_header[1]
+
+
+class GGUFFile(SafetensorsFile):
+    """The GGUF file, written as a safetensors file is (sinks/safetensors.py): the header first, every
+    tensor's offset known, each tensor's bytes to its place, in any order."""
+
+    def __init__(self, path: Path, tensors: list[OutputTensor], plan: GGUFPlan):
+        self._start(path, *header(plan, tensors))
+        for stored in plan.computed_stored():  # (a few values each, known from the config)
+            self.write_parts(
+                stored.name, stored.dtype, stored.shape, [memoryview(plan.computed[stored.name]).cast("B")]
+            )
+
+
+class WrittenGGUF(WrittenFile):
+    """A GGUF file read back by gguf-py's reader, for --verify: its tensors as the plan stores them (the bytes of
+    their GGUF type), at the offsets the reader finds."""
+
+    def __init__(self, path: Path, stacks: set[str]):
+        """stacks: the file's tensors that stack experts (read back as the plan stores them, one per expert)."""
+        gguf = gguf_py()
+        self.path = path
+        try:
+            reader = gguf.GGUFReader(path)
+        except Exception as e:  # (the reader raises ValueError and others on a malformed file)
+            raise UnshardError(f"{path}: gguf-py cannot read it back ({type(e).__name__}: {e})") from None
+        self.data_start = reader.data_offset
+        self.entries = {}
+        for tensor in reader.tensors:
+            shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+            byte_shape = tuple(gguf.quant_shape_to_byte_shape(shape, tensor.tensor_type))
+            begin = int(tensor.data_offset) - reader.data_offset
+            if tensor.name not in stacks:
+                self.entries[tensor.name] = ("U8", byte_shape, begin, begin + int(tensor.n_bytes))
+                continue
+            step = int(tensor.n_bytes) // shape[0]  # (a stack of experts: each as the plan stores it, name[expert])
+            for expert in range(shape[0]):
+                at = begin + expert * step
+                self.entries[f"{tensor.name}[{expert}]"] = ("U8", byte_shape[1:], at, at + step)

@@ -1,0 +1,253 @@
+"""Planning a GGUF file: each tensor's llama.cpp name, type and place, the tensors the converter computes from the
+config, and the header's metadata, from the family's GGUFPart (families/<family>.py) and gguf-py's tables."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ... import dtypes, families
+from ...errors import ConfigMismatchError, UnshardError
+from ...families.parts import GGUFPart
+from ...types import OutputTensor
+from . import vision
+from .header import first_of, general_metadata, gguf_py, read_hparams, rope_parameters, text_hyperparameters
+from .tensors import EXPERT, LEGACY, TYPES, GGUFPlan, GGUFTensor
+from .vocabulary import write_vocabulary
+
+if TYPE_CHECKING:
+    pass
+
+
+def plan_gguf(
+    requested: str,
+    outputs: list[OutputTensor],
+    config_folder: Path | None,
+    dtype_name: str,
+    config_changes: dict[str, Any] | None = None,
+) -> GGUFPlan:
+    """Names, types and metadata of the GGUF file for these output tensors, or a one-line error for a model
+    llama.cpp (or this version of unshard) does not take, before anything is written."""
+    gguf = gguf_py()
+    if requested.lower().startswith(("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq")):
+        raise UnshardError(
+            f"--gguf-type {requested}: a type llama-quantize computes and gguf-py does not; write "
+            f"f16 (or f32) here and run `llama-quantize OUT.gguf OUT-{requested}.gguf {requested}`, "
+            f"or choose one of {', '.join(TYPES)}"
+        )
+    if requested not in (*TYPES, "auto"):
+        raise UnshardError(
+            f"--gguf-type {requested}: not one unshard writes; choose one of {', '.join(TYPES)} (or auto)"
+        )
+    if config_folder is None or not (config_folder / "config.json").is_file():
+        raise UnshardError("GGUF output needs the model's config.json and tokenizer: pass --config-from DIR")
+    hparams = {**read_hparams(config_folder), **(config_changes or {})}
+    where = config_folder / "config.json"
+    architecture = (hparams.get("architectures") or [None])[0]
+    if architecture is None:
+        raise ConfigMismatchError(
+            f"{where}: names no architecture (no `architectures`), which a GGUF file's is "
+            f"made from; pass --architecture (one of "
+            f"{', '.join(f.architecture for f in families.with_part('gguf'))})"
+        )
+    family = families.by_architecture(architecture)
+    if family is None or not families.supports(family, "gguf"):
+        why = family.gguf.reason if family else "not a family unshard knows"
+        known = ", ".join(f.architecture for f in families.with_part("gguf"))
+        raise ConfigMismatchError(
+            f"{where}: {architecture} is not an architecture unshard writes as GGUF yet ({why}; "
+            f"it writes {known}); write a folder and use llama.cpp's convert_hf_to_gguf.py"
+        )
+    part = family.gguf
+    vision_outputs = []
+    if families.supports(family, "mmproj"):  # the text model here, the vision part in the mmproj file
+        vision_outputs = [o for o in outputs if vision.is_vision(o.name)]
+        outputs = [o for o in outputs if not vision.is_vision(o.name)]
+        # (as the converter reads a text model's; the vision_config stays, for the mmproj)
+        hparams = {**hparams, **(hparams.get("text_config") or {})}
+    arch = getattr(gguf.MODEL_ARCH, part.arch)
+    file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
+    ftype = (
+        gguf.LlamaFileType.ALL_F32 if file_type == "f32" else getattr(gguf.LlamaFileType, "MOSTLY_" + file_type.upper())
+    )
+    plan = GGUFPlan(file_type, gguf.MODEL_ARCH_NAMES[arch], gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[arch]))
+    experts = first_of(hparams, "num_local_experts", "num_experts", "n_routed_experts") or 0
+    if part.check_experts:
+        part.check_experts(hparams, where)
+    head_dim = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
+    parameters = _plan_tensors(plan, outputs, hparams, part, arch, head_dim, experts, where)
+    _computed_tensors(plan, hparams, part, head_dim, where)
+    plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, head_dim, part)
+    if file_type in LEGACY:  # llama-quantize sets these two over what it copies, which puts them last
+        fields = plan.writer.kv_data[0]
+        for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
+            fields[key] = fields.pop(key)
+    if vision_outputs:
+        plan.mmproj = vision.plan_mmproj(file_type, vision_outputs, hparams, config_folder, family.mmproj)
+        plan.notes.extend(plan.mmproj.notes)
+    return plan
+
+
+def _plan_tensors(
+    plan: GGUFPlan,
+    outputs: list[OutputTensor],
+    hparams: dict,
+    part: GGUFPart,
+    arch,
+    head_dim: int,
+    experts: int,
+    where: Path,
+) -> tuple[int, int, int, int]:
+    """Each output's name, type and place in the file (plan.encoded, plan.positions); the parameters as gguf-py
+    counts them for the size label: (all, those outside the experts, one expert's, experts)."""
+    from ..types import OutputTensor
+
+    gguf = gguf_py()
+    blocks, file_type = hparams["num_hidden_layers"], plan.file_type
+    qtype = getattr(gguf.GGMLQuantizationType, file_type.upper())
+    names = gguf.get_tensor_name_map(arch, blocks)
+    heads, kv_heads = (
+        hparams["num_attention_heads"],
+        hparams.get("num_key_value_heads") or hparams["num_attention_heads"],
+    )
+    ordered = sorted(outputs, key=lambda o: o.name)  # (the converter's order, from a one-file folder: sorted)
+    llama_names, stacks, expert_of = [], {}, {}
+    for output in ordered:
+        expert = EXPERT.match(output.name)
+        source = output.name.replace("language_model.", "")  # (a vision-language model's text part, as the converter)
+        name = names.get_name(f"{expert[1]}.{expert[3]}" if expert else source, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ConfigMismatchError(
+                f"{where}: the tensor {output.name} has no name in llama.cpp's {plan.architecture} "
+                "model; llama.cpp cannot load it"
+            )
+        if expert:
+            stacks.setdefault(name, {})[int(expert[2])] = output
+            expert_of[output.name] = int(expert[2])
+        llama_names.append(name)
+    _check_stacks(stacks, experts, where)
+    # The converter stacks a block's experts once it has read the last of them (in its order), then writes the
+    # stacks in the order of their Hugging Face names (w1, w2, w3; down, gate, up).
+    last_expert = {}
+    for output, name in zip(ordered, llama_names):
+        if name in stacks:
+            last_expert[name.split(".")[1]] = output.name
+    # llama-quantize's output layer: output.weight, or the embedding where the model ties the two
+    output_layer = "output.weight" if "output.weight" in llama_names else "token_embd.weight"
+    shared = expert_params = 0
+    for output, name in zip(ordered, llama_names):
+        stack, index = stacks.get(name), expert_of.get(output.name)
+        shape = (len(stack), *output.shape) if stack else output.shape
+        tensor_type, note = _tensor_type(plan, name, shape, qtype, name == output_layer, experts)
+        if note and index in (None, 0):  # (a stack's note once)
+            plan.notes.append(f"{output.name if stack is None else name}: {note}")
+        permuted = 0  # (llama.cpp's llama alone wants q and k reordered; Qwen's rotate as transformers does)
+        if part.permute_qk and output.name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
+            permuted = head_dim
+            if output.shape[0] != head_dim * (heads if ".q_proj." in output.name else kv_heads):
+                raise ConfigMismatchError(
+                    f"{where}: {output.name} has {output.shape[0]} rows, not a whole number of heads of {head_dim}"
+                )
+        byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
+        if file_type in LEGACY and not stack:  # (llama-quantize drops ggml's trailing dimensions of 1: our leading)
+            byte_shape = byte_shape[next((i for i, d in enumerate(byte_shape) if d != 1), len(byte_shape) - 1) :]
+        if stack:
+            stored = OutputTensor(f"{name}[{index}]", byte_shape, dtypes.BY_NAME["uint8"])
+            expert_params += math.prod(output.shape) if index == 0 else 0
+        else:
+            stored = OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"])
+            shared += math.prod(output.shape)
+        shift = part.norm_shift if output.name.endswith("norm.weight") else 0.0
+        plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, output.dtype, permuted, max(1, permuted), shift)
+        if file_type in LEGACY:
+            plan.positions[name] = (int(name.split(".")[1]) if name.startswith("blk.") else -1, name)
+        elif stack:
+            plan.positions[name] = (last_expert[name.split(".")[1]], EXPERT.match(output.name)[3])
+        else:
+            plan.positions[name] = (output.name,)
+    return shared + expert_params * experts, shared, expert_params, experts if stacks else 0
+
+
+def _tensor_type(plan: GGUFPlan, name: str, shape: tuple[int, ...], qtype, output_layer: bool, experts: int):
+    """The GGUF type of a tensor of this llama.cpp name and shape, as the converter or llama-quantize chooses it,
+    and a note where it is not the file's type for a reason inspect should tell (or None)."""
+    gguf = gguf_py()
+    legacy, tensor_type, note = plan.file_type in LEGACY, qtype, None
+    if (
+        len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or ".ffn_gate_inp" in name
+    ):  # (what llama.cpp keeps in f32: the routers too)
+        return gguf.GGMLQuantizationType.F32, None
+    if legacy and output_layer:
+        tensor_type = gguf.GGMLQuantizationType.Q8_0
+        note = (
+            "in Q8_0, as `llama-quantize --output-tensor-type q8_0` writes it (llama-quantize's own q6_K is a "
+            "K-quant gguf-py cannot compute)"
+        )
+    elif legacy and experts == 8 and name.endswith(("attn_k.weight", "attn_v.weight")):
+        tensor_type = gguf.GGMLQuantizationType.Q8_0  # (llama-quantize's choice for a model of 8 experts)
+    block, _ = gguf.GGML_QUANT_SIZES[tensor_type]
+    if shape[-1] % block:  # (the converter and llama-quantize fall back to f16 where rows do not fill blocks)
+        return gguf.GGMLQuantizationType.F16, (
+            f"rows of {shape[-1]} do not fill {tensor_type.name}'s blocks of "
+            f"{block}: written in F16, as llama.cpp's converter and llama-quantize do"
+        )
+    return tensor_type, note
+
+
+def _computed_tensors(plan: GGUFPlan, hparams: dict, part: GGUFPart, head_dim: int, where: Path) -> None:
+    """The tensors the converter computes from the config, first in its file (plan.computed): the family's (Llama 3's
+    rope frequency factors, Phi-3's long and short ones)."""
+    import numpy as np
+
+    _, rope = rope_parameters(hparams)
+    if part.computed:
+        plan.computed.update(part.computed(plan.writer, hparams, rope, head_dim, where))
+    if str(rope.get("rope_type")).lower() == "llama3" and "rope_freqs.weight" not in plan.computed:
+        raise ConfigMismatchError(
+            f"{where}: rope type 'llama3' on a {plan.architecture} model, which llama.cpp's "
+            "converter does not write; write a folder and use llama.cpp's convert_hf_to_gguf.py"
+        )
+    for i, name in enumerate(plan.computed):  # (before every other tensor; llama-quantize's order is by name)
+        plan.positions[name] = (-1, name) if plan.file_type in LEGACY else ("", i)
+    plan.computed = {name: np.asarray(values, dtype=np.float32) for name, values in plan.computed.items()}
+
+
+def _check_stacks(stacks: dict[str, dict[int, OutputTensor]], experts: int, where: Path) -> None:
+    """Every stack has the config's experts, numbered from 0, all of one shape: llama.cpp's tensor is whole."""
+    for name, stack in stacks.items():
+        shapes = {o.shape for o in stack.values()}
+        if sorted(stack) != list(range(experts)) or len(shapes) != 1:
+            found = f"experts {sorted(stack)}" if len(shapes) == 1 else f"experts of shapes {sorted(shapes)}"
+            raise ConfigMismatchError(
+                f"{where}: {name} stacks {experts} experts of one shape in llama.cpp, and the "
+                f"checkpoint has {found}; pass --config-from the model's own folder"
+            )
+
+
+def _metadata(
+    writer, hparams: dict, folder: Path, ftype, parameters: tuple[int, int, int, int], head_dim: int, part: GGUFPart
+) -> str:
+    """The key-values the converter writes, in its order (general, hyper-parameters, tokenizer), with the family's
+    hooks: its own hyper-parameters, a `llama`'s (the converter's LlamaModel) vocabulary size, rope dimensions and
+    space prefix, what follows the vocabulary."""
+    gguf = gguf_py()
+    writer.add_type(gguf.GGUFType.MODEL)
+    general_metadata(writer, folder, parameters)
+    blocks = hparams["num_hidden_layers"]
+    (part.hyperparameters or text_hyperparameters)(writer, hparams, ftype, blocks, folder)
+    if part.expert_widths:  # (the experts' widths, after the file type)
+        if hparams.get("moe_intermediate_size") is not None:
+            writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
+        if hparams.get("shared_expert_intermediate_size") is not None:
+            writer.add_expert_shared_feed_forward_length(hparams["shared_expert_intermediate_size"])
+    if part.llama_vocabulary:
+        writer.add_vocab_size(hparams["vocab_size"])
+        writer.add_rope_dimension_count(head_dim)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    vocabulary = write_vocabulary(
+        writer, hparams, folder, part.llama_vocabulary, phi3=part.phi3_tokens, bpe=part.vocabulary == "bpe"
+    )
+    if part.after_vocabulary:
+        part.after_vocabulary(writer, hparams, folder)
+    return vocabulary

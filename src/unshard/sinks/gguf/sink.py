@@ -1,0 +1,156 @@
+"""GGUF as an output format (a types.Sink): one file for llama.cpp, built in a staging folder beside OUT and moved
+into place when whole, with a vision-language model's mmproj file beside it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ...errors import OutputExistsError, UnshardError
+from ...types import FormatRequest, Group, OutputTensor, Plan
+from ..hf_folder import OutputFolder
+from .file import GGUFFile, WrittenGGUF, header
+from .plan import plan_gguf
+from .tensors import FILE_NAME, MMPROJ_FILE_NAME, PART, GGUFPlan, stacked
+
+SUMMARY_KEY = "gguf"
+
+
+def mmproj_path(out: Path) -> Path:
+    """Where a vision-language model's mmproj file goes: beside OUT, named after it (mmproj-OUT), as llama.cpp's
+    users and LM Studio find it."""
+    return out.with_name("mmproj-" + out.name)
+
+
+class GGUFSink:
+    """One GGUF file as the output (a Sink, see sinks/__init__.py), and a vision-language model's mmproj file beside
+    it. OUT is the file itself: it is built in a staging folder beside OUT and moved into place when complete."""
+
+    def __init__(self, plan: GGUFPlan):
+        self.plans = plan.files()
+
+    def lay_out(self, groups: dict[str, Group], max_shard_size: int | str) -> dict[str, list[Group]]:
+        files: dict[str, list[Group]] = {name: [] for name in self.plans}
+        for group in groups.values():
+            files[next(name for name, plan in self.plans.items() if group.outputs[0].name in plan.encoded)].append(
+                group
+            )
+        return {
+            name: sorted(found, key=lambda g: self.plans[name].position(g.outputs[0])) for name, found in files.items()
+        }
+
+    def stage(self, out: Path, overwrite: bool) -> OutputFile:
+        return OutputFile(
+            out, overwrite, {MMPROJ_FILE_NAME: mmproj_path(out)} if MMPROJ_FILE_NAME in self.plans else {}
+        )
+
+    def open(self, path: Path, tensors: list[OutputTensor]) -> GGUFFile:
+        return GGUFFile(path, tensors, self.plans[path.name])
+
+    def file_size(self, filename: str, tensors: list[OutputTensor]) -> int:
+        return header(self.plans[filename], tensors)[3]
+
+    def read_back(self, path: Path) -> WrittenGGUF:
+        """The file's tensors read back: the computed ones checked here, the others left to --verify."""
+        plan = self.plans[path.name]
+        written = WrittenGGUF(
+            path, {stacked(e.stored[0].name)[0] for e in plan.encoded.values() if PART.match(e.stored[0].name)}
+        )
+        for name, values in plan.computed.items():
+            data = memoryview(values).cast("B")
+            if (
+                name not in written.entries
+                or written.size_of(name) != data.nbytes
+                or not written.holds_at(name, 0, data)
+            ):
+                raise UnshardError(f"{path}: {name} is not the planned one; the file was changed during conversion")
+            del written.entries[name]
+        return written
+
+    def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
+        return [], []  # (everything is in the file's header)
+
+    def notes(self) -> list[str]:
+        return self.plans[FILE_NAME].notes
+
+    def config_updates(self) -> dict[str, Any]:
+        return {}
+
+    def summary(self) -> dict[str, Any]:
+        return {SUMMARY_KEY: self.plans[FILE_NAME].summary()}
+
+    def card(self) -> tuple[list[str], list[str]]:
+        return [], []  # (a GGUF file has no card: its header says what it is)
+
+
+def plan_sink(request: FormatRequest) -> GGUFSink:
+    """A .gguf OUT: the file's types and metadata, each output given its GGUF encoding."""
+    if request.options.quantize or request.separate_adapter:
+        raise UnshardError(
+            f"{request.where}: a GGUF file takes neither --quantize (use --gguf-type) nor --lora separate"
+        )
+    outputs = [o for g in request.groups.values() for o in g.outputs]
+    gguf = plan_gguf(request.options.gguf, outputs, request.config_folder, request.dtype.name, request.config_updates)
+    encodings = {name: e for file in gguf.files().values() for name, e in file.encoded.items()}
+    for group in request.groups.values():
+        group.outputs = [replace(o, encoding=encodings[o.name]) for o in group.outputs]
+    return GGUFSink(gguf)
+
+
+def summary_lines(gguf: dict[str, Any]) -> list[str]:
+    """inspect's lines for a summary's `gguf`."""
+    mmproj = gguf.get("mmproj")
+    lines = [
+        f"gguf         one file for llama.cpp ({gguf['architecture']}), type {gguf['type']}: "
+        + ", ".join(f"{n} tensor(s) in {t}" for t, n in gguf["tensor_types"].items()),
+        f"vocabulary   {gguf['vocabulary']}",
+    ]
+    if mmproj:
+        lines.append(
+            f"mmproj       the vision part, for llama.cpp's multimodal library, in a second file beside OUT "
+            f"(mmproj-OUT), type {mmproj['type']}: "
+            + ", ".join(f"{n} tensor(s) in {t}" for t, n in mmproj["tensor_types"].items())
+        )
+    return lines
+
+
+class OutputFile(OutputFolder):
+    """The staging folder of a one-file output: committed by moving the file to OUT (and any other file made, as
+    a vision model's mmproj, to its place beside OUT, before OUT: OUT in place means the output is whole)."""
+
+    def __init__(self, out: Path, overwrite: bool = False, others: dict[str, Path] | None = None):
+        self.places = {**(others or {}), FILE_NAME: out}  # file in the staging folder -> where it goes
+        for place in self.places.values():
+            if place.is_dir():
+                raise UnshardError(f"{place}: is a folder; a GGUF output is one file: choose OUT ending in .gguf")
+            if place.exists() and not overwrite:
+                raise OutputExistsError(f"{place}: already exists; choose another OUT or pass --overwrite")
+        super().__init__(out, overwrite=True)
+        self.overwrite = overwrite
+
+    def commit(self) -> None:
+        for name, place in self.places.items():
+            self._move(self.path / name, place)
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def _move(self, made: Path, place: Path) -> None:
+        if self.overwrite:
+            os.replace(made, place)
+            return
+        try:  # a hard link fails if another run put a file at OUT since this one started
+            os.link(made, place)
+        except PermissionError:  # (a filesystem without hard links: no run put a file there before the check)
+            if place.exists():
+                raise OutputExistsError(
+                    f"{place}: another run wrote it while this one was running; choose another OUT or pass --overwrite"
+                ) from None
+            os.replace(made, place)
+        except FileExistsError:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise OutputExistsError(
+                f"{place}: another run wrote it while this one was running; this run's "
+                "output was dropped: choose another OUT or pass --overwrite"
+            ) from None

@@ -1,0 +1,129 @@
+"""A GGUF file's plan as values: each output tensor's encoding (its llama.cpp name, type and the band work of
+the converter), and the file's types, metadata writer, positions and computed tensors."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ... import dtypes
+from ...types import OutputTensor
+from .header import gguf_py
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ...dtypes import DType
+
+
+# --gguf-type: llama.cpp's names of the file types the converter writes; "auto" is its default:
+# bf16 or f16 as the model's (the folder's) 2-D tensors are, else f16.
+# llama-quantize's legacy types, which gguf-py computes: every 2-D weight in the type, but the output layer (and
+# the embedding it is tied to), which llama-quantize writes in q6_K, a K-quant gguf-py cannot compute: unshard
+# writes it in q8_0, as `llama-quantize --output-tensor-type q8_0` does.
+LEGACY = ("q4_0", "q4_1", "q5_0", "q5_1")
+TYPES = ("f32", "f16", "bf16", "q8_0", *LEGACY)
+FILE_NAME = "model.gguf"  # inside the staging folder; committed as OUT itself
+MMPROJ_FILE_NAME = "mmproj.gguf"  # a vision-language model's vision part; committed beside OUT (mmproj_path)
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """How one output tensor is stored in the file (an Encoding, see sinks/__init__.py): under llama.cpp's
+    name, as the bytes of its GGUF type; q and k rows reordered within each head as llama.cpp's rotary
+    embedding expects (the converter's `permute`), so a band holds whole heads; Gemma's norms shifted by one,
+    as llama.cpp applies them as they are where transformers applies 1 + weight."""
+
+    stored: tuple[OutputTensor, ...]
+    qtype: Any  # gguf.GGMLQuantizationType
+    dtype: DType  # the tensor's own, which bands hold
+    head_dim: int = 0  # q/k rows to reorder per head; 0: none
+    rows_per_band: int = 1
+    shift: float = 0.0  # added to every value first
+    surveys = False  # (each band is encoded as it comes)
+
+    def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
+        import numpy as np
+
+        gguf = gguf_py()
+        if band.dtype not in (np.float16, np.float32):  # (as the converter: other floats via float32)
+            band = _as_float32(band, self.dtype)
+        if self.shift:
+            band = band + self.shift  # (in the band's dtype, as torch adds it)
+        if self.head_dim:
+            half = self.head_dim // 2
+            band = band.reshape(-1, 2, half, *band.shape[1:]).swapaxes(1, 2).reshape(band.shape)
+        data = gguf.quants.quantize(np.ascontiguousarray(band), self.qtype)
+        return {self.stored[0].name: data.reshape(-1).view(np.uint8)}
+
+
+def _as_float32(band: np.ndarray, dtype: DType) -> np.ndarray:
+    """A band of another float dtype (bfloat16 as its bits, float64) as float32, rounded as torch's cast rounds."""
+    import numpy as np
+
+    if dtype.name == "bfloat16":
+        return dtypes.cast(band.view(np.uint8).reshape(-1), dtype, dtypes.float32).view(np.float32).reshape(band.shape)
+    return band.astype(np.float32)
+
+
+@dataclass
+class GGUFPlan:
+    """The file's metadata and tensor types, decided with the plan."""
+
+    file_type: str  # llama.cpp's name (q8_0, ...)
+    architecture: str
+    writer: Any  # a gguf.GGUFWriter holding the metadata (no file yet)
+    encoded: dict[str, GGUFTensor] = field(default_factory=dict)  # by output (Hugging Face) name
+    # Where each tensor of the file goes, by llama.cpp's name: the converter's order, or for llama-quantize's types,
+    # the order it writes (llama.cpp's loader's: the tensors outside the blocks, then block by block, by name).
+    positions: dict[str, tuple] = field(default_factory=dict)
+    # Tensors the converter computes from the config (Llama 3's rope frequencies...): llama.cpp's name -> f32 values
+    computed: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    vocabulary: str = ""  # what the tokenizer became, as inspect says it
+    made_header: tuple = ()  # (the tensors, header()'s answer for them): a large vocabulary takes a while to pack
+    mmproj: GGUFPlan | None = None  # a vision-language model's second file, its vision part (gguf_vision.py)
+
+    def files(self) -> dict[str, GGUFPlan]:
+        """The plan of each file written, by its name in the staging folder."""
+        return {FILE_NAME: self, **({MMPROJ_FILE_NAME: self.mmproj} if self.mmproj else {})}
+
+    def position(self, output: OutputTensor) -> tuple:
+        """Where the file's tensor holding this output goes."""
+        return self.positions[stacked(self.encoded[output.name].stored[0].name)[0]]
+
+    def computed_stored(self) -> list[OutputTensor]:
+        """The computed tensors as the file stores them (their f32 bytes)."""
+        from ..types import OutputTensor
+
+        return [OutputTensor(name, (values.nbytes,), dtypes.BY_NAME["uint8"]) for name, values in self.computed.items()]
+
+    def summary(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        types = {
+            **{stacked(e.stored[0].name)[0]: e.qtype.name for e in self.encoded.values()},
+            **dict.fromkeys(self.computed, "F32"),
+        }
+        for qtype in types.values():
+            counts[qtype] = counts.get(qtype, 0) + 1
+        return {
+            "type": self.file_type,
+            "architecture": self.architecture,
+            "tensor_types": counts,
+            "vocabulary": self.vocabulary,
+            "mmproj": self.mmproj.summary() if self.mmproj else None,
+        }
+
+
+# A MoE layer's experts, one Hugging Face tensor each (model.layers.0.mlp.experts.3.up_proj.weight), are one
+# tensor in llama.cpp (blk.0.ffn_up_exps.weight), stacked on a first axis. The plan writes each expert into its
+# place in the stack as a part of its own, known as the stack's name with the expert's number: name[3].
+EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(.+)$")
+PART = re.compile(r"^(.*)\[(\d+)\]$")
+
+
+def stacked(name: str) -> tuple[str, int | None]:
+    """(the file's tensor, the expert) of a stored tensor's name: (name, None) for a tensor stored whole."""
+    part = PART.match(name)
+    return (part[1], int(part[2])) if part else (name, None)

@@ -1,0 +1,218 @@
+"""A GGUF file's vocabulary as llama.cpp's converter writes it: from a SentencePiece model (tokenizer.model) or a
+byte-level BPE tokenizer.json, the pre-tokenizer named by its split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import ConfigMismatchError, UnshardError, read_json
+from .header import gguf_py, json_or_empty, special_vocab
+
+
+def write_vocabulary(writer, hparams: dict, folder: Path, llama: bool, phi3: bool = False, bpe: bool = False) -> str:
+    """The vocabulary as the converter writes it: from a SentencePiece model (tokenizer.model) where there is
+    one, else from a byte-level BPE tokenizer.json; a `bpe` model's (Qwen's MoE ones) from tokenizer.json
+    alone. Says which."""
+    tokenizer_config = json_or_empty(folder / "tokenizer_config.json")
+    if llama and tokenizer_config.get("add_prefix_space") is not None:
+        writer.add_add_space_prefix(tokenizer_config["add_prefix_space"])
+    # (Phi-4's tokenizer, as the converter reads it; Qwen's MoE models, whose converter reads no other)
+    if bpe or phi3 and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer":
+        size, pre = _bpe_vocabulary(writer, hparams, folder)
+        return f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
+    if (folder / "tokenizer.model").is_file():
+        size = _sentencepiece_vocabulary(writer, hparams, folder, tokenizer_config, phi3)
+        return f"{size} tokens from tokenizer.model (SentencePiece)"
+    if (folder / "tokenizer.json").is_file():
+        size, pre = _bpe_vocabulary(writer, hparams, folder)
+        return f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
+    raise ConfigMismatchError(
+        f"{folder}: no tokenizer.model or tokenizer.json; a GGUF file holds the "
+        "vocabulary: pass --config-from a folder with the model's tokenizer"
+    )
+
+
+def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_config: dict, phi3: bool = False) -> int:
+    """Every id up to the config's vocab_size, with its piece, score and type; tokens added by
+    tokenizer_config.json over them; then gguf-py's SpecialVocab (special ids, add_bos/eos, chat template).
+    Phi-3's converter takes the added tokens as they are written, control tokens where marked special, and
+    tokenizer.json's added tokens after them."""
+    gguf = gguf_py()
+    model = folder / "tokenizer.model"
+    from sentencepiece import SentencePieceProcessor
+
+    processor = SentencePieceProcessor()
+    try:
+        processor.LoadFromFile(str(model))
+    except (OSError, RuntimeError) as e:
+        raise ConfigMismatchError(f"{model}: not a SentencePiece model ({str(e)[:120]}); restore it") from None
+    size = hparams.get("vocab_size") or processor.vocab_size()
+    types = gguf.TokenType
+    tokens = [f"[PAD{i}]".encode() for i in range(size)]
+    scores, kinds = [-10000.0] * size, [types.UNUSED] * size
+    for i in range(min(size, processor.vocab_size())):
+        kind = (
+            types.UNKNOWN
+            if processor.IsUnknown(i)
+            else types.CONTROL
+            if processor.IsControl(i)
+            else types.UNUSED
+            if processor.IsUnused(i)
+            else types.BYTE
+            if processor.IsByte(i)
+            else types.NORMAL
+        )
+        try:
+            piece = processor.IdToPiece(i)
+        except UnicodeDecodeError:  # (SentencePiece writes its pieces as UTF-8: this file was damaged since)
+            raise ConfigMismatchError(f"{model}: token {i}'s piece is not UTF-8 text; restore the file") from None
+        tokens[i], scores[i], kinds[i] = piece.encode(), processor.GetScore(i), kind
+    for text, i in json_or_empty(folder / "added_tokens.json").items():
+        if i < size:
+            tokens[i], scores[i], kinds[i] = text.encode(), -1000.0, types.USER_DEFINED
+    added_tokens = [(int(key), added) for key, added in tokenizer_config.get("added_tokens_decoder", {}).items()]
+    if phi3:
+        added_tokens += [
+            (int(added["id"]), added) for added in json_or_empty(folder / "tokenizer.json").get("added_tokens", [])
+        ]
+    for i, added in added_tokens:
+        text = added["content"]
+        if i >= size:
+            continue
+        if phi3:
+            kinds[i] = types.CONTROL if added.get("special") else types.USER_DEFINED
+        elif added.get("special") or _looks_special(text):
+            kinds[i] = types.CONTROL
+        else:
+            text, kinds[i] = text.replace("\u2581", " "), types.USER_DEFINED
+        tokens[i], scores[i] = text.encode(), -1000.0
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(kinds)
+    special_vocab(folder, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
+    return size
+
+
+# llama.cpp's names of the byte-level BPE pre-tokenizers it implements, by the split that tokenizer.json's
+# pre-tokenizer makes before the byte-level step: GPT-2's own split (ByteLevel with its regex), or a Split
+# by one of these regexes (Llama 3's, Qwen2's: digits one at a time).
+GPT2_PRE = "gpt-2"
+
+
+PRE_TOKENIZER_SPLITS = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",  # noqa: E501
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",  # noqa: E501
+}
+
+
+def _bpe_vocabulary(writer, hparams: dict, folder: Path) -> tuple[int, str]:
+    """A byte-level BPE vocabulary (tokenizer.json) as the converter writes it (its `gpt2` tokenizer model):
+    every id up to the config's vocab_size, read through transformers' tokenizer; added tokens as control or
+    user-defined; the pre-tokenizer's llama.cpp name; then gguf-py's SpecialVocab with the merges.
+
+    The converter names the pre-tokenizer by a hash of one text's token ids, listed per model it knows, so
+    it refuses a tokenizer trained anew; unshard names it by the split tokenizer.json declares, which is what
+    llama.cpp reproduces, so a new vocabulary over a known split is taken too."""
+    gguf = gguf_py()
+    path = folder / "tokenizer.json"
+    described = read_json(path, "fix it or pass --config-from a folder with the model's tokenizer", ConfigMismatchError)
+    model = described.get("model") or {}
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        kind = "BPE with byte fallback" if model.get("type") == "BPE" else model.get("type")
+        raise ConfigMismatchError(
+            f"{path}: a {kind} tokenizer, not a byte-level BPE; unshard writes GGUF vocabularies "
+            "from SentencePiece models and byte-level BPE so far: write a folder and use "
+            "llama.cpp's convert_hf_to_gguf.py"
+        )
+    if not model.get("vocab") or not model.get("merges"):  # (llama.cpp could not tokenize with it)
+        raise ConfigMismatchError(
+            f"{path}: a BPE tokenizer without {'merges' if model.get('vocab') else 'a vocabulary'}; "
+            "pass --config-from a folder with the model's own tokenizer"
+        )
+    pre = _pre_tokenizer_name(described.get("pre_tokenizer"), model)
+    if pre is None:
+        raise ConfigMismatchError(
+            f"{path}: its pre-tokenizer is not one unshard can name for llama.cpp (the splits "
+            f"of {', '.join([GPT2_PRE, *PRE_TOKENIZER_SPLITS.values()])}); write a folder and "
+            "use llama.cpp's convert_hf_to_gguf.py, which knows more by their hashes"
+        )
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise UnshardError(
+            "a GGUF file's BPE vocabulary is read by transformers: pip install 'unshard[gguf]'"
+        ) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except Exception as e:  # (transformers raises many kinds on a broken tokenizer folder)
+        raise ConfigMismatchError(
+            f"{path}: transformers cannot read the tokenizer ({type(e).__name__}: {str(e)[:120]}); restore it"
+        ) from None
+    vocab = tokenizer.get_vocab()
+    size, top = hparams.get("vocab_size") or len(vocab), max(vocab.values(), default=-1)
+    if top >= size:
+        raise ConfigMismatchError(
+            f"{path}: token id {top} is beyond the config's vocab_size {size}; "
+            "pass --config-from the folder the model was trained with"
+        )
+    by_id = {i: token for token, i in vocab.items()}
+    added, decoder = tokenizer.get_added_vocab(), tokenizer.added_tokens_decoder
+    types = gguf.TokenType
+    tokens, kinds = [], []
+    for i in range(size):
+        token = by_id.get(i)
+        kind = types.NORMAL
+        if token is None:
+            token, kind = f"[PAD{i}]", types.UNUSED
+        elif token in added:
+            if not decoder[i].normalized:  # (llama.cpp takes added tokens as they read once normalized)
+                token = tokenizer.decode(tokenizer.encode(token, add_special_tokens=False))
+            if decoder[i].special or _looks_special(token):
+                kind = types.CONTROL
+            else:
+                token, kind = token.replace("\u2581", " "), types.USER_DEFINED
+        tokens.append(token)
+        kinds.append(kind)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(kinds)
+    special_vocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
+    return size, pre
+
+
+def _pre_tokenizer_name(pre_tokenizer: dict | None, model: dict) -> str | None:
+    """llama.cpp's name of a byte-level pre-tokenizer as tokenizer.json describes it, or None. llama.cpp's
+    llama-bpe also looks a word up whole before merging (as Llama 3's `ignore_merges`), so only such a
+    tokenizer is named so."""
+    steps = pre_tokenizer.get("pretokenizers", [pre_tokenizer]) if pre_tokenizer else []
+    if not steps or steps[-1].get("type") != "ByteLevel" or steps[-1].get("add_prefix_space"):
+        return None
+    if len(steps) == 1 and steps[0].get("use_regex", True):
+        return GPT2_PRE
+    if (
+        len(steps) == 2
+        and steps[0].get("type") == "Split"
+        and steps[0].get("behavior") == "Isolated"
+        and not steps[0].get("invert")
+        and not steps[1].get("use_regex", True)
+    ):
+        name = PRE_TOKENIZER_SPLITS.get((steps[0].get("pattern") or {}).get("Regex"))
+        return None if name == "llama-bpe" and not model.get("ignore_merges") else name
+    return None
+
+
+def _looks_special(text: str) -> bool:
+    """The converter's guess at a token added as not special that ought to be a control token: a few known
+    ones (deepseek-coder's, gemma's), <|...|>, <｜...｜> and gemma's <unused...>."""
+    return (
+        text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+        or text.startswith("<|")
+        and text.endswith("|>")
+        or text.startswith("<\uff5c")
+        and text.endswith("\uff5c>")
+        or text.startswith("<unused")
+        and text.endswith(">")
+    )

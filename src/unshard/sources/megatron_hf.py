@@ -1,0 +1,159 @@
+"""Megatron's whole tensors as Hugging Face's, by the family's rules (families/<family>.py, MegatronRules); which
+family Megatron-LM's args describe, and the config.json they make.
+
+Each rule names a Hugging Face tensor, or a split of the Megatron tensor into several: each output is a box of
+the Megatron tensor, composed with the boxes the readers found, so every Hugging Face tensor is still read
+straight from the checkpoint's files, one at a time, with no Megatron import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import families
+from ..errors import CheckpointError
+from ..families.parts import Family
+from ..names.megatron_rules import GATE_UP, PLAIN, VOCAB, Shapes, shapes_from_args, template
+from .base import Piece, SourceTensor
+from .placements import Block, compose
+
+
+def family_of(model_type: str | None, where: str) -> Family:
+    """The family of this model_type, if unshard has its Megatron rules; a one-line error naming it otherwise."""
+    family = families.by_model_type(model_type)
+    if family is None:
+        raise CheckpointError(
+            f"{where}: no Megatron name table for model_type {model_type!r}; unshard knows "
+            f"{', '.join(sorted(f.model_type for f in families.with_part('megatron')))}"
+        )
+    if not families.supports(family, "megatron"):
+        raise CheckpointError(f"{where}: {family.name} from Megatron is not supported: {family.megatron.reason}")
+    return family
+
+
+def _boxes(kind: str, names: tuple[str, ...], shape: tuple[int, ...], dims: Shapes, source: str):
+    """(output name, output shape, block from the Megatron tensor into it) for each output."""
+    rest = tuple(shape[1:])
+    zeros = (0,) * len(rest)
+    if kind == PLAIN:
+        return [(names[0], shape, Block.whole(shape))]
+    if kind == VOCAB:
+        if dims.vocab > shape[0]:
+            raise CheckpointError(
+                f"{source} has {shape[0]} vocabulary rows, fewer than the vocab_size {dims.vocab} "
+                "of the config; pass the config the model was trained with (--config-from)"
+            )
+        out = (dims.vocab, *rest)
+        return [(names[0], out, Block.whole(out))]
+    if kind == GATE_UP:
+        half = shape[0] // 2
+        out = (half, *rest)
+        return [
+            (names[0], out, Block((0, *zeros), (0, *zeros), out)),
+            (names[1], out, Block((half, *zeros), (0, *zeros), out)),
+        ]
+    # QKV: per query group, its query heads, then one key head, then one value head.
+    per_group = dims.heads // dims.groups
+    stride = (per_group + 2) * dims.head_dim
+    if shape[0] != dims.groups * stride:
+        raise CheckpointError(
+            f"{source} has {shape[0]} rows, not the {dims.groups * stride} that {dims.heads} heads "
+            f"in {dims.groups} query groups of size {dims.head_dim} make; the args do not match"
+        )
+    q_rows, kv_rows = per_group * dims.head_dim, dims.head_dim
+    q, k, v = [], [], []
+    for g in range(dims.groups):
+        start = g * stride
+        q.append(Block((start, *zeros), (g * q_rows, *zeros), (q_rows, *rest)))
+        k.append(Block((start + q_rows, *zeros), (g * kv_rows, *zeros), (kv_rows, *rest)))
+        v.append(Block((start + q_rows + kv_rows, *zeros), (g * kv_rows, *zeros), (kv_rows, *rest)))
+    shapes = [(dims.heads * dims.head_dim, *rest), (dims.groups * kv_rows, *rest), (dims.groups * kv_rows, *rest)]
+    return [(name, out, block) for name, out, blocks in zip(names, shapes, (q, k, v)) for block in blocks]
+
+
+def to_hf(tensors: dict[str, SourceTensor], model_type: str, dims: Shapes, where: str) -> dict[str, SourceTensor]:
+    """Hugging Face tensors, each with pieces straight from the checkpoint files."""
+    table = family_of(model_type, where).megatron.rules
+    unknown = []
+    out: dict[str, SourceTensor] = {}
+    for name, source in tensors.items():
+        key, numbers = template(name)
+        rule = table.get(key)
+        if rule is None:
+            unknown.append(name)
+            continue
+        kind, names = (PLAIN, (rule,)) if isinstance(rule, str) else (rule[0], rule[1:])
+        for hf_template, shape, box in _boxes(kind, names, source.shape, dims, name):
+            hf_name = hf_template.format(**numbers)
+            target = out.setdefault(hf_name, SourceTensor(hf_name, shape, source.dtype, []))
+            for piece in source.pieces:
+                block = compose(piece.block, box)
+                if block is not None:
+                    target.pieces.append(Piece(piece.file, piece.key, block, piece.part))
+    if unknown:
+        raise CheckpointError(
+            f"{where}: {len(unknown)} Megatron tensors have no {model_type} rule (e.g. {unknown[0]}); "
+            "this architecture or layer spec is not supported yet, please report it"
+        )
+    return out
+
+
+def model_type_from_args(args: dict[str, Any], where: str) -> str:
+    """The Hugging Face model family the args describe; an error for what no table covers."""
+    unsupported = [
+        what
+        for what, bad in (
+            ("a normalization other than RMSNorm", args.get("normalization", "RMSNorm") != "RMSNorm"),
+            ("a non-gated MLP (no --swiglu)", not args.get("swiglu")),
+            ("biases on linear layers (--add-bias-linear)", args.get("add_bias_linear")),
+            ("position embeddings other than rope", args.get("position_embedding_type", "rope") != "rope"),
+            ("interleaved rotary embeddings", args.get("rotary_interleaved")),
+            ("multi-latent attention", args.get("multi_latent_attention")),
+            ("grouped-GEMM experts", args.get("moe_grouped_gemm")),
+        )
+        if bad
+    ]
+    if unsupported:
+        known = ", ".join(f.name for f in families.with_part("megatron"))
+        raise CheckpointError(
+            f"{where}: the args describe {unsupported[0]}, which no supported Hugging Face "
+            f"architecture has; unshard converts {known} (unshard families)"
+        )
+    signature = (
+        bool(args.get("add_qkv_bias")),
+        bool(args.get("qk_layernorm")),
+        bool(args.get("num_experts")),
+        bool(args.get("num_experts") and args.get("moe_shared_expert_intermediate_size")),
+    )
+    for family in families.with_part("megatron"):
+        if family.megatron.signature == signature:
+            return family.model_type
+    raise CheckpointError(
+        f"{where}: no Hugging Face architecture has this combination (qkv bias {signature[0]}, q/k "
+        f"norm {signature[1]}, experts {args.get('num_experts')}); pass --config-from DIR with its config"
+    )
+
+
+def hf_config(args: dict[str, Any], model_type: str, vocab: int, dtype: str) -> dict[str, Any]:
+    """config.json for `model_type`, from Megatron-LM's argument names."""
+    heads = args["num_attention_heads"]
+    config = {
+        "model_type": model_type,
+        "vocab_size": vocab,
+        "hidden_size": args["hidden_size"],
+        "intermediate_size": args["ffn_hidden_size"],
+        "num_hidden_layers": args["num_layers"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": shapes_from_args(args, vocab).groups,
+        "head_dim": args.get("kv_channels") or args["hidden_size"] // heads,
+        "max_position_embeddings": args.get("max_position_embeddings") or args.get("seq_length"),
+        "rms_norm_eps": args.get("norm_epsilon", 1e-5),
+        "rope_theta": args.get("rotary_base", 10000),
+        "hidden_act": "silu",
+        "tie_word_embeddings": not args.get("untie_embeddings_and_output_weights", False),
+        "torch_dtype": dtype,
+    }
+    family = family_of(model_type, "the args")
+    config.update(family.megatron.config(args))
+    config["architectures"] = [family.architecture]
+    return config

@@ -1,0 +1,189 @@
+"""The family registry: every family declares every part (a value, or Unsupported with its reason), each path
+reads its part through the registry, and `unshard families` tells the truth: where it says no, the path refuses
+with the reason it shows; where it says yes, a shipped fixture of the family goes down that path in the tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+from conftest import SHIPPED
+from test_cli_and_errors import run_cli
+
+from unshard import families
+from unshard.errors import CheckpointError, ConfigMismatchError, UnshardError
+from unshard.families.parts import Family, GGUFPart, MegatronRules, MoELayout, Unsupported
+from unshard.names.dense_tables import TensorTable
+from unshard.sources import megatron_hf
+
+# What each part holds when the family has it
+KINDS = {
+    "tensors": TensorTable,
+    "megatron": MegatronRules,
+    "meta_names": dict,
+    "fused_siblings": tuple,
+    "gguf": GGUFPart,
+    "mmproj": str,
+    "moe_layout": MoELayout,
+}
+
+
+def test_every_family_declares_every_part():
+    parts = [
+        f.name for f in dataclasses.fields(Family) if f.name not in ("name", "model_type", "architecture", "notes")
+    ]
+    assert set(parts) == set(KINDS), "a new part needs its kind here, and a column in families.PATHS if it is a path"
+    assert {part for _, part in families.PATHS.values() if part} <= set(parts)
+    for family in families.FAMILIES:
+        for part in parts:
+            value = getattr(family, part)
+            assert isinstance(value, (KINDS[part], Unsupported)), (family.name, part, value)
+            if isinstance(value, Unsupported):
+                assert value.reason and "\n" not in value.reason, (family.name, part)
+        assert set(family.notes) <= set(families.PATHS), family.name
+    assert len({f.model_type for f in families.FAMILIES}) == len(families.FAMILIES)
+    assert len({f.architecture for f in families.FAMILIES}) == len(families.FAMILIES)
+
+
+def test_tables_name_the_family_class():
+    for family in families.FAMILIES:
+        if isinstance(family.tensors, TensorTable):
+            assert family.tensors.architecture == family.architecture
+
+
+@pytest.mark.parametrize("family", families.FAMILIES, ids=lambda f: f.model_type)
+def test_megatron_refuses_with_the_reason_it_shows(family):
+    if families.supports(family, "megatron"):
+        assert megatron_hf.family_of(family.model_type, "ckpt") is family
+        if family.megatron.signature is not None:  # Megatron-LM's args that describe this family
+            bias, qk_norm, experts, shared = family.megatron.signature
+            args = {
+                "swiglu": True,
+                "add_qkv_bias": bias,
+                "qk_layernorm": qk_norm,
+                "num_experts": 4 if experts else None,
+                "moe_shared_expert_intermediate_size": 16 if shared else None,
+            }
+            assert megatron_hf.model_type_from_args(args, "ckpt") == family.model_type
+    else:
+        with pytest.raises(
+            CheckpointError,
+            match=re.escape(f"ckpt: {family.name} from Megatron is not supported: {family.megatron.reason}"),
+        ):
+            megatron_hf.family_of(family.model_type, "ckpt")
+    with pytest.raises(CheckpointError, match="no Megatron name table for model_type 'olmo2'; unshard knows llama,"):
+        megatron_hf.family_of("olmo2", "ckpt")
+
+
+@pytest.mark.parametrize("family", families.FAMILIES, ids=lambda f: f.model_type)
+def test_gguf_refuses_with_the_reason_it_shows(family, tmp_path):
+    from unshard.sinks.gguf.plan import plan_gguf
+
+    if families.supports(family, "gguf"):
+        return  # (the families written: test_gguf, each against llama.cpp's converter)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": [family.architecture], "model_type": family.model_type})
+    )
+    with pytest.raises(
+        ConfigMismatchError,
+        match=re.escape(
+            f"{family.architecture} is not an architecture unshard writes as GGUF yet ({family.gguf.reason}"
+        ),
+    ):
+        plan_gguf("f16", [], tmp_path, "float32")
+
+
+def test_torchtitan_names_of_a_family_without_them_are_refused(tmp_path):
+    """torchtitan's Meta names under a Qwen3 config: the family has no torchtitan table, which the error says."""
+    config = tmp_path / "qwen3"
+    config.mkdir()
+    (config / "config.json").write_text(
+        json.dumps(
+            {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_attention_heads": 4, "hidden_size": 64}
+        )
+    )
+    src = next((SHIPPED / "torchtitan-llama3-fsdp2").glob("**/.metadata")).parent
+    code, _, err = run_cli("inspect", src, "--config-from", config)
+    reason = families.by_model_type("qwen3").meta_names.reason
+    assert code == 1 and f"torchtitan's names of model_type 'qwen3': {reason}" in err
+
+
+def test_merge_moe_makes_the_layouts_the_registry_declares():
+    from unshard.merging import moe
+
+    layouts = families.moe_layouts()
+    assert [layout.name for layout in layouts] == ["Mixtral", "Qwen MoE", "Qwen3 MoE"]  # (Mixtral first, as mergekit)
+    assert [layout.architecture for layout in layouts] == [f.architecture for f in families.with_part("moe_layout")]
+    recipe = moe.MoERecipe("base", [moe.Expert("a", ("x",), (), None, None)] * 2, [], "random", None, 2, None, "")
+    with pytest.raises(
+        UnshardError, match="no MoE architecture takes these models .*Mixtral is made from llama or mistral models"
+    ):
+        moe._layout(recipe, {"base": "gemma"}, "recipe.yaml")
+
+
+def test_unshard_families_prints_the_matrix():
+    code, out, _ = run_cli("families", "--json")
+    assert code == 0 and json.loads(out) == families.matrix()
+    rows = {row["model_type"]: row for row in json.loads(out)}
+    assert rows["llama"]["gguf"] == "yes" and rows["qwen2_vl"]["gguf"] == families.by_model_type("qwen2_vl").gguf.reason
+    assert rows["llama"]["mmproj"].startswith("n/a: ")
+    code, out, _ = run_cli("families")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split()[:2] == ["family", "model_type"]
+    for family in families.FAMILIES:
+        assert any(line.startswith(family.name + " ") for line in lines[1 : len(families.FAMILIES) + 1])
+        for part in ("megatron", "meta_names", "gguf", "mmproj"):
+            value = getattr(family, part)
+            if isinstance(value, Unsupported) and value.applies:
+                assert value.reason in out, (family.name, part)
+
+
+# Each "yes" of the matrix, and the shipped fixture that takes the family down that path in the tests
+# (test_megatron, test_meta_llama, test_gguf). Mistral goes down them by Llama's own declarations (SHARED).
+TESTED = {
+    "megatron_legacy": {
+        "llama": "megatron-llama-tp2-pp2-vpp2",
+        "qwen2": "megatron-qwen2-tp2-pp2",
+        "qwen3": "megatron-qwen3-tp2-dp2",
+        "mixtral": "megatron-mixtral-tp2-pp2-ep2",
+        "qwen2_moe": "megatron-qwen2moe-tp2-pp2-ep2",
+        "qwen3_moe": "megatron-qwen3moe-pp2-ep2-dp2",
+    },
+    "meta_names": {"llama": "torchtitan-llama3-fsdp2"},
+    "gguf": {
+        "llama": "llama-fsdp2-spm",
+        "qwen2": "qwen2-fsdp2-spm",
+        "qwen3": "qwen3-fsdp2-spm",
+        "gemma": "gemma-fsdp2-spm",
+        "gemma2": "gemma2-fsdp2-spm",
+        "gemma3_text": "gemma3-fsdp2-spm",
+        "gemma3": "gemma3vl-fsdp2-spm",
+        "phi3": "phi3-fsdp2-spm",
+        "mixtral": "mixtral8-fsdp2-spm",
+        "qwen2_moe": "qwen2moe-fsdp2",
+        "qwen3_moe": "qwen3moe-fsdp2",
+    },
+    "mmproj": {"gemma3": "gemma3vl-fsdp2-spm"},
+}
+SHARED = {"mistral": "llama"}
+
+
+def _declaration(family, part):
+    value = getattr(family, part)
+    return value.rules if isinstance(value, MegatronRules) else value
+
+
+@pytest.mark.parametrize("path", TESTED)
+def test_every_yes_has_a_fixture_that_takes_it(path):
+    part = families.PATHS[path][1]
+    said = {f.model_type for f in families.with_part(part)}
+    for model_type, like in SHARED.items():
+        if model_type in said:
+            same = _declaration(families.by_model_type(model_type), part)
+            assert same is _declaration(families.by_model_type(like), part), (model_type, path)
+            said.remove(model_type)
+    assert set(TESTED[path]) == said
+    for fixture in TESTED[path].values():
+        assert (SHIPPED / fixture).is_dir(), fixture
