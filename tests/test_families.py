@@ -187,3 +187,13 @@ def test_every_yes_has_a_fixture_that_takes_it(path):
     assert set(TESTED[path]) == said
     for fixture in TESTED[path].values():
         assert (SHIPPED / fixture).is_dir(), fixture
+
+
+def test_readme_shows_the_matrix_as_it_is():
+    """The README's copy of `unshard families` is the table the registry makes now."""
+    from conftest import ROOT
+    from unshard.report import families_table
+
+    readme = (ROOT / "README.md").read_text()
+    shown = readme.split("## Model families", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    assert shown.rstrip("\n") == families_table(families.matrix(), families.PATHS).split("\n\n")[0]

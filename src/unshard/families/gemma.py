@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
-from ..sinks.gguf.header import check_query_scale, json_or_empty, special_vocab, text_hyperparameters
+from .gguf_hooks import check_query_scale, json_or_empty, special_vocab, text_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import Family, GGUFPart, Unsupported
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
-from ..sinks.gguf.header import rope_parameters, rotary_dimensions
+from .gguf_hooks import rope_parameters, rotary_dimensions
 from .llama import TEXT_ONLY
 from .parts import Family, GGUFPart, Unsupported
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..hub import fetch, is_hub_id
+from ..model_files import MODEL_FILE_PATTERNS
 from ..plan import build_plan
-from ..sinks.model_files import MODEL_FILE_PATTERNS
 from ..sources import SourceOptions, open_checkpoint
 from ..types import Group, OutputOptions, OutputTensor, Plan
 from .adapter import Adapter

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import families
 from ..errors import ConfigMismatchError
 from . import dense_tables, known
 
@@ -290,8 +289,10 @@ def plan_names(
     renames: dict[str, str] | None = None,
     updates: dict | None = None,
     ask_later: bool = False,
+    table: Any = None,
 ) -> Naming:
     """Decide the output names for checkpoint tensors of the given shapes (after `renames`).
+    table: the family's TensorTable (families.tensor_table), where it has one: transformers need not be asked.
     ask_later: if transformers must be asked (a config not seen before), name the tensors as saved now and
     ask on a thread; the naming's `question` then tells whether that holds."""
     renames = renames or {}
@@ -300,7 +301,8 @@ def plan_names(
         clash = next(c for c in renamed.values() if list(renamed.values()).count(c) > 1)
         raise ConfigMismatchError(f"two checkpoint tensors are both named {clash} once wrappers are removed")
     config = read_config(config_folder) or {}
-    if (naming := _named_by_table(renamed, shapes, config, config_folder, updates)) is not None:
+    naming = None if table is None else _named_by_table(table, renamed, shapes, config, config_folder, updates)
+    if naming is not None:
         return naming
     entry = _facts_entry(config_folder, config, updates) if config else None
     if entry is None:
@@ -320,6 +322,7 @@ def plan_names(
 
 
 def _named_by_table(
+    table: Any,
     renamed: dict[str, str],
     shapes: dict[str, tuple[int, ...]],
     config: dict,
@@ -328,8 +331,7 @@ def _named_by_table(
 ) -> Naming | None:
     """The naming the family's tensor table gives, if it covers the config and the checkpoint fits its
     answer exactly (checked even under --no-check); None otherwise, and transformers has the last word."""
-    table = families.tensor_table(config.get("model_type"))
-    found = None if table is None else dense_tables.tensors(table, config, updates)
+    found = dense_tables.tensors(table, config, updates)
     if found is None:
         return None
     in_memory, tied = found

@@ -11,12 +11,12 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from .. import dtypes, sinks
+from .. import dtypes, families, sinks
 from ..dtypes import DType
 from ..errors import ConfigMismatchError, UnshardError
 from ..hub import fetch, hub_ids, is_hub_id
+from ..model_files import MODEL_FILE_PATTERNS, unreadable_model_files
 from ..names import hf_names
-from ..sinks.model_files import MODEL_FILE_PATTERNS, unreadable_model_files
 from ..sources import Checkpoint, Piece, SourceOptions
 from ..types import FormatRequest, Group, OutputOptions, OutputTensor, Plan
 from . import lora
@@ -94,6 +94,7 @@ def build_plan(
         renames=fold.renames,
         updates=updates,
         ask_later=ask_later and output.format == "safetensors",
+        table=families.tensor_table((config or {}).get("model_type")),
     )
 
     groups: dict[str, Group] = {}

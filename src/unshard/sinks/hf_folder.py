@@ -21,10 +21,10 @@ from typing import Any
 
 from .. import families
 from ..errors import OutputExistsError, UnshardError
+from ..model_files import MODEL_FILE_PATTERNS, TOKENIZER_PATTERNS, unreadable_model_files
 from ..names import dense_tables, known
 from ..types import FormatRequest, Group, OutputTensor, Plan
 from .model_card import model_card
-from .model_files import MODEL_FILE_PATTERNS, TOKENIZER_PATTERNS, unreadable_model_files
 from .safetensors import SafetensorsFile, WrittenFile
 
 log = logging.getLogger("unshard")

@@ -68,37 +68,16 @@ def convert(
         plan, late_notes = _answered(plan)
     if distributed:
         return convert_distributed(plan, out, overwrite, writing, progress, extra_files)
+    # A model's first conversion is planned under the names as saved while transformers is asked what the model
+    # holds (plan.question). The first attempt writes that plan; where the answer names the tensors otherwise, the
+    # second writes the plan made from the answer, which has no question left.
     start = time.perf_counter()
-    folder = plan.sink.stage(out, overwrite)
-    try:
-        survey(plan, threads, progress)  # (before forking: the workers are given what it found)
-        with progress_bar(plan.total_bytes, progress) as bar:
-            if workers > 1:
-                digests = write_in_processes(plan, folder.path, writing, bar, workers)
-            else:
-                digests = write_files(plan, folder.path, list(plan.files), writing, bar)
-        if plan.question is not None:
-            late_notes = plan.question.verdict()
-            plan.notes.extend(late_notes)
-        copied, warnings = plan.sink.finish(plan, folder.path, digests, extra_files)
-        folder.commit()
-    except NamingChanged:
-        folder.abort()
+    written = _attempt(plan, out, overwrite, writing, progress, extra_files, workers)
+    if written is None:
         log.info("transformers names this model's tensors otherwise than the checkpoint: writing again")
-        return convert(
-            plan.rebuild(),
-            out,
-            overwrite=overwrite,
-            threads=threads,
-            verify=verify,
-            checksums=checksums,
-            progress=progress,
-            extra_files=extra_files,
-            workers=workers,
-        )
-    except BaseException:
-        folder.abort()
-        raise
+        plan = plan.rebuild()
+        written = _attempt(plan, out, overwrite, writing, progress, extra_files, workers)
+    answer_notes, copied, warnings = written
     return Result(
         out,
         len(plan.outputs),
@@ -107,9 +86,35 @@ def convert(
         peak_rss(children=workers > 1),
         list(plan.files),
         copied,
-        late_notes + warnings,
+        late_notes + answer_notes + warnings,
         writers=workers,
     )
+
+
+def _attempt(plan: Plan, out: Path, overwrite, writing, progress, extra_files, workers: int):
+    """Write the plan into a staging folder and put it in place: (the notes transformers' answer adds, the files
+    copied, the warnings); None, with nothing left behind, where the answer names the tensors otherwise."""
+    folder = plan.sink.stage(out, overwrite)
+    try:
+        survey(plan, writing.threads, progress)  # (before forking: the workers are given what it found)
+        with progress_bar(plan.total_bytes, progress) as bar:
+            if workers > 1:
+                digests = write_in_processes(plan, folder.path, writing, bar, workers)
+            else:
+                digests = write_files(plan, folder.path, list(plan.files), writing, bar)
+        answer_notes = []
+        if plan.question is not None:
+            answer_notes = plan.question.verdict()
+            plan.notes.extend(answer_notes)
+        copied, warnings = plan.sink.finish(plan, folder.path, digests, extra_files)
+        folder.commit()
+    except NamingChanged:
+        folder.abort()
+        return None
+    except BaseException:
+        folder.abort()
+        raise
+    return answer_notes, copied, warnings
 
 
 def _answered(plan: Plan) -> tuple[Plan, list[str]]:

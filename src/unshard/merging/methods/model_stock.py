@@ -2,7 +2,7 @@
 
 import math
 
-from . import Method
+from .registry import merge_method
 from .slerp import _dot
 
 
@@ -25,10 +25,8 @@ def _model_stock_survey(bands, params, shared) -> float:
     return 0.0 if abs(denominator) < 1e-6 else n * cos / denominator
 
 
+@merge_method("model_stock", needs_base=True, survey=_model_stock_survey, inputs=(2, None))
 def _model_stock(base, others, params, shared, t, generator):
     """Model Stock: move from the base towards the average by the angle between the fine-tunes."""
     average = sum(other.float() for other in others) / len(others)
     return t * average + (1 - t) * base.float()
-
-
-METHOD = Method(True, {}, {}, _model_stock, _model_stock_survey, (2, None))

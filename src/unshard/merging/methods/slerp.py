@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from . import REQUIRED, Method
+from .registry import Parameter, merge_method
 
 
 def _dot(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -21,6 +21,7 @@ def _slerp_survey(bands, params, shared, eps=1e-8) -> float:
     return max(-1.0, min(1.0, ab / ((norm_a if norm_a > eps else 1.0) * (norm_b if norm_b > eps else 1.0))))
 
 
+@merge_method("slerp", needs_base=True, parameters=(Parameter("t"),), survey=_slerp_survey, inputs=(1, 1))
 def _slerp(base, others, params, shared, cosine, generator, threshold=0.9995):
     """Spherical interpolation from the base (t=0) to the other model (t=1), at the angle between the
     whole tensors; linear where the two are nearly parallel."""
@@ -30,6 +31,3 @@ def _slerp(base, others, params, shared, cosine, generator, threshold=0.9995):
         return (1 - t) * a + t * b
     theta = math.acos(cosine)
     return (math.sin((1 - t) * theta) * a + math.sin(t * theta) * b) / math.sin(theta)
-
-
-METHOD = Method(True, {"t": REQUIRED}, {}, _slerp, _slerp_survey, (1, 1))

@@ -3,7 +3,7 @@ rescaled), DARE-TIES."""
 
 import torch
 
-from . import REQUIRED, Method
+from .registry import Parameter, merge_method
 
 
 class TopK:
@@ -168,22 +168,21 @@ def _elect_signs(deltas, params, base):
     return mixed, divisor
 
 
-def _method(shared: dict, per_input: dict, consensus: bool, sparsify: str | None) -> Method:
+def _declare(name: str, consensus: bool, sparsify: str | None, normalize: bool, rescale: bool) -> None:
     merging = _TaskArithmetic(consensus, sparsify)
-    return Method(True, shared, per_input, merging.combine, merging.survey)  # (survey reads nothing unsparsified)
+    parameters = (
+        Parameter("normalize", normalize),
+        Parameter("lambda", 1.0),
+        Parameter("rescale", rescale),
+        Parameter("weight", per_input=True),
+    )
+    if sparsify:
+        parameters += (Parameter("density", 1.0, per_input=True),)
+    # (the survey reads nothing unsparsified)
+    merge_method(name, needs_base=True, parameters=parameters, survey=merging.survey)(merging.combine)
 
 
-METHODS = {
-    "task_arithmetic": _method(
-        {"normalize": False, "lambda": 1.0, "rescale": False}, {"weight": REQUIRED}, False, None
-    ),
-    "ties": _method(
-        {"normalize": True, "lambda": 1.0, "rescale": False}, {"weight": REQUIRED, "density": 1.0}, True, "magnitude"
-    ),
-    "dare_linear": _method(
-        {"normalize": False, "lambda": 1.0, "rescale": True}, {"weight": REQUIRED, "density": 1.0}, False, "random"
-    ),
-    "dare_ties": _method(
-        {"normalize": False, "lambda": 1.0, "rescale": True}, {"weight": REQUIRED, "density": 1.0}, True, "random"
-    ),
-}
+_declare("task_arithmetic", consensus=False, sparsify=None, normalize=False, rescale=False)
+_declare("ties", consensus=True, sparsify="magnitude", normalize=True, rescale=False)
+_declare("dare_linear", consensus=False, sparsify="random", normalize=False, rescale=True)
+_declare("dare_ties", consensus=True, sparsify="random", normalize=False, rescale=True)

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...errors import UnshardError
+from ...families.gguf_hooks import gguf_py
 from ...types import OutputTensor
 from ..safetensors import SafetensorsFile, WrittenFile
-from .header import gguf_py
 from .tensors import GGUFPlan, stacked
 
 if TYPE_CHECKING:

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from ... import dtypes, families
 from ...errors import ConfigMismatchError, UnshardError
+from ...families.gguf_hooks import first_of, gguf_py, rope_parameters, text_hyperparameters
 from ...families.parts import GGUFPart
 from ...types import OutputTensor
 from . import vision
-from .header import first_of, general_metadata, gguf_py, read_hparams, rope_parameters, text_hyperparameters
+from .header import general_metadata, read_hparams
 from .tensors import EXPERT, LEGACY, TYPES, GGUFPlan, GGUFTensor
 from .vocabulary import write_vocabulary
 
@@ -101,8 +102,6 @@ def _plan_tensors(
 ) -> tuple[int, int, int, int]:
     """Each output's name, type and place in the file (plan.encoded, plan.positions); the parameters as gguf-py
     counts them for the size label: (all, those outside the experts, one expert's, experts)."""
-    from ..types import OutputTensor
-
     gguf = gguf_py()
     blocks, file_type = hparams["num_hidden_layers"], plan.file_type
     qtype = getattr(gguf.GGMLQuantizationType, file_type.upper())

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ... import dtypes
+from ...families.gguf_hooks import gguf_py
 from ...types import OutputTensor
-from .header import gguf_py
 
 if TYPE_CHECKING:
     import numpy as np
@@ -95,8 +95,6 @@ class GGUFPlan:
 
     def computed_stored(self) -> list[OutputTensor]:
         """The computed tensors as the file stores them (their f32 bytes)."""
-        from ..types import OutputTensor
-
         return [OutputTensor(name, (values.nbytes,), dtypes.BY_NAME["uint8"]) for name, values in self.computed.items()]
 
     def summary(self) -> dict[str, Any]:

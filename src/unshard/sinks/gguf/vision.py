@@ -16,8 +16,9 @@ from typing import Any
 
 from ... import dtypes
 from ...errors import ConfigMismatchError
+from ...families.gguf_hooks import gguf_py, json_or_empty
 from ...types import OutputTensor
-from .header import general_metadata, gguf_py, json_or_empty
+from .header import general_metadata
 from .tensors import GGUFPlan, GGUFTensor
 
 VISION = re.compile(r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.")

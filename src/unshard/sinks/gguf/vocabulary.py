@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import ConfigMismatchError, UnshardError, read_json
-from .header import gguf_py, json_or_empty, special_vocab
+from ...families.gguf_hooks import gguf_py, json_or_empty, special_vocab
 
 
 def write_vocabulary(writer, hparams: dict, folder: Path, llama: bool, phi3: bool = False, bpe: bool = False) -> str:

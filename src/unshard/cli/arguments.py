@@ -1,18 +1,11 @@
-"""The `unshard` command: arguments in, plan, run, one line out. Errors are one line unless --debug."""
+"""The `unshard` command's arguments: one parser per command, over the option groups they share (the source, the
+output formats, running, scaling out, the Hub). Each command's help ends with examples."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import os
-import signal
-import sys
-from pathlib import Path
 
-from . import verl_command
-from .errors import PeerFailedError, UnshardError
-from .sinks.safetensors import ROOM_ERRNOS
+from .. import verl_command
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
@@ -20,7 +13,27 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 OUT_HELP = "output folder (must not exist or be empty, unless --overwrite)"
 
 
-def _parser() -> argparse.ArgumentParser:
+# What each command's --help ends with
+EXAMPLES = {
+    "convert": [
+        "unshard convert checkpoints/global_step_100/actor hf_model",
+        "unshard convert checkpoints/iter_0001000 model.gguf --gguf-type q8_0",
+        "unshard convert checkpoints/global_step_100 hf_w4a16 --quantize W4A16 --push-to-hub me/model-w4a16",
+    ],
+    "extract-lora": ["unshard extract-lora finetuned_model base_model adapter --rank 32"],
+    "merge": ["unshard merge recipe.yaml merged_model", "unshard merge recipe.yaml merged.gguf --gguf-type q8_0"],
+    "merge-moe": ["unshard merge-moe moe.yaml moe_model"],
+    "merge-search": ["unshard merge-search space.yaml best_model --eval eval.jsonl --trials 30"],
+    "inspect": ["unshard inspect checkpoints/global_step_100/actor", "unshard inspect checkpoints/iter_0001000 --json"],
+    "families": ["unshard families", "unshard families --json"],
+    "verl": [
+        "unshard verl merge --backend fsdp --local_dir checkpoints/global_step_100/actor --target_dir hf_model",
+        "unshard verl test --backend fsdp --local_dir checkpoints/global_step_100/actor --test_hf_dir hf_model",
+    ],
+}
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="unshard", description="Sharded training checkpoints to Hugging Face folders.")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -35,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     ):
         add_arguments(sub)
     verl_command.add_parser(sub)
+    for name, command in sub.choices.items():
+        command.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
     return ap
 
 
@@ -340,347 +356,5 @@ def _families_arguments(sub) -> None:
         description="One row per model family unshard knows, one column per path: yes, or why "
         "not. A family not listed still converts wherever transformers knows it "
         "(rank files, DCP, DeepSpeed, --quantize).",
-        epilog="examples:\n  unshard families\n  unshard families --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     families.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    for chatty in ("httpx", "httpx2"):  # huggingface_hub's HTTP client logs every request at INFO
-        logging.getLogger(chatty).setLevel(logging.WARNING)
-    # A job scheduler (or torchrun, when another rank failed) stops us with SIGTERM: unwind like
-    # Ctrl-C, so the staging folder is removed and no partial OUT is left.
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        if repo_id := getattr(args, "push_to_hub", None):
-            from .hub import check_repo_id
-
-            check_repo_id(repo_id)
-        return _run(args)
-    except PeerFailedError:  # rank 0 prints why
-        return 1
-    except (UnshardError, FileNotFoundError, PermissionError) as e:
-        if args.debug:
-            raise
-        print(f"unshard: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("unshard: interrupted; nothing was written to the output", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # (`unshard families | head` read what it wanted)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except Exception as e:  # a bug, not bad input: still one line, the traceback with --debug
-        if args.debug:
-            raise
-        if isinstance(e, OSError) and e.errno in ROOM_ERRNOS:  # (weights' writes say which file themselves)
-            print(
-                f"unshard: error: {e.filename or 'the output'}: {e.strerror}; nothing was written to the output: "
-                "free space on that disk (or raise the file size limit, ulimit -f) and run again",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"unshard: internal error: {type(e).__name__}: {e}; rerun with --debug and report it", file=sys.stderr)
-        return 2
-
-
-def run() -> None:
-    """The program: `main`, then exit without Python's teardown.
-
-    Everything unshard leaves behind is written and closed when `main` returns; what the teardown
-    would do then is unregister torch's operator libraries, a third of a second of every run.
-    """
-    code = main()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (BrokenPipeError, ValueError):  # `unshard inspect | head` read what it wanted
-            pass
-    os._exit(code)
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
-def _sharing_notes(args, plan) -> list[str]:
-    """Work is shared by output file: more writers than files leaves some idle."""
-    writers = int(os.environ.get("WORLD_SIZE", 1)) if args.distributed else args.workers
-    if writers > len(plan.files):
-        return [
-            f"{writers} writers but {len(plan.files)} output file(s): only {len(plan.files)} will work; "
-            "lower --max-shard-size for more files"
-        ]
-    return []
-
-
-def _speaks(args) -> bool:
-    """In a distributed run, rank 0 speaks for all (torchrun sets RANK)."""
-    return not args.distributed or os.environ.get("RANK", "0") == "0"
-
-
-def _report(args, result) -> None:
-    if not _speaks(args):
-        return
-    for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(result.line() + (", verified" if args.verify else ""))
-    if args.push_to_hub:
-        from .hub import HubTarget, push
-
-        url = push(
-            result.out, HubTarget(args.push_to_hub, args.private, args.revision, args.commit_message), args.progress
-        )
-        print(f"pushed {result.out} to {url}")
-
-
-def _run(args) -> int:
-    import unshard
-
-    from .report import as_text, describe
-    from .sources import SourceOptions
-
-    handlers = {
-        "merge": _merge,
-        "verl": _verl,
-        "extract-lora": _extract_lora,
-        "merge-moe": _merge_moe,
-        "merge-search": _merge_search,
-        "families": _families,
-    }
-    if args.command in handlers:
-        return handlers[args.command](args)
-    output = _output(args, getattr(args, "out", ""))
-    source = SourceOptions(
-        config_from=args.config_from,
-        weights=args.weights,
-        tag=args.tag,
-        iteration=args.iteration,
-        lora_alpha=args.lora_alpha,
-        lora=args.lora,
-        architecture=args.architecture,
-        check=args.check,
-    )
-    options = dict(output=output, source=source)
-    if args.command == "inspect":
-        info = unshard.inspect(args.src, **options)
-        print(json.dumps(info, indent=2, default=str) if args.json else as_text(info))
-        return 0
-    plan = unshard.plan(args.src, **options, ask_later=not args.dry_run)
-    if args.dry_run:
-        print(as_text(describe(plan)))
-        return 0
-    from .plan import require_config
-    from .write.execute import convert
-
-    require_config(plan)
-    if _speaks(args):
-        print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
-        for note in plan.notes + _sharing_notes(args, plan):
-            print(f"note: {note}", file=sys.stderr)
-    try:
-        result = convert(
-            plan,
-            args.out,
-            overwrite=args.overwrite,
-            threads=args.threads,
-            verify=args.verify,
-            checksums=args.checksums,
-            progress=args.progress,
-            workers=args.workers,
-            distributed=args.distributed,
-        )
-    finally:
-        plan.checkpoint.close()
-    _report(args, result)
-    return 0
-
-
-def _families(args) -> int:
-    from . import families
-    from .report import families_table
-
-    rows = families.matrix()
-    print(json.dumps(rows, indent=2) if args.json else families_table(rows, families.PATHS))
-    return 0
-
-
-def _output(args, out: str):
-    from .types import OutputOptions
-
-    gguf = args.gguf_type or ("auto" if str(out).endswith(".gguf") else None)
-    return OutputOptions(args.dtype, args.max_shard_size, args.quantize, tuple(args.quantize_ignore), gguf)
-
-
-def _merge(args) -> int:
-    from .merging import plan_merge, recipe_files
-    from .report import as_text, describe
-    from .write.execute import convert
-
-    plan = plan_merge(args.recipe, _output(args, args.out), seed=args.seed)
-    try:
-        if args.dry_run:
-            print(as_text(describe(plan)))
-            return 0
-        if _speaks(args):
-            print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
-            for note in _sharing_notes(args, plan):
-                print(f"note: {note}", file=sys.stderr)
-        result = convert(
-            plan,
-            args.out,
-            overwrite=args.overwrite,
-            threads=args.threads,
-            verify=args.verify,
-            checksums=args.checksums,
-            progress=args.progress,
-            extra_files=recipe_files(plan),
-            workers=args.workers,
-            distributed=args.distributed,
-        )
-    finally:
-        plan.checkpoint.close()
-    _report(args, result)
-    return 0
-
-
-def _merge_moe(args) -> int:
-    from .merging.moe import moe_files, plan_moe
-    from .report import as_text, describe
-    from .write.execute import convert
-
-    plan = plan_moe(args.recipe, _output(args, args.out), seed=args.seed, allow_same=args.allow_same)
-    try:
-        if args.dry_run:
-            print(as_text(describe(plan)))
-            return 0
-        print(f"output dtype {plan.summary()['dtype']} ({plan.dtype_reason})", file=sys.stderr)
-        for note in plan.notes:
-            print(f"note: {note}", file=sys.stderr)
-        result = convert(
-            plan,
-            args.out,
-            overwrite=args.overwrite,
-            threads=args.threads,
-            verify=args.verify,
-            checksums=args.checksums,
-            progress=args.progress,
-            extra_files=moe_files(plan),
-        )
-    finally:
-        plan.checkpoint.close()
-    for warning in plan.checkpoint.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    _report(args, result)
-    return 0
-
-
-def _merge_search(args) -> int:
-    from .merging.search import SearchOptions, leaderboard, prepare, search_and_write
-    from .types import OutputOptions
-    from .units import human_bytes
-
-    if args.trials < 1:
-        raise UnshardError(f"--trials {args.trials}: run at least one trial")
-    options = SearchOptions(
-        Path(args.eval), args.trials, args.seed, args.device, Path(args.study) if args.study else None
-    )
-    output = OutputOptions(args.dtype, args.max_shard_size)
-    if args.dry_run:
-        prepared = prepare(args.space, options, output)
-        print(f"space        {args.space}: {len(prepared.space.dimensions)} dimension(s)")
-        for dimension in prepared.space.dimensions:
-            print(f"  {dimension.describe()}, trial 0: {dimension.default}")
-        print(
-            f"eval         {args.eval}: {len(prepared.evaluation.batches)} batch(es), {prepared.evaluation.tokens} "
-            "tokens scored"
-        )
-        print(f"trials       {args.trials} on {prepared.device}, each merging in memory")
-        print(
-            f"peak memory  about {human_bytes(prepared.bound)} per trial (the merged model in fp32, the merge's "
-            "working set, the logits of a batch), plus the Python process"
-        )
-        return 0
-    result, study = search_and_write(args.space, args.out, options, output, args.overwrite, args.threads, args.progress)
-    rows = leaderboard(study)
-    first = next((t.value for t in study.trials if t.number == 0), None)
-    print(
-        f"best loss {rows[0]['loss']:.4f} (trial {rows[0]['trial']} of {len(study.trials)})"
-        + (f"; untuned recipe (trial 0) {first:.4f}" if first is not None else ""),
-        file=sys.stderr,
-    )
-    _report(args, result)
-    return 0
-
-
-def _extract_lora(args) -> int:
-    from .merging.extract_lora import ExtractionOptions, plan_extraction, summary
-    from .report import as_text, describe
-    from .write.execute import convert
-
-    options = ExtractionOptions(
-        args.rank,
-        args.distribute_scale,
-        args.embed_lora,
-        tuple(args.save_modules),
-        tuple(args.include),
-        tuple(args.exclude),
-        args.skip_undecomposable,
-        args.dtype,
-    )
-    plan = plan_extraction(args.finetuned, args.base, options)
-    try:
-        if args.dry_run:
-            print(as_text(describe(plan)))
-            return 0
-        print(f"output dtype {plan.dtype.name} ({plan.dtype_reason})", file=sys.stderr)
-        for note in plan.notes:
-            print(f"note: {note}", file=sys.stderr)
-        result = convert(
-            plan, args.out, overwrite=args.overwrite, threads=args.threads, verify=args.verify, progress=args.progress
-        )
-    finally:
-        plan.checkpoint.close()
-    for line in summary(plan):
-        print(line, file=sys.stderr)
-    _report(args, result)
-    return 0
-
-
-def _verl(args) -> int:
-    """verl's merger command line: the same meaning, unshard's conversion."""
-    from .plan import require_config
-    from .write.execute import convert
-
-    plan, notes = verl_command.plan(args, ask_later=args.operation == "merge")
-    try:
-        for note in notes + (plan.notes if args.operation == "merge" else []):
-            print(f"note: {note}", file=sys.stderr)
-        if args.operation == "test":
-            count = verl_command.compare(plan, Path(args.test_hf_dir), args.progress)
-            print(
-                f"{count} tensors of {args.local_dir} match {args.test_hf_dir} ({verl_command.VERL_DTYPE}, "
-                f"atol/rtol {verl_command.TOLERANCE}), as verl's test checks"
-            )
-            return 0
-        require_config(plan)
-        result = convert(
-            plan,
-            args.target_dir,
-            overwrite=args.overwrite,
-            threads=args.threads,
-            verify=args.verify,
-            progress=args.progress,
-        )
-    finally:
-        plan.checkpoint.close()
-    _report(args, result)
-    return 0
-
-
-if __name__ == "__main__":
-    run()

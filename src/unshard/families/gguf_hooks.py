@@ -1,0 +1,149 @@
+"""The pieces a family's GGUF hooks (families/<family>.py, its GGUFPart) are written with, and the GGUF sink with
+them: gguf-py (llama.cpp's own Python library), rope's parameters as the converter reads them, the hyper-parameters
+of the converter's TextModel, the query scale llama.cpp assumes, the special vocabulary."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigMismatchError, UnshardError, read_json
+from ..model_files import unreadable_model_files
+
+
+def gguf_py():
+    try:
+        import gguf
+    except ImportError:
+        raise UnshardError("GGUF output needs the gguf package: pip install 'unshard[gguf]'") from None
+    logging.getLogger("gguf").setLevel(logging.WARNING)  # (it says at INFO which endianness each file has)
+    return gguf
+
+
+def first_of(hparams: dict, *keys: str) -> Any:
+    """The value of the first of these keys the config has (as the converter's find_hparam)."""
+    return next((hparams[key] for key in keys if key in hparams), None)
+
+
+def rope_parameters(hparams: dict) -> tuple[dict, dict]:
+    """The config's rope parameters as the converter reads them, and the global layers' (a model with rope of its
+    own per kind of layer, as Gemma 3, keeps them under full_attention; the others have one set, into which the
+    converter mirrors the config's rope_theta, partial_rotary_factor and original_max_position_embeddings, and
+    `type` as `rope_type`, as transformers 4 wrote them)."""
+    by_layer = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
+    if "full_attention" not in by_layer and "sliding_attention" not in by_layer:
+        for key in ("rope_theta", "partial_rotary_factor", "original_max_position_embeddings"):
+            if key not in by_layer and hparams.get(key) is not None:
+                by_layer[key] = hparams[key]
+        if "rope_type" not in by_layer and by_layer.get("type") is not None:
+            by_layer["rope_type"] = by_layer["type"]
+    return by_layer, dict(by_layer.get("full_attention", by_layer))
+
+
+def rotary_dimensions(hparams: dict, rope: dict) -> int:
+    """The dimensions of a head that rope rotates (all but for a partial rotary factor)."""
+    return int(rope.get("partial_rotary_factor", 1.0) * hparams["hidden_size"]) // hparams["num_attention_heads"]
+
+
+def text_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's TextModel's: sizes, heads, rope (linear and YaRN scaling), norm epsilon, head width."""
+    gguf = gguf_py()
+    where = folder / "config.json"
+    writer.add_block_count(blocks)
+    for key, add in (
+        ("max_position_embeddings", writer.add_context_length),
+        ("hidden_size", writer.add_embedding_length),
+        ("intermediate_size", writer.add_feed_forward_length),
+        ("num_attention_heads", writer.add_head_count),
+        ("num_key_value_heads", writer.add_head_count_kv),
+    ):
+        if hparams.get(key) is not None:
+            add(hparams[key])
+    if hparams.get("is_causal") is False:
+        writer.add_causal_attention(False)
+    rope_by_layer, rope = rope_parameters(hparams)
+    rope_type = rope.get("rope_type")
+    if rope_type == "linear" and rope.get("factor") is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    elif rope_type == "yarn" and rope.get("factor") is not None:
+        if rope.get("original_max_position_embeddings") is None:
+            raise ConfigMismatchError(
+                f"{where}: YaRN rope scaling without original_max_position_embeddings, which "
+                "llama.cpp needs; add the context the model was trained with to rope_parameters"
+            )
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        for value, add in (
+            (rope.get("extrapolation_factor"), writer.add_rope_scaling_yarn_ext_factor),
+            (rope.get("attention_factor", rope.get("attn_factor")), writer.add_rope_scaling_yarn_attn_factor),
+            (rope.get("beta_fast"), writer.add_rope_scaling_yarn_beta_fast),
+            (rope.get("beta_slow"), writer.add_rope_scaling_yarn_beta_slow),
+        ):
+            if value is not None:
+                add(value)
+    elif rope_type not in (None, "default") and rope_type.lower() != "llama3":  # (llama3: _computed_tensors)
+        raise ConfigMismatchError(
+            f"{where}: rope type {rope_type!r} is not written as GGUF by unshard "
+            "yet; write a folder and use llama.cpp's convert_hf_to_gguf.py"
+        )
+    if rope.get("rope_theta") is not None:
+        writer.add_rope_freq_base(rope["rope_theta"])
+    if rope_by_layer.get("sliding_attention", {}).get("rope_theta") is not None:
+        writer.add_rope_freq_base_swa(rope_by_layer["sliding_attention"]["rope_theta"])
+    if hparams.get("rms_norm_eps") is not None:
+        writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
+    if (experts := first_of(hparams, "num_local_experts", "num_experts", "n_routed_experts")) is not None:
+        writer.add_expert_count(experts)
+    if (used := first_of(hparams, "num_experts_per_tok", "num_experts_per_token", "top_k_experts")) is not None:
+        writer.add_expert_used_count(used)
+    for key in (
+        "n_group",
+        "topk_group",
+        "score_function",
+        "scoring_func",
+        "score_func",
+        "moe_router_activation",
+        "moe_router_activation_func",
+        "expert_selection_fn",
+    ):  # (expert groups, gating other than softmax)
+        if hparams.get(key) is not None:
+            raise ConfigMismatchError(
+                f"{where}: {key} is set, an expert routing unshard does not write as GGUF yet; "
+                "write a folder and use llama.cpp's convert_hf_to_gguf.py"
+            )
+    if hparams.get("head_dim") is not None:
+        writer.add_key_length(hparams["head_dim"])
+        writer.add_value_length(hparams["head_dim"])
+    writer.add_file_type(ftype)
+
+
+def check_query_scale(hparams: dict, arch_name: str, largest_blocks: int, where: Path) -> None:
+    """llama.cpp scales Gemma's queries by 1/sqrt(head_dim), or 1/sqrt(hidden_size / heads) for the layer count of
+    the 27B model, whatever query_pre_attn_scalar says: where they differ it would compute another model."""
+    blocks = hparams["num_hidden_layers"]
+    scale = (
+        hparams["hidden_size"] // hparams["num_attention_heads"] if blocks == largest_blocks else hparams["head_dim"]
+    )
+    if hparams.get("query_pre_attn_scalar", scale) != scale:
+        raise ConfigMismatchError(
+            f"{where}: query_pre_attn_scalar is {hparams['query_pre_attn_scalar']}, but "
+            f"llama.cpp's {arch_name} scales queries by 1/sqrt({scale}) and would compute another "
+            "model; serve this one with transformers or vLLM"
+        )
+
+
+def special_vocab(folder: Path, **options):
+    """gguf-py's SpecialVocab of the folder (special token ids, merges, chat template), which reads its files
+    as UTF-8 and JSON: one of them that is neither is one line (--no-check lets such files through the plan)."""
+    try:
+        return gguf_py().SpecialVocab(folder, **options)
+    except ValueError as e:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+        path, why = next(iter(unreadable_model_files(folder)), (folder, str(e)[:200]))
+        raise ConfigMismatchError(f"{path}: {why}; a GGUF file holds the tokenizer's files: fix or remove it") from None
+
+
+def json_or_empty(path: Path) -> dict:
+    return read_json(path, "fix or remove it", ConfigMismatchError) if path.is_file() else {}
