@@ -192,6 +192,7 @@ def test_every_yes_has_a_fixture_that_takes_it(path):
 def test_readme_shows_the_matrix_as_it_is():
     """The README's copy of `unshard families` is the table the registry makes now."""
     from conftest import ROOT
+
     from unshard.report import families_table
 
     readme = (ROOT / "README.md").read_text()
