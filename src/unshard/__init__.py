@@ -109,6 +109,7 @@ def convert(
     distributed: bool = False,
     lora: str = "merge",
     checksums: bool = False,
+    sync: bool = True,
     output: OutputOptions | None = None,
     source: SourceOptions | None = None,
 ) -> Result:
@@ -119,6 +120,7 @@ def convert(
     workers: processes on this host sharing the output files. distributed: this process is one rank
     of a torchrun job; every rank calls convert with the same arguments (OUT on a shared filesystem).
     checksums: list each file's sha256 in OUT/README.md (costs about a second per GB).
+    sync: every file flushed to the disk before OUT is put in place (False, for scratch outputs, skips it).
     """
     from .write.execute import convert as run
 
@@ -145,6 +147,7 @@ def convert(
             progress=progress,
             workers=workers,
             distributed=distributed,
+            sync=sync,
         )
     finally:
         the_plan.checkpoint.close()

@@ -130,8 +130,9 @@ class Sink(Protocol):
         """The output files and the groups (source tensor -> output tensors) each holds, in order."""
         ...
 
-    def stage(self, out: Path, overwrite: bool) -> Any:
-        """Where the output is written until complete: `.path`, then `.commit()` or `.abort()`."""
+    def stage(self, out: Path, overwrite: bool, sync: bool = True) -> Any:
+        """Where the output is written until complete: `.path`, then `.commit()` (its files synced to the disk
+        first, unless not `sync`: sinks/staging.py) or `.abort()`."""
         ...
 
     def open(self, path: Path, tensors: list[OutputTensor]) -> Any:

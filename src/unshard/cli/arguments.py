@@ -134,6 +134,13 @@ def _run_options(
     p.add_argument("--dry-run", action="store_true", help=dry_run_help)
     p.add_argument("--threads", type=int, default=threads, help=threads_help)
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    p.add_argument(
+        "--no-sync",
+        dest="sync",
+        action="store_false",
+        help="do not flush OUT's files to the disk before putting it in place: faster for scratch outputs, but a "
+        "crash or power loss may then leave an OUT that looks complete with files cut short (said in its card)",
+    )
 
 
 def _scale_options(p: argparse.ArgumentParser) -> None:

@@ -84,6 +84,7 @@ def _write(
             extra_files=extra_files,
             workers=getattr(args, "workers", 1),
             distributed=args.distributed,
+            sync=args.sync,
         )
     finally:
         plan.checkpoint.close()
@@ -196,7 +197,9 @@ def merge_search(args) -> int:
             "working set, the logits of a batch), plus the Python process"
         )
         return 0
-    result, study = search_and_write(args.space, args.out, options, output, args.overwrite, args.threads, args.progress)
+    result, study = search_and_write(
+        args.space, args.out, options, output, args.overwrite, args.threads, args.progress, args.sync
+    )
     rows = leaderboard(study)
     first = next((t.value for t in study.trials if t.number == 0), None)
     print(
@@ -232,6 +235,7 @@ def verl(args) -> int:
             threads=args.threads,
             verify=args.verify,
             progress=args.progress,
+            sync=getattr(args, "sync", True),
         )
     finally:
         plan.checkpoint.close()

@@ -264,6 +264,7 @@ def search_and_write(
     overwrite: bool = False,
     threads: int = 1,
     progress: bool | None = None,
+    sync: bool = True,
 ):
     """The whole command: check, search, write the best merge to OUT; (the Result, the study)."""
     from ..errors import OutputExistsError
@@ -279,7 +280,9 @@ def search_and_write(
     study = run_search(prepared, options, study_path, progress, output)
     plan, files = best_plan(prepared, study, options, output)
     try:
-        result = convert(plan, out, overwrite=overwrite, threads=threads, progress=progress, extra_files=files)
+        result = convert(
+            plan, out, overwrite=overwrite, threads=threads, progress=progress, extra_files=files, sync=sync
+        )
     finally:
         plan.checkpoint.close()
     return result, study

@@ -151,6 +151,15 @@ class SafetensorsFile:
         with self._lock:
             self._unwritten.discard(name)
 
+    def sync(self) -> None:
+        """Have the file's bytes on the disk (fdatasync), once they are all written: before the output is put in
+        place, so that a crash or power loss after that can never leave a file cut short under OUT."""
+        if self._fd >= 0:
+            try:
+                os.fdatasync(self._fd)
+            except OSError as e:
+                raise disk_full(self.path, e) from None
+
     def close(self, check: bool = True) -> None:
         if self._fd >= 0:
             os.close(self._fd)

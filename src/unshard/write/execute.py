@@ -49,6 +49,7 @@ def convert(
     extra_files: dict[str, str | bytes] | None = None,
     workers: int = 1,
     distributed: bool = False,
+    sync: bool = True,
 ) -> Result:
     """Write the plan's folder at OUT. `extra_files` (name -> text, or bytes) are added to it (a merge's recipe);
     a README.md among them opens the model card.
@@ -56,11 +57,15 @@ def convert(
     workers: processes on this host, each writing its share of the output files (forked, so each
     has the plan already). distributed: this process is one rank of a torch.distributed job (started
     by torchrun); every rank must call convert with the same plan and OUT on a shared filesystem.
+    sync: every file on the disk before OUT is put in place, and OUT's name after (sinks/staging.py); False for
+    scratch outputs only: a crash or power loss may then leave an OUT that looks complete with files cut short.
     """
     out = Path(out)
     require_config(plan)
     return_freed_memory()
-    writing = Writing(threads, verify, checksums)
+    writing = Writing(threads, verify, checksums, sync)
+    if not sync:
+        plan.notes.append("written with --no-sync: its files were not flushed to the disk before it was put in place")
     workers = max(1, min(workers, len(plan.files)))
     late_notes: list[str] = []
     if plan.question is not None and (distributed or workers > 1):
@@ -94,7 +99,7 @@ def convert(
 def _attempt(plan: Plan, out: Path, overwrite, writing, progress, extra_files, workers: int):
     """Write the plan into a staging folder and put it in place: (the notes transformers' answer adds, the files
     copied, the warnings); None, with nothing left behind, where the answer names the tensors otherwise."""
-    folder = plan.sink.stage(out, overwrite)
+    folder = plan.sink.stage(out, overwrite, writing.sync)
     try:
         survey(plan, writing.threads, progress)  # (before forking: the workers are given what it found)
         with progress_bar(plan.total_bytes, progress) as bar:

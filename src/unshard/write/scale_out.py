@@ -105,7 +105,7 @@ def convert_distributed(
     folder, refusal = None, None
     if rank == 0:
         try:
-            folder = plan.sink.stage(out, overwrite)
+            folder = plan.sink.stage(out, overwrite, writing.sync)
         except UnshardError as e:
             refusal = str(e)
     shared = [str(folder.path) if folder else None, refusal]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import resource
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -51,6 +52,7 @@ class Writing:
     threads: int = 1  # tensors read, assembled and written at once
     verify: bool = False  # re-read every written tensor and compare it with the source
     checksums: bool = False  # each file's sha256 in the model card (costs a core at about 1 GB/s)
+    sync: bool = True  # each file's bytes on the disk (fdatasync) as soon as it is complete (--no-sync: not)
 
 
 def peak_rss(children: bool = False) -> int:
@@ -78,6 +80,15 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writ
     """These files of the plan, and their sha256 if asked. `writing.threads` threads each read, assemble
     and write one group at a time, so at most that many groups are held at once."""
     files = {filename: plan.sink.open(folder / filename, plan.stored(filename)) for filename in filenames}
+    # Each file is synced by the thread that writes its last group, while the others go on writing theirs.
+    unwritten, lock = {f: len(plan.files[f]) for f in filenames}, threading.Lock()
+
+    def synced_when_complete(filename: str) -> None:
+        with lock:
+            unwritten[filename] -= 1
+            complete = unwritten[filename] == 0
+        if complete and writing.sync:
+            files[filename].sync()
 
     def write(filename: str, group: Group) -> None:
         file = files[filename]
@@ -94,10 +105,13 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writ
             if ready.then is not None:
                 ready.then()
             bar.update(out.nbytes)
+        synced_when_complete(filename)
 
     try:
         _each_group(plan, filenames, writing.threads, write)
-        for file in files.values():
+        for filename, file in files.items():
+            if writing.sync and not plan.files[filename]:  # (a file of no groups: its header alone)
+                file.sync()
             file.close()
     finally:
         for file in files.values():

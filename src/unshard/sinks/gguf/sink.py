@@ -11,7 +11,7 @@ from typing import Any
 
 from ...errors import OutputExistsError, UnshardError
 from ...types import FormatRequest, Group, OutputTensor, Plan
-from ..hf_folder import OutputFolder
+from ..staging import OutputFolder, sync_path
 from .file import GGUFFile, WrittenGGUF, header
 from .plan import plan_gguf
 from .tensors import FILE_NAME, MMPROJ_FILE_NAME, PART, GGUFPlan, stacked
@@ -42,10 +42,9 @@ class GGUFSink:
             name: sorted(found, key=lambda g: self.plans[name].position(g.outputs[0])) for name, found in files.items()
         }
 
-    def stage(self, out: Path, overwrite: bool) -> OutputFile:
-        return OutputFile(
-            out, overwrite, {MMPROJ_FILE_NAME: mmproj_path(out)} if MMPROJ_FILE_NAME in self.plans else {}
-        )
+    def stage(self, out: Path, overwrite: bool, sync: bool = True) -> OutputFile:
+        others = {MMPROJ_FILE_NAME: mmproj_path(out)} if MMPROJ_FILE_NAME in self.plans else {}
+        return OutputFile(out, overwrite, others, sync)
 
     def open(self, path: Path, tensors: list[OutputTensor]) -> GGUFFile:
         return GGUFFile(path, tensors, self.plans[path.name])
@@ -121,19 +120,23 @@ class OutputFile(OutputFolder):
     """The staging folder of a one-file output: committed by moving the file to OUT (and any other file made, as
     a vision model's mmproj, to its place beside OUT, before OUT: OUT in place means the output is whole)."""
 
-    def __init__(self, out: Path, overwrite: bool = False, others: dict[str, Path] | None = None):
+    def __init__(self, out: Path, overwrite: bool = False, others: dict[str, Path] | None = None, sync: bool = True):
         self.places = {**(others or {}), FILE_NAME: out}  # file in the staging folder -> where it goes
         for place in self.places.values():
             if place.is_dir():
                 raise UnshardError(f"{place}: is a folder; a GGUF output is one file: choose OUT ending in .gguf")
             if place.exists() and not overwrite:
                 raise OutputExistsError(f"{place}: already exists; choose another OUT or pass --overwrite")
-        super().__init__(out, overwrite=True)
+        super().__init__(out, overwrite=True, sync=sync)
         self.overwrite = overwrite
 
     def commit(self) -> None:
-        for name, place in self.places.items():
+        for name, place in self.places.items():  # (each on the disk before it is put in place, and its name after)
+            if self.sync:
+                sync_path(self.path / name)
             self._move(self.path / name, place)
+            if self.sync:
+                sync_path(place.parent)
         shutil.rmtree(self.path, ignore_errors=True)
 
     def _move(self, made: Path, place: Path) -> None:
