@@ -209,3 +209,34 @@ def test_more_workers_than_files_says_so(tmp_path):
     code, _, err = run_cli("convert", MIXTRAL, tmp_path / "out", "--workers", "3")
     assert code == 0, err
     assert "3 writers but 1 output file(s)" in err and "lower --max-shard-size" in err
+
+
+@pytest.mark.parametrize("setup", ["interface", "port"])
+def test_a_process_group_that_cannot_form_is_one_line_naming_what_to_set(setup, tmp_path):
+    """A rank whose process group does not form (here: GLOO_SOCKET_IFNAME names no interface of this host, or the
+    master's port is held by another program) is the setup's to fix, not a bug: one line naming what to set, exit
+    1, nothing left behind. (Found on two nodes in separate network namespaces, gloo bound to 127.0.0.1.)"""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    port = free_port() if setup == "interface" else holder.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1" if setup == "interface" else "2"}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if setup == "interface":
+        env["GLOO_SOCKET_IFNAME"] = "nosuch0"
+    out = tmp_path / "out"
+    with holder:
+        done = subprocess.run(
+            [sys.executable, "-m", "unshard", "convert", str(MIXTRAL), str(out), "--distributed", "--no-progress"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("unshard:")]
+    assert done.returncode == 1 and len(errors) == 1 and "internal error" not in errors[0], done.stderr
+    assert "the ranks' process group did not form" in errors[0] and "GLOO_SOCKET_IFNAME" in errors[0]
+    assert ("'nosuch0'" if setup == "interface" else "address already in use") in errors[0]
+    assert not out.exists() and not leftovers(tmp_path)

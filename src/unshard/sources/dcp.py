@@ -176,8 +176,8 @@ def read_chunk(
 
     _check_chunk(file, info, what)
     with open(file, "rb") as f:
-        f.seek(info.offset)
-        archived = f.read(4) == b"PK\x03\x04"  # the default: each chunk is its own torch.save archive
+        # The default: each chunk is its own torch.save archive (whole or damaged: see torch_archives.is_archive)
+        archived = torch_archives.is_archive(f, info.offset, info.length)
         if not archived:  # SerializationFormat.SAFETENSORS: raw bytes, found by the file's header
             start = _safetensors_start(f, file, what, dtype, sizes, info.offset)
             if mapped is not None:  # a view of the map, as an archived chunk's tensor is
@@ -187,6 +187,8 @@ def read_chunk(
             return torch.frombuffer(bytearray(f.read(math.prod(sizes) * dtype.itemsize)), dtype=dtype.torch).reshape(
                 sizes
             )
+        # torch's loader reads past a damaged record header into garbage: the archive's headers are checked first
+        torch_archives.records(file, info.offset, info.length)
         try:
             if mapped is not None:
                 from .safe_torch_load import load_embedded
@@ -205,8 +207,7 @@ def chunk_offset(file: Path, info, dtype: dtypes.DType, sizes: tuple[int, ...], 
     without torch. None when the chunk is not that simple (then read_chunk it)."""
     _check_chunk(file, info, what)
     with open(file, "rb") as f:
-        f.seek(info.offset)
-        if f.read(4) != b"PK\x03\x04":
+        if not torch_archives.is_archive(f, info.offset, info.length):
             return _safetensors_start(f, file, what, dtype, sizes, info.offset)
         try:
             tensor = torch_archives.read(f, info.offset, info.length)

@@ -256,14 +256,17 @@ def read(file, start: int = 0, length: int | None = None, path: Path | None = No
                     raise NotPlain("a compressed storage")
                 storages[info.filename[len(prefix) + 5 :]] = (start + _data_start(file, start, info), info.file_size)
         data = archive.read(pickles[0])  # (zipfile checks the record's CRC-32)
-    except zipfile.BadZipFile as e:
-        if "CRC" in str(e):  # the pickle was written otherwise: torch's loader would only build something else
-            where = path or getattr(file, "name", "the archive")
+    except (zipfile.BadZipFile, OSError, EOFError, UnicodeDecodeError, KeyError, ValueError) as e:
+        # (EOFError: a record's size damaged.) Where the bytes are a zip archive, which torch.save writes, it is
+        # damaged: torch's own loader reads past such damage (a record's header, its sizes) into garbage, so
+        # it is refused here. Bytes of no zip archive at all are torch's older format: its loader's to read.
+        where = path or getattr(file, "name", "the archive")
+        if isinstance(e, zipfile.BadZipFile) and "CRC" in str(e):
             raise CheckpointError(
                 f"{where}: its pickle fails its CRC-32 check; the file is corrupt: copy it again"
             ) from None
-        raise NotPlain(f"not a readable archive ({e})") from None
-    except (OSError, EOFError, UnicodeDecodeError, KeyError, ValueError) as e:  # (EOFError: a record's size damaged)
+        if is_archive(file, start, length):
+            raise CheckpointError(f"{where}: {_damage(e)}; the file is corrupt: copy it again") from None
         raise NotPlain(f"not a readable archive ({e!r})") from None
     try:
         return _Unpickler(data, storages).load()
@@ -283,27 +286,45 @@ class ArchiveRecord:
     crc: int
 
 
+def is_archive(file, start: int, length: int) -> bool:
+    """Whether bytes [start, start + length) of the open binary `file` are a zip archive (what torch.save writes),
+    whole or damaged: they begin with a record's header, or end with the archive's directory's end (torch writes
+    no comment after it), so that damage to either end alone still shows as an archive's."""
+    if length < 22:
+        return False
+    file.seek(start)
+    head = file.read(4)
+    file.seek(start + length - 22)
+    return head == b"PK\x03\x04" or file.read(4) == b"PK\x05\x06"
+
+
+def _damage(error: BaseException) -> str:
+    """What is wrong with an archive, from the error reading it gave."""
+    if isinstance(error, zipfile.BadZipFile) and "magic number" in str(error).lower():
+        return "a record's header in its archive is damaged"
+    return f"its archive does not read ({type(error).__name__}: {error})"
+
+
 def records(path: Path, start: int = 0, length: int | None = None) -> list[ArchiveRecord]:
     """The stored records of the torch.save archive at bytes [start, start + length) of `path` (none if
-    those bytes are not a zip archive: a safetensors chunk, say). Raises CheckpointError where they begin
-    as one but its directory or headers do not read."""
+    those bytes are not a zip archive: a safetensors chunk, say). Raises CheckpointError where they are one
+    but its directory or headers do not read, or a record is compressed (torch.save stores every record:
+    such a record's bytes would escape the CRC check)."""
     with open(path, "rb") as file:
         if length is None:
             length = file.seek(0, io.SEEK_END) - start
-        file.seek(start)
-        if file.read(4) != b"PK\x03\x04":
+        if not is_archive(file, start, length):
             return []
         try:
             infos = zipfile.ZipFile(Window(file, start, length)).infolist()
-            found = [
-                ArchiveRecord(i.filename, start + _data_start(file, start, i), i.file_size, i.CRC)
-                for i in infos
-                if i.compress_type == zipfile.ZIP_STORED
-            ]  # (torch.save stores, never compresses)
+            found = [ArchiveRecord(i.filename, start + _data_start(file, start, i), i.file_size, i.CRC) for i in infos]
+            if any(i.compress_type != zipfile.ZIP_STORED for i in infos):
+                raise zipfile.BadZipFile("a record is compressed, which torch.save never does")
+            file.seek(start)
+            if file.read(4) != b"PK\x03\x04":
+                raise zipfile.BadZipFile("Bad magic number for file header")
         except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-            raise CheckpointError(
-                f"{path}: its archive's directory does not read ({e}); the file is corrupt: copy it again"
-            ) from None
+            raise CheckpointError(f"{path}: {_damage(e)}; the file is corrupt: copy it again") from None
         if any(r.start + r.nbytes > start + length for r in found):
             raise CheckpointError(
                 f"{path}: a record runs past the end of its archive; the file is truncated or corrupt: copy it again"

@@ -6,6 +6,7 @@ writer succeeded."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import time
 from pathlib import Path
@@ -90,6 +91,29 @@ def write_in_processes(plan: Plan, folder: Path, writing: Writing, bar, workers:
     return digests
 
 
+def _join_process_group(dist) -> None:
+    """The process group of the ranks torchrun started (its rendezvous is in the environment). One that cannot form
+    (a node's interface, an unreachable master, a port in use, a timeout) is the setup's to fix: one line per rank
+    saying what to set, before anything is written."""
+    try:
+        dist.init_process_group("gloo")
+    except Exception as e:  # (torch raises RuntimeError, DistNetworkError, DistStoreError, ValueError, TimeoutError)
+        why = " ".join(str(e).split())[:300]
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        interface = os.environ.get("GLOO_SOCKET_IFNAME")
+        raise UnshardError(
+            f"rank {os.environ.get('RANK', '?')}: the ranks' process group did not form ({type(e).__name__}: {why}); "
+            f"nothing was written: check that every node reaches the master at {where} (torchrun's --rdzv-endpoint "
+            "or MASTER_ADDR and MASTER_PORT, a port no other program holds) and set GLOO_SOCKET_IFNAME to the "
+            "network interface the nodes share"
+            + (
+                f" (it is {interface!r} here)"
+                if interface
+                else " (gloo otherwise binds where the host name resolves, often 127.0.0.1)"
+            )
+        ) from None
+
+
 def convert_distributed(
     plan: Plan, out: Path, overwrite: bool, writing: Writing, progress: bool | None, extra_files: dict[str, str] | None
 ) -> Result:
@@ -99,7 +123,7 @@ def convert_distributed(
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo")  # the rendezvous torchrun set up in the environment
+        _join_process_group(dist)
     rank, world = dist.get_rank(), dist.get_world_size()
     start = time.perf_counter()
     folder, refusal = None, None
