@@ -3,7 +3,7 @@
     python bench/run.py [--sizes 0.5,2,6]
         [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,slices,extract-lora,moe,search,
                    quantize,gguf]
-                        [--repeat 3] [--cache warm|cold] [--work /tmp/unshard-bench]
+                        [--repeat 3] [--cache warm|cold] [--work /tmp/unshard-bench] [--tools cp,unshard,...]
 
 For each layout and size: make a real checkpoint (FSDP2, or tensor parallelism for verl-tp, by
 bench/make_checkpoint.py; DeepSpeed by
@@ -17,6 +17,8 @@ input's pages are dropped from the cache before each run), with no earlier outpu
                           (the bench's Llamas are listed): transformers imported and asked
   unshard                 the same again: the next checkpoint of a model converted before
   unshard --verify        the same, then every written byte read back and compared with the source
+  unshard --no-sync       the same, OUT put in place without its files synced to the disk first (scratch outputs)
+  cp -r && sync           copying the input bytes, then syncing them: the floor of a durable copy
   unshard --workers 2     the same, 1 GB output files shared by two processes
   unshard --dtype bfloat16  the same, cast to bf16 (what a bf16 config asks for by default)
   verl model_merger       verl's own merger, `pip install --no-deps verl` and what its merger imports,
@@ -477,9 +479,12 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
     ]
     found = {
         "cp": ["cp", "-r", str(src), str(out)],
+        # (what a durable copy costs: every byte on the disk before the command ends, as unshard puts OUT in place)
+        "cp -r && sync": ["sh", "-c", f"cp -r {src} {out} && sync"],
         "unshard" + FIRST_RUN: [*first, *unshard, "float32"],
         "unshard, transformers asked" + FIRST_RUN: [*first, *without_table, "float32"],
         "unshard": [*python, *unshard, "float32"],
+        "unshard --no-sync": [*python, *unshard, "float32", "--no-sync"],
         "unshard --verify": [*python, *unshard, "float32", "--verify"],
         "unshard --workers 2": [*python, *unshard, "float32", "--workers", "2", "--max-shard-size", "1GB"],
         "unshard --dtype bfloat16": [*python, *unshard, "bfloat16"],
@@ -580,6 +585,7 @@ def main() -> None:
     ap.add_argument("--layouts", default="verl,dcp")
     ap.add_argument("--work", default="/tmp/unshard-bench")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each tool; the median time is reported")
+    ap.add_argument("--tools", help="only the tools whose names are in this comma-separated list")
     ap.add_argument(
         "--cache",
         choices=("warm", "cold"),
@@ -609,6 +615,8 @@ def main() -> None:
                     f"{nbytes / 1e9:.1f} GB: free some space or pass --work on a larger disk"
                 )
             commands = tools(layout, folder, work / "out", work / "unshard-cache")
+            if args.tools:
+                commands = {name: cmd for name, cmd in commands.items() if name in args.tools.split(",")}
             if "dcp_to_torch_save" in commands:
                 commands["dcp_to_torch_save"][-1] = str(work / "out.pt")
             shutil.rmtree(work / "unshard-cache", ignore_errors=True)

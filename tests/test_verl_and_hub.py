@@ -547,3 +547,40 @@ def test_hub_ids_as_config_from_and_merge_inputs(tmp_path):
     assert "org/missing" in line and not (tmp_path / "m2").exists()
     # Offline, what was fetched before is still there (huggingface_hub's cache).
     run("convert", dcp / "dcp", tmp_path / "c2", "--config-from", "org/llama-hf", "--no-progress", env=offline)
+
+
+# ---- every step of a run ----
+
+
+def test_every_step_of_a_run_to_its_own_folder_and_branch(tmp_path):
+    """`--all-steps`: each global_step_N of a verl run into OUT/step_N, as converting it alone writes it; a run
+    stopped half-way resumes (the steps already in OUT are skipped); `--steps` picks some (`last`); with
+    --push-to-hub each step goes to its own branch, step-N."""
+    run_folder = tmp_path / "run"
+    for step in (1, 2, 10):
+        shutil.copytree(EXAMPLE, run_folder / f"global_step_{step}")
+    alone = tmp_path / "alone"
+    run("convert", run_folder / "global_step_2", alone, "--no-progress")
+    out = tmp_path / "steps"
+    with Hub() as hub:
+        env = hub_env(hub, tmp_path)
+        run("convert", run_folder, out, "--all-steps", "--no-progress", "--push-to-hub", "me/run", env=env)
+        assert sorted(p.name for p in out.iterdir()) == ["step_1", "step_10", "step_2"]
+        for name in ("model.safetensors", "config.json"):
+            assert (out / "step_2" / name).read_bytes() == (alone / name).read_bytes()
+        for step in (1, 2, 10):
+            assert_arrived(out / f"step_{step}", hub.files("me/run", f"step-{step}"))
+
+    shutil.rmtree(out / "step_10")
+    before = (out / "step_1" / "model.safetensors").stat().st_mtime_ns
+    done = run("convert", run_folder, out, "--all-steps", "--no-progress")
+    assert "2 step(s) already in" in done.stderr and (out / "step_10" / "model.safetensors").is_file()
+    assert (out / "step_1" / "model.safetensors").stat().st_mtime_ns == before  # (not written again)
+
+    picked = tmp_path / "picked"
+    run("convert", run_folder, picked, "--steps", "1,last", "--no-progress")
+    assert sorted(p.name for p in picked.iterdir()) == ["step_1", "step_10"]
+    error = one_line_error(run("convert", run_folder, tmp_path / "bad", "--steps", "5", ok=False))
+    assert "--steps 5: '5' is not a step saved here (saved: 1, 2, 10; or `last`)" in error
+    error = one_line_error(run("convert", EXAMPLE, tmp_path / "none", "--all-steps", ok=False))
+    assert "no step folders here" in error and not (tmp_path / "none").exists()

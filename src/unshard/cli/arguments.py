@@ -19,6 +19,7 @@ EXAMPLES = {
         "unshard convert checkpoints/global_step_100/actor hf_model",
         "unshard convert checkpoints/iter_0001000 model.gguf --gguf-type q8_0",
         "unshard convert checkpoints/global_step_100 hf_w4a16 --quantize W4A16 --push-to-hub me/model-w4a16",
+        "unshard convert checkpoints/my_run hf_steps --all-steps --push-to-hub me/my-run",
     ],
     "extract-lora": ["unshard extract-lora finetuned_model base_model adapter --rank 32"],
     "merge": ["unshard merge recipe.yaml merged_model", "unshard merge recipe.yaml merged.gguf --gguf-type q8_0"],
@@ -183,6 +184,13 @@ def _convert_arguments(sub) -> None:
         action="store_true",
         help="list each file's sha256 in OUT/README.md (hashing runs at about 1 GB/s per file)",
     )
+    convert.add_argument(
+        "--all-steps",
+        action="store_true",
+        help="SRC is a run's folder: convert each step it holds (global_step_N, iter_N, step-N, epoch_N, "
+        "checkpoint-N) into OUT/step_N, skipping those already there; with --push-to-hub each to branch step-N",
+    )
+    convert.add_argument("--steps", metavar="N,M,last", help="as --all-steps, these steps only")
     _scale_options(convert)
     _hub_options(convert)
 

@@ -112,12 +112,61 @@ def _report(args, result) -> None:
 def convert(args) -> int:
     import unshard
 
+    if args.all_steps or args.steps:
+        return _convert_steps(args)
     from ..plan import require_config
 
     plan = unshard.plan(args.src, output=_output(args, args.out), source=_source(args), ask_later=not args.dry_run)
     if not args.dry_run:
         require_config(plan)  # (before anything is said of the writing)
     return _write(args, plan, args.out, notes=plan.notes)
+
+
+def _convert_steps(args) -> int:
+    """--all-steps / --steps: each step of the run at SRC into OUT/step_N, those already there skipped (an OUT
+    appears only when whole, so a run stopped half-way resumes where it stopped), under one progress bar; with
+    --push-to-hub each on its own branch, step-N."""
+    from dataclasses import replace
+
+    from tqdm import tqdm
+
+    import unshard
+
+    from ..plan import require_config
+    from ..sources.steps import chosen, find_steps
+
+    if args.distributed or args.workers > 1:
+        raise UnshardError("--all-steps and --steps convert one step after another: drop --workers and --distributed")
+    run, root = find_steps(Path(args.src)), Path(args.out)
+    wanted = chosen(run, args.steps, Path(args.src))
+    todo = [step for step in wanted if args.overwrite or not (root / f"step_{step}").exists()]
+    if len(todo) < len(wanted):
+        print(f"note: {len(wanted) - len(todo)} step(s) already in {root}: skipped", file=sys.stderr)
+    each = replace_args(args, progress=False)
+    with tqdm(
+        total=len(wanted),
+        initial=len(wanted) - len(todo),
+        unit="step",
+        desc="steps",
+        disable=None if args.progress is None else not args.progress,
+    ) as bar:
+        for step in todo:
+            path, options = run[step]
+            source = replace(_source(args), **options)
+            plan = unshard.plan(path, output=_output(args, ""), source=source, ask_later=not args.dry_run)
+            if not args.dry_run:
+                require_config(plan)
+            revision = args.revision or (f"step-{step}" if args.push_to_hub else None)
+            _write(replace_args(each, revision=revision), plan, root / f"step_{step}", notes=plan.notes)
+            bar.update(1)
+    return 0
+
+
+def replace_args(args, **changes):
+    """A copy of the parsed arguments with these changed."""
+    import argparse
+
+    return argparse.Namespace(**{**vars(args), **changes})
 
 
 def inspect(args) -> int:
