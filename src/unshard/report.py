@@ -50,6 +50,7 @@ def as_text(info: dict[str, Any]) -> str:
         "files",
         "chunks",
         "base_model",
+        "dequantized",
     ):
         if info.get(key) is not None:
             lines.append(f"  {key.replace('_', ' '):<15s} {info[key]}")

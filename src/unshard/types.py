@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     import torch
 
 
+# The value of a config change (Checkpoint.config_changes, Plan.config_updates) that removes the key from the output's
+# config.json (a dequantized model's quantization_config)
+REMOVED = "<removed by unshard>"
+
+
 @dataclass(frozen=True)
 class OutputOptions:
     """What describes the output, as a user asks for it (the source: sources.SourceOptions)."""

@@ -18,7 +18,7 @@ from .. import families
 from ..errors import UnshardError
 from ..model_files import MODEL_FILE_PATTERNS, TOKENIZER_PATTERNS, unreadable_model_files
 from ..names import dense_tables, known
-from ..types import FormatRequest, Group, OutputTensor, Plan
+from ..types import REMOVED, FormatRequest, Group, OutputTensor, Plan
 from .model_card import model_card
 from .safetensors import SafetensorsFile, WrittenFile
 from .staging import OutputFolder
@@ -123,6 +123,8 @@ def copy_model_files(
             for key in keys:
                 config[key] = dtype_name
             config.update({k: v for k, v in (updates or {}).items() if k != "num_labels"})
+            for key in [k for k, v in config.items() if v == REMOVED]:
+                del config[key]
             (folder / path.name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         else:
             shutil.copyfile(path, folder / path.name)

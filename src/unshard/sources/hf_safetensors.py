@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import CheckpointError
+from . import fp8_blocks
 from .base import Piece, SourceTensor
 from .dcp_safetensors import SafetensorsFiles, dtype_of, read_header
 from .placements import Block
@@ -45,10 +46,12 @@ def open_folder(src: Path) -> SafetensorsFiles:
                     key, shape, dtype_of(path, key, entry), [Piece(path, key, Block.whole(shape))]
                 )
     alone = found.is_file()
-    return SafetensorsFiles(
+    checkpoint = SafetensorsFiles(
         layout=FILE_LAYOUT if alone else LAYOUT,
         path=found,
         tensors=tensors,
         hf_folder=None if alone else found,
         facts={"files": len(files)},
     )
+    block = fp8_blocks.block_size(None if alone else found)
+    return checkpoint if block is None else fp8_blocks.dequantized(checkpoint, block)
