@@ -266,7 +266,7 @@ def read(file, start: int = 0, length: int | None = None, path: Path | None = No
                 f"{where}: its pickle fails its CRC-32 check; the file is corrupt: copy it again"
             ) from None
         if is_archive(file, start, length):
-            raise CheckpointError(f"{where}: {_damage(e)}; the file is corrupt: copy it again") from None
+            raise CheckpointError(f"{where}: {_damage(e)}; the file is truncated or corrupt: copy it again") from None
         raise NotPlain(f"not a readable archive ({e!r})") from None
     try:
         return _Unpickler(data, storages).load()
@@ -302,6 +302,8 @@ def _damage(error: BaseException) -> str:
     """What is wrong with an archive, from the error reading it gave."""
     if isinstance(error, zipfile.BadZipFile) and "magic number" in str(error).lower():
         return "a record's header in its archive is damaged"
+    if isinstance(error, zipfile.BadZipFile) and "not a zip file" in str(error):
+        return "its archive has no directory at its end"
     return f"its archive does not read ({type(error).__name__}: {error})"
 
 
@@ -324,7 +326,7 @@ def records(path: Path, start: int = 0, length: int | None = None) -> list[Archi
             if file.read(4) != b"PK\x03\x04":
                 raise zipfile.BadZipFile("Bad magic number for file header")
         except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-            raise CheckpointError(f"{path}: {_damage(e)}; the file is corrupt: copy it again") from None
+            raise CheckpointError(f"{path}: {_damage(e)}; the file is truncated or corrupt: copy it again") from None
         if any(r.start + r.nbytes > start + length for r in found):
             raise CheckpointError(
                 f"{path}: a record runs past the end of its archive; the file is truncated or corrupt: copy it again"
