@@ -101,13 +101,23 @@ class SafetensorsFile:
         self._unwritten = set(self._entries)
         self._lock = threading.Lock()
 
+    # Whether each write's bytes start on their way to the disk at once (the file is synced when complete: see
+    # `sync`), so that writing and the disk's work overlap and the final sync has little left to wait for.
+    writeback = False
+
     def _write_at(self, at: int, data: memoryview) -> None:
         try:
             while data.nbytes:
                 n = os.pwrite(self._fd, data, at)  # may write less than asked (Linux: at most ~2 GB a call)
+                self._started(at, n)
                 data, at = data[n:], at + n
         except OSError as e:
             raise disk_full(self.path, e) from None
+
+    def _started(self, at: int, nbytes: int) -> None:
+        """Start the writeback of bytes [at, at + nbytes) without waiting for it (Linux's sync_file_range)."""
+        if self.writeback and _SYNC_FILE_RANGE is not None:
+            _SYNC_FILE_RANGE(self._fd, at, nbytes, SYNC_FILE_RANGE_WRITE)
 
     def _copy_at(self, at: int, part: FileBytes) -> None:
         """Copy a part file to file with copy_file_range: the kernel moves the bytes between page caches
@@ -129,6 +139,8 @@ class SafetensorsFile:
                         )
                     self._write_at(at, memoryview(data))
                     n = len(data)
+                else:
+                    self._started(at, n)
                 offset, at, left = offset + n, at + n, left - n
         finally:
             os.close(source)
@@ -191,6 +203,24 @@ class TensorBeingWritten:
         if self.written != self.size:
             raise AssertionError(f"{self.name}: {self.written} of {self.size} bytes written")
         self.file._written(self.name)
+
+
+SYNC_FILE_RANGE_WRITE = 2  # (linux/fs.h: start writing the range's dirty pages out, without waiting)
+
+
+def _sync_file_range():
+    """libc's sync_file_range, where there is one (Linux); None elsewhere (the final sync does all the work)."""
+    import ctypes
+
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return function
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
 
 
 # A write that fails for want of room: the disk or a quota full, or the file size limit (RLIMIT_FSIZE;

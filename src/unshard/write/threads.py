@@ -80,6 +80,8 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writ
     """These files of the plan, and their sha256 if asked. `writing.threads` threads each read, assemble
     and write one group at a time, so at most that many groups are held at once."""
     files = {filename: plan.sink.open(folder / filename, plan.stored(filename)) for filename in filenames}
+    for file in files.values():
+        file.writeback = writing.sync
     # Each file is synced by the thread that writes its last group, while the others go on writing theirs.
     unwritten, lock = {f: len(plan.files[f]) for f in filenames}, threading.Lock()
 
