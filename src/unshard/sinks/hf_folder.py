@@ -37,7 +37,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 
 
 class HFFolder:
-    """The Hugging Face folder as an output format (a types.Sink, see sinks/__init__.py)."""
+    """The Hugging Face folder as an output format (a types.Sink, found by sinks.FORMATS)."""
 
     def lay_out(self, groups: dict[str, Group], max_shard_size: int | str) -> dict[str, list[Group]]:
         """The weight files and the groups each holds, by the bytes written (huggingface_hub's split)."""

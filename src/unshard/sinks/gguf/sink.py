@@ -26,7 +26,7 @@ def mmproj_path(out: Path) -> Path:
 
 
 class GGUFSink:
-    """One GGUF file as the output (a Sink, see sinks/__init__.py), and a vision-language model's mmproj file beside
+    """One GGUF file as the output (a types.Sink), and a vision-language model's mmproj file beside
     it. OUT is the file itself: it is built in a staging folder beside OUT and moved into place when complete."""
 
     def __init__(self, plan: GGUFPlan):

@@ -30,7 +30,7 @@ MMPROJ_FILE_NAME = "mmproj.gguf"  # a vision-language model's vision part; commi
 
 @dataclass(frozen=True)
 class GGUFTensor:
-    """How one output tensor is stored in the file (an Encoding, see sinks/__init__.py): under llama.cpp's
+    """How one output tensor is stored in the file (a types.Encoding): under llama.cpp's
     name, as the bytes of its GGUF type; q and k rows reordered within each head as llama.cpp's rotary
     embedding expects (the converter's `permute`), so a band holds whole heads; Gemma's norms shifted by one,
     as llama.cpp applies them as they are where transformers applies 1 + weight."""
@@ -83,7 +83,7 @@ class GGUFPlan:
     notes: list[str] = field(default_factory=list)
     vocabulary: str = ""  # what the tokenizer became, as inspect says it
     made_header: tuple = ()  # (the tensors, header()'s answer for them): a large vocabulary takes a while to pack
-    mmproj: GGUFPlan | None = None  # a vision-language model's second file, its vision part (gguf_vision.py)
+    mmproj: GGUFPlan | None = None  # a vision-language model's second file, its vision part (vision.py)
 
     def files(self) -> dict[str, GGUFPlan]:
         """The plan of each file written, by its name in the staging folder."""
