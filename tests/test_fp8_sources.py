@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from test_cli_and_errors import leftovers, run_cli
 
 import unshard
-from unshard.sources import fp8_blocks
+from unshard.sources import dequantized, fp8_blocks
 
 SHIPPED_RELEASE = SHIPPED / "qwen3-fp8-blocks"
 
@@ -79,7 +79,7 @@ def test_bands_of_blocks_give_the_whole_tensor(tmp_path, monkeypatch):
     """Memory follows a band of whole blocks of rows: a band of one block row writes the same bytes."""
     whole = tmp_path / "whole"
     unshard.convert(SHIPPED_RELEASE / "release", whole, progress=False)
-    monkeypatch.setattr(fp8_blocks.BlockFP8Folder, "BAND_BYTES", 64 * 4)
+    monkeypatch.setattr(dequantized.DequantizedFolder, "BAND_BYTES", 64 * 4)
     plan = unshard.plan(SHIPPED_RELEASE / "release")
     weight = "model.layers.0.mlp.down_proj.weight"
     assert plan.checkpoint.band_rows(weight) == 32 and plan.checkpoint.flat_pieces(weight) is None

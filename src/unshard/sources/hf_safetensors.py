@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import CheckpointError
-from . import fp8_blocks
+from ..errors import CheckpointError, read_json
+from . import compressed_tensors, fp8_blocks
 from .base import Piece, SourceTensor
 from .dcp_safetensors import SafetensorsFiles, dtype_of, read_header
 from .placements import Block
@@ -53,5 +53,12 @@ def open_folder(src: Path) -> SafetensorsFiles:
         hf_folder=None if alone else found,
         facts={"files": len(files)},
     )
-    block = fp8_blocks.block_size(None if alone else found)
-    return checkpoint if block is None else fp8_blocks.dequantized(checkpoint, block)
+    config = found / "config.json"
+    quantization = None if alone else read_json(config, "fix it or pass --config-from DIR", CheckpointError)
+    quantization = quantization.get("quantization_config") if isinstance(quantization, dict) else None
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if method == "fp8":  # (a block-FP8 release)
+        return fp8_blocks.dequantized(checkpoint, fp8_blocks.block_size(quantization, config))
+    if method == compressed_tensors.METHOD:
+        return compressed_tensors.dequantized(checkpoint, quantization, config)
+    return checkpoint
