@@ -14,7 +14,7 @@ def describe(plan: Plan) -> dict[str, Any]:
     ckpt = plan.checkpoint
     dtypes = Counter(t.dtype.name for t in ckpt.tensors.values())
     return {
-        "source": str(ckpt.path),
+        "source": ckpt.facts.get("url") or str(ckpt.path),
         "layout": ckpt.layout,
         **ckpt.facts,
         "huggingface_folder": str(ckpt.hf_folder) if ckpt.hf_folder else None,
@@ -51,6 +51,7 @@ def as_text(info: dict[str, Any]) -> str:
         "chunks",
         "base_model",
         "dequantized",
+        "remote",
     ):
         if info.get(key) is not None:
             lines.append(f"  {key.replace('_', ' '):<15s} {info[key]}")

@@ -10,6 +10,7 @@ import sys
 
 from ..errors import PeerFailedError, UnshardError
 from ..sinks.safetensors import ROOM_ERRNOS
+from ..sources.remote import is_url, remove_mirrors, shown
 from .arguments import parser
 from .commands import COMMANDS
 
@@ -17,12 +18,20 @@ from .commands import COMMANDS
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    for chatty in ("httpx", "httpx2"):  # huggingface_hub's HTTP client logs every request at INFO
+    # huggingface_hub's HTTP client logs every request at INFO, botocore where it found credentials
+    for chatty in ("httpx", "httpx2", "botocore", "aiobotocore", "s3fs"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    if getattr(args, "progress", None) is False:  # (--no-progress: every bar, also those of libraries, off)
+        os.environ["TQDM_DISABLE"] = "1"
     # A job scheduler (or torchrun, when another rank failed) stops us with SIGTERM: unwind like
     # Ctrl-C, so the staging folder is removed and no partial OUT is left.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        if is_url(out := getattr(args, "out", None)):
+            raise UnshardError(
+                f"{out}: unshard writes OUT to a local disk; write it there and upload it (aws s3 cp --recursive, "
+                "gcloud storage cp -r), or put it on the Hub with --push-to-hub"
+            )
         if repo_id := getattr(args, "push_to_hub", None):
             from ..hub import check_repo_id
 
@@ -33,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UnshardError, FileNotFoundError, PermissionError) as e:
         if args.debug:
             raise
-        print(f"unshard: error: {e}", file=sys.stderr)
+        print(f"unshard: error: {shown(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("unshard: interrupted; nothing was written to the output", file=sys.stderr)
@@ -62,6 +71,7 @@ def run() -> None:
     would do then is unregister torch's operator libraries, a third of a second of every run.
     """
     code = main()
+    remove_mirrors()  # (a checkpoint read from object storage: its local copy)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -20,6 +20,7 @@ EXAMPLES = {
         "unshard convert checkpoints/iter_0001000 model.gguf --gguf-type q8_0",
         "unshard convert checkpoints/global_step_100 hf_w4a16 --quantize W4A16 --push-to-hub me/model-w4a16",
         "unshard convert checkpoints/my_run hf_steps --all-steps --push-to-hub me/my-run",
+        "unshard convert s3://my-bucket/run/global_step_500 hf_model   # (pip install 'unshard[remote]')",
     ],
     "extract-lora": ["unshard extract-lora finetuned_model base_model adapter --rank 32"],
     "merge": ["unshard merge recipe.yaml merged_model", "unshard merge recipe.yaml merged.gguf --gguf-type q8_0"],
@@ -57,7 +58,9 @@ def parser() -> argparse.ArgumentParser:
 
 def _source_options(p: argparse.ArgumentParser) -> None:
     """What describes the checkpoint (SourceOptions), and the output's dtype and file size."""
-    p.add_argument("src", help="checkpoint folder (e.g. verl's global_step_N or global_step_N/actor)")
+    p.add_argument(
+        "src", help="checkpoint folder (e.g. verl's global_step_N or global_step_N/actor), or its URL (s3://, gs://...)"
+    )
     p.add_argument(
         "--dtype",
         default="auto",

@@ -133,10 +133,13 @@ def _convert_steps(args) -> int:
     import unshard
 
     from ..plan import require_config
+    from ..sources.remote import is_url
     from ..sources.steps import chosen, find_steps
 
     if args.distributed or args.workers > 1:
         raise UnshardError("--all-steps and --steps convert one step after another: drop --workers and --distributed")
+    if is_url(args.src):
+        raise UnshardError(f"{args.src}: --all-steps and --steps read a run on a local disk; convert each step's URL")
     run, root = find_steps(Path(args.src)), Path(args.out)
     wanted = chosen(run, args.steps, Path(args.src))
     todo = [step for step in wanted if args.overwrite or not (root / f"step_{step}").exists()]

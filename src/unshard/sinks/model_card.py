@@ -44,12 +44,13 @@ def model_card(plan: Plan, checksums: dict[str, str | None], intro: str | None =
     """README.md for OUT: where the weights came from, how they were written, its files (and their
     sha256, when computed)."""
     ckpt = plan.checkpoint
+    source = ckpt.facts.get("url") or ckpt.path  # (a checkpoint read from object storage: its URL)
     lines = front_matter(plan)
     if intro is None:
         lines += [
             "# Converted model",
             "",
-            f"Converted with unshard {__version__} from `{ckpt.path}` (layout `{ckpt.layout}`).",
+            f"Converted with unshard {__version__} from `{source}` (layout `{ckpt.layout}`).",
             "",
         ]
         for key in ("world_size", "parallel", "zero_stage", "format", "iteration", "architecture", "naming"):

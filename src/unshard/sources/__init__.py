@@ -23,6 +23,7 @@ from . import (
     hf_safetensors,
     megatron,
     megatron_dist,
+    remote,
 )
 from .base import Checkpoint, Piece, SourceTensor
 
@@ -67,11 +68,21 @@ class SourceOptions:
 
 
 def open_checkpoint(src: str | Path, **options) -> Checkpoint:
-    """Recognise the layout of SRC and open it (metadata only).
+    """Recognise the layout of SRC and open it (metadata only). SRC may be a URL (`s3://bucket/run/step`): see
+    remote.py.
 
     `options` are layout-specific (`weights="module"` for DeepSpeed); one the layout does not take
     is an error rather than silently ignored.
     """
+    if remote.is_url(src):  # object storage: read from a local mirror of what a conversion reads
+        fetched = remote.mirrored(str(src))
+        try:
+            checkpoint = open_checkpoint(fetched.local, **options)
+        except CheckpointError as e:
+            raise CheckpointError(remote.shown(str(e))) from None
+        fetched.check_covered(checkpoint)
+        checkpoint.facts.update(remote=fetched.fact(), url=remote.shown(str(checkpoint.path)))
+        return checkpoint
     src = Path(src)
     if not src.exists():
         raise CheckpointError(f"{src}: no such file or folder")
