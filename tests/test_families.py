@@ -96,18 +96,18 @@ def test_gguf_refuses_with_the_reason_it_shows(family, tmp_path):
 
 
 def test_torchtitan_names_of_a_family_without_them_are_refused(tmp_path):
-    """torchtitan's Meta names under a Qwen3 config: the family has no torchtitan table, which the error says."""
-    config = tmp_path / "qwen3"
+    """torchtitan's Meta names under a Qwen2 config: the family has no torchtitan table, which the error says."""
+    config = tmp_path / "qwen2"
     config.mkdir()
     (config / "config.json").write_text(
         json.dumps(
-            {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_attention_heads": 4, "hidden_size": 64}
+            {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 4, "hidden_size": 64}
         )
     )
     src = next((SHIPPED / "torchtitan-llama3-fsdp2").glob("**/.metadata")).parent
     code, _, err = run_cli("inspect", src, "--config-from", config)
-    reason = families.by_model_type("qwen3").meta_names.reason
-    assert code == 1 and f"torchtitan's names of model_type 'qwen3': {reason}" in err
+    reason = families.by_model_type("qwen2").meta_names.reason
+    assert code == 1 and f"torchtitan's names of model_type 'qwen2': {reason}" in err
 
 
 def test_merge_moe_makes_the_layouts_the_registry_declares():
@@ -151,7 +151,7 @@ TESTED = {
         "qwen2_moe": "megatron-qwen2moe-tp2-pp2-ep2",
         "qwen3_moe": "megatron-qwen3moe-pp2-ep2-dp2",
     },
-    "meta_names": {"llama": "torchtitan-llama3-fsdp2"},
+    "meta_names": {"llama": "torchtitan-llama3-fsdp2", "qwen3": "torchtitan-qwen3-fsdp2"},
     "gguf": {
         "llama": "llama-fsdp2-spm",
         "qwen2": "qwen2-fsdp2-spm",

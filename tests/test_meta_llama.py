@@ -1,5 +1,5 @@
-"""torchtitan and torchtune checkpoints (Meta's Llama names, interleaved rotary) convert to exactly
-what each library's own Hugging Face converter makes, and the folder's logits match its forward pass."""
+"""torchtitan and torchtune checkpoints (Meta's Llama names, interleaved rotary; torchtitan's Qwen3) convert to
+exactly what each library's own Hugging Face converter makes, and the folder's logits match its forward pass."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from test_cli_and_errors import run_cli
 import unshard
 
 transformers = pytest.importorskip("transformers")
-CASES_HERE = ["torchtitan-llama3-fsdp2", "torchtune-llama3-fsdp2"]
+CASES_HERE = ["torchtitan-llama3-fsdp2", "torchtune-llama3-fsdp2", "torchtitan-qwen3-fsdp2"]
+FRESH = [name for name in CASES_HERE if CASES[name].fresh]
 
 
 def check(name, fixture, out):
@@ -41,7 +42,7 @@ def test_shipped_checkpoint(name, tmp_path):
     assert info["naming"].startswith(name.split("-")[0])
 
 
-@pytest.mark.parametrize("name", CASES_HERE)
+@pytest.mark.parametrize("name", FRESH)
 def test_freshly_generated_checkpoint(name, fresh_fixtures, tmp_path):
     check(name, fresh_fixtures(name), tmp_path / "out")
 

@@ -1,13 +1,20 @@
 """Qwen2 (and Qwen2.5) and Qwen3: Llama's layout with biases on q, k and v (Qwen2) or q and k norms (Qwen3);
-llama.cpp's qwen2 and qwen3, which rotate halves of each head as transformers does."""
+llama.cpp's qwen2 and qwen3, which rotate halves of each head as transformers does; torchtitan's Qwen3 names."""
 
 from __future__ import annotations
 
 from ..names import dense_tables as t
-from .llama import MEGATRON_RULES, SIBLINGS, TEXT_ONLY
+from .llama import MEGATRON_RULES, SIBLINGS, TEXT_ONLY, TORCHTITAN, L
 from .parts import Family, GGUFPart, MegatronRules, Unsupported
 
-META = Unsupported("torchtitan's and torchtune's names are mapped for Llama and Mistral only so far")
+META = Unsupported("torchtitan's and torchtune's names are mapped for Llama, Mistral and Qwen3 only so far")
+# torchtitan's Qwen3 (the names its Qwen3StateDictAdapter maps): Llama's, with q and k norms; its rotary already
+# turns halves of each head, as transformers' does, so no rows are permuted
+TORCHTITAN_QWEN3 = {
+    **{name: (hf, None) for name, (hf, _) in TORCHTITAN.items()},
+    "layers.{i}.attention.q_norm.weight": (L + "self_attn.q_norm.weight", None),
+    "layers.{i}.attention.k_norm.weight": (L + "self_attn.k_norm.weight", None),
+}
 
 FAMILIES = (
     Family(
@@ -35,10 +42,11 @@ FAMILIES = (
             {"attention_bias": (False, t.ATTENTION_BIAS)},
         ),
         megatron=MegatronRules(MEGATRON_RULES, (False, True, False, False)),
-        meta_names=META,
+        meta_names=TORCHTITAN_QWEN3,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart("QWEN3"),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family: merge-moe assembles Qwen3 MoE from it", applies=False),
+        notes={"meta_names": "torchtitan's names (torchtune's Qwen3 names are not mapped yet)"},
     ),
 )

@@ -59,7 +59,7 @@ def rename(
         from ..errors import CheckpointError
 
         raise CheckpointError(
-            f"{where}: {len(unknown)} tensors have no {family} rule (e.g. {unknown[0]}); unshard maps "
-            f"torchtitan's and torchtune's {family} names, please report this model"
+            f"{where}: {len(unknown)} tensors have no rule in unshard's table of {family} names (e.g. {unknown[0]}); "
+            "`unshard families` says which trainers' names it maps for each family; report the model if it should"
         )
     return renamed, transforms

@@ -312,7 +312,8 @@ class DcpFolder(Checkpoint):
             family.meta_names, family.name, self.tensors, config, str(self.path)
         )
         self.tensors = {renamed[n]: dataclasses.replace(t, name=renamed[n]) for n, t in self.tensors.items()}
-        self.facts["naming"] = f"{trainer} (q/k rows permuted to Hugging Face's rotary layout)"
+        permuted = " (q/k rows permuted to Hugging Face's rotary layout)" if self.transforms else ""
+        self.facts["naming"] = f"{trainer}'s {family.name} names{permuted}"
 
 
 def open_folder(src: Path) -> DcpFolder:
