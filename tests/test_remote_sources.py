@@ -18,13 +18,15 @@ from unshard.sources import dcp
 
 CASES = {  # name in the bucket -> (local checkpoint, extra arguments)
     "dcp": (SHIPPED / "llama-fsdp1-dcp" / "dcp", ["--config-from", str(SHIPPED / "llama-fsdp1-dcp" / "hf")]),
+    # DCP's safetensors format: chunks where each file's header says, not where .metadata does (written in `s3`)
+    "dcp-safetensors": (None, ["--config-from", str(SHIPPED / "llama-fsdp2" / "reference")]),
     "verl": (SHIPPED / "llama-fsdp2" / "global_step_1", []),
     "megatron": (SHIPPED / "megatron-qwen3-tp2-dp2" / "torch_dist", []),
 }
 
 
 @pytest.fixture(scope="module")
-def s3():
+def s3(tmp_path_factory):
     """moto's S3 server on a free port of 127.0.0.1, the cases uploaded to bucket `runs`; `served` counts the bytes
     of the objects it sends (listings left out)."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
@@ -57,10 +59,25 @@ def s3():
 
     fs = s3fs.S3FileSystem(key="test", secret="test", endpoint_url=env["AWS_ENDPOINT_URL"])
     fs.mkdir("runs")
+    CASES["dcp-safetensors"] = (safetensors_dcp(tmp_path_factory.mktemp("dcp") / "dcp"), CASES["dcp-safetensors"][1])
     for name, (local, _) in CASES.items():
         fs.put(str(local), f"runs/{name}", recursive=True)
     yield env, served
     server.shutdown()
+
+
+def safetensors_dcp(folder):
+    """The shipped Llama saved by torch.distributed.checkpoint with SerializationFormat.SAFETENSORS."""
+    import torch.distributed.checkpoint as dcp_api
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter, SerializationFormat
+
+    state = load_file(SHIPPED / "llama-fsdp2" / "reference" / "model.safetensors")
+    with pytest.warns(UserWarning):  # no process group: torch saves as a single process
+        dcp_api.save(
+            state, storage_writer=FileSystemWriter(folder, serialization_format=SerializationFormat.SAFETENSORS)
+        )
+    return folder
 
 
 def convert(src, out, env, *extra):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import fnmatch
+import json
 import os
 import re
 import shutil
@@ -91,6 +92,8 @@ class Fetched:
                 if piece.file not in self.partial:
                     continue
                 start, length = checkpoint.archive_of(piece)
+                if (at := checkpoint.file_offset(piece)) is not None:  # (a raw chunk: where the file's header says)
+                    start, length = at, piece.block.numel * tensor.dtype.itemsize
                 if length is None or not any(a <= start and start + length <= b for a, b in self.partial[piece.file]):
                     raise CheckpointError(
                         f"{shown(str(piece.file))}: the bytes of {tensor.name} were not read from the storage; "
@@ -102,8 +105,9 @@ def mirrored(url: str) -> Fetched:
     """A local folder (or file) holding what a conversion reads of the checkpoint at `url`."""
     fs, root = _filesystem(url)
     files = _listing(fs, root, url)
+    if not MIRRORS:
+        atexit.register(remove_mirrors)
     local = Path(tempfile.mkdtemp(prefix="unshard-remote-"))
-    atexit.register(remove_mirrors)
     single = list(files) == [root]
     ranges: list[tuple[str, Path, int, int]] = []
     for remote, size in files.items():
@@ -172,9 +176,10 @@ def _not_read(relative: PurePosixPath) -> bool:
 
 
 def _model_chunks(fs, files: dict[str, int], root: str, local: Path):
-    """The byte ranges of the model's chunks in each DCP folder's .distcp files (its .metadata already mirrored),
-    and the safetensors header of a .distcp written in that format; the files made as sparse as their size. Also
-    how many requests the first bytes of each file took (to tell the formats apart)."""
+    """The byte ranges of the model's chunks in each DCP folder's .distcp files (its .metadata already mirrored), the
+    files made as sparse as their size; and how many requests telling the files' formats apart took. A chunk lies
+    where .metadata says in a torch.save-format file (the default), and where the file's own header says in a
+    safetensors-format one (its header is read, and the model's tensors' ranges taken from it)."""
     from . import dcp
 
     ranges, probes = [], 0
@@ -183,30 +188,51 @@ def _model_chunks(fs, files: dict[str, int], root: str, local: Path):
         metadata = dcp.read_metadata(folder)
         chunks, model = dcp.storage_index(metadata), set(dcp.model_names(metadata)[0])
         remote_folder = f"{root}/{folder.relative_to(local).as_posix()}".rstrip("/.")
-        for name in {info.relative_path for info in chunks.values()}:
-            remote = f"{remote_folder}/{name}"
-            if remote not in files:
-                continue  # (the reader says which file is missing)
-            path = folder / name
-            with open(path, "wb") as f:
-                f.truncate(files[remote])
-            try:
-                head = fs.cat_file(remote, start=0, end=min(9, files[remote]))
-            except Exception as e:
-                raise _failed(remote, e) from None
-            probes += 1
-            if len(head) == 9 and head[8:9] == b"{":  # SerializationFormat.SAFETENSORS: chunks found by the header
-                ranges.append((remote, path, 0, min(files[remote], 8 + struct.unpack("<Q", head[:8])[0])))
         spans: dict[str, list[tuple[int, int]]] = {}
         for (fqn, _), info in chunks.items():
             if fqn in model and f"{remote_folder}/{info.relative_path}" in files:
                 spans.setdefault(info.relative_path, []).append((info.offset, info.offset + info.length))
+        for name in {info.relative_path for info in chunks.values()}:
+            remote = f"{remote_folder}/{name}"
+            if remote not in files:
+                continue  # (the reader says which file is missing)
+            with open(folder / name, "wb") as f:
+                f.truncate(files[remote])
+            header = _safetensors_header(fs, remote, files[remote])
+            probes += 1 if header is None else 2
+            if header is not None:  # SerializationFormat.SAFETENSORS
+                begin, entries = header
+                ranges.append((remote, folder / name, 0, begin))
+                spans[name] = [
+                    (begin + entry["data_offsets"][0], begin + entry["data_offsets"][1])
+                    for key, entry in entries.items()
+                    if key in model
+                ]
         for name, found in spans.items():
             for start, end in _joined(found):  # (chunks one after another: one request, up to PART bytes)
                 ranges += [
                     (f"{remote_folder}/{name}", folder / name, s, min(end, s + PART)) for s in range(start, end, PART)
                 ]
     return ranges, probes
+
+
+def _safetensors_header(fs, remote: str, size: int) -> tuple[int, dict] | None:
+    """(where the data begins, the header's entries) of a file in safetensors' format; None for another format."""
+    try:
+        head = fs.cat_file(remote, start=0, end=min(9, size))
+        if len(head) < 9 or head[8:9] != b"{":
+            return None
+        length = struct.unpack("<Q", head[:8])[0]
+        if 8 + length > size:
+            raise CheckpointError(f"{remote}: its safetensors header runs past the file's end; the file is damaged")
+        entries = json.loads(fs.cat_file(remote, start=8, end=8 + length))
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        raise CheckpointError(f"{remote}: its safetensors header does not read ({e}); the file is damaged") from None
+    except Exception as e:
+        raise _failed(remote, e) from None
+    return 8 + length, {key: entry for key, entry in entries.items() if key != "__metadata__"}
 
 
 def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
