@@ -46,10 +46,13 @@ def _rows(weight: SourceTensor, scale: SourceTensor, block: tuple[int, int]):
 
         first, last = start // block[0], -(-stop // block[0])
         values = stored(weight, start, stop).float()
-        per_element = stored(scale, first, last).float().repeat_interleave(block[0], 0)
-        per_element = per_element[start - first * block[0] : stop - first * block[0]]
-        per_element = per_element.repeat_interleave(block[1], 1)[:, : values.shape[1]]
-        return (values * per_element).to(torch.bfloat16)
+        per_row = stored(scale, first, last).float()[torch.arange(start, stop) // block[0] - first]  # (rows, blocks)
+        columns = values.shape[1]
+        if columns % block[1] == 0:  # each block's scale broadcast over its columns, in place
+            values.view(len(values), columns // block[1], block[1]).mul_(per_row.unsqueeze(-1))
+        else:
+            values.mul_(per_row.repeat_interleave(block[1], 1)[:, :columns])
+        return values.to(torch.bfloat16)
 
     return rows
 
