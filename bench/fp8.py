@@ -13,7 +13,6 @@ at a time, written in bf16). Prints a markdown table and appends the rows to ben
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run import measure, spread, summarise, versions  # noqa: E402
+from run import record, short_table, side_by_side  # noqa: E402
 
 
 def main() -> None:
@@ -47,24 +46,11 @@ def main() -> None:
             "cp -r": ["cp", "-r", str(release), str(out)],
             "unshard": [sys.executable, "-m", "unshard", "convert", str(release), str(out), "--no-progress"],
         }
-        runs: dict[str, list[dict]] = {name: [] for name in tools}
-        for _ in range(args.repeat):
-            for name, cmd in tools.items():
-                shutil.rmtree(out, ignore_errors=True)
-                subprocess.run(["sync"], check=True)
-                runs[name].append(measure(cmd))
+        runs = side_by_side(tools, args.repeat, [out])
         size = sum(p.stat().st_size for p in release.rglob("*") if p.is_file())
-        for name in tools:
-            row = {"layout": "fp8-release", "gb": size / 1e9, "tool": name, **summarise(runs[name])}
-            rows.append({**row, **versions()})
+        rows += record("fp8-release", size / 1e9, runs)
         shutil.rmtree(out, ignore_errors=True)
-    with open(HERE / "results" / "results.jsonl", "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    print("| input | tool | wall s, median (range) | peak RSS |\n|---|---|---|---|")
-    for row in rows:
-        took = f"{row['seconds']:.1f} {spread(row)}"
-        print(f"| {row['gb']:.2f} GB | {row['tool']} | {took} | {row['peak_rss'] / 1e9:.2f} GB |")
+    print(short_table(rows))
 
 
 if __name__ == "__main__":

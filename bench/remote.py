@@ -18,7 +18,6 @@ memory is not counted) and appends the rows to bench/results/results.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import socket
@@ -29,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run import measure, spread, summarise, versions  # noqa: E402
+from run import record, short_table, side_by_side  # noqa: E402
 
 
 def s3rver(data: Path) -> tuple[subprocess.Popen, str]:
@@ -91,26 +90,12 @@ sys.exit(subprocess.call([sys.executable, "-m", "unshard", "convert", "{work / "
             "unshard, s3://": [*unshard, f"s3://bench/dcp-{gb}", *flags],
             "download, then unshard": [sys.executable, "-c", download],
         }
-        runs: dict[str, list[dict]] = {name: [] for name in tools}
-        for _ in range(args.repeat):
-            for name, cmd in tools.items():
-                for leftover in (out, work / "downloaded"):
-                    shutil.rmtree(leftover, ignore_errors=True)
-                subprocess.run(["sync"], check=True)
-                runs[name].append(measure(cmd))
+        runs = side_by_side(tools, args.repeat, [out, work / "downloaded"])
         size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
-        for name in tools:
-            row = {"layout": "s3-dcp", "gb": size / 1e9, "tool": name, **summarise(runs[name]), **versions()}
-            rows.append(row)
+        rows += record("s3-dcp", size / 1e9, runs)
     server.terminate()
     shutil.rmtree(work / "s3rver-data", ignore_errors=True)
-    with open(HERE / "results" / "results.jsonl", "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    print("| input | tool | wall s, median (range) | peak RSS |\n|---|---|---|---|")
-    for row in rows:
-        took = f"{row['seconds']:.1f} {spread(row)}"
-        print(f"| {row['gb']:.2f} GB | {row['tool']} | {took} | {row['peak_rss'] / 1e9:.2f} GB |")
+    print(short_table(rows))
 
 
 if __name__ == "__main__":

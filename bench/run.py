@@ -581,6 +581,37 @@ def versions() -> dict:
     }
 
 
+def side_by_side(tools: dict[str, list[str]], repeat: int, outputs: list[Path]) -> dict[str, list[dict]]:
+    """Each tool `repeat` times, the tools taking turns (this VM's disk has slow spells), the `outputs` of the run
+    before removed and synced away first; every run's measurement."""
+    runs: dict[str, list[dict]] = {name: [] for name in tools}
+    for _ in range(repeat):
+        for name, cmd in tools.items():
+            for output in outputs:
+                shutil.rmtree(output, ignore_errors=True)
+            subprocess.run(["sync"], check=True)
+            runs[name].append(measure(cmd))
+    return runs
+
+
+def record(layout: str, gb: float, runs: dict[str, list[dict]]) -> list[dict]:
+    """The rows of one input (median of each tool's runs, the machine and versions), appended to results.jsonl."""
+    rows = [{"layout": layout, "gb": gb, "tool": name, **summarise(each), **versions()} for name, each in runs.items()]
+    with open(HERE / "results" / "results.jsonl", "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return rows
+
+
+def short_table(rows: list[dict]) -> str:
+    """Input, tool, median wall time with its range, peak RSS: a markdown table."""
+    lines = ["| input | tool | wall s, median (range) | peak RSS |", "|---|---|---|---|"]
+    for row in rows:
+        took = f"{row['seconds']:.1f} {spread(row)}"
+        lines.append(f"| {row['gb']:.2f} GB | {row['tool']} | {took} | {row['peak_rss'] / 1e9:.2f} GB |")
+    return "\n".join(lines)
+
+
 def cpu_model() -> str:
     """The CPU's model name: each session's machine may be another (the plots keep one machine's rows)."""
     try:
