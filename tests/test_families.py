@@ -57,23 +57,31 @@ def test_tables_name_the_family_class():
 def test_megatron_refuses_with_the_reason_it_shows(family):
     if families.supports(family, "megatron"):
         assert megatron_hf.family_of(family.model_type, "ckpt") is family
-        if family.megatron.signature is not None:  # Megatron-LM's args that describe this family
-            bias, qk_norm, experts, shared = family.megatron.signature
-            args = {
-                "swiglu": True,
-                "add_qkv_bias": bias,
-                "qk_layernorm": qk_norm,
-                "num_experts": 4 if experts else None,
-                "moe_shared_expert_intermediate_size": 16 if shared else None,
-            }
-            assert megatron_hf.model_type_from_args(args, "ckpt") == family.model_type
+        wants = family.megatron.signature
+        if wants is not None:  # Megatron-LM's args that describe this family (with either value where it is None)
+            for either in (False, True):
+                said = {name: either if value is None else value for name, value in dataclasses.asdict(wants).items()}
+                args = {
+                    "swiglu": True,
+                    "add_qkv_bias": said["qkv_bias"],
+                    "qk_layernorm": said["qk_norm"],
+                    "num_experts": 4 if said["experts"] else None,
+                    "moe_shared_expert_intermediate_size": 16 if said["shared_experts"] else None,
+                    "moe_router_score_function": "sigmoid" if said["sigmoid_router"] else "softmax",
+                    "multi_latent_attention": said["latent_attention"],
+                    "rotary_percent": 0.5 if said["partial_rotary"] else 1.0,
+                }
+                assert megatron_hf.model_type_from_args(args, "ckpt") == family.model_type
     else:
         with pytest.raises(
             CheckpointError,
             match=re.escape(f"ckpt: {family.name} from Megatron is not supported: {family.megatron.reason}"),
         ):
             megatron_hf.family_of(family.model_type, "ckpt")
-    with pytest.raises(CheckpointError, match="no Megatron name table for model_type 'olmo2'; unshard knows llama,"):
+    with pytest.raises(
+        CheckpointError,
+        match="no Megatron name table for model_type 'olmo2'; unshard knows deepseek_v3, glm4_moe, llama,",
+    ):
         megatron_hf.family_of("olmo2", "ckpt")
 
 
@@ -150,6 +158,8 @@ TESTED = {
         "mixtral": "megatron-mixtral-tp2-pp2-ep2",
         "qwen2_moe": "megatron-qwen2moe-tp2-pp2-ep2",
         "qwen3_moe": "megatron-qwen3moe-pp2-ep2-dp2",
+        "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",
+        "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
     },
     "meta_names": {"llama": "torchtitan-llama3-fsdp2", "qwen3": "torchtitan-qwen3-fsdp2"},
     "gguf": {

@@ -19,8 +19,13 @@ transformers = pytest.importorskip("transformers")
 
 MEGATRON_CASES = [name for name in CASES if name.startswith("megatron-")]
 # Regenerated with the installed megatron-core too: dense with virtual stages, MoE with TP x PP x EP and
-# shared experts, MoE with data parallelism.
-FRESH = ["megatron-llama-tp2-pp2-vpp2", "megatron-qwen2moe-tp2-pp2-ep2", "megatron-qwen3moe-pp2-ep2-dp2"]
+# shared experts, MoE with data parallelism, multi-latent attention with dense first layers and an MTP layer.
+FRESH = [
+    "megatron-llama-tp2-pp2-vpp2",
+    "megatron-qwen2moe-tp2-pp2-ep2",
+    "megatron-qwen3moe-pp2-ep2-dp2",
+    "megatron-deepseekv3-tp2-pp2-ep2",
+]
 FORMATS = ["torch", "torch_dist"]
 LLAMA = SHIPPED / "megatron-llama-tp2-pp2-vpp2"
 
@@ -220,3 +225,78 @@ def test_verl_layouts_without_megatron_args(tmp_path):
     info = unshard.inspect(fixture / "verl")
     assert info["parallel"] == {"tensor": 2, "pipeline": 2, "virtual_pipeline": 1, "expert": 1}
     assert info["naming"].startswith("verl")
+
+
+def test_deepseek_v3_from_every_layout(tmp_path):
+    """DeepSeek-V3 (multi-latent attention, a dense first layer, sigmoid routing with an expert bias, a shared
+    expert, an MTP layer on the last stage): Megatron-LM's two formats and verl's layout give the same tensors, the
+    MTP layer is left out with a note, and the config made from Megatron-LM's args builds the model verl's config
+    does."""
+    fixture = SHIPPED / "megatron-deepseekv3-tp2-pp2-ep2"
+    written = {}
+    for fmt in ("torch", "torch_dist", "verl"):
+        unshard.convert(fixture / fmt, tmp_path / fmt, progress=False)
+        written[fmt] = load_file(tmp_path / fmt / "model.safetensors")
+    megatron_logits_match(fixture, tmp_path / "verl")
+    for fmt in ("torch_dist", "verl"):
+        assert sorted(written[fmt]) == sorted(written["torch"])
+        assert all(torch.equal(written[fmt][name], tensor) for name, tensor in written["torch"].items()), fmt
+    names = set(written["torch"])
+    assert "model.layers.0.mlp.gate_proj.weight" in names and "model.layers.0.mlp.gate.weight" not in names
+    assert "model.layers.1.mlp.gate.e_score_correction_bias" in names
+    assert "model.layers.3.mlp.shared_experts.down_proj.weight" in names
+    assert not any(".layers.4." in name for name in names)  # (the MTP layer)
+    made = json.loads((tmp_path / "torch" / "config.json").read_text())
+    verl = json.loads((fixture / "verl/global_step_10/actor/model/huggingface/config.json").read_text())
+    for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_group"):
+        assert made[key] == verl[key], key
+    assert (made["first_k_dense_replace"], made["n_routed_experts"], made["n_shared_experts"]) == (1, 8, 1)
+    assert made["rope_scaling"]["factor"] == 4.0 and made["routed_scaling_factor"] == 2.5
+    code, out, _ = run_cli("inspect", fixture / "torch")
+    assert code == 0 and "33 multi-token prediction layer tensors (mtp.*): deepseek_v3's transformers class" in out
+
+
+def test_moe_layers_after_dense_ones_only(tmp_path):
+    """transformers' DeepSeek-V3 and GLM-4.5 hold dense layers first only: another --moe-layer-freq is refused."""
+    ckpt = copy_fixture(tmp_path, "torch", "megatron-deepseekv3-tp2-pp2-ep2")
+    for path in (ckpt / "iter_0000010").glob("mp_rank_*/model_optim_rng.pt"):
+        resave_rank_file(path, lambda state: setattr(state["args"], "moe_layer_freq", [1, 0, 1, 1]))
+    code, _, err = run_cli("convert", ckpt, tmp_path / "out")
+    assert code == 1 and err.count("\n") == 1
+    assert "moe_layer_freq [1, 0, 1, 1] puts dense layers after MoE ones" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_grouped_gemm_experts_in_every_format(tmp_path):
+    """GroupedMLP's experts (weight1/weight2: each expert's matrix transposed inside one matrix per rank), over two
+    expert-tensor-parallel ranks: the legacy format, torch_dist (a rank's experts in one chunk) and torch_dist with
+    singleton_local_shards (each expert its own key, fc1 as gate `_w` and up `_v`) give the same tensors, and the
+    logits of megatron-core's forward."""
+    fixture = SHIPPED / "megatron-qwen3moe-gmm-tp2-ep2-etp2"
+    assert json.loads((fixture / "fixture.json").read_text())["etp"] == 2
+    written = {}
+    for fmt in ("torch", "torch_dist", "torch_dist_singleton"):
+        unshard.convert(fixture / fmt, tmp_path / fmt, progress=False, verify=True)
+        written[fmt] = load_file(tmp_path / fmt / "model.safetensors")
+    megatron_logits_match(fixture, tmp_path / "torch_dist_singleton")
+    for fmt in ("torch_dist", "torch_dist_singleton"):
+        assert sorted(written[fmt]) == sorted(written["torch"])
+        assert all(torch.equal(written[fmt][name], tensor) for name, tensor in written["torch"].items()), fmt
+    assert written["torch"]["model.layers.3.mlp.experts.3.gate_proj.weight"].shape == (48, 64)
+
+
+def test_transformer_engine_grouped_experts_in_the_legacy_format_are_refused(tmp_path):
+    """TEGroupedMLP saves `linear_fc1.weight0..N` per rank; no fixture can be written without Transformer Engine, so
+    the legacy format of it is refused in one line pointing at torch_dist (whose keys are SequentialMLP's)."""
+    ckpt = copy_fixture(tmp_path, "torch", "megatron-qwen3moe-gmm-tp2-ep2-etp2")
+
+    def as_te_names(state):
+        model = state["model"]
+        model["decoder.layers.0.mlp.experts.linear_fc1.weight0"] = model.pop("decoder.layers.0.mlp.experts.weight1")
+
+    for path in (ckpt / "iter_0000010").glob("mp_rank_*/model_optim_rng.pt"):
+        resave_rank_file(path, as_te_names)
+    code, _, err = run_cli("convert", ckpt, tmp_path / "out")
+    assert code == 1 and err.count("\n") == 1
+    assert "Transformer Engine's grouped experts (decoder.layers.0.mlp.experts.linear_fc1.weight0)" in err
+    assert "--ckpt-format torch_dist" in err and not (tmp_path / "out").exists()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from . import gemma, llama, mixtral, phi3, qwen, qwen_moe, vlm
+from . import deepseek, gemma, glm, llama, mixtral, phi3, qwen, qwen_moe, vlm
 from .parts import DEFAULT_FUSED_SIBLINGS, Family, MoELayout, Unsupported
 
 # In the order the matrix lists them; merge-moe tries its layouts in this order too (Mixtral first, as mergekit).
@@ -25,6 +25,8 @@ FAMILIES: tuple[Family, ...] = (
     *phi3.FAMILIES,
     *mixtral.FAMILIES,
     *qwen_moe.FAMILIES,
+    *deepseek.FAMILIES,
+    *glm.FAMILIES,
     *vlm.FAMILIES,
 )
 _BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES}

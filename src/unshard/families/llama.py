@@ -99,7 +99,7 @@ FAMILIES = (
             nullable=tuple(t.WHEN_NULL),
             heads_divide_hidden=True,
         ),
-        megatron=MegatronRules(MEGATRON_RULES, (False, False, False, False), _no_biases),
+        megatron=MegatronRules(MEGATRON_RULES, m.Signature(), _no_biases),
         meta_names=META_NAMES,
         fused_siblings=SIBLINGS,
         gguf=GGUF,

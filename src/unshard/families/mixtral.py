@@ -30,7 +30,7 @@ FAMILIES = (
         "mixtral",
         "MixtralForCausalLM",
         tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
-        megatron=MegatronRules({**m.COMMON, **MEGATRON_MOE}, (False, False, True, False), _config),
+        megatron=MegatronRules({**m.COMMON, **MEGATRON_MOE}, m.Signature(experts=True), _config),
         meta_names=Unsupported("torchtitan's and torchtune's names are mapped for Llama and Mistral only so far"),
         # (w1 and w3 on disk; gate and up where transformers names them so)
         fused_siblings=(("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj"), ("w1", "w3")),

@@ -27,8 +27,8 @@ class MegatronRules:
     family, and what config.json it becomes."""
 
     rules: dict[str, Any]  # Megatron name, layer as {i} and expert as {e} -> the Hugging Face name(s), with its kind
-    # (qkv bias, q/k norm, experts, shared experts) as Megatron-LM's args have them; None: known by its config alone
-    signature: tuple[bool, bool, bool, bool] | None
+    # what Megatron-LM's args say of the family (names.megatron_rules.Signature); None: known by its config alone
+    signature: Any
     config: Callable[[dict[str, Any]], dict[str, Any]] = lambda args: {}  # config.json's own keys, from the args
 
 

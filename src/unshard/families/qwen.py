@@ -4,6 +4,7 @@ llama.cpp's qwen2 and qwen3, which rotate halves of each head as transformers do
 from __future__ import annotations
 
 from ..names import dense_tables as t
+from ..names import megatron_rules as m
 from .llama import MEGATRON_RULES, SIBLINGS, TEXT_ONLY, TORCHTITAN, L
 from .parts import Family, GGUFPart, MegatronRules, Unsupported
 
@@ -24,7 +25,7 @@ FAMILIES = (
         tensors=t.TensorTable(
             "Qwen2ForCausalLM", {**t.SIZES, "num_key_value_heads": 32}, {**t.LAYER, **t.QKV_BIAS}, {}
         ),
-        megatron=MegatronRules(MEGATRON_RULES, (True, False, False, False)),
+        megatron=MegatronRules(MEGATRON_RULES, m.Signature(qkv_bias=True)),
         meta_names=META,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart("QWEN2"),
@@ -41,7 +42,7 @@ FAMILIES = (
             {**t.LAYER, **t.QK_NORM},
             {"attention_bias": (False, t.ATTENTION_BIAS)},
         ),
-        megatron=MegatronRules(MEGATRON_RULES, (False, True, False, False)),
+        megatron=MegatronRules(MEGATRON_RULES, m.Signature(qk_norm=True)),
         meta_names=TORCHTITAN_QWEN3,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart("QWEN3"),

@@ -77,7 +77,9 @@ FAMILIES = (
         "qwen2_moe",
         "Qwen2MoeForCausalLM",
         tensors=TABLE,
-        megatron=MegatronRules({**m.COMMON, **MEGATRON_MOE}, (True, False, True, True), _config),
+        megatron=MegatronRules(
+            {**m.COMMON, **MEGATRON_MOE}, m.Signature(qkv_bias=True, experts=True, shared_experts=True), _config
+        ),
         meta_names=META,
         fused_siblings=SIBLINGS,
         gguf=_gguf("QWEN2MOE", "qwen2moe", False),
@@ -109,7 +111,7 @@ FAMILIES = (
         "qwen3_moe",
         "Qwen3MoeForCausalLM",
         tensors=TABLE,
-        megatron=MegatronRules({**m.COMMON, **MEGATRON_MOE}, (False, True, True, False), _config),
+        megatron=MegatronRules({**m.COMMON, **MEGATRON_MOE}, m.Signature(qk_norm=True, experts=True), _config),
         meta_names=META,
         fused_siblings=SIBLINGS,
         gguf=_gguf("QWEN3MOE", "qwen3moe", True),

@@ -11,6 +11,7 @@ MegatronRules) says which Hugging Face tensor each becomes: a name, or a kind of
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +29,58 @@ TP_DIM = {
     "output_layer.weight": 0,
     "linear_proj.weight": 1,
     "linear_fc2.weight": 1,
+    # multi-latent attention: every projection is column-parallel in megatron-core's local spec (Transformer
+    # Engine's keeps the two down projections whole on every rank: see DUPLICABLE)
+    "linear_q_proj.weight": 0,
+    "linear_q_down_proj.weight": 0,
+    "linear_q_up_proj.weight": 0,
+    "linear_kv_down_proj.weight": 0,
+    "linear_kv_up_proj.weight": 0,
+}
+# Split over the tensor-parallel ranks, or whole on each: these rows as the args give them, when whole.
+DUPLICABLE = {
+    "linear_q_down_proj.weight": lambda args: args.get("q_lora_rank"),
+    "linear_kv_down_proj.weight": lambda args: (args.get("kv_lora_rank") or 0) + (args.get("qk_pos_emb_head_dim") or 0),
 }
 
 
-def tp_dim(name: str) -> int | None:
-    return TP_DIM.get(".".join(name.split(".")[-2:]))
+def tp_dim(name: str, local_rows: int | None = None, args: dict[str, Any] | None = None) -> int | None:
+    """The dimension a rank file's slice of `name` is split on; None when each rank holds it whole."""
+    last = ".".join(name.split(".")[-2:])
+    whole_rows = DUPLICABLE.get(last, lambda args: None)(args or {})
+    if whole_rows and local_rows == whole_rows:
+        return None
+    return TP_DIM.get(last)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What Megatron-LM's args say of an architecture, as a family's rules expect it: True, False, or None for
+    either (GLM-4.5 with and without q/k norms)."""
+
+    qkv_bias: bool | None = False
+    qk_norm: bool | None = False
+    experts: bool | None = False
+    shared_experts: bool | None = False
+    sigmoid_router: bool | None = False  # sigmoid scores plus an expert bias (DeepSeek-V3, GLM-4.5)
+    latent_attention: bool | None = False
+    partial_rotary: bool | None = False  # rotary embeddings on part of each head (--rotary-percent below 1)
+
+    @classmethod
+    def of_args(cls, args: dict[str, Any]) -> Signature:
+        experts = bool(args.get("num_experts"))
+        return cls(
+            qkv_bias=bool(args.get("add_qkv_bias")),
+            qk_norm=bool(args.get("qk_layernorm")),
+            experts=experts,
+            shared_experts=experts and bool(args.get("moe_shared_expert_intermediate_size")),
+            sigmoid_router=experts and args.get("moe_router_score_function") == "sigmoid",
+            latent_attention=bool(args.get("multi_latent_attention")),
+            partial_rotary=args.get("rotary_percent", 1.0) != 1.0,
+        )
+
+    def admits(self, found: Signature) -> bool:
+        return all(want is None or want == getattr(found, name) for name, want in dataclasses.asdict(self).items())
 
 
 L = "model.layers.{i}."

@@ -154,6 +154,12 @@ def finish(
             f"{where}: holds no Megatron-LM args and has no huggingface/config.json beside it; "
             "unshard needs one of them for the model's sizes"
         )
+    # Multi-token prediction layers (DeepSeek-V3's, trained beside the model) have no place in the transformers class
+    mtp = [name for name in megatron if name.startswith("mtp.")]
+    if mtp:
+        megatron = {name: tensor for name, tensor in megatron.items() if name not in mtp}
+        left_out = f"multi-token prediction layer tensors (mtp.*): {model_type}'s transformers class has none"
+        facts = {**facts, "skipped": {**facts.get("skipped", {}), left_out: len(mtp)}}
     checkpoint.megatron, checkpoint.model_type, checkpoint.shapes = megatron, model_type, shapes
     checkpoint.tensors = megatron_hf.to_hf(megatron, model_type, shapes, where)
     checkpoint.facts.update(facts)
@@ -231,6 +237,9 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronCheckpoint:
     chunk_keys = sorted({k for s in states.values() for k in s})
     if not chunk_keys:
         raise CheckpointError(f"{files[first_rank]}: holds no `model` state; is this an optimizer-only file?")
+    for rank, state in states.items():
+        for chunk in state.values():
+            _split_grouped_experts(chunk, ((args or {}).get("num_experts") or 0) // grid.ep, files[rank])
     megatron = _whole_tensors(folder, files, states, chunk_keys, grid, args)
     checkpoint = MegatronFiles(
         layout=LAYOUT, path=folder, tensors={}, maps=maps, states={files[rank]: state for rank, state in states.items()}
@@ -330,7 +339,7 @@ def _whole_tensors(
                 parts, index = (grid.etp, t % grid.etp) if expert else (grid.tp, t)
                 blocks, shape = tp_blocks(
                     tuple(tensor.shape),
-                    megatron_rules.tp_dim(name),
+                    megatron_rules.tp_dim(name, tensor.shape[0] if len(tensor.shape) else None, args),
                     parts,
                     index,
                     gated and "linear_fc1.weight" in name,
@@ -341,6 +350,48 @@ def _whole_tensors(
         name: SourceTensor(name, shapes[name], found_dtypes[name], deduplicate(name, shapes[name], found))
         for name, found in pieces.items()
     }
+
+
+GROUPED = re.compile(r"^(.*\.mlp\.experts\.)weight([12])$")
+TE_GROUPED = re.compile(r"\.mlp\.experts\.linear_fc[12]\.weight\d+$")
+
+
+def _split_grouped_experts(state: dict[str, Any], local_experts: int, where: Path) -> None:
+    """GroupedMLP's experts (--moe-grouped-gemm, the legacy GroupedMLP) as SequentialMLP's, in place.
+
+    GroupedMLP keeps a rank's experts in two matrices, weight1 [hidden, experts x fc1 rows] and weight2 [experts x
+    fc2 columns, hidden], read as [experts, hidden, fc1 rows] and [experts, fc2 columns, hidden]: each expert's
+    matrix is the transpose of SequentialMLP's `local_experts.K.linear_fc1.weight` (and fc2's). Each becomes a
+    strided view of the same bytes, so the rest of the reader sees SequentialMLP's names and shapes."""
+    for name in [n for n in state if TE_GROUPED.search(n)][:1]:
+        raise CheckpointError(
+            f"{where}: holds Transformer Engine's grouped experts ({name}), which unshard does not read from the "
+            "legacy torch format yet; save the checkpoint with --ckpt-format torch_dist, which unshard reads"
+        )
+    for name in [n for n in state if GROUPED.match(n)]:
+        prefix, which = GROUPED.match(name).groups()
+        matrix = state.pop(name)
+        if not local_experts or matrix.shape[0 if which == "2" else 1] % local_experts:
+            raise CheckpointError(
+                f"{where}: {name} {tuple(matrix.shape)} does not hold {local_experts} experts as the args say"
+            )
+        for k, expert in enumerate(_expert_views(matrix, local_experts, transposed_rows=which == "1")):
+            state[f"{prefix}local_experts.{k}.linear_fc{which}.weight"] = expert
+
+
+def _expert_views(matrix, experts: int, transposed_rows: bool) -> list:
+    """Each expert's matrix of a GroupedMLP weight, transposed (a view: no byte is copied)."""
+    rows, cols = matrix.shape
+    per = (rows * cols) // experts
+    shape = (rows, cols // experts) if transposed_rows else (rows // experts, cols)  # (one expert's, as stored)
+    if isinstance(matrix, StoredTensor):
+        if not matrix.is_contiguous():
+            raise CheckpointError("a GroupedMLP weight is saved as a view of another tensor; please report it")
+        return [
+            StoredTensor(matrix.storage, matrix.offset + k * per, (shape[1], shape[0]), (1, shape[1]))
+            for k in range(experts)
+        ]
+    return [expert.t() for expert in matrix.contiguous().view(experts, *shape)]
 
 
 def tp_blocks(local: tuple[int, ...], dim: int | None, parts: int, index: int, gated: bool):

@@ -14,7 +14,9 @@ megatron itself is never imported.
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import re
 import threading
 from collections import Counter, OrderedDict, defaultdict
@@ -36,6 +38,7 @@ LAYOUT = "megatron-torch-dist"
 NOT_MODEL = ("optimizer.", "rng_state", "rerun_state_machine_state")
 STACKED = re.compile(r"^decoder\.layers\.(?!\d)")
 STACKED_EXPERTS = ".mlp.experts.experts."
+SINGLE_EXPERT = re.compile(r"\d+\.")
 
 
 def _is_torch_dist(folder: Path) -> bool:
@@ -103,6 +106,9 @@ class MegatronDist(MegatronCheckpoint):
         if piece.part not in self._stored:
             info, dtype, sizes, index = self._chunks[piece.part]
             start = dcp.chunk_offset(piece.file, info, dtype, sizes, piece.key)
+            if start is not None:  # (the index-th layer's or expert's tensor of the chunk)
+                before = sum(i * math.prod(sizes[d + 1 :]) for d, i in enumerate(index))
+                start += before * dtype.itemsize
             self._stored[piece.part] = None if start is None else StoredTensor.at(start, dtype, sizes[len(index) :])
         chunk = self._stored[piece.part]
         return None if chunk is None else chunk.offset_of(piece.block.local_offsets, piece.block.sizes)
@@ -121,15 +127,35 @@ class MegatronDist(MegatronCheckpoint):
         super().close()
 
 
-def _unstack(fqn: str, offsets: tuple[int, ...]) -> tuple[str, int]:
-    """The per-layer (and per-expert) name of a chunk of a stacked tensor, and how many axes to drop."""
-    if not STACKED.match(fqn):
-        return fqn, 0
-    rest = fqn[len("decoder.layers.") :]
-    if STACKED_EXPERTS in "." + rest:
-        head, tail = ("." + rest).split(STACKED_EXPERTS, 1)
-        return f"decoder.layers.{offsets[0]}{head}.mlp.experts.{offsets[1]}.{tail}", 2
-    return f"decoder.layers.{offsets[0]}.{rest}", 1
+def _unstack(fqn: str, at: tuple[int, ...]) -> tuple[str, int]:
+    """The per-layer (and per-expert) name of a tensor of a stacked key, given its index `at` on the stacked axes,
+    and how many leading axes are stacked.
+
+    Layers alike are stacked under `decoder.layers.` (and experts under `.mlp.experts.experts.`); where the layers
+    differ (dense layers before MoE ones; an MTP layer's), megatron-core keeps each layer's own key and stacks its
+    experts only; with singleton_local_shards each expert has its own key too (`.experts.experts.5.`)."""
+    stacked_layers = bool(STACKED.match(fqn))
+    name = f"decoder.layers.{at[0]}.{fqn[len('decoder.layers.') :]}" if stacked_layers else fqn
+    if STACKED_EXPERTS not in name:
+        return name, int(stacked_layers)
+    head, tail = name.split(STACKED_EXPERTS, 1)
+    if SINGLE_EXPERT.match(tail):
+        return f"{head}.mlp.experts.{tail}", int(stacked_layers)
+    return f"{head}.mlp.experts.{at[int(stacked_layers)]}.{tail}", 1 + int(stacked_layers)
+
+
+def _stacked_axes(fqn: str) -> int:
+    return _unstack(fqn, (0, 0))[1]
+
+
+def _gate_or_up(name: str, rows: int) -> tuple[str, int]:
+    """singleton_local_shards saves a gated fc1 as its gate (`_w`) and up (`_v`) halves: the whole tensor's name,
+    and where the half's rows begin in it ([gate; up], as the rules expect)."""
+    if name.endswith("linear_fc1.weight_w"):
+        return name[:-2], 0
+    if name.endswith("linear_fc1.weight_v"):
+        return name[:-2], rows
+    return name, 0
 
 
 def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
@@ -150,18 +176,19 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
         if not dcp.is_tensor_entry(md) or "_extra_state" in fqn or fqn.startswith(NOT_MODEL):
             skipped[fqn.split(".")[0] if fqn.startswith(NOT_MODEL) else "_extra_state and other non-tensor"] += 1
             continue
+        stacked = _stacked_axes(fqn)
         for chunk in md.chunks:
             offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
             path, info = dcp.chunk_location(folder, storage, fqn, offsets)
-            name, stacked = _unstack(fqn, offsets)
-            if any(size != 1 for size in sizes[:stacked]):
-                raise CheckpointError(
-                    f"{folder / '.metadata'}: a chunk of {fqn} spans several layers or experts; "
-                    "unshard reads one layer per chunk, as megatron-core saves them. Please report it"
-                )
-            shapes[name], dtypes[name] = tuple(md.size[stacked:]), dcp.tensor_dtype(folder, fqn, md)
-            chunks.append((info, dtypes[name], sizes, (0,) * stacked))
-            pieces[name].append(Piece(path, fqn, Block.placed(offsets[stacked:], sizes[stacked:]), len(chunks) - 1))
+            # (a chunk may hold several experts: GroupedMLP saves a rank's experts as one)
+            for index in itertools.product(*(range(n) for n in sizes[:stacked])):
+                unstacked, _ = _unstack(fqn, tuple(o + i for o, i in zip(offsets, index)))
+                name, row = _gate_or_up(unstacked, md.size[stacked])
+                rows = md.size[stacked] * (2 if name != unstacked else 1)
+                shapes[name], dtypes[name] = (rows, *md.size[stacked + 1 :]), dcp.tensor_dtype(folder, fqn, md)
+                chunks.append((info, dtypes[name], sizes, index))
+                place = (offsets[stacked] + row, *offsets[stacked + 1 :])
+                pieces[name].append(Piece(path, fqn, Block.placed(place, sizes[stacked:]), len(chunks) - 1))
     megatron = {
         name: SourceTensor(name, shapes[name], dtypes[name], deduplicate(name, shapes[name], found))
         for name, found in pieces.items()

@@ -8,12 +8,13 @@ straight from the checkpoint's files, one at a time, with no Megatron import.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .. import families
 from ..errors import CheckpointError
 from ..families.parts import Family
-from ..names.megatron_rules import GATE_UP, PLAIN, VOCAB, Shapes, shapes_from_args, template
+from ..names.megatron_rules import GATE_UP, PLAIN, VOCAB, Shapes, Signature, shapes_from_args, template
 from .base import Piece, SourceTensor
 from .placements import Block, compose
 
@@ -108,8 +109,6 @@ def model_type_from_args(args: dict[str, Any], where: str) -> str:
             ("biases on linear layers (--add-bias-linear)", args.get("add_bias_linear")),
             ("position embeddings other than rope", args.get("position_embedding_type", "rope") != "rope"),
             ("interleaved rotary embeddings", args.get("rotary_interleaved")),
-            ("multi-latent attention", args.get("multi_latent_attention")),
-            ("grouped-GEMM experts", args.get("moe_grouped_gemm")),
         )
         if bad
     ]
@@ -119,18 +118,14 @@ def model_type_from_args(args: dict[str, Any], where: str) -> str:
             f"{where}: the args describe {unsupported[0]}, which no supported Hugging Face "
             f"architecture has; unshard converts {known} (unshard families)"
         )
-    signature = (
-        bool(args.get("add_qkv_bias")),
-        bool(args.get("qk_layernorm")),
-        bool(args.get("num_experts")),
-        bool(args.get("num_experts") and args.get("moe_shared_expert_intermediate_size")),
-    )
+    found = Signature.of_args(args)
     for family in families.with_part("megatron"):
-        if family.megatron.signature == signature:
+        if family.megatron.signature is not None and family.megatron.signature.admits(found):
             return family.model_type
+    said = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in dataclasses.asdict(found).items())
     raise CheckpointError(
-        f"{where}: no Hugging Face architecture has this combination (qkv bias {signature[0]}, q/k "
-        f"norm {signature[1]}, experts {args.get('num_experts')}); pass --config-from DIR with its config"
+        f"{where}: no Hugging Face architecture unshard knows has this combination ({said}); "
+        "pass --config-from DIR with its config"
     )
 
 

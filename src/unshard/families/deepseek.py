@@ -1,0 +1,154 @@
+"""DeepSeek-V3 (and Kimi K2, which is one): multi-latent attention (queries and keys/values each through a low-rank
+down projection, a norm and an up projection; a rotary part carried beside the latent), a few dense layers first,
+then MoE layers whose router scores experts by sigmoid plus a learned bias (`e_score_correction_bias`), in groups,
+with shared experts beside the routed ones.
+
+The MoE block (router and bias, routed and shared experts, dense first layers) is also GLM-4.5's (glm.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import CheckpointError
+from ..names import megatron_rules as m
+from .llama import TEXT_ONLY
+from .parts import Family, MegatronRules, Unsupported
+
+L = m.L
+A = "decoder.layers.{i}.self_attention."
+MEGATRON_LATENT_ATTENTION = {
+    A + "linear_q_proj.weight": L + "self_attn.q_proj.weight",  # (no query down projection: DeepSeek-V2-Lite)
+    A + "linear_q_down_proj.weight": L + "self_attn.q_a_proj.weight",
+    A + "q_layernorm.weight": L + "self_attn.q_a_layernorm.weight",
+    A + "linear_q_up_proj.layer_norm_weight": L + "self_attn.q_a_layernorm.weight",  # (Transformer Engine's fusion)
+    A + "linear_q_up_proj.weight": L + "self_attn.q_b_proj.weight",
+    A + "linear_kv_down_proj.weight": L + "self_attn.kv_a_proj_with_mqa.weight",
+    A + "kv_layernorm.weight": L + "self_attn.kv_a_layernorm.weight",
+    A + "linear_kv_up_proj.layer_norm_weight": L + "self_attn.kv_a_layernorm.weight",
+    A + "linear_kv_up_proj.weight": L + "self_attn.kv_b_proj.weight",
+    A + "linear_proj.weight": L + "self_attn.o_proj.weight",
+}
+# The norms and embeddings every family shares, without the fused QKV attention.
+MEGATRON_COMMON = {k: v for k, v in m.COMMON.items() if ".self_attention." not in k}
+MEGATRON_SIGMOID_MOE = {
+    **m.DENSE_MLP,  # (the first, dense layers)
+    "decoder.layers.{i}.mlp.router.weight": L + "mlp.gate.weight",
+    "decoder.layers.{i}.mlp.router.expert_bias": L + "mlp.gate.e_score_correction_bias",
+    "decoder.layers.{i}.mlp.experts.{e}.linear_fc1.weight": (
+        m.GATE_UP,
+        L + "mlp.experts.{e}.gate_proj.weight",
+        L + "mlp.experts.{e}.up_proj.weight",
+    ),
+    "decoder.layers.{i}.mlp.experts.{e}.linear_fc2.weight": L + "mlp.experts.{e}.down_proj.weight",
+    "decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight": (
+        m.GATE_UP,
+        L + "mlp.shared_experts.gate_proj.weight",
+        L + "mlp.shared_experts.up_proj.weight",
+    ),
+    "decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight": L + "mlp.shared_experts.down_proj.weight",
+}
+
+
+def dense_layers_first(args: dict[str, Any]) -> int:
+    """How many dense layers come before the MoE ones (transformers' first_k_dense_replace), from Megatron-LM's
+    --moe-layer-freq: 1 (every layer MoE) or a list of 0 (dense) and 1 (MoE) per layer."""
+    freq = args.get("moe_layer_freq", 1)
+    if freq == 1:
+        return 0
+    if isinstance(freq, (list, tuple)):
+        dense = next((i for i, moe in enumerate(freq) if moe), len(freq))
+        if all(freq[dense:]):
+            return dense
+    raise CheckpointError(
+        f"the args' moe_layer_freq {freq!r} puts dense layers after MoE ones, which transformers' DeepSeek-V3 and "
+        "GLM-4.5 (dense layers first only) cannot hold"
+    )
+
+
+def sigmoid_moe_config(args: dict[str, Any]) -> dict[str, Any]:
+    """config.json's MoE keys for a sigmoid router with an expert bias (DeepSeek-V3, GLM-4.5), from Megatron-LM's."""
+    width = args.get("moe_ffn_hidden_size") or args["ffn_hidden_size"]
+    shared = args.get("moe_shared_expert_intermediate_size") or 0
+    if shared % width:
+        raise CheckpointError(
+            f"the args' shared expert width {shared} is not a multiple of the experts' {width}; transformers counts "
+            "shared experts of the routed experts' width (n_shared_experts)"
+        )
+    groups = args.get("moe_router_num_groups") or 1
+    return {
+        "n_routed_experts": args["num_experts"],
+        "n_shared_experts": shared // width,
+        "moe_intermediate_size": width,
+        "num_experts_per_tok": args.get("moe_router_topk", 2),
+        # Megatron renormalises the chosen experts' sigmoid scores whenever it picks more than one
+        "norm_topk_prob": args.get("moe_router_topk", 2) > 1,
+        "routed_scaling_factor": args.get("moe_router_topk_scaling_factor") or 1.0,
+        "n_group": groups,
+        "topk_group": args.get("moe_router_group_topk") or groups,
+        "first_k_dense_replace": dense_layers_first(args),
+    }
+
+
+def _rope(args: dict[str, Any]) -> dict[str, Any]:
+    """rope_scaling: yarn's, as Megatron's MLA applies it (its default), or none for plain rope."""
+    if args.get("rope_type", "yarn") != "yarn":
+        return {"rope_scaling": None}
+    return {
+        "rope_scaling": {
+            "type": "yarn",
+            "rope_type": "yarn",
+            "factor": args.get("rotary_scaling_factor", 40.0),
+            "original_max_position_embeddings": args.get("original_max_position_embeddings", 4096),
+            "beta_fast": args.get("beta_fast", 32),
+            "beta_slow": args.get("beta_slow", 1),
+            "mscale": args.get("mscale", 1.0),
+            "mscale_all_dim": args.get("mscale_all_dim", 0.0),
+        }
+    }
+
+
+def _config(args: dict[str, Any]) -> dict[str, Any]:
+    if (args.get("moe_router_score_function") or "softmax") != "sigmoid" and args.get("num_experts"):
+        raise CheckpointError(
+            "the args route experts by softmax; transformers' DeepSeek-V3 scores them by sigmoid (DeepSeek-V2's "
+            "softmax routing is not mapped yet)"
+        )
+    rope_dim = args.get("qk_pos_emb_head_dim", 64)
+    return {
+        "q_lora_rank": args.get("q_lora_rank"),
+        "kv_lora_rank": args.get("kv_lora_rank", 512),
+        "qk_nope_head_dim": args.get("qk_head_dim", 128),
+        "qk_rope_head_dim": rope_dim,
+        "v_head_dim": args.get("v_head_dim", 128),
+        "head_dim": rope_dim,
+        "num_key_value_heads": args["num_attention_heads"],
+        "rope_interleave": True,  # (DeepSeek's weights keep rotary pairs interleaved; Megatron's MLA reads them so)
+        "attention_bias": False,
+        **_rope(args),
+        **sigmoid_moe_config(args),
+    }
+
+
+FAMILIES = (
+    Family(
+        "DeepSeek-V3",
+        "deepseek_v3",
+        "DeepseekV3ForCausalLM",
+        tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
+        megatron=MegatronRules(
+            {**MEGATRON_COMMON, **MEGATRON_LATENT_ATTENTION, **MEGATRON_SIGMOID_MOE},
+            m.Signature(experts=True, shared_experts=True, sigmoid_router=True, latent_attention=True, qk_norm=None),
+            _config,
+        ),
+        meta_names=Unsupported("torchtitan's DeepSeek-V3 names are not mapped yet"),
+        fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
+        gguf=Unsupported("llama.cpp's deepseek2 (its split kv_b_proj) is not written by unshard yet"),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        notes={
+            "megatron_legacy": "multi-latent attention, dense first layers; MTP layers are left out",
+            "megatron_dist": "multi-latent attention, dense first layers; MTP layers are left out",
+        },
+    ),
+)
