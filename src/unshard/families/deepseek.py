@@ -33,14 +33,8 @@ MEGATRON_LATENT_ATTENTION = {
 MEGATRON_COMMON = {k: v for k, v in m.COMMON.items() if ".self_attention." not in k}
 MEGATRON_SIGMOID_MOE = {
     **m.DENSE_MLP,  # (the first, dense layers)
-    "decoder.layers.{i}.mlp.router.weight": L + "mlp.gate.weight",
+    **m.ROUTED_EXPERTS,
     "decoder.layers.{i}.mlp.router.expert_bias": L + "mlp.gate.e_score_correction_bias",
-    "decoder.layers.{i}.mlp.experts.{e}.linear_fc1.weight": (
-        m.GATE_UP,
-        L + "mlp.experts.{e}.gate_proj.weight",
-        L + "mlp.experts.{e}.up_proj.weight",
-    ),
-    "decoder.layers.{i}.mlp.experts.{e}.linear_fc2.weight": L + "mlp.experts.{e}.down_proj.weight",
     "decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight": (
         m.GATE_UP,
         L + "mlp.shared_experts.gate_proj.weight",

@@ -13,13 +13,7 @@ from .parts import INTERMEDIATE, Family, GGUFPart, MegatronRules, MoELayout, Uns
 
 L = m.L
 MEGATRON_MOE = {
-    "decoder.layers.{i}.mlp.router.weight": L + "mlp.gate.weight",
-    "decoder.layers.{i}.mlp.experts.{e}.linear_fc1.weight": (
-        m.GATE_UP,
-        L + "mlp.experts.{e}.gate_proj.weight",
-        L + "mlp.experts.{e}.up_proj.weight",
-    ),
-    "decoder.layers.{i}.mlp.experts.{e}.linear_fc2.weight": L + "mlp.experts.{e}.down_proj.weight",
+    **m.ROUTED_EXPERTS,
     "decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight": (
         m.GATE_UP,
         L + "mlp.shared_expert.gate_proj.weight",

@@ -103,6 +103,16 @@ DENSE_MLP = {
     "decoder.layers.{i}.mlp.linear_fc1.weight": (GATE_UP, L + "mlp.gate_proj.weight", L + "mlp.up_proj.weight"),
     "decoder.layers.{i}.mlp.linear_fc2.weight": L + "mlp.down_proj.weight",
 }
+# A router and its experts, as transformers' Qwen MoE, DeepSeek-V3 and GLM-4.5 name them
+ROUTED_EXPERTS = {
+    "decoder.layers.{i}.mlp.router.weight": L + "mlp.gate.weight",
+    "decoder.layers.{i}.mlp.experts.{e}.linear_fc1.weight": (
+        GATE_UP,
+        L + "mlp.experts.{e}.gate_proj.weight",
+        L + "mlp.experts.{e}.up_proj.weight",
+    ),
+    "decoder.layers.{i}.mlp.experts.{e}.linear_fc2.weight": L + "mlp.experts.{e}.down_proj.weight",
+}
 
 
 @dataclass(frozen=True)
