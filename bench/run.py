@@ -1,14 +1,14 @@
 """Benchmark unshard against the alternatives on the same checkpoints, in one run.
 
     python bench/run.py [--sizes 0.5,2,6]
-        [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,merge,slices,extract-lora,moe,search,
-                   quantize,gguf]
+        [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,megatron-moe,merge,slices,extract-lora,moe,
+                   search,quantize,gguf]
                         [--repeat 3] [--cache warm|cold] [--work /tmp/unshard-bench] [--tools cp,unshard,...]
 
 For each layout and size: make a real checkpoint (FSDP2, or tensor parallelism for verl-tp, by
 bench/make_checkpoint.py; DeepSpeed by
 tests/fixtures/make_deepspeed.py; Megatron-LM's legacy and torch_dist formats by megatron-core in
-tests/fixtures/make_megatron.py; all under torchrun),
+tests/fixtures/make_megatron.py, a Llama or, for megatron-moe, a DeepSeek-V3 in torch_dist; all under torchrun),
 then time every tool on it, reading from a warm page cache (or, with --cache cold, from the disk: the
 input's pages are dropped from the cache before each run), with no earlier output left to write back:
   cp                      copying the input bytes: the floor
@@ -142,7 +142,7 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
                 stderr=subprocess.DEVNULL,
             )
         return folder
-    folder = work / f"{'megatron' if layout.startswith('megatron') else layout}-{gb}gb"
+    folder = work / f"{'megatron' if layout in ('megatron', 'megatron-dist') else layout}-{gb}gb"
     if (folder / "done").exists():
         return folder
     shutil.rmtree(folder, ignore_errors=True)
@@ -177,6 +177,14 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
         size = [str(HIDDEN), str(layers_for(gb)), str(VOCAB), str(FFN)]
         script = [str(ROOT / "tests" / "fixtures" / "make_deepspeed.py"), "--stage", layout[-1], "--size", *size]
         python = peer_python("deepspeed")
+    elif layout == "megatron-moe":
+        # megatron-core itself, a DeepSeek-V3 (multi-latent attention, 8 experts and a shared one, a dense first
+        # layer, an MTP layer) over TP2 x EP2, 32 layers widened until the weights are about `gb` (width 8 makes
+        # 0.6 GB; the size grows with the square of the width).
+        width = max(1, round(8 * (gb / 0.6) ** 0.5))
+        script = [str(ROOT / "tests" / "fixtures" / "make_megatron.py"), "--model", "deepseek_v3"]
+        script += ["--tp", "2", "--pp", "1", "--ep", "2", "--width", str(width), "--layers", "32"]
+        python = Path(sys.executable)
     elif layout.startswith("megatron"):
         # megatron-core itself, TP2, 32 Llama-shaped layers widened until the weights are about `gb`
         # (width 16 makes 0.96 GB; the size grows with the square of the width).
@@ -228,7 +236,7 @@ def source(layout: str, folder: Path) -> Path:
     if layout == "extract-lora":
         return folder / "ft0"
     if layout.startswith("megatron"):
-        return folder / ("torch_dist" if layout == "megatron-dist" else "torch")
+        return folder / ("torch" if layout == "megatron" else "torch_dist")
     return folder / "checkpoint-1" if layout.startswith("zero") else folder / "ckpt"
 
 

@@ -17,7 +17,7 @@ import unshard
 
 transformers = pytest.importorskip("transformers")
 
-MEGATRON_CASES = [name for name in CASES if name.startswith("megatron-")]
+MEGATRON_CASES = [name for name in CASES if name.startswith("megatron-") and "critic" not in name]
 # Regenerated with the installed megatron-core too: dense with virtual stages, MoE with TP x PP x EP and
 # shared experts, MoE with data parallelism, multi-latent attention with dense first layers and an MTP layer.
 FRESH = [
@@ -300,3 +300,28 @@ def test_transformer_engine_grouped_experts_in_the_legacy_format_are_refused(tmp
     assert code == 1 and err.count("\n") == 1
     assert "Transformer Engine's grouped experts (decoder.layers.0.mlp.experts.linear_fc1.weight0)" in err
     assert "--ckpt-format torch_dist" in err and not (tmp_path / "out").exists()
+
+
+def test_verl_megatron_critic_becomes_a_token_classification_folder(tmp_path):
+    """verl's Megatron critic (its value head, one output, in place of the output layer) is written as the
+    ...ForTokenClassification folder verl's FSDP critics give, from verl's layouts (critic/, no Megatron-LM args)
+    and Megatron-LM's; its values are megatron-core's."""
+    fixture = SHIPPED / "megatron-qwen2-critic-tp2-pp2"
+    oracle = torch.load(fixture / "oracle.pt")
+    written = {}
+    for src in ("verl", "verl-legacy/global_step_10", "torch_dist"):
+        out = tmp_path / src.replace("/", "-")
+        unshard.convert(fixture / src, out, progress=False, verify=True)
+        config = json.loads((out / "config.json").read_text())
+        assert config["architectures"] == ["Qwen2ForTokenClassification"] and config["id2label"] == {"0": "LABEL_0"}
+        model, info = transformers.AutoModelForTokenClassification.from_pretrained(
+            out, output_loading_info=True, dtype=torch.float32
+        )
+        assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+        with torch.no_grad():
+            values = model.eval()(oracle["tokens"]).logits
+        torch.testing.assert_close(values, oracle["logits"], atol=1e-4, rtol=0)
+        written[src] = load_file(out / "model.safetensors")
+    assert {"score.weight", "score.bias"} <= set(written["verl"]) and "lm_head.weight" not in written["verl"]
+    for src in ("verl-legacy/global_step_10", "torch_dist"):
+        assert all(torch.equal(written[src][name], tensor) for name, tensor in written["verl"].items()), src

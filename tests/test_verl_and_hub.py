@@ -419,7 +419,22 @@ def test_verl_flags_that_do_not_fit_the_checkpoint(tmp_path):
             ok=False,
         )
     )
-    assert "--is-value-model" in line
+    assert "--is-value-model, but" in line and "ends in no value head" in line
+    # verl's Megatron critic: its value head becomes the score head of a ...ForTokenClassification folder
+    run(
+        "verl",
+        "merge",
+        "--backend",
+        "megatron",
+        "--local_dir",
+        SHIPPED / "megatron-qwen2-critic-tp2-pp2" / "verl" / "global_step_10" / "critic",
+        "--target_dir",
+        tmp_path / "megatron-critic",
+        "--is-value-model",
+        "--no-progress",
+    )
+    made = json.loads((tmp_path / "megatron-critic" / "config.json").read_text())
+    assert made["architectures"] == ["Qwen2ForTokenClassification"]
     # The megatron backend reads verl's Megatron layout (verl's own Megatron merger wants a GPU: it is not run
     # here): the weights a bf16 conversion writes. A backend naming another layout is a note.
     megatron = SHIPPED / "megatron-qwen2-tp2-pp2" / "verl" / "global_step_10" / "actor"

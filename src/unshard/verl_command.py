@@ -116,11 +116,6 @@ def _flag_notes(args, plan) -> list[str]:
             "false: the model's lm_head is its own; drop the flag (verl would leave lm_head out)"
         )
     if args.is_value_model:
-        if megatron:
-            raise UnshardError(
-                f"{plan.checkpoint.path}: --is-value-model with Megatron is not supported yet "
-                "(unshard reads FSDP critics' score heads); convert the FSDP checkpoint instead"
-            )
         if "architectures" not in plan.config_updates:
             raise UnshardError(
                 f"--is-value-model, but {plan.checkpoint.path} ends in no value head (score.weight): "

@@ -37,8 +37,9 @@ TP_DIM = {
     "linear_kv_down_proj.weight": 0,
     "linear_kv_up_proj.weight": 0,
 }
-# Split over the tensor-parallel ranks, or whole on each: these rows as the args give them, when whole.
+# Split over the tensor-parallel ranks, or whole on each: these rows (as the args give them) when whole.
 DUPLICABLE = {
+    "output_layer.weight": lambda args: 1,  # (a critic's value head: one output, on every rank)
     "linear_q_down_proj.weight": lambda args: args.get("q_lora_rank"),
     "linear_kv_down_proj.weight": lambda args: (args.get("kv_lora_rank") or 0) + (args.get("qk_pos_emb_head_dim") or 0),
 }
@@ -103,6 +104,9 @@ DENSE_MLP = {
     "decoder.layers.{i}.mlp.linear_fc1.weight": (GATE_UP, L + "mlp.gate_proj.weight", L + "mlp.up_proj.weight"),
     "decoder.layers.{i}.mlp.linear_fc2.weight": L + "mlp.down_proj.weight",
 }
+# A critic's or reward model's value head (verl's LinearForLastLayer, one output) in place of the output layer: the
+# `score` head of transformers' ...ForTokenClassification, as verl's FSDP critics save it.
+VALUE_HEAD = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}
 # A router and its experts, as transformers' Qwen MoE, DeepSeek-V3 and GLM-4.5 name them
 ROUTED_EXPERTS = {
     "decoder.layers.{i}.mlp.router.weight": L + "mlp.gate.weight",

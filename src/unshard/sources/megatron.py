@@ -80,7 +80,8 @@ def rank_files(folder: Path) -> dict[tuple[int, int | None, int | None], Path]:
 def find_folder(src: Path, iteration: int | None = None) -> Path | None:
     """The folder of mp_rank_* folders: the iteration folder, or (older verl) its model/ or actor/model/."""
     folder = iteration_folder(src, iteration)
-    return next((c for c in (folder, folder / "model", folder / "actor" / "model") if rank_files(c)), None)
+    candidates = (folder, folder / "model", folder / "actor" / "model", folder / "critic" / "model")
+    return next((c for c in candidates if rank_files(c)), None)
 
 
 def model_chunks(state: Any) -> dict[str, dict]:

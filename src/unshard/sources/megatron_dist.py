@@ -51,9 +51,9 @@ def _is_torch_dist(folder: Path) -> bool:
 
 def find_folder(src: Path, iteration: int | None = None) -> Path | None:
     """The torch_dist folder: the iteration folder itself, or verl's model/dist_ckpt (dist_ckpt before
-    verl's layout v2) inside it or inside its actor/."""
+    verl's layout v2) inside it or inside its actor/ (or critic/)."""
     folder = iteration_folder(src, iteration)
-    for base in (folder, folder / "actor"):
+    for base in (folder, folder / "actor", folder / "critic"):
         for candidate in (base, base / "model" / "dist_ckpt", base / "dist_ckpt"):
             if _is_torch_dist(candidate):
                 return candidate

@@ -14,7 +14,16 @@ from typing import Any
 from .. import families
 from ..errors import CheckpointError
 from ..families.parts import Family
-from ..names.megatron_rules import GATE_UP, PLAIN, VOCAB, Shapes, Signature, shapes_from_args, template
+from ..names.megatron_rules import (
+    GATE_UP,
+    PLAIN,
+    VALUE_HEAD,
+    VOCAB,
+    Shapes,
+    Signature,
+    shapes_from_args,
+    template,
+)
 from .base import Piece, SourceTensor
 from .placements import Block, compose
 
@@ -75,6 +84,9 @@ def _boxes(kind: str, names: tuple[str, ...], shape: tuple[int, ...], dims: Shap
 def to_hf(tensors: dict[str, SourceTensor], model_type: str, dims: Shapes, where: str) -> dict[str, SourceTensor]:
     """Hugging Face tensors, each with pieces straight from the checkpoint files."""
     table = family_of(model_type, where).megatron.rules
+    head = tensors.get("output_layer.weight")
+    if head is not None and head.shape[0] == 1:  # (one output, not a vocabulary: a critic's value head)
+        table = {**table, **VALUE_HEAD}
     unknown = []
     out: dict[str, SourceTensor] = {}
     for name, source in tensors.items():
