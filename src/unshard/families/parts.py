@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..names.megatron_rules import Signature
+
 
 @dataclass(frozen=True)
 class Unsupported:
@@ -28,7 +30,7 @@ class MegatronRules:
 
     rules: dict[str, Any]  # Megatron name, layer as {i} and expert as {e} -> the Hugging Face name(s), with its kind
     # what Megatron-LM's args say of the family (names.megatron_rules.Signature); None: known by its config alone
-    signature: Any
+    signature: Signature | None
     config: Callable[[dict[str, Any]], dict[str, Any]] = lambda args: {}  # config.json's own keys, from the args
 
 
