@@ -42,11 +42,15 @@ def convert_in_subprocess(src, out, cache, table=True) -> tuple[bool, bool]:
     return line.split()[1] == "True", line.split()[2] == "True"
 
 
+# Test files whose peer venv CI makes in the background (generate.py --peers) while llama.cpp compiles: run where
+# their names put them (second, third), they kept the other tests waiting for it. Run last, in this order.
+LAST = ("test_compressed_sources.py", "test_colossalai.py")
+
+
 def pytest_collection_modifyitems(items):
-    """ColossalAI's tests last. Their fresh fixture needs ColossalAI's peer venv, a 5.8 GB download that CI makes in
-    the background (generate.py --peers) while llama.cpp compiles; run second, where their file name puts them, they
-    kept the other tests waiting 7 minutes for it."""
-    items.sort(key=lambda item: item.path.name == "test_colossalai.py")
+    """The tests of LAST at the end: ColossalAI's fresh fixture needs its peer venv, a 5.8 GB download (7 minutes
+    of waiting where its name put it); the compressed-tensors sources need llm-compressor's (174 s in setup)."""
+    items.sort(key=lambda item: LAST.index(item.path.name) + 1 if item.path.name in LAST else 0)
 
 
 @pytest.fixture(scope="session", autouse=True)
