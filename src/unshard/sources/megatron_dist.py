@@ -86,16 +86,17 @@ class MegatronDist(MegatronCheckpoint):
     KEEP = 4
 
     def local_tensor(self, piece: Piece) -> torch.Tensor:
+        info, dtype, sizes, index = self._chunks[piece.part]
+        key = (piece.file, info.offset)  # (a chunk holding several experts is read once for all of them)
         with self._lock:
-            tensor = self._recent.get(piece.part)
-        if tensor is None:
-            info, dtype, sizes, index = self._chunks[piece.part]
-            tensor = dcp.read_chunk(piece.file, info, dtype, sizes, piece.key, self.map_file(piece.file))[index]
+            chunk = self._recent.get(key)
+        if chunk is None:
+            chunk = dcp.read_chunk(piece.file, info, dtype, sizes, piece.key, self.map_file(piece.file))
             with self._lock:
-                self._recent[piece.part] = tensor
+                self._recent[key] = chunk
                 while len(self._recent) > self.KEEP:
                     self._recent.popitem(last=False)
-        return tensor
+        return chunk[index]
 
     def file_map(self, file: Path) -> torch.UntypedStorage:
         return self.map_file(file)  # chunks are loaded as views of it
@@ -105,7 +106,10 @@ class MegatronDist(MegatronCheckpoint):
         without torch, once: a chunk of columns is asked once per band)."""
         if piece.part not in self._stored:
             info, dtype, sizes, index = self._chunks[piece.part]
-            start = dcp.chunk_offset(piece.file, info, dtype, sizes, piece.key)
+            key = (piece.file, info.offset)  # (a chunk's header is read once for all the experts it holds)
+            if key not in self._starts:
+                self._starts[key] = dcp.chunk_offset(piece.file, info, dtype, sizes, piece.key)
+            start = self._starts[key]
             if start is not None:  # (the index-th layer's or expert's tensor of the chunk)
                 before = sum(i * math.prod(sizes[d + 1 :]) for d, i in enumerate(index))
                 start += before * dtype.itemsize
@@ -195,7 +199,7 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
     }
     checkpoint = MegatronDist(layout=LAYOUT, path=folder, tensors={})
     checkpoint._chunks, checkpoint._recent, checkpoint._lock = chunks, OrderedDict(), threading.Lock()
-    checkpoint._stored = {}
+    checkpoint._stored, checkpoint._starts = {}, {}
     files = {p.file for found in pieces.values() for p in found}
     if args is not None:
         layout = {
