@@ -27,6 +27,7 @@ KINDS = {
     "gguf": GGUFPart,
     "mmproj": str,
     "moe_layout": MoELayout,
+    "torchtitan_names": dict,
 }
 
 
@@ -162,6 +163,8 @@ TESTED = {
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
     },
     "meta_names": {"llama": "torchtitan-llama3-fsdp2", "qwen3": "torchtitan-qwen3-fsdp2"},
+    # (test_way_back writes torchtitan's names from these fixtures' models and loads them in torchtitan)
+    "to_torchtitan": {"llama": "torchtitan-llama3-fsdp2", "qwen3": "torchtitan-qwen3-fsdp2"},
     "gguf": {
         "llama": "llama-fsdp2-spm",
         "qwen2": "qwen2-fsdp2-spm",

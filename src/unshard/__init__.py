@@ -115,7 +115,8 @@ def convert(
 ) -> Result:
     """Convert the checkpoint at SRC into a Hugging Face folder OUT (or, for an OUT ending in .gguf, one
     GGUF file of llama.cpp's default type, and a vision model's mmproj-OUT beside it;
-    `output=OutputOptions(gguf=TYPE)` chooses another type).
+    `output=OutputOptions(gguf=TYPE)` chooses another type; `output=OutputOptions(to="dcp", names="torchtitan")`
+    writes a torch.distributed.checkpoint folder a trainer loads).
 
     workers: processes on this host sharing the output files. distributed: this process is one rank
     of a torchrun job; every rank calls convert with the same arguments (OUT on a shared filesystem).

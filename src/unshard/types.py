@@ -32,10 +32,14 @@ class OutputOptions:
     quantize: str | None = None  # a compressed-tensors preset scheme (W4A16, FP8_DYNAMIC, ...)
     quantize_ignore: tuple[str, ...] = ()  # modules left unquantized besides the scheme's defaults
     gguf: str | None = None  # one GGUF file of this llama.cpp type (f16, q8_0, ..., or auto) instead of a folder
+    to: str | None = None  # a training checkpoint instead of a model folder: "dcp"
+    names: str = "hf"  # the training checkpoint's tensor names: hf, torchtitan
 
     @property
     def format(self) -> str:
         """The output format's name, as sinks.FORMATS knows it."""
+        if self.to:
+            return self.to
         return "gguf" if self.gguf else "compressed-tensors" if self.quantize else "safetensors"
 
 

@@ -128,6 +128,19 @@ def _format_options(p: argparse.ArgumentParser) -> None:
         "llama.cpp's converter: bf16 or f16 as the model is. A vision model's image part goes "
         "beside it, as mmproj-OUT",
     )
+    p.add_argument(
+        "--to",
+        choices=("dcp",),
+        help="write a training checkpoint instead of a model folder: dcp, a torch.distributed.checkpoint folder "
+        "that torchtitan, torchtune and FSDP2's dcp.load read at any world size (the weights only)",
+    )
+    p.add_argument(
+        "--names",
+        choices=("hf", "torchtitan"),
+        default="hf",
+        help="with --to dcp: the tensors' names, Hugging Face's (default; FSDP2 on a transformers model) or "
+        "torchtitan's (Llama, Qwen3)",
+    )
 
 
 def _run_options(

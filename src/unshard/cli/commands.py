@@ -17,7 +17,9 @@ def _output(args, out: str):
     from ..types import OutputOptions
 
     gguf = args.gguf_type or ("auto" if str(out).endswith(".gguf") else None)
-    return OutputOptions(args.dtype, args.max_shard_size, args.quantize, tuple(args.quantize_ignore), gguf)
+    return OutputOptions(
+        args.dtype, args.max_shard_size, args.quantize, tuple(args.quantize_ignore), gguf, args.to, args.names
+    )
 
 
 def _source(args):

@@ -24,10 +24,10 @@ TORCHTUNE = {
     "layers.{i}.mlp.w2.weight": (L + "mlp.down_proj.weight", None),
     "layers.{i}.mlp.w3.weight": (L + "mlp.up_proj.weight", None),
 }
+# torchtitan's names as its Llama3StateDictAdapter (0.3) maps them: q, k and v in its fused-QKV module
 TORCHTITAN = {
     "tok_embeddings.weight": ("model.embed_tokens.weight", None),
     "norm.weight": ("model.norm.weight", None),
-    "output.weight": ("lm_head.weight", None),  # torchtitan before its lm_head rename
     "lm_head.weight": ("lm_head.weight", None),
     "layers.{i}.attention_norm.weight": (L + "input_layernorm.weight", None),
     "layers.{i}.ffn_norm.weight": (L + "post_attention_layernorm.weight", None),
@@ -35,14 +35,20 @@ TORCHTITAN = {
     "layers.{i}.feed_forward.w1.weight": (L + "mlp.gate_proj.weight", None),
     "layers.{i}.feed_forward.w2.weight": (L + "mlp.down_proj.weight", None),
     "layers.{i}.feed_forward.w3.weight": (L + "mlp.up_proj.weight", None),
-    # Names with and without the fused-QKV module of torchtitan >= 0.3.
     **{
-        f"layers.{{i}}.attention{mid}.w{p}.weight": (L + f"self_attn.{p}_proj.weight", p if p != "v" else None)
-        for mid in ("", ".qkv_linear")
+        f"layers.{{i}}.attention.qkv_linear.w{p}.weight": (L + f"self_attn.{p}_proj.weight", p if p != "v" else None)
         for p in "qkv"
     },
 }
-META_NAMES = {**TORCHTITAN, **TORCHTUNE}  # the two name sets do not overlap
+# What torchtitan before 0.3 named otherwise: the head, and q, k and v outside a fused module
+TORCHTITAN_BEFORE_0_3 = {
+    "output.weight": ("lm_head.weight", None),
+    **{
+        f"layers.{{i}}.attention.w{p}.weight": (L + f"self_attn.{p}_proj.weight", p if p != "v" else None)
+        for p in "qkv"
+    },
+}
+META_NAMES = {**TORCHTITAN, **TORCHTITAN_BEFORE_0_3, **TORCHTUNE}  # the name sets do not overlap
 
 # The Linear layers vLLM runs as one (--quantize's shared global scales) in Llama's layout
 SIBLINGS = (("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj"))
@@ -105,6 +111,7 @@ FAMILIES = (
         gguf=GGUF,
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family: merge-moe assembles Mixtral or Qwen MoE from it", applies=False),
+        torchtitan_names=TORCHTITAN,
     ),
     Family(
         "Mistral",
@@ -120,6 +127,7 @@ FAMILIES = (
         gguf=GGUF,
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family: merge-moe assembles Mixtral or Qwen MoE from it", applies=False),
+        torchtitan_names=Unsupported("torchtitan has no Mistral model", applies=False),
         notes={
             "megatron_legacy": "with --config-from (the args describe a Llama)",
             "megatron_dist": "with --config-from (the args describe a Llama)",

@@ -104,4 +104,9 @@ class Family:
     gguf: GGUFPart | Unsupported
     mmproj: str | Unsupported  # llama.cpp's projector type of the vision part's file
     moe_layout: MoELayout | Unsupported  # what merge-moe assembles as this family
+    # The names torchtitan's current state-dict adapter gives this family (what `--to dcp --names torchtitan` writes);
+    # among meta_names, which also holds older torchtitan's and torchtune's for reading.
+    torchtitan_names: dict[str, tuple[str, str | None]] | Unsupported = Unsupported(
+        "torchtitan's names are written for Llama and Qwen3 so far"
+    )
     notes: dict[str, str] = field(default_factory=dict)  # path -> what to know where it says yes

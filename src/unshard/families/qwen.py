@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..names import dense_tables as t
 from ..names import megatron_rules as m
-from .llama import MEGATRON_RULES, SIBLINGS, TEXT_ONLY, TORCHTITAN, L
+from .llama import MEGATRON_RULES, SIBLINGS, TEXT_ONLY, TORCHTITAN, TORCHTITAN_BEFORE_0_3, L
 from .parts import Family, GGUFPart, MegatronRules, Unsupported
 
 META = Unsupported("torchtitan's and torchtune's names are mapped for Llama, Mistral and Qwen3 only so far")
@@ -16,6 +16,7 @@ TORCHTITAN_QWEN3 = {
     "layers.{i}.attention.q_norm.weight": (L + "self_attn.q_norm.weight", None),
     "layers.{i}.attention.k_norm.weight": (L + "self_attn.k_norm.weight", None),
 }
+TORCHTITAN_QWEN3_BEFORE_0_3 = {name: (hf, None) for name, (hf, _) in TORCHTITAN_BEFORE_0_3.items()}
 
 FAMILIES = (
     Family(
@@ -43,7 +44,8 @@ FAMILIES = (
             {"attention_bias": (False, t.ATTENTION_BIAS)},
         ),
         megatron=MegatronRules(MEGATRON_RULES, m.Signature(qk_norm=True)),
-        meta_names=TORCHTITAN_QWEN3,
+        meta_names={**TORCHTITAN_QWEN3, **TORCHTITAN_QWEN3_BEFORE_0_3},
+        torchtitan_names=TORCHTITAN_QWEN3,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart("QWEN3"),
         mmproj=TEXT_ONLY,

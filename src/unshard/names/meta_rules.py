@@ -63,3 +63,32 @@ def rename(
             "`unshard families` says which trainers' names it maps for each family; report the model if it should"
         )
     return renamed, transforms
+
+
+def to_meta(
+    table: dict[str, tuple[str, str | None]], family: str, names, config: dict[str, Any], where: str
+) -> dict[str, tuple[str, int]]:
+    """The other way (writing torchtitan's names): Hugging Face name -> (the table's name, heads whose q or k rows
+    go from halves to interleaved pairs; 0: none). Every name must have a rule."""
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    rules = []
+    for meta, (hf, rotary) in table.items():
+        pattern = re.compile("^" + re.escape(hf).replace(r"\{i\}", r"(\d+)") + "$")
+        rules.append((pattern, meta, {"q": heads, "k": kv_heads}.get(rotary or "", 0)))
+    renamed, unknown = {}, []
+    for name in names:
+        for pattern, meta, permuted in rules:
+            if match := pattern.match(name):
+                renamed[name] = (meta.format(i=match.group(1)) if match.groups() else meta, permuted)
+                break
+        else:
+            unknown.append(name)
+    if unknown:
+        from ..errors import UnshardError
+
+        raise UnshardError(
+            f"{where}: {len(unknown)} tensors have no torchtitan name in unshard's table of {family} names (e.g. "
+            f"{unknown[0]}); --names hf writes the Hugging Face names"
+        )
+    return renamed

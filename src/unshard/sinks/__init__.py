@@ -15,6 +15,8 @@ the format `finish`es what surrounds the tensors and the place is committed.
 - gguf: gguf.GGUFSink, one GGUF file, as llama.cpp's converter writes it (tensors renamed, converted and
   quantized by gguf-py's kernels, metadata and vocabulary in the header); a vision-language model's vision
   part in a second, the mmproj.
+- dcp: dcp.DCPFolder, a torch.distributed.checkpoint folder a trainer loads (`--to dcp`): each tensor in chunks of
+  whole rows, under Hugging Face's or torchtitan's names.
 (peft_adapter.PeftAdapterFolder, what extract-lora writes, is planned by the merging code itself.)
 """
 
@@ -29,7 +31,7 @@ from ..types import FormatRequest, Sink
 # Each format's module, imported when a conversion asks for it: `plan_sink(request) -> Sink` (which sets the
 # encodings of the request's outputs), and `SUMMARY_KEY` with `summary_lines(summary)`: what inspect prints of the
 # format's part of the plan's summary.
-FORMATS = {"safetensors": "hf_folder", "compressed-tensors": "compressed_tensors", "gguf": "gguf.sink"}
+FORMATS = {"safetensors": "hf_folder", "compressed-tensors": "compressed_tensors", "gguf": "gguf.sink", "dcp": "dcp"}
 
 
 def format_module(name: str) -> ModuleType:

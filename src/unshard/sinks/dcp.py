@@ -1,0 +1,381 @@
+"""A torch.distributed.checkpoint folder (`--to dcp`): the model's weights as the trainers that load DCP read them
+(torchtitan, torchtune's distributed checkpointer, plain FSDP2 `set_model_state_dict` / `dcp.load`), at any world
+size, since DCP reshards on load.
+
+What DCP's own writer makes: `.distcp` files of torch.save archives, one per chunk of a tensor, and `.metadata`,
+the pickled `Metadata` that places each chunk in its tensor (offsets) and in its file (byte range). DCP's writer
+wants every tensor of a rank in memory; here each tensor is cut into chunks of whole rows (CHUNK_BYTES), as
+FSDP2's row shards are, so memory is a chunk, however large the tensor. Each chunk is an encoding's band
+(types.Encoding): assembled, then serialized by torch.save itself straight to its byte range, whose length is known
+in advance (a torch.save archive's size follows from its dtype and shape: `archive_bytes`), so the file is written
+by any thread in any order, as the safetensors files are.
+
+Names: the Hugging Face names (`--names hf`, what FSDP2 on a transformers model loads), or torchtitan's
+(`--names torchtitan`, the family's `torchtitan_names`, Llama's q and k rows reordered per head for torchtitan's
+interleaved rotary). Only the weights: a trainer starts its optimizer afresh from them.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import pickle
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import dtypes, families
+from ..errors import UnshardError
+from ..families.parts import Unsupported
+from ..names import meta_rules
+from ..types import FormatRequest, Group, OutputTensor, Plan
+from .hf_folder import HFFolder, copy_model_files
+from .safetensors import FileBytes, Part, SafetensorsFile, bytes_of
+from .staging import OutputFolder
+
+SUMMARY_KEY = "dcp"
+NAMES = ("hf", "torchtitan")
+CHUNK_BYTES = 16 << 20  # of a tensor's rows per chunk: what a writing thread holds of it
+METADATA = ".metadata"
+
+
+def plan_sink(request: FormatRequest) -> DCPFolder:
+    """--to dcp: each output given its DCP name and cut into chunks of whole rows (a scalar stays one chunk)."""
+    options = request.options
+    if options.quantize or options.gguf:
+        raise UnshardError(
+            "--to dcp writes the weights as they are: leave out --quantize and --gguf-type (and a .gguf OUT)"
+        )
+    if request.separate_adapter:
+        raise UnshardError(f"{request.where}: --to dcp writes the model's weights only: use --lora merge")
+    renamed = _names(options.names, request)
+    for group in request.groups.values():
+        group.outputs = [_chunked(o, *renamed.get(o.name, (o.name, 0))) for o in group.outputs]
+    return DCPFolder(options.names)
+
+
+def _names(names: str, request: FormatRequest) -> dict[str, tuple[str, int]]:
+    """Output name -> (its name in the checkpoint, heads whose q or k rows are reordered; 0: none)."""
+    if names == "hf":
+        return {}
+    if names not in NAMES:
+        raise UnshardError(f"--names {names!r}: give one of {', '.join(NAMES)}")
+    family = families.by_model_type(request.model_type)
+    table = family.torchtitan_names if family is not None else Unsupported("not a family unshard knows")
+    if isinstance(table, Unsupported):
+        what = family.name if family is not None else f"model_type {request.model_type!r}"
+        raise UnshardError(
+            f"{request.where}: --names torchtitan: {what}: {table.reason}; --names hf writes the Hugging Face names"
+        )
+    config = _config(request)
+    outputs = [o.name for g in request.groups.values() for o in g.outputs]
+    return meta_rules.to_meta(table, family.name, outputs, config, request.where)
+
+
+def _config(request: FormatRequest) -> dict[str, Any]:
+    import json
+
+    path = request.config_folder / "config.json" if request.config_folder else None
+    if path is None or not path.is_file():
+        raise UnshardError(f"{request.where}: --names torchtitan needs the model's config.json (pass --config-from)")
+    return {**json.loads(path.read_text()), **request.config_updates}
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """How one output tensor is stored (a types.Encoding): under its DCP name, as chunks of `rows_per_band` rows,
+    each one band; q or k rows reordered within each head from halves (transformers' rotary) to interleaved pairs
+    (Meta's, torchtitan's Llama), as each band holds whole heads."""
+
+    stored: tuple[OutputTensor, ...]  # the chunks, named `fqn@first row`
+    rows_per_band: int  # rows of a chunk
+    fqn: str
+    head_dim: int = 0  # rows of a q or k head to reorder; 0: none
+    surveys = False
+
+    def encode(self, band, start: int) -> dict[str, Any]:
+        if self.head_dim:
+            half = self.head_dim // 2
+            band = band.reshape(-1, 2, half, *band.shape[1:]).swapaxes(1, 2).reshape(band.shape)
+        # (a band is a whole number of chunks: one, unless chunks are smaller than an encoding's band)
+        first, rows = start // self.rows_per_band, self.rows_per_band
+        return {self.stored[first + i].name: band[i * rows : (i + 1) * rows] for i in range(-(-band.shape[0] // rows))}
+
+
+def _chunked(output: OutputTensor, fqn: str, heads: int) -> OutputTensor:
+    """The output with its chunks (a scalar: itself, one chunk, no encoding)."""
+    if not output.shape:
+        return output
+    rows = output.shape[0]
+    row_bytes = max(1, output.nbytes_as_is // max(1, rows))
+    head_dim = rows // heads if heads else 0
+    multiple = head_dim or 1
+    per_chunk = min(rows, max(multiple, CHUNK_BYTES // row_bytes // multiple * multiple))
+    stored = tuple(
+        OutputTensor(f"{fqn}@{start}", (min(per_chunk, rows - start), *output.shape[1:]), output.dtype)
+        for start in range(0, rows, per_chunk)
+    ) or (OutputTensor(f"{fqn}@0", output.shape, output.dtype),)
+    return OutputTensor(output.name, output.shape, output.dtype, Chunks(stored, per_chunk, fqn, head_dim))
+
+
+def chunk_place(stored: OutputTensor, output: OutputTensor) -> tuple[str, tuple[int, ...]]:
+    """(fqn, offsets in the tensor) of one stored chunk of an output."""
+    if output.encoding is None:
+        return output.name, (0,) * len(output.shape)
+    fqn, _, start = stored.name.rpartition("@")
+    return fqn, (int(start), *(0,) * (len(output.shape) - 1))
+
+
+@functools.cache
+def archive_bytes(dtype_name: str, shape: tuple[int, ...]) -> int:
+    """Bytes torch.save writes for a tensor of this dtype and shape: the same for any values (its records have
+    fixed lengths, its data is aligned from where its pickle ends), so found by saving zeros to nowhere."""
+    import torch
+
+    counted = _Counted()
+    torch.save(torch.zeros(shape, dtype=getattr(torch, dtype_name)), counted)
+    return counted.nbytes
+
+
+class _Counted(io.RawIOBase):
+    def __init__(self):
+        self.nbytes = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        n = memoryview(data).nbytes
+        self.nbytes += n
+        return n
+
+
+class DCPFolder(HFFolder):
+    """The DCP folder as an output format (a types.Sink): `.distcp` files laid out as the safetensors shards are (by
+    --max-shard-size), `.metadata`, and the model's config and tokenizer beside, so the folder also converts back."""
+
+    def __init__(self, names: str):
+        self.names = names
+        self.chunks: dict[str, list[OutputTensor]] = {}  # each file's, in order (what read_back finds where)
+
+    def lay_out(self, groups: dict[str, Group], max_shard_size: int | str) -> dict[str, list[Group]]:
+        files = super().lay_out(groups, max_shard_size)
+        files = {f"__{i}_0.distcp": held for i, held in enumerate(files.values())}
+        self.chunks = {f: [s for g in held for o in g.outputs for s in o.stored] for f, held in files.items()}
+        return files
+
+    def stage(self, out: Path, overwrite: bool, sync: bool = True) -> OutputFolder:
+        return OutputFolder(out, overwrite, sync)
+
+    def open(self, path: Path, tensors: list[OutputTensor]) -> DCPFile:
+        return DCPFile(path, tensors)
+
+    def file_size(self, filename: str, tensors: list[OutputTensor]) -> int:
+        return sum(archive_bytes(t.dtype.name, t.shape) for t in tensors)
+
+    def read_back(self, path: Path) -> WrittenDCPFile:
+        return WrittenDCPFile(path, self.chunks[path.name])
+
+    def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
+        write_metadata(plan, folder)
+        copied = copy_model_files(plan.config_folder, folder, plan.dtype.name, plan.config_updates)
+        return [METADATA, *copied], []
+
+    def notes(self) -> list[str]:
+        return [
+            f"a torch.distributed.checkpoint folder with {self._said()} names: the model's weights only (a trainer "
+            "starts its optimizer afresh); DCP reshards it on load to any world size"
+        ]
+
+    def _said(self) -> str:
+        return {"hf": "Hugging Face", "torchtitan": "torchtitan's"}[self.names]
+
+    def summary(self) -> dict[str, Any]:
+        return {SUMMARY_KEY: {"names": self.names}}
+
+    def card(self) -> tuple[list[str], list[str]]:
+        return ["dcp"], []
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    return [f"output: torch.distributed.checkpoint, {summary['names']} names"]
+
+
+def write_metadata(plan: Plan, folder: Path) -> None:
+    """`.metadata` as DCP's writer pickles it: each tensor's dtype, size and chunks, each chunk's file and bytes."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        StorageMeta,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    tensors, storage = {}, {}
+    for filename, groups in plan.files.items():
+        at = 0
+        for output in (o for g in groups for o in g.outputs):
+            for stored in output.stored:
+                fqn, offsets = chunk_place(stored, output)
+                if fqn not in tensors:
+                    properties = TensorProperties(dtype=output.dtype.torch)
+                    tensors[fqn] = TensorStorageMetadata(properties, torch.Size(output.shape), [])
+                chunks = tensors[fqn].chunks
+                index = MetadataIndex(fqn, torch.Size(offsets), len(chunks))
+                chunks.append(ChunkStorageMetadata(torch.Size(offsets), torch.Size(stored.shape)))
+                length = archive_bytes(stored.dtype.name, stored.shape)
+                storage[index] = _StorageInfo(filename, at, length)
+                at += length
+    metadata = Metadata(
+        tensors,
+        planner_data={fqn: (fqn,) for fqn in tensors},
+        storage_data=storage,
+        storage_meta=StorageMeta(save_id=str(uuid.uuid4())),
+    )
+    with open(folder / METADATA, "wb") as f:
+        pickle.dump(metadata, f)
+
+
+class DCPFile(SafetensorsFile):
+    """One `.distcp` file: each stored chunk a torch.save archive at a byte range known in advance."""
+
+    def __init__(self, path: Path, chunks: list[OutputTensor]):
+        entries, at = {}, 0
+        for chunk in chunks:
+            size = archive_bytes(chunk.dtype.name, chunk.shape)
+            entries[chunk.name] = (chunk.dtype, chunk.shape, at, size)
+            at += size
+        self._start(path, b"", entries, data_start=0, size=at)
+
+    def tensor(self, name: str, dtype, shape: tuple[int, ...]) -> ChunkBeingWritten:
+        want_dtype, want_shape, at, size = self._entries[name]
+        if (dtype, tuple(shape)) != (want_dtype, want_shape):
+            raise AssertionError(f"{self.path}: {name} is {want_dtype} {want_shape} in the plan, got {dtype} {shape}")
+        return ChunkBeingWritten(self, name, dtype, tuple(shape), at, size)
+
+
+class ChunkBeingWritten:
+    """One chunk, from parts in order: saved by torch.save into its byte range once its last byte has come (a part
+    may be a thread's scratch memory, used again after it is written)."""
+
+    def __init__(self, file: DCPFile, name: str, dtype, shape: tuple[int, ...], at: int, size: int):
+        self.file, self.name, self.dtype, self.shape, self.at, self.size = file, name, dtype, shape, at, size
+        self.nbytes = OutputTensor(name, shape, dtype).nbytes_as_is
+        self.buffer: bytearray | None = None
+        self.filled, self.saved = 0, False
+
+    def write(self, part: Part) -> None:
+        data = _read_part(part) if isinstance(part, FileBytes) else bytes_of(part).cast("B")
+        if self.filled + data.nbytes > self.nbytes:
+            raise AssertionError(f"{self.name}: a part of {data.nbytes} bytes does not fit what is left")
+        if self.filled == 0 and data.nbytes == self.nbytes:  # (the usual case: the chunk is one band)
+            self._save(data)
+            return
+        if self.buffer is None:
+            self.buffer = bytearray(self.nbytes)
+        self.buffer[self.filled : self.filled + data.nbytes] = data
+        self.filled += data.nbytes
+        if self.filled == self.nbytes:
+            self._save(memoryview(self.buffer))
+            self.buffer = None
+
+    def _save(self, data: memoryview) -> None:
+        import torch
+
+        tensor = (
+            torch.frombuffer(data, dtype=self.dtype.torch).reshape(self.shape)
+            if data.nbytes
+            else torch.empty(self.shape, dtype=self.dtype.torch)
+        )
+        at = _WrittenAt(self.file, self.at)
+        torch.save(tensor, at)
+        if at.written != self.size:
+            raise AssertionError(f"{self.name}: torch.save wrote {at.written} bytes, {self.size} planned")
+        self.filled, self.saved = self.nbytes, True
+
+    def close(self) -> None:
+        if not self.saved:
+            if self.nbytes == 0:
+                self._save(memoryview(b""))
+            else:
+                raise AssertionError(f"{self.name}: {self.filled} of {self.nbytes} bytes written")
+        self.file._written(self.name)
+
+
+def _read_part(part: FileBytes) -> memoryview:
+    with open(part.path, "rb", buffering=0) as f:
+        data = os.pread(f.fileno(), part.nbytes, part.offset)
+    if len(data) != part.nbytes:
+        from ..errors import CheckpointError
+
+        raise CheckpointError(f"{part.path}: ends before byte {part.offset + part.nbytes}; copy it again")
+    return memoryview(data)
+
+
+class _WrittenAt(io.RawIOBase):
+    """What torch.save writes, put at the file's bytes from `at` on."""
+
+    def __init__(self, file: DCPFile, at: int):
+        self.file, self.at, self.written = file, at, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        data = memoryview(data).cast("B")
+        self.file._write_at(self.at + self.written, data)
+        self.written += data.nbytes
+        return data.nbytes
+
+
+class WrittenDCPFile:
+    """A written `.distcp` file read back (--verify): each chunk's archive loaded by torch.load (weights only) from
+    the byte range the plan gave it, so what a trainer would load is what is compared with the checkpoint."""
+
+    def __init__(self, path: Path, chunks: list[OutputTensor]):
+        self.path, self.ranges, at = path, {}, 0
+        for chunk in chunks:
+            size = archive_bytes(chunk.dtype.name, chunk.shape)
+            self.ranges[chunk.name] = (at, size)
+            at += size
+        self.entries = {}
+        for name in self.ranges:
+            tensor = self._load(name)
+            self.entries[name] = (dtypes.of(tensor.dtype).safetensors, tuple(tensor.shape))
+
+    def _load(self, name: str):
+        import torch
+
+        at, size = self.ranges[name]
+        with open(self.path, "rb", buffering=0) as f:
+            raw = os.pread(f.fileno(), size, at)
+        try:
+            return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise UnshardError(
+                f"{self.path}: the chunk {name} does not load ({e}); the file changed during conversion"
+            ) from None
+
+    def _bytes(self, name: str) -> memoryview:
+        return bytes_of(self._load(name))
+
+    def holds(self, name: str, parts) -> bool:
+        data = self._bytes(name)
+        at = 0
+        for part in parts:
+            piece = _read_part(part) if isinstance(part, FileBytes) else bytes_of(part).cast("B")
+            if data[at : at + piece.nbytes] != piece:
+                return False
+            at += piece.nbytes
+        return at == data.nbytes
+
+    def holds_at(self, name: str, offset: int, data: memoryview) -> bool:
+        return bytes(self._bytes(name)[offset : offset + data.nbytes]) == bytes(data.cast("B"))
+
+    def size_of(self, name: str) -> int:
+        return self._bytes(name).nbytes

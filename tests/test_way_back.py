@@ -1,0 +1,157 @@
+"""The way back into training: `--to dcp` writes a torch.distributed.checkpoint folder that FSDP2 (on a transformers
+model, at world size 3) and torchtitan (its own model, torchtitan's names) load, with the source model's logits;
+converted back, it gives the source's safetensors bytes."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+from conftest import FIXTURES, ROOT, SHIPPED
+from generate import free_port, peer_python
+from test_cli_and_errors import run_cli
+
+import unshard
+from unshard.sinks import dcp as dcp_sink
+from unshard.types import OutputOptions
+
+transformers = pytest.importorskip("transformers")
+EXAMPLE = ROOT / "examples" / "tiny-llama-verl-fsdp2" / "global_step_1"
+TOKENS = torch.randint(0, 103, (2, 12), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory):
+    """The shipped example as a Hugging Face folder: the source of the way back."""
+    out = tmp_path_factory.mktemp("hf") / "tiny-llama"
+    unshard.convert(EXAMPLE, out, progress=False)
+    return out
+
+
+def titan_source(tmp_path, model: str):
+    """A Hugging Face folder of torchtitan's fixture model: torchtitan's own to_hf of it, with its config."""
+    fixture = SHIPPED / f"torchtitan-{model}-fsdp2"
+    src = tmp_path / f"{model}-hf"
+    shutil.copytree(fixture / "hf", src)
+    shutil.copy(fixture / "reference" / "model.safetensors", src)
+    return src, fixture
+
+
+def to_dcp(src, out, names="hf", max_shard_size="5GB", **options):
+    output = OutputOptions(max_shard_size=max_shard_size, to="dcp", names=names)
+    return unshard.convert(src, out, output=output, progress=False, **options)
+
+
+def hf_logits(folder, tokens):
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        return model.eval()(tokens).logits
+
+
+@pytest.mark.parametrize("names", ["hf", "torchtitan"])
+def test_round_trip_gives_the_source_bytes(names, hf_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(dcp_sink, "CHUNK_BYTES", 1024)  # (many chunks per tensor, q and k reordered head by head)
+    result = to_dcp(hf_model, tmp_path / "dcp", names, verify=True, threads=2)
+    assert result.files == ["__0_0.distcp"]
+    metadata = pickle.load(open(tmp_path / "dcp" / ".metadata", "rb"))
+    q = "layers.0.attention.qkv_linear.wq.weight" if names == "torchtitan" else "model.layers.0.self_attn.q_proj.weight"
+    assert len(metadata.state_dict_metadata[q].chunks) > 1
+    unshard.convert(tmp_path / "dcp", tmp_path / "back", progress=False)
+    assert (tmp_path / "back" / "model.safetensors").read_bytes() == (hf_model / "model.safetensors").read_bytes()
+
+
+def test_fsdp2_at_world_size_3_loads_it(hf_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(dcp_sink, "CHUNK_BYTES", 2048)  # (chunks that do not fall on the three ranks' shards)
+    to_dcp(hf_model, tmp_path / "dcp", max_shard_size="100KB")
+    assert len(list((tmp_path / "dcp").glob("*.distcp"))) > 1
+    torch.save(TOKENS, tmp_path / "tokens.pt")
+    with tempfile.TemporaryDirectory(prefix="unshard-torchrun-") as scratch:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "3",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(free_port()),
+                str(FIXTURES / "dcp_loaders.py"),
+                "fsdp2",
+                "--dcp",
+                str(tmp_path / "dcp"),
+                "--tokens",
+                str(tmp_path / "tokens.pt"),
+                "--out",
+                str(tmp_path / "logits.pt"),
+            ],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=scratch),
+            timeout=300,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), hf_logits(hf_model, TOKENS), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("model", ["llama3", "qwen3"])
+def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
+    src, fixture = titan_source(tmp_path, model)
+    monkeypatch.setattr(dcp_sink, "CHUNK_BYTES", 1024)
+    to_dcp(src, tmp_path / "dcp", "torchtitan")
+    oracle = torch.load(fixture / "reference" / "logits.pt")
+    torch.save(oracle["tokens"], tmp_path / "tokens.pt")
+    done = subprocess.run(
+        [
+            str(peer_python("torchtitan")),
+            str(FIXTURES / "dcp_loaders.py"),
+            "torchtitan",
+            "--model",
+            model,
+            "--dcp",
+            str(tmp_path / "dcp"),
+            "--tokens",
+            str(tmp_path / "tokens.pt"),
+            "--out",
+            str(tmp_path / "logits.pt"),
+            "--hf",
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=FIXTURES,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    logits = torch.load(tmp_path / "logits.pt")
+    torch.testing.assert_close(logits, oracle["logits"], atol=1e-5, rtol=0)  # torchtitan's own, before saving
+    torch.testing.assert_close(logits, hf_logits(src, oracle["tokens"]), atol=1e-4, rtol=0)
+
+
+def test_refusals_are_one_line_and_write_nothing(hf_model, tmp_path):
+    qwen2 = SHIPPED / "qwen2-fsdp2" / "global_step_1" / "actor"
+    cases = [
+        ((qwen2, "--to", "dcp", "--names", "torchtitan"), "--names torchtitan: Qwen2: "),
+        ((hf_model, "--to", "dcp", "--quantize", "W4A16"), "leave out --quantize"),
+    ]
+    for args, expected in cases:
+        code, _, err = run_cli("convert", *args, tmp_path / "out")
+        assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "out").exists()
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("x")
+    code, _, err = run_cli("convert", hf_model, tmp_path / "taken", "--to", "dcp")
+    assert code == 1 and "already exists" in err and (tmp_path / "taken" / "x").read_text() == "x"
+
+
+def test_dry_run_says_the_files_and_the_peak(hf_model):
+    code, out, _ = run_cli("convert", hf_model, "/nonexistent/out", "--to", "dcp", "--names", "torchtitan", "--dry-run")
+    assert code == 0 and "__0_0.distcp" in out and "torchtitan names" in out and "peak memory" in out
