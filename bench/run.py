@@ -2,7 +2,7 @@
 
     python bench/run.py [--sizes 0.5,2,6]
         [--layouts verl,verl-tp,dcp,zero2,zero3,megatron,megatron-dist,megatron-moe,merge,slices,extract-lora,moe,
-                   search,quantize,gguf,to-dcp]
+                   search,quantize,gguf,way-back]
                         [--repeat 3] [--cache warm|cold] [--work /tmp/unshard-bench] [--tools cp,unshard,...]
 
 For each layout and size: make a real checkpoint (FSDP2, or tensor parallelism for verl-tp, by
@@ -27,8 +27,9 @@ input's pages are dropped from the cache before each run), with no earlier outpu
   accelerate merge-weights  from PyPI, in its own venv (DCP only)
   zero_to_fp32.py         DeepSpeed's own script, DeepSpeed from PyPI in its own venv (zero2 / zero3)
   (Megatron: no converter of Megatron checkpoints runs on a CPU-only machine, so unshard and cp only.)
-  load_file, then dcp.save  layout "to-dcp" (the way back, from the verl layout's Hugging Face folder): torch's own
-                          DCP writer on the whole state dict, against `unshard convert --to dcp`
+  load_file, then dcp.save  layout "way-back" (the way back, from the verl layout's Hugging Face folder): torch's own
+                          DCP writer on the whole state dict, against `unshard convert --to dcp` (and
+                          `--to megatron`, against cp: no converter into Megatron runs without a GPU)
   mergekit-yaml           the same TIES recipe as `unshard merge`, mergekit from PyPI in its own venv
                           (layout "merge": a base and two fine-tunes of the given size each; layout "slices":
                           a passthrough frankenmerge of the base's first half of layers and ft0's second
@@ -97,7 +98,7 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
     if layout in (
         "quantize",
         "gguf",
-        "to-dcp",
+        "way-back",
     ):  # verl's rank files, and their conversion for other tools to start from
         folder = make_checkpoint(work, "verl", gb)
         hf = folder / "ckpt" / "actor" / "huggingface"
@@ -237,7 +238,7 @@ def size_of(path: Path) -> int:
 
 
 def source(layout: str, folder: Path) -> Path:
-    if layout == "to-dcp":  # (the way back: a Hugging Face folder into a training checkpoint)
+    if layout == "way-back":  # (the way back: a Hugging Face folder into a training checkpoint)
         return folder / "hf-model"
     if layout in ("merge", "slices", "moe", "search"):
         return folder
@@ -429,13 +430,15 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
                 f"{merger} && exec {convert.format(f'{out}/hf')} f16",
             ],
         }
-    if layout == "to-dcp":
+    if layout == "way-back":
         to_dcp = [*python, "-m", "unshard", "convert", str(src), str(out), "--no-progress", "--to", "dcp"]
         return {
             "cp": ["cp", "-r", str(src), str(out)],
             "cp -r && sync": ["sh", "-c", f"cp -r {src} {out} && sync"],
             "unshard --to dcp": to_dcp,
             "unshard --to dcp --names torchtitan": [*to_dcp, "--names", "torchtitan"],
+            # (no converter into Megatron runs on a CPU-only machine: Megatron-Bridge needs Transformer Engine)
+            "unshard --to megatron --tp 2 --pp 2": [*to_dcp[:-1], "megatron", "--tp", "2", "--pp", "2"],
             # torch's own writer, as a script would use it: the whole state dict loaded, then saved
             "load_file, then dcp.save": [
                 sys.executable,

@@ -36,7 +36,8 @@ def test_every_family_declares_every_part():
         f.name for f in dataclasses.fields(Family) if f.name not in ("name", "model_type", "architecture", "notes")
     ]
     assert set(parts) == set(KINDS), "a new part needs its kind here, and a column in families.PATHS if it is a path"
-    assert {part for _, part in families.PATHS.values() if part} <= set(parts)
+    derived = {name for name, value in vars(Family).items() if isinstance(value, property)}  # (megatron_out)
+    assert {part for _, part in families.PATHS.values() if part} <= set(parts) | derived
     for family in families.FAMILIES:
         for part in parts:
             value = getattr(family, part)
@@ -163,6 +164,12 @@ TESTED = {
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
     },
     "meta_names": {"llama": "torchtitan-llama3-fsdp2", "qwen3": "torchtitan-qwen3-fsdp2"},
+    # (test_way_back writes them back into Megatron and megatron-core loads them)
+    "to_megatron": {
+        "llama": "megatron-llama-tp2-pp2-vpp2",
+        "qwen2": "megatron-qwen2-tp2-pp2",
+        "qwen3": "megatron-qwen3-tp2-dp2",
+    },
     # (test_way_back writes torchtitan's names from these fixtures' models and loads them in torchtitan)
     "to_torchtitan": {"llama": "torchtitan-llama3-fsdp2", "qwen3": "torchtitan-qwen3-fsdp2"},
     "gguf": {

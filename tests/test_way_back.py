@@ -4,6 +4,7 @@ converted back, it gives the source's safetensors bytes."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -155,3 +156,85 @@ def test_refusals_are_one_line_and_write_nothing(hf_model, tmp_path):
 def test_dry_run_says_the_files_and_the_peak(hf_model):
     code, out, _ = run_cli("convert", hf_model, "/nonexistent/out", "--to", "dcp", "--names", "torchtitan", "--dry-run")
     assert code == 0 and "__0_0.distcp" in out and "torchtitan names" in out and "peak memory" in out
+
+
+MEGATRON = ["megatron-qwen2-tp2-pp2", "megatron-llama-tp2-pp2-vpp2", "megatron-qwen3-tp2-dp2"]
+
+
+def run_ranks(ranks: int, *args: str) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory(prefix="unshard-torchrun-") as scratch:  # (torchrun leaves a folder in TMPDIR)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                str(ranks),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(free_port()),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=FIXTURES,
+            env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=scratch),
+            timeout=600,
+        )
+
+
+@pytest.mark.parametrize("case", MEGATRON)
+def test_megatron_core_loads_it_at_its_parallelism(case, tmp_path, monkeypatch):
+    """The source: megatron-core's own checkpoint (a fixture) as a Hugging Face folder. Written back into Megatron
+    at the fixture's TP, PP and VPP, megatron-core built at that parallelism loads every tensor its own checkpoint
+    holds, and its forward pass gives the fixture's logits."""
+    pytest.importorskip("megatron.core")
+    fixture = SHIPPED / case
+    info = json.loads((fixture / "fixture.json").read_text())
+    src, out = tmp_path / "hf", tmp_path / "megatron"
+    unshard.convert(fixture / "torch_dist", src, progress=False)
+    monkeypatch.setattr(dcp_sink, "CHUNK_BYTES", 2048)  # (chunks smaller than a rank's shard)
+    options = OutputOptions(to="megatron", tp=info["tp"], pp=info["pp"], vpp=info["vpp"], vocab_divisible=64)
+    unshard.convert(src, out, output=options, progress=False, verify=True)
+    assert (out / "latest_checkpointed_iteration.txt").read_text() == "release"
+
+    unshard.convert(out, tmp_path / "back", progress=False)
+    assert (tmp_path / "back" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+
+    ranks = info["tp"] * info["pp"]
+    done = run_ranks(ranks, "dcp_loaders.py", "megatron", "--dcp", str(out / "release"), "--fixture", str(fixture))
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    # megatron-core's forward pass on it, in one process (DCP reshards it): the oracle of the Megatron tests
+    again = tmp_path / "oracle"
+    (again / "torch_dist").mkdir(parents=True)
+    shutil.copy(fixture / "fixture.json", again)
+    (again / "torch_dist" / "iter_0000010").symlink_to(out / "release")
+    done = subprocess.run(
+        [sys.executable, "make_megatron.py", "--out", str(again), "--oracle"],
+        capture_output=True,
+        text=True,
+        cwd=FIXTURES,
+        env=dict(os.environ, MASTER_PORT=str(free_port())),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected, logits = torch.load(fixture / "oracle.pt"), torch.load(again / "oracle.pt")
+    assert torch.equal(logits["tokens"], expected["tokens"])
+    torch.testing.assert_close(logits["logits"], expected["logits"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits["logits"], hf_logits(src, expected["tokens"]), atol=1e-4, rtol=0)
+
+
+def test_megatron_refusals(hf_model, tmp_path):
+    cases = [
+        (("--tp", "3"), "4 attention heads do not split over --tp 3"),
+        (("--pp", "2", "--vpp", "2"), "2 layers do not split over --pp times --vpp 4"),
+    ]
+    for args, expected in cases:
+        code, _, err = run_cli("convert", hf_model, tmp_path / "out", "--to", "megatron", *args)
+        assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "out").exists()
+    mixtral = SHIPPED / "mixtral-fsdp2" / "global_step_1" / "actor"
+    code, _, err = run_cli("convert", mixtral, tmp_path / "out", "--to", "megatron")
+    assert code == 1 and "--to megatron: Mixtral: experts" in err and not (tmp_path / "out").exists()

@@ -130,9 +130,19 @@ def _format_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--to",
-        choices=("dcp",),
-        help="write a training checkpoint instead of a model folder: dcp, a torch.distributed.checkpoint folder "
-        "that torchtitan, torchtune and FSDP2's dcp.load read at any world size (the weights only)",
+        choices=("dcp", "megatron"),
+        help="write a training checkpoint instead of a model folder (the weights only): dcp, a "
+        "torch.distributed.checkpoint folder that torchtitan and FSDP2's dcp.load read at any world size; megatron, "
+        "Megatron-LM's torch_dist checkpoint for --tp/--pp/--vpp",
+    )
+    p.add_argument("--tp", type=int, default=1, help="with --to megatron: the tensor parallelism the run will use")
+    p.add_argument("--pp", type=int, default=1, help="with --to megatron: the pipeline parallelism")
+    p.add_argument("--vpp", type=int, help="with --to megatron: the virtual pipeline stages per pipeline rank")
+    p.add_argument(
+        "--make-vocab-size-divisible-by",
+        type=int,
+        default=128,
+        help="with --to megatron: as Megatron-LM's option (the vocabulary is padded to a multiple of it times --tp)",
     )
     p.add_argument(
         "--names",

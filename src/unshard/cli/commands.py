@@ -18,7 +18,17 @@ def _output(args, out: str):
 
     gguf = args.gguf_type or ("auto" if str(out).endswith(".gguf") else None)
     return OutputOptions(
-        args.dtype, args.max_shard_size, args.quantize, tuple(args.quantize_ignore), gguf, args.to, args.names
+        args.dtype,
+        args.max_shard_size,
+        args.quantize,
+        tuple(args.quantize_ignore),
+        gguf,
+        args.to,
+        args.names,
+        args.tp,
+        args.pp,
+        args.vpp,
+        args.make_vocab_size_divisible_by,
     )
 
 

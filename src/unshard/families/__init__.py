@@ -68,6 +68,7 @@ PATHS = {
     "megatron_legacy": ("Megatron torch", "megatron"),
     "megatron_dist": ("Megatron torch_dist", "megatron"),
     "meta_names": ("torchtitan/torchtune", "meta_names"),
+    "to_megatron": ("to Megatron", "megatron_out"),  # --to megatron (torch_dist)
     "to_torchtitan": ("to torchtitan", "torchtitan_names"),  # --to dcp --names torchtitan (--names hf: every family)
     "quantize": ("--quantize", "fused_siblings"),
     "gguf": ("GGUF", "gguf"),

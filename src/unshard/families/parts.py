@@ -110,3 +110,17 @@ class Family:
         "torchtitan's names are written for Llama and Qwen3 so far"
     )
     notes: dict[str, str] = field(default_factory=dict)  # path -> what to know where it says yes
+
+    @property
+    def megatron_out(self) -> MegatronRules | Unsupported:
+        """What `--to megatron` writes (sinks/megatron.py) of the family's Megatron rules: a dense model whose args
+        say all of it; experts, latent attention and partial rotary are not written yet."""
+        rules = self.megatron
+        if isinstance(rules, Unsupported):
+            return rules
+        found = rules.signature
+        if found is None:
+            return Unsupported("Megatron-LM's args cannot say this family (they would describe a Llama)")
+        if found.experts or found.latent_attention or found.partial_rotary:
+            return Unsupported("experts, latent attention and partial rotary are not written to Megatron yet")
+        return rules

@@ -169,3 +169,67 @@ def moe_config(args: dict[str, Any], **own: Any) -> dict[str, Any]:
     if args.get("moe_shared_expert_intermediate_size"):
         moe["shared_expert_intermediate_size"] = args["moe_shared_expert_intermediate_size"]
     return moe
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where a Hugging Face tensor goes in a Megatron dist checkpoint (the way back): the dist key (a layer's
+    tensors stacked on a first axis, as megatron-core's sharded state dict has them), its whole shape, and the
+    boxes: (first row of the Hugging Face tensor, rows, offsets in the dist tensor), plus boxes of zeros (the
+    padded vocabulary's rows: offsets, shape)."""
+
+    key: str
+    shape: tuple[int, ...]
+    boxes: tuple[tuple[int, int, tuple[int, ...]], ...]
+    zeros: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+
+
+def to_megatron(
+    table: dict[str, Any], shapes: dict[str, tuple[int, ...]], dims: Shapes, padded: int, layers: int, where: str
+) -> dict[str, Placed]:
+    """The other way (writing Megatron): each Hugging Face tensor (name -> shape) placed by the family's table.
+    Where the table has a local and a Transformer Engine name for one tensor (the layer norms), the dist format's
+    is Transformer Engine's, which megatron-core's local spec maps its own to."""
+    rules: list[tuple[re.Pattern, str, str, int]] = []  # (HF name pattern, Megatron key, kind, which part)
+    for key, rule in sorted(table.items(), key=lambda item: "layer_norm_weight" not in item[0]):
+        kind, names = (PLAIN, (rule,)) if isinstance(rule, str) else (rule[0], rule[1:])
+        for part, hf in enumerate(names):
+            pattern = re.compile("^" + re.escape(hf).replace(r"\{i\}", r"(?P<i>\d+)") + "$")
+            rules.append((pattern, key, kind, part))
+    placed, unknown = {}, []
+    for name, shape in shapes.items():
+        found = next(((m, key, kind, part) for p, key, kind, part in rules if (m := p.match(name))), None)
+        if found is None or "{e}" in found[1]:
+            unknown.append(name)
+            continue
+        match, key, kind, part = found
+        placed[name] = _place(key, kind, part, shape, match.groupdict().get("i"), dims, padded, layers)
+    if unknown:
+        from ..errors import UnshardError
+
+        raise UnshardError(
+            f"{where}: {len(unknown)} tensors have no place in a Megatron checkpoint of this family (e.g. "
+            f"{unknown[0]}); `unshard families` says what --to megatron writes"
+        )
+    return placed
+
+
+def _place(key: str, kind: str, part: int, shape, layer, dims: Shapes, padded: int, layers: int) -> Placed:
+    rows, rest = shape[0], tuple(shape[1:])
+    lead = () if layer is None else (int(layer),)
+    stacked = (layers,) if layer is not None else ()
+    dist_key = key.replace(".{i}.", ".")
+    zero = (0,) * len(rest)
+    if kind == QKV:
+        per_group, head = dims.heads // dims.groups, dims.head_dim
+        width = (per_group + 2) * head  # rows of one query group: its queries, its key, its value
+        own = per_group * head if part == 0 else head
+        at = (0, per_group * head, (per_group + 1) * head)[part]
+        boxes = tuple((g * own, own, (*lead, g * width + at, *zero)) for g in range(dims.groups))
+        return Placed(dist_key, (*stacked, dims.groups * width, *rest), boxes)
+    if kind == GATE_UP:
+        return Placed(dist_key, (*stacked, 2 * rows, *rest), ((0, rows, (*lead, part * rows, *zero)),))
+    if kind == VOCAB:
+        zeros = (((rows, *zero), (padded - rows, *rest)),) if padded > rows else ()
+        return Placed(dist_key, (padded, *rest), ((0, rows, (0, *zero)),), zeros)
+    return Placed(dist_key, (*stacked, rows, *rest), ((0, rows, (*lead, 0, *zero)),))

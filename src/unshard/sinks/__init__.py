@@ -17,6 +17,8 @@ the format `finish`es what surrounds the tensors and the place is committed.
   part in a second, the mmproj.
 - dcp: dcp.DCPFolder, a torch.distributed.checkpoint folder a trainer loads (`--to dcp`): each tensor in chunks of
   whole rows, under Hugging Face's or torchtitan's names.
+- megatron: megatron.MegatronFolder, Megatron-LM's torch_dist checkpoint (`--to megatron`): the same DCP files,
+  with megatron-core's names and layout, its args and files around them.
 (peft_adapter.PeftAdapterFolder, what extract-lora writes, is planned by the merging code itself.)
 """
 
@@ -31,7 +33,13 @@ from ..types import FormatRequest, Sink
 # Each format's module, imported when a conversion asks for it: `plan_sink(request) -> Sink` (which sets the
 # encodings of the request's outputs), and `SUMMARY_KEY` with `summary_lines(summary)`: what inspect prints of the
 # format's part of the plan's summary.
-FORMATS = {"safetensors": "hf_folder", "compressed-tensors": "compressed_tensors", "gguf": "gguf.sink", "dcp": "dcp"}
+FORMATS = {
+    "safetensors": "hf_folder",
+    "compressed-tensors": "compressed_tensors",
+    "gguf": "gguf.sink",
+    "dcp": "dcp",
+    "megatron": "megatron",
+}
 
 
 def format_module(name: str) -> ModuleType:

@@ -50,10 +50,17 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
         )
     if request.separate_adapter:
         raise UnshardError(f"{request.where}: --to dcp writes the model's weights only: use --lora merge")
-    renamed = _names(options.names, request)
+    renamed, shapes = _names(options.names, request), {}
     for group in request.groups.values():
-        group.outputs = [_chunked(o, *renamed.get(o.name, (o.name, 0))) for o in group.outputs]
-    return DCPFolder(options.names)
+        outputs = []
+        for output in group.outputs:
+            fqn, heads = renamed.get(output.name, (output.name, 0))
+            shapes[fqn] = output.shape
+            head_dim = output.shape[0] // heads if heads else 0
+            whole = Piece(fqn, 0, output.shape[0] if output.shape else 0, (0,) * len(output.shape))
+            outputs.append(chunked(output, [whole], head_dim))
+        group.outputs = outputs
+    return DCPFolder(options.names, shapes)
 
 
 def _names(names: str, request: FormatRequest) -> dict[str, tuple[str, int]]:
@@ -85,47 +92,80 @@ def _config(request: FormatRequest) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Chunks:
-    """How one output tensor is stored (a types.Encoding): under its DCP name, as chunks of `rows_per_band` rows,
-    each one band; q or k rows reordered within each head from halves (transformers' rotary) to interleaved pairs
-    (Meta's, torchtitan's Llama), as each band holds whole heads."""
+    """How one output tensor is stored (a types.Encoding): as chunks of `rows_per_band` of its rows (the last of a
+    piece, what is left), each one band, each a box of a DCP tensor (its name says which: `fqn@offsets`); q or k
+    rows reordered within each head from halves (transformers' rotary) to interleaved pairs (Meta's, torchtitan's
+    Llama), as each band holds whole heads; zeros written with the last band where the DCP tensor is padded (the
+    rows of Megatron's padded vocabulary)."""
 
-    stored: tuple[OutputTensor, ...]  # the chunks, named `fqn@first row`
+    stored: tuple[OutputTensor, ...]  # the chunks, in the order of the rows they hold; then the zeros
     rows_per_band: int  # rows of a chunk
-    fqn: str
     head_dim: int = 0  # rows of a q or k head to reorder; 0: none
+    padding: int = 0  # how many of `stored`, at its end, are zeros
     surveys = False
 
     def encode(self, band, start: int) -> dict[str, Any]:
+        import numpy as np
+
         if self.head_dim:
             half = self.head_dim // 2
             band = band.reshape(-1, 2, half, *band.shape[1:]).swapaxes(1, 2).reshape(band.shape)
         # (a band is a whole number of chunks: one, unless chunks are smaller than an encoding's band)
         first, rows = start // self.rows_per_band, self.rows_per_band
-        return {self.stored[first + i].name: band[i * rows : (i + 1) * rows] for i in range(-(-band.shape[0] // rows))}
+        pieces = {
+            self.stored[first + i].name: band[i * rows : (i + 1) * rows] for i in range(-(-band.shape[0] // rows))
+        }
+        if self.padding and first + len(pieces) == len(self.stored) - self.padding:  # (the last band)
+            for zeros in self.stored[-self.padding :]:
+                pieces[zeros.name] = np.zeros(zeros.shape, band.dtype)
+        return pieces
 
 
-def _chunked(output: OutputTensor, fqn: str, heads: int) -> OutputTensor:
-    """The output with its chunks (a scalar: itself, one chunk, no encoding)."""
+@dataclass(frozen=True)
+class Piece:
+    """Rows [start, start + rows) of an output, placed in DCP tensor `fqn` from `offsets` on: the output's row axis
+    is the last but its own other axes (a Megatron layer's tensor has the layer's number before)."""
+
+    fqn: str
+    start: int
+    rows: int
+    offsets: tuple[int, ...]
+
+
+def chunked(output: OutputTensor, pieces: list[Piece], head_dim: int = 0, zeros=()) -> OutputTensor:
+    """The output with its encoding: each piece cut into chunks of whole rows, of CHUNK_BYTES at most where the
+    rows allow (a scalar: itself, one chunk, no encoding); `zeros` (fqn, offsets, shape): boxes written as zeros."""
     if not output.shape:
         return output
-    rows = output.shape[0]
-    row_bytes = max(1, output.nbytes_as_is // max(1, rows))
-    head_dim = rows // heads if heads else 0
+    row_bytes = max(1, output.nbytes_as_is // max(1, output.shape[0]))
     multiple = head_dim or 1
-    per_chunk = min(rows, max(multiple, CHUNK_BYTES // row_bytes // multiple * multiple))
-    stored = tuple(
-        OutputTensor(f"{fqn}@{start}", (min(per_chunk, rows - start), *output.shape[1:]), output.dtype)
-        for start in range(0, rows, per_chunk)
-    ) or (OutputTensor(f"{fqn}@0", output.shape, output.dtype),)
-    return OutputTensor(output.name, output.shape, output.dtype, Chunks(stored, per_chunk, fqn, head_dim))
+    most = max(multiple, CHUNK_BYTES // row_bytes // multiple * multiple)
+    per_chunk = min(output.shape[0], most)
+    if len(pieces) > 1:  # (every piece the same rows: chunks that divide them, so no chunk holds two pieces)
+        rows = pieces[0].rows
+        per_chunk = next(d for d in range(min(rows, most), 0, -1) if rows % d == 0 and d % multiple == 0)
+    stored = []
+    for piece in pieces:
+        row_axis = len(piece.offsets) - len(output.shape)
+        for at in range(0, piece.rows, per_chunk) if piece.rows else (0,):
+            offsets = list(piece.offsets)
+            offsets[row_axis] += at
+            shape = (1,) * row_axis + (min(per_chunk, piece.rows - at), *output.shape[1:])
+            stored.append(OutputTensor(_chunk_name(piece.fqn, offsets), shape, output.dtype))
+    stored += [OutputTensor(_chunk_name(fqn, offsets), shape, output.dtype) for fqn, offsets, shape in zeros]
+    return OutputTensor(output.name, output.shape, output.dtype, Chunks(tuple(stored), per_chunk, head_dim, len(zeros)))
+
+
+def _chunk_name(fqn: str, offsets) -> str:
+    return f"{fqn}@{','.join(map(str, offsets))}"
 
 
 def chunk_place(stored: OutputTensor, output: OutputTensor) -> tuple[str, tuple[int, ...]]:
-    """(fqn, offsets in the tensor) of one stored chunk of an output."""
+    """(fqn, offsets in the DCP tensor) of one stored chunk of an output."""
     if output.encoding is None:
         return output.name, (0,) * len(output.shape)
-    fqn, _, start = stored.name.rpartition("@")
-    return fqn, (int(start), *(0,) * (len(output.shape) - 1))
+    fqn, _, offsets = stored.name.rpartition("@")
+    return fqn, tuple(int(o) for o in offsets.split(",")) if offsets else ()
 
 
 @functools.cache
@@ -156,20 +196,25 @@ class DCPFolder(HFFolder):
     """The DCP folder as an output format (a types.Sink): `.distcp` files laid out as the safetensors shards are (by
     --max-shard-size), `.metadata`, and the model's config and tokenizer beside, so the folder also converts back."""
 
-    def __init__(self, names: str):
-        self.names = names
+    folder = ""  # where in OUT the DCP folder is (Megatron's: release/)
+
+    def __init__(self, names: str, shapes: dict[str, tuple[int, ...]]):
+        self.names, self.shapes = names, shapes  # (each DCP tensor's whole shape)
         self.chunks: dict[str, list[OutputTensor]] = {}  # each file's, in order (what read_back finds where)
 
     def lay_out(self, groups: dict[str, Group], max_shard_size: int | str) -> dict[str, list[Group]]:
         files = super().lay_out(groups, max_shard_size)
-        files = {f"__{i}_0.distcp": held for i, held in enumerate(files.values())}
-        self.chunks = {f: [s for g in held for o in g.outputs for s in o.stored] for f, held in files.items()}
+        files = {f"{self.folder}__{i}_0.distcp": held for i, held in enumerate(files.values())}
+        self.chunks = {
+            Path(f).name: [s for g in held for o in g.outputs for s in o.stored] for f, held in files.items()
+        }
         return files
 
     def stage(self, out: Path, overwrite: bool, sync: bool = True) -> OutputFolder:
         return OutputFolder(out, overwrite, sync)
 
     def open(self, path: Path, tensors: list[OutputTensor]) -> DCPFile:
+        path.parent.mkdir(exist_ok=True)  # (Megatron's release/)
         return DCPFile(path, tensors)
 
     def file_size(self, filename: str, tensors: list[OutputTensor]) -> int:
@@ -179,7 +224,7 @@ class DCPFolder(HFFolder):
         return WrittenDCPFile(path, self.chunks[path.name])
 
     def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
-        write_metadata(plan, folder)
+        write_metadata(plan, folder, self.shapes)
         copied = copy_model_files(plan.config_folder, folder, plan.dtype.name, plan.config_updates)
         return [METADATA, *copied], []
 
@@ -203,11 +248,16 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     return [f"output: torch.distributed.checkpoint, {summary['names']} names"]
 
 
-def write_metadata(plan: Plan, folder: Path) -> None:
-    """`.metadata` as DCP's writer pickles it: each tensor's dtype, size and chunks, each chunk's file and bytes."""
+def write_metadata(
+    plan: Plan, folder: Path, shapes: dict[str, tuple[int, ...]], objects: dict[str, bytes] | None = None
+) -> list[str]:
+    """`.metadata` in `folder` as DCP's writer pickles it: each tensor's dtype, whole shape and chunks, each chunk's
+    file and bytes; and `objects` (name -> their bytes: what a DCP writer stores as BytesIO) in a file of their own.
+    The files written."""
     import torch
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
         ChunkStorageMetadata,
         Metadata,
         MetadataIndex,
@@ -224,13 +274,23 @@ def write_metadata(plan: Plan, folder: Path) -> None:
                 fqn, offsets = chunk_place(stored, output)
                 if fqn not in tensors:
                     properties = TensorProperties(dtype=output.dtype.torch)
-                    tensors[fqn] = TensorStorageMetadata(properties, torch.Size(output.shape), [])
+                    tensors[fqn] = TensorStorageMetadata(properties, torch.Size(shapes[fqn]), [])
                 chunks = tensors[fqn].chunks
                 index = MetadataIndex(fqn, torch.Size(offsets), len(chunks))
                 chunks.append(ChunkStorageMetadata(torch.Size(offsets), torch.Size(stored.shape)))
                 length = archive_bytes(stored.dtype.name, stored.shape)
-                storage[index] = _StorageInfo(filename, at, length)
+                storage[index] = _StorageInfo(Path(filename).name, at, length)
                 at += length
+    written = [METADATA]
+    if objects:
+        name, at = f"__{len(plan.files)}_0.distcp", 0
+        with open(folder / name, "wb") as f:
+            for fqn, data in objects.items():
+                f.write(data)
+                tensors[fqn] = BytesStorageMetadata()
+                storage[MetadataIndex(fqn)] = _StorageInfo(name, at, len(data))
+                at += len(data)
+        written.append(name)
     metadata = Metadata(
         tensors,
         planner_data={fqn: (fqn,) for fqn in tensors},
@@ -239,6 +299,7 @@ def write_metadata(plan: Plan, folder: Path) -> None:
     )
     with open(folder / METADATA, "wb") as f:
         pickle.dump(metadata, f)
+    return written
 
 
 class DCPFile(SafetensorsFile):

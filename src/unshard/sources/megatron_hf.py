@@ -108,7 +108,9 @@ def to_hf(tensors: dict[str, SourceTensor], model_type: str, dims: Shapes, where
             f"{where}: {len(unknown)} Megatron tensors have no {model_type} rule (e.g. {unknown[0]}); "
             "this architecture or layer spec is not supported yet, please report it"
         )
-    return out
+    # In the order save_pretrained's files have them (safetensors sorts a file's tensors by name), not Megatron's
+    # (each fused tensor's layers first): a model written into Megatron and read back is the same file.
+    return dict(sorted(out.items()))
 
 
 def model_type_from_args(args: dict[str, Any], where: str) -> str:

@@ -1,0 +1,207 @@
+"""A Megatron-LM checkpoint in its `torch_dist` format (`--to megatron`): what `megatron.core.dist_checkpointing.load`
+reads into a model built at any tensor, pipeline and virtual-pipeline parallelism (--tp/--pp/--vpp say what the args
+record; the tensors do not depend on them but for the vocabulary's padding).
+
+    OUT/latest_checkpointed_iteration.txt   "release", as Megatron-LM's own converters write it (its loader takes
+                                            iteration 0 for an error; release is loaded as the run's start)
+    OUT/release/                            the dist checkpoint: .metadata and .distcp files (sinks/dcp.py),
+                                            common.pt (Megatron-LM's args, checkpoint_version, iteration),
+                                            metadata.json (the torch_dist backend)
+    OUT/huggingface/                        the model's config and tokenizer, as verl keeps them beside its
+                                            Megatron checkpoints (the way back to a Hugging Face folder reads it)
+
+The tensors are megatron-core's sharded state dict for a GPTModel of the family (names.megatron_rules.to_megatron):
+a layer's tensors stacked on a first axis, q, k and v fused per query group, gate and up as one fc1, the vocabulary
+padded with zero rows to a multiple of --make-vocab-size-divisible-by times the TP size, as Megatron-LM pads it.
+Each Hugging Face tensor goes in as chunks (boxes of the dist tensors), so memory is a chunk, not the model; a
+`_extra_state` object (None) for each linear layer, as megatron-core's layers save theirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from .. import families
+from ..errors import UnshardError
+from ..families.parts import Unsupported
+from ..names import megatron_rules
+from ..types import FormatRequest, Plan
+from .dcp import DCPFolder, Piece, chunked, write_metadata
+from .hf_folder import copy_model_files
+
+SUMMARY_KEY = "megatron"
+RELEASE = "release"
+TRACKER = "latest_checkpointed_iteration.txt"
+# The linear layers of megatron-core's GPT layer, each saving an `_extra_state` (local spec: None; Transformer
+# Engine's: its FP8 state, which it starts afresh from None)
+LINEAR_LAYERS = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")
+
+
+def plan_sink(request: FormatRequest) -> MegatronFolder:
+    options = request.options
+    if options.quantize or options.gguf:
+        raise UnshardError("--to megatron writes the weights as they are: leave out --quantize and --gguf-type")
+    if request.separate_adapter:
+        raise UnshardError(f"{request.where}: --to megatron writes the model's weights only: use --lora merge")
+    config = _config(request)
+    family = families.by_model_type(config.get("model_type"))
+    rules = family.megatron_out if family is not None else Unsupported("not a family unshard knows")
+    if isinstance(rules, Unsupported):
+        what = family.name if family is not None else f"model_type {config.get('model_type')!r}"
+        raise UnshardError(f"{request.where}: --to megatron: {what}: {rules.reason}; `unshard families` says which")
+    signature = rules.signature
+    _check_parallelism(config, options, request.where)
+    tp, divisible = options.tp, options.vocab_divisible
+    dims = megatron_rules.shapes_from_config(config)
+    padded = -(-dims.vocab // (divisible * tp)) * divisible * tp
+    layers = config["num_hidden_layers"]
+    shapes = {o.name: o.shape for g in request.groups.values() for o in g.outputs}
+    placed = megatron_rules.to_megatron(rules.rules, shapes, dims, padded, layers, request.where)
+    tied = "lm_head.weight" not in shapes
+    dist_shapes = {}
+    for group in request.groups.values():
+        outputs = []
+        for output in group.outputs:
+            where = placed[output.name]
+            dist_shapes[where.key] = where.shape
+            boxes = [Piece(where.key, start, rows, offsets) for start, rows, offsets in where.boxes]
+            zeros = [(where.key, offsets, shape) for offsets, shape in where.zeros]
+            outputs.append(chunked(output, boxes, zeros=zeros))
+        group.outputs = outputs
+    args = megatron_args(config, signature, options, padded, tied, request.dtype)
+    return MegatronFolder(args, dist_shapes, layers)
+
+
+def _check_parallelism(config: dict[str, Any], options, where: str) -> None:
+    """A model megatron-core can build at this parallelism: heads, query groups and the MLP split evenly over TP,
+    layers over the pipeline's stages."""
+    stages = options.pp * (options.vpp or 1)
+    for what, size, parts, flag in (
+        ("attention heads", config["num_attention_heads"], options.tp, "--tp"),
+        ("query groups", config.get("num_key_value_heads") or config["num_attention_heads"], options.tp, "--tp"),
+        ("MLP rows", config["intermediate_size"], options.tp, "--tp"),
+        ("layers", config["num_hidden_layers"], stages, "--pp times --vpp"),
+    ):
+        if parts < 1 or size % parts:
+            raise UnshardError(
+                f"{where}: --to megatron: {size} {what} do not split over {flag} {parts}; choose another"
+            )
+
+
+def _config(request: FormatRequest) -> dict[str, Any]:
+    path = request.config_folder / "config.json" if request.config_folder else None
+    if path is None or not path.is_file():
+        raise UnshardError(f"{request.where}: --to megatron needs the model's config.json (pass --config-from)")
+    return {**json.loads(path.read_text()), **request.config_updates}
+
+
+def megatron_args(config: dict, signature, options, padded: int, tied: bool, dtype) -> dict[str, Any]:
+    """Megatron-LM's arguments for this model (its argument names), as its pretrain_gpt.py would hold them: what
+    its checkpoint loader compares with the run's, and what a converter reads back."""
+    heads = config["num_attention_heads"]
+    groups = config.get("num_key_value_heads") or heads
+    rope = config.get("rope_parameters") or {}
+    return {
+        "num_layers": config["num_hidden_layers"],
+        "hidden_size": config["hidden_size"],
+        "ffn_hidden_size": config["intermediate_size"],
+        "num_attention_heads": heads,
+        "group_query_attention": groups != heads,
+        "num_query_groups": groups,
+        "kv_channels": config.get("head_dim") or config["hidden_size"] // heads,
+        "max_position_embeddings": config.get("max_position_embeddings"),
+        "seq_length": config.get("max_position_embeddings"),
+        "normalization": "RMSNorm",
+        "norm_epsilon": config.get("rms_norm_eps", 1e-6),
+        "swiglu": True,
+        "add_bias_linear": False,
+        "add_qkv_bias": bool(signature.qkv_bias),
+        "qk_layernorm": bool(signature.qk_norm),
+        "position_embedding_type": "rope",
+        "rotary_base": rope.get("rope_theta", config.get("rope_theta", 10000)),
+        "rotary_percent": 1.0,
+        "rotary_interleaved": False,
+        "untie_embeddings_and_output_weights": not tied,
+        "tensor_model_parallel_size": options.tp,
+        "pipeline_model_parallel_size": options.pp,
+        "virtual_pipeline_model_parallel_size": options.vpp,
+        "make_vocab_size_divisible_by": options.vocab_divisible,
+        "vocab_size": config["vocab_size"],
+        "padded_vocab_size": padded,
+        "params_dtype": dtype.name,
+        "bf16": dtype.name == "bfloat16",
+        "fp16": dtype.name == "float16",
+        "ckpt_format": "torch_dist",
+        "use_dist_ckpt": True,
+        "iteration": 0,
+    }
+
+
+class MegatronFolder(DCPFolder):
+    """The Megatron-LM checkpoint as an output format: the DCP folder in release/, and what Megatron-LM keeps around
+    it."""
+
+    folder = f"{RELEASE}/"
+
+    def __init__(self, args: dict[str, Any], shapes: dict[str, tuple[int, ...]], layers: int):
+        super().__init__("megatron", shapes)
+        self.args, self.layers = args, layers
+
+    def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
+        import torch
+
+        release = folder / RELEASE
+        release.mkdir(exist_ok=True)
+        empty = io.BytesIO()
+        torch.save([None], empty)  # (megatron-core saves a list of each object's values)
+        objects = {
+            f"decoder.layers.{linear}._extra_state/shard_{layer}_{self.layers}": empty.getvalue()
+            for layer in range(self.layers)
+            for linear in LINEAR_LAYERS
+        }
+        written = write_metadata(plan, release, self.shapes, objects)
+        args = argparse.Namespace(**{**self.args, "params_dtype": getattr(torch, self.args["params_dtype"])})
+        torch.save({"args": args, "checkpoint_version": 3.0, "iteration": 0}, release / "common.pt")
+        backend = {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
+        (release / "metadata.json").write_text(
+            json.dumps({**backend, "common_backend": "torch", "common_backend_version": 1})
+        )
+        (folder / TRACKER).write_text(RELEASE)
+        (folder / "huggingface").mkdir()
+        copied = copy_model_files(plan.config_folder, folder / "huggingface", plan.dtype.name, plan.config_updates)
+        files = [f"{RELEASE}/{name}" for name in (*written, "common.pt", "metadata.json")]
+        return [*files, TRACKER, *(f"huggingface/{name}" for name in copied)], []
+
+    def notes(self) -> list[str]:
+        a = self.args
+        return [
+            f"a Megatron-LM torch_dist checkpoint (release/) for TP {a['tensor_model_parallel_size']}, PP "
+            f"{a['pipeline_model_parallel_size']}: the vocabulary padded to {a['padded_vocab_size']}; the model's "
+            "weights only (the optimizer starts afresh; load with --finetune or --no-load-optim --no-load-rng)"
+        ]
+
+    def summary(self) -> dict[str, Any]:
+        a = self.args
+        return {
+            SUMMARY_KEY: {
+                "tp": a["tensor_model_parallel_size"],
+                "pp": a["pipeline_model_parallel_size"],
+                "vpp": a["virtual_pipeline_model_parallel_size"],
+                "padded_vocab_size": a["padded_vocab_size"],
+            }
+        }
+
+    def card(self) -> tuple[list[str], list[str]]:
+        return ["megatron"], []
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    vpp = f", VPP {summary['vpp']}" if summary["vpp"] else ""
+    return [
+        f"output: Megatron-LM torch_dist, TP {summary['tp']}, PP {summary['pp']}{vpp}, vocabulary padded to "
+        f"{summary['padded_vocab_size']}"
+    ]
