@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from conftest import FIXTURES, ROOT, SHIPPED
 from generate import free_port, peer_python
 from test_cli_and_errors import run_cli
@@ -207,3 +208,34 @@ def test_megatron_refusals(hf_model, tmp_path):
     mixtral = SHIPPED / "mixtral-fsdp2" / "global_step_1" / "actor"
     code, _, err = run_cli("convert", mixtral, tmp_path / "out", "--to", "megatron")
     assert code == 1 and "--to megatron: Mixtral: experts" in err and not (tmp_path / "out").exists()
+
+
+def test_a_tied_head_is_stored_under_both_names(tmp_path):
+    """A tied model's folder holds the embedding once; the state dict DCP loads names it twice (lm_head too)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    config = transformers.Qwen2Config(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    model.save_pretrained(tmp_path / "tied")
+    to_dcp(tmp_path / "tied", tmp_path / "dcp", verify=True)
+    loaded = transformers.Qwen2ForCausalLM(config).eval()
+    state = get_model_state_dict(loaded)
+    assert "lm_head.weight" in state
+    dcp.load(state, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    set_model_state_dict(loaded, state)
+    tokens = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens).logits, model(tokens).logits)
+    unshard.convert(tmp_path / "dcp", tmp_path / "back", progress=False)
+    assert (tmp_path / "back" / "model.safetensors").read_bytes() == (
+        tmp_path / "tied" / "model.safetensors"
+    ).read_bytes()

@@ -22,7 +22,7 @@ import io
 import os
 import pickle
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,20 +50,36 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
         )
     if request.separate_adapter:
         raise UnshardError(f"{request.where}: --to dcp writes the model's weights only: use --lora merge")
-    renamed, shapes = _names(options.names, request), {}
+    outputs = [o.name for g in request.groups.values() for o in g.outputs]
+    tied = _tied_head(request, outputs)
+    renamed, shapes = _names(options.names, request, outputs + list(tied.values())), {}
     for group in request.groups.values():
-        outputs = []
+        chunked_outputs = []
         for output in group.outputs:
             fqn, heads = renamed.get(output.name, (output.name, 0))
-            shapes[fqn] = output.shape
+            also = [renamed.get(tied[output.name], (tied[output.name], 0))[0]] if output.name in tied else []
+            shapes.update(dict.fromkeys([fqn, *also], output.shape))
             head_dim = output.shape[0] // heads if heads else 0
             whole = Piece(fqn, 0, output.shape[0] if output.shape else 0, (0,) * len(output.shape))
-            outputs.append(chunked(output, [whole], head_dim))
-        group.outputs = outputs
+            chunked_outputs.append(chunked(output, [whole], head_dim, also=also))
+        group.outputs = chunked_outputs
     return DCPFolder(options.names, shapes)
 
 
-def _names(names: str, request: FormatRequest) -> dict[str, tuple[str, int]]:
+def _tied_head(request: FormatRequest, outputs: list[str]) -> dict[str, str]:
+    """{the embedding: the output head} where the head is the embedding (tie_word_embeddings): a Hugging Face folder
+    stores it once, but the model's state dict, which DCP loads, has both names."""
+    config = _config(request, required=False)
+    architectures = config.get("architectures") or [""]
+    if "lm_head.weight" in outputs or not config.get("tie_word_embeddings", True):
+        return {}
+    if not architectures[0].endswith(("ForCausalLM", "ForConditionalGeneration")):
+        return {}
+    embeddings = [name for name in outputs if name.endswith("embed_tokens.weight")]
+    return {embeddings[0]: "lm_head.weight"} if len(embeddings) == 1 else {}
+
+
+def _names(names: str, request: FormatRequest, outputs: list[str]) -> dict[str, tuple[str, int]]:
     """Output name -> (its name in the checkpoint, heads whose q or k rows are reordered; 0: none)."""
     if names == "hf":
         return {}
@@ -77,15 +93,16 @@ def _names(names: str, request: FormatRequest) -> dict[str, tuple[str, int]]:
             f"{request.where}: --names torchtitan: {what}: {table.reason}; --names hf writes the Hugging Face names"
         )
     config = _config(request)
-    outputs = [o.name for g in request.groups.values() for o in g.outputs]
     return meta_rules.to_meta(table, family.name, outputs, config, request.where)
 
 
-def _config(request: FormatRequest) -> dict[str, Any]:
+def _config(request: FormatRequest, required: bool = True) -> dict[str, Any]:
     import json
 
     path = request.config_folder / "config.json" if request.config_folder else None
     if path is None or not path.is_file():
+        if not required:
+            return {}
         raise UnshardError(f"{request.where}: --names torchtitan needs the model's config.json (pass --config-from)")
     return {**json.loads(path.read_text()), **request.config_updates}
 
@@ -98,10 +115,11 @@ class Chunks:
     Llama), as each band holds whole heads; zeros written with the last band where the DCP tensor is padded (the
     rows of Megatron's padded vocabulary)."""
 
-    stored: tuple[OutputTensor, ...]  # the chunks, in the order of the rows they hold; then the zeros
+    stored: tuple[OutputTensor, ...]  # the chunks, in the order of the rows they hold; their copies; the zeros
     rows_per_band: int  # rows of a chunk
     head_dim: int = 0  # rows of a q or k head to reorder; 0: none
     padding: int = 0  # how many of `stored`, at its end, are zeros
+    copies: int = 0  # times the chunks are stored again under other names (a tied weight's other name)
     surveys = False
 
     def encode(self, band, start: int) -> dict[str, Any]:
@@ -112,10 +130,13 @@ class Chunks:
             band = band.reshape(-1, 2, half, *band.shape[1:]).swapaxes(1, 2).reshape(band.shape)
         # (a band is a whole number of chunks: one, unless chunks are smaller than an encoding's band)
         first, rows = start // self.rows_per_band, self.rows_per_band
+        chunks = (len(self.stored) - self.padding) // (self.copies + 1)
         pieces = {
-            self.stored[first + i].name: band[i * rows : (i + 1) * rows] for i in range(-(-band.shape[0] // rows))
+            self.stored[copy * chunks + first + i].name: band[i * rows : (i + 1) * rows]
+            for copy in range(self.copies + 1)
+            for i in range(-(-band.shape[0] // rows))
         }
-        if self.padding and first + len(pieces) == len(self.stored) - self.padding:  # (the last band)
+        if self.padding and first + -(-band.shape[0] // rows) == chunks:  # (the last band)
             for zeros in self.stored[-self.padding :]:
                 pieces[zeros.name] = np.zeros(zeros.shape, band.dtype)
         return pieces
@@ -132,9 +153,10 @@ class Piece:
     offsets: tuple[int, ...]
 
 
-def chunked(output: OutputTensor, pieces: list[Piece], head_dim: int = 0, zeros=()) -> OutputTensor:
+def chunked(output: OutputTensor, pieces: list[Piece], head_dim: int = 0, zeros=(), also=()) -> OutputTensor:
     """The output with its encoding: each piece cut into chunks of whole rows, of CHUNK_BYTES at most where the
-    rows allow (a scalar: itself, one chunk, no encoding); `zeros` (fqn, offsets, shape): boxes written as zeros."""
+    rows allow (a scalar: itself, one chunk, no encoding); `zeros` (fqn, offsets, shape): boxes written as zeros;
+    `also`: other DCP names the same chunks are stored under (a tied weight's)."""
     if not output.shape:
         return output
     row_bytes = max(1, output.nbytes_as_is // max(1, output.shape[0]))
@@ -152,8 +174,10 @@ def chunked(output: OutputTensor, pieces: list[Piece], head_dim: int = 0, zeros=
             offsets[row_axis] += at
             shape = (1,) * row_axis + (min(per_chunk, piece.rows - at), *output.shape[1:])
             stored.append(OutputTensor(_chunk_name(piece.fqn, offsets), shape, output.dtype))
+    stored += [replace(c, name=f"{other}@{c.name.rpartition('@')[2]}") for other in also for c in list(stored)]
     stored += [OutputTensor(_chunk_name(fqn, offsets), shape, output.dtype) for fqn, offsets, shape in zeros]
-    return OutputTensor(output.name, output.shape, output.dtype, Chunks(tuple(stored), per_chunk, head_dim, len(zeros)))
+    encoding = Chunks(tuple(stored), per_chunk, head_dim, len(zeros), len(also))
+    return OutputTensor(output.name, output.shape, output.dtype, encoding)
 
 
 def _chunk_name(fqn: str, offsets) -> str:
