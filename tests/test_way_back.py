@@ -239,3 +239,24 @@ def test_a_tied_head_is_stored_under_both_names(tmp_path):
     assert (tmp_path / "back" / "model.safetensors").read_bytes() == (
         tmp_path / "tied" / "model.safetensors"
     ).read_bytes()
+
+
+def test_megatron_args_say_llama3_rope_and_refuse_other_scalings(hf_model, tmp_path):
+    """Megatron-LM's args carry Llama 3.1's rope scaling (--use-rope-scaling and its factor); a scaling they cannot
+    say is refused rather than written as no scaling."""
+    for kind, factor in (("llama3", 32.0), ("yarn", 4.0)):
+        src = tmp_path / f"{kind}-hf"
+        shutil.copytree(hf_model, src)
+        config = json.loads((src / "config.json").read_text())
+        config["rope_parameters"] = {**config.get("rope_parameters", {}), "rope_type": kind, "factor": factor}
+        config["rope_parameters"].update(low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
+        (src / "config.json").write_text(json.dumps(config))
+        out = tmp_path / f"{kind}-megatron"
+        if kind == "yarn":
+            with pytest.raises(unshard.UnshardError, match="rope scaling of type 'yarn'"):
+                unshard.convert(src, out, output=OutputOptions(to="megatron"), progress=False)
+            assert not out.exists()
+            continue
+        unshard.convert(src, out, output=OutputOptions(to="megatron"), progress=False)
+        args = torch.load(out / "release" / "common.pt", weights_only=False)["args"]
+        assert args.use_rope_scaling and args.rope_scaling_factor == factor

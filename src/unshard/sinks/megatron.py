@@ -72,7 +72,7 @@ def plan_sink(request: FormatRequest) -> MegatronFolder:
             zeros = [(where.key, offsets, shape) for offsets, shape in where.zeros]
             outputs.append(chunked(output, boxes, zeros=zeros))
         group.outputs = outputs
-    args = megatron_args(config, signature, options, padded, tied, request.dtype)
+    args = megatron_args(config, signature, options, padded, tied, request.dtype, request.where)
     return MegatronFolder(args, dist_shapes, layers)
 
 
@@ -99,13 +99,23 @@ def _config(request: FormatRequest) -> dict[str, Any]:
     return {**json.loads(path.read_text()), **request.config_updates}
 
 
-def megatron_args(config: dict, signature, options, padded: int, tied: bool, dtype) -> dict[str, Any]:
+def megatron_args(config: dict, signature, options, padded: int, tied: bool, dtype, where: str) -> dict[str, Any]:
     """Megatron-LM's arguments for this model (its argument names), as its pretrain_gpt.py would hold them: what
     its checkpoint loader compares with the run's, and what a converter reads back."""
     heads = config["num_attention_heads"]
     groups = config.get("num_key_value_heads") or heads
-    rope = config.get("rope_parameters") or {}
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    scaling = {}
+    kind = rope.get("rope_type") or rope.get("type") or "default"
+    if kind == "llama3":  # (Megatron-LM's --use-rope-scaling: Llama 3.1's, its factor)
+        scaling = {"use_rope_scaling": True, "rope_scaling_factor": rope.get("factor", 8.0)}
+    elif kind != "default":
+        raise UnshardError(
+            f"{where}: --to megatron: rope scaling of type {kind!r} is not written into Megatron-LM's args yet "
+            "(llama3's is)"
+        )
     return {
+        **scaling,
         "num_layers": config["num_hidden_layers"],
         "hidden_size": config["hidden_size"],
         "ffn_hidden_size": config["intermediate_size"],
