@@ -50,6 +50,18 @@ def to_dcp(src, out, names="hf", max_shard_size="5GB", **options):
     return unshard.convert(src, out, output=output, progress=False, **options)
 
 
+def loader_files(tmp_path) -> list[str]:
+    """dcp_loaders.py's --dcp, --tokens and --out, in a test's folder."""
+    return [
+        "--dcp",
+        str(tmp_path / "dcp"),
+        "--tokens",
+        str(tmp_path / "tokens.pt"),
+        "--out",
+        str(tmp_path / "logits.pt"),
+    ]
+
+
 def hf_logits(folder, tokens):
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     with torch.no_grad():
@@ -73,17 +85,7 @@ def test_fsdp2_at_world_size_3_loads_it(hf_model, tmp_path, monkeypatch):
     to_dcp(hf_model, tmp_path / "dcp", max_shard_size="100KB")
     assert len(list((tmp_path / "dcp").glob("*.distcp"))) > 1
     torch.save(TOKENS, tmp_path / "tokens.pt")
-    done = torchrun(
-        3,
-        str(FIXTURES / "dcp_loaders.py"),
-        "fsdp2",
-        "--dcp",
-        str(tmp_path / "dcp"),
-        "--tokens",
-        str(tmp_path / "tokens.pt"),
-        "--out",
-        str(tmp_path / "logits.pt"),
-    )
+    done = torchrun(3, str(FIXTURES / "dcp_loaders.py"), "fsdp2", *loader_files(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), hf_logits(hf_model, TOKENS), atol=1e-4, rtol=0)
 
@@ -102,12 +104,7 @@ def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
             "torchtitan",
             "--model",
             model,
-            "--dcp",
-            str(tmp_path / "dcp"),
-            "--tokens",
-            str(tmp_path / "tokens.pt"),
-            "--out",
-            str(tmp_path / "logits.pt"),
+            *loader_files(tmp_path),
             "--hf",
             str(src),
         ],
