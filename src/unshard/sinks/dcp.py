@@ -33,7 +33,6 @@ from ..names import meta_rules
 from ..types import FormatRequest, Group, OutputTensor, Plan
 from .hf_folder import HFFolder, copy_model_files
 from .safetensors import FileBytes, Part, SafetensorsFile, bytes_of
-from .staging import OutputFolder
 
 SUMMARY_KEY = "dcp"
 NAMES = ("hf", "torchtitan")
@@ -51,8 +50,9 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
     if request.separate_adapter:
         raise UnshardError(f"{request.where}: --to dcp writes the model's weights only: use --lora merge")
     outputs = [o.name for g in request.groups.values() for o in g.outputs]
-    tied = _tied_head(request, outputs)
-    renamed, shapes = _names(options.names, request, outputs + list(tied.values())), {}
+    config = model_config(request, "--names torchtitan" if options.names != "hf" else None)
+    tied = _tied_head(config, outputs)
+    renamed, shapes = _names(options.names, request, config, outputs + list(tied.values())), {}
     for group in request.groups.values():
         chunked_outputs = []
         for output in group.outputs:
@@ -66,10 +66,9 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
     return DCPFolder(options.names, shapes)
 
 
-def _tied_head(request: FormatRequest, outputs: list[str]) -> dict[str, str]:
+def _tied_head(config: dict[str, Any], outputs: list[str]) -> dict[str, str]:
     """{the embedding: the output head} where the head is the embedding (tie_word_embeddings): a Hugging Face folder
     stores it once, but the model's state dict, which DCP loads, has both names."""
-    config = _config(request, required=False)
     architectures = config.get("architectures") or [""]
     if "lm_head.weight" in outputs or not config.get("tie_word_embeddings", True):
         return {}
@@ -79,7 +78,9 @@ def _tied_head(request: FormatRequest, outputs: list[str]) -> dict[str, str]:
     return {embeddings[0]: "lm_head.weight"} if len(embeddings) == 1 else {}
 
 
-def _names(names: str, request: FormatRequest, outputs: list[str]) -> dict[str, tuple[str, int]]:
+def _names(
+    names: str, request: FormatRequest, config: dict[str, Any], outputs: list[str]
+) -> dict[str, tuple[str, int]]:
     """Output name -> (its name in the checkpoint, heads whose q or k rows are reordered; 0: none)."""
     if names == "hf":
         return {}
@@ -92,18 +93,19 @@ def _names(names: str, request: FormatRequest, outputs: list[str]) -> dict[str, 
         raise UnshardError(
             f"{request.where}: --names torchtitan: {what}: {table.reason}; --names hf writes the Hugging Face names"
         )
-    config = _config(request)
     return meta_rules.to_meta(table, family.name, outputs, config, request.where)
 
 
-def _config(request: FormatRequest, required: bool = True) -> dict[str, Any]:
+def model_config(request: FormatRequest, needed_by: str | None = None) -> dict[str, Any]:
+    """The output's config.json (with the plan's changes); {} where there is none, an error where `needed_by` (the
+    option that needs it) is given."""
     import json
 
     path = request.config_folder / "config.json" if request.config_folder else None
     if path is None or not path.is_file():
-        if not required:
+        if needed_by is None:
             return {}
-        raise UnshardError(f"{request.where}: --names torchtitan needs the model's config.json (pass --config-from)")
+        raise UnshardError(f"{request.where}: {needed_by} needs the model's config.json (pass --config-from)")
     return {**json.loads(path.read_text()), **request.config_updates}
 
 
@@ -233,9 +235,6 @@ class DCPFolder(HFFolder):
             Path(f).name: [s for g in held for o in g.outputs for s in o.stored] for f, held in files.items()
         }
         return files
-
-    def stage(self, out: Path, overwrite: bool, sync: bool = True) -> OutputFolder:
-        return OutputFolder(out, overwrite, sync)
 
     def open(self, path: Path, tensors: list[OutputTensor]) -> DCPFile:
         path.parent.mkdir(exist_ok=True)  # (Megatron's release/)

@@ -30,7 +30,7 @@ from ..errors import UnshardError
 from ..families.parts import Unsupported
 from ..names import megatron_rules
 from ..types import FormatRequest, Plan
-from .dcp import DCPFolder, Piece, chunked, write_metadata
+from .dcp import DCPFolder, Piece, chunked, model_config, write_metadata
 from .hf_folder import copy_model_files
 
 SUMMARY_KEY = "megatron"
@@ -47,7 +47,7 @@ def plan_sink(request: FormatRequest) -> MegatronFolder:
         raise UnshardError("--to megatron writes the weights as they are: leave out --quantize and --gguf-type")
     if request.separate_adapter:
         raise UnshardError(f"{request.where}: --to megatron writes the model's weights only: use --lora merge")
-    config = _config(request)
+    config = model_config(request, "--to megatron")
     family = families.by_model_type(config.get("model_type"))
     rules = family.megatron_out if family is not None else Unsupported("not a family unshard knows")
     if isinstance(rules, Unsupported):
@@ -90,13 +90,6 @@ def _check_parallelism(config: dict[str, Any], options, where: str) -> None:
             raise UnshardError(
                 f"{where}: --to megatron: {size} {what} do not split over {flag} {parts}; choose another"
             )
-
-
-def _config(request: FormatRequest) -> dict[str, Any]:
-    path = request.config_folder / "config.json" if request.config_folder else None
-    if path is None or not path.is_file():
-        raise UnshardError(f"{request.where}: --to megatron needs the model's config.json (pass --config-from)")
-    return {**json.loads(path.read_text()), **request.config_updates}
 
 
 def megatron_args(config: dict, signature, options, padded: int, tied: bool, dtype, where: str) -> dict[str, Any]:
