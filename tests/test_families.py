@@ -106,18 +106,18 @@ def test_gguf_refuses_with_the_reason_it_shows(family, tmp_path):
 
 
 def test_torchtitan_names_of_a_family_without_them_are_refused(tmp_path):
-    """torchtitan's Meta names under a Qwen2 config: the family has no torchtitan table, which the error says."""
-    config = tmp_path / "qwen2"
+    """torchtitan's Meta names under a Phi-3 config: the family has no torchtitan table, which the error says."""
+    config = tmp_path / "phi3"
     config.mkdir()
     (config / "config.json").write_text(
         json.dumps(
-            {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 4, "hidden_size": 64}
+            {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "num_attention_heads": 4, "hidden_size": 64}
         )
     )
     src = next((SHIPPED / "torchtitan-llama3-fsdp2").glob("**/.metadata")).parent
     code, _, err = run_cli("inspect", src, "--config-from", config)
-    reason = families.by_model_type("qwen2").meta_names.reason
-    assert code == 1 and f"torchtitan's names of model_type 'qwen2': {reason}" in err
+    reason = families.by_model_type("phi3").meta_names.reason
+    assert code == 1 and f"torchtitan's names of model_type 'phi3': {reason}" in err
 
 
 def test_merge_moe_makes_the_layouts_the_registry_declares():
@@ -163,7 +163,14 @@ TESTED = {
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
     },
-    "meta_names": {"llama": "torchtitan-llama3-fsdp2", "qwen3": "torchtitan-qwen3-fsdp2"},
+    "meta_names": {
+        "llama": "torchtitan-llama3-fsdp2",
+        "qwen3": "torchtitan-qwen3-fsdp2",
+        "qwen3_moe": "torchtitan-qwen3moe-fsdp2",
+        "deepseek_v3": "torchtitan-deepseekv3-fsdp2",
+        "qwen2": "torchtune-qwen2-fsdp2",
+        "gemma": "torchtune-gemma-fsdp2",
+    },
     # (test_way_back writes them back into Megatron and megatron-core loads them)
     "to_megatron": {
         "llama": "megatron-llama-tp2-pp2-vpp2",
@@ -171,7 +178,12 @@ TESTED = {
         "qwen3": "megatron-qwen3-tp2-dp2",
     },
     # (test_way_back writes torchtitan's names from these fixtures' models and loads them in torchtitan)
-    "to_torchtitan": {"llama": "torchtitan-llama3-fsdp2", "qwen3": "torchtitan-qwen3-fsdp2"},
+    "to_torchtitan": {
+        "llama": "torchtitan-llama3-fsdp2",
+        "qwen3": "torchtitan-qwen3-fsdp2",
+        "qwen3_moe": "torchtitan-qwen3moe-fsdp2",
+        "deepseek_v3": "torchtitan-deepseekv3-fsdp2",
+    },
     "gguf": {
         "llama": "llama-fsdp2-spm",
         "qwen2": "qwen2-fsdp2-spm",

@@ -1,5 +1,6 @@
-"""torchtitan and torchtune checkpoints (Meta's Llama names, interleaved rotary; torchtitan's Qwen3) convert to
-exactly what each library's own Hugging Face converter makes, and the folder's logits match its forward pass."""
+"""torchtitan and torchtune checkpoints (Meta's Llama names, interleaved rotary; torchtitan's Qwen3, Qwen3 MoE and
+DeepSeek-V3, their experts grouped in one tensor per projection; torchtune's Qwen2 and Gemma) convert to exactly
+what each library's own Hugging Face converter makes, and the folder's logits match its forward pass."""
 
 from __future__ import annotations
 
@@ -11,10 +12,22 @@ from safetensors.torch import load_file
 from test_cli_and_errors import run_cli
 
 import unshard
+from unshard import families
 
 transformers = pytest.importorskip("transformers")
-CASES_HERE = ["torchtitan-llama3-fsdp2", "torchtune-llama3-fsdp2", "torchtitan-qwen3-fsdp2"]
+CASES_HERE = [
+    "torchtitan-llama3-fsdp2",
+    "torchtune-llama3-fsdp2",
+    "torchtitan-qwen3-fsdp2",
+    "torchtitan-qwen3moe-fsdp2",
+    "torchtitan-deepseekv3-fsdp2",
+    "torchtune-qwen2-fsdp2",
+    "torchtune-gemma-fsdp2",
+]
 FRESH = [name for name in CASES_HERE if CASES[name].fresh]
+# torchtitan runs its grouped experts in bf16 (GroupedExperts casts the weights and tokens), transformers in fp32: the
+# MoE models' logits agree to bf16's rounding (the tensors themselves are compared bit for bit)
+ATOL = {"torchtitan-qwen3moe-fsdp2": 1e-3, "torchtitan-deepseekv3-fsdp2": 2e-4}
 
 
 def check(name, fixture, out):
@@ -25,14 +38,14 @@ def check(name, fixture, out):
     expected = load_file(fixture / "reference" / "model.safetensors")
     written = load_file(out / "model.safetensors")
     assert sorted(written) == sorted(expected) and result.tensors == len(expected)
-    for name, tensor in expected.items():
-        assert torch.equal(written[name], tensor), name
+    for tensor_name, tensor in expected.items():
+        assert torch.equal(written[tensor_name], tensor), tensor_name
     oracle = torch.load(fixture / "reference" / "logits.pt")
     model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     with torch.no_grad():
         logits = model.eval()(oracle["tokens"]).logits
-    torch.testing.assert_close(logits, oracle["logits"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits, oracle["logits"], atol=ATOL.get(name, 1e-5), rtol=0)
 
 
 @pytest.mark.parametrize("name", CASES_HERE)
@@ -40,6 +53,18 @@ def test_shipped_checkpoint(name, tmp_path):
     check(name, SHIPPED / name, tmp_path / "out")
     info = unshard.inspect(SHIPPED / name / CASES[name].src, config_from=SHIPPED / name / "hf")
     assert info["naming"].startswith(name.split("-")[0])
+
+
+def test_what_transformers_has_no_place_for_is_said():
+    """Qwen3 MoE's load-balancing bias is left out, and inspect says so; DeepSeek-V3's is its router's bias."""
+    found = {}
+    for name in ("torchtitan-qwen3moe-fsdp2", "torchtitan-deepseekv3-fsdp2"):
+        fixture = SHIPPED / name
+        found[name] = unshard.inspect(fixture / CASES[name].src, config_from=fixture / "hf")
+    assert found["torchtitan-qwen3moe-fsdp2"]["dropped"] == [
+        "2 tensors: " + families.by_model_type("qwen3_moe").meta_names["layers.{i}.moe.expert_bias_E"].why
+    ]
+    assert "dropped" not in found["torchtitan-deepseekv3-fsdp2"]
 
 
 @pytest.mark.parametrize("name", FRESH)

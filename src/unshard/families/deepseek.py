@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import CheckpointError
 from ..names import megatron_rules as m
+from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS
 from .llama import TEXT_ONLY
 from .parts import Family, MegatronRules, Unsupported
 
@@ -41,6 +42,36 @@ MEGATRON_SIGMOID_MOE = {
         L + "mlp.shared_experts.up_proj.weight",
     ),
     "decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight": L + "mlp.shared_experts.down_proj.weight",
+}
+
+# torchtitan's DeepSeek-V3 (its DeepSeekV3StateDictAdapter's names): latent attention, the dense first layers'
+# feed_forward, the MoE layers' grouped experts, shared experts and the router's bias. Its rotary turns interleaved
+# pairs, as DeepSeek's weights keep them (transformers' rope_interleave): no rows are permuted.
+T = "layers.{i}."
+TORCHTITAN = {
+    "tok_embeddings.weight": ("model.embed_tokens.weight", None),
+    "norm.weight": ("model.norm.weight", None),
+    "lm_head.weight": ("lm_head.weight", None),
+    T + "attention_norm.weight": (L + "input_layernorm.weight", None),
+    T + "ffn_norm.weight": (L + "post_attention_layernorm.weight", None),
+    T + "attention.wq.weight": (L + "self_attn.q_proj.weight", None),
+    T + "attention.wq_a.weight": (L + "self_attn.q_a_proj.weight", None),
+    T + "attention.q_norm.weight": (L + "self_attn.q_a_layernorm.weight", None),
+    T + "attention.wq_b.weight": (L + "self_attn.q_b_proj.weight", None),
+    T + "attention.wkv_a.weight": (L + "self_attn.kv_a_proj_with_mqa.weight", None),
+    T + "attention.kv_norm.weight": (L + "self_attn.kv_a_layernorm.weight", None),
+    T + "attention.wkv_b.weight": (L + "self_attn.kv_b_proj.weight", None),
+    T + "attention.wo.weight": (L + "self_attn.o_proj.weight", None),
+    **{
+        T + f"feed_forward.{w}.weight": (L + f"mlp.{p}.weight", None)
+        for w, p in (("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj"))
+    },
+    **{
+        T + f"moe.shared_experts.{w}.weight": (L + f"mlp.shared_experts.{p}.weight", None)
+        for w, p in (("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj"))
+    },
+    **TORCHTITAN_ROUTED_EXPERTS,
+    T + "moe.expert_bias_E": (L + "mlp.gate.e_score_correction_bias", None),
 }
 
 
@@ -135,7 +166,8 @@ FAMILIES = (
             m.Signature(experts=True, shared_experts=True, sigmoid_router=True, latent_attention=True, qk_norm=None),
             _config,
         ),
-        meta_names=Unsupported("torchtitan's DeepSeek-V3 names are not mapped yet"),
+        meta_names=TORCHTITAN,
+        torchtitan_names=TORCHTITAN,
         fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
         gguf=Unsupported("llama.cpp's deepseek2 (its split kv_b_proj) is not written by unshard yet"),
         mmproj=TEXT_ONLY,
@@ -143,6 +175,7 @@ FAMILIES = (
         notes={
             "megatron_legacy": "multi-latent attention, dense first layers; MTP layers are left out",
             "megatron_dist": "multi-latent attention, dense first layers; MTP layers are left out",
+            "meta_names": "torchtitan's names (its MTP layers are not mapped yet)",
         },
     ),
 )

@@ -11,8 +11,8 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
 from .gguf_hooks import check_query_scale, json_or_empty, special_vocab, text_hyperparameters
-from .llama import SIBLINGS, TEXT_ONLY
-from .parts import Family, GGUFPart, Unsupported
+from .llama import SIBLINGS, TEXT_ONLY, TORCHTUNE, TORCHTUNE_ENDS
+from .parts import NO_META_NAMES, Family, GGUFPart, Unsupported
 
 GEMMA_HPARAMS = (
     "max_position_embeddings",
@@ -140,7 +140,6 @@ def gemma3_after_vocabulary(writer, hparams: dict, folder: Path) -> None:
 
 
 MEGATRON = Unsupported("Megatron's Gemma layout (GeGLU, the embedding's scale, 1 + weight norms) is not mapped yet")
-META = Unsupported("torchtitan's and torchtune's names are mapped for Llama and Mistral only so far")
 DENSE_ONLY = Unsupported("a dense family; merge-moe assembles no MoE from Gemma models", applies=False)
 GEMMA3 = GGUFPart(
     "GEMMA3", hyperparameters=gemma3_hyperparameters, after_vocabulary=gemma3_after_vocabulary, norm_shift=1.0
@@ -169,13 +168,15 @@ FAMILIES = (
             tie_default=True,
         ),
         megatron=MEGATRON,
-        meta_names=META,
+        # torchtune's Gemma: Llama's torchtune names (q and k rows permuted as Llama's), the head tied to the embedding
+        meta_names={**TORCHTUNE, **TORCHTUNE_ENDS},
         fused_siblings=SIBLINGS,
         gguf=GGUFPart(
             "GEMMA", hyperparameters=gemma_hyperparameters, after_vocabulary=gemma_after_vocabulary, norm_shift=1.0
         ),
         mmproj=TEXT_ONLY,
         moe_layout=DENSE_ONLY,
+        notes={"meta_names": "torchtune's names (torchtitan has no Gemma)"},
     ),
     Family(
         "Gemma 2",
@@ -191,7 +192,7 @@ FAMILIES = (
             tie_default=True,
         ),
         megatron=MEGATRON,
-        meta_names=META,
+        meta_names=NO_META_NAMES,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart(
             "GEMMA2", hyperparameters=gemma2_hyperparameters, after_vocabulary=no_space_prefix, norm_shift=1.0
@@ -205,7 +206,7 @@ FAMILIES = (
         "Gemma3ForCausalLM",
         tensors=GEMMA3_TABLE,
         megatron=MEGATRON,
-        meta_names=META,
+        meta_names=NO_META_NAMES,
         fused_siblings=SIBLINGS,
         gguf=GEMMA3,
         mmproj=TEXT_ONLY,
@@ -217,7 +218,7 @@ FAMILIES = (
         "Gemma3ForConditionalGeneration",
         tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
         megatron=MEGATRON,
-        meta_names=META,
+        meta_names=NO_META_NAMES,
         fused_siblings=SIBLINGS,
         gguf=GEMMA3,
         mmproj="GEMMA3",

@@ -9,7 +9,7 @@ from typing import Any
 from ..names import megatron_rules as m
 from .deepseek import MEGATRON_SIGMOID_MOE, sigmoid_moe_config
 from .llama import TEXT_ONLY
-from .parts import Family, MegatronRules, Unsupported
+from .parts import NO_META_NAMES, Family, MegatronRules, Unsupported
 
 
 def _config(args: dict[str, Any]) -> dict[str, Any]:
@@ -39,9 +39,7 @@ FAMILIES = (
             ),
             _config,
         ),
-        meta_names=Unsupported(
-            "torchtitan's and torchtune's names are mapped for Llama, Mistral and Qwen3 only so far"
-        ),
+        meta_names=NO_META_NAMES,
         fused_siblings=(("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj")),
         gguf=Unsupported("llama.cpp's glm4moe is not written by unshard yet"),
         mmproj=TEXT_ONLY,

@@ -49,6 +49,11 @@ TORCHTITAN_BEFORE_0_3 = {
     },
 }
 META_NAMES = {**TORCHTITAN, **TORCHTITAN_BEFORE_0_3, **TORCHTUNE}  # the name sets do not overlap
+# torchtune's embedding and head (its head `output`, left out where tied to the embedding)
+TORCHTUNE_ENDS = {
+    "tok_embeddings.weight": ("model.embed_tokens.weight", None),
+    "output.weight": ("lm_head.weight", None),
+}
 
 # The Linear layers vLLM runs as one (--quantize's shared global scales) in Llama's layout
 SIBLINGS = (("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..names import megatron_rules as m
 from .llama import GGUF, TEXT_ONLY
-from .parts import Family, MegatronRules, MoELayout, Unsupported
+from .parts import NO_META_NAMES, Family, MegatronRules, MoELayout, Unsupported
 
 L = m.L
 MEGATRON_MOE = {
@@ -31,7 +31,7 @@ FAMILIES = (
         "MixtralForCausalLM",
         tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
         megatron=MegatronRules({**m.COMMON, **MEGATRON_MOE}, m.Signature(experts=True), _config),
-        meta_names=Unsupported("torchtitan's and torchtune's names are mapped for Llama and Mistral only so far"),
+        meta_names=NO_META_NAMES,
         # (w1 and w3 on disk; gate and up where transformers names them so)
         fused_siblings=(("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj"), ("w1", "w3")),
         gguf=GGUF,

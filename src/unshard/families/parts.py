@@ -67,6 +67,11 @@ DEFAULT_FUSED_SIBLINGS = (
 
 # merge-moe: a config setting that is the dense model's intermediate size
 INTERMEDIATE = object()
+# Where a family has no torchtitan or torchtune names (`meta_names`) in its module
+NO_META_NAMES = Unsupported(
+    "torchtitan's and torchtune's names are mapped for Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3 and Gemma "
+    "only so far"
+)
 
 
 @dataclass(frozen=True)
@@ -99,15 +104,15 @@ class Family:
     # transformers is asked once per config (3-4 s, then remembered).
     tensors: Any
     megatron: MegatronRules | Unsupported  # Megatron-LM's legacy and torch_dist checkpoints
-    meta_names: dict[str, tuple[str, str | None]] | Unsupported  # torchtitan's and torchtune's names (names.meta_rules)
+    meta_names: dict[str, Any] | Unsupported  # torchtitan's and torchtune's names (names.meta_rules: the rule kinds)
     fused_siblings: tuple[tuple[str, ...], ...] | Unsupported  # --quantize: Linear layers vLLM runs as one
     gguf: GGUFPart | Unsupported
     mmproj: str | Unsupported  # llama.cpp's projector type of the vision part's file
     moe_layout: MoELayout | Unsupported  # what merge-moe assembles as this family
     # The names torchtitan's current state-dict adapter gives this family (what `--to dcp --names torchtitan` writes);
     # among meta_names, which also holds older torchtitan's and torchtune's for reading.
-    torchtitan_names: dict[str, tuple[str, str | None]] | Unsupported = Unsupported(
-        "torchtitan's names are written for Llama and Qwen3 so far"
+    torchtitan_names: dict[str, Any] | Unsupported = Unsupported(
+        "torchtitan's names are written for Llama, Qwen3, Qwen3-MoE and DeepSeek-V3 so far"
     )
     notes: dict[str, str] = field(default_factory=dict)  # path -> what to know where it says yes
 

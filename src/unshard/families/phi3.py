@@ -10,7 +10,7 @@ from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
 from .gguf_hooks import rope_parameters, rotary_dimensions
 from .llama import TEXT_ONLY
-from .parts import Family, GGUFPart, Unsupported
+from .parts import NO_META_NAMES, Family, GGUFPart, Unsupported
 
 
 def phi3_rope_factors(writer, hparams: dict, rope: dict, where: Path) -> dict[str, list[float]]:
@@ -82,7 +82,7 @@ FAMILIES = (
         "Phi3ForCausalLM",
         tensors=t.TensorTable("Phi3ForCausalLM", t.SIZES, t.FUSED_LAYER, {}, pad_token_default=32000),
         megatron=Unsupported("Megatron's Phi-3 layout is not mapped yet"),
-        meta_names=Unsupported("torchtitan's and torchtune's names are mapped for Llama and Mistral only so far"),
+        meta_names=NO_META_NAMES,
         fused_siblings=(),  # (q, k and v are one Linear layer already, as are gate and up)
         gguf=GGUFPart("PHI3", hyperparameters=phi3_hyperparameters, computed=phi3_computed, phi3_tokens=True),
         mmproj=TEXT_ONLY,

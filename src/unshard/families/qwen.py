@@ -5,10 +5,18 @@ from __future__ import annotations
 
 from ..names import dense_tables as t
 from ..names import megatron_rules as m
-from .llama import MEGATRON_RULES, SIBLINGS, TEXT_ONLY, TORCHTITAN, TORCHTITAN_BEFORE_0_3, L
+from .llama import (
+    MEGATRON_RULES,
+    SIBLINGS,
+    TEXT_ONLY,
+    TORCHTITAN,
+    TORCHTITAN_BEFORE_0_3,
+    TORCHTUNE,
+    TORCHTUNE_ENDS,
+    L,
+)
 from .parts import Family, GGUFPart, MegatronRules, Unsupported
 
-META = Unsupported("torchtitan's and torchtune's names are mapped for Llama, Mistral and Qwen3 only so far")
 # torchtitan's Qwen3 (the names its Qwen3StateDictAdapter maps): Llama's, with q and k norms; its rotary already
 # turns halves of each head, as transformers' does, so no rows are permuted
 TORCHTITAN_QWEN3 = {
@@ -17,6 +25,12 @@ TORCHTITAN_QWEN3 = {
     "layers.{i}.attention.k_norm.weight": (L + "self_attn.k_norm.weight", None),
 }
 TORCHTITAN_QWEN3_BEFORE_0_3 = {name: (hf, None) for name, (hf, _) in TORCHTITAN_BEFORE_0_3.items()}
+# torchtune's Qwen2 (and Qwen2.5; its qwen2_tune_to_hf): Llama's torchtune names with q, k and v biases, and no rows
+# permuted (its rotary turns halves of each head, as transformers')
+TORCHTUNE_QWEN2 = {
+    **{name: (hf, None) for name, (hf, _) in {**TORCHTUNE, **TORCHTUNE_ENDS}.items()},
+    **{f"layers.{{i}}.attn.{p}_proj.bias": (L + f"self_attn.{p}_proj.bias", None) for p in "qkv"},
+}
 
 FAMILIES = (
     Family(
@@ -27,11 +41,12 @@ FAMILIES = (
             "Qwen2ForCausalLM", {**t.SIZES, "num_key_value_heads": 32}, {**t.LAYER, **t.QKV_BIAS}, {}
         ),
         megatron=MegatronRules(MEGATRON_RULES, m.Signature(qkv_bias=True)),
-        meta_names=META,
+        meta_names=TORCHTUNE_QWEN2,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart("QWEN2"),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family: merge-moe assembles Qwen MoE from it", applies=False),
+        notes={"meta_names": "torchtune's names (torchtitan has no Qwen2)"},
     ),
     Family(
         "Qwen3",

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from ..names import megatron_rules as m
+from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS, Zeros
 from .llama import SIBLINGS, TEXT_ONLY
-from .parts import INTERMEDIATE, Family, GGUFPart, MegatronRules, MoELayout, Unsupported
+from .parts import INTERMEDIATE, NO_META_NAMES, Family, GGUFPart, MegatronRules, MoELayout, Unsupported
+from .qwen import TORCHTITAN_QWEN3, TORCHTITAN_QWEN3_BEFORE_0_3
 
 L = m.L
 MEGATRON_MOE = {
@@ -62,7 +64,18 @@ def _gguf(arch: str, arch_name: str, renormalised: bool) -> GGUFPart:
 
 
 SAME = {p: p for p in ("gate_proj", "up_proj", "down_proj")}
-META = Unsupported("torchtitan's and torchtune's names are mapped for Llama and Mistral only so far")
+# torchtitan's Qwen3 MoE: Qwen3's attention and norms, its grouped experts and router; the load-balancing bias it
+# routes by (when trained with load_balance_coeff) has no place in transformers' Qwen3-MoE, whose routing has none:
+# left out when read, as torchtitan's own Qwen3StateDictAdapter drops it; zeros when written (torchtitan starts so)
+TORCHTITAN_QWEN3_MOE = {
+    **TORCHTITAN_QWEN3,
+    **TORCHTITAN_ROUTED_EXPERTS,
+    "layers.{i}.moe.expert_bias_E": Zeros(
+        L + "mlp.gate.weight",
+        "torchtitan's load-balancing expert bias (transformers' Qwen3-MoE routes without one, as torchtitan's "
+        "own Qwen3StateDictAdapter drops it)",
+    ),
+}
 TABLE = Unsupported("not written down: transformers is asked once per config (then remembered)")
 
 FAMILIES = (
@@ -74,7 +87,7 @@ FAMILIES = (
         megatron=MegatronRules(
             {**m.COMMON, **MEGATRON_MOE}, m.Signature(qkv_bias=True, experts=True, shared_experts=True), _config
         ),
-        meta_names=META,
+        meta_names=NO_META_NAMES,
         fused_siblings=SIBLINGS,
         gguf=_gguf("QWEN2MOE", "qwen2moe", False),
         mmproj=TEXT_ONLY,
@@ -106,7 +119,8 @@ FAMILIES = (
         "Qwen3MoeForCausalLM",
         tensors=TABLE,
         megatron=MegatronRules({**m.COMMON, **MEGATRON_MOE}, m.Signature(qk_norm=True, experts=True), _config),
-        meta_names=META,
+        meta_names={**TORCHTITAN_QWEN3_MOE, **TORCHTITAN_QWEN3_BEFORE_0_3},
+        torchtitan_names=TORCHTITAN_QWEN3_MOE,
         fused_siblings=SIBLINGS,
         gguf=_gguf("QWEN3MOE", "qwen3moe", True),
         mmproj=TEXT_ONLY,

@@ -4,11 +4,10 @@ and quantize with their vision towers left as they are; no other path knows them
 
 from __future__ import annotations
 
-from .parts import DEFAULT_FUSED_SIBLINGS, Family, Unsupported
+from .parts import DEFAULT_FUSED_SIBLINGS, NO_META_NAMES, Family, Unsupported
 
 TABLE = Unsupported("not written down: transformers is asked once per config (then remembered)")
 MEGATRON = Unsupported("verl's Megatron vision-language layouts are not mapped yet")
-META = Unsupported("torchtitan's and torchtune's names are mapped for Llama and Mistral only so far")
 NO_MOE = Unsupported("a dense family; merge-moe assembles no MoE from vision-language models", applies=False)
 
 
@@ -19,7 +18,7 @@ def _family(name: str, model_type: str, architecture: str, llama_cpp: str) -> Fa
         architecture,
         tensors=TABLE,
         megatron=MEGATRON,
-        meta_names=META,
+        meta_names=NO_META_NAMES,
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
         gguf=Unsupported(f"llama.cpp's {llama_cpp} text model is not written by unshard yet"),
         mmproj=Unsupported(f"llama.cpp's {llama_cpp} projector is not written by unshard yet"),

@@ -6,12 +6,19 @@ interleaved pairs (complex numbers); Hugging Face's Llama rotates the two halves
 same weights serve both once the rows of each q and k head are reordered: HF row (head, half, i) is
 row (head, 2 i + half) here. The head counts come from the Hugging Face config (--config-from),
 which these checkpoints do not carry.
+
+A table maps each name (layer as {i}) to (Hugging Face name, which rotary permutation: "q", "k" or None), and
+two kinds more: a Hugging Face name with {e} is one tensor per index of the first axis (torchtitan's grouped
+experts, [experts, rows, columns]: expert e's is `[e]`), and `Zeros`: the trainer's state that no Hugging Face
+tensor holds (a load-balancing buffer), skipped when read, zeros when written (the trainer loads every name it has).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,6 +26,26 @@ if TYPE_CHECKING:
 
 
 LAYER = re.compile(r"^layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Zeros:
+    """A table's rule for a trainer's tensor no Hugging Face tensor holds: skipped when read (`why`), and written as
+    zeros, one per row of the Hugging Face tensor `rows_of` (of the same layer)."""
+
+    rows_of: str
+    why: str
+
+
+# torchtitan's (0.3) MoE layer, as its MoE state-dict adapters map it: the routed experts' weights grouped on a first
+# axis (the suffix names the axes: Experts, FFN width, model Dim), the router's gate; Qwen3-MoE and DeepSeek-V3 alike
+_E = "model.layers.{i}.mlp."
+TORCHTITAN_ROUTED_EXPERTS = {
+    "layers.{i}.moe.routed_experts.inner_experts.w1_EFD": (_E + "experts.{e}.gate_proj.weight", None),
+    "layers.{i}.moe.routed_experts.inner_experts.w3_EFD": (_E + "experts.{e}.up_proj.weight", None),
+    "layers.{i}.moe.routed_experts.inner_experts.w2_EDF": (_E + "experts.{e}.down_proj.weight", None),
+    "layers.{i}.moe.router.gate.weight": (_E + "gate.weight", None),
+}
 
 
 def trainer(names) -> str | None:
@@ -37,21 +64,28 @@ def interleaved_to_halves(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def rename(
-    table: dict[str, tuple[str, str | None]], family: str, names, config: dict[str, Any], where: str
-) -> tuple[dict[str, str], dict[str, Callable]]:
-    """(torchtitan name -> HF name, HF name -> transform) by the family's table: name (layer as {i}) -> (Hugging
-    Face name, which rotary permutation: q, k or None)."""
+    table: dict[str, Any], family: str, shapes: dict[str, tuple[int, ...]], config: dict[str, Any], where: str
+) -> tuple[dict[str, str | list[str]], dict[str, Callable], dict[str, str]]:
+    """By the family's table: (trainer's name -> Hugging Face name, or the list of names the first axis stacks;
+    Hugging Face name -> transform; trainer's name skipped -> why)."""
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
-    renamed, transforms, unknown = {}, {}, []
-    for name in names:
+    renamed, transforms, skipped, unknown = {}, {}, {}, []
+    for name, shape in shapes.items():
         match = LAYER.match(name)
         key = LAYER.sub("layers.{i}.", name) if match else name
         if key not in table:
             unknown.append(name)
             continue
+        if isinstance(table[key], Zeros):
+            skipped[name] = table[key].why
+            continue
         hf, rotary = table[key]
-        hf = hf.format(i=match.group(1)) if match else hf
+        layer = match.group(1) if match else None
+        if "{e}" in hf:
+            renamed[name] = [hf.format(i=layer, e=e) for e in range(shape[0])]
+            continue
+        hf = hf.format(i=layer) if match else hf
         renamed[name] = hf
         if rotary:
             transforms[hf] = interleaved_to_halves(heads if rotary == "q" else kv_heads)
@@ -62,28 +96,57 @@ def rename(
             f"{where}: {len(unknown)} tensors have no rule in unshard's table of {family} names (e.g. {unknown[0]}); "
             "`unshard families` says which trainers' names it maps for each family; report the model if it should"
         )
-    return renamed, transforms
+    return renamed, transforms, skipped
+
+
+@dataclass(frozen=True)
+class MetaName:
+    """Where a Hugging Face tensor goes among a trainer's names: tensor `fqn`, at index `stacked` of its first axis
+    (an expert of grouped experts) or whole (()); q or k rows reordered from halves to interleaved pairs in heads of
+    `rotary_heads` (0: none); `zeros`: (name, rows) of a tensor of zeros written beside it (see Zeros)."""
+
+    fqn: str
+    rotary_heads: int = 0
+    stacked: tuple[int, ...] = ()
+    zeros: tuple[tuple[str, int], ...] = ()
 
 
 def to_meta(
-    table: dict[str, tuple[str, str | None]], family: str, names, config: dict[str, Any], where: str
-) -> dict[str, tuple[str, int]]:
-    """The other way (writing torchtitan's names): Hugging Face name -> (the table's name, heads whose q or k rows
-    go from halves to interleaved pairs; 0: none). Every name must have a rule."""
+    table: dict[str, Any], family: str, shapes: dict[str, tuple[int, ...]], config: dict[str, Any], where: str
+) -> tuple[dict[str, MetaName], dict[str, tuple[int, ...]]]:
+    """The other way (writing torchtitan's names): Hugging Face name -> MetaName; and each stacked tensor's shape
+    (experts first). Every name must have a rule."""
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
-    rules = []
-    for meta, (hf, rotary) in table.items():
-        pattern = re.compile("^" + re.escape(hf).replace(r"\{i\}", r"(\d+)") + "$")
-        rules.append((pattern, meta, {"q": heads, "k": kv_heads}.get(rotary or "", 0)))
-    renamed, unknown = {}, []
-    for name in names:
-        for pattern, meta, permuted in rules:
+    rules, zeros_of = [], {}
+    for meta, rule in table.items():
+        if isinstance(rule, Zeros):
+            zeros_of.setdefault(rule.rows_of, []).append(meta)
+            continue
+        hf, rotary = rule
+        pattern = re.escape(hf).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)")
+        rules.append((re.compile(f"^{pattern}$"), hf, meta, {"q": heads, "k": kv_heads}.get(rotary or "", 0)))
+    renamed, stacked_shapes, unknown = {}, {}, []
+    for name, shape in shapes.items():
+        for pattern, hf, meta, rotary_heads in rules:
             if match := pattern.match(name):
-                renamed[name] = (meta.format(i=match.group(1)) if match.groups() else meta, permuted)
+                found = match.groupdict()
+                fqn = meta.format(i=found.get("i"))
+                zeros = tuple((z.format(i=found.get("i")), shape[0]) for z in zeros_of.get(hf, ()))
+                stacked = (int(found["e"]),) if "e" in found else ()
+                renamed[name] = MetaName(fqn, rotary_heads, stacked, zeros)
+                if stacked:
+                    experts = max(stacked_shapes.get(fqn, (0,))[0], stacked[0] + 1)
+                    stacked_shapes[fqn] = (experts, *shape)
                 break
         else:
             unknown.append(name)
+    counts = Counter(m.fqn for m in renamed.values() if m.stacked)
+    for fqn, count in counts.items():
+        if count != stacked_shapes[fqn][0]:
+            from ..errors import UnshardError
+
+            raise UnshardError(f"{where}: {fqn} stacks {stacked_shapes[fqn][0]} experts, but only {count} are here")
     if unknown:
         from ..errors import UnshardError
 
@@ -91,4 +154,4 @@ def to_meta(
             f"{where}: {len(unknown)} tensors have no torchtitan name in unshard's table of {family} names (e.g. "
             f"{unknown[0]}); --names hf writes the Hugging Face names"
         )
-    return renamed
+    return renamed, stacked_shapes

@@ -52,18 +52,28 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
     outputs = [o.name for g in request.groups.values() for o in g.outputs]
     config = model_config(request, "--names torchtitan" if options.names != "hf" else None)
     tied = _tied_head(config, outputs)
-    renamed, shapes = _names(options.names, request, config, outputs + list(tied.values())), {}
+    shapes = {o.name: o.shape for g in request.groups.values() for o in g.outputs}
+    shapes.update((head, shapes[embedding]) for embedding, head in tied.items())
+    renamed, stacked = _names(options.names, request, config, shapes)
+    dcp_shapes = dict(stacked)
+
+    def place(name: str) -> meta_rules.MetaName:
+        return renamed.get(name) or meta_rules.MetaName(name)
+
     for group in request.groups.values():
         chunked_outputs = []
         for output in group.outputs:
-            fqn, heads = renamed.get(output.name, (output.name, 0))
-            also = [renamed.get(tied[output.name], (tied[output.name], 0))[0]] if output.name in tied else []
-            shapes.update(dict.fromkeys([fqn, *also], output.shape))
-            head_dim = output.shape[0] // heads if heads else 0
-            whole = Piece(fqn, 0, output.shape[0] if output.shape else 0, (0,) * len(output.shape))
-            chunked_outputs.append(chunked(output, [whole], head_dim, also=also))
+            to = place(output.name)
+            also = [place(tied[output.name]).fqn] if output.name in tied else []
+            if not to.stacked:
+                dcp_shapes.update(dict.fromkeys([to.fqn, *also], output.shape))
+            dcp_shapes.update((fqn, (rows,)) for fqn, rows in to.zeros)
+            head_dim = output.shape[0] // to.rotary_heads if to.rotary_heads else 0
+            whole = Piece(to.fqn, 0, output.shape[0] if output.shape else 0, (*to.stacked, *(0,) * len(output.shape)))
+            zeros = [(fqn, (0,), (rows,)) for fqn, rows in to.zeros]
+            chunked_outputs.append(chunked(output, [whole], head_dim, zeros=zeros, also=also))
         group.outputs = chunked_outputs
-    return DCPFolder(options.names, shapes)
+    return DCPFolder(options.names, dcp_shapes)
 
 
 def _tied_head(config: dict[str, Any], outputs: list[str]) -> dict[str, str]:
@@ -79,11 +89,11 @@ def _tied_head(config: dict[str, Any], outputs: list[str]) -> dict[str, str]:
 
 
 def _names(
-    names: str, request: FormatRequest, config: dict[str, Any], outputs: list[str]
-) -> dict[str, tuple[str, int]]:
-    """Output name -> (its name in the checkpoint, heads whose q or k rows are reordered; 0: none)."""
+    names: str, request: FormatRequest, config: dict[str, Any], shapes: dict[str, tuple[int, ...]]
+) -> tuple[dict[str, meta_rules.MetaName], dict[str, tuple[int, ...]]]:
+    """Output name -> where it goes in the checkpoint (none: under its own name); each stacked tensor's shape."""
     if names == "hf":
-        return {}
+        return {}, {}
     if names not in NAMES:
         raise UnshardError(f"--names {names!r}: give one of {', '.join(NAMES)}")
     family = families.by_model_type(request.model_type)
@@ -93,7 +103,7 @@ def _names(
         raise UnshardError(
             f"{request.where}: --names torchtitan: {what}: {table.reason}; --names hf writes the Hugging Face names"
         )
-    return meta_rules.to_meta(table, family.name, outputs, config, request.where)
+    return meta_rules.to_meta(table, family.name, shapes, config, request.where)
 
 
 def model_config(request: FormatRequest, needed_by: str | None = None) -> dict[str, Any]:

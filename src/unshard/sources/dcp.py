@@ -12,9 +12,10 @@ import dataclasses
 import io
 import math
 import re
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import dtypes, families
 from ..errors import CheckpointError
@@ -23,6 +24,7 @@ from . import safe_pickle, torch_archives
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
 from .dcp_safetensors import byte_places
 from .placements import Block
+from .torch_archives import StoredTensor
 
 if TYPE_CHECKING:
     import torch
@@ -271,33 +273,80 @@ def chunk_location(folder: Path, storage: dict, fqn: str, offsets: tuple[int, ..
     return path, info
 
 
-class DcpFolder(Checkpoint):
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """A stored chunk as pieces read it: where its bytes are (a `_StorageInfo`), its dtype and sizes, and which
+    tensor stacked on its leading axes a piece takes (`index`; () for the whole chunk). A piece's `part` is its
+    chunk's place in the reader's list."""
+
+    info: Any
+    dtype: dtypes.DType
+    sizes: tuple[int, ...]
+    index: tuple[int, ...] = ()
+
+
+class ChunkReader:
+    """Reads pieces of a Checkpoint from DCP chunks (see `Chunk`); mixed into the DCP readers before Checkpoint.
+
+    A chunk may hold several output tensors: stacked layers or experts (Megatron's torch_dist, torchtitan's
+    grouped experts), or fused ones (Megatron's QKV, gate/up), planned one after the other: the last few chunks
+    read are kept (views of the file's map, not copies), so each is read from disk once."""
+
+    KEEP = 4
+
+    def use_chunks(self, chunks: list[Chunk]) -> None:
+        self._chunks, self._recent, self._lock = chunks, OrderedDict(), threading.Lock()
+        self._stored: dict[int, StoredTensor | None] = {}
+        self._starts: dict[tuple[Path, str, int], int | None] = {}
+
     def local_tensor(self, piece: Piece) -> torch.Tensor:
-        info = self._storage[(piece.key, piece.block.global_offsets)]
-        return read_chunk(
-            piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key, self.map_file(piece.file)
-        )
+        chunk = self._chunks[piece.part]
+        key = (piece.file, piece.key, chunk.info.offset)  # (a chunk of several tensors: read once for all of them)
+        with self._lock:
+            tensor = self._recent.get(key)
+        if tensor is None:
+            tensor = read_chunk(piece.file, chunk.info, chunk.dtype, chunk.sizes, piece.key, self.map_file(piece.file))
+            with self._lock:
+                self._recent[key] = tensor
+                while len(self._recent) > self.KEEP:
+                    self._recent.popitem(last=False)
+        return tensor[chunk.index]
 
     def file_map(self, file: Path) -> torch.UntypedStorage:
         return self.map_file(file)  # chunks are loaded as views of it
 
     def file_offset(self, piece: Piece) -> int | None:
-        """Read from the chunk's own header (without torch): a piece is a whole chunk. Kept, since a
-        chunk of columns is asked once per band and each asking opens the file."""
-        if piece not in self._offsets:
-            info = self._storage[(piece.key, piece.block.global_offsets)]
-            self._offsets[piece] = chunk_offset(piece.file, info, self._dtypes[piece.key], piece.block.sizes, piece.key)
-        return self._offsets[piece]
+        """Where the piece lies in its chunk, and the chunk in its file (read from the chunk's own header,
+        without torch, once: a chunk of columns is asked once per band)."""
+        if piece.part not in self._stored:
+            chunk = self._chunks[piece.part]
+            key = (piece.file, piece.key, chunk.info.offset)  # (offset 0 for every chunk of a safetensors .distcp)
+            if key not in self._starts:
+                self._starts[key] = chunk_offset(piece.file, chunk.info, chunk.dtype, chunk.sizes, piece.key)
+            start = self._starts[key]
+            if start is not None:  # (the index-th stacked tensor of the chunk)
+                before = sum(i * math.prod(chunk.sizes[d + 1 :]) for d, i in enumerate(chunk.index))
+                start += before * chunk.dtype.itemsize
+            sizes = chunk.sizes[len(chunk.index) :]
+            self._stored[piece.part] = None if start is None else StoredTensor.at(start, chunk.dtype, sizes)
+        stored = self._stored[piece.part]
+        return None if stored is None else stored.offset_of(piece.block.local_offsets, piece.block.sizes)
 
     def archive_of(self, piece: Piece) -> tuple[int, int | None]:
-        info = self._storage[(piece.key, piece.block.global_offsets)]
+        info = self._chunks[piece.part].info
         return info.offset, info.length
 
     def release(self, piece: Piece) -> None:
         if piece.file in self.maps:  # (not mapped: the chunk was read as bytes, or not yet)
-            info = self._storage[(piece.key, piece.block.global_offsets)]
+            info = self._chunks[piece.part].info
             safe_pickle.forget_bytes(self.maps[piece.file].data_ptr() + info.offset, info.length)
 
+    def close(self) -> None:
+        self._recent.clear()
+        super().close()
+
+
+class DcpFolder(ChunkReader, Checkpoint):
     def fit_config(self, config: dict | None) -> None:
         """torchtitan and torchtune save Meta's names: rename them by the family's table once the config gives the
         family and the head counts."""
@@ -308,12 +357,42 @@ class DcpFolder(Checkpoint):
         if family is None or not families.supports(family, "meta_names"):
             why = family.meta_names.reason if family else "not a family unshard knows (unshard families)"
             raise CheckpointError(f"{self.path}: {trainer}'s names of model_type {config.get('model_type')!r}: {why}")
-        renamed, self.transforms = meta_rules.rename(
-            family.meta_names, family.name, self.tensors, config, str(self.path)
+        shapes = {name: tensor.shape for name, tensor in self.tensors.items()}
+        renamed, self.transforms, skipped = meta_rules.rename(
+            family.meta_names, family.name, shapes, config, str(self.path)
         )
-        self.tensors = {renamed[n]: dataclasses.replace(t, name=renamed[n]) for n, t in self.tensors.items()}
+        tensors = {}
+        for name, tensor in self.tensors.items():
+            if name in skipped:
+                continue
+            new = renamed[name]
+            if isinstance(new, str):
+                tensors[new] = dataclasses.replace(tensor, name=new)
+            else:
+                tensors.update((hf, self._unstacked(tensor, index, hf)) for index, hf in enumerate(new))
+        # The tensors keep the checkpoint's order, but grouped experts, whose places among the others no order of
+        # the groups can give: then the order save_pretrained's files have (safetensors sorts a file's tensors by
+        # name), so a Hugging Face model written with these names and read back is the same file
+        grouped = any(not isinstance(new, str) for new in renamed.values())
+        self.tensors = dict(sorted(tensors.items())) if grouped else tensors
         permuted = " (q/k rows permuted to Hugging Face's rotary layout)" if self.transforms else ""
         self.facts["naming"] = f"{trainer}'s {family.name} names{permuted}"
+        for why, count in Counter(skipped.values()).items():
+            self.facts.setdefault("dropped", []).append(f"{count} tensors: {why}")
+
+    def _unstacked(self, tensor: SourceTensor, index: int, name: str) -> SourceTensor:
+        """The `index`-th tensor stacked on `tensor`'s first axis, read from the chunks that hold it."""
+        pieces = []
+        for piece in tensor.pieces:
+            block = piece.block
+            if not block.global_offsets[0] <= index < block.global_offsets[0] + block.sizes[0]:
+                continue
+            chunk = self._chunks[piece.part]
+            at = block.local_offsets[0] + index - block.global_offsets[0]
+            self._chunks.append(dataclasses.replace(chunk, index=(*chunk.index, at)))
+            inner = Block(block.local_offsets[1:], block.global_offsets[1:], block.sizes[1:])
+            pieces.append(Piece(piece.file, piece.key, inner, len(self._chunks) - 1))
+        return SourceTensor(name, tensor.shape[1:], tensor.dtype, pieces)
 
 
 def open_folder(src: Path) -> DcpFolder:
@@ -323,17 +402,17 @@ def open_folder(src: Path) -> DcpFolder:
     metadata = read_metadata(folder)
     names, skipped = model_names(metadata)
     storage = storage_index(metadata)
-    tensors, chunks = {}, 0
+    tensors, chunks = {}, []
     for fqn, name in names.items():
         md = metadata.state_dict_metadata[fqn]
-        shape = tuple(md.size)
+        shape, dtype = tuple(md.size), tensor_dtype(folder, fqn, md)
         pieces = []
         for chunk in md.chunks:
             offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
-            path, _ = chunk_location(folder, storage, fqn, offsets)
-            pieces.append(Piece(path, fqn, Block.placed(offsets, sizes)))
-        chunks += len(pieces)
-        tensors[name] = SourceTensor(name, shape, tensor_dtype(folder, fqn, md), deduplicate(fqn, shape, pieces))
+            path, info = chunk_location(folder, storage, fqn, offsets)
+            chunks.append(Chunk(info, dtype, sizes))
+            pieces.append(Piece(path, fqn, Block.placed(offsets, sizes), len(chunks) - 1))
+        tensors[name] = SourceTensor(name, shape, dtype, deduplicate(fqn, shape, pieces))
     if not tensors:
         raise CheckpointError(f"{folder}: this DCP checkpoint holds no model tensors ({dict(skipped)})")
     files = sorted({p.file.name for t in tensors.values() for p in t.pieces})
@@ -342,10 +421,9 @@ def open_folder(src: Path) -> DcpFolder:
         path=folder,
         tensors=tensors,
         hf_folder=_find_hf_folder(folder),
-        facts={"files": len(files), "chunks": chunks, "skipped": dict(skipped), **_train_params(folder)},
+        facts={"files": len(files), "chunks": len(chunks), "skipped": dict(skipped), **_train_params(folder)},
     )
-    checkpoint._storage, checkpoint._offsets = storage, {}
-    checkpoint._dtypes = {fqn: tensor_dtype(folder, fqn, metadata.state_dict_metadata[fqn]) for fqn in names}
+    checkpoint.use_chunks(chunks)
     return checkpoint
 
 

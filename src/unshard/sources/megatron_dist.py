@@ -16,22 +16,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import re
-import threading
-from collections import Counter, OrderedDict, defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import CheckpointError
-from . import dcp, safe_pickle
+from . import dcp
 from .base import Piece, SourceTensor, deduplicate, load_archive
 from .megatron import MegatronCheckpoint, finish, iteration_folder, plain_args
 from .placements import Block
-from .torch_archives import StoredTensor
-
-if TYPE_CHECKING:
-    import torch
 
 LAYOUT = "megatron-torch-dist"
 # Saved beside the model in the same folder; none of it is a weight.
@@ -80,55 +73,8 @@ def _verl_parallel(folder: Path) -> dict:
     return {}
 
 
-class MegatronDist(MegatronCheckpoint):
-    # The fused QKV and gate/up chunks each feed two or three Hugging Face tensors, planned one after
-    # the other: keep the last few chunks read so each is read from disk once.
-    KEEP = 4
-
-    def local_tensor(self, piece: Piece) -> torch.Tensor:
-        info, dtype, sizes, index = self._chunks[piece.part]
-        key = (piece.file, info.offset)  # (a chunk holding several experts is read once for all of them)
-        with self._lock:
-            chunk = self._recent.get(key)
-        if chunk is None:
-            chunk = dcp.read_chunk(piece.file, info, dtype, sizes, piece.key, self.map_file(piece.file))
-            with self._lock:
-                self._recent[key] = chunk
-                while len(self._recent) > self.KEEP:
-                    self._recent.popitem(last=False)
-        return chunk[index]
-
-    def file_map(self, file: Path) -> torch.UntypedStorage:
-        return self.map_file(file)  # chunks are loaded as views of it
-
-    def file_offset(self, piece: Piece) -> int | None:
-        """Where the piece lies in its chunk, and the chunk in its file (read from the chunk's own header,
-        without torch, once: a chunk of columns is asked once per band)."""
-        if piece.part not in self._stored:
-            info, dtype, sizes, index = self._chunks[piece.part]
-            key = (piece.file, info.offset)  # (a chunk's header is read once for all the experts it holds)
-            if key not in self._starts:
-                self._starts[key] = dcp.chunk_offset(piece.file, info, dtype, sizes, piece.key)
-            start = self._starts[key]
-            if start is not None:  # (the index-th layer's or expert's tensor of the chunk)
-                before = sum(i * math.prod(sizes[d + 1 :]) for d, i in enumerate(index))
-                start += before * dtype.itemsize
-            self._stored[piece.part] = None if start is None else StoredTensor.at(start, dtype, sizes[len(index) :])
-        chunk = self._stored[piece.part]
-        return None if chunk is None else chunk.offset_of(piece.block.local_offsets, piece.block.sizes)
-
-    def archive_of(self, piece: Piece) -> tuple[int, int | None]:
-        info = self._chunks[piece.part][0]
-        return info.offset, info.length
-
-    def release(self, piece: Piece) -> None:
-        if piece.file in self.maps:  # (not mapped: the chunk was copied as bytes, or not yet read)
-            info = self._chunks[piece.part][0]
-            safe_pickle.forget_bytes(self.maps[piece.file].data_ptr() + info.offset, info.length)
-
-    def close(self) -> None:
-        self._recent.clear()
-        super().close()
+class MegatronDist(dcp.ChunkReader, MegatronCheckpoint):
+    """Megatron's tensors read from their DCP chunks; a chunk may stack several layers' or experts' tensors."""
 
 
 def _unstack(fqn: str, at: tuple[int, ...]) -> tuple[str, int]:
@@ -190,7 +136,7 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
                 name, row = _gate_or_up(unstacked, md.size[stacked])
                 rows = md.size[stacked] * (2 if name != unstacked else 1)
                 shapes[name], dtypes[name] = (rows, *md.size[stacked + 1 :]), dcp.tensor_dtype(folder, fqn, md)
-                chunks.append((info, dtypes[name], sizes, index))
+                chunks.append(dcp.Chunk(info, dtypes[name], sizes, index))
                 place = (offsets[stacked] + row, *offsets[stacked + 1 :])
                 pieces[name].append(Piece(path, fqn, Block.placed(place, sizes[stacked:]), len(chunks) - 1))
     megatron = {
@@ -198,8 +144,7 @@ def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:
         for name, found in pieces.items()
     }
     checkpoint = MegatronDist(layout=LAYOUT, path=folder, tensors={})
-    checkpoint._chunks, checkpoint._recent, checkpoint._lock = chunks, OrderedDict(), threading.Lock()
-    checkpoint._stored, checkpoint._starts = {}, {}
+    checkpoint.use_chunks(chunks)
     files = {p.file for found in pieces.values() for p in found}
     if args is not None:
         layout = {
