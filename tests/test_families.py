@@ -106,18 +106,23 @@ def test_gguf_refuses_with_the_reason_it_shows(family, tmp_path):
 
 
 def test_torchtitan_names_of_a_family_without_them_are_refused(tmp_path):
-    """torchtitan's Meta names under a Phi-3 config: the family has no torchtitan table, which the error says."""
-    config = tmp_path / "phi3"
+    """torchtitan's Meta names under a Mixtral config: the family has no torchtitan table, which the error says."""
+    config = tmp_path / "mixtral"
     config.mkdir()
     (config / "config.json").write_text(
         json.dumps(
-            {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "num_attention_heads": 4, "hidden_size": 64}
+            {
+                "model_type": "mixtral",
+                "architectures": ["MixtralForCausalLM"],
+                "num_attention_heads": 4,
+                "hidden_size": 64,
+            }
         )
     )
     src = next((SHIPPED / "torchtitan-llama3-fsdp2").glob("**/.metadata")).parent
     code, _, err = run_cli("inspect", src, "--config-from", config)
-    reason = families.by_model_type("phi3").meta_names.reason
-    assert code == 1 and f"torchtitan's names of model_type 'phi3': {reason}" in err
+    reason = families.by_model_type("mixtral").meta_names.reason
+    assert code == 1 and f"torchtitan's names of model_type 'mixtral': {reason}" in err
 
 
 def test_merge_moe_makes_the_layouts_the_registry_declares():
@@ -170,6 +175,7 @@ TESTED = {
         "deepseek_v3": "torchtitan-deepseekv3-fsdp2",
         "qwen2": "torchtune-qwen2-fsdp2",
         "gemma": "torchtune-gemma-fsdp2",
+        "phi3": "torchtune-phi3-fsdp2",
     },
     # (test_way_back writes them back into Megatron and megatron-core loads them)
     "to_megatron": {

@@ -1,6 +1,7 @@
 """torchtitan and torchtune checkpoints (Meta's Llama names, interleaved rotary; torchtitan's Qwen3, Qwen3 MoE and
-DeepSeek-V3, their experts grouped in one tensor per projection; torchtune's Qwen2 and Gemma) convert to exactly
-what each library's own Hugging Face converter makes, and the folder's logits match its forward pass."""
+DeepSeek-V3, their experts grouped in one tensor per projection; torchtune's Qwen2, Gemma and Phi-3, whose q, k and v
+are three tensors that transformers' Phi-3 fuses) convert to exactly what each library's own Hugging Face converter
+makes, and the folder's logits match its forward pass."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ CASES_HERE = [
     "torchtitan-deepseekv3-fsdp2",
     "torchtune-qwen2-fsdp2",
     "torchtune-gemma-fsdp2",
+    "torchtune-phi3-fsdp2",
 ]
 FRESH = [name for name in CASES_HERE if CASES[name].fresh]
 # torchtitan runs its grouped experts in bf16 (GroupedExperts casts the weights and tokens), transformers in fp32: the

@@ -69,8 +69,8 @@ DEFAULT_FUSED_SIBLINGS = (
 INTERMEDIATE = object()
 # Where a family has no torchtitan or torchtune names (`meta_names`) in its module
 NO_META_NAMES = Unsupported(
-    "torchtitan's and torchtune's names are mapped for Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3 and Gemma "
-    "only so far"
+    "torchtitan's and torchtune's names are mapped for Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3, Gemma "
+    "and Phi-3 only so far"
 )
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
+from ..names.meta_rules import Fused
 from .gguf_hooks import rope_parameters, rotary_dimensions
-from .llama import TEXT_ONLY
-from .parts import NO_META_NAMES, Family, GGUFPart, Unsupported
+from .llama import TEXT_ONLY, TORCHTUNE_ENDS
+from .parts import Family, GGUFPart, Unsupported
 
 
 def phi3_rope_factors(writer, hparams: dict, rope: dict, where: Path) -> dict[str, list[float]]:
@@ -75,6 +76,21 @@ def phi3_computed(writer, hparams: dict, rope: dict, head_dim: int, where: Path)
     return phi3_rope_factors(writer, hparams, rope, where) if rope.get("long_factor") else {}
 
 
+# torchtune's Phi-3 (its phi3_tune_to_hf): Llama's torchtune names, q, k and v, gate and up each a part of one
+# transformers tensor; no rows permuted (its rotary turns halves of each head, as transformers')
+L = "model.layers.{i}."
+TORCHTUNE_PHI3 = {
+    **{name: (hf, None) for name, (hf, _) in TORCHTUNE_ENDS.items()},
+    "norm.scale": ("model.norm.weight", None),
+    "layers.{i}.sa_norm.scale": (L + "input_layernorm.weight", None),
+    "layers.{i}.mlp_norm.scale": (L + "post_attention_layernorm.weight", None),
+    **{f"layers.{{i}}.attn.{p}_proj.weight": Fused(L + "self_attn.qkv_proj.weight", n) for n, p in enumerate("qkv")},
+    "layers.{i}.attn.output_proj.weight": (L + "self_attn.o_proj.weight", None),
+    "layers.{i}.mlp.w1.weight": Fused(L + "mlp.gate_up_proj.weight", 0),
+    "layers.{i}.mlp.w3.weight": Fused(L + "mlp.gate_up_proj.weight", 1),
+    "layers.{i}.mlp.w2.weight": (L + "mlp.down_proj.weight", None),
+}
+
 FAMILIES = (
     Family(
         "Phi-3",
@@ -82,10 +98,11 @@ FAMILIES = (
         "Phi3ForCausalLM",
         tensors=t.TensorTable("Phi3ForCausalLM", t.SIZES, t.FUSED_LAYER, {}, pad_token_default=32000),
         megatron=Unsupported("Megatron's Phi-3 layout is not mapped yet"),
-        meta_names=NO_META_NAMES,
+        meta_names=TORCHTUNE_PHI3,
         fused_siblings=(),  # (q, k and v are one Linear layer already, as are gate and up)
         gguf=GGUFPart("PHI3", hyperparameters=phi3_hyperparameters, computed=phi3_computed, phi3_tokens=True),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family; merge-moe assembles no MoE from Phi-3 models", applies=False),
+        notes={"meta_names": "torchtune's names (torchtitan has no Phi-3)"},
     ),
 )

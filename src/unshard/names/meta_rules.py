@@ -9,8 +9,9 @@ which these checkpoints do not carry.
 
 A table maps each name (layer as {i}) to (Hugging Face name, which rotary permutation: "q", "k" or None), and
 two kinds more: a Hugging Face name with {e} is one tensor per index of the first axis (torchtitan's grouped
-experts, [experts, rows, columns]: expert e's is `[e]`), and `Zeros`: the trainer's state that no Hugging Face
-tensor holds (a load-balancing buffer), skipped when read, zeros when written (the trainer loads every name it has).
+experts, [experts, rows, columns]: expert e's is `[e]`); `Fused`: rows of a Hugging Face tensor that fuses several
+(read only); `Zeros`: the trainer's state that no Hugging Face tensor holds (a load-balancing buffer), skipped when
+read, zeros when written (the trainer loads every name it has).
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ class Zeros:
 
     rows_of: str
     why: str
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A table's rule for a trainer's tensor that is rows of one Hugging Face tensor: its `part`-th, the parts
+    one after another (torchtune's Phi-3: q, k and v of qkv_proj; gate and up of gate_up_proj)."""
+
+    into: str
+    part: int
 
 
 # torchtitan's (0.3) MoE layer, as its MoE state-dict adapters map it: the routed experts' weights grouped on a first
@@ -65,9 +75,9 @@ def interleaved_to_halves(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def rename(
     table: dict[str, Any], family: str, shapes: dict[str, tuple[int, ...]], config: dict[str, Any], where: str
-) -> tuple[dict[str, str | list[str]], dict[str, Callable], dict[str, str]]:
-    """By the family's table: (trainer's name -> Hugging Face name, or the list of names the first axis stacks;
-    Hugging Face name -> transform; trainer's name skipped -> why)."""
+) -> tuple[dict[str, str | list[str] | Fused], dict[str, Callable], dict[str, str]]:
+    """By the family's table: (trainer's name -> Hugging Face name, the list of names the first axis stacks, or the
+    part of a fused one; Hugging Face name -> transform; trainer's name skipped -> why)."""
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     renamed, transforms, skipped, unknown = {}, {}, {}, []
@@ -77,11 +87,14 @@ def rename(
         if key not in table:
             unknown.append(name)
             continue
+        layer = match.group(1) if match else None
         if isinstance(table[key], Zeros):
             skipped[name] = table[key].why
             continue
+        if isinstance(table[key], Fused):
+            renamed[name] = Fused(table[key].into.format(i=layer), table[key].part)
+            continue
         hf, rotary = table[key]
-        layer = match.group(1) if match else None
         if "{e}" in hf:
             renamed[name] = [hf.format(i=layer, e=e) for e in range(shape[0])]
             continue

@@ -361,20 +361,23 @@ class DcpFolder(ChunkReader, Checkpoint):
         renamed, self.transforms, skipped = meta_rules.rename(
             family.meta_names, family.name, shapes, config, str(self.path)
         )
-        tensors = {}
+        tensors, fused = {}, {}
         for name, tensor in self.tensors.items():
             if name in skipped:
                 continue
             new = renamed[name]
             if isinstance(new, str):
                 tensors[new] = dataclasses.replace(tensor, name=new)
+            elif isinstance(new, meta_rules.Fused):
+                fused.setdefault(new.into, {})[new.part] = tensor
             else:
                 tensors.update((hf, self._unstacked(tensor, index, hf)) for index, hf in enumerate(new))
-        # The tensors keep the checkpoint's order, but grouped experts, whose places among the others no order of
-        # the groups can give: then the order save_pretrained's files have (safetensors sorts a file's tensors by
-        # name), so a Hugging Face model written with these names and read back is the same file
-        grouped = any(not isinstance(new, str) for new in renamed.values())
-        self.tensors = dict(sorted(tensors.items())) if grouped else tensors
+        tensors.update((hf, _concatenated(hf, [parts[p] for p in sorted(parts)])) for hf, parts in fused.items())
+        # The tensors keep the checkpoint's order, but grouped experts and fused tensors, whose places among the
+        # others no order of the trainer's can give: then the order save_pretrained's files have (safetensors sorts
+        # a file's tensors by name), so a Hugging Face model written with these names and read back is the same file
+        regrouped = any(not isinstance(new, str) for new in renamed.values())
+        self.tensors = dict(sorted(tensors.items())) if regrouped else tensors
         permuted = " (q/k rows permuted to Hugging Face's rotary layout)" if self.transforms else ""
         self.facts["naming"] = f"{trainer}'s {family.name} names{permuted}"
         for why, count in Counter(skipped.values()).items():
@@ -393,6 +396,18 @@ class DcpFolder(ChunkReader, Checkpoint):
             inner = Block(block.local_offsets[1:], block.global_offsets[1:], block.sizes[1:])
             pieces.append(Piece(piece.file, piece.key, inner, len(self._chunks) - 1))
         return SourceTensor(name, tensor.shape[1:], tensor.dtype, pieces)
+
+
+def _concatenated(name: str, parts: list[SourceTensor]) -> SourceTensor:
+    """One tensor of `parts`' rows, one part after another, read straight from the parts' chunks."""
+    pieces, rows = [], 0
+    for part in parts:
+        for piece in part.pieces:
+            block = piece.block
+            placed = (block.global_offsets[0] + rows, *block.global_offsets[1:])
+            pieces.append(dataclasses.replace(piece, block=Block(block.local_offsets, placed, block.sizes)))
+        rows += part.shape[0]
+    return SourceTensor(name, (rows, *parts[0].shape[1:]), parts[0].dtype, pieces)
 
 
 def open_folder(src: Path) -> DcpFolder:
