@@ -10,7 +10,7 @@ from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
 from ..names.meta_rules import Fused
 from .gguf_hooks import rope_parameters, rotary_dimensions
-from .llama import TEXT_ONLY, TORCHTUNE_ENDS
+from .llama import TEXT_ONLY, TORCHTUNE, TORCHTUNE_ENDS, L
 from .parts import Family, GGUFPart, Unsupported
 
 
@@ -76,19 +76,13 @@ def phi3_computed(writer, hparams: dict, rope: dict, head_dim: int, where: Path)
     return phi3_rope_factors(writer, hparams, rope, where) if rope.get("long_factor") else {}
 
 
-# torchtune's Phi-3 (its phi3_tune_to_hf): Llama's torchtune names, q, k and v, gate and up each a part of one
+# torchtune's Phi-3 (its phi3_tune_to_hf): Llama's torchtune names, but q, k and v, gate and up each a part of one
 # transformers tensor; no rows permuted (its rotary turns halves of each head, as transformers')
-L = "model.layers.{i}."
 TORCHTUNE_PHI3 = {
-    **{name: (hf, None) for name, (hf, _) in TORCHTUNE_ENDS.items()},
-    "norm.scale": ("model.norm.weight", None),
-    "layers.{i}.sa_norm.scale": (L + "input_layernorm.weight", None),
-    "layers.{i}.mlp_norm.scale": (L + "post_attention_layernorm.weight", None),
+    **{name: (hf, None) for name, (hf, _) in {**TORCHTUNE, **TORCHTUNE_ENDS}.items()},
     **{f"layers.{{i}}.attn.{p}_proj.weight": Fused(L + "self_attn.qkv_proj.weight", n) for n, p in enumerate("qkv")},
-    "layers.{i}.attn.output_proj.weight": (L + "self_attn.o_proj.weight", None),
     "layers.{i}.mlp.w1.weight": Fused(L + "mlp.gate_up_proj.weight", 0),
     "layers.{i}.mlp.w3.weight": Fused(L + "mlp.gate_up_proj.weight", 1),
-    "layers.{i}.mlp.w2.weight": (L + "mlp.down_proj.weight", None),
 }
 
 FAMILIES = (
