@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -66,14 +67,20 @@ def transformers_answers_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def fresh_fixtures(tmp_path_factory):
-    """Fixtures generated now with the installed torch / transformers, once per case per session."""
-    root = tmp_path_factory.mktemp("fresh")
-    made: dict[str, Path] = {}
+    """Fixtures generated now with the installed torch / transformers, once per case per run: pytest-xdist's
+    workers share them (the first to need a case makes it while a file lock keeps the other waiting)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "fresh"
+    root.mkdir(exist_ok=True)
 
     def get(case: str) -> Path:
-        if case not in made:
-            made[case] = generate.generate(case, root)
-        return made[case]
+        with open(root / f".{case}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            made = root / f".{case}.made"
+            if not made.exists():
+                generate.generate(case, root)
+                made.touch()
+        return root / case
 
     return get
 
