@@ -153,7 +153,9 @@ class _SharedAllowList:
     torch keeps one allow-list per process, and the context manager removes its entries on exit: a
     thread finishing its load would take them away from another still unpickling. So the first load
     in adds them and the last one out removes them (and the stand-ins never outlive unshard's loads,
-    where they would change what a user's own torch.load builds)."""
+    where they would change what a user's own torch.load builds). Only the entries the list lacks are added, and so
+    removed: what the process allowed itself (megatron-core allows Megatron-LM's `args` and numpy's arrays when
+    imported) stays."""
 
     # Unpickling a real DeviceMesh without process groups logs a warning per tensor; harmless here,
     # so that logger is quiet meanwhile (a level, too, is one per process).
@@ -166,7 +168,8 @@ class _SharedAllowList:
         allowed = _allowed_globals()
         with self._lock:
             if self._users == 0:
-                self._open = torch.serialization.safe_globals(allowed)
+                present = set(torch.serialization.get_safe_globals())
+                self._open = torch.serialization.safe_globals([entry for entry in allowed if entry not in present])
                 self._open.__enter__()
                 self._level = self.MESH_LOG.level
                 self.MESH_LOG.setLevel(logging.ERROR)
