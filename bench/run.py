@@ -43,10 +43,12 @@ input's pages are dropped from the cache before each run), with no earlier outpu
                           ft1, scored on a short text file) against 5 trials by hand (bench/search_by_hand.py:
                           `unshard merge` to disk, transformers' from_pretrained, the same scoring); mergekit-evolve
                           needs vLLM or lm-eval on a GPU and does not run here
-  convert_hf_to_gguf.py   layout "gguf": unshard convert to one GGUF file (f16, q8_0) from the verl rank files, against
-                          llama.cpp's converter (llama-cpp-python's source package, in its venv, as the tests get
-                          it) on the same model's Hugging Face folder (converted untimed), and against what users
-                          run today: verl's merger, then the converter; the tokenizer is a SentencePiece model
+  convert_hf_to_gguf.py   layout "gguf": unshard convert to one GGUF file (f16, q8_0, q4_k_m) from the verl rank files,
+                          against llama.cpp's converter (llama-cpp-python's source package, in its venv, as the tests
+                          get it) on the same model's Hugging Face folder (converted untimed), the converter then
+                          llama-quantize (q4_k_m: llama_model_quantize in llama-cpp-python's compiled llama.cpp, the
+                          library unshard's K-quants call too), and against what users run today: verl's merger, then
+                          the converter; the tokenizer is a SentencePiece model
   llm-compressor SCHEME   layout "quantize": unshard convert --quantize SCHEME from the verl rank files, against
                           llm-compressor's data-free path (load, oneshot, save_pretrained(save_compressed=True)),
                           from PyPI in its own venv, on the same model's Hugging Face folder (converted untimed);
@@ -402,6 +404,12 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
         }
     if layout == "gguf":  # (a GGUF output is a file: each tool writes OUT/model.gguf)
         made, converter = f"mkdir -p {out} && exec ", llama_cpp_converter()
+        client = peer_python(
+            "llamacpp-client"
+        )  # (llama.cpp compiled: llama-quantize's code, and the K-quants' library)
+        (ggml,) = client.parent.parent.glob("lib/python3*/site-packages/llama_cpp/lib/libggml-base.so")
+        # (on every core, as llama-quantize: the tests' client takes one unless told)
+        quantize = f"env QUANTIZE_THREADS=0 {client} {ROOT / 'tests' / 'llama_cpp_client.py'} quantize"
         unshard = " ".join([*python, "-m", "unshard", "convert", str(src), f"{out}/model.gguf", "--no-progress"])
         convert = " ".join([*converter, "{}", "--outfile", f"{out}/model.gguf", "--outtype"])
         merger = " ".join(
@@ -424,6 +432,17 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
             "unshard --gguf-type q8_0": ["sh", "-c", made + unshard + " --gguf-type q8_0"],
             "convert_hf_to_gguf.py (f16)": ["sh", "-c", made + convert.format(folder / "hf-model") + " f16"],
             "convert_hf_to_gguf.py q8_0": ["sh", "-c", made + convert.format(folder / "hf-model") + " q8_0"],
+            "unshard --gguf-type q4_k_m": [
+                "sh",
+                "-c",
+                f"{made}env UNSHARD_GGML_LIBRARY={ggml} {unshard} --gguf-type q4_k_m",
+            ],
+            "convert_hf_to_gguf.py (f16), then llama-quantize q4_k_m": [
+                "sh",
+                "-c",
+                f"mkdir -p {out} && {convert.format(folder / 'hf-model')} f16 && {quantize} {out}/model.gguf "
+                f"{out}/q4_k_m.gguf q4_k_m && exec mv {out}/q4_k_m.gguf {out}/model.gguf",
+            ],
             "verl model_merger, then convert_hf_to_gguf.py (f16)": [
                 "sh",
                 "-c",

@@ -6,8 +6,8 @@ runs the file: OUT.npz gets `logits` (prompt length x vocabulary) and `greedy` (
 of the logits after the last).
 
     python llama_cpp_client.py quantize IN.gguf OUT.gguf TYPE [OUTPUT_TYPE]
-is `llama-quantize [--output-tensor-type OUTPUT_TYPE] IN.gguf OUT.gguf TYPE` (TYPE: q4_0, q4_1, ...), through
-llama.cpp's own llama_model_quantize.
+is `llama-quantize [--output-tensor-type OUTPUT_TYPE] IN.gguf OUT.gguf TYPE` (TYPE: q4_0, q4_1, ..., q4_k_m), through
+llama.cpp's own llama_model_quantize; with several types (TYPE,TYPE,...), OUT is a folder that gets TYPE.gguf each.
 
     python llama_cpp_client.py image MODEL.gguf MMPROJ.gguf WIDTH HEIGHT PIXELS.rgb OUT.npy
 runs an image (PIXELS.rgb: WIDTH x HEIGHT RGB bytes, row by row) through llama.cpp's multimodal library (mtmd) as
@@ -16,6 +16,7 @@ of the image, as mtmd gives them to the text model.
 """
 
 import ctypes
+import os
 import sys
 
 import llama_cpp
@@ -38,7 +39,7 @@ def quantize(source: str, out: str, file_type: str, output_type: str | None) -> 
     params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + file_type.upper())
     if output_type:
         params.output_tensor_type = getattr(llama_cpp, "GGML_TYPE_" + output_type.upper())
-    params.nthread = 1
+    params.nthread = int(os.environ.get("QUANTIZE_THREADS", "1"))  # (0: every core, as llama-quantize; the bench's)
     if llama_cpp.llama_model_quantize(source.encode(), out.encode(), ctypes.byref(params)) != 0:
         sys.exit(f"llama_model_quantize failed on {source}")
 
@@ -75,5 +76,8 @@ if sys.argv[1] == "run":
     run(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4], int(sys.argv[5]))
 elif sys.argv[1] == "image":
     image(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7])
+elif "," in sys.argv[4]:
+    for kind in sys.argv[4].split(","):
+        quantize(sys.argv[2], f"{sys.argv[3]}/{kind}.gguf", kind, sys.argv[5] if len(sys.argv) > 5 else None)
 else:
     quantize(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)

@@ -24,6 +24,7 @@ from test_cli_and_errors import leftovers, run_cli
 
 import unshard
 from unshard.report import human_bytes
+from unshard.sinks.gguf import kquants
 
 TYPES = ["f32", "f16", "bf16", "q8_0", "auto"]
 # The converter names the file after the folder it read, and takes tags from the model card there (a merged
@@ -214,16 +215,30 @@ def llama_cpp():
     return run
 
 
+@pytest.fixture(scope="session")
+def ggml_library() -> str:
+    """llama.cpp's libggml-base, as llama-cpp-python (the llamacpp-client peer venv) ships it: the K-quants' kernels
+    (kquants.py), given to unshard by UNSHARD_GGML_LIBRARY."""
+    python = generate.peer_python("llamacpp-client")
+    (library,) = python.parent.parent.glob("lib/python3*/site-packages/llama_cpp/lib/libggml-base.so")
+    return str(library)
+
+
 @pytest.mark.parametrize(
     "case", ["llama-fsdp2-spm", "qwen2-fsdp2-spm", "gemma2-fsdp2-spm", "mixtral8-fsdp2-spm", "qwen2moe-fsdp2"]
 )
-def test_legacy_types_as_llama_quantize_makes_them_from_the_converter_s_file(case, converter, llama_cpp, tmp_path):
+def test_llama_quantize_types_as_it_makes_them_from_the_converter_s_file(
+    case, converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
     """q4_0, q4_1, q5_0 and q5_1 equal what llama.cpp's llama-quantize writes from the converter's f32 file with
     `--output-tensor-type q8_0` (its own output type, q6_K, is a K-quant gguf-py cannot compute): every field in
     order, every tensor in its order. The output layer is the embedding where it is tied (Qwen2, Gemma 2), rows
     of 90 fall back to f16; a model of 8 experts keeps attn_k and attn_v in q8_0, every MoE model its routers in f32
     (Qwen2-MoE's shared expert's gate, one row, as a vector). llama.cpp runs each file; on these tiny random models its
-    logits' relative distance from the model's measures 0.11-0.28 (4 bits) and 0.04-0.14 (5 bits)."""
+    logits' relative distance from the model's measures 0.11-0.28 (4 bits) and 0.04-0.14 (5 bits).
+    The K-quant mixes (q2_k ... q6_k, iq4_nl, iq4_xs) equal llama-quantize's own, its q6_K output layer included: on
+    Llama's rows of 256 in K-quant blocks (attn_v and ffn_down in q6_K in the blocks where q4_k_m gives them more
+    bits), elsewhere in the types of 32-value blocks llama-quantize falls back to."""
     from transformers import AutoModelForCausalLM
 
     src = SHIPPED / case / "global_step_1"
@@ -245,6 +260,21 @@ def test_legacy_types_as_llama_quantize_makes_them_from_the_converter_s_file(cas
     assert types["output.weight" if "output.weight" in types else "token_embd.weight"] == "Q8_0"
     assert types["blk.0.attn_k.weight"] == ("Q8_0" if case.startswith("mixtral8") else "Q4_0")
     assert types.get("blk.0.ffn_gate_inp.weight", "F32") == "F32"
+    monkeypatch.setenv(kquants.LIBRARY_VARIABLE, ggml_library)
+    (tmp_path / "llama-quantize").mkdir()
+    llama_cpp_client("quantize", f32, tmp_path / "llama-quantize", ",".join(kquants.MIXES))
+    for kind in kquants.MIXES:
+        unshard.convert(src, tmp_path / f"{kind}.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+        assert_same_file(tmp_path / f"{kind}.gguf", tmp_path / "llama-quantize" / f"{kind}.gguf")
+    if case == "llama-fsdp2-spm":
+        types = {t[0]: t[1] for t in contents(tmp_path / "q4_k_m.gguf")[1]}
+        assert (types["output.weight"], types["token_embd.weight"], types["blk.0.attn_q.weight"]) == (
+            "Q6_K",
+            "Q4_K",
+            "Q4_K",
+        )
+        assert (types["blk.0.attn_v.weight"], types["blk.1.attn_v.weight"]) == ("Q4_K", "Q6_K")
+        assert types["blk.0.ffn_down.weight"] == "Q5_0"  # (rows of 384)
 
 
 @pytest.mark.parametrize(
@@ -773,15 +803,52 @@ def test_gemma3_with_a_byte_level_bpe_vocabulary(converter, tmp_path):
     assert refused.returncode != 0 and "Failed to load model" in refused.stderr  # (token_embd has the wrong shape)
 
 
+def test_k_quants_of_experts_and_grouped_queries(converter, llama_cpp, ggml_library, monkeypatch, tmp_path):
+    """A Qwen3-MoE of rows of 256 as transformers writes it (4 experts, 4 query heads to a key's): every K-quant
+    mix equals llama-quantize's, the experts' stacks in K-quants (ffn_down's by the block its name gives); llama.cpp
+    runs the q4_k_m file, its logits' relative distance from transformers' within 4 bits' (0.35)."""
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_folder = SHIPPED / "qwen3moe-fsdp2" / "global_step_1" / "actor" / "huggingface"
+    config = json.loads((model_folder / "config.json").read_text())
+    widths = dict(hidden_size=256, intermediate_size=256, moe_intermediate_size=256, head_dim=64)
+    config.update(widths, num_attention_heads=8, num_key_value_heads=2, num_experts=4, num_hidden_layers=3)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path / "hf")
+    for tokenizer_file in model_folder.glob("tokenizer*"):
+        shutil.copy(tokenizer_file, tmp_path / "hf")
+    f32 = converter(tmp_path / "hf", "f32", tmp_path / "converter-f32.gguf", pre=for_the_converter(tmp_path / "hf"))
+    (tmp_path / "llama-quantize").mkdir()
+    llama_cpp_client("quantize", f32, tmp_path / "llama-quantize", ",".join(kquants.MIXES))
+    monkeypatch.setenv(kquants.LIBRARY_VARIABLE, ggml_library)
+    for kind in kquants.MIXES:
+        unshard.convert(
+            tmp_path / "hf", tmp_path / f"{kind}.gguf", output=unshard.OutputOptions(gguf=kind), progress=False
+        )
+        assert_same_file(tmp_path / f"{kind}.gguf", tmp_path / "llama-quantize" / f"{kind}.gguf")
+    types = {t[0]: t[1] for t in contents(tmp_path / "q4_k_m.gguf")[1]}
+    assert [types[f"blk.{i}.ffn_down_exps.weight"] for i in range(3)] == ["Q4_K", "Q4_K", "Q6_K"]
+    assert types["blk.0.ffn_gate_exps.weight"] == "Q4_K" and types["output.weight"] == "Q6_K"
+    assert {t[0]: t[1] for t in contents(tmp_path / "q2_k.gguf")[1]}["blk.0.attn_v.weight"] == "Q4_K"  # (4 queries)
+    prompt = [1, 5, 20, 33, 64, 70, 90, 2]
+    expected = model.float()(torch.tensor([prompt])).logits[0]
+    logits, _ = llama_cpp(tmp_path / "q4_k_m.gguf", prompt, 0)
+    distance = ((logits - expected).norm() / expected.norm()).item()
+    assert 0 < distance <= 0.35, distance
+
+
 @pytest.mark.parametrize(
     "case, args, expected",
     [
         ("qwen2vl-fsdp2", (), "Qwen2VLForConditionalGeneration is not an architecture unshard writes as GGUF yet"),
         (
             "llama-fsdp2-spm",
-            ("--gguf-type", "q4_k_m"),
-            "--gguf-type q4_k_m: a type llama-quantize computes and gguf-py "
-            "does not; write f16 (or f32) here and run `llama-quantize",
+            ("--gguf-type", "q2_k_s"),
+            "--gguf-type q2_k_s: a llama-quantize type that needs an importance matrix (or that unshard does not "
+            "write yet); write f16 (or f32) here and run `llama-quantize",
         ),
         ("llama-fsdp2-spm", ("--gguf-type", "q7"), "--gguf-type q7: not one unshard writes; choose one of f32, f16"),
         ("llama-fsdp2-spm", ("--quantize", "W4A16"), "a GGUF file takes neither --quantize"),
@@ -791,6 +858,27 @@ def test_what_gguf_cannot_take_is_one_line_before_anything_is_written(case, args
     code, _, err = run_cli("convert", SHIPPED / case / "global_step_1", tmp_path / "m.gguf", *args, "--no-progress")
     assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
+
+
+def test_k_quants_without_llama_cpp_s_library_are_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv(kquants.LIBRARY_VARIABLE, str(tmp_path / "libggml-base.so"))
+    code, _, err = run_cli(
+        "convert", SHIPPED / "llama-fsdp2-spm" / "global_step_1", tmp_path / "m.gguf", "--gguf-type", "q4_k_m"
+    )
+    expected = f"--gguf-type q4_k_m: {kquants.LIBRARY_VARIABLE}={tmp_path / 'libggml-base.so'} is not a file"
+    assert code == 1 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
+
+
+def test_k_quants_find_llama_cpp_python_s_library(ggml_library, monkeypatch):
+    """Without UNSHARD_GGML_LIBRARY, the library is the one of the llama-cpp-python Python finds (here the peer venv's
+    on the path, last), found without importing it."""
+    import sys
+
+    monkeypatch.delenv(kquants.LIBRARY_VARIABLE, raising=False)
+    monkeypatch.setattr(sys, "path", [*sys.path, str(Path(ggml_library).parents[2])])
+    assert kquants.library_path("q4_k_m") == Path(ggml_library)
+    assert "llama_cpp" not in sys.modules
 
 
 def test_a_config_naming_no_architecture_takes_it_from_the_command_line(tmp_path):

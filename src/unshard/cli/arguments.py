@@ -124,7 +124,9 @@ def _format_options(p: argparse.ArgumentParser) -> None:
         "--gguf-type",
         metavar="TYPE",
         help="write one GGUF file for llama.cpp (OUT ending in .gguf; implied by such an OUT): f32, "
-        "f16, bf16, q8_0, or llama-quantize's q4_0, q4_1, q5_0, q5_1; default auto, as "
+        "f16, bf16, q8_0, or llama-quantize's q4_0, q4_1, q5_0, q5_1 and K-quant mixes q2_k, q3_k_s, q3_k_m, "
+        "q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs (with llama-cpp-python's "
+        "library); default auto, as "
         "llama.cpp's converter: bf16 or f16 as the model is. A vision model's image part goes "
         "beside it, as mmproj-OUT",
     )

@@ -10,11 +10,13 @@ declares in its GGUFPart (families/<family>.py); `unshard families` lists the on
 
 - header.py: what every family's header shares (the config as the converter reads it, general key-values,
   the TextModel's hyper-parameters, rope); vocabulary.py: the tokenizer's part of the header.
-- tensors.py: the plan's values (each tensor's encoding, the file's types and positions); plan.py: planning them.
+- tensors.py: the plan's values (each tensor's encoding, the file's types and positions); plan.py: planning them;
+  kquants.py: llama-quantize's K-quant mixes.
 - file.py: the one module that touches gguf-py's writer internals (header bytes, the file, reading it back).
 - vision.py: a vision-language model's second file, the mmproj.
 - sink.py: the output format (a types.Sink) and its staging, as sinks.FORMATS finds it.
 
-So far the types are f32, f16, bf16 and q8_0 (the converter's own), and q4_0, q4_1, q5_0 and q5_1 as
-llama-quantize makes them from the converter's file (LEGACY).
+The types are f32, f16, bf16 and q8_0 (the converter's own), and q4_0, q4_1, q5_0 and q5_1 as llama-quantize
+makes them from the converter's file (LEGACY), and its K-quant mixes (kquants.py: its choice of each tensor's
+type, and llama.cpp's own kernels, called in its library).
 """

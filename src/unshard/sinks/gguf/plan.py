@@ -12,9 +12,9 @@ from ...errors import ConfigMismatchError, UnshardError
 from ...families.gguf_hooks import first_of, gguf_py, rope_parameters, text_hyperparameters
 from ...families.parts import GGUFPart
 from ...types import OutputTensor
-from . import vision
+from . import kquants, vision
 from .header import general_metadata, read_hparams
-from .tensors import EXPERT, LEGACY, TYPES, GGUFPlan, GGUFTensor
+from .tensors import EXPERT, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor
 from .vocabulary import write_vocabulary
 
 if TYPE_CHECKING:
@@ -31,11 +31,11 @@ def plan_gguf(
     """Names, types and metadata of the GGUF file for these output tensors, or a one-line error for a model
     llama.cpp (or this version of unshard) does not take, before anything is written."""
     gguf = gguf_py()
-    if requested.lower().startswith(("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq")):
+    if requested.lower().startswith(("q2_k", "q3_k", "iq", "tq", "mxfp4")) and requested not in TYPES:
         raise UnshardError(
-            f"--gguf-type {requested}: a type llama-quantize computes and gguf-py does not; write "
-            f"f16 (or f32) here and run `llama-quantize OUT.gguf OUT-{requested}.gguf {requested}`, "
-            f"or choose one of {', '.join(TYPES)}"
+            f"--gguf-type {requested}: a llama-quantize type that needs an importance matrix (or that "
+            f"unshard does not write yet); write f16 (or f32) here and run `llama-quantize OUT.gguf "
+            f"OUT-{requested}.gguf {requested}`, or choose one of {', '.join(TYPES)}"
         )
     if requested not in (*TYPES, "auto"):
         raise UnshardError(
@@ -67,6 +67,8 @@ def plan_gguf(
         outputs = [o for o in outputs if not vision.is_vision(o.name)]
         # (as the converter reads a text model's; the vision_config stays, for the mmproj)
         hparams = {**hparams, **(hparams.get("text_config") or {})}
+    if requested in kquants.MIXES:
+        kquants.check_available(requested)
     arch = getattr(gguf.MODEL_ARCH, part.arch)
     file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
     ftype = (
@@ -80,7 +82,7 @@ def plan_gguf(
     parameters = _plan_tensors(plan, outputs, hparams, part, arch, head_dim, experts, where)
     _computed_tensors(plan, hparams, part, head_dim, where)
     plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, head_dim, part)
-    if file_type in LEGACY:  # llama-quantize sets these two over what it copies, which puts them last
+    if file_type in QUANTIZED:  # llama-quantize sets these two over what it copies, which puts them last
         fields = plan.writer.kv_data[0]
         for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
             fields[key] = fields.pop(key)
@@ -104,7 +106,7 @@ def _plan_tensors(
     counts them for the size label: (all, those outside the experts, one expert's, experts)."""
     gguf = gguf_py()
     blocks, file_type = hparams["num_hidden_layers"], plan.file_type
-    qtype = getattr(gguf.GGMLQuantizationType, file_type.upper())
+    qtype = getattr(gguf.GGMLQuantizationType, kquants.MIXES.get(file_type, file_type).upper())
     names = gguf.get_tensor_name_map(arch, blocks)
     heads, kv_heads = (
         hparams["num_attention_heads"],
@@ -134,11 +136,16 @@ def _plan_tensors(
             last_expert[name.split(".")[1]] = output.name
     # llama-quantize's output layer: output.weight, or the embedding where the model ties the two
     output_layer = "output.weight" if "output.weight" in llama_names else "token_embd.weight"
+    mixed = {}
+    if file_type in kquants.MIXES:  # (llama-quantize's choices follow its order of the file's tensors)
+        quantized = {name: o.shape[-1] for o, name in zip(ordered, llama_names) if _quantized(name, o.shape)}
+        model = kquants.Model(plan.architecture, blocks, heads, kv_heads, experts)
+        mixed = kquants.choose_types(file_type, model, sorted(quantized.items(), key=lambda t: _in_blocks(t[0])))
     shared = expert_params = 0
     for output, name in zip(ordered, llama_names):
         stack, index = stacks.get(name), expert_of.get(output.name)
         shape = (len(stack), *output.shape) if stack else output.shape
-        tensor_type, note = _tensor_type(plan, name, shape, qtype, name == output_layer, experts)
+        tensor_type, note = _tensor_type(plan, name, shape, qtype, name == output_layer, experts, mixed.get(name))
         if note and index in (None, 0):  # (a stack's note once)
             plan.notes.append(f"{output.name if stack is None else name}: {note}")
         permuted = 0  # (llama.cpp's llama alone wants q and k reordered; Qwen's rotate as transformers does)
@@ -149,7 +156,7 @@ def _plan_tensors(
                     f"{where}: {output.name} has {output.shape[0]} rows, not a whole number of heads of {head_dim}"
                 )
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
-        if file_type in LEGACY and not stack:  # (llama-quantize drops ggml's trailing dimensions of 1: our leading)
+        if file_type in QUANTIZED and not stack:  # (llama-quantize drops ggml's trailing dimensions of 1: our leading)
             byte_shape = byte_shape[next((i for i, d in enumerate(byte_shape) if d != 1), len(byte_shape) - 1) :]
         if stack:
             stored = OutputTensor(f"{name}[{index}]", byte_shape, dtypes.BY_NAME["uint8"])
@@ -159,8 +166,8 @@ def _plan_tensors(
             shared += math.prod(output.shape)
         shift = part.norm_shift if output.name.endswith("norm.weight") else 0.0
         plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, output.dtype, permuted, max(1, permuted), shift)
-        if file_type in LEGACY:
-            plan.positions[name] = (int(name.split(".")[1]) if name.startswith("blk.") else -1, name)
+        if file_type in QUANTIZED:
+            plan.positions[name] = _in_blocks(name)
         elif stack:
             plan.positions[name] = (last_expert[name.split(".")[1]], EXPERT.match(output.name)[3])
         else:
@@ -168,15 +175,36 @@ def _plan_tensors(
     return shared + expert_params * experts, shared, expert_params, experts if stacks else 0
 
 
-def _tensor_type(plan: GGUFPlan, name: str, shape: tuple[int, ...], qtype, output_layer: bool, experts: int):
-    """The GGUF type of a tensor of this llama.cpp name and shape, as the converter or llama-quantize chooses it,
-    and a note where it is not the file's type for a reason inspect should tell (or None)."""
+def _in_blocks(name: str) -> tuple[int, str]:
+    """llama-quantize's order of a file's tensors (its loader's): those outside the blocks, then block by block,
+    by name."""
+    return (int(name.split(".")[1]) if name.startswith("blk.") else -1, name)
+
+
+def _quantized(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether llama.cpp quantizes a tensor of this name and shape: not vectors, norms or MoE routers (f32)."""
+    vector_or_norm = len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
+    return not vector_or_norm and "ffn_gate_inp" not in name
+
+
+def _tensor_type(
+    plan: GGUFPlan,
+    name: str,
+    shape: tuple[int, ...],
+    qtype,
+    output_layer: bool,
+    experts: int,
+    mixed: tuple[str, str | None] | None,
+):
+    """The GGUF type of a tensor of this llama.cpp name and shape, as the converter or llama-quantize chooses it
+    (`mixed`: a K-quant mix's choice, kquants.py), and a note where it is not the file's type for a reason inspect
+    should tell (or None)."""
     gguf = gguf_py()
     legacy, tensor_type, note = plan.file_type in LEGACY, qtype, None
-    if (
-        len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or ".ffn_gate_inp" in name
-    ):  # (what llama.cpp keeps in f32: the routers too)
+    if not _quantized(name, shape):  # (what llama.cpp keeps in f32: the routers too)
         return gguf.GGMLQuantizationType.F32, None
+    if mixed:
+        return getattr(gguf.GGMLQuantizationType, mixed[0]), mixed[1]
     if legacy and output_layer:
         tensor_type = gguf.GGMLQuantizationType.Q8_0
         note = (

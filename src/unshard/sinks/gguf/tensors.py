@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ... import dtypes
 from ...families.gguf_hooks import gguf_py
 from ...types import OutputTensor
+from . import kquants
 
 if TYPE_CHECKING:
     import numpy as np
@@ -23,7 +24,9 @@ if TYPE_CHECKING:
 # the embedding it is tied to), which llama-quantize writes in q6_K, a K-quant gguf-py cannot compute: unshard
 # writes it in q8_0, as `llama-quantize --output-tensor-type q8_0` does.
 LEGACY = ("q4_0", "q4_1", "q5_0", "q5_1")
-TYPES = ("f32", "f16", "bf16", "q8_0", *LEGACY)
+# and its K-quant mixes (kquants.MIXES: the output layer in its own q6_K), computed by llama.cpp's library
+QUANTIZED = (*LEGACY, *kquants.MIXES)  # the types llama-quantize makes from the converter's file
+TYPES = ("f32", "f16", "bf16", "q8_0", *QUANTIZED)
 FILE_NAME = "model.gguf"  # inside the staging folder; committed as OUT itself
 MMPROJ_FILE_NAME = "mmproj.gguf"  # a vision-language model's vision part; committed beside OUT (mmproj_path)
 
@@ -54,7 +57,10 @@ class GGUFTensor:
         if self.head_dim:
             half = self.head_dim // 2
             band = band.reshape(-1, 2, half, *band.shape[1:]).swapaxes(1, 2).reshape(band.shape)
-        data = gguf.quants.quantize(np.ascontiguousarray(band), self.qtype)
+        if self.qtype.name in kquants.KERNEL_TYPES:  # (llama.cpp's library: gguf-py has no K-quant kernels)
+            data = kquants.quantize(band.astype(np.float32, copy=False), self.qtype.name)
+        else:
+            data = gguf.quants.quantize(np.ascontiguousarray(band), self.qtype)
         return {self.stored[0].name: data.reshape(-1).view(np.uint8)}
 
 
