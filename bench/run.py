@@ -437,7 +437,7 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
                 "-c",
                 f"{made}env UNSHARD_GGML_LIBRARY={ggml} {unshard} --gguf-type q4_k_m",
             ],
-            "convert_hf_to_gguf.py (f16), then llama-quantize q4_k_m": [
+            "convert_hf_to_gguf.py (f16) then llama-quantize q4_k_m": [
                 "sh",
                 "-c",
                 f"mkdir -p {out} && {convert.format(folder / 'hf-model')} f16 && {quantize} {out}/model.gguf "

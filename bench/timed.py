@@ -43,6 +43,17 @@ def main() -> None:
         end = time.perf_counter()
         ended.set()
 
+    # (stderr read as it comes, its end kept: a command that logs more than a pipe holds, as llama-quantize does on a
+    # 6 GB model, would otherwise wait on its pipe forever)
+    tail = bytearray()
+
+    def drain() -> None:
+        for chunk in iter(lambda: child.stderr.read1(65536), b""):
+            tail.extend(chunk)
+            del tail[:-4000]
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
     threading.Thread(target=wait, daemon=True).start()
     while not ended.wait(0.02):
         try:
@@ -51,7 +62,8 @@ def main() -> None:
             pass
     seconds = end - start
     kernel_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    err = child.stderr.read().decode(errors="replace")
+    reader.join()
+    err = tail.decode(errors="replace")
     print(
         json.dumps(
             {

@@ -15,6 +15,7 @@ import functools
 import importlib.util
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -198,7 +199,13 @@ def quantize(rows: np.ndarray, kind: str) -> np.ndarray:
     qtype = getattr(gguf_py().GGMLQuantizationType, kind)
     block, block_bytes = gguf_py().GGML_QUANT_SIZES[qtype]
     out = np.empty(count * (width // block) * block_bytes, dtype=np.uint8)
-    written = _library().ggml_quantize_chunk(int(qtype), rows.ctypes.data, out.ctypes.data, 0, count, width, None)
+    # (a band's rows in a slice per core: the blocks are the quantizing's cost, and each call runs without the GIL)
+    starts = sorted({count * i // _CORES for i in range(_CORES)} | {count})
+    calls = [
+        (int(qtype), rows.ctypes.data, out.ctypes.data, a * width, b - a, width, None)
+        for a, b in zip(starts, starts[1:])
+    ]
+    written = sum(_pool().map(lambda call: _library().ggml_quantize_chunk(*call), calls))
     if written != out.size:  # (the library and gguf-py disagree on the type's size: another llama.cpp)
         raise UnshardError(
             f"{_library()._name}: wrote {written} bytes of {kind} for {out.size} by gguf-py's sizes; use the "
@@ -210,6 +217,18 @@ def quantize(rows: np.ndarray, kind: str) -> np.ndarray:
 def check_available(file_type: str) -> None:
     """A one-line error before anything is written, where no llama.cpp library computes the mix's types."""
     library_path(file_type)
+
+
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(_CORES, thread_name_prefix="unshard-kquants")
+
+
+if hasattr(os, "register_at_fork"):  # (a forked writer starts a pool of its own: the parent's threads are not there)
+    os.register_at_fork(after_in_child=_pool.cache_clear)
 
 
 @functools.cache
