@@ -62,14 +62,8 @@ def choose_types(file_type: str, model: Model, tensors: list[tuple[str, int]]) -
     """The type of each quantized tensor (llama.cpp's name, its row length), in llama-quantize's order, and a note
     where a row does not fill the type's blocks: llama-quant.cpp's choices for this mix, with no importance matrix
     and no overrides (its counters follow the file's order: the attention's values per block, ffn_down's)."""
-    names = [name for name, _ in tensors]
-    state = _State(file_type, model, tied="output.weight" not in names)
-    state.attn_v_total = sum(_category(name) == "attn_v" for name in names)
-    chosen = {}
-    for name, columns in tensors:
-        wanted = state.mixed_type(name, columns)
-        chosen[name] = _fallback(wanted, columns)
-    return chosen
+    state = _State(file_type, model, [name for name, _ in tensors])
+    return {name: _fallback(state.mixed_type(name, columns), columns) for name, columns in tensors}
 
 
 def _category(name: str) -> str:
@@ -102,14 +96,15 @@ def _more_bits(i: int, n: int) -> bool:
 class _State:
     """llama-quant.cpp's llama_tensor_get_type_impl for the mixes of MIXES, with its counters."""
 
-    def __init__(self, file_type: str, model: Model, tied: bool):
-        self.mix, self.model, self.tied = file_type, model, tied
+    def __init__(self, file_type: str, model: Model, names: list[str]):
+        self.mix, self.model, self.tied = file_type, model, "output.weight" not in names
         self.default = MIXES[file_type]
         self.gqa = model.heads // model.kv_heads if model.kv_heads else 0
         # (llama.cpp's 70B: a Llama of 80 blocks whose keys and values are shared by query groups)
         self.is_70b = model.architecture == "llama" and model.blocks == 80 and model.heads != model.kv_heads
         self.falcon = model.architecture == "falcon"
-        self.attn_v_seen = self.attn_v_total = self.ffn_down_seen = 0
+        self.attn_v_seen = self.ffn_down_seen = 0
+        self.attn_v_total = sum(_category(name) == "attn_v" for name in names)
 
     def mixed_type(self, name: str, columns: int) -> str:
         category, kind = _category(name), self.default
@@ -212,11 +207,6 @@ def quantize(rows: np.ndarray, kind: str) -> np.ndarray:
             "llama.cpp build that goes with the installed gguf-py (or unset " + LIBRARY_VARIABLE + ")"
         )
     return out
-
-
-def check_available(file_type: str) -> None:
-    """A one-line error before anything is written, where no llama.cpp library computes the mix's types."""
-    library_path(file_type)
 
 
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -67,8 +67,8 @@ def plan_gguf(
         outputs = [o for o in outputs if not vision.is_vision(o.name)]
         # (as the converter reads a text model's; the vision_config stays, for the mmproj)
         hparams = {**hparams, **(hparams.get("text_config") or {})}
-    if requested in kquants.MIXES:
-        kquants.check_available(requested)
+    if requested in kquants.MIXES:  # (a one-line error before anything is written, where no library computes them)
+        kquants.library_path(requested)
     arch = getattr(gguf.MODEL_ARCH, part.arch)
     file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
     ftype = (
