@@ -13,9 +13,14 @@ llama.cpp's own llama_model_quantize; with several types (TYPE,TYPE,...), OUT is
 runs an image (PIXELS.rgb: WIDTH x HEIGHT RGB bytes, row by row) through llama.cpp's multimodal library (mtmd) as
 llama-mtmd-cli does, with MMPROJ.gguf beside the text model: OUT.npy gets the image's embeddings, one row per token
 of the image, as mtmd gives them to the text model.
+
+    python llama_cpp_client.py tokenize MODEL.gguf TEXTS.json OUT.json
+tokenizes each text of TEXTS.json (a list) with the file's vocabulary, as llama.cpp does (no BOS, special tokens as
+text): OUT.json gets a list of token id lists.
 """
 
 import ctypes
+import json
 import os
 import sys
 
@@ -72,7 +77,17 @@ def image(model: str, mmproj: str, width: int, height: int, pixels: str, out: st
     mtmd.mtmd_free(context)
 
 
-if sys.argv[1] == "run":
+def tokenize(model: str, texts: str, out: str) -> None:
+    llm = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
+    with open(texts, encoding="utf-8") as f:
+        ids = [llm.tokenize(text.encode(), add_bos=False, special=False) for text in json.load(f)]
+    with open(out, "w") as f:
+        json.dump(ids, f)
+
+
+if sys.argv[1] == "tokenize":
+    tokenize(sys.argv[2], sys.argv[3], sys.argv[4])
+elif sys.argv[1] == "run":
     run(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4], int(sys.argv[5]))
 elif sys.argv[1] == "image":
     image(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7])

@@ -82,9 +82,9 @@ def test_megatron_refuses_with_the_reason_it_shows(family):
             megatron_hf.family_of(family.model_type, "ckpt")
     with pytest.raises(
         CheckpointError,
-        match="no Megatron name table for model_type 'olmo2'; unshard knows deepseek_v3, glm4_moe, llama,",
+        match="no Megatron name table for model_type 'falcon'; unshard knows deepseek_v3, glm4_moe, llama,",
     ):
-        megatron_hf.family_of("olmo2", "ckpt")
+        megatron_hf.family_of("falcon", "ckpt")
 
 
 @pytest.mark.parametrize("family", families.FAMILIES, ids=lambda f: f.model_type)
@@ -202,6 +202,12 @@ TESTED = {
         "mixtral": "mixtral8-fsdp2-spm",
         "qwen2_moe": "qwen2moe-fsdp2",
         "qwen3_moe": "qwen3moe-fsdp2",
+        "olmo2": "olmo2-fsdp2",
+        "olmo3": "olmo3-fsdp2",
+        "smollm3": "smollm3-fsdp2",
+        "gpt_oss": "gptoss-fsdp2",
+        "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
+        "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
     },
     "mmproj": {"gemma3": "gemma3vl-fsdp2-spm"},
 }

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from . import deepseek, gemma, glm, llama, mixtral, phi3, qwen, qwen_moe, vlm
+from . import deepseek, gemma, glm, gpt_oss, llama, mixtral, olmo, phi3, qwen, qwen_moe, vlm
 from .parts import DEFAULT_FUSED_SIBLINGS, Family, MoELayout, Unsupported
 
 # In the order the matrix lists them; merge-moe tries its layouts in this order too (Mixtral first, as mergekit).
@@ -23,10 +23,12 @@ FAMILIES: tuple[Family, ...] = (
     *qwen.FAMILIES,
     *gemma.FAMILIES,
     *phi3.FAMILIES,
+    *olmo.FAMILIES,
     *mixtral.FAMILIES,
     *qwen_moe.FAMILIES,
     *deepseek.FAMILIES,
     *glm.FAMILIES,
+    *gpt_oss.FAMILIES,
     *vlm.FAMILIES,
 )
 _BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES}

@@ -1,20 +1,24 @@
 """DeepSeek-V3 (and Kimi K2, which is one): multi-latent attention (queries and keys/values each through a low-rank
 down projection, a norm and an up projection; a rotary part carried beside the latent), a few dense layers first,
 then MoE layers whose router scores experts by sigmoid plus a learned bias (`e_score_correction_bias`), in groups,
-with shared experts beside the routed ones.
+with shared experts beside the routed ones. llama.cpp's deepseek2 computes the latent attention absorbed: one
+key-value head (MQA) of the latent's width, kv_b_proj split per head into k_b and v_b (latent_kv).
 
 The MoE block (router and bias, routed and shared experts, dense first layers) is also GLM-4.5's (glm.py).
 """
 
 from __future__ import annotations
 
+from functools import partial
+from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigMismatchError
 from ..names import megatron_rules as m
 from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS
+from .gguf_hooks import GATING_KEYS, first_of, gguf_quiet, rope_parameters, text_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import Family, MegatronRules, Unsupported
+from .parts import Family, GGUFPart, MegatronRules, Rearrangement, Unsupported
 
 L = m.L
 A = "decoder.layers.{i}.self_attention."
@@ -155,6 +159,70 @@ def _config(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def deepseek2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's DeepseekV2Model's: its TextModel's with one key-value head (the latent attention as MQA) and the
+    expert groups, then the dense first layers, the latent's ranks and the widths of keys and values (absorbed, and
+    as the model has them), the experts' width, count and shared count, the routing's scale and renormalisation, the
+    rotary part, YaRN's log multiplier. Some keys are written twice, as the converter does (the second value counts,
+    in the first one's place)."""
+    with gguf_quiet():  # (gguf-py warns of each key written again)
+        as_mqa = {**hparams, "num_key_value_heads": 1, "rms_norm_eps": hparams.get("rms_norm_eps", 1e-6)}
+        if first_of(hparams, *GATING_KEYS) is None and hparams.get("model_type") == "deepseek_v3":
+            # transformers' DeepSeek-V3 routes by sigmoid and its config.json does not say so (the Hub's does:
+            # scoring_func); llama.cpp's deepseek2 would route such a file by softmax, as DeepSeek-V2 did
+            as_mqa["scoring_func"] = "sigmoid"
+        text_hyperparameters(writer, as_mqa, ftype, blocks, folder, expert_groups=True)
+        dense = hparams.get("first_k_dense_replace")
+        if dense is None:  # (no MoE: every layer dense)
+            dense = hparams["num_hidden_layers"] if hparams.get("n_routed_experts") is None else 0
+        writer.add_leading_dense_block_count(dense)
+        writer.add_vocab_size(hparams["vocab_size"])
+        if hparams.get("q_lora_rank") is not None:
+            writer.add_q_lora_rank(hparams["q_lora_rank"])
+        rank, rope = hparams.get("kv_lora_rank", 512), hparams["qk_rope_head_dim"]
+        writer.add_kv_lora_rank(rank)
+        writer.add_key_length(rank + rope)
+        writer.add_value_length(rank)
+        writer.add_key_length_mla(hparams["qk_nope_head_dim"] + rope)
+        writer.add_value_length_mla(hparams["v_head_dim"])
+        writer.add_expert_feed_forward_length(hparams.get("moe_intermediate_size") or hparams["intermediate_size"])
+        if hparams.get("n_routed_experts") is not None:
+            writer.add_expert_count(hparams["n_routed_experts"])
+        writer.add_expert_shared_count(hparams.get("n_shared_experts") or 0)
+        if hparams.get("routed_scaling_factor") is not None:
+            writer.add_expert_weights_scale(hparams["routed_scaling_factor"])
+        if hparams.get("norm_topk_prob"):
+            writer.add_expert_weights_norm(True)
+        writer.add_rope_dimension_count(rope)
+        if (mscale := rope_parameters(hparams)[0].get("mscale_all_dim")) is not None:
+            writer.add_rope_scaling_yarn_log_mul(0.1 * mscale)
+
+
+def latent_kv(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """kv_b_proj as llama.cpp's deepseek2 takes it, for its absorbed attention: each head's rows in two tensors, its
+    keys' transposed (k_b: the latent's columns by the key's rows) and its values' (v_b), as the converter splits
+    them. A band holds whole heads."""
+    if not name.endswith("self_attn.kv_b_proj.weight"):
+        return None
+    heads = hparams["num_attention_heads"]  # (each head its own keys and values from the latent, as transformers)
+    keys, values = hparams["qk_nope_head_dim"], hparams["v_head_dim"]
+    if shape[0] != heads * (keys + values):
+        raise ConfigMismatchError(
+            f"{where}: {name} has {shape[0]} rows, not {heads} heads of {keys} key and {values} value rows; pass "
+            "--config-from the model's own folder"
+        )
+    split = {
+        name.replace("kv_b_proj", "k_b_proj"): (heads, shape[1], keys),
+        name.replace("kv_b_proj", "v_b_proj"): (heads, values, shape[1]),
+    }
+    return Rearrangement(split, partial(latent_kv_pieces, keys=keys, head_rows=keys + values), keys + values)
+
+
+def latent_kv_pieces(band, keys: int, head_rows: int) -> tuple:
+    heads = band.reshape(-1, head_rows, band.shape[-1])
+    return heads[:, :keys].swapaxes(1, 2), heads[:, keys:]
+
+
 FAMILIES = (
     Family(
         "DeepSeek-V3",
@@ -169,7 +237,13 @@ FAMILIES = (
         meta_names=TORCHTITAN,
         torchtitan_names=TORCHTITAN,
         fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
-        gguf=Unsupported("llama.cpp's deepseek2 (its split kv_b_proj) is not written by unshard yet"),
+        gguf=GGUFPart(
+            "DEEPSEEK2",
+            hyperparameters=deepseek2_hyperparameters,
+            vocabulary="bpe",
+            rearranged=latent_kv,
+            one_kv_head=True,
+        ),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         notes={

@@ -5,12 +5,11 @@ feed-forward, Gemma 3's q and k norms; llama.cpp's gemma, gemma2 and gemma3 with
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
-from .gguf_hooks import check_query_scale, json_or_empty, special_vocab, text_hyperparameters
+from .gguf_hooks import check_query_scale, gguf_quiet, json_or_empty, special_vocab, text_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY, TORCHTUNE, TORCHTUNE_ENDS
 from .parts import NO_META_NAMES, Family, GGUFPart, Unsupported
 
@@ -62,12 +61,8 @@ def _gemma_special_tokens(writer, folder: Path) -> None:
     for kind, token in GEMMA_SPECIAL_TOKENS.items():
         special.special_token_ids.setdefault(kind, token)
     special.chat_template = None  # (written with the vocabulary)
-    quiet = logging.getLogger("gguf")
-    level, quiet.level = quiet.level, logging.ERROR  # (gguf-py has no field for some, and says so for each)
-    try:
+    with gguf_quiet():  # (gguf-py has no field for some, and says so for each)
         special.add_to_gguf(writer, quiet=True)
-    finally:
-        quiet.level = level
 
 
 def gemma3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:

@@ -5,6 +5,7 @@ of the converter's TextModel, the query scale llama.cpp assumes, the special voc
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,19 @@ def gguf_py():
         raise UnshardError("GGUF output needs the gguf package: pip install 'unshard[gguf]'") from None
     logging.getLogger("gguf").setLevel(logging.WARNING)  # (it says at INFO which endianness each file has)
     return gguf
+
+
+@contextmanager
+def gguf_quiet():
+    """gguf-py's warnings kept from the user where the converter's own steps make them (a key written twice, a special
+    token it has no field for): setLevel, which clears the loggers' cached levels, as assigning `level` does not."""
+    logger = logging.getLogger("gguf")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def first_of(hparams: dict, *keys: str) -> Any:
@@ -46,8 +60,10 @@ def rotary_dimensions(hparams: dict, rope: dict) -> int:
     return int(rope.get("partial_rotary_factor", 1.0) * hparams["hidden_size"]) // hparams["num_attention_heads"]
 
 
-def text_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
-    """The converter's TextModel's: sizes, heads, rope (linear and YaRN scaling), norm epsilon, head width."""
+def text_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path, expert_groups: bool = False) -> None:
+    """The converter's TextModel's: sizes, heads, rope (linear and YaRN scaling), norm epsilon, head width.
+    expert_groups: the family routes as llama.cpp does by the config's expert groups and gating function (DeepSeek's
+    routing); for the others such a setting is refused, as llama.cpp would route by it where transformers does not."""
     gguf = gguf_py()
     where = folder / "config.json"
     writer.add_block_count(blocks)
@@ -99,25 +115,48 @@ def text_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
         writer.add_expert_count(experts)
     if (used := first_of(hparams, "num_experts_per_tok", "num_experts_per_token", "top_k_experts")) is not None:
         writer.add_expert_used_count(used)
-    for key in (
-        "n_group",
-        "topk_group",
-        "score_function",
-        "scoring_func",
-        "score_func",
-        "moe_router_activation",
-        "moe_router_activation_func",
-        "expert_selection_fn",
-    ):  # (expert groups, gating other than softmax)
-        if hparams.get(key) is not None:
-            raise ConfigMismatchError(
-                f"{where}: {key} is set, an expert routing unshard does not write as GGUF yet; "
-                "write a folder and use llama.cpp's convert_hf_to_gguf.py"
-            )
+    if expert_groups:
+        _expert_groups(writer, hparams, where)
+    else:
+        for key in ("n_group", "topk_group", *GATING_KEYS):  # (expert groups, gating other than softmax)
+            if hparams.get(key) is not None:
+                raise ConfigMismatchError(
+                    f"{where}: {key} is set, an expert routing unshard does not write as GGUF for "
+                    "this family yet; write a folder and use llama.cpp's convert_hf_to_gguf.py"
+                )
     if hparams.get("head_dim") is not None:
         writer.add_key_length(hparams["head_dim"])
         writer.add_value_length(hparams["head_dim"])
     writer.add_file_type(ftype)
+
+
+# the config keys the converter reads the experts' gating function from, the first set one
+GATING_KEYS = (
+    "score_function",
+    "scoring_func",
+    "score_func",
+    "moe_router_activation",
+    "moe_router_activation_func",
+    "expert_selection_fn",
+)
+
+
+def _expert_groups(writer, hparams: dict, where: Path) -> None:
+    """The experts' groups and gating function, as the converter's TextModel writes them."""
+    gguf = gguf_py()
+    if hparams.get("n_group") is not None:
+        writer.add_expert_group_count(hparams["n_group"])
+    if hparams.get("topk_group") is not None:
+        writer.add_expert_group_used_count(hparams["topk_group"])
+    gating = first_of(hparams, *GATING_KEYS)
+    if gating is not None:
+        functions = {"sigmoid": "SIGMOID", "softmax": "SOFTMAX", "sqrtsoftplus": "SQRTSOFTPLUS"}
+        if gating not in functions:
+            raise ConfigMismatchError(
+                f"{where}: the experts' gating function {gating!r} is not one llama.cpp computes "
+                f"({', '.join(functions)}); serve this model with transformers or vLLM"
+            )
+        writer.add_expert_gating_func(getattr(gguf.ExpertGatingFuncType, functions[gating]))
 
 
 def check_query_scale(hparams: dict, arch_name: str, largest_blocks: int, where: Path) -> None:

@@ -1,14 +1,16 @@
 """Llama and Mistral: one set of names (Mistral is Llama's layout with a sliding window), Meta's names as torchtitan
-and torchtune save them, llama.cpp's `llama` (q and k rows reordered per head, Llama 3's rope factors computed)."""
+and torchtune save them, llama.cpp's `llama` (q and k rows reordered per head, Llama 3's rope factors computed); and
+SmolLM3, Llama's layout with every fourth layer's rotary embeddings left out, llama.cpp's `smollm3`."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
 from ..names import megatron_rules as m
-from .parts import Family, GGUFPart, MegatronRules, Unsupported
+from .parts import NO_META_NAMES, Family, GGUFPart, MegatronRules, Unsupported
 
 # torchtune's and torchtitan's names (layer as {i}) -> (Hugging Face name, which rotary permutation: q, k or none)
 L = "model.layers.{i}."
@@ -93,6 +95,22 @@ def llama_computed(writer, hparams: dict, rope: dict, head_dim: int, where: Path
     return {}
 
 
+def smollm3_checked(hparams: dict, where: Path) -> None:
+    """SmolLM3's layers without rotary embeddings, and no sliding window, where llama.cpp's smollm3 has them: every
+    fourth layer, whatever the config says."""
+    every_fourth = [int((i + 1) % 4 != 0) for i in range(hparams["num_hidden_layers"])]
+    if list(hparams.get("no_rope_layers", every_fourth))[: len(every_fourth)] != every_fourth:
+        raise ConfigMismatchError(
+            f"{where}: no_rope_layers is not every fourth layer, which is where llama.cpp's smollm3 leaves "
+            "rotary embeddings out: it would compute another model; serve this one with transformers or vLLM"
+        )
+    if hparams.get("use_sliding_window"):
+        raise ConfigMismatchError(
+            f"{where}: use_sliding_window is set, and llama.cpp's smollm3 has no sliding window: it would "
+            "compute another model; serve this one with transformers or vLLM"
+        )
+
+
 # llama.cpp's llama: Llama, Mistral and Mixtral
 GGUF = GGUFPart("LLAMA", computed=llama_computed, permute_qk=True, llama_vocabulary=True)
 TEXT_ONLY = Unsupported("a text model: it has no vision part", applies=False)
@@ -137,5 +155,19 @@ FAMILIES = (
             "megatron_legacy": "with --config-from (the args describe a Llama)",
             "megatron_dist": "with --config-from (the args describe a Llama)",
         },
+    ),
+    Family(
+        "SmolLM3",
+        "smollm3",
+        "SmolLM3ForCausalLM",
+        tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
+        megatron=Unsupported("Megatron's layout of SmolLM3 (its layers without rotary embeddings) is not mapped yet"),
+        meta_names=NO_META_NAMES,
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "SMOLLM3", computed=llama_computed, permute_qk=True, llama_vocabulary=True, check_config=smollm3_checked
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("a dense family merge-moe does not assemble from", applies=False),
     ),
 )

@@ -35,6 +35,18 @@ class MegatronRules:
 
 
 @dataclass(frozen=True)
+class Rearrangement:
+    """One Hugging Face tensor the converter stores otherwise than as it is (sinks/gguf's Rearranged): the tensors it
+    becomes, by the Hugging Face-like names the converter maps to llama.cpp's (in its order), with their shapes, and
+    the module function (or a partial of one: it goes to writer processes by pickle) that cuts each band of
+    `rows_per_band` whole rows, as numpy, into their pieces."""
+
+    tensors: dict[str, tuple[int, ...]]
+    pieces: Callable[[Any], tuple[Any, ...]]
+    rows_per_band: int = 1
+
+
+@dataclass(frozen=True)
 class GGUFPart:
     """How llama.cpp's converter writes the family (sinks/gguf): its architecture and the family's header hooks."""
 
@@ -47,12 +59,22 @@ class GGUFPart:
     computed: Callable[..., dict[str, list[float]]] | None = None
     permute_qk: bool = False  # q and k rows reordered per head (llama.cpp's llama rotates pairs, as Meta's code)
     norm_shift: float = 0.0  # added to every norm weight (Gemma's 1 + weight, which llama.cpp applies as it is)
-    # (hparams, where): refuses a config llama.cpp would compute otherwise than transformers (its experts' routing)
-    check_experts: Callable[..., None] | None = None
+    # (hparams, where): refuses a config llama.cpp would compute otherwise than transformers (Qwen MoE's routing,
+    # SmolLM3's layers without rotary embeddings)
+    check_config: Callable[..., None] | None = None
     vocabulary: str = "auto"  # auto: SentencePiece where there is a tokenizer.model, else BPE; bpe: tokenizer.json only
     llama_vocabulary: bool = False  # the converter's LlamaModel: vocabulary size, rope dimensions, space prefix
     expert_widths: bool = False  # the experts' (and a shared expert's) widths, after the file type
     phi3_tokens: bool = False  # (Phi-3's tokenizer, as the converter reads it)
+    # (name, shape, hparams, where) -> how the converter stores that tensor otherwise than as it is, or None
+    rearranged: Callable[..., Rearrangement | None] | None = None
+    renames: tuple[tuple[str, str], ...] = ()  # the end of a Hugging Face name -> what the converter maps instead
+    one_kv_head: bool = False  # the file's attention as MQA (llama.cpp's deepseek2 computes latent attention so)
+    # special tokens the converter sets by their text where tokenizer_config.json names none of that kind (GLM's)
+    special_tokens: tuple[tuple[str, str], ...] = ()
+    # the config's count of blocks after the model's own that the file has room for (GLM's MTP layers, which
+    # llama.cpp loads where they are and goes without where they are not)
+    extra_blocks: str | None = None
 
 
 # Linear layers that vLLM runs as one, for a model of a family not listed (and the vision-language models, whose

@@ -60,7 +60,7 @@ def _routing_checked(arch_name: str, renormalised: bool):
 
 def _gguf(arch: str, arch_name: str, renormalised: bool) -> GGUFPart:
     # (the vocabulary from tokenizer.json alone, as the converter's Qwen MoE models read it)
-    return GGUFPart(arch, check_experts=_routing_checked(arch_name, renormalised), expert_widths=True, vocabulary="bpe")
+    return GGUFPart(arch, check_config=_routing_checked(arch_name, renormalised), expert_widths=True, vocabulary="bpe")
 
 
 SAME = {p: p for p in ("gate_proj", "up_proj", "down_proj")}

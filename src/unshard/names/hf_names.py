@@ -378,6 +378,24 @@ def _naming(
     tied, in_memory, saved = facts.tied, facts.in_memory, facts.saved
     dropped = {n: "tied weight, saved once" for n, c in renamed.items() if c in tied}
     live = {n: c for n, c in renamed.items() if n not in dropped}
+    if mtp := {n: c for n, c in live.items() if _in_mtp_layer(c, config)}:
+        # (the Hub's DeepSeek-V3 and GLM-4.5 hold them; transformers' classes load none, vLLM and llama.cpp do)
+        naming = _naming(
+            facts,
+            {n: c for n, c in renamed.items() if n not in mtp},
+            shapes,
+            config,
+            config_folder,
+            check,
+            updates,
+            note,
+        )
+        naming.outputs.update({n: [(c, shapes[n])] for n, c in mtp.items()})
+        naming.notes.append(
+            f"{len(mtp)} tensors of the multi-token prediction layer(s) config.json counts "
+            "(num_nextn_predict_layers) kept as saved: transformers does not load them, vLLM and llama.cpp do"
+        )
+        return naming
     # A tied weight is saved once; the checkpoint may hold both copies or one.
     live_shapes = {c: shapes[n] for n, c in live.items()}
     if not set(live.values()) <= set(in_memory) and set(live.values()) <= set(saved):
@@ -399,6 +417,17 @@ def _naming(
         notes,
         linear=facts.linear,
     )
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _in_mtp_layer(name: str, config: dict) -> bool:
+    """Whether a tensor is in a multi-token prediction layer the config counts after the model's own
+    (num_nextn_predict_layers: DeepSeek-V3's, GLM-4.5's), numbered on from the last of them."""
+    layer = _LAYER.match(name)
+    blocks = config.get("num_hidden_layers")
+    return bool(layer and blocks is not None and config.get("num_nextn_predict_layers") and int(layer[1]) >= blocks)
 
 
 def _saved_shapes(model, in_memory: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:

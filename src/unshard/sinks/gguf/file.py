@@ -30,7 +30,7 @@ def header(plan: GGUFPlan, tensors: list[OutputTensor]):
     gguf = gguf_py()
     writer = plan.writer
     writer.tensors = [{}]  # (one writer makes every header of the plan: --dry-run's, the file's)
-    qtypes = {stacked(e.stored[0].name)[0]: e.qtype for e in plan.encoded.values()}
+    qtypes = {name: qtype for e in plan.encoded.values() for name, qtype in e.types().items()}
     qtypes.update(dict.fromkeys(plan.computed, gguf.GGMLQuantizationType.F32))
     parts: dict[str, dict[int | None, OutputTensor]] = {}  # the file's tensors: their experts, or themselves (None)
     for tensor in [*tensors, *plan.computed_stored()]:

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 from ... import dtypes, families
 from ...errors import ConfigMismatchError, UnshardError
 from ...families.gguf_hooks import first_of, gguf_py, rope_parameters, text_hyperparameters
-from ...families.parts import GGUFPart
+from ...families.parts import GGUFPart, Rearrangement
 from ...types import OutputTensor
 from . import kquants, vision
 from .header import general_metadata, read_hparams
-from .tensors import EXPERT, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor
+from .tensors import EXPERT, LAYER, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor, Rearranged
 from .vocabulary import write_vocabulary
 
 if TYPE_CHECKING:
@@ -76,12 +76,14 @@ def plan_gguf(
     )
     plan = GGUFPlan(file_type, gguf.MODEL_ARCH_NAMES[arch], gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[arch]))
     experts = first_of(hparams, "num_local_experts", "num_experts", "n_routed_experts") or 0
-    if part.check_experts:
-        part.check_experts(hparams, where)
+    if part.check_config:
+        part.check_config(hparams, where)
     head_dim = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
-    parameters = _plan_tensors(plan, outputs, hparams, part, arch, head_dim, experts, where)
+    blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
+    outputs = _without_layers_past(plan, outputs, blocks)
+    parameters = _plan_tensors(plan, outputs, hparams, part, arch, head_dim, experts, blocks, where)
     _computed_tensors(plan, hparams, part, head_dim, where)
-    plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, head_dim, part)
+    plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, head_dim, blocks, part)
     if file_type in QUANTIZED:  # llama-quantize sets these two over what it copies, which puts them last
         fields = plan.writer.kv_data[0]
         for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
@@ -100,12 +102,13 @@ def _plan_tensors(
     arch,
     head_dim: int,
     experts: int,
+    blocks: int,
     where: Path,
 ) -> tuple[int, int, int, int]:
     """Each output's name, type and place in the file (plan.encoded, plan.positions); the parameters as gguf-py
     counts them for the size label: (all, those outside the experts, one expert's, experts)."""
     gguf = gguf_py()
-    blocks, file_type = hparams["num_hidden_layers"], plan.file_type
+    file_type = plan.file_type
     qtype = getattr(gguf.GGMLQuantizationType, kquants.MIXES.get(file_type, file_type).upper())
     names = gguf.get_tensor_name_map(arch, blocks)
     heads, kv_heads = (
@@ -113,16 +116,16 @@ def _plan_tensors(
         hparams.get("num_key_value_heads") or hparams["num_attention_heads"],
     )
     ordered = sorted(outputs, key=lambda o: o.name)  # (the converter's order, from a one-file folder: sorted)
-    llama_names, stacks, expert_of = [], {}, {}
+    llama_names, stacks, expert_of, rearranged = [], {}, {}, {}
     for output in ordered:
+        how = part.rearranged(output.name, output.shape, hparams, where) if part.rearranged else None
+        if how is not None:  # (the file's tensors it becomes, by llama.cpp's names, in the converter's order)
+            made = {_llama_name(names, n, plan, where, output.name): shape for n, shape in how.tensors.items()}
+            rearranged[output.name] = (how, made)
+            llama_names.append(next(iter(made)))
+            continue
         expert = EXPERT.match(output.name)
-        source = output.name.replace("language_model.", "")  # (a vision-language model's text part, as the converter)
-        name = names.get_name(f"{expert[1]}.{expert[3]}" if expert else source, try_suffixes=(".weight", ".bias"))
-        if name is None:
-            raise ConfigMismatchError(
-                f"{where}: the tensor {output.name} has no name in llama.cpp's {plan.architecture} "
-                "model; llama.cpp cannot load it"
-            )
+        name = _llama_name(names, f"{expert[1]}.{expert[3]}" if expert else output.name, plan, where, output.name, part)
         if expert:
             stacks.setdefault(name, {})[int(expert[2])] = output
             expert_of[output.name] = int(expert[2])
@@ -138,13 +141,23 @@ def _plan_tensors(
     output_layer = "output.weight" if "output.weight" in llama_names else "token_embd.weight"
     mixed = {}
     if file_type in kquants.MIXES:  # (llama-quantize's choices follow its order of the file's tensors)
-        quantized = {name: o.shape[-1] for o, name in zip(ordered, llama_names) if _quantized(name, o.shape)}
-        model = kquants.Model(plan.architecture, blocks, heads, kv_heads, experts)
+        shapes = [
+            rearranged[o.name][1] if o.name in rearranged else {name: o.shape} for o, name in zip(ordered, llama_names)
+        ]
+        quantized = {name: shape[-1] for each in shapes for name, shape in each.items() if _quantized(name, shape)}
+        # (a file with one key-value head, as llama.cpp's deepseek2 computes latent attention: MQA)
+        model = kquants.Model(plan.architecture, blocks, heads, 1 if part.one_kv_head else kv_heads, experts)
         mixed = kquants.choose_types(file_type, model, sorted(quantized.items(), key=lambda t: _in_blocks(t[0])))
-    shared = expert_params = 0
+    file_shapes = {}  # (every tensor of the file, by llama.cpp's name: gguf-py counts the parameters from them)
     for output, name in zip(ordered, llama_names):
+        if output.name in rearranged:
+            how, made = rearranged[output.name]
+            plan.encoded[output.name] = _rearranged(plan, output, how, made, qtype, experts, mixed)
+            file_shapes.update(made)
+            continue
         stack, index = stacks.get(name), expert_of.get(output.name)
         shape = (len(stack), *output.shape) if stack else output.shape
+        file_shapes[name] = shape
         tensor_type, note = _tensor_type(plan, name, shape, qtype, name == output_layer, experts, mixed.get(name))
         if note and index in (None, 0):  # (a stack's note once)
             plan.notes.append(f"{output.name if stack is None else name}: {note}")
@@ -158,12 +171,7 @@ def _plan_tensors(
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
         if file_type in QUANTIZED and not stack:  # (llama-quantize drops ggml's trailing dimensions of 1: our leading)
             byte_shape = byte_shape[next((i for i, d in enumerate(byte_shape) if d != 1), len(byte_shape) - 1) :]
-        if stack:
-            stored = OutputTensor(f"{name}[{index}]", byte_shape, dtypes.BY_NAME["uint8"])
-            expert_params += math.prod(output.shape) if index == 0 else 0
-        else:
-            stored = OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"])
-            shared += math.prod(output.shape)
+        stored = OutputTensor(name if stack is None else f"{name}[{index}]", byte_shape, dtypes.BY_NAME["uint8"])
         shift = part.norm_shift if output.name.endswith("norm.weight") else 0.0
         plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, output.dtype, permuted, max(1, permuted), shift)
         if file_type in QUANTIZED:
@@ -172,7 +180,75 @@ def _plan_tensors(
             plan.positions[name] = (last_expert[name.split(".")[1]], EXPERT.match(output.name)[3])
         else:
             plan.positions[name] = (output.name,)
-    return shared + expert_params * experts, shared, expert_params, experts if stacks else 0
+    return _parameter_counts(file_shapes)
+
+
+def _without_layers_past(plan: GGUFPlan, outputs: list[OutputTensor], blocks: int) -> list[OutputTensor]:
+    """The outputs but those of layers past the file's blocks, which the converter leaves out too (the multi-token
+    prediction layers of DeepSeek-V3's folder on the Hub), in plan.left_out, with a note."""
+    past = {o.name for o in outputs if (layer := LAYER.match(o.name)) and int(layer[1]) >= blocks}
+    if past:
+        plan.left_out.update(past)
+        plan.notes.append(
+            f"{len(past)} tensors of layers past the {blocks} llama.cpp's {plan.architecture} runs (the multi-token "
+            "prediction layers) left out, as llama.cpp's converter leaves them"
+        )
+    return [o for o in outputs if o.name not in past]
+
+
+def _llama_name(names, source: str, plan: GGUFPlan, where: Path, output: str, part: GGUFPart | None = None) -> str:
+    """llama.cpp's name of a Hugging Face tensor, as the converter maps it (after its renames: a vision-language
+    model's text part, a sigmoid router's expert bias as a bias, the family's); one line where it has none."""
+    source = source.replace("language_model.", "").replace("e_score_correction_bias", "e_score_correction.bias")
+    for end, renamed in part.renames if part else ():
+        source = source[: -len(end)] + renamed if source.endswith(end) else source
+    name = names.get_name(source, try_suffixes=(".weight", ".bias"))
+    if name is None:
+        raise ConfigMismatchError(
+            f"{where}: the tensor {output} has no name in llama.cpp's {plan.architecture} model; llama.cpp cannot "
+            "load it"
+        )
+    return name
+
+
+def _parameter_counts(shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int, int]:
+    """The file's parameters as gguf-py counts them for the size label (GGUFWriter.get_total_parameter_count): all,
+    those outside the experts' stacks, one expert's, and the experts."""
+    total = shared = expert = stacked_experts = stacks = 0
+    for name, shape in shapes.items():
+        size = math.prod(shape)
+        total += size
+        if "_exps." in name and len(shape) >= 3:
+            count = shape[-2 if ".bias" in name else -3]
+            expert, stacked_experts, stacks = expert + size // count, stacked_experts + count, stacks + 1
+        else:
+            shared += size
+    return total, shared, expert, stacked_experts // stacks if stacks else 0
+
+
+def _rearranged(
+    plan: GGUFPlan,
+    output: OutputTensor,
+    how: Rearrangement,
+    made: dict[str, tuple[int, ...]],
+    qtype,
+    experts: int,
+    mixed: dict,
+) -> Rearranged:
+    """The encoding of an output the converter stores rearranged, as the file's tensors `made` (llama.cpp's name ->
+    shape), each of its own type (DeepSeek's k_b has rows of a head's key width, which may not fill the type's blocks
+    where v_b's do), in the converter's place (one after the other) or llama-quantize's."""
+    gguf = gguf_py()
+    stored, qtypes = [], []
+    for name, shape in made.items():
+        tensor_type, note = _tensor_type(plan, name, shape, qtype, False, experts, mixed.get(name))
+        if note:
+            plan.notes.append(f"{name}: {note}")
+        byte_shape = tuple(gguf.quant_shape_to_byte_shape(shape, tensor_type))
+        stored.append(OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"]))
+        qtypes.append(tensor_type)
+        plan.positions[name] = _in_blocks(name) if plan.file_type in QUANTIZED else (output.name, name)
+    return Rearranged(tuple(stored), tuple(qtypes), output.dtype, how.pieces, how.rows_per_band)
 
 
 def _in_blocks(name: str) -> tuple[int, str]:
@@ -253,7 +329,14 @@ def _check_stacks(stacks: dict[str, dict[int, OutputTensor]], experts: int, wher
 
 
 def _metadata(
-    writer, hparams: dict, folder: Path, ftype, parameters: tuple[int, int, int, int], head_dim: int, part: GGUFPart
+    writer,
+    hparams: dict,
+    folder: Path,
+    ftype,
+    parameters: tuple[int, int, int, int],
+    head_dim: int,
+    blocks: int,
+    part: GGUFPart,
 ) -> str:
     """The key-values the converter writes, in its order (general, hyper-parameters, tokenizer), with the family's
     hooks: its own hyper-parameters, a `llama`'s (the converter's LlamaModel) vocabulary size, rope dimensions and
@@ -261,7 +344,6 @@ def _metadata(
     gguf = gguf_py()
     writer.add_type(gguf.GGUFType.MODEL)
     general_metadata(writer, folder, parameters)
-    blocks = hparams["num_hidden_layers"]
     (part.hyperparameters or text_hyperparameters)(writer, hparams, ftype, blocks, folder)
     if part.expert_widths:  # (the experts' widths, after the file type)
         if hparams.get("moe_intermediate_size") is not None:
@@ -273,7 +355,13 @@ def _metadata(
         writer.add_rope_dimension_count(head_dim)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     vocabulary = write_vocabulary(
-        writer, hparams, folder, part.llama_vocabulary, phi3=part.phi3_tokens, bpe=part.vocabulary == "bpe"
+        writer,
+        hparams,
+        folder,
+        part.llama_vocabulary,
+        phi3=part.phi3_tokens,
+        bpe=part.vocabulary == "bpe",
+        special_tokens=part.special_tokens,
     )
     if part.after_vocabulary:
         part.after_vocabulary(writer, hparams, folder)

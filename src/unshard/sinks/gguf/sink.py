@@ -94,7 +94,10 @@ def plan_sink(request: FormatRequest) -> GGUFSink:
     outputs = [o for g in request.groups.values() for o in g.outputs]
     gguf = plan_gguf(request.options.gguf, outputs, request.config_folder, request.dtype.name, request.config_updates)
     encodings = {name: e for file in gguf.files().values() for name, e in file.encoded.items()}
-    for group in request.groups.values():
+    for name, group in list(request.groups.items()):
+        if {o.name for o in group.outputs} <= gguf.left_out:  # (a tensor of a layer the file has no place for)
+            del request.groups[name]  # (not read either)
+            continue
         group.outputs = [replace(o, encoding=encodings[o.name]) for o in group.outputs]
     return GGUFSink(gguf)
 

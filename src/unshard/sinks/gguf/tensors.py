@@ -4,6 +4,7 @@ the converter), and the file's types, metadata writer, positions and computed te
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,31 +47,64 @@ class GGUFTensor:
     shift: float = 0.0  # added to every value first
     surveys = False  # (each band is encoded as it comes)
 
-    def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
-        import numpy as np
+    def types(self) -> dict[str, Any]:
+        """The file's tensors this output is stored in, with their GGUF types."""
+        return {stacked(self.stored[0].name)[0]: self.qtype}
 
-        gguf = gguf_py()
-        if band.dtype not in (np.float16, np.float32):  # (as the converter: other floats via float32)
-            band = _as_float32(band, self.dtype)
+    def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
+        band = _as_float(band, self.dtype)
         if self.shift:
             band = band + self.shift  # (in the band's dtype, as torch adds it)
         if self.head_dim:
             half = self.head_dim // 2
             band = band.reshape(-1, 2, half, *band.shape[1:]).swapaxes(1, 2).reshape(band.shape)
-        if self.qtype.name in kquants.KERNEL_TYPES:  # (llama.cpp's library: gguf-py has no K-quant kernels)
-            data = kquants.quantize(band.astype(np.float32, copy=False), self.qtype.name)
-        else:
-            data = gguf.quants.quantize(np.ascontiguousarray(band), self.qtype)
-        return {self.stored[0].name: data.reshape(-1).view(np.uint8)}
+        return {self.stored[0].name: _quantized(band, self.qtype)}
 
 
-def _as_float32(band: np.ndarray, dtype: DType) -> np.ndarray:
-    """A band of another float dtype (bfloat16 as its bits, float64) as float32, rounded as torch's cast rounds."""
+@dataclass(frozen=True)
+class Rearranged:
+    """An output tensor the converter stores rearranged, as one or more of the file's tensors (a types.Encoding):
+    `pieces` (a family's module function, families/parts.Rearrangement) cuts each band of whole `rows_per_band` rows
+    into each stored tensor's piece, which is then quantized in its own type (DeepSeek's kv_b_proj as k_b and v_b,
+    gpt-oss's fused experts transposed and their gate and up apart)."""
+
+    stored: tuple[OutputTensor, ...]
+    qtypes: tuple[Any, ...]
+    dtype: DType
+    pieces: Callable[[Any], tuple[Any, ...]]
+    rows_per_band: int = 1
+    surveys = False
+
+    def types(self) -> dict[str, Any]:
+        return {stored.name: qtype for stored, qtype in zip(self.stored, self.qtypes)}
+
+    def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
+        parts = zip(self.stored, self.qtypes, self.pieces(_as_float(band, self.dtype)))
+        return {stored.name: _quantized(part, qtype) for stored, qtype, part in parts}
+
+
+def _as_float(band: np.ndarray, dtype: DType) -> np.ndarray:
+    """A band as float16 or float32 (as the converter: other floats via float32; bfloat16, held as its bits, rounded
+    as torch's cast rounds)."""
     import numpy as np
 
+    if band.dtype in (np.float16, np.float32):
+        return band
     if dtype.name == "bfloat16":
         return dtypes.cast(band.view(np.uint8).reshape(-1), dtype, dtypes.float32).view(np.float32).reshape(band.shape)
     return band.astype(np.float32)
+
+
+def _quantized(values: np.ndarray, qtype) -> np.ndarray:
+    """Rows of values as the bytes of a GGUF type: gguf-py's kernels, or llama.cpp's library for the K-quants (gguf-py
+    has none)."""
+    import numpy as np
+
+    if qtype.name in kquants.KERNEL_TYPES:
+        data = kquants.quantize(np.ascontiguousarray(values, dtype=np.float32), qtype.name)
+    else:
+        data = gguf_py().quants.quantize(np.ascontiguousarray(values), qtype)
+    return data.reshape(-1).view(np.uint8)
 
 
 @dataclass
@@ -80,13 +114,14 @@ class GGUFPlan:
     file_type: str  # llama.cpp's name (q8_0, ...)
     architecture: str
     writer: Any  # a gguf.GGUFWriter holding the metadata (no file yet)
-    encoded: dict[str, GGUFTensor] = field(default_factory=dict)  # by output (Hugging Face) name
+    encoded: dict[str, GGUFTensor | Rearranged] = field(default_factory=dict)  # by output (Hugging Face) name
     # Where each tensor of the file goes, by llama.cpp's name: the converter's order, or for llama-quantize's types,
     # the order it writes (llama.cpp's loader's: the tensors outside the blocks, then block by block, by name).
     positions: dict[str, tuple] = field(default_factory=dict)
     # Tensors the converter computes from the config (Llama 3's rope frequencies...): llama.cpp's name -> f32 values
     computed: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    left_out: set[str] = field(default_factory=set)  # outputs the file has no place for (by output name)
     vocabulary: str = ""  # what the tokenizer became, as inspect says it
     made_header: tuple = ()  # (the tensors, header()'s answer for them): a large vocabulary takes a while to pack
     mmproj: GGUFPlan | None = None  # a vision-language model's second file, its vision part (vision.py)
@@ -106,7 +141,7 @@ class GGUFPlan:
     def summary(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         types = {
-            **{stacked(e.stored[0].name)[0]: e.qtype.name for e in self.encoded.values()},
+            **{name: qtype.name for e in self.encoded.values() for name, qtype in e.types().items()},
             **dict.fromkeys(self.computed, "F32"),
         }
         for qtype in types.values():
@@ -124,6 +159,7 @@ class GGUFPlan:
 # tensor in llama.cpp (blk.0.ffn_up_exps.weight), stacked on a first axis. The plan writes each expert into its
 # place in the stack as a part of its own, known as the stack's name with the expert's number: name[3].
 EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(.+)$")
+LAYER = re.compile(r"^(?:model\.(?:language_model\.)?)?layers\.(\d+)\.")  # (a decoder layer's tensor, its number)
 PART = re.compile(r"^(.*)\[(\d+)\]$")
 
 

@@ -9,16 +9,24 @@ from ...errors import ConfigMismatchError, UnshardError, read_json
 from ...families.gguf_hooks import gguf_py, json_or_empty, special_vocab
 
 
-def write_vocabulary(writer, hparams: dict, folder: Path, llama: bool, phi3: bool = False, bpe: bool = False) -> str:
+def write_vocabulary(
+    writer,
+    hparams: dict,
+    folder: Path,
+    llama: bool,
+    phi3: bool = False,
+    bpe: bool = False,
+    special_tokens: tuple[tuple[str, str], ...] = (),
+) -> str:
     """The vocabulary as the converter writes it: from a SentencePiece model (tokenizer.model) where there is
-    one, else from a byte-level BPE tokenizer.json; a `bpe` model's (Qwen's MoE ones) from tokenizer.json
-    alone. Says which."""
+    one, else from a byte-level BPE tokenizer.json; a `bpe` model's (Qwen's MoE ones, GLM's) from tokenizer.json
+    alone, with the family's special tokens by their text. Says which."""
     tokenizer_config = json_or_empty(folder / "tokenizer_config.json")
     if llama and tokenizer_config.get("add_prefix_space") is not None:
         writer.add_add_space_prefix(tokenizer_config["add_prefix_space"])
     # (Phi-4's tokenizer, as the converter reads it; Qwen's MoE models, whose converter reads no other)
     if bpe or phi3 and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer":
-        size, pre = _bpe_vocabulary(writer, hparams, folder)
+        size, pre = _bpe_vocabulary(writer, hparams, folder, special_tokens)
         return f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
     if (folder / "tokenizer.model").is_file():
         size = _sentencepiece_vocabulary(writer, hparams, folder, tokenizer_config, phi3)
@@ -95,22 +103,55 @@ def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_con
     return size
 
 
-# llama.cpp's names of the byte-level BPE pre-tokenizers it implements, by the split that tokenizer.json's
-# pre-tokenizer makes before the byte-level step: GPT-2's own split (ByteLevel with its regex), or a Split
-# by one of these regexes (Llama 3's, Qwen2's: digits one at a time).
+# llama.cpp's names of the byte-level BPE pre-tokenizers it implements, by the splits that tokenizer.json's
+# pre-tokenizer makes before the byte-level step: GPT-2's own split (ByteLevel with its regex; SmolLM's digits one at a
+# time before it), or Splits by these regexes in this order (a carriage return and a line feed written as escapes, as
+# most files have them; DeepSeek's has the characters themselves), with whether llama.cpp looks a word up whole
+# before merging it (its ignore_merges; tokenizer.json's model says the same of itself).
 GPT2_PRE = "gpt-2"
-
-
+SMOLLM_PRE = "smollm"
+_CONTRACTIONS = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+_LINES = r"\s*[\r\n]+|\s+(?!\S)|\s+"
+LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|" + _LINES
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
 PRE_TOKENIZER_SPLITS = {
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",  # noqa: E501
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",  # noqa: E501
+    # Llama 3's (and GLM-4's, which llama.cpp splits as Llama 3's); without the whole-word lookup, cl100k's as DBRX
+    # and OLMo 2 have it
+    ((LLAMA3,), True): "llama-bpe",
+    ((LLAMA3,), False): "dbrx",
+    # Qwen2's and Qwen3's: digits one at a time; Qwen3.5's: marks kept with their letters
+    ((_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|" + _LINES,), False): "qwen2",
+    ((_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|" + _LINES,), False): (
+        "qwen35"
+    ),
+    # o200k: GPT-4o's and gpt-oss's
+    (
+        (
+            rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*"
+            rf"{_CONTRACTIONS}?|\p{{N}}{{1,3}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n/]*|" + _LINES,
+        ),
+        False,
+    ): "gpt-4o",
+    # DeepSeek-V3's: numbers, then runs of Chinese and Japanese characters, then the rest
+    (
+        (
+            r"\p{N}{1,3}",
+            "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+            r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+"""
+            r"[\r\n]*|" + _LINES,
+        ),
+        False,
+    ): "deepseek-v3",
 }
 
 
-def _bpe_vocabulary(writer, hparams: dict, folder: Path) -> tuple[int, str]:
+def _bpe_vocabulary(
+    writer, hparams: dict, folder: Path, special_tokens: tuple[tuple[str, str], ...] = ()
+) -> tuple[int, str]:
     """A byte-level BPE vocabulary (tokenizer.json) as the converter writes it (its `gpt2` tokenizer model):
     every id up to the config's vocab_size, read through transformers' tokenizer; added tokens as control or
-    user-defined; the pre-tokenizer's llama.cpp name; then gguf-py's SpecialVocab with the merges.
+    user-defined; the pre-tokenizer's llama.cpp name; then gguf-py's SpecialVocab with the merges, and the
+    family's special tokens (kind, added token's text) where it names none of the kind.
 
     The converter names the pre-tokenizer by a hash of one text's token ids, listed per model it knows, so
     it refuses a tokenizer trained anew; unshard names it by the split tokenizer.json declares, which is what
@@ -135,7 +176,7 @@ def _bpe_vocabulary(writer, hparams: dict, folder: Path) -> tuple[int, str]:
     if pre is None:
         raise ConfigMismatchError(
             f"{path}: its pre-tokenizer is not one unshard can name for llama.cpp (the splits "
-            f"of {', '.join([GPT2_PRE, *PRE_TOKENIZER_SPLITS.values()])}); write a folder and "
+            f"of {', '.join([GPT2_PRE, SMOLLM_PRE, *PRE_TOKENIZER_SPLITS.values()])}); write a folder and "
             "use llama.cpp's convert_hf_to_gguf.py, which knows more by their hashes"
         )
     try:
@@ -179,29 +220,41 @@ def _bpe_vocabulary(writer, hparams: dict, folder: Path) -> tuple[int, str]:
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(kinds)
-    special_vocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
+    special = special_vocab(folder, load_merges=True)
+    for kind, text in special_tokens:
+        if text not in added:  # (the converter fails on a KeyError)
+            raise ConfigMismatchError(
+                f"{path}: has no added token {text}, which llama.cpp's {kind} token of this family is; "
+                "pass --config-from a folder with the model's own tokenizer"
+            )
+        special.special_token_ids.setdefault(kind, added[text])  # (as the converter's _set_special_token)
+    special.add_to_gguf(writer, quiet=True)
     return size, pre
 
 
 def _pre_tokenizer_name(pre_tokenizer: dict | None, model: dict) -> str | None:
-    """llama.cpp's name of a byte-level pre-tokenizer as tokenizer.json describes it, or None. llama.cpp's
-    llama-bpe also looks a word up whole before merging (as Llama 3's `ignore_merges`), so only such a
-    tokenizer is named so."""
+    """llama.cpp's name of a byte-level pre-tokenizer as tokenizer.json describes it, or None: its splits and
+    whether the model looks a word up whole before merging (`ignore_merges`), both as llama.cpp's does."""
     steps = pre_tokenizer.get("pretokenizers", [pre_tokenizer]) if pre_tokenizer else []
     if not steps or steps[-1].get("type") != "ByteLevel" or steps[-1].get("add_prefix_space"):
         return None
-    if len(steps) == 1 and steps[0].get("use_regex", True):
-        return GPT2_PRE
-    if (
-        len(steps) == 2
-        and steps[0].get("type") == "Split"
-        and steps[0].get("behavior") == "Isolated"
-        and not steps[0].get("invert")
-        and not steps[1].get("use_regex", True)
+    *splits, byte_level = steps
+    whole_words = bool(model.get("ignore_merges"))
+    if byte_level.get("use_regex", True):  # (GPT-2's regex, in the byte-level step)
+        if whole_words:
+            return None
+        if not splits:
+            return GPT2_PRE
+        digits = splits == [{"type": "Digits", "individual_digits": True}]
+        return SMOLLM_PRE if digits else None
+    if not splits or any(
+        step.get("type") != "Split" or step.get("behavior") != "Isolated" or step.get("invert") for step in splits
     ):
-        name = PRE_TOKENIZER_SPLITS.get((steps[0].get("pattern") or {}).get("Regex"))
-        return None if name == "llama-bpe" and not model.get("ignore_merges") else name
-    return None
+        return None
+    regexes = tuple(
+        str((step.get("pattern") or {}).get("Regex")).replace("\r", r"\r").replace("\n", r"\n") for step in splits
+    )
+    return PRE_TOKENIZER_SPLITS.get((regexes, whole_words))
 
 
 def _looks_special(text: str) -> bool:

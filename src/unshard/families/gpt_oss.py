@@ -1,0 +1,94 @@
+"""gpt-oss (OpenAI's): attention with biases and a learned sink per head, every other layer a sliding window, YaRN;
+MoE layers whose experts are fused 3-D parameters with biases (gate and up interleaved in one, as transformers keeps
+them on disk) behind a router with a bias, and a clamped SwiGLU. llama.cpp's gpt-oss, from a bf16 checkpoint as the
+converter writes one: the experts transposed, gate and up apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigMismatchError
+from .gguf_hooks import text_hyperparameters
+from .llama import TEXT_ONLY
+from .parts import NO_META_NAMES, Family, GGUFPart, Rearrangement, Unsupported
+
+EXPERTS = "mlp.experts."
+
+
+def gpt_oss_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's GptOssModel's: the TextModel's, the sliding window, the experts' width."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_sliding_window(hparams["sliding_window"])
+    writer.add_expert_feed_forward_length(hparams["intermediate_size"])
+
+
+def fused_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """The fused experts as llama.cpp stacks them: gate_up_proj (experts x hidden x 2 intermediate, gate and up
+    columns interleaved) as gate's and up's stacks, each expert transposed; its bias likewise apart; down_proj
+    transposed."""
+    if EXPERTS not in name:
+        return None
+    base, kind = name.split(EXPERTS)
+    base += EXPERTS
+    if kind == "gate_up_proj":
+        experts, hidden, both = shape
+        halves = (experts, both // 2, hidden)
+        return Rearrangement({base + "gate_proj.weight": halves, base + "up_proj.weight": halves}, interleaved_halves)
+    if kind == "gate_up_proj_bias":
+        halves = (shape[0], shape[1] // 2)
+        return Rearrangement({base + "gate_proj.bias": halves, base + "up_proj.bias": halves}, interleaved_halves)
+    if kind == "down_proj":
+        return Rearrangement({base + "down_proj.weight": (shape[0], shape[2], shape[1])}, transposed)
+    return None
+
+
+def interleaved_halves(band) -> tuple:
+    """Gate's and up's experts from a band of gate_up_proj's (transposed) or its bias's: every other row."""
+    rows = band.swapaxes(-1, -2) if band.ndim == 3 else band
+    return rows[:, ::2], rows[:, 1::2]
+
+
+def transposed(band) -> tuple:
+    return (band.swapaxes(-1, -2),)
+
+
+def gpt_oss_checked(hparams: dict, where: Path) -> None:
+    """What llama.cpp's gpt-oss assumes whatever the config says: SwiGLU's clamp at 7 and alpha of 1.702, a sliding
+    window on every other layer from the first."""
+    for key, assumed in (("swiglu_limit", 7.0), ("swiglu_alpha", 1.702)):
+        if hparams.get(key, assumed) != assumed:
+            raise ConfigMismatchError(
+                f"{where}: {key} is {hparams[key]}, and llama.cpp's gpt-oss computes with {assumed}: it would "
+                "compute another model; serve this one with transformers or vLLM"
+            )
+    alternating = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(hparams["num_hidden_layers"])]
+    if hparams.get("layer_types", alternating) != alternating:
+        raise ConfigMismatchError(
+            f"{where}: layer_types are not a sliding window on every other layer from the first, as llama.cpp's "
+            "gpt-oss has them: it would compute another model; serve this one with transformers or vLLM"
+        )
+
+
+FAMILIES = (
+    Family(
+        "gpt-oss",
+        "gpt_oss",
+        "GptOssForCausalLM",
+        tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
+        megatron=Unsupported("Megatron's gpt-oss (attention sinks, biased experts) is not mapped yet"),
+        meta_names=NO_META_NAMES,
+        # (the experts are fused parameters, which --quantize leaves in full precision: llm-compressor does not)
+        fused_siblings=(("q_proj", "k_proj", "v_proj"),),
+        gguf=GGUFPart(
+            "GPT_OSS",
+            hyperparameters=gpt_oss_hyperparameters,
+            vocabulary="bpe",
+            rearranged=fused_experts,
+            renames=(("self_attn.sinks", "self_attn.sinks.weight"), ("down_proj_bias", "down_proj.bias")),
+            check_config=gpt_oss_checked,
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        notes={"quantize": "the experts, fused 3-D parameters, stay in full precision (llm-compressor quantizes them)"},
+    ),
+)
