@@ -46,9 +46,10 @@ def convert_in_subprocess(src, out, cache, table=True) -> tuple[bool, bool]:
 # Test files whose peer venv CI makes in the background (generate.py --peers) while llama.cpp compiles: run where
 # their names put them (second, third), they kept the other tests waiting for it. Run last, in this order.
 LAST = ("test_compressed_sources.py", "test_colossalai.py")
-# And test files run where another name would put them: test_gguf.py (about a tenth of the suite) needs llama.cpp
-# compiled, about 15 minutes into a CI run; where its own name put it, on two workers, it waited 586 s for it.
-AS_IF_NAMED = {"test_gguf.py": "test_n"}
+# And test files run where another name would put them: test_gguf.py and test_gguf_families.py (about a sixth of the
+# suite, one file for each worker) need llama.cpp compiled, about 15 minutes into a CI run; where its own name put
+# test_gguf.py, on two workers, it waited 586 s for it.
+AS_IF_NAMED = {"test_gguf.py": "test_n", "test_gguf_families.py": "test_n"}
 
 
 def pytest_collection_modifyitems(items):

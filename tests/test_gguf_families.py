@@ -1,0 +1,390 @@
+"""GGUF output of the families llama.cpp's converter writes with more than a header hook: DeepSeek-V3's latent
+attention, GLM-4.5's MoE with its MTP block, gpt-oss's fused experts, OLMo's and SmolLM3's layouts, and the
+pre-tokenizers of the models people fine-tune. The oracles are test_gguf.py's: the converter's file, llama-quantize's,
+llama.cpp's logits and tokens against transformers'. (A file of its own, so that CI's two workers share the GGUF
+tests.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from conftest import SHIPPED
+from safetensors import safe_open
+from test_cli_and_errors import run_cli
+from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: the fixtures, used by name)
+    LLAMA_CPP_TOLERANCE,
+    assert_same_file,
+    contents,
+    converter,
+    for_the_converter,
+    ggml_library,
+    llama_cpp,
+    llama_cpp_client,
+)
+
+import unshard
+from unshard.sinks.gguf import kquants
+
+
+@pytest.mark.parametrize("case", ["olmo2-fsdp2", "olmo3-fsdp2", "smollm3-fsdp2"])
+def test_olmo_and_smollm3_as_the_converter_writes_them(case, converter, tmp_path):
+    """OLMo 2 (norms after attention and after the MLP, q and k normed over all heads: llama.cpp's olmo2), OLMo 3
+    (the same, with a sliding window on three layers in four and rope per kind of layer) and SmolLM3 (Llama's
+    layout, tied embeddings, every fourth layer without rotary embeddings: llama.cpp's smollm3, q and k reordered
+    as for a llama), their byte-level BPE vocabularies: the converter's file in f32 and q8_0."""
+    src = SHIPPED / case / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    pre = for_the_converter(tmp_path / "hf")
+    for kind in ("f32", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        unshard.convert(src, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        assert_same_file(ours, converter(tmp_path / "hf", kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+    fields, tensors = contents(tmp_path / "f32.gguf")
+    arch = {"olmo3": "olmo2"}.get(case.split("-")[0], case.split("-")[0])
+    assert fields["general.architecture"] == arch
+    names = {t[0] for t in tensors}
+    if arch == "olmo2":
+        assert {"blk.0.post_attention_norm.weight", "blk.0.post_ffw_norm.weight"} <= names
+        assert "blk.0.attn_norm.weight" not in names
+    if case.startswith("olmo3"):
+        assert fields["olmo2.attention.sliding_window_pattern"] == [True, True, True, False]
+    if arch == "smollm3":
+        assert "output.weight" not in names  # (tied)
+
+
+# The pre-tokenizers of models people fine-tune, as their tokenizer.json hold them, by llama.cpp's name for each
+REAL_PRE_TOKENIZERS = {
+    name: described
+    for name, described in json.loads((Path(__file__).parent / "fixtures" / "pre_tokenizers.json").read_text()).items()
+    if not name.startswith("_")
+}
+# Text where the splits differ: numbers of many digits, contractions, case changes, punctuation runs, lines, marks,
+# Chinese and Japanese; the corpus the tokenizers are trained on, and the texts they tokenize
+CORPUS = [
+    "In 2024 we shipped 1234567 checkpoints; don't stop, we'll convert them ALL.",
+    "HelloWorld and camelCaseNames: x+=1; y//=2 (ok?)\n\n  indented line\r\nnext",
+    "caf\u00e9 na\u00efve r\u00e9sum\u00e9, cafe\u0301 and e\u0301te\u0301: marks that combine",
+    "\u4e2d\u6587\u5b57\u7b26 and \u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8, \u30ab\u30bf\u30ab\u30ca: 12",
+    "https://example.com/a/b?c=1 -- e-mail: me@example.com!!!",
+]
+TEXTS = [
+    "Year 19999 had 42 runs; I'm sure they'd say it's FINE.",
+    "fooBar BAZqux\n\n\tTabs\r\nand  spaces   here",
+    "cre\u0300me bru\u0302le\u0301e at the caf\u00e9",
+    "\u4eca\u65e5\u306f\u4e2d\u6587\u6d4b\u8bd5 with 7777 tokens, \u30ab\u30ca",
+    "path/to/file.txt /// ??? !!! ...",
+]
+
+
+@pytest.mark.parametrize("pre", list(REAL_PRE_TOKENIZERS))
+def test_llama_cpp_tokenizes_as_transformers_with_each_pre_tokenizer(pre, tmp_path):
+    """A byte-level BPE trained here over each of those pre-tokenizers, and a Qwen2 model of its vocabulary as
+    transformers writes it: unshard names the pre-tokenizer as llama.cpp knows it, and llama.cpp tokenizes texts new
+    to it (numbers, contractions, case, marks, CJK, lines) into transformers' own token ids."""
+    import unicodedata
+
+    from tokenizers import Tokenizer, trainers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    described = REAL_PRE_TOKENIZERS[pre]
+    model = {"type": "BPE", "vocab": {}, "merges": [], "ignore_merges": described["ignore_merges"]}
+    decoder = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    tokenizer = Tokenizer.from_str(
+        json.dumps({"version": "1.0", "pre_tokenizer": described["pre_tokenizer"], "decoder": decoder, "model": model})
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, initial_alphabet=ByteLevel.alphabet(), special_tokens=["<|endoftext|>"]
+    )
+    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>").save_pretrained(tmp_path / "hf")
+    fast = AutoTokenizer.from_pretrained(tmp_path / "hf")  # (as a user of the folder has it)
+    config = Qwen2Config(
+        vocab_size=max(fast.get_vocab().values()) + 1,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        architectures=["Qwen2ForCausalLM"],
+    )
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "hf")
+    unshard.convert(tmp_path / "hf", tmp_path / "m.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    assert contents(tmp_path / "m.gguf")[0]["tokenizer.ggml.pre"] == pre
+    # (llama.cpp's gpt-4o split, its own rewrite of o200k's regex, takes a combining mark apart from its letter: so
+    # it does for the converter's gpt-oss files too, and that text is left out for it)
+    texts = [t for t in TEXTS if pre != "gpt-4o" or not any(unicodedata.combining(c) for c in t)]
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    llama_cpp_client("tokenize", tmp_path / "m.gguf", tmp_path / "texts.json", tmp_path / "ids.json")
+    assert json.loads((tmp_path / "ids.json").read_text()) == [fast.encode(t, add_special_tokens=False) for t in texts]
+
+
+def saved_with_tokenizer(model, tmp_path: Path, special: tuple[str, ...] = ()) -> Path:
+    """The model as transformers' save_pretrained writes it, with the fixtures' byte-level BPE tokenizer (and
+    these special tokens added): the folder."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tokenizer_folder = SHIPPED / "qwen3moe-fsdp2" / "global_step_1" / "actor" / "huggingface"
+    tokenizer = Tokenizer.from_file(str(tokenizer_folder / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in special])
+    assert tokenizer.get_vocab_size() == model.config.vocab_size
+    folder = tmp_path / "hf"
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    shutil.copy(tokenizer_folder / "tokenizer_config.json", folder)
+    return folder
+
+
+def random_norms_and_biases(model) -> None:
+    """Norms and biases away from their initial ones and zeros (a sigmoid router's expert bias too), as training
+    leaves them: a mistake in any of them shows in the logits."""
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith(("bias", "norm.weight")):
+                tensor.normal_(0.0 if name.endswith("bias") else 1.0, 0.1)
+
+
+def as_the_converter_writes_it(folder: Path, converter, tmp_path: Path) -> tuple[dict, list]:
+    """The folder in f32, bf16 and q8_0, each read back (--verify) and equal to the converter's (its byte-level BPE
+    tokenizer named gpt-2 for it); the f32 file's contents."""
+    pre = for_the_converter(folder)
+    for kind in ("f32", "bf16", "q8_0"):
+        out = tmp_path / f"{kind}.gguf"
+        ours = unshard.convert(folder, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        assert ours.files == ["model.gguf"]
+        assert_same_file(tmp_path / f"{kind}.gguf", converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+    return contents(tmp_path / "f32.gguf")
+
+
+def assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path):
+    """llama.cpp computes the model's logits from unshard's f32 file (within LLAMA_CPP_TOLERANCE), and every K-quant
+    mix unshard writes is llama-quantize's of the converter's f32 file (as_the_converter_writes_it's)."""
+    prompt = [1, 5, 20, 33, 41, 50, 60, 2]
+    expected = model(torch.tensor([prompt])).logits[0].detach()
+    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0)
+    distance = ((logits - expected).norm() / expected.norm()).item()
+    assert distance <= LLAMA_CPP_TOLERANCE["f32"], distance
+    assert_llama_quantize_mixes_it(folder, ggml_library, monkeypatch, tmp_path)
+
+
+def assert_llama_quantize_mixes_it(folder, ggml_library, monkeypatch, tmp_path):
+    """Every K-quant mix unshard writes of the folder is llama-quantize's of the converter's f32 file."""
+    (tmp_path / "llama-quantize").mkdir()
+    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize", ",".join(kquants.MIXES))
+    monkeypatch.setenv(kquants.LIBRARY_VARIABLE, ggml_library)
+    for kind in kquants.MIXES:
+        unshard.convert(folder, tmp_path / f"{kind}.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+        assert_same_file(tmp_path / f"{kind}.gguf", tmp_path / "llama-quantize" / f"{kind}.gguf")
+
+
+def test_gpt_oss_as_the_converter_and_llama_quantize_write_it(converter, ggml_library, monkeypatch, tmp_path):
+    """gpt-oss (FSDP2 rank files; test_llama_cpp_runs_the_file_... runs it): its fused experts transposed into
+    llama.cpp's stacks, gate and up apart (their columns interleaved in transformers' gate_up_proj), their biases
+    likewise; the attention sinks; the file equal to the converter's in f32, bf16 and q8_0 and to llama-quantize's in
+    the K-quant mixes."""
+    unshard.convert(SHIPPED / "gptoss-fsdp2" / "global_step_1", tmp_path / "hf", progress=False)
+    fields, tensors = as_the_converter_writes_it(tmp_path / "hf", converter, tmp_path)
+    shapes = {t[0]: t[2] for t in tensors}
+    assert shapes["blk.0.ffn_gate_exps.weight"] == shapes["blk.0.ffn_up_exps.weight"] == [64, 64, 4]
+    assert shapes["blk.0.ffn_down_exps.weight"] == [64, 64, 4] and shapes["blk.0.ffn_gate_exps.bias"] == [64, 4]
+    assert shapes["blk.0.attn_sinks.weight"] == [4] and fields["general.size_label"].startswith("4x")
+    assert_llama_quantize_mixes_it(tmp_path / "hf", ggml_library, monkeypatch, tmp_path)
+
+
+def glm45_folder(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
+    """A GLM-4.5 as transformers writes it, rows of 256 (K-quants' blocks): a dense first layer, then 4 routed
+    experts behind a sigmoid router with its expert bias and a shared expert; q, k and v biases, q and k norms,
+    rotary embeddings on half of each head; one MTP layer the config counts and the checkpoint lacks, as every
+    trained one (transformers drops it). Its tokenizer has GLM's special tokens, which llama.cpp's GLM vocabulary
+    names."""
+    import json
+
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    special = ("[gMASK]", "<|user|>", "<|endoftext|>", "<|observation|>")
+    config = Glm4MoeConfig(
+        vocab_size=63 + len(special),  # (the fixtures' tokenizer and these)
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        use_qk_norm=True,
+        attention_bias=True,
+        max_position_embeddings=256,
+        architectures=["Glm4MoeForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = Glm4MoeForCausalLM(config).to(torch.bfloat16)
+    random_norms_and_biases(model)
+    folder = saved_with_tokenizer(model, tmp_path, special)
+    assert json.loads((folder / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    return folder, model.float()
+
+
+def test_glm45_as_the_converter_and_llama_quantize_write_it(converter, llama_cpp, ggml_library, monkeypatch, tmp_path):
+    """GLM-4.5 (glm45_folder): llama.cpp's glm4moe, the file equal to the converter's in f32, bf16 and q8_0 (a
+    block for the MTP layer the config counts, the experts' groups, sigmoid gating, the routing's scale, GLM's
+    special tokens) and to llama-quantize's in the K-quant mixes; llama.cpp computes transformers' logits from it."""
+    folder, model = glm45_folder(tmp_path)
+    fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path)
+    assert fields["general.architecture"] == "glm4moe" and fields["glm4moe.block_count"] == 4
+    assert fields["glm4moe.nextn_predict_layers"] == 1 and fields["glm4moe.rope.dimension_count"] == 32
+    tokens = fields["tokenizer.ggml.tokens"]  # (those tokenizer_config.json names none of: end of turn, of message)
+    assert [tokens.index(t) for t in ("<|user|>", "<|observation|>")] == [
+        fields["tokenizer.ggml.eot_token_id"],
+        fields["tokenizer.ggml.eom_token_id"],
+    ]
+    names = {t[0] for t in tensors}
+    assert {"blk.0.ffn_down.weight", "blk.1.ffn_down_exps.weight", "blk.1.ffn_down_shexp.weight"} <= names
+    assert "blk.1.exp_probs_b.bias" in names and not any(n.startswith("blk.3.") for n in names)
+    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
+
+
+def test_deepseek_v3_as_the_converter_and_llama_quantize_write_it(
+    converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
+    """DeepSeek-V3 as transformers writes it (multi-latent attention with a query down projection, a dense first
+    layer, 8 routed experts in 4 groups of which 2 are chosen from, a sigmoid router with its expert bias, a shared
+    expert, YaRN): llama.cpp's deepseek2, each kv_b_proj split per head into k_b (transposed) and v_b, one key-value
+    head (MQA) in the header; the file equal to the converter's in f32, bf16 and q8_0 and to llama-quantize's in the
+    K-quant mixes; llama.cpp computes transformers' logits from it."""
+    import json
+
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(
+        vocab_size=63,
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=2,  # (as DeepSeek's config.json says: the converter splits kv_b_proj by it)
+        q_lora_rank=256,
+        kv_lora_rank=256,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=32,
+        v_head_dim=128,
+        n_routed_experts=8,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        max_position_embeddings=256,
+        rope_parameters={  # (DeepSeek-V3's YaRN, over a shorter original context)
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        architectures=["DeepseekV3ForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = DeepseekV3ForCausalLM(config).to(torch.bfloat16)
+    random_norms_and_biases(model)
+    folder = saved_with_tokenizer(model, tmp_path)
+    model = model.float()
+    config = json.loads((folder / "config.json").read_text())
+    unshard.convert(folder, tmp_path / "as-saved.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    (folder / "config.json").write_text(json.dumps({**config, "scoring_func": "sigmoid"}))  # (the Hub's config says it)
+    fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path)
+    assert fields["general.architecture"] == "deepseek2" and fields["deepseek2.attention.head_count_kv"] == 1
+    shapes = {t[0]: t[2] for t in tensors}
+    assert shapes["blk.1.attn_k_b.weight"] == [64, 256, 2] and shapes["blk.1.attn_v_b.weight"] == [256, 128, 2]
+    assert "blk.1.attn_kv_b.weight" not in shapes and shapes["blk.1.ffn_gate_exps.weight"] == [256, 256, 8]
+    # transformers' own config.json does not name the gating function, which llama.cpp would take for softmax (the
+    # converter's file of it would compute another model): unshard writes sigmoid, the same file
+    assert fields["deepseek2.expert_gating_func"] == gguf.ExpertGatingFuncType.SIGMOID
+    assert contents(tmp_path / "as-saved.gguf") == (fields, tensors)
+    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
+
+
+def test_deepseek_v3_s_multi_token_prediction_layer_kept_in_folders_and_left_out_of_gguf(converter, tmp_path):
+    """A DeepSeek-V3 folder as the Hub's holds one: a layer past num_hidden_layers that num_nextn_predict_layers
+    counts (the multi-token prediction layer; here a layer of a 4-layer model saved by transformers, its config then
+    saying 3 and 1). A folder keeps it as saved, with a note (transformers loads the folder, leaving it; vLLM runs
+    it); GGUF leaves it out as the converter does, the file equal to the converter's."""
+    import json
+
+    from transformers import AutoModelForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(
+        vocab_size=63,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        n_routed_experts=4,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        scoring_func="sigmoid",
+        architectures=["DeepseekV3ForCausalLM"],
+    )
+    torch.manual_seed(0)
+    folder = saved_with_tokenizer(DeepseekV3ForCausalLM(config).to(torch.bfloat16), tmp_path)
+    saved = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**saved, "num_hidden_layers": 3, "num_nextn_predict_layers": 1}))
+    code, _, err = run_cli("convert", folder, tmp_path / "out", "--no-progress")
+    assert code == 0 and "26 tensors of the multi-token prediction layer(s) config.json counts" in err, err
+    with safe_open(tmp_path / "out" / "model.safetensors", "pt") as written:
+        assert "model.layers.3.self_attn.kv_b_proj.weight" in written.keys()
+    AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    code, _, err = run_cli("convert", folder, tmp_path / "m.gguf", "--gguf-type", "f32", "--no-progress")
+    assert code == 0 and "26 tensors of layers past the 3 llama.cpp's deepseek2 runs" in err, err
+    pre = for_the_converter(folder)
+    assert_same_file(tmp_path / "m.gguf", converter(folder, "f32", tmp_path / "oracle.gguf", pre=pre))
+
+
+@pytest.mark.parametrize("case", ["megatron-deepseekv3-tp2-pp2-ep2", "megatron-glm45-tp2-ep2-dp2"])
+def test_megatron_moe_checkpoints_straight_to_gguf(case, converter, tmp_path):
+    """A DeepSeek-V3 and a GLM-4.5 trained with megatron-core (torch_dist; tensor, pipeline and expert parallel),
+    written as GGUF in one pass (the config and tokenizer from --config-from): the converter's file of the folder
+    unshard writes from the same checkpoint, whose logits test_megatron checks against megatron-core's."""
+    import json
+
+    src = SHIPPED / case / "torch_dist"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    tokenizer = SHIPPED / "qwen3moe-fsdp2" / "global_step_1" / "actor" / "huggingface"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer / name, tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    if config["model_type"] == "glm4_moe":  # (GLM's special tokens, which its vocabulary names)
+        from tokenizers import AddedToken, Tokenizer
+
+        added = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+        added.add_special_tokens([AddedToken(t, special=True) for t in ("[gMASK]", "<|user|>", "<|endoftext|>")])
+        added.add_special_tokens([AddedToken("<|observation|>", special=True)])
+        added.save(str(tmp_path / "hf" / "tokenizer.json"))
+    else:  # (as the Hub's DeepSeek-V3 config says, which the converter reads its routing from)
+        (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "scoring_func": "sigmoid"}))
+    pre = for_the_converter(tmp_path / "hf")
+    ours = tmp_path / "m.gguf"
+    unshard.convert(src, ours, config_from=tmp_path / "hf", output=unshard.OutputOptions(gguf="bf16"), progress=False)
+    assert_same_file(ours, converter(tmp_path / "hf", "bf16", tmp_path / "oracle.gguf", pre=pre))
