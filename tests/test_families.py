@@ -206,6 +206,7 @@ TESTED = {
         "olmo3": "olmo3-fsdp2",
         "smollm3": "smollm3-fsdp2",
         "gpt_oss": "gptoss-fsdp2",
+        "seed_oss": "seedoss-fsdp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
     },

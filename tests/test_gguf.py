@@ -297,6 +297,7 @@ def test_llama_quantize_types_as_it_makes_them_from_the_converter_s_file(
         "olmo2-fsdp2",
         "olmo3-fsdp2",
         "smollm3-fsdp2",
+        "seedoss-fsdp2",
         "gptoss-fsdp2",
     ],
 )
