@@ -207,6 +207,7 @@ TESTED = {
         "smollm3": "smollm3-fsdp2",
         "gpt_oss": "gptoss-fsdp2",
         "seed_oss": "seedoss-fsdp2",
+        "ernie4_5": "ernie45-fsdp2-spm",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
     },

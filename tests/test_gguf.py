@@ -298,6 +298,7 @@ def test_llama_quantize_types_as_it_makes_them_from_the_converter_s_file(
         "olmo3-fsdp2",
         "smollm3-fsdp2",
         "seedoss-fsdp2",
+        "ernie45-fsdp2-spm",
         "gptoss-fsdp2",
     ],
 )

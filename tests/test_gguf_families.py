@@ -31,13 +31,14 @@ import unshard
 from unshard.sinks.gguf import kquants
 
 
-@pytest.mark.parametrize("case", ["olmo2-fsdp2", "olmo3-fsdp2", "smollm3-fsdp2", "seedoss-fsdp2"])
+@pytest.mark.parametrize("case", ["olmo2-fsdp2", "olmo3-fsdp2", "smollm3-fsdp2", "seedoss-fsdp2", "ernie45-fsdp2-spm"])
 def test_olmo_smollm3_and_seed_oss_as_the_converter_writes_them(case, converter, tmp_path):
     """OLMo 2 (norms after attention and after the MLP, q and k normed over all heads: llama.cpp's olmo2), OLMo 3
     (the same, with a sliding window on three layers in four and rope per kind of layer), SmolLM3 (Llama's
     layout, tied embeddings, every fourth layer without rotary embeddings: llama.cpp's smollm3, q and k reordered
-    as for a llama) and Seed-OSS (biases on q, k and v, wide heads: seed_oss), their byte-level BPE vocabularies:
-    the converter's file in f32 and q8_0."""
+    as for a llama), Seed-OSS (biases on q, k and v, wide heads: seed_oss), their byte-level BPE vocabularies, and
+    ERNIE 4.5 (rotary over interleaved pairs, tied embeddings, a SentencePiece vocabulary: ernie4_5): the converter's
+    file in f32 and q8_0."""
     src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     pre = for_the_converter(tmp_path / "hf")
@@ -46,7 +47,7 @@ def test_olmo_smollm3_and_seed_oss_as_the_converter_writes_them(case, converter,
         unshard.convert(src, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
         assert_same_file(ours, converter(tmp_path / "hf", kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
     fields, tensors = contents(tmp_path / "f32.gguf")
-    arch = {"olmo3": "olmo2", "seedoss": "seed_oss"}.get(case.split("-")[0], case.split("-")[0])
+    arch = {"olmo3": "olmo2", "seedoss": "seed_oss", "ernie45": "ernie4_5"}.get(case.split("-")[0], case.split("-")[0])
     assert fields["general.architecture"] == arch
     names = {t[0] for t in tensors}
     if arch == "olmo2":

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from . import deepseek, gemma, glm, gpt_oss, llama, mixtral, olmo, phi3, qwen, qwen_moe, seed_oss, vlm
+from . import deepseek, ernie, gemma, glm, gpt_oss, llama, mixtral, olmo, phi3, qwen, qwen_moe, seed_oss, vlm
 from .parts import DEFAULT_FUSED_SIBLINGS, Family, MoELayout, Unsupported
 
 # In the order the matrix lists them; merge-moe tries its layouts in this order too (Mixtral first, as mergekit).
@@ -25,6 +25,7 @@ FAMILIES: tuple[Family, ...] = (
     *phi3.FAMILIES,
     *olmo.FAMILIES,
     *seed_oss.FAMILIES,
+    *ernie.FAMILIES,
     *mixtral.FAMILIES,
     *qwen_moe.FAMILIES,
     *deepseek.FAMILIES,
