@@ -18,7 +18,7 @@ from ..names import megatron_rules as m
 from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS
 from .gguf_hooks import GATING_KEYS, first_of, gguf_quiet, rope_parameters, text_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import Family, GGUFPart, MegatronRules, Rearrangement, Unsupported
+from .parts import NO_TABLE, Family, GGUFPart, MegatronRules, Rearrangement, Unsupported
 
 L = m.L
 A = "decoder.layers.{i}.self_attention."
@@ -228,7 +228,7 @@ FAMILIES = (
         "DeepSeek-V3",
         "deepseek_v3",
         "DeepseekV3ForCausalLM",
-        tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
+        tensors=NO_TABLE,
         megatron=MegatronRules(
             {**MEGATRON_COMMON, **MEGATRON_LATENT_ATTENTION, **MEGATRON_SIGMOID_MOE},
             m.Signature(experts=True, shared_experts=True, sigmoid_router=True, latent_attention=True, qk_norm=None),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .gguf_hooks import json_or_empty
 from .llama import SIBLINGS, TEXT_ONLY
-from .parts import NO_META_NAMES, Family, GGUFPart, Unsupported
+from .parts import NO_META_NAMES, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported
 
 
 def ernie_space_prefix(writer, hparams: dict, folder: Path) -> None:
@@ -22,12 +22,12 @@ FAMILIES = (
         "ERNIE 4.5",
         "ernie4_5",
         "Ernie4_5ForCausalLM",
-        tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
+        tensors=NO_TABLE,
         megatron=Unsupported("Megatron's ERNIE 4.5 layout is not mapped yet"),
         meta_names=NO_META_NAMES,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart("ERNIE4_5", after_vocabulary=ernie_space_prefix),
         mmproj=TEXT_ONLY,
-        moe_layout=Unsupported("a dense family merge-moe does not assemble from", applies=False),
+        moe_layout=NOT_A_MOE_INPUT,
     ),
 )

@@ -11,7 +11,7 @@ from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
 from .gguf_hooks import check_query_scale, gguf_quiet, json_or_empty, special_vocab, text_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY, TORCHTUNE, TORCHTUNE_ENDS
-from .parts import NO_META_NAMES, Family, GGUFPart, Unsupported
+from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, Unsupported
 
 GEMMA_HPARAMS = (
     "max_position_embeddings",
@@ -211,7 +211,7 @@ FAMILIES = (
         "Gemma 3",
         "gemma3",
         "Gemma3ForConditionalGeneration",
-        tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
+        tensors=NO_TABLE,
         megatron=MEGATRON,
         meta_names=NO_META_NAMES,
         fused_siblings=SIBLINGS,

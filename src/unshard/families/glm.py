@@ -12,7 +12,7 @@ from ..names import megatron_rules as m
 from .deepseek import MEGATRON_SIGMOID_MOE, sigmoid_moe_config
 from .gguf_hooks import gguf_py, rope_parameters, text_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import NO_META_NAMES, Family, GGUFPart, MegatronRules, Unsupported
+from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, MegatronRules, Unsupported
 
 
 def _config(args: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +58,7 @@ FAMILIES = (
         "GLM-4.5",
         "glm4_moe",
         "Glm4MoeForCausalLM",
-        tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
+        tensors=NO_TABLE,
         megatron=MegatronRules(
             {**m.COMMON, **MEGATRON_SIGMOID_MOE},
             m.Signature(

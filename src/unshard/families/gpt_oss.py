@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .gguf_hooks import text_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import NO_META_NAMES, Family, GGUFPart, Rearrangement, Unsupported
+from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, Rearrangement, Unsupported
 
 EXPERTS = "mlp.experts."
 
@@ -74,7 +74,7 @@ FAMILIES = (
         "gpt-oss",
         "gpt_oss",
         "GptOssForCausalLM",
-        tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
+        tensors=NO_TABLE,
         megatron=Unsupported("Megatron's gpt-oss (attention sinks, biased experts) is not mapped yet"),
         meta_names=NO_META_NAMES,
         # (the experts are fused parameters, which --quantize leaves in full precision: llm-compressor does not)

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
 from ..names import megatron_rules as m
-from .parts import NO_META_NAMES, Family, GGUFPart, MegatronRules, Unsupported
+from .parts import NO_META_NAMES, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, MegatronRules, Unsupported
 
 # torchtune's and torchtitan's names (layer as {i}) -> (Hugging Face name, which rotary permutation: q, k or none)
 L = "model.layers.{i}."
@@ -160,7 +160,7 @@ FAMILIES = (
         "SmolLM3",
         "smollm3",
         "SmolLM3ForCausalLM",
-        tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
+        tensors=NO_TABLE,
         megatron=Unsupported("Megatron's layout of SmolLM3 (its layers without rotary embeddings) is not mapped yet"),
         meta_names=NO_META_NAMES,
         fused_siblings=SIBLINGS,
@@ -168,6 +168,6 @@ FAMILIES = (
             "SMOLLM3", computed=llama_computed, permute_qk=True, llama_vocabulary=True, check_config=smollm3_checked
         ),
         mmproj=TEXT_ONLY,
-        moe_layout=Unsupported("a dense family merge-moe does not assemble from", applies=False),
+        moe_layout=NOT_A_MOE_INPUT,
     ),
 )

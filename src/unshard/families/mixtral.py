@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..names import megatron_rules as m
 from .llama import GGUF, TEXT_ONLY
-from .parts import NO_META_NAMES, Family, MegatronRules, MoELayout, Unsupported
+from .parts import NO_META_NAMES, NO_TABLE, Family, MegatronRules, MoELayout
 
 L = m.L
 MEGATRON_MOE = {
@@ -29,7 +29,7 @@ FAMILIES = (
         "Mixtral",
         "mixtral",
         "MixtralForCausalLM",
-        tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
+        tensors=NO_TABLE,
         megatron=MegatronRules({**m.COMMON, **MEGATRON_MOE}, m.Signature(experts=True), _config),
         meta_names=NO_META_NAMES,
         # (w1 and w3 on disk; gate and up where transformers names them so)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .gguf_hooks import text_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY
-from .parts import NO_META_NAMES, Family, GGUFPart, Unsupported
+from .parts import NO_META_NAMES, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported
 
 
 def olmo2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -26,8 +26,6 @@ def olmo2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Pat
 
 
 GGUF = GGUFPart("OLMO2", hyperparameters=olmo2_hyperparameters, vocabulary="bpe")
-TABLE = Unsupported("not written down: transformers is asked once per config (then remembered)")
-DENSE = Unsupported("a dense family: merge-moe assembles Mixtral or Qwen MoE from it", applies=False)
 MEGATRON = Unsupported("Megatron's OLMo layout (norms after attention and the MLP) is not mapped yet")
 
 FAMILIES = tuple(
@@ -35,13 +33,13 @@ FAMILIES = tuple(
         name,
         model_type,
         architecture,
-        tensors=TABLE,
+        tensors=NO_TABLE,
         megatron=MEGATRON,
         meta_names=NO_META_NAMES,
         fused_siblings=SIBLINGS,
         gguf=GGUF,
         mmproj=TEXT_ONLY,
-        moe_layout=DENSE,
+        moe_layout=NOT_A_MOE_INPUT,
     )
     for name, model_type, architecture in (
         ("OLMo 2", "olmo2", "Olmo2ForCausalLM"),

@@ -89,6 +89,10 @@ DEFAULT_FUSED_SIBLINGS = (
 
 # merge-moe: a config setting that is the dense model's intermediate size
 INTERMEDIATE = object()
+# Where a family's state dict is not written down in its module (a TensorTable): transformers is asked
+NO_TABLE = Unsupported("not written down: transformers is asked once per config (then remembered)")
+# Where a dense family is none of merge-moe's inputs (moe_layout)
+NOT_A_MOE_INPUT = Unsupported("a dense family merge-moe does not assemble from", applies=False)
 # Where a family has no torchtitan or torchtune names (`meta_names`) in its module
 NO_META_NAMES = Unsupported(
     "torchtitan's and torchtune's names are mapped for Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3, Gemma "

@@ -10,7 +10,7 @@ from ..errors import ConfigMismatchError
 from ..names import megatron_rules as m
 from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS, Zeros
 from .llama import SIBLINGS, TEXT_ONLY
-from .parts import INTERMEDIATE, NO_META_NAMES, Family, GGUFPart, MegatronRules, MoELayout, Unsupported
+from .parts import INTERMEDIATE, NO_META_NAMES, NO_TABLE, Family, GGUFPart, MegatronRules, MoELayout
 from .qwen import TORCHTITAN_QWEN3, TORCHTITAN_QWEN3_BEFORE_0_3
 
 L = m.L
@@ -76,14 +76,13 @@ TORCHTITAN_QWEN3_MOE = {
         "own Qwen3StateDictAdapter drops it)",
     ),
 }
-TABLE = Unsupported("not written down: transformers is asked once per config (then remembered)")
 
 FAMILIES = (
     Family(
         "Qwen2-MoE",
         "qwen2_moe",
         "Qwen2MoeForCausalLM",
-        tensors=TABLE,
+        tensors=NO_TABLE,
         megatron=MegatronRules(
             {**m.COMMON, **MEGATRON_MOE}, m.Signature(qkv_bias=True, experts=True, shared_experts=True), _config
         ),
@@ -117,7 +116,7 @@ FAMILIES = (
         "Qwen3-MoE",
         "qwen3_moe",
         "Qwen3MoeForCausalLM",
-        tensors=TABLE,
+        tensors=NO_TABLE,
         megatron=MegatronRules({**m.COMMON, **MEGATRON_MOE}, m.Signature(qk_norm=True, experts=True), _config),
         meta_names={**TORCHTITAN_QWEN3_MOE, **TORCHTITAN_QWEN3_BEFORE_0_3},
         torchtitan_names=TORCHTITAN_QWEN3_MOE,

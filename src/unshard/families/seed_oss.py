@@ -4,19 +4,19 @@ seed_oss, whose header is the converter's TextModel's and whose rotary turns as 
 from __future__ import annotations
 
 from .llama import SIBLINGS, TEXT_ONLY
-from .parts import NO_META_NAMES, Family, GGUFPart, Unsupported
+from .parts import NO_META_NAMES, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported
 
 FAMILIES = (
     Family(
         "Seed-OSS",
         "seed_oss",
         "SeedOssForCausalLM",
-        tensors=Unsupported("not written down: transformers is asked once per config (then remembered)"),
+        tensors=NO_TABLE,
         megatron=Unsupported("Megatron's Seed-OSS layout is not mapped yet"),
         meta_names=NO_META_NAMES,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart("SEED_OSS", vocabulary="bpe"),  # (the converter reads tokenizer.json alone for it)
         mmproj=TEXT_ONLY,
-        moe_layout=Unsupported("a dense family merge-moe does not assemble from", applies=False),
+        moe_layout=NOT_A_MOE_INPUT,
     ),
 )

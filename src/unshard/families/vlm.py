@@ -4,9 +4,8 @@ and quantize with their vision towers left as they are; no other path knows them
 
 from __future__ import annotations
 
-from .parts import DEFAULT_FUSED_SIBLINGS, NO_META_NAMES, Family, Unsupported
+from .parts import DEFAULT_FUSED_SIBLINGS, NO_META_NAMES, NO_TABLE, Family, Unsupported
 
-TABLE = Unsupported("not written down: transformers is asked once per config (then remembered)")
 MEGATRON = Unsupported("verl's Megatron vision-language layouts are not mapped yet")
 NO_MOE = Unsupported("a dense family; merge-moe assembles no MoE from vision-language models", applies=False)
 
@@ -16,7 +15,7 @@ def _family(name: str, model_type: str, architecture: str, llama_cpp: str) -> Fa
         name,
         model_type,
         architecture,
-        tensors=TABLE,
+        tensors=NO_TABLE,
         megatron=MEGATRON,
         meta_names=NO_META_NAMES,
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
