@@ -30,6 +30,8 @@ input's pages are dropped from the cache before each run), with no earlier outpu
   load_file, then dcp.save  layout "way-back" (the way back, from the verl layout's Hugging Face folder): torch's own
                           DCP writer on the whole state dict, against `unshard convert --to dcp` (and
                           `--to megatron`, against cp: no converter into Megatron runs without a GPU)
+  load_file then torch.save per rank  layout "way-back": 8 rank files as a script writes them (the whole state
+                          dict, each rank's rows cloned and saved), against `unshard convert --to fsdp --world-size 8`
   mergekit-yaml           the same TIES recipe as `unshard merge`, mergekit from PyPI in its own venv
                           (layout "merge": a base and two fine-tunes of the given size each; layout "slices":
                           a passthrough frankenmerge of the base's first half of layers and ft0's second
@@ -458,6 +460,20 @@ def tools(layout: str, folder: Path, out: Path, cache: Path) -> dict[str, list[s
             "unshard --to dcp --names torchtitan": [*to_dcp, "--names", "torchtitan"],
             # (no converter into Megatron runs on a CPU-only machine: Megatron-Bridge needs Transformer Engine)
             "unshard --to megatron --tp 2 --pp 2": [*to_dcp[:-1], "megatron", "--tp", "2", "--pp", "2"],
+            "unshard --to fsdp --world-size 8": [*to_dcp[:-1], "fsdp", "--world-size", "8"],
+            # rank files as a script writes them without a process group to make DTensors with: the whole state
+            # dict loaded, then each rank's rows of every tensor cloned and saved as plain tensors
+            "load_file then torch.save per rank": [
+                sys.executable,
+                "-c",
+                "import sys, glob, os, torch; from safetensors.torch import load_file; state = {}; "
+                "[state.update(load_file(f)) for f in sorted(glob.glob(sys.argv[1] + '/*.safetensors'))]; "
+                "os.makedirs(sys.argv[2]); rows = lambda v: -(-v.shape[0] // 8); "
+                "[torch.save({k: v[r * rows(v) : (r + 1) * rows(v)].clone() for k, v in state.items()}, "
+                "f'{sys.argv[2]}/model_world_size_8_rank_{r}.pt') for r in range(8)]; os.sync()",
+                str(src),
+                str(out),
+            ],
             # torch's own writer, as a script would use it: the whole state dict loaded, then saved
             "load_file, then dcp.save": [
                 sys.executable,

@@ -116,7 +116,8 @@ def convert(
     """Convert the checkpoint at SRC into a Hugging Face folder OUT (or, for an OUT ending in .gguf, one
     GGUF file of llama.cpp's default type, and a vision model's mmproj-OUT beside it;
     `output=OutputOptions(gguf=TYPE)` chooses another type; `output=OutputOptions(to="dcp", names="torchtitan")`
-    writes a torch.distributed.checkpoint folder a trainer loads).
+    writes a torch.distributed.checkpoint folder a trainer loads, `to="megatron"` Megatron-LM's, and
+    `to="fsdp", world_size=N` verl's FSDP rank files).
 
     workers: processes on this host sharing the output files. distributed: this process is one rank
     of a torchrun job; every rank calls convert with the same arguments (OUT on a shared filesystem).

@@ -32,12 +32,14 @@ class OutputOptions:
     quantize: str | None = None  # a compressed-tensors preset scheme (W4A16, FP8_DYNAMIC, ...)
     quantize_ignore: tuple[str, ...] = ()  # modules left unquantized besides the scheme's defaults
     gguf: str | None = None  # one GGUF file of this llama.cpp type (f16, q8_0, ..., or auto) instead of a folder
-    to: str | None = None  # a training checkpoint instead of a model folder: "dcp", "megatron"
+    to: str | None = None  # a training checkpoint instead of a model folder: "dcp", "megatron", "fsdp"
     names: str = "hf"  # the DCP checkpoint's tensor names: hf, torchtitan
     tp: int = 1  # --to megatron: the parallelism the args record (and the vocabulary's padding follows)
     pp: int = 1
     vpp: int | None = None
     vocab_divisible: int = 128  # Megatron-LM's --make-vocab-size-divisible-by
+    world_size: int = 1  # --to fsdp: the ranks the rank files are for
+    mesh_device: str = "cuda"  # --to fsdp: the device type of the run's device mesh (which FSDP's loading compares)
 
     @property
     def format(self) -> str:
@@ -206,6 +208,9 @@ class Plan:
     rebuild: Callable[[], Plan] | None = None
     sink: Sink | None = None  # the output format (None: sinks.hf_folder.HFFolder, set by build_plan)
     base_models: list[str] = field(default_factory=list)  # Hub ids the weights descend from (the model card's)
+    # Stored tensor -> its file, where a group's stored tensors lie in several files (FSDP's rank files: each
+    # tensor's rows cut between the ranks); such a group is listed under each of its files, and made once.
+    placed: dict[str, str] = field(default_factory=dict)
 
     @property
     def model_files(self) -> dict[str, list[Group]]:
@@ -214,7 +219,8 @@ class Plan:
 
     @property
     def groups(self) -> list[Group]:
-        return [g for groups in self.files.values() for g in groups]
+        """Each group once (one listed under several files: see `placed`)."""
+        return list({id(g): g for groups in self.files.values() for g in groups}.values())
 
     @property
     def outputs(self) -> list[OutputTensor]:
@@ -222,7 +228,8 @@ class Plan:
 
     def stored(self, filename: str) -> list[OutputTensor]:
         """The tensors written into one of the plan's files, in order."""
-        return [s for g in self.files[filename] for o in g.outputs for s in o.stored]
+        stored = (s for g in self.files[filename] for o in g.outputs for s in o.stored)
+        return [s for s in stored if self.placed.get(s.name, filename) == filename]
 
     @property
     def total_bytes(self) -> int:

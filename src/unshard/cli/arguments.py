@@ -132,10 +132,17 @@ def _format_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--to",
-        choices=("dcp", "megatron"),
+        choices=("dcp", "megatron", "fsdp"),
         help="write a training checkpoint instead of a model folder (the weights only): dcp, a "
         "torch.distributed.checkpoint folder that torchtitan and FSDP2's dcp.load read at any world size; megatron, "
-        "Megatron-LM's torch_dist checkpoint for --tp/--pp/--vpp",
+        "Megatron-LM's torch_dist checkpoint for --tp/--pp/--vpp; fsdp, verl's FSDP rank files for --world-size",
+    )
+    p.add_argument("--world-size", type=int, default=0, help="with --to fsdp: the number of ranks of the run")
+    p.add_argument(
+        "--mesh-device",
+        default="cuda",
+        help="with --to fsdp: the device type of the run's device mesh, which FSDP compares on loading (default cuda; "
+        "npu on Ascend, cpu for a CPU run)",
     )
     p.add_argument("--tp", type=int, default=1, help="with --to megatron: the tensor parallelism the run will use")
     p.add_argument("--pp", type=int, default=1, help="with --to megatron: the pipeline parallelism")

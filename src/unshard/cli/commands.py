@@ -29,6 +29,8 @@ def _output(args, out: str):
         args.pp,
         args.vpp,
         args.make_vocab_size_divisible_by,
+        args.world_size,
+        args.mesh_device,
     )
 
 

@@ -152,6 +152,7 @@ def build_plan(
         rebuild=rebuild,
         sink=sink,
         base_models=hub_ids(origins),
+        placed=getattr(sink, "placed", {}),
     )
 
 

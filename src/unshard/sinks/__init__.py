@@ -19,6 +19,8 @@ the format `finish`es what surrounds the tensors and the place is committed.
   whole rows, under Hugging Face's or torchtitan's names.
 - megatron: megatron.MegatronFolder, Megatron-LM's torch_dist checkpoint (`--to megatron`): the same DCP files,
   with megatron-core's names and layout, its args and files around them.
+- fsdp: fsdp.FSDPRankFiles, verl's FSDP rank files (`--to fsdp --world-size N`): each rank's shard of every tensor,
+  as DTensors in a torch.save archive; every group is listed under every file, its shards `placed` by rank.
 (peft_adapter.PeftAdapterFolder, what extract-lora writes, is planned by the merging code itself.)
 """
 
@@ -39,6 +41,7 @@ FORMATS = {
     "gguf": "gguf.sink",
     "dcp": "dcp",
     "megatron": "megatron",
+    "fsdp": "fsdp",
 }
 
 

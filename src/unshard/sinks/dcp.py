@@ -51,7 +51,7 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
         raise UnshardError(f"{request.where}: --to dcp writes the model's weights only: use --lora merge")
     outputs = [o.name for g in request.groups.values() for o in g.outputs]
     config = model_config(request, "--names torchtitan" if options.names != "hf" else None)
-    tied = _tied_head(config, outputs)
+    tied = tied_head(config, outputs)
     shapes = {o.name: o.shape for g in request.groups.values() for o in g.outputs}
     shapes.update((head, shapes[embedding]) for embedding, head in tied.items())
     renamed, stacked = _names(options.names, request, config, shapes)
@@ -76,7 +76,7 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
     return DCPFolder(options.names, dcp_shapes)
 
 
-def _tied_head(config: dict[str, Any], outputs: list[str]) -> dict[str, str]:
+def tied_head(config: dict[str, Any], outputs: list[str]) -> dict[str, str]:
     """{the embedding: the output head} where the head is the embedding (tie_word_embeddings): a Hugging Face folder
     stores it once, but the model's state dict, which DCP loads, has both names."""
     architectures = config.get("architectures") or [""]

@@ -85,29 +85,33 @@ def _write_weights(plan: Plan, folder: Path, filenames: list[str], writing: Writ
     # Each file is synced by the thread that writes its last group, while the others go on writing theirs.
     unwritten, lock = {f: len(plan.files[f]) for f in filenames}, threading.Lock()
 
-    def synced_when_complete(filename: str) -> None:
-        with lock:
-            unwritten[filename] -= 1
-            complete = unwritten[filename] == 0
-        if complete and writing.sync:
-            files[filename].sync()
+    def synced_when_complete(filenames_of_group: list[str]) -> None:
+        for filename in filenames_of_group:
+            with lock:
+                unwritten[filename] -= 1
+                complete = unwritten[filename] == 0
+            if complete and writing.sync:
+                files[filename].sync()
 
-    def write(filename: str, group: Group) -> None:
-        file = files[filename]
+    def write(filenames_of_group: list[str], group: Group) -> None:
+        file = files[filenames_of_group[0]]
         for ready in ready_to_write(plan, group):
             out = ready.output
             if out.encoding is None:
                 file.write_parts(out.name, out.dtype, out.shape, ready.parts)
             else:
-                stored = {s.name: file.tensor(s.name, s.dtype, s.shape) for s in out.stored}
+                # (a stored tensor placed in a file another writer writes is that writer's)
+                homes = {s.name: files.get(plan.placed.get(s.name, filenames_of_group[0])) for s in out.stored}
+                stored = {s.name: homes[s.name].tensor(s.name, s.dtype, s.shape) for s in out.stored if homes[s.name]}
                 for name, piece in encoded(out, ready.parts):
-                    stored[name].write(piece)
+                    if name in stored:
+                        stored[name].write(piece)
                 for tensor in stored.values():
                     tensor.close()
             if ready.then is not None:
                 ready.then()
             bar.update(out.nbytes)
-        synced_when_complete(filename)
+        synced_when_complete(filenames_of_group)
 
     try:
         _each_group(plan, filenames, writing.threads, write)
@@ -131,7 +135,7 @@ def survey(plan: Plan, threads: int, progress: bool | None) -> None:
     if not surveyed:
         return
 
-    def look(filename: str, group: Group) -> None:
+    def look(filenames_of_group: list[str], group: Group) -> None:
         if not any(o.name in surveyed for o in group.outputs):
             return
         for ready in ready_to_write(plan, group):
@@ -147,10 +151,10 @@ def survey(plan: Plan, threads: int, progress: bool | None) -> None:
         _each_group(plan, list(plan.files), threads, look)
 
 
-def _each_group(plan: Plan, filenames: list[str], threads: int, do: Callable[[str, Group], None]) -> None:
-    """Call do(filename, group) for every group of these files from `threads` threads, starting a group
-    only when the groups in flight leave room for it in the plan's memory estimate."""
-    work = deque((filename, group, plan.held(group)) for filename, group in _across_files(plan, filenames))
+def _each_group(plan: Plan, filenames: list[str], threads: int, do: Callable[[list[str], Group], None]) -> None:
+    """Call do(its files among these, group) for every group of these files, once, from `threads` threads, starting
+    a group only when the groups in flight leave room for it in the plan's memory estimate."""
+    work = deque((held_by, group, plan.held(group)) for held_by, group in _across_files(plan, filenames))
     threads = max(1, threads)
     budget = plan.peak_memory_estimate(threads)
     with ThreadPoolExecutor(threads) as pool:
@@ -169,20 +173,28 @@ def _each_group(plan: Plan, filenames: list[str], threads: int, do: Callable[[st
                 future.result()  # the first error stops the run
 
 
-def _across_files(plan: Plan, filenames: list[str]) -> Iterator[tuple[str, Group]]:
-    """The groups of these files, taking next from the file least far along (by bytes), so that
-    threads working at once mostly write different files: ext4 and xfs let one writer at a time
-    into a file, and copying into the page cache is CPU-bound, so two files fill twice as fast."""
+def _across_files(plan: Plan, filenames: list[str]) -> Iterator[tuple[list[str], Group]]:
+    """The groups of these files, each once with the files among these that hold it (several: see `Plan.placed`),
+    taking next from the file least far along (by bytes), so that threads working at once mostly write different
+    files: ext4 and xfs let one writer at a time into a file, and copying into the page cache is CPU-bound, so two
+    files fill twice as fast."""
     left = {f: deque(plan.files[f]) for f in filenames if plan.files[f]}
     size = {f: max(1, sum(g.nbytes for g in left[f])) for f in left}
     done = dict.fromkeys(left, 0)
+    held_by: dict[int, list[str]] = {}
+    for filename in left:
+        for group in left[filename]:
+            held_by.setdefault(id(group), []).append(filename)
+    given: set[int] = set()
     while left:
         filename = min(left, key=lambda f: done[f] / size[f])
         group = left[filename].popleft()
         done[filename] += group.nbytes
         if not left[filename]:
             del left[filename]
-        yield filename, group
+        if id(group) not in given:
+            given.add(id(group))
+            yield held_by[id(group)], group
 
 
 def verify_folder(plan: Plan, folder: Path, filenames: list[str], threads: int = 1) -> None:
@@ -199,19 +211,22 @@ def verify_folder(plan: Plan, folder: Path, filenames: list[str], threads: int =
                 f"{file.path}: its header is not the planned one; the file was changed during conversion"
             )
 
-    def compare(filename: str, group: Group) -> None:
+    def compare(filenames_of_group: list[str], group: Group) -> None:
+        filename = filenames_of_group[0]
         for ready in ready_to_write(plan, group):
             file, output = written[filename], ready.output
             if output.encoding is None:
                 same = file.holds(output.name, ready.parts)
             else:
-                at = dict.fromkeys((s.name for s in output.stored), 0)
+                homes = {s.name: written.get(plan.placed.get(s.name, filename)) for s in output.stored}
+                at = {s.name: 0 for s in output.stored if homes[s.name]}
                 same = True
                 for name, piece in encoded(output, ready.parts):
-                    data = bytes_of(piece)
-                    same = same and file.holds_at(name, at[name], data)
-                    at[name] += data.nbytes
-                same = same and all(file.size_of(name) == n for name, n in at.items())
+                    if name in at:
+                        data = bytes_of(piece)
+                        same = same and homes[name].holds_at(name, at[name], data)
+                        at[name] += data.nbytes
+                same = same and all(homes[name].size_of(name) == n for name, n in at.items())
             if ready.then is not None:
                 ready.then()
             if not same:
