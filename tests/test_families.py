@@ -182,6 +182,9 @@ TESTED = {
         "llama": "megatron-llama-tp2-pp2-vpp2",
         "qwen2": "megatron-qwen2-tp2-pp2",
         "qwen3": "megatron-qwen3-tp2-dp2",
+        "mixtral": "megatron-mixtral-tp2-pp2-ep2",
+        "qwen2_moe": "megatron-qwen2moe-tp2-pp2-ep2",
+        "qwen3_moe": "megatron-qwen3moe-pp2-ep2-dp2",
     },
     # (test_way_back writes torchtitan's names from these fixtures' models and loads them in torchtitan)
     "to_torchtitan": {

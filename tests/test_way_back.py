@@ -157,43 +157,92 @@ def test_dry_run_says_the_files_and_the_peak(hf_model):
     assert code == 0 and "__0_0.distcp" in out and "torchtitan names" in out and "peak memory" in out
 
 
-MEGATRON = ["megatron-qwen2-tp2-pp2", "megatron-llama-tp2-pp2-vpp2", "megatron-qwen3-tp2-dp2"]
+# Megatron-LM's args that say the model (and its experts): what the run that saved a fixture had, and --to
+# megatron writes
+MODEL_ARGS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "kv_channels",
+    "add_qkv_bias",
+    "qk_layernorm",
+    "num_experts",
+)
+MOE_ARGS = (
+    "moe_router_topk",
+    "moe_router_pre_softmax",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size",
+    "moe_shared_expert_gate",
+    "expert_model_parallel_size",
+)
+MEGATRON = [
+    "megatron-qwen2-tp2-pp2",
+    "megatron-llama-tp2-pp2-vpp2",
+    "megatron-qwen3-tp2-dp2",
+    # (experts: loaded at EP 1, which DCP reshards to as to any other; each expert's tensors in their stacks' places)
+    "megatron-mixtral-tp2-pp2-ep2",
+    "megatron-qwen2moe-tp2-pp2-ep2",
+    "megatron-qwen3moe-pp2-ep2-dp2",
+]
 # (every case's tensors equal megatron-core's own checkpoint's, whose logits are the fixture's: the forward pass is
 # run again on one, the family with the most parts, to show it)
 FORWARD = "megatron-qwen2-tp2-pp2"
 
 
-@pytest.mark.parametrize("case", MEGATRON)
-def test_megatron_core_loads_it_at_its_parallelism(case, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "case, layout", [*((case, "megatron") for case in MEGATRON), ("megatron-qwen2-tp2-pp2", "verl-megatron")]
+)
+def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monkeypatch):
     """The source: megatron-core's own checkpoint (a fixture) as a Hugging Face folder. Written back into Megatron
-    at the fixture's TP, PP and VPP, megatron-core built at that parallelism loads every tensor its own checkpoint
-    holds, and its forward pass gives the fixture's logits."""
+    at the fixture's TP, PP and VPP (in Megatron-LM's layout, or verl's: the same tensors, other files around them),
+    megatron-core built at that parallelism loads every tensor its own checkpoint holds, and its forward pass gives
+    the fixture's logits."""
     pytest.importorskip("megatron.core")
     fixture = SHIPPED / case
     info = json.loads((fixture / "fixture.json").read_text())
-    src, out = tmp_path / "hf", tmp_path / "megatron"
+    src, out = tmp_path / "hf", tmp_path / "global_step_10"
     unshard.convert(fixture / "torch_dist", src, progress=False)
     monkeypatch.setattr(dcp_sink, "CHUNK_BYTES", 2048)  # (chunks smaller than a rank's shard)
-    options = OutputOptions(to="megatron", tp=info["tp"], pp=info["pp"], vpp=info["vpp"], vocab_divisible=64)
+    sizes = {"tp": info["tp"], "pp": info["pp"], "vpp": info["vpp"], "ep": info.get("ep", 1)}
+    options = OutputOptions(to=layout, vocab_divisible=64, **sizes)
     unshard.convert(src, out, output=options, progress=False, verify=True)
-    assert (out / "latest_checkpointed_iteration.txt").read_text() == "release"
+    if layout == "megatron":
+        dist = out / "release"
+        assert (out / "latest_checkpointed_iteration.txt").read_text() == "release"
+        # (the args say the model as megatron-core's own run's args said it)
+        ours = vars(torch.load(dist / "common.pt", weights_only=False)["args"])
+        trained = vars(torch.load(fixture / "torch_dist" / "iter_0000010" / "common.pt", weights_only=False)["args"])
+        for key in MODEL_ARGS + (MOE_ARGS if trained.get("num_experts") else ()):
+            assert ours.get(key) == trained.get(key), key
+    else:  # (as verl's own fixture beside it: the same files but the tensors' chunks)
+        dist = out / "actor" / "model" / "dist_ckpt"
+        verl = fixture / "verl" / "global_step_10" / "actor"
+        assert torch.load(dist / "common.pt") == torch.load(verl / "model" / "dist_ckpt" / "common.pt") == {}
+        assert (dist / "metadata.json").read_text() == (verl / "model" / "dist_ckpt" / "metadata.json").read_text()
+        assert (out / "actor" / "model" / "huggingface" / "config.json").is_file()
+        written, trained = (
+            json.loads((where / "transformer_config.json").read_text()) for where in (out / "actor", verl)
+        )
+        assert {key: trained[key] for key in written} == written
+        theirs = pickle.load(open(verl / "model" / "dist_ckpt" / ".metadata", "rb")).state_dict_metadata
+        assert set(pickle.load(open(dist / ".metadata", "rb")).state_dict_metadata) == set(theirs)
 
     unshard.convert(out, tmp_path / "back", progress=False)
     assert (tmp_path / "back" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
 
     ranks = info["tp"] * info["pp"]
-    done = torchrun(
-        ranks, str(FIXTURES / "dcp_loaders.py"), "megatron", "--dcp", str(out / "release"), "--fixture", str(fixture)
-    )
+    done = torchrun(ranks, str(FIXTURES / "dcp_loaders.py"), "megatron", "--dcp", str(dist), "--fixture", str(fixture))
     assert done.returncode == 0, done.stderr[-3000:]
 
-    if case != FORWARD:
+    if case != FORWARD or layout != "megatron":
         return
     # megatron-core's forward pass on it, in one process (DCP reshards it): the oracle of the Megatron tests
     again = tmp_path / "oracle"
     (again / "torch_dist").mkdir(parents=True)
     shutil.copy(fixture / "fixture.json", again)
-    (again / "torch_dist" / "iter_0000010").symlink_to(out / "release")
+    (again / "torch_dist" / "iter_0000010").symlink_to(dist)
     done = subprocess.run(
         [sys.executable, "make_megatron.py", "--out", str(again), "--oracle"],
         capture_output=True,
@@ -218,9 +267,12 @@ def test_megatron_refusals(hf_model, tmp_path):
         with pytest.raises(unshard.UnshardError, match=expected):
             unshard.convert(hf_model, tmp_path / "out", output=OutputOptions(to="megatron", **sizes), progress=False)
         assert not (tmp_path / "out").exists()
+    deepseek, _ = titan_source(tmp_path, "deepseekv3")
+    code, _, err = run_cli("convert", deepseek, tmp_path / "out", "--to", "megatron")
+    assert code == 1 and "--to megatron: DeepSeek-V3: latent attention" in err and not (tmp_path / "out").exists()
     mixtral = SHIPPED / "mixtral-fsdp2" / "global_step_1" / "actor"
-    code, _, err = run_cli("convert", mixtral, tmp_path / "out", "--to", "megatron")
-    assert code == 1 and "--to megatron: Mixtral: experts" in err and not (tmp_path / "out").exists()
+    code, _, err = run_cli("convert", mixtral, tmp_path / "out", "--to", "megatron", "--ep", "2")
+    assert code == 1 and "3 experts do not split over --ep 2" in err and not (tmp_path / "out").exists()
 
 
 def test_a_tied_head_is_stored_under_both_names(tmp_path):

@@ -132,10 +132,11 @@ def _format_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--to",
-        choices=("dcp", "megatron", "fsdp"),
+        choices=("dcp", "megatron", "verl-megatron", "fsdp"),
         help="write a training checkpoint instead of a model folder (the weights only): dcp, a "
         "torch.distributed.checkpoint folder that torchtitan and FSDP2's dcp.load read at any world size; megatron, "
-        "Megatron-LM's torch_dist checkpoint for --tp/--pp/--vpp; fsdp, verl's FSDP rank files for --world-size",
+        "Megatron-LM's torch_dist checkpoint for --tp/--pp/--vpp; verl-megatron, the same in verl's layout; fsdp, "
+        "verl's FSDP rank files for --world-size",
     )
     p.add_argument("--world-size", type=int, default=0, help="with --to fsdp: the number of ranks of the run")
     p.add_argument(
@@ -144,14 +145,15 @@ def _format_options(p: argparse.ArgumentParser) -> None:
         help="with --to fsdp: the device type of the run's device mesh, which FSDP compares on loading (default cuda; "
         "npu on Ascend, cpu for a CPU run)",
     )
-    p.add_argument("--tp", type=int, default=1, help="with --to megatron: the tensor parallelism the run will use")
-    p.add_argument("--pp", type=int, default=1, help="with --to megatron: the pipeline parallelism")
-    p.add_argument("--vpp", type=int, help="with --to megatron: the virtual pipeline stages per pipeline rank")
+    p.add_argument("--tp", type=int, default=1, help="with --to [verl-]megatron: the tensor parallelism of the run")
+    p.add_argument("--pp", type=int, default=1, help="with --to [verl-]megatron: the pipeline parallelism")
+    p.add_argument("--vpp", type=int, help="with --to [verl-]megatron: the virtual pipeline stages per pipeline rank")
+    p.add_argument("--ep", type=int, default=1, help="with --to [verl-]megatron: the expert parallelism")
     p.add_argument(
         "--make-vocab-size-divisible-by",
         type=int,
         default=128,
-        help="with --to megatron: as Megatron-LM's option (the vocabulary is padded to a multiple of it times --tp)",
+        help="with --to [verl-]megatron: as Megatron-LM's option (the vocabulary padded to a multiple of it × --tp)",
     )
     p.add_argument(
         "--names",

@@ -23,14 +23,15 @@ def _output(args, out: str):
         args.quantize,
         tuple(args.quantize_ignore),
         gguf,
-        args.to,
-        args.names,
-        args.tp,
-        args.pp,
-        args.vpp,
-        args.make_vocab_size_divisible_by,
-        args.world_size,
-        args.mesh_device,
+        to=args.to,
+        names=args.names,
+        tp=args.tp,
+        pp=args.pp,
+        vpp=args.vpp,
+        ep=args.ep,
+        vocab_divisible=args.make_vocab_size_divisible_by,
+        world_size=args.world_size,
+        mesh_device=args.mesh_device,
     )
 
 

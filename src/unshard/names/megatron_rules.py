@@ -194,16 +194,21 @@ def to_megatron(
     for key, rule in sorted(table.items(), key=lambda item: "layer_norm_weight" not in item[0]):
         kind, names = (PLAIN, (rule,)) if isinstance(rule, str) else (rule[0], rule[1:])
         for part, hf in enumerate(names):
-            pattern = re.compile("^" + re.escape(hf).replace(r"\{i\}", r"(?P<i>\d+)") + "$")
-            rules.append((pattern, key, kind, part))
+            hf = re.escape(hf).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)")
+            rules.append((re.compile(f"^{hf}$"), key, kind, part))
+    found = {}
+    for name in shapes:
+        found[name] = next(((m, key, kind, part) for p, key, kind, part in rules if (m := p.match(name))), None)
+    # (the experts a layer has: every one of them is among the tensors, which stack them)
+    experts = 1 + max((int(f[0].group("e")) for f in found.values() if f and "e" in f[0].groupdict()), default=-1)
     placed, unknown = {}, []
     for name, shape in shapes.items():
-        found = next(((m, key, kind, part) for p, key, kind, part in rules if (m := p.match(name))), None)
-        if found is None or "{e}" in found[1]:
+        if found[name] is None:
             unknown.append(name)
             continue
-        match, key, kind, part = found
-        placed[name] = _place(key, kind, part, shape, match.groupdict().get("i"), dims, padded, layers)
+        match, key, kind, part = found[name]
+        where = match.groupdict()
+        placed[name] = _place(key, kind, part, shape, where.get("i"), where.get("e"), experts, dims, padded, layers)
     if unknown:
         from ..errors import UnshardError
 
@@ -214,11 +219,14 @@ def to_megatron(
     return placed
 
 
-def _place(key: str, kind: str, part: int, shape, layer, dims: Shapes, padded: int, layers: int) -> Placed:
+def _place(key: str, kind: str, part: int, shape, layer, expert, experts: int, dims: Shapes, padded: int, layers: int):
+    """Where one Hugging Face tensor goes: a layer's on the dist tensor's first axis, which stacks the layers, and an
+    expert's on the next, which stacks the layer's experts (`decoder.layers.mlp.experts.experts.linear_fc1.weight`,
+    [layers, experts, rows, columns], as megatron-core's sharded state dict holds SequentialMLP's experts)."""
     rows, rest = shape[0], tuple(shape[1:])
-    lead = () if layer is None else (int(layer),)
-    stacked = (layers,) if layer is not None else ()
-    dist_key = key.replace(".{i}.", ".")
+    lead = (() if layer is None else (int(layer),)) + (() if expert is None else (int(expert),))
+    stacked = (() if layer is None else (layers,)) + (() if expert is None else (experts,))
+    dist_key = key.replace(".{i}.", ".").replace(".experts.{e}.", ".experts.experts.")
     zero = (0,) * len(rest)
     if kind == QKV:
         per_group, head = dims.heads // dims.groups, dims.head_dim

@@ -18,7 +18,8 @@ the format `finish`es what surrounds the tensors and the place is committed.
 - dcp: dcp.DCPFolder, a torch.distributed.checkpoint folder a trainer loads (`--to dcp`): each tensor in chunks of
   whole rows, under Hugging Face's or torchtitan's names.
 - megatron: megatron.MegatronFolder, Megatron-LM's torch_dist checkpoint (`--to megatron`): the same DCP files,
-  with megatron-core's names and layout, its args and files around them.
+  with megatron-core's names and layout, its args and files around them; verl-megatron: megatron.VerlMegatronFolder,
+  the same checkpoint in verl's layout.
 - fsdp: fsdp.FSDPRankFiles, verl's FSDP rank files (`--to fsdp --world-size N`): each rank's shard of every tensor,
   as DTensors in a torch.save archive; every group is listed under every file, its shards `placed` by rank.
 (peft_adapter.PeftAdapterFolder, what extract-lora writes, is planned by the merging code itself.)
@@ -41,6 +42,7 @@ FORMATS = {
     "gguf": "gguf.sink",
     "dcp": "dcp",
     "megatron": "megatron",
+    "verl-megatron": "megatron",
     "fsdp": "fsdp",
 }
 
@@ -57,9 +59,10 @@ def plan_format(request: FormatRequest) -> Sink:
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """inspect's lines for the output format of a plan's summary (none for a plain folder)."""
+    modules = dict.fromkeys(map(format_module, FORMATS))  # (each once: one module may write two layouts)
     return [
         line
-        for module in map(format_module, FORMATS)
+        for module in modules
         if summary.get(module.SUMMARY_KEY)
         for line in module.summary_lines(summary[module.SUMMARY_KEY])
     ]

@@ -247,7 +247,7 @@ class DCPFolder(HFFolder):
         return files
 
     def open(self, path: Path, tensors: list[OutputTensor]) -> DCPFile:
-        path.parent.mkdir(exist_ok=True)  # (Megatron's release/)
+        path.parent.mkdir(parents=True, exist_ok=True)  # (Megatron's release/, verl's actor/model/dist_ckpt/)
         return DCPFile(path, tensors)
 
     def file_size(self, filename: str, tensors: list[OutputTensor]) -> int:

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from .. import families
 from ..errors import UnshardError
+from ..families.gguf_hooks import first_of
 from ..families.parts import Unsupported
 from ..names import megatron_rules
 from ..types import FormatRequest, Plan
@@ -34,25 +37,27 @@ from .dcp import DCPFolder, Piece, chunked, model_config, write_metadata
 from .hf_folder import copy_model_files
 
 SUMMARY_KEY = "megatron"
+VERL = "verl-megatron"  # (--to: verl's layout of the same checkpoint)
 RELEASE = "release"
 TRACKER = "latest_checkpointed_iteration.txt"
-# The linear layers of megatron-core's GPT layer, each saving an `_extra_state` (local spec: None; Transformer
-# Engine's: its FP8 state, which it starts afresh from None)
-LINEAR_LAYERS = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")
+# The linear layers of megatron-core's GPT layer (attention's, the MLP's, each expert's and a shared expert's), each
+# saving an `_extra_state` (local spec: None; Transformer Engine's: its FP8 state, which it starts afresh from None)
+LINEAR_WEIGHT = re.compile(r"^(decoder\.layers\..*\.linear_(?:qkv|proj|fc1|fc2))\.weight$")
 
 
 def plan_sink(request: FormatRequest) -> MegatronFolder:
     options = request.options
+    flag = f"--to {options.to}"
     if options.quantize or options.gguf:
-        raise UnshardError("--to megatron writes the weights as they are: leave out --quantize and --gguf-type")
+        raise UnshardError(f"{flag} writes the weights as they are: leave out --quantize and --gguf-type")
     if request.separate_adapter:
-        raise UnshardError(f"{request.where}: --to megatron writes the model's weights only: use --lora merge")
-    config = model_config(request, "--to megatron")
+        raise UnshardError(f"{request.where}: {flag} writes the model's weights only: use --lora merge")
+    config = model_config(request, flag)
     family = families.by_model_type(config.get("model_type"))
     rules = family.megatron_out if family is not None else Unsupported("not a family unshard knows")
     if isinstance(rules, Unsupported):
         what = family.name if family is not None else f"model_type {config.get('model_type')!r}"
-        raise UnshardError(f"{request.where}: --to megatron: {what}: {rules.reason}; `unshard families` says which")
+        raise UnshardError(f"{request.where}: {flag}: {what}: {rules.reason}; `unshard families` says which")
     signature = rules.signature
     _check_parallelism(config, options, request.where)
     tp, divisible = options.tp, options.vocab_divisible
@@ -73,23 +78,55 @@ def plan_sink(request: FormatRequest) -> MegatronFolder:
             outputs.append(chunked(output, boxes, zeros=zeros))
         group.outputs = outputs
     args = megatron_args(config, signature, options, padded, tied, request.dtype, request.where)
-    return MegatronFolder(args, dist_shapes, layers)
+    if options.to == VERL:
+        return VerlMegatronFolder(args, dist_shapes)
+    return MegatronFolder(args, dist_shapes)
 
 
 def _check_parallelism(config: dict[str, Any], options, where: str) -> None:
     """A model megatron-core can build at this parallelism: heads, query groups and the MLP split evenly over TP,
-    layers over the pipeline's stages."""
+    layers over the pipeline's stages, experts over EP."""
     stages = options.pp * (options.vpp or 1)
+    moe = moe_args(config, options, where)
     for what, size, parts, flag in (
         ("attention heads", config["num_attention_heads"], options.tp, "--tp"),
         ("query groups", config.get("num_key_value_heads") or config["num_attention_heads"], options.tp, "--tp"),
         ("MLP rows", config["intermediate_size"], options.tp, "--tp"),
         ("layers", config["num_hidden_layers"], stages, "--pp times --vpp"),
+        ("experts", moe.get("num_experts") or options.ep, options.ep, "--ep"),
     ):
         if parts < 1 or size % parts:
             raise UnshardError(
-                f"{where}: --to megatron: {size} {what} do not split over {flag} {parts}; choose another"
+                f"{where}: --to {options.to}: {size} {what} do not split over {flag} {parts}; choose another"
             )
+
+
+def moe_args(config: dict[str, Any], options, where: str) -> dict[str, Any]:
+    """Megatron-LM's MoE arguments for a model of experts (none for a dense one): the experts, how many a token
+    goes to and how their weights are normalised, their width and a shared expert's."""
+    experts = first_of(config, "num_local_experts", "num_experts", "n_routed_experts")
+    if not experts:
+        return {}
+    dense_layers = config.get("mlp_only_layers") or config.get("first_k_dense_replace")
+    if dense_layers or config.get("decoder_sparse_step", 1) != 1:
+        raise UnshardError(
+            f"{where}: --to {options.to}: dense layers among the MoE ones are not written into Megatron-LM's args "
+            "yet (--moe-layer-freq)"
+        )
+    shared = config.get("shared_expert_intermediate_size")
+    return {
+        "num_experts": experts,
+        "moe_router_topk": config.get("num_experts_per_tok", 2),
+        # (Megatron's default, top-k then softmax, renormalises the chosen experts' weights; softmax first does not)
+        "moe_router_pre_softmax": not config.get("norm_topk_prob", True),
+        "moe_ffn_hidden_size": first_of(config, "moe_intermediate_size", "intermediate_size"),
+        "moe_shared_expert_intermediate_size": shared,
+        "moe_shared_expert_gate": bool(shared),  # (Qwen2-MoE's shared expert is gated)
+        "moe_router_score_function": "softmax",
+        "moe_grouped_gemm": False,
+        "expert_model_parallel_size": options.ep,
+        "expert_tensor_parallel_size": 1,
+    }
 
 
 def megatron_args(config: dict, signature, options, padded: int, tied: bool, dtype, where: str) -> dict[str, Any]:
@@ -104,11 +141,12 @@ def megatron_args(config: dict, signature, options, padded: int, tied: bool, dty
         scaling = {"use_rope_scaling": True, "rope_scaling_factor": rope.get("factor", 8.0)}
     elif kind != "default":
         raise UnshardError(
-            f"{where}: --to megatron: rope scaling of type {kind!r} is not written into Megatron-LM's args yet "
+            f"{where}: --to {options.to}: rope scaling of type {kind!r} is not written into Megatron-LM's args yet "
             "(llama3's is)"
         )
     return {
         **scaling,
+        **moe_args(config, options, where),
         "num_layers": config["num_hidden_layers"],
         "hidden_size": config["hidden_size"],
         "ffn_hidden_size": config["intermediate_size"],
@@ -150,34 +188,53 @@ class MegatronFolder(DCPFolder):
 
     folder = f"{RELEASE}/"
 
-    def __init__(self, args: dict[str, Any], shapes: dict[str, tuple[int, ...]], layers: int):
+    def __init__(self, args: dict[str, Any], shapes: dict[str, tuple[int, ...]]):
         super().__init__("megatron", shapes)
-        self.args, self.layers = args, layers
+        self.args = args
 
     def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
         import torch
 
-        release = folder / RELEASE
-        release.mkdir(exist_ok=True)
+        args = argparse.Namespace(**{**self.args, "params_dtype": getattr(torch, self.args["params_dtype"])})
+        files = self._dist_checkpoint(plan, folder, {"args": args, "checkpoint_version": 3.0, "iteration": 0})
+        (folder / TRACKER).write_text(RELEASE)
+        return [*files, TRACKER, *self._model_files(plan, folder, "huggingface")], []
+
+    def _dist_checkpoint(self, plan: Plan, folder: Path, common: dict[str, Any]) -> list[str]:
+        """Around the tensors of `self.folder`: `.metadata` and the linear layers' `_extra_state` objects, common.pt
+        (`common`: what is not sharded) and metadata.json (the backends). The files written."""
+        import torch
+
+        dist = folder / self.folder
+        dist.mkdir(parents=True, exist_ok=True)
         empty = io.BytesIO()
         torch.save([None], empty)  # (megatron-core saves a list of each object's values)
-        objects = {
-            f"decoder.layers.{linear}._extra_state/shard_{layer}_{self.layers}": empty.getvalue()
-            for layer in range(self.layers)
-            for linear in LINEAR_LAYERS
-        }
-        written = write_metadata(plan, release, self.shapes, objects)
-        args = argparse.Namespace(**{**self.args, "params_dtype": getattr(torch, self.args["params_dtype"])})
-        torch.save({"args": args, "checkpoint_version": 3.0, "iteration": 0}, release / "common.pt")
+        objects = {f"{key}/shard_{at}": empty.getvalue() for key, at in self._extra_states()}
+        written = write_metadata(plan, dist, self.shapes, objects)
+        torch.save(common, dist / "common.pt")
         backend = {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
-        (release / "metadata.json").write_text(
+        (dist / "metadata.json").write_text(
             json.dumps({**backend, "common_backend": "torch", "common_backend_version": 1})
         )
-        (folder / TRACKER).write_text(RELEASE)
-        (folder / "huggingface").mkdir()
-        copied = copy_model_files(plan.config_folder, folder / "huggingface", plan.dtype.name, plan.config_updates)
-        files = [f"{RELEASE}/{name}" for name in (*written, "common.pt", "metadata.json")]
-        return [*files, TRACKER, *(f"huggingface/{name}" for name in copied)], []
+        return [f"{self.folder}{name}" for name in (*written, "common.pt", "metadata.json")]
+
+    def _extra_states(self) -> list[tuple[str, str]]:
+        """(key, place) of each linear layer's `_extra_state` object, one per layer (and expert) its weight stacks:
+        `decoder.layers.mlp.experts.experts.linear_fc1._extra_state` at `3.1_4.8`, layer 3 of 4, expert 1 of 8."""
+        found = []
+        for key, shape in self.shapes.items():
+            if match := LINEAR_WEIGHT.match(key):
+                stacked = shape[: 2 if ".experts.experts." in key else 1]
+                for at in itertools.product(*map(range, stacked)):
+                    place = f"{'.'.join(map(str, at))}_{'.'.join(map(str, stacked))}"
+                    found.append((f"{match.group(1)}._extra_state", place))
+        return found
+
+    def _model_files(self, plan: Plan, folder: Path, where: str) -> list[str]:
+        """The model's config and tokenizer in `where`, as verl keeps them beside its checkpoints."""
+        (folder / where).mkdir(parents=True)
+        copied = copy_model_files(plan.config_folder, folder / where, plan.dtype.name, plan.config_updates)
+        return [f"{where}/{name}" for name in copied]
 
     def notes(self) -> list[str]:
         a = self.args
@@ -191,6 +248,7 @@ class MegatronFolder(DCPFolder):
         a = self.args
         return {
             SUMMARY_KEY: {
+                "layout": "Megatron-LM torch_dist",
                 "tp": a["tensor_model_parallel_size"],
                 "pp": a["pipeline_model_parallel_size"],
                 "vpp": a["virtual_pipeline_model_parallel_size"],
@@ -202,9 +260,67 @@ class MegatronFolder(DCPFolder):
         return ["megatron"], []
 
 
+class VerlMegatronFolder(MegatronFolder):
+    """verl's layout of the same checkpoint (`--to verl-megatron`), as its MegatronCheckpointManager saves an actor
+    (layout v2, mbridge off): the dist checkpoint in actor/model/dist_ckpt with nothing in common.pt (verl keeps no
+    Megatron-LM args), the Hugging Face config and tokenizer in actor/model/huggingface, and the TransformerConfig's
+    model and parallelism fields in actor/transformer_config.json. OUT is a run's global_step_N/."""
+
+    folder = "actor/model/dist_ckpt/"
+
+    def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
+        files = self._dist_checkpoint(plan, folder, {})
+        config = "actor/transformer_config.json"
+        (folder / config).write_text(json.dumps(transformer_config(self.args), indent=2))
+        return [*files, config, *self._model_files(plan, folder, "actor/model/huggingface")], []
+
+    def notes(self) -> list[str]:
+        a = self.args
+        return [
+            f"verl's Megatron checkpoint (actor/model/dist_ckpt) for TP {a['tensor_model_parallel_size']}, PP "
+            f"{a['pipeline_model_parallel_size']}: the vocabulary padded to {a['padded_vocab_size']}; the model's "
+            "weights only (resume with checkpoint.load_contents=[model]: the optimizer starts afresh)"
+        ]
+
+    def summary(self) -> dict[str, Any]:
+        summary = super().summary()
+        summary[SUMMARY_KEY]["layout"] = "verl's Megatron checkpoint (actor/model/dist_ckpt)"
+        return summary
+
+    def card(self) -> tuple[list[str], list[str]]:
+        return ["megatron", "verl"], []
+
+
+def transformer_config(args: dict[str, Any]) -> dict[str, Any]:
+    """The fields of megatron-core's TransformerConfig that the model and its parallelism decide, under its names, as
+    verl writes the config it trained with (which its loader does not read back: it builds the model from its own)."""
+    return {
+        "tensor_model_parallel_size": args["tensor_model_parallel_size"],
+        "pipeline_model_parallel_size": args["pipeline_model_parallel_size"],
+        "virtual_pipeline_model_parallel_size": args["virtual_pipeline_model_parallel_size"],
+        "expert_model_parallel_size": 1,
+        "num_layers": args["num_layers"],
+        "hidden_size": args["hidden_size"],
+        "ffn_hidden_size": args["ffn_hidden_size"],
+        "num_attention_heads": args["num_attention_heads"],
+        "num_query_groups": args["num_query_groups"],
+        "kv_channels": args["kv_channels"],
+        "normalization": args["normalization"],
+        "layernorm_epsilon": args["norm_epsilon"],
+        "gated_linear_unit": args["swiglu"],
+        "add_bias_linear": args["add_bias_linear"],
+        "add_qkv_bias": args["add_qkv_bias"],
+        "qk_layernorm": args["qk_layernorm"],
+        "rotary_interleaved": args["rotary_interleaved"],
+        "params_dtype": f"torch.{args['params_dtype']}",
+        "bf16": args["bf16"],
+        "fp16": args["fp16"],
+    }
+
+
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     vpp = f", VPP {summary['vpp']}" if summary["vpp"] else ""
     return [
-        f"output: Megatron-LM torch_dist, TP {summary['tp']}, PP {summary['pp']}{vpp}, vocabulary padded to "
+        f"output: {summary['layout']}, TP {summary['tp']}, PP {summary['pp']}{vpp}, vocabulary padded to "
         f"{summary['padded_vocab_size']}"
     ]
