@@ -1,7 +1,7 @@
-"""torchtitan and torchtune checkpoints (Meta's Llama names, interleaved rotary; torchtitan's Qwen3, Qwen3 MoE and
-DeepSeek-V3, their experts grouped in one tensor per projection; torchtune's Qwen2, Gemma and Phi-3, whose q, k and v
-are three tensors that transformers' Phi-3 fuses) convert to exactly what each library's own Hugging Face converter
-makes, and the folder's logits match its forward pass."""
+"""torchtitan and torchtune checkpoints, in DCP folders and in torchtune's single files (Meta's Llama names,
+interleaved rotary; torchtitan's Qwen3, Qwen3 MoE and DeepSeek-V3, their experts grouped in one tensor per projection;
+torchtune's Qwen2, Gemma and Phi-3, whose q, k and v are three tensors that transformers' Phi-3 fuses) convert to
+exactly what each library's own Hugging Face converter makes, and the folder's logits match its forward pass."""
 
 from __future__ import annotations
 
@@ -32,10 +32,21 @@ FRESH = [name for name in CASES_HERE if CASES[name].fresh]
 ATOL = {"torchtitan-qwen3moe-fsdp2": 1e-3, "torchtitan-deepseekv3-fsdp2": 2e-4}
 
 
-def check(name, fixture, out):
+# torchtune's single-file checkpointers' files of the same models (FullModelTorchTuneCheckpointer: torchtune's names;
+# FullModelMetaCheckpointer: Meta's), written beside each fixture's DCP folder from the same trained weights
+SINGLE_FILES = [
+    ("torchtune-llama3-fsdp2", "epoch_0"),
+    ("torchtune-llama3-fsdp2", "meta/epoch_0"),
+    ("torchtune-qwen2-fsdp2", "epoch_0"),
+    ("torchtune-gemma-fsdp2", "epoch_0"),
+    ("torchtune-phi3-fsdp2", "epoch_0"),
+]
+
+
+def check(name, fixture, out, src=None):
     case = CASES[name]
     result = unshard.convert(
-        fixture / case.src, out, config_from=fixture / case.config_from, progress=False, verify=True
+        fixture / (src or case.src), out, config_from=fixture / case.config_from, progress=False, verify=True
     )
     expected = load_file(fixture / "reference" / "model.safetensors")
     written = load_file(out / "model.safetensors")
@@ -69,9 +80,23 @@ def test_what_transformers_has_no_place_for_is_said():
     assert "dropped" not in found["torchtitan-deepseekv3-fsdp2"]
 
 
+@pytest.mark.parametrize("name, src", SINGLE_FILES)
+def test_single_file_checkpoint(name, src, tmp_path):
+    """The folder torchtune's checkpointer saved into (its one `model-00001-of-00001.bin`): the same tensors as
+    torchtune's own converter gives, the same logits; inspect says whose names they are."""
+    check(name, SHIPPED / name, tmp_path / "out", src)
+    info = unshard.inspect(SHIPPED / name / src, config_from=SHIPPED / name / "hf")
+    assert info["layout"] == "torch-state-dict"
+    assert info["naming"].startswith("Meta's Llama" if src.startswith("meta") else "torchtune's")
+
+
 @pytest.mark.parametrize("name", FRESH)
 def test_freshly_generated_checkpoint(name, fresh_fixtures, tmp_path):
-    check(name, fresh_fixtures(name), tmp_path / "out")
+    fixture = fresh_fixtures(name)
+    check(name, fixture, tmp_path / "out")
+    for single, src in SINGLE_FILES:
+        if single == name:
+            check(name, fixture, tmp_path / src.replace("/", "-"), src)
 
 
 def test_needs_the_config_for_head_counts(tmp_path):

@@ -59,10 +59,13 @@ TORCHTITAN_ROUTED_EXPERTS = {
 
 
 def trainer(names) -> str | None:
-    """ "torchtune", "torchtitan", or None for names of neither."""
+    """Whose names these are: "torchtune", "Meta" (Meta's own, as its `consolidated.00.pth`, torchtune's Meta
+    checkpointer and torchtitan before 0.3 have them), "torchtitan", or None for names of neither."""
     if "tok_embeddings.weight" not in names:
         return None
-    return "torchtune" if any(".attn." in n for n in names) else "torchtitan"
+    if any(".attn." in n for n in names):
+        return "torchtune"
+    return "Meta" if any(".attention.wq." in n for n in names) else "torchtitan"
 
 
 def interleaved_to_halves(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -17,12 +17,12 @@ from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import dtypes, families
+from .. import dtypes
 from ..errors import CheckpointError
-from ..names import meta_rules
 from . import safe_pickle, torch_archives
 from .base import Checkpoint, Piece, SourceTensor, deduplicate
 from .dcp_safetensors import byte_places
+from .meta_named import MetaNamed
 from .placements import Block
 from .torch_archives import StoredTensor
 
@@ -346,43 +346,7 @@ class ChunkReader:
         super().close()
 
 
-class DcpFolder(ChunkReader, Checkpoint):
-    def fit_config(self, config: dict | None) -> None:
-        """torchtitan and torchtune save Meta's names: rename them by the family's table once the config gives the
-        family and the head counts."""
-        trainer = meta_rules.trainer(self.tensors)
-        if config is None or trainer is None:
-            return
-        family = families.by_model_type(config.get("model_type"))
-        if family is None or not families.supports(family, "meta_names"):
-            why = family.meta_names.reason if family else "not a family unshard knows (unshard families)"
-            raise CheckpointError(f"{self.path}: {trainer}'s names of model_type {config.get('model_type')!r}: {why}")
-        shapes = {name: tensor.shape for name, tensor in self.tensors.items()}
-        renamed, self.transforms, skipped = meta_rules.rename(
-            family.meta_names, family.name, shapes, config, str(self.path)
-        )
-        tensors, fused = {}, {}
-        for name, tensor in self.tensors.items():
-            if name in skipped:
-                continue
-            new = renamed[name]
-            if isinstance(new, str):
-                tensors[new] = dataclasses.replace(tensor, name=new)
-            elif isinstance(new, meta_rules.Fused):
-                fused.setdefault(new.into, {})[new.part] = tensor
-            else:
-                tensors.update((hf, self._unstacked(tensor, index, hf)) for index, hf in enumerate(new))
-        tensors.update((hf, _concatenated(hf, [parts[p] for p in sorted(parts)])) for hf, parts in fused.items())
-        # The tensors keep the checkpoint's order, but grouped experts and fused tensors, whose places among the
-        # others no order of the trainer's can give: then the order save_pretrained's files have (safetensors sorts
-        # a file's tensors by name), so a Hugging Face model written with these names and read back is the same file
-        regrouped = any(not isinstance(new, str) for new in renamed.values())
-        self.tensors = dict(sorted(tensors.items())) if regrouped else tensors
-        permuted = " (q/k rows permuted to Hugging Face's rotary layout)" if self.transforms else ""
-        self.facts["naming"] = f"{trainer}'s {family.name} names{permuted}"
-        for why, count in Counter(skipped.values()).items():
-            self.facts.setdefault("dropped", []).append(f"{count} tensors: {why}")
-
+class DcpFolder(ChunkReader, MetaNamed, Checkpoint):
     def _unstacked(self, tensor: SourceTensor, index: int, name: str) -> SourceTensor:
         """The `index`-th tensor stacked on `tensor`'s first axis, read from the chunks that hold it."""
         pieces = []
@@ -396,18 +360,6 @@ class DcpFolder(ChunkReader, Checkpoint):
             inner = Block(block.local_offsets[1:], block.global_offsets[1:], block.sizes[1:])
             pieces.append(Piece(piece.file, piece.key, inner, len(self._chunks) - 1))
         return SourceTensor(name, tensor.shape[1:], tensor.dtype, pieces)
-
-
-def _concatenated(name: str, parts: list[SourceTensor]) -> SourceTensor:
-    """One tensor of `parts`' rows, one part after another, read straight from the parts' chunks."""
-    pieces, rows = [], 0
-    for part in parts:
-        for piece in part.pieces:
-            block = piece.block
-            placed = (block.global_offsets[0] + rows, *block.global_offsets[1:])
-            pieces.append(dataclasses.replace(piece, block=Block(block.local_offsets, placed, block.sizes)))
-        rows += part.shape[0]
-    return SourceTensor(name, (rows, *parts[0].shape[1:]), parts[0].dtype, pieces)
 
 
 def open_folder(src: Path) -> DcpFolder:

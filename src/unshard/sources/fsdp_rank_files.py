@@ -4,7 +4,8 @@
   (`{"FSDP_version", "world_size"}`, verl >= 0.4.1) and `huggingface/` (config, tokenizer...).
 - accelerate `save_fsdp_model(..., use_dcp=False)`: `pytorch_model_fsdp_0_rank{R}.bin`.
 - one whole state dict: accelerate's FULL_STATE_DICT `pytorch_model_fsdp.bin`, llama-recipes'
-  FULL_STATE_DICT `*.pt`, or any `.pt` / `.bin` file given as SRC.
+  FULL_STATE_DICT `*.pt`, torchtune's single-file checkpointers' `epoch_N/model-00001-of-00001.bin` (torchtune's
+  or Meta's names, renamed by sources/meta_named.py), or any `.pt` / `.bin` / `.pth` file given as SRC.
 Values are DTensors (FSDP2, or FSDP1 with a device mesh), ShardedTensors (FSDP1 without one) or
 plain tensors (replicated, or a world size of 1).
 """
@@ -21,11 +22,13 @@ from .. import dtypes
 from ..errors import CheckpointError, read_json
 from . import safe_pickle, torch_archives
 from .base import Checkpoint, Piece, SourceTensor, deduplicate, load_archive
+from .meta_named import MetaNamed
 from .placements import Block, ShardSpec, blocks_from_runs, local_runs, runs_shape
 
 VERL_FILE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 ACCELERATE_FILE = re.compile(r"^pytorch_model_fsdp_0_rank(\d+)\.bin$")
-WHOLE_FILES = ("pytorch_model_fsdp.bin",)
+# accelerate's FULL_STATE_DICT; what torchtune's FullModelTorchTuneCheckpointer and FullModelMetaCheckpointer write
+WHOLE_FILES = ("pytorch_model_fsdp.bin", "model-00001-of-00001.bin")
 WHOLE_SUFFIXES = (".pt", ".bin", ".pth")
 
 
@@ -127,7 +130,7 @@ def _pieces(path: Path, key: str, value) -> tuple[tuple[int, ...], dtypes.DType,
     raise CheckpointError(f"{path}: {key} is a {type(value).__name__}, not a tensor")
 
 
-class FsdpRankFiles(Checkpoint):
+class FsdpRankFiles(MetaNamed, Checkpoint):
     def loaded(self, piece: Piece):
         value = self.states[piece.file][piece.key]
         if hasattr(value, "local_shards"):

@@ -1,0 +1,73 @@
+"""Meta's names, as torchtitan and torchtune save them (and Meta's own `consolidated.00.pth`), renamed to Hugging
+Face's by the family's table once the config gives the family and the head counts: for any reader of them (DCP
+folders; a whole state dict in one file, as torchtune's single-file checkpointers write it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from .. import families
+from ..errors import CheckpointError
+from ..names import meta_rules
+from .base import SourceTensor
+from .placements import Block
+
+
+class MetaNamed:
+    """A Checkpoint whose tensors may bear Meta's names. A reader that can take one tensor of a stack out of its
+    pieces (torchtitan's grouped experts) says how in `_unstacked`."""
+
+    def fit_config(self, config: dict | None) -> None:
+        """torchtitan and torchtune save Meta's names: rename them by the family's table once the config gives the
+        family and the head counts."""
+        trainer = meta_rules.trainer(self.tensors)
+        if config is None or trainer is None:
+            return
+        family = families.by_model_type(config.get("model_type"))
+        if family is None or not families.supports(family, "meta_names"):
+            why = family.meta_names.reason if family else "not a family unshard knows (unshard families)"
+            raise CheckpointError(f"{self.path}: {trainer}'s names of model_type {config.get('model_type')!r}: {why}")
+        shapes = {name: tensor.shape for name, tensor in self.tensors.items()}
+        renamed, self.transforms, skipped = meta_rules.rename(
+            family.meta_names, family.name, shapes, config, str(self.path)
+        )
+        tensors, fused = {}, {}
+        for name, tensor in self.tensors.items():
+            if name in skipped:
+                continue
+            new = renamed[name]
+            if isinstance(new, str):
+                tensors[new] = dataclasses.replace(tensor, name=new)
+            elif isinstance(new, meta_rules.Fused):
+                fused.setdefault(new.into, {})[new.part] = tensor
+            else:
+                tensors.update((hf, self._unstacked(tensor, index, hf)) for index, hf in enumerate(new))
+        tensors.update((hf, _concatenated(hf, [parts[p] for p in sorted(parts)])) for hf, parts in fused.items())
+        # The tensors keep the checkpoint's order, but grouped experts and fused tensors, whose places among the
+        # others no order of the trainer's can give: then the order save_pretrained's files have (safetensors sorts
+        # a file's tensors by name), so a Hugging Face model written with these names and read back is the same file
+        regrouped = any(not isinstance(new, str) for new in renamed.values())
+        self.tensors = dict(sorted(tensors.items())) if regrouped else tensors
+        permuted = " (q/k rows permuted to Hugging Face's rotary layout)" if self.transforms else ""
+        self.facts["naming"] = f"{trainer}'s {family.name} names{permuted}"
+        for why, count in Counter(skipped.values()).items():
+            self.facts.setdefault("dropped", []).append(f"{count} tensors: {why}")
+
+    def _unstacked(self, tensor: SourceTensor, index: int, name: str) -> SourceTensor:
+        raise CheckpointError(
+            f"{self.path}: {tensor.name} stacks experts, which are read from DCP folders only; convert the "
+            "trainer's DCP checkpoint"
+        )
+
+
+def _concatenated(name: str, parts: list[SourceTensor]) -> SourceTensor:
+    """One tensor of `parts`' rows, one part after another, read straight from the parts' chunks."""
+    pieces, rows = [], 0
+    for part in parts:
+        for piece in part.pieces:
+            block = piece.block
+            placed = (block.global_offsets[0] + rows, *block.global_offsets[1:])
+            pieces.append(dataclasses.replace(piece, block=Block(block.local_offsets, placed, block.sizes)))
+        rows += part.shape[0]
+    return SourceTensor(name, (rows, *parts[0].shape[1:]), parts[0].dtype, pieces)
