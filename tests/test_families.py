@@ -185,6 +185,7 @@ TESTED = {
         "mixtral": "megatron-mixtral-tp2-pp2-ep2",
         "qwen2_moe": "megatron-qwen2moe-tp2-pp2-ep2",
         "qwen3_moe": "megatron-qwen3moe-pp2-ep2-dp2",
+        "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
     },
     # (test_way_back writes torchtitan's names from these fixtures' models and loads them in torchtitan)
     "to_torchtitan": {

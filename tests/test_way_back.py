@@ -167,6 +167,7 @@ MODEL_ARGS = (
     "kv_channels",
     "add_qkv_bias",
     "qk_layernorm",
+    "rotary_percent",
     "num_experts",
 )
 MOE_ARGS = (
@@ -175,8 +176,20 @@ MOE_ARGS = (
     "moe_ffn_hidden_size",
     "moe_shared_expert_intermediate_size",
     "moe_shared_expert_gate",
+    "moe_layer_freq",
+    "moe_router_score_function",
+    "moe_router_enable_expert_bias",
+    "moe_router_topk_scaling_factor",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
     "expert_model_parallel_size",
 )
+# (what Megatron-LM's arguments default to, where a fixture's older args do not name them)
+MEGATRON_LM_DEFAULTS = {
+    "moe_layer_freq": 1,
+    "moe_router_score_function": "softmax",
+    "moe_router_enable_expert_bias": False,
+}
 MEGATRON = [
     "megatron-qwen2-tp2-pp2",
     "megatron-llama-tp2-pp2-vpp2",
@@ -185,6 +198,9 @@ MEGATRON = [
     "megatron-mixtral-tp2-pp2-ep2",
     "megatron-qwen2moe-tp2-pp2-ep2",
     "megatron-qwen3moe-pp2-ep2-dp2",
+    # (GLM-4.5: partial rotary, a sigmoid router with an expert bias and expert groups, a dense first layer: each
+    # layer keyed on its own)
+    "megatron-glm45-tp2-ep2-dp2",
 ]
 # (every case's tensors equal megatron-core's own checkpoint's, whose logits are the fixture's: the forward pass is
 # run again on one, the family with the most parts, to show it)
@@ -215,7 +231,7 @@ def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monke
         ours = vars(torch.load(dist / "common.pt", weights_only=False)["args"])
         trained = vars(torch.load(fixture / "torch_dist" / "iter_0000010" / "common.pt", weights_only=False)["args"])
         for key in MODEL_ARGS + (MOE_ARGS if trained.get("num_experts") else ()):
-            assert ours.get(key) == trained.get(key), key
+            assert ours.get(key) == trained.get(key, MEGATRON_LM_DEFAULTS.get(key)), key
     else:  # (as verl's own fixture beside it: the same files but the tensors' chunks)
         dist = out / "actor" / "model" / "dist_ckpt"
         verl = fixture / "verl" / "global_step_10" / "actor"

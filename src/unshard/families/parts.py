@@ -145,16 +145,13 @@ class Family:
     @property
     def megatron_out(self) -> MegatronRules | Unsupported:
         """What `--to megatron` writes (sinks/megatron.py) of the family's Megatron rules: a dense or MoE model whose
-        args say all of it; latent attention, sigmoid routers and partial rotary are not written yet."""
+        args say all of it; latent attention is not written yet."""
         rules = self.megatron
         if isinstance(rules, Unsupported):
             return rules
         found = rules.signature
         if found is None:
             return Unsupported("Megatron-LM's args cannot say this family (they would describe a Llama)")
-        if found.sigmoid_router or found.latent_attention or found.partial_rotary:
-            return Unsupported(
-                "latent attention, a sigmoid router with an expert bias and partial rotary are not written to Megatron "
-                "yet"
-            )
+        if found.latent_attention:
+            return Unsupported("latent attention is not written to Megatron yet")
         return rules

@@ -182,14 +182,22 @@ class Placed:
     shape: tuple[int, ...]
     boxes: tuple[tuple[int, int, tuple[int, ...]], ...]
     zeros: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    stacked: int = 0  # leading axes that stack layers or experts
 
 
 def to_megatron(
-    table: dict[str, Any], shapes: dict[str, tuple[int, ...]], dims: Shapes, padded: int, layers: int, where: str
+    table: dict[str, Any],
+    shapes: dict[str, tuple[int, ...]],
+    dims: Shapes,
+    padded: int,
+    layers: int | None,
+    where: str,
 ) -> dict[str, Placed]:
     """The other way (writing Megatron): each Hugging Face tensor (name -> shape) placed by the family's table.
     Where the table has a local and a Transformer Engine name for one tensor (the layer norms), the dist format's
-    is Transformer Engine's, which megatron-core's local spec maps its own to."""
+    is Transformer Engine's, which megatron-core's local spec maps its own to. `layers`: how many layers the stacks
+    hold; None where the layers are not alike (dense layers before MoE ones), which megatron-core then keys each
+    on its own (`decoder.layers.3.mlp.router.weight`), stacking only a layer's experts."""
     rules: list[tuple[re.Pattern, str, str, int]] = []  # (HF name pattern, Megatron key, kind, which part)
     for key, rule in sorted(table.items(), key=lambda item: "layer_norm_weight" not in item[0]):
         kind, names = (PLAIN, (rule,)) if isinstance(rule, str) else (rule[0], rule[1:])
@@ -219,13 +227,15 @@ def to_megatron(
     return placed
 
 
-def _place(key: str, kind: str, part: int, shape, layer, expert, experts: int, dims: Shapes, padded: int, layers: int):
+def _place(key: str, kind: str, part: int, shape, layer, expert, experts: int, dims: Shapes, padded: int, layers):
     """Where one Hugging Face tensor goes: a layer's on the dist tensor's first axis, which stacks the layers, and an
     expert's on the next, which stacks the layer's experts (`decoder.layers.mlp.experts.experts.linear_fc1.weight`,
     [layers, experts, rows, columns], as megatron-core's sharded state dict holds SequentialMLP's experts)."""
     rows, rest = shape[0], tuple(shape[1:])
     lead = (() if layer is None else (int(layer),)) + (() if expert is None else (int(expert),))
     stacked = (() if layer is None else (layers,)) + (() if expert is None else (experts,))
+    if layers is None and layer is not None:  # (each layer keyed on its own)
+        key, lead, stacked = key.replace(".{i}.", f".{layer}."), lead[1:], stacked[1:]
     dist_key = key.replace(".{i}.", ".").replace(".experts.{e}.", ".experts.experts.")
     zero = (0,) * len(rest)
     if kind == QKV:
@@ -234,10 +244,11 @@ def _place(key: str, kind: str, part: int, shape, layer, expert, experts: int, d
         own = per_group * head if part == 0 else head
         at = (0, per_group * head, (per_group + 1) * head)[part]
         boxes = tuple((g * own, own, (*lead, g * width + at, *zero)) for g in range(dims.groups))
-        return Placed(dist_key, (*stacked, dims.groups * width, *rest), boxes)
+        return Placed(dist_key, (*stacked, dims.groups * width, *rest), boxes, stacked=len(stacked))
     if kind == GATE_UP:
-        return Placed(dist_key, (*stacked, 2 * rows, *rest), ((0, rows, (*lead, part * rows, *zero)),))
+        boxes = ((0, rows, (*lead, part * rows, *zero)),)
+        return Placed(dist_key, (*stacked, 2 * rows, *rest), boxes, stacked=len(stacked))
     if kind == VOCAB:
         zeros = (((rows, *zero), (padded - rows, *rest)),) if padded > rows else ()
         return Placed(dist_key, (padded, *rest), ((0, rows, (0, *zero)),), zeros)
-    return Placed(dist_key, (*stacked, rows, *rest), ((0, rows, (*lead, 0, *zero)),))
+    return Placed(dist_key, (*stacked, rows, *rest), ((0, rows, (*lead, 0, *zero)),), stacked=len(stacked))

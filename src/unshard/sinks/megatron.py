@@ -59,35 +59,36 @@ def plan_sink(request: FormatRequest) -> MegatronFolder:
         what = family.name if family is not None else f"model_type {config.get('model_type')!r}"
         raise UnshardError(f"{request.where}: {flag}: {what}: {rules.reason}; `unshard families` says which")
     signature = rules.signature
-    _check_parallelism(config, options, request.where)
+    moe = moe_args(config, signature, options, request.where)
+    _check_parallelism(config, moe, options, request.where)
     tp, divisible = options.tp, options.vocab_divisible
     dims = megatron_rules.shapes_from_config(config)
     padded = -(-dims.vocab // (divisible * tp)) * divisible * tp
-    layers = config["num_hidden_layers"]
+    # (layers alike are stacked; dense layers before MoE ones make megatron-core key each layer on its own)
+    layers = config["num_hidden_layers"] if moe.get("moe_layer_freq", 1) == 1 else None
     shapes = {o.name: o.shape for g in request.groups.values() for o in g.outputs}
     placed = megatron_rules.to_megatron(rules.rules, shapes, dims, padded, layers, request.where)
     tied = "lm_head.weight" not in shapes
-    dist_shapes = {}
+    dist_shapes, stacked = {}, {}
     for group in request.groups.values():
         outputs = []
         for output in group.outputs:
             where = placed[output.name]
-            dist_shapes[where.key] = where.shape
+            dist_shapes[where.key], stacked[where.key] = where.shape, where.stacked
             boxes = [Piece(where.key, start, rows, offsets) for start, rows, offsets in where.boxes]
             zeros = [(where.key, offsets, shape) for offsets, shape in where.zeros]
             outputs.append(chunked(output, boxes, zeros=zeros))
         group.outputs = outputs
-    args = megatron_args(config, signature, options, padded, tied, request.dtype, request.where)
+    args = {**moe, **megatron_args(config, shapes, options, padded, tied, request.dtype, request.where)}
     if options.to == VERL:
-        return VerlMegatronFolder(args, dist_shapes)
-    return MegatronFolder(args, dist_shapes)
+        return VerlMegatronFolder(args, dist_shapes, stacked)
+    return MegatronFolder(args, dist_shapes, stacked)
 
 
-def _check_parallelism(config: dict[str, Any], options, where: str) -> None:
+def _check_parallelism(config: dict[str, Any], moe: dict[str, Any], options, where: str) -> None:
     """A model megatron-core can build at this parallelism: heads, query groups and the MLP split evenly over TP,
     layers over the pipeline's stages, experts over EP."""
     stages = options.pp * (options.vpp or 1)
-    moe = moe_args(config, options, where)
     for what, size, parts, flag in (
         ("attention heads", config["num_attention_heads"], options.tp, "--tp"),
         ("query groups", config.get("num_key_value_heads") or config["num_attention_heads"], options.tp, "--tp"),
@@ -101,35 +102,58 @@ def _check_parallelism(config: dict[str, Any], options, where: str) -> None:
             )
 
 
-def moe_args(config: dict[str, Any], options, where: str) -> dict[str, Any]:
+def moe_args(config: dict[str, Any], signature, options, where: str) -> dict[str, Any]:
     """Megatron-LM's MoE arguments for a model of experts (none for a dense one): the experts, how many a token
-    goes to and how their weights are normalised, their width and a shared expert's."""
+    goes to and how their weights are normalised, their width and a shared expert's, the dense layers among them;
+    for a sigmoid router with an expert bias (GLM-4.5), its scaling and expert groups."""
     experts = first_of(config, "num_local_experts", "num_experts", "n_routed_experts")
     if not experts:
         return {}
-    dense_layers = config.get("mlp_only_layers") or config.get("first_k_dense_replace")
-    if dense_layers or config.get("decoder_sparse_step", 1) != 1:
-        raise UnshardError(
-            f"{where}: --to {options.to}: dense layers among the MoE ones are not written into Megatron-LM's args "
-            "yet (--moe-layer-freq)"
-        )
-    shared = config.get("shared_expert_intermediate_size")
-    return {
+    layers, flag = config["num_hidden_layers"], f"--to {options.to}"
+    dense = set(config.get("mlp_only_layers") or ()) | set(range(config.get("first_k_dense_replace") or 0))
+    if config.get("decoder_sparse_step", 1) != 1:
+        raise UnshardError(f"{where}: {flag}: decoder_sparse_step is not written into Megatron-LM's args yet")
+    width = first_of(config, "moe_intermediate_size", "intermediate_size")
+    topk = config.get("num_experts_per_tok", 2)
+    shared = config.get("shared_expert_intermediate_size") or (config.get("n_shared_experts") or 0) * width
+    args = {
         "num_experts": experts,
-        "moe_router_topk": config.get("num_experts_per_tok", 2),
-        # (Megatron's default, top-k then softmax, renormalises the chosen experts' weights; softmax first does not)
-        "moe_router_pre_softmax": not config.get("norm_topk_prob", True),
-        "moe_ffn_hidden_size": first_of(config, "moe_intermediate_size", "intermediate_size"),
-        "moe_shared_expert_intermediate_size": shared,
-        "moe_shared_expert_gate": bool(shared),  # (Qwen2-MoE's shared expert is gated)
-        "moe_router_score_function": "softmax",
+        "moe_router_topk": topk,
+        "moe_ffn_hidden_size": width,
+        "moe_shared_expert_intermediate_size": shared or None,
+        "moe_shared_expert_gate": bool(config.get("shared_expert_intermediate_size")),  # (Qwen2-MoE's is gated)
+        "moe_layer_freq": [int(layer not in dense) for layer in range(layers)] if dense else 1,
         "moe_grouped_gemm": False,
         "expert_model_parallel_size": options.ep,
         "expert_tensor_parallel_size": 1,
     }
+    if not signature.sigmoid_router:
+        # (Megatron's default, top-k then softmax, renormalises the chosen experts' weights; softmax first does not)
+        return {
+            **args,
+            "moe_router_score_function": "softmax",
+            "moe_router_pre_softmax": not config.get("norm_topk_prob", True),
+            "moe_router_enable_expert_bias": False,
+            "moe_router_topk_scaling_factor": None,
+        }
+    if bool(config.get("norm_topk_prob", True)) != (topk > 1):
+        raise UnshardError(
+            f"{where}: {flag}: norm_topk_prob is {config.get('norm_topk_prob')}, but Megatron renormalises the "
+            "chosen experts' sigmoid scores whenever it picks more than one, and would compute another model"
+        )
+    groups = config.get("n_group") or 1
+    return {
+        **args,
+        "moe_router_score_function": "sigmoid",
+        "moe_router_pre_softmax": True,  # (as DeepSeek's scripts set it; a sigmoid router does not read it)
+        "moe_router_enable_expert_bias": True,
+        "moe_router_topk_scaling_factor": config.get("routed_scaling_factor") or None,
+        "moe_router_num_groups": groups if groups > 1 else None,
+        "moe_router_group_topk": config.get("topk_group") if groups > 1 else None,
+    }
 
 
-def megatron_args(config: dict, signature, options, padded: int, tied: bool, dtype, where: str) -> dict[str, Any]:
+def megatron_args(config: dict, shapes: dict, options, padded: int, tied: bool, dtype, where: str) -> dict[str, Any]:
     """Megatron-LM's arguments for this model (its argument names), as its pretrain_gpt.py would hold them: what
     its checkpoint loader compares with the run's, and what a converter reads back."""
     heads = config["num_attention_heads"]
@@ -146,7 +170,6 @@ def megatron_args(config: dict, signature, options, padded: int, tied: bool, dty
         )
     return {
         **scaling,
-        **moe_args(config, options, where),
         "num_layers": config["num_hidden_layers"],
         "hidden_size": config["hidden_size"],
         "ffn_hidden_size": config["intermediate_size"],
@@ -160,11 +183,12 @@ def megatron_args(config: dict, signature, options, padded: int, tied: bool, dty
         "norm_epsilon": config.get("rms_norm_eps", 1e-6),
         "swiglu": True,
         "add_bias_linear": False,
-        "add_qkv_bias": bool(signature.qkv_bias),
-        "qk_layernorm": bool(signature.qk_norm),
+        # (from the tensors: a family may come with and without them, as GLM-4.5's q/k norms)
+        "add_qkv_bias": any(name.endswith("self_attn.q_proj.bias") for name in shapes),
+        "qk_layernorm": any(name.endswith("self_attn.q_norm.weight") for name in shapes),
         "position_embedding_type": "rope",
         "rotary_base": rope.get("rope_theta", config.get("rope_theta", 10000)),
-        "rotary_percent": 1.0,
+        "rotary_percent": config.get("partial_rotary_factor", 1.0),
         "rotary_interleaved": False,
         "untie_embeddings_and_output_weights": not tied,
         "tensor_model_parallel_size": options.tp,
@@ -188,9 +212,9 @@ class MegatronFolder(DCPFolder):
 
     folder = f"{RELEASE}/"
 
-    def __init__(self, args: dict[str, Any], shapes: dict[str, tuple[int, ...]]):
+    def __init__(self, args: dict[str, Any], shapes: dict[str, tuple[int, ...]], stacked: dict[str, int]):
         super().__init__("megatron", shapes)
-        self.args = args
+        self.args, self.stacked = args, stacked  # (each dist tensor's leading axes that stack layers or experts)
 
     def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
         import torch
@@ -224,7 +248,7 @@ class MegatronFolder(DCPFolder):
         found = []
         for key, shape in self.shapes.items():
             if match := LINEAR_WEIGHT.match(key):
-                stacked = shape[: 2 if ".experts.experts." in key else 1]
+                stacked = shape[: self.stacked[key]] or (1,)  # (a layer keyed on its own: its one object, 0 of 1)
                 for at in itertools.product(*map(range, stacked)):
                     place = f"{'.'.join(map(str, at))}_{'.'.join(map(str, stacked))}"
                     found.append((f"{match.group(1)}._extra_state", place))
