@@ -43,6 +43,26 @@ def convert_in_subprocess(src, out, cache, table=True) -> tuple[bool, bool]:
     return line.split()[1] == "True", line.split()[2] == "True"
 
 
+def tied_qwen2(folder: Path):
+    """A tiny Qwen2 whose head is tied to its embedding, as transformers saves it into `folder`: the model."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    return model
+
+
 # Test files whose peer venv CI makes in the background (generate.py --peers) while llama.cpp compiles: run where
 # their names put them (second, third), they kept the other tests waiting for it. Run last, in this order.
 LAST = ("test_compressed_sources.py", "test_colossalai.py")

@@ -13,7 +13,7 @@ import zipfile
 
 import pytest
 import torch
-from conftest import FIXTURES, SHIPPED
+from conftest import FIXTURES, SHIPPED, tied_qwen2
 from generate import free_port, peer_python
 from test_cli_and_errors import run_cli
 
@@ -129,21 +129,11 @@ def test_verl_resumes_from_it_at_a_new_world_size(fsdp, hf_model, tmp_path):
 
 def test_a_tied_head_is_the_embeddings_dtensor(tmp_path):
     """The state dict FSDP2 loads names a tied head too: the same DTensor as the embedding, saved once."""
-    config = transformers.Qwen2Config(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    transformers.Qwen2ForCausalLM(config).save_pretrained(tmp_path / "tied")
+    model = tied_qwen2(tmp_path / "tied")
     to_fsdp(tmp_path / "tied", tmp_path / "out", 2, verify=True)
     state = torch.load(rank_files(tmp_path / "out", 2)[1], weights_only=False)
     assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
-    assert set(state) == set(transformers.Qwen2ForCausalLM(config).state_dict())
+    assert set(state) == set(model.state_dict())
     unshard.convert(tmp_path / "out", tmp_path / "back", progress=False)
     assert (tmp_path / "back" / "model.safetensors").read_bytes() == (
         tmp_path / "tied" / "model.safetensors"

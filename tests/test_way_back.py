@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import FIXTURES, ROOT, SHIPPED
+from conftest import FIXTURES, ROOT, SHIPPED, tied_qwen2
 from generate import free_port, peer_python
 from test_cli_and_errors import run_cli
 from test_scale_out import torchrun
@@ -295,18 +295,8 @@ def test_a_tied_head_is_stored_under_both_names(tmp_path):
     """A tied model's folder holds the embedding once; the state dict DCP loads names it twice (lm_head too)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    config = transformers.Qwen2Config(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config).eval()
-    model.save_pretrained(tmp_path / "tied")
+    model = tied_qwen2(tmp_path / "tied")
+    config = model.config
     to_dcp(tmp_path / "tied", tmp_path / "dcp", verify=True)
     loaded = transformers.Qwen2ForCausalLM(config).eval()
     state = get_model_state_dict(loaded)

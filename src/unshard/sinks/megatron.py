@@ -260,19 +260,22 @@ class MegatronFolder(DCPFolder):
         copied = copy_model_files(plan.config_folder, folder / where, plan.dtype.name, plan.config_updates)
         return [f"{where}/{name}" for name in copied]
 
+    layout = "Megatron-LM torch_dist"
+    described = "a Megatron-LM torch_dist checkpoint (release/)"
+    resuming = "the optimizer starts afresh; load with --finetune or --no-load-optim --no-load-rng"
+
     def notes(self) -> list[str]:
         a = self.args
         return [
-            f"a Megatron-LM torch_dist checkpoint (release/) for TP {a['tensor_model_parallel_size']}, PP "
-            f"{a['pipeline_model_parallel_size']}: the vocabulary padded to {a['padded_vocab_size']}; the model's "
-            "weights only (the optimizer starts afresh; load with --finetune or --no-load-optim --no-load-rng)"
+            f"{self.described} for TP {a['tensor_model_parallel_size']}, PP {a['pipeline_model_parallel_size']}: "
+            f"the vocabulary padded to {a['padded_vocab_size']}; the model's weights only ({self.resuming})"
         ]
 
     def summary(self) -> dict[str, Any]:
         a = self.args
         return {
             SUMMARY_KEY: {
-                "layout": "Megatron-LM torch_dist",
+                "layout": self.layout,
                 "tp": a["tensor_model_parallel_size"],
                 "pp": a["pipeline_model_parallel_size"],
                 "vpp": a["virtual_pipeline_model_parallel_size"],
@@ -298,18 +301,8 @@ class VerlMegatronFolder(MegatronFolder):
         (folder / config).write_text(json.dumps(transformer_config(self.args), indent=2))
         return [*files, config, *self._model_files(plan, folder, "actor/model/huggingface")], []
 
-    def notes(self) -> list[str]:
-        a = self.args
-        return [
-            f"verl's Megatron checkpoint (actor/model/dist_ckpt) for TP {a['tensor_model_parallel_size']}, PP "
-            f"{a['pipeline_model_parallel_size']}: the vocabulary padded to {a['padded_vocab_size']}; the model's "
-            "weights only (resume with checkpoint.load_contents=[model]: the optimizer starts afresh)"
-        ]
-
-    def summary(self) -> dict[str, Any]:
-        summary = super().summary()
-        summary[SUMMARY_KEY]["layout"] = "verl's Megatron checkpoint (actor/model/dist_ckpt)"
-        return summary
+    layout = described = "verl's Megatron checkpoint (actor/model/dist_ckpt)"
+    resuming = "resume with checkpoint.load_contents=[model]: the optimizer starts afresh"
 
     def card(self) -> tuple[list[str], list[str]]:
         return ["megatron", "verl"], []
