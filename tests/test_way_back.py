@@ -136,6 +136,21 @@ def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
     torch.testing.assert_close(logits, hf_logits(src, oracle["tokens"]), atol=atol, rtol=0)
 
 
+@pytest.mark.parametrize("to, folder", [("dcp", ""), ("megatron", "release")])
+def test_workers_write_the_same_files(to, folder, hf_model, tmp_path):
+    """--workers deals the .distcp files out to processes: the same files, the same places in `.metadata`."""
+    output = OutputOptions(to=to, max_shard_size="100KB")
+    unshard.convert(hf_model, tmp_path / "one", output=output, progress=False)
+    result = unshard.convert(hf_model, tmp_path / "two", output=output, progress=False, workers=2, verify=True)
+    assert result.writers == 2
+    one, two = tmp_path / "one" / folder, tmp_path / "two" / folder
+    files = sorted(p.name for p in one.glob("*.distcp"))
+    assert len(files) > 2 and files == sorted(p.name for p in two.glob("*.distcp"))
+    assert all((one / name).read_bytes() == (two / name).read_bytes() for name in files)
+    places = [pickle.load(open(where / ".metadata", "rb")).storage_data for where in (one, two)]
+    assert places[0] == places[1]
+
+
 def test_refusals_are_one_line_and_write_nothing(hf_model, tmp_path):
     qwen2 = SHIPPED / "qwen2-fsdp2" / "global_step_1" / "actor"
     cases = [
