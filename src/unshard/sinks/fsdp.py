@@ -333,14 +333,8 @@ class ArchiveLayout:
                     places.append(record.start + record.nbytes + 4)
                 self._places[info.filename.partition("/")[2]] = tuple(places)
                 directory += entry_length
-        self._keys = {
-            key: next(
-                n
-                for n, r in self._records.items()
-                if r.start == value._local_tensor.storage.start and n.startswith("data/")
-            )
-            for key, value in state.items()
-        }
+        by_start = {r.start: n for n, r in self._records.items() if n.startswith("data/")}  # (each has a header)
+        self._keys = {key: by_start[value._local_tensor.storage.start] for key, value in state.items()}
 
     def record_of(self, key: str) -> str:
         return self._keys[key]
