@@ -39,10 +39,12 @@ def converter():
     """Runs llama.cpp's convert_hf_to_gguf.py on a Hugging Face folder."""
     root, python = generate.llama_cpp_source(), generate.peer_python("llamacpp")
 
-    def run(folder: Path, outtype: str, out: Path, pre: str | None = None, mmproj: bool = False) -> Path:
+    def run(
+        folder: Path, outtype: str, out: Path, pre: str | None = None, mmproj: bool = False, more: tuple = ()
+    ) -> Path:
         """pre: the BPE pre-tokenizer's name, given to the converter (llama_cpp_converter.py) for a tokenizer
         trained by the fixtures, which its table of known tokenizers' hashes lacks. mmproj: write a vision-language
-        model's vision part (its --mmproj) rather than its text model."""
+        model's vision part (its --mmproj) rather than its text model. more: its other arguments."""
         script = (
             [str(root / "convert_hf_to_gguf.py")]
             if pre is None
@@ -58,6 +60,7 @@ def converter():
                 "--outfile",
                 str(out),
                 *(["--mmproj"] if mmproj else []),
+                *more,
             ],
             capture_output=True,
             text=True,

@@ -165,6 +165,11 @@ def test_push_to_hub_sends_every_file(tmp_path):
         spm = SHIPPED / "llama-fsdp2-spm" / "global_step_1"
         run("convert", spm, tmp_path / "model.gguf", "--no-progress", "--push-to-hub", "me/tiny-gguf", env=env)
         assert hub.files("me/tiny-gguf") == {"model.gguf": (tmp_path / "model.gguf").read_bytes()}
+        # A split GGUF file: each of its files, in one commit.
+        split = ("--gguf-split-max-size", "300K")
+        run("convert", spm, tmp_path / "s.gguf", "--no-progress", *split, "--push-to-hub", "me/split-gguf", env=env)
+        files = sorted(tmp_path.glob("s-*-of-*.gguf"))
+        assert len(files) > 1 and hub.files("me/split-gguf") == {p.name: p.read_bytes() for p in files}
 
 
 @pytest.mark.parametrize("failure", ["no token", "refused token", "no network"])

@@ -9,6 +9,7 @@ from HF_ENDPOINT, repository creation, large files through Xet storage (or LFS),
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,10 +74,10 @@ def check_repo_id(repo_id: str) -> None:
         ) from None
 
 
-def push(out: str | Path, target: HubTarget, progress: bool | None = None) -> str:
-    """Upload OUT (every file of a folder, or one GGUF file) to the model repository TARGET.repo_id, created
-    if needed, in one commit; the commit's URL."""
-    from huggingface_hub import HfApi, get_token
+def push(out: str | Path, target: HubTarget, progress: bool | None = None, files: Iterable[Path] = ()) -> str:
+    """Upload OUT (every file of a folder), or the `files` of an output of files (a GGUF file, its split, its mmproj),
+    to the model repository TARGET.repo_id, created if needed, in one commit; the commit's URL."""
+    from huggingface_hub import CommitOperationAdd, HfApi, get_token
     from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
 
     folder = Path(out)
@@ -93,11 +94,10 @@ def push(out: str | Path, target: HubTarget, progress: bool | None = None) -> st
         if target.revision:
             api.create_branch(target.repo_id, branch=target.revision, exist_ok=True)
         message = target.commit_message or f"Upload {folder.name} (written by unshard)"
-        if folder.is_file():
-            commit = api.upload_file(
-                path_or_fileobj=folder,
-                path_in_repo=folder.name,
+        if files or folder.is_file():
+            commit = api.create_commit(
                 repo_id=target.repo_id,
+                operations=[CommitOperationAdd(path.name, path) for path in (files or [folder])],
                 revision=target.revision,
                 commit_message=message,
             )

@@ -131,6 +131,12 @@ def _format_options(p: argparse.ArgumentParser) -> None:
         "beside it, as mmproj-OUT",
     )
     p.add_argument(
+        "--gguf-split-max-size",
+        metavar="SIZE",
+        help="split the GGUF file into files of at most SIZE (N, or N followed by K, M or G: powers of 1000), "
+        "OUT-00001-of-0000N.gguf..., as llama.cpp's converter splits it; llama.cpp loads the model from the first",
+    )
+    p.add_argument(
         "--to",
         choices=("dcp", "megatron", "verl-megatron", "fsdp"),
         help="write a training checkpoint instead of a model folder (the weights only): dcp, a "

@@ -23,6 +23,7 @@ def _output(args, out: str):
         args.quantize,
         tuple(args.quantize_ignore),
         gguf,
+        gguf_split=args.gguf_split_max_size,
         to=args.to,
         names=args.names,
         tp=args.tp,
@@ -105,11 +106,12 @@ def _write(
         plan.checkpoint.close()
     for line in said_after():
         print(line, file=sys.stderr)
-    _report(args, result)
+    places = getattr(plan.sink, "places", None)  # (an output of files: each one's place, OUT's last)
+    _report(args, result, list(places(Path(out)).values()) if places else [])
     return 0
 
 
-def _report(args, result) -> None:
+def _report(args, result, files: list[Path] | tuple = ()) -> None:
     if not _speaks(args):
         return
     for warning in result.warnings:
@@ -118,10 +120,9 @@ def _report(args, result) -> None:
     if args.push_to_hub:
         from ..hub import HubTarget, push
 
-        url = push(
-            result.out, HubTarget(args.push_to_hub, args.private, args.revision, args.commit_message), args.progress
-        )
-        print(f"pushed {result.out} to {url}")
+        target = HubTarget(args.push_to_hub, args.private, args.revision, args.commit_message)
+        url = push(result.out, target, args.progress, files)
+        print(f"pushed {', '.join(map(str, files)) if len(files) > 1 else result.out} to {url}")
 
 
 def convert(args) -> int:

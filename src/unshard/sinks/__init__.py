@@ -31,6 +31,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+from ..errors import UnshardError
 from ..types import FormatRequest, Sink
 
 # Each format's module, imported when a conversion asks for it: `plan_sink(request) -> Sink` (which sets the
@@ -54,6 +55,8 @@ def format_module(name: str) -> ModuleType:
 def plan_format(request: FormatRequest) -> Sink:
     """The sink that writes the output format the options ask for, with each output tensor's encoding for it set
     in `request.groups`."""
+    if request.options.gguf_split and request.options.format != "gguf":
+        raise UnshardError("--gguf-split-max-size splits a GGUF file: give an OUT ending in .gguf (or --gguf-type)")
     return format_module(request.options.format).plan_sink(request)
 
 

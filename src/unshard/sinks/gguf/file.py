@@ -4,16 +4,13 @@ aligned offsets), the file a band at a time behind it, and a written file read b
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ...errors import UnshardError
 from ...families.gguf_hooks import gguf_py
 from ...types import OutputTensor
 from ..safetensors import SafetensorsFile, WrittenFile
+from .split import split_fields
 from .tensors import GGUFPlan, stacked
-
-if TYPE_CHECKING:
-    pass
 
 
 def header(plan: GGUFPlan, tensors: list[OutputTensor]):
@@ -48,13 +45,16 @@ def header(plan: GGUFPlan, tensors: list[OutputTensor]):
             at += tensor.nbytes
         offset += writer.ggml_pad(nbytes, writer.data_alignment)
     made = io.BytesIO()
+    fields = writer.kv_data
     writer.fout, writer.path, writer.state = [made], None, gguf.WriterState.EMPTY
+    if plan.split:  # (this file's own key-values, after the model's)
+        writer.kv_data = [{**fields[0], **split_fields(plan.split)}]
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
     finally:
-        writer.fout, writer.state, writer.tensors = None, gguf.WriterState.NO_FILE, [{}]
+        writer.fout, writer.state, writer.tensors, writer.kv_data = None, gguf.WriterState.NO_FILE, [{}], fields
     raw = made.getvalue()
     data_start = writer.ggml_pad(len(raw), writer.data_alignment)
     plan.made_header = (asked, (raw, entries, data_start, data_start + offset))

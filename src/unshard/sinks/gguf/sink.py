@@ -14,6 +14,7 @@ from ...types import FormatRequest, Group, OutputTensor, Plan
 from ..staging import OutputFolder, sync_path
 from .file import GGUFFile, WrittenGGUF, header
 from .plan import plan_gguf
+from .split import split_places, split_plan, split_size
 from .tensors import FILE_NAME, MMPROJ_FILE_NAME, PART, GGUFPlan, stacked
 
 SUMMARY_KEY = "gguf"
@@ -26,25 +27,47 @@ def mmproj_path(out: Path) -> Path:
 
 
 class GGUFSink:
-    """One GGUF file as the output (a types.Sink), and a vision-language model's mmproj file beside
-    it. OUT is the file itself: it is built in a staging folder beside OUT and moved into place when complete."""
+    """One GGUF file as the output (a types.Sink), or the files of its split, and a vision-language model's mmproj
+    file beside it. OUT is the file itself: it is built in a staging folder beside OUT and moved into place when
+    complete."""
 
-    def __init__(self, plan: GGUFPlan):
-        self.plans = plan.files()
+    def __init__(self, plan: GGUFPlan, split_max_size: int = 0):
+        self.plan = plan
+        self.plans = {**(split_plan(plan, split_max_size) if split_max_size else {FILE_NAME: plan})}
+        if plan.mmproj:
+            self.plans[MMPROJ_FILE_NAME] = plan.mmproj
+        # A split's stored tensors by the file holding them (a group's outputs may lie in two: see Plan.placed)
+        self.placed = {}
+        for name, file in self.plans.items():
+            if file.split:
+                for encoding in plan.encoded.values():
+                    self.placed.update({s.name: name for s in encoding.stored if stacked(s.name)[0] in file.tensors})
 
     def lay_out(self, groups: dict[str, Group], max_shard_size: int | str) -> dict[str, list[Group]]:
         files: dict[str, list[Group]] = {name: [] for name in self.plans}
         for group in groups.values():
-            files[next(name for name, plan in self.plans.items() if group.outputs[0].name in plan.encoded)].append(
-                group
-            )
+            stored = [s.name for o in group.outputs for s in o.stored]
+            held = {self.placed[name] for name in stored if name in self.placed} or {
+                next(name for name, plan in self.plans.items() if group.outputs[0].name in plan.encoded)
+            }
+            for name in held:
+                files[name].append(group)
         return {
             name: sorted(found, key=lambda g: self.plans[name].position(g.outputs[0])) for name, found in files.items()
         }
 
+    def places(self, out: Path) -> dict[str, Path]:
+        """Where each file goes, by its name in the staging folder, in the order they are put there: OUT (or the
+        first file of its split, which llama.cpp loads the others from) last, as it says the output is whole."""
+        model = [name for name in self.plans if name != MMPROJ_FILE_NAME]
+        places = {MMPROJ_FILE_NAME: mmproj_path(out)} if MMPROJ_FILE_NAME in self.plans else {}
+        if model == [FILE_NAME]:
+            return {**places, FILE_NAME: out}
+        split = split_places(model, out)
+        return {**places, **dict(reversed(split.items()))}
+
     def stage(self, out: Path, overwrite: bool, sync: bool = True) -> OutputFile:
-        others = {MMPROJ_FILE_NAME: mmproj_path(out)} if MMPROJ_FILE_NAME in self.plans else {}
-        return OutputFile(out, overwrite, others, sync)
+        return OutputFile(out, self.places(out), overwrite, sync)
 
     def open(self, path: Path, tensors: list[OutputTensor]) -> GGUFFile:
         return GGUFFile(path, tensors, self.plans[path.name])
@@ -73,13 +96,14 @@ class GGUFSink:
         return [], []  # (everything is in the file's header)
 
     def notes(self) -> list[str]:
-        return self.plans[FILE_NAME].notes
+        return self.plan.notes
 
     def config_updates(self) -> dict[str, Any]:
         return {}
 
     def summary(self) -> dict[str, Any]:
-        return {SUMMARY_KEY: self.plans[FILE_NAME].summary()}
+        files = [name for name in self.plans if name != MMPROJ_FILE_NAME]
+        return {SUMMARY_KEY: {**self.plan.summary(), **({"split": len(files)} if len(files) > 1 else {})}}
 
     def card(self) -> tuple[list[str], list[str]]:
         return [], []  # (a GGUF file has no card: its header says what it is)
@@ -99,14 +123,19 @@ def plan_sink(request: FormatRequest) -> GGUFSink:
             del request.groups[name]  # (not read either)
             continue
         group.outputs = [replace(o, encoding=encodings[o.name]) for o in group.outputs]
-    return GGUFSink(gguf)
+    return GGUFSink(gguf, split_size(request.options.gguf_split) if request.options.gguf_split else 0)
 
 
 def summary_lines(gguf: dict[str, Any]) -> list[str]:
     """inspect's lines for a summary's `gguf`."""
     mmproj = gguf.get("mmproj")
+    files = (
+        f"{gguf['split']} files for llama.cpp, OUT-00001-of-{gguf['split']:05d}.gguf on (llama.cpp loads the first)"
+        if gguf.get("split")
+        else "one file for llama.cpp"
+    )
     lines = [
-        f"gguf         one file for llama.cpp ({gguf['architecture']}), type {gguf['type']}: "
+        f"gguf         {files} ({gguf['architecture']}), type {gguf['type']}: "
         + ", ".join(f"{n} tensor(s) in {t}" for t, n in gguf["tensor_types"].items()),
         f"vocabulary   {gguf['vocabulary']}",
     ]
@@ -120,11 +149,11 @@ def summary_lines(gguf: dict[str, Any]) -> list[str]:
 
 
 class OutputFile(OutputFolder):
-    """The staging folder of a one-file output: committed by moving the file to OUT (and any other file made, as
-    a vision model's mmproj, to its place beside OUT, before OUT: OUT in place means the output is whole)."""
+    """The staging folder of an output of files (not a folder): committed by moving each file to its place, in the
+    order given, the last (OUT) saying the output is whole."""
 
-    def __init__(self, out: Path, overwrite: bool = False, others: dict[str, Path] | None = None, sync: bool = True):
-        self.places = {**(others or {}), FILE_NAME: out}  # file in the staging folder -> where it goes
+    def __init__(self, out: Path, places: dict[str, Path], overwrite: bool = False, sync: bool = True):
+        self.places = places  # file in the staging folder -> where it goes
         for place in self.places.values():
             if place.is_dir():
                 raise UnshardError(f"{place}: is a folder; a GGUF output is one file: choose OUT ending in .gguf")

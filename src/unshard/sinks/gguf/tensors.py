@@ -125,6 +125,9 @@ class GGUFPlan:
     vocabulary: str = ""  # what the tokenizer became, as inspect says it
     made_header: tuple = ()  # (the tensors, header()'s answer for them): a large vocabulary takes a while to pack
     mmproj: GGUFPlan | None = None  # a vision-language model's second file, its vision part (vision.py)
+    # One file of a split (split.py): (its number from 0, the count of files, the tensors of all), and its tensors
+    split: tuple[int, int, int] | tuple[()] = ()
+    tensors: set[str] | None = None  # (by llama.cpp's name; None: every tensor of the plan)
 
     def files(self) -> dict[str, GGUFPlan]:
         """The plan of each file written, by its name in the staging folder."""
