@@ -1,9 +1,9 @@
 """llama.cpp itself (llama-cpp-python, compiled from its source package in the `llamacpp-client` peer venv), for
 the GGUF tests.
 
-    python llama_cpp_client.py run MODEL.gguf 1,5,20,33 OUT.npz NEW
-runs the file: OUT.npz gets `logits` (prompt length x vocabulary) and `greedy` (NEW token ids, each the argmax
-of the logits after the last).
+    python llama_cpp_client.py run MODEL.gguf 1,5,20,33 OUT.npz NEW [LORA.gguf]
+runs the file (with a LoRA adapter file applied, at scale 1, if given): OUT.npz gets `logits` (prompt length x
+vocabulary) and `greedy` (NEW token ids, each the argmax of the logits after the last).
 
     python llama_cpp_client.py quantize IN.gguf OUT.gguf TYPE [OUTPUT_TYPE]
 is `llama-quantize [--output-tensor-type OUTPUT_TYPE] IN.gguf OUT.gguf TYPE` (TYPE: q4_0, q4_1, ..., q4_k_m), through
@@ -28,8 +28,10 @@ import llama_cpp
 import numpy as np
 
 
-def run(path: str, prompt: list[int], out: str, new: int) -> None:
-    llm = llama_cpp.Llama(model_path=path, logits_all=True, n_ctx=len(prompt) + new, n_threads=1, verbose=False)
+def run(path: str, prompt: list[int], out: str, new: int, lora: str | None = None) -> None:
+    llm = llama_cpp.Llama(
+        model_path=path, logits_all=True, n_ctx=len(prompt) + new, n_threads=1, verbose=False, lora_path=lora
+    )
     llm.eval(prompt)
     logits = np.array(llm.scores[: len(prompt)], dtype=np.float32)
     greedy = []
@@ -88,7 +90,7 @@ def tokenize(model: str, texts: str, out: str) -> None:
 if sys.argv[1] == "tokenize":
     tokenize(sys.argv[2], sys.argv[3], sys.argv[4])
 elif sys.argv[1] == "run":
-    run(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4], int(sys.argv[5]))
+    run(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4], int(sys.argv[5]), *sys.argv[6:7])
 elif sys.argv[1] == "image":
     image(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7])
 elif "," in sys.argv[4]:

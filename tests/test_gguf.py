@@ -213,9 +213,10 @@ def llama_cpp():
     """Runs a GGUF file through llama.cpp: the prompt's logits and its greedy continuation."""
     import numpy as np
 
-    def run(gguf_file: Path, prompt: list[int], new: int) -> tuple[torch.Tensor, list[int]]:
-        out = gguf_file.with_suffix(".npz")
-        llama_cpp_client("run", gguf_file, ",".join(map(str, prompt)), out, new)
+    def run(gguf_file: Path, prompt: list[int], new: int, lora: Path | None = None) -> tuple[torch.Tensor, list[int]]:
+        """lora: an adapter file llama.cpp applies to the model."""
+        out = gguf_file.with_name(gguf_file.stem + ("-with-" + lora.stem if lora else "") + ".npz")
+        llama_cpp_client("run", gguf_file, ",".join(map(str, prompt)), out, new, *([lora] if lora else []))
         with np.load(out) as saved:
             return torch.from_numpy(saved["logits"]), saved["greedy"].tolist()
 
@@ -864,7 +865,7 @@ def test_k_quants_of_experts_and_grouped_queries(converter, llama_cpp, ggml_libr
             "write yet); write f16 (or f32) here and run `llama-quantize",
         ),
         ("llama-fsdp2-spm", ("--gguf-type", "q7"), "--gguf-type q7: not one unshard writes; choose one of f32, f16"),
-        ("llama-fsdp2-spm", ("--quantize", "W4A16"), "a GGUF file takes neither --quantize"),
+        ("llama-fsdp2-spm", ("--quantize", "W4A16"), "a GGUF file takes no --quantize"),
     ],
 )
 def test_what_gguf_cannot_take_is_one_line_before_anything_is_written(case, args, expected, tmp_path):

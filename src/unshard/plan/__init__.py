@@ -7,6 +7,7 @@ the files, what it tells inspect and the model card.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -83,7 +84,9 @@ def build_plan(
         raise ConfigMismatchError(f"{path}: {why}; fix or remove it, or pass --no-check to copy it as it is")
     checkpoint.fit_config(config)
     out_dtype, reason = choose_dtype(output.dtype, config, checkpoint)
-    fold = lora.plan_fold(checkpoint, source.lora_alpha, source.lora)
+    # (where --lora separate puts the adapter: a folder's lora_adapter/, or beside a GGUF file, sinks/gguf/adapter.py)
+    kept_in = "llama.cpp's adapter file OUT-LoRA.gguf" if output.format == "gguf" else f"{lora.ADAPTER_FOLDER}/"
+    fold = lora.plan_fold(checkpoint, source.lora_alpha, source.lora, kept_in)
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
     head = hf_names.head_updates(set(shapes), shapes, config, architecture)
     updates = {**checkpoint.config_changes, **head}
@@ -124,7 +127,14 @@ def build_plan(
     files = sink.lay_out(groups, output.max_shard_size)
     extra_files = {}
     if fold.adapter is not None:
-        files[lora.ADAPTER_FILE], extra_files = _adapter_plan(checkpoint, fold.adapter, naming.outputs, out_dtype)
+        adapter_groups, adapter_config = _adapter_plan(checkpoint, fold.adapter, naming.outputs, out_dtype)
+        take_adapter = getattr(sink, "take_adapter", None)  # (a format that writes the adapter its own way: GGUF)
+        if take_adapter is not None:
+            files.update(take_adapter(adapter_groups, adapter_config))
+        else:
+            files[lora.ADAPTER_FILE] = adapter_groups
+            text = json.dumps(adapter_config, indent=2, sort_keys=True) + "\n"
+            extra_files = {f"{lora.ADAPTER_FOLDER}/adapter_config.json": text}
     notes = fold.notes + naming.notes + sink.notes()
     notes += _missing_notes(config, config_folder, updates if "architectures" in head and not architecture else None)
     updates = {**updates, **sink.config_updates()}
@@ -176,9 +186,8 @@ def _missing_notes(config: dict | None, config_folder: Path | None, new_head: di
 
 
 def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, dtype: DType):
-    """The adapter's tensors under the names PEFT's save_pretrained writes for the written model, and
+    """The adapter's tensors under the names PEFT's save_pretrained writes for the written model, and its
     adapter_config.json."""
-    import json
 
     def written_name(source: str) -> str:
         names = [n for n, _ in outputs[source]]
@@ -210,8 +219,7 @@ def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, 
         source = checkpoint.tensors[source_name]
         target = dtype if source.dtype.is_floating_point else source.dtype
         groups.append(Group(source, [OutputTensor(name, source.shape, target)]))
-    config = json.dumps(adapter.config(hf_modules, hf_saved), indent=2, sort_keys=True) + "\n"
-    return groups, {f"{lora.ADAPTER_FOLDER}/adapter_config.json": config}
+    return groups, adapter.config(hf_modules, hf_saved)
 
 
 def _compose(fold, convert, only_output: str):

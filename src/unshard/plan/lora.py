@@ -112,9 +112,11 @@ def _recorded(checkpoint: Checkpoint) -> tuple[dict, str]:
     return {}, ""
 
 
-def plan_fold(checkpoint: Checkpoint, alpha: float | None = None, mode: str = "merge") -> LoraFold:
+def plan_fold(
+    checkpoint: Checkpoint, alpha: float | None = None, mode: str = "merge", kept_in: str = f"{ADAPTER_FOLDER}/"
+) -> LoraFold:
     """mode "merge": fold each adapter into its base weight; "separate": leave the base as it is and
-    keep the adapter for OUT/lora_adapter/."""
+    keep the adapter for `kept_in` (OUT/lora_adapter/, or a GGUF output's adapter file)."""
     names = list(checkpoint.tensors)
     adapters: dict[str, dict[str, str]] = {}
     adapter_names = set()
@@ -156,7 +158,7 @@ def plan_fold(checkpoint: Checkpoint, alpha: float | None = None, mode: str = "m
             fold.folds[base] = _folder(checkpoint, parts, scale, embedding)
         for part in parts.values():
             fold.dropped[part] = (
-                "LoRA, folded into its base weight" if mode == "merge" else f"LoRA, written to {ADAPTER_FOLDER}/"
+                "LoRA, folded into its base weight" if mode == "merge" else f"LoRA, written to {kept_in}"
             )
     # modules_to_save: PEFT keeps the module as it was (original_module) and the trained copy.
     kept = {}
@@ -171,7 +173,7 @@ def plan_fold(checkpoint: Checkpoint, alpha: float | None = None, mode: str = "m
         elif mode == "merge":
             fold.dropped[name] = "the module as before training; its modules_to_save copy is written"
         elif trained:
-            fold.dropped[name] = f"a modules_to_save copy, written to {ADAPTER_FOLDER}/"
+            fold.dropped[name] = f"a modules_to_save copy, written to {kept_in}"
             kept[name] = f"{m.group('module')}.original_module.{m.group('param')}"
         else:
             fold.renames[name] = plain
@@ -184,7 +186,7 @@ def plan_fold(checkpoint: Checkpoint, alpha: float | None = None, mode: str = "m
     how = (
         f"LoRA folded into {what}"
         if mode == "merge"
-        else f"LoRA of {what} kept apart in {ADAPTER_FOLDER}/ (base weights as trained)"
+        else f"LoRA of {what} kept apart in {kept_in} (base weights as trained)"
     )
     fold.notes.append(f"{how} (alpha {alpha:g} from {source}" + (", rsLoRA" if rslora else "") + ")")
     if mode == "separate":

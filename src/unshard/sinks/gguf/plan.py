@@ -158,7 +158,7 @@ def _plan_tensors(
         stack, index = stacks.get(name), expert_of.get(output.name)
         shape = (len(stack), *output.shape) if stack else output.shape
         file_shapes[name] = shape
-        tensor_type, note = _tensor_type(plan, name, shape, qtype, name == output_layer, experts, mixed.get(name))
+        tensor_type, note = gguf_type(plan, name, shape, qtype, name == output_layer, experts, mixed.get(name))
         if note and index in (None, 0):  # (a stack's note once)
             plan.notes.append(f"{output.name if stack is None else name}: {note}")
         permuted = 0  # (llama.cpp's llama alone wants q and k reordered; Qwen's rotate as transformers does)
@@ -241,7 +241,7 @@ def _rearranged(
     gguf = gguf_py()
     stored, qtypes = [], []
     for name, shape in made.items():
-        tensor_type, note = _tensor_type(plan, name, shape, qtype, False, experts, mixed.get(name))
+        tensor_type, note = gguf_type(plan, name, shape, qtype, False, experts, mixed.get(name))
         if note:
             plan.notes.append(f"{name}: {note}")
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(shape, tensor_type))
@@ -263,7 +263,7 @@ def _quantized(name: str, shape: tuple[int, ...]) -> bool:
     return not vector_or_norm and "ffn_gate_inp" not in name
 
 
-def _tensor_type(
+def gguf_type(
     plan: GGUFPlan,
     name: str,
     shape: tuple[int, ...],

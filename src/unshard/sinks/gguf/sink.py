@@ -12,6 +12,7 @@ from typing import Any
 from ...errors import OutputExistsError, UnshardError
 from ...types import FormatRequest, Group, OutputTensor, Plan
 from ..staging import OutputFolder, sync_path
+from .adapter import LORA_FILE_NAME, lora_path, plan_lora
 from .file import GGUFFile, WrittenGGUF, header
 from .plan import plan_gguf
 from .split import split_places, split_plan, split_size
@@ -31,8 +32,8 @@ class GGUFSink:
     file beside it. OUT is the file itself: it is built in a staging folder beside OUT and moved into place when
     complete."""
 
-    def __init__(self, plan: GGUFPlan, split_max_size: int = 0):
-        self.plan = plan
+    def __init__(self, plan: GGUFPlan, split_max_size: int = 0, where: str = ""):
+        self.plan, self.where = plan, where
         self.plans = {**(split_plan(plan, split_max_size) if split_max_size else {FILE_NAME: plan})}
         if plan.mmproj:
             self.plans[MMPROJ_FILE_NAME] = plan.mmproj
@@ -56,11 +57,20 @@ class GGUFSink:
             name: sorted(found, key=lambda g: self.plans[name].position(g.outputs[0])) for name, found in files.items()
         }
 
+    def take_adapter(self, groups: list[Group], config: dict[str, Any]) -> dict[str, list[Group]]:
+        """A LoRA adapter kept apart (--lora separate): llama.cpp's adapter file beside OUT (adapter.py)."""
+        lora = plan_lora(self.plan, groups, config, self.where)
+        self.plans[LORA_FILE_NAME] = lora
+        self.plan.notes.extend(lora.notes)
+        return {LORA_FILE_NAME: sorted(groups, key=lambda g: lora.position(g.outputs[0]))}
+
     def places(self, out: Path) -> dict[str, Path]:
         """Where each file goes, by its name in the staging folder, in the order they are put there: OUT (or the
         first file of its split, which llama.cpp loads the others from) last, as it says the output is whole."""
-        model = [name for name in self.plans if name != MMPROJ_FILE_NAME]
+        model = [name for name in self.plans if name not in (MMPROJ_FILE_NAME, LORA_FILE_NAME)]
         places = {MMPROJ_FILE_NAME: mmproj_path(out)} if MMPROJ_FILE_NAME in self.plans else {}
+        if LORA_FILE_NAME in self.plans:
+            places[LORA_FILE_NAME] = lora_path(out)
         if model == [FILE_NAME]:
             return {**places, FILE_NAME: out}
         split = split_places(model, out)
@@ -102,8 +112,11 @@ class GGUFSink:
         return {}
 
     def summary(self) -> dict[str, Any]:
-        files = [name for name in self.plans if name != MMPROJ_FILE_NAME]
-        return {SUMMARY_KEY: {**self.plan.summary(), **({"split": len(files)} if len(files) > 1 else {})}}
+        files = [name for name in self.plans if name not in (MMPROJ_FILE_NAME, LORA_FILE_NAME)]
+        summary = {**self.plan.summary(), **({"split": len(files)} if len(files) > 1 else {})}
+        if LORA_FILE_NAME in self.plans:
+            summary["lora"] = self.plans[LORA_FILE_NAME].summary()
+        return {SUMMARY_KEY: summary}
 
     def card(self) -> tuple[list[str], list[str]]:
         return [], []  # (a GGUF file has no card: its header says what it is)
@@ -111,10 +124,8 @@ class GGUFSink:
 
 def plan_sink(request: FormatRequest) -> GGUFSink:
     """A .gguf OUT: the file's types and metadata, each output given its GGUF encoding."""
-    if request.options.quantize or request.separate_adapter:
-        raise UnshardError(
-            f"{request.where}: a GGUF file takes neither --quantize (use --gguf-type) nor --lora separate"
-        )
+    if request.options.quantize:
+        raise UnshardError(f"{request.where}: a GGUF file takes no --quantize (use --gguf-type)")
     outputs = [o for g in request.groups.values() for o in g.outputs]
     gguf = plan_gguf(request.options.gguf, outputs, request.config_folder, request.dtype.name, request.config_updates)
     encodings = {name: e for file in gguf.files().values() for name, e in file.encoded.items()}
@@ -123,7 +134,8 @@ def plan_sink(request: FormatRequest) -> GGUFSink:
             del request.groups[name]  # (not read either)
             continue
         group.outputs = [replace(o, encoding=encodings[o.name]) for o in group.outputs]
-    return GGUFSink(gguf, split_size(request.options.gguf_split) if request.options.gguf_split else 0)
+    split = split_size(request.options.gguf_split) if request.options.gguf_split else 0
+    return GGUFSink(gguf, split, request.where)
 
 
 def summary_lines(gguf: dict[str, Any]) -> list[str]:
@@ -139,6 +151,12 @@ def summary_lines(gguf: dict[str, Any]) -> list[str]:
         + ", ".join(f"{n} tensor(s) in {t}" for t, n in gguf["tensor_types"].items()),
         f"vocabulary   {gguf['vocabulary']}",
     ]
+    if gguf.get("lora"):
+        lora = gguf["lora"]
+        lines.append(
+            f"lora         the LoRA adapter as llama.cpp's adapter file beside OUT (OUT-LoRA), type {lora['type']}: "
+            + ", ".join(f"{n} tensor(s) in {t}" for t, n in lora["tensor_types"].items())
+        )
     if mmproj:
         lines.append(
             f"mmproj       the vision part, for llama.cpp's multimodal library, in a second file beside OUT "
