@@ -32,9 +32,10 @@ KINDS = {
 
 
 def test_every_family_declares_every_part():
-    parts = [
-        f.name for f in dataclasses.fields(Family) if f.name not in ("name", "model_type", "architecture", "notes")
-    ]
+    # (besides the parts: what names the family, the notes, and `linearized`, a hook of the --quantize path, whose part
+    # is fused_siblings, that families with fused parameters on disk set)
+    besides = ("name", "model_type", "architecture", "notes", "linearized")
+    parts = [f.name for f in dataclasses.fields(Family) if f.name not in besides]
     assert set(parts) == set(KINDS), "a new part needs its kind here, and a column in families.PATHS if it is a path"
     derived = {name for name, value in vars(Family).items() if isinstance(value, property)}  # (megatron_out)
     assert {part for _, part in families.PATHS.values() if part} <= set(parts) | derived

@@ -42,6 +42,19 @@ def fused_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path)
     return None
 
 
+def linear_experts(name: str, shape: tuple[int, ...]) -> Rearrangement | None:
+    """The fused experts as llm-compressor makes Linear layers of them before quantizing: each expert's gate_proj and
+    up_proj ([intermediate, hidden]: gate_up_proj's interleaved columns, transposed) and down_proj ([hidden,
+    intermediate]), and their biases, stacked here one expert after the other."""
+    if name.endswith(EXPERTS + "down_proj_bias"):
+        return Rearrangement({name.removesuffix("down_proj_bias") + "down_proj.bias": shape}, as_it_is)
+    return fused_experts(name, shape, {}, Path())
+
+
+def as_it_is(band) -> tuple:
+    return (band,)
+
+
 def interleaved_halves(band) -> tuple:
     """Gate's and up's experts from a band of gate_up_proj's (transposed) or its bias's: every other row."""
     rows = band.swapaxes(-1, -2) if band.ndim == 3 else band
@@ -77,8 +90,8 @@ FAMILIES = (
         tensors=NO_TABLE,
         megatron=Unsupported("Megatron's gpt-oss (attention sinks, biased experts) is not mapped yet"),
         meta_names=NO_META_NAMES,
-        # (the experts are fused parameters, which --quantize leaves in full precision: llm-compressor does not)
         fused_siblings=(("q_proj", "k_proj", "v_proj"),),
+        linearized=linear_experts,
         gguf=GGUFPart(
             "GPT_OSS",
             hyperparameters=gpt_oss_hyperparameters,
@@ -89,6 +102,6 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
-        notes={"quantize": "the experts, fused 3-D parameters, stay in full precision (llm-compressor quantizes them)"},
+        notes={"quantize": "each expert a Linear layer, as llm-compressor makes them (not yet NVFP4's shared scales)"},
     ),
 )

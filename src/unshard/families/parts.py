@@ -141,6 +141,10 @@ class Family:
         "torchtitan's names are written for Llama, Qwen3, Qwen3-MoE and DeepSeek-V3 so far"
     )
     notes: dict[str, str] = field(default_factory=dict)  # path -> what to know where it says yes
+    # --quantize: parameters transformers keeps fused on disk (gpt-oss's experts) that llm-compressor makes Linear
+    # layers of before quantizing (linearize_moe): (name, shape) -> a Rearrangement into stacks of one tensor per
+    # expert (`<...>.experts.gate_proj.weight`: experts x out x in, each expert written as `<...>.experts.E.gate_proj`)
+    linearized: Callable[[str, tuple[int, ...]], Rearrangement | None] | None = None
 
     @property
     def megatron_out(self) -> MegatronRules | Unsupported:

@@ -26,6 +26,7 @@ from ..families.parts import DEFAULT_FUSED_SIBLINGS, Unsupported
 from ..types import FormatRequest, OutputTensor
 from ..units import human_bytes
 from .compressed_tensors_encoding import WEIGHT_DTYPES, GlobalScale, QuantizedWeight
+from .compressed_tensors_experts import LinearizedExperts, expert_name, linearized_experts
 from .compressed_tensors_schemes import Scheme, scheme_named
 from .hf_folder import HFFolder
 
@@ -66,6 +67,14 @@ class Quantization:
     def config(self) -> dict[str, Any]:
         return self.scheme.quantization_config(list(self.ignored))  # (in the model's order)
 
+    @property
+    def weights(self) -> int:
+        """The Linear weights quantized: a fused expert tensor's, each expert's projections."""
+        return sum(
+            sum(map(len, o.encoding.quantized.values())) if isinstance(o.encoding, LinearizedExperts) else 1
+            for o in self.encoded.values()
+        )
+
 
 def plan_sink(request: FormatRequest) -> CompressedTensorsFolder:
     """--quantize: the folder with its Linear weights' outputs given their encodings (`linear`: hf_names'
@@ -78,6 +87,8 @@ def plan_sink(request: FormatRequest) -> CompressedTensorsFolder:
     quantization = plan_quantization(
         options.quantize, options.quantize_ignore, outputs, request.linear, request.where, siblings
     )
+    if family is not None and family.linearized is not None:
+        _linearize(quantization, outputs, family.linearized, request.where)
     for group in request.groups.values():
         group.outputs = [quantization.encoded.get(o.name, o) for o in group.outputs]
     return CompressedTensorsFolder(quantization)
@@ -98,7 +109,7 @@ class CompressedTensorsFolder(HFFolder):
             SUMMARY_KEY: {
                 "scheme": q.scheme.name,
                 "format": q.scheme.format,
-                "quantized": len(q.encoded),
+                "quantized": q.weights,
                 "ignored": q.ignored,
                 "bytes_as_is": sum(o.nbytes_as_is for o in q.encoded.values()),
                 "surveyed": sum(o.encoding.surveys for o in q.encoded.values()),
@@ -109,7 +120,7 @@ class CompressedTensorsFolder(HFFolder):
         scheme, q = self.quantization.scheme, self.quantization
         line = (
             f"- quantized: {scheme.name} (compressed-tensors `{scheme.format}`, round to nearest, no calibration "
-            f"data), {len(q.encoded)} Linear weights; left as they are: "
+            f"data), {q.weights} Linear weights; left as they are: "
             + (", ".join(f"`{m}`" for m in q.ignored) or "none")
         )
         return ["compressed-tensors", scheme.name.lower()], [line]
@@ -200,6 +211,48 @@ def plan_quantization(
     if scheme.weights.strategy == "tensor_group":
         _share_global_scales(quantization, linear, source, fused_siblings)
     return quantization
+
+
+def _linearize(quantization: Quantization, outputs: list[OutputTensor], linearized, source: str) -> None:
+    """The family's fused experts, each expert's projections Linear layers as llm-compressor makes them
+    (compressed_tensors_experts.py), quantized but those the ignore patterns name."""
+    scheme = quantization.scheme
+    left: dict[str, str] = {}
+    fused_of: dict[str, str] = {}  # (an expert's module left as it is -> the output it is made from)
+
+    def ignored(module: str) -> str | None:
+        return next((p for p in quantization.patterns if matches(module, p)), None)
+
+    for output in outputs:
+        how = linearized(output.name, output.shape)
+        if how is None:
+            continue
+        if output.dtype.name not in WEIGHT_DTYPES:
+            raise UnshardError(
+                f"{source}: {output.name} is {output.dtype}; --quantize takes {', '.join(WEIGHT_DTYPES)}"
+                " weights, as llm-compressor's models hold them: convert with --dtype bfloat16"
+            )
+        for stack, shape in how.tensors.items():
+            misfit = _misfit(scheme, shape[1:]) if stack.endswith(".weight") else None
+            if misfit and not ignored(expert_name(stack, 0).removesuffix(".weight")):
+                module = expert_name(stack, 0).removesuffix(".weight")
+                raise UnshardError(
+                    f"{source}: --quantize {scheme.name} groups a layer's columns by {_group_size(scheme)}, so they "
+                    f"must be a multiple of it; not so for the experts' {module} ({misfit}); leave them unquantized "
+                    f"with --quantize-ignore 're:.*experts\\.\\d+\\.{stack.rsplit('.', 2)[-2]}$'"
+                )
+        encoding, experts_left = linearized_experts(scheme, output, how, ignored, source)
+        quantization.encoded[output.name] = replace(output, encoding=encoding)
+        left.update(experts_left)
+        fused_of.update(dict.fromkeys(experts_left, output.name))
+    if left:  # (the config lists the modules left in the model's order, as its tensors come: experts among them)
+        position = {o.name: i for i, o in enumerate(outputs)}
+        quantization.ignored = dict(
+            sorted(
+                {**quantization.ignored, **left}.items(),
+                key=lambda item: position.get(fused_of.get(item[0], f"{item[0]}.weight"), len(outputs)),
+            )
+        )
 
 
 def _share_global_scales(

@@ -1,0 +1,79 @@
+"""--quantize for a family whose experts transformers keeps fused on disk (gpt-oss's `experts.gate_up_proj`, experts x
+hidden x 2 intermediate): llm-compressor makes each expert's projections Linear layers before quantizing
+(linearize_moe), and writes them so, `experts.E.gate_proj.weight` and its scales, one expert after the other. Here
+the fused tensor is one output whose encoding cuts each band of whole experts into its Linear layers (the family's
+Rearrangement: families/<family>.py `linearized`) and quantizes each as a Linear weight (QuantizedWeight), so the
+experts stream one band at a time, as every weight does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import UnshardError
+from ..types import OutputTensor
+from .compressed_tensors_encoding import QuantizedWeight
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..families.parts import Rearrangement
+    from .compressed_tensors_schemes import Scheme
+
+
+def expert_name(stack: str, expert: int) -> str:
+    """An expert's tensor in a stack's name: `...experts.gate_proj.weight` -> `...experts.3.gate_proj.weight`."""
+    base, leaf = stack.rsplit(".experts.", 1)
+    return f"{base}.experts.{expert}.{leaf}"
+
+
+@dataclass(frozen=True)
+class LinearizedExperts:
+    """A fused expert tensor as llm-compressor writes it (a types.Encoding): for each of its stacks (the family's
+    Rearrangement) each expert's tensor, quantized as a Linear weight where `quantized[stack]` says so (its
+    QuantizedWeight per expert), else as it is. Bands hold whole experts (the fused tensor's first axis)."""
+
+    stored: tuple[OutputTensor, ...]
+    how: Rearrangement
+    quantized: dict[str, tuple[QuantizedWeight, ...]]  # stack -> each expert's encoding (none: written as it is)
+    rows_per_band: int = 1
+    surveys = False
+
+    def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
+        import numpy as np
+
+        pieces = {}
+        for stack, experts in zip(self.how.tensors, self.how.pieces(band)):
+            for offset, values in enumerate(experts):
+                expert = start + offset
+                if stack not in self.quantized:
+                    pieces[expert_name(stack, expert)] = np.ascontiguousarray(values)
+                    continue
+                encoding = self.quantized[stack][expert]  # (each expert's weight whole: its first and only band)
+                made = encoding.encode(np.ascontiguousarray(values), 0)
+                pieces.update((name, piece.copy()) for name, piece in made.items())  # (out of the thread's scratch)
+        return pieces
+
+
+def linearized_experts(scheme: Scheme, output: OutputTensor, how: Rearrangement, ignored, source: str):
+    """The output's LinearizedExperts: each weight stack's experts quantized, but those `ignored(module)` names (the
+    pattern naming it, or None); (the encoding, {module left as it is: pattern})."""
+    if scheme.weights.strategy == "tensor_group":
+        raise UnshardError(
+            f"{source}: --quantize {scheme.name}: {output.name} holds fused experts, whose gate and up would share "
+            "global scales, which unshard does not write yet; choose another scheme (W4A16, FP8_DYNAMIC, MXFP4...)"
+        )
+    stored, quantized, left = [], {}, {}
+    for stack, shape in how.tensors.items():
+        experts, *each = shape
+        names = [expert_name(stack, e) for e in range(experts)]
+        patterns = [ignored(name.removesuffix(".weight")) for name in names] if stack.endswith(".weight") else []
+        if not stack.endswith(".weight") or any(patterns):
+            left.update((name.removesuffix(".weight"), p) for name, p in zip(names, patterns) if p)
+            stored.extend(OutputTensor(name, tuple(each), output.dtype) for name in names)
+            continue
+        quantized[stack] = tuple(
+            QuantizedWeight(scheme, OutputTensor(name, tuple(each), output.dtype), source) for name in names
+        )
+        stored.extend(s for encoding in quantized[stack] for s in encoding.stored)
+    return LinearizedExperts(tuple(stored), how, quantized), left
