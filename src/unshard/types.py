@@ -86,7 +86,7 @@ class Encoding(Protocol):
 
     stored: tuple[OutputTensor, ...]
     rows_per_band: int
-    surveys: bool  # whether every band of it must be shown to `survey(band)` before the first is encoded
+    surveys: bool  # whether every band of it must be shown to `survey(band, start)` before the first is encoded
 
     def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
         """The pieces of the stored tensors made from rows [start, start + len(band)), by stored name;

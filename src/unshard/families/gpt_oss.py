@@ -102,6 +102,6 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
-        notes={"quantize": "each expert a Linear layer, as llm-compressor makes them (not yet NVFP4's shared scales)"},
+        notes={"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
     ),
 )

@@ -104,7 +104,7 @@ class QuantizedWeight:
         """Whether every band must be seen (`survey`) before the first is encoded."""
         return self.global_scale is not None
 
-    def survey(self, band: np.ndarray) -> None:
+    def survey(self, band: np.ndarray, start: int = 0) -> None:
         peak = 0.0
         for _, _, rows in self._widened(band):
             peak = max(peak, float(peaks(rows.reshape(1, -1), self.name)[0]))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UnshardError
 from ..types import OutputTensor
-from .compressed_tensors_encoding import QuantizedWeight
+from .compressed_tensors_encoding import GlobalScale, QuantizedWeight
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,7 +37,18 @@ class LinearizedExperts:
     how: Rearrangement
     quantized: dict[str, tuple[QuantizedWeight, ...]]  # stack -> each expert's encoding (none: written as it is)
     rows_per_band: int = 1
-    surveys = False
+
+    @property
+    def surveys(self) -> bool:
+        return any(encoding.surveys for encodings in self.quantized.values() for encoding in encodings)
+
+    def survey(self, band: np.ndarray, start: int) -> None:
+        """NVFP4: each expert's weights shown to its global scale before any is encoded."""
+        import numpy as np
+
+        for stack, experts in zip(self.how.tensors, self.how.pieces(band)):
+            for offset, values in enumerate(experts if stack in self.quantized else ()):
+                self.quantized[stack][start + offset].survey(np.ascontiguousarray(values))
 
     def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
         import numpy as np
@@ -57,12 +68,9 @@ class LinearizedExperts:
 
 def linearized_experts(scheme: Scheme, output: OutputTensor, how: Rearrangement, ignored, source: str):
     """The output's LinearizedExperts: each weight stack's experts quantized, but those `ignored(module)` names (the
-    pattern naming it, or None); (the encoding, {module left as it is: pattern})."""
-    if scheme.weights.strategy == "tensor_group":
-        raise UnshardError(
-            f"{source}: --quantize {scheme.name}: {output.name} holds fused experts, whose gate and up would share "
-            "global scales, which unshard does not write yet; choose another scheme (W4A16, FP8_DYNAMIC, MXFP4...)"
-        )
+    pattern naming it, or None); (the encoding, {module left as it is: pattern}). Under NVFP4 the Linear layers one
+    fused tensor makes of an expert (gpt-oss's gate and up) share its global scale, as vLLM runs them as one layer and
+    llm-compressor scales them."""
     stored, quantized, left = [], {}, {}
     for stack, shape in how.tensors.items():
         experts, *each = shape
@@ -76,4 +84,16 @@ def linearized_experts(scheme: Scheme, output: OutputTensor, how: Rearrangement,
             QuantizedWeight(scheme, OutputTensor(name, tuple(each), output.dtype), source) for name in names
         )
         stored.extend(s for encoding in quantized[stack] for s in encoding.stored)
+    if scheme.weights.strategy == "tensor_group":
+        weights = [stack for stack in how.tensors if stack.endswith(".weight")]
+        if quantized and len(quantized) < len(weights):
+            raise UnshardError(
+                f"{source}: --quantize {scheme.name}: {', '.join(weights)} of each expert share one global scale, as "
+                "vLLM runs them as one layer, but some would be left unquantized; leave out all of them or none "
+                "(--quantize-ignore)"
+            )
+        for encodings in zip(*quantized.values()):
+            shared = GlobalScale()
+            for encoding in encodings:
+                encoding.global_scale = shared
     return LinearizedExperts(tuple(stored), how, quantized), left

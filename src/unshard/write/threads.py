@@ -140,8 +140,8 @@ def survey(plan: Plan, threads: int, progress: bool | None) -> None:
             return
         for ready in ready_to_write(plan, group):
             if ready.output.name in surveyed:
-                for _, band in bands(ready.output, ready.parts):
-                    ready.output.encoding.survey(band)
+                for start, band in bands(ready.output, ready.parts):
+                    ready.output.encoding.survey(band, start)
                 bar.update(ready.output.nbytes_as_is)
             if ready.then is not None:
                 ready.then()
