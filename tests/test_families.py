@@ -14,7 +14,7 @@ from test_cli_and_errors import run_cli
 
 from unshard import families
 from unshard.errors import CheckpointError, ConfigMismatchError, UnshardError
-from unshard.families.parts import Family, GGUFPart, MegatronRules, MoELayout, Unsupported
+from unshard.families.parts import Family, GGUFPart, MegatronRules, MmprojPart, MoELayout, Unsupported
 from unshard.names.dense_tables import TensorTable
 from unshard.sources import megatron_hf
 
@@ -25,7 +25,7 @@ KINDS = {
     "meta_names": dict,
     "fused_siblings": tuple,
     "gguf": GGUFPart,
-    "mmproj": str,
+    "mmproj": MmprojPart,
     "moe_layout": MoELayout,
     "torchtitan_names": dict,
 }
@@ -143,7 +143,7 @@ def test_unshard_families_prints_the_matrix():
     code, out, _ = run_cli("families", "--json")
     assert code == 0 and json.loads(out) == families.matrix()
     rows = {row["model_type"]: row for row in json.loads(out)}
-    assert rows["llama"]["gguf"] == "yes" and rows["qwen2_vl"]["gguf"] == families.by_model_type("qwen2_vl").gguf.reason
+    assert rows["llama"]["gguf"] == "yes" and rows["mllama"]["gguf"] == families.by_model_type("mllama").gguf.reason
     assert rows["llama"]["mmproj"].startswith("n/a: ")
     code, out, _ = run_cli("families")
     lines = out.splitlines()
@@ -215,8 +215,10 @@ TESTED = {
         "ernie4_5": "ernie45-fsdp2-spm",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
+        "qwen2_vl": "qwen2vl-fsdp2",
+        "qwen2_5_vl": "qwen25vl-fsdp2",
     },
-    "mmproj": {"gemma3": "gemma3vl-fsdp2-spm"},
+    "mmproj": {"gemma3": "gemma3vl-fsdp2-spm", "qwen2_vl": "qwen2vl-fsdp2", "qwen2_5_vl": "qwen25vl-fsdp2"},
 }
 SHARED = {"mistral": "llama"}
 

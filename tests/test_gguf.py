@@ -857,7 +857,7 @@ def test_k_quants_of_experts_and_grouped_queries(converter, llama_cpp, ggml_libr
 @pytest.mark.parametrize(
     "case, args, expected",
     [
-        ("qwen2vl-fsdp2", (), "Qwen2VLForConditionalGeneration is not an architecture unshard writes as GGUF yet"),
+        ("mllama-fsdp2", (), "MllamaForConditionalGeneration is not an architecture unshard writes as GGUF yet"),
         (
             "llama-fsdp2-spm",
             ("--gguf-type", "q2_k_s"),

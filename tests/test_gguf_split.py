@@ -99,8 +99,9 @@ def test_a_split_of_a_folder_is_one_line(tmp_path):
 
 def test_an_existing_file_of_the_split_is_kept_unless_overwrite(tmp_path):
     args = ("--gguf-split-max-size", "200K", "--no-progress")
-    code, _, err = run_cli("convert", SRC, tmp_path / "m.gguf", *args)
+    code, out, err = run_cli("convert", SRC, tmp_path / "m.gguf", *args)
     first = split_files(tmp_path, "m")[0]
+    assert code == 0 and f"to {first} in" in out, out  # (the file llama.cpp loads)
     first.write_bytes(b"mine")
     code, _, err = run_cli("convert", SRC, tmp_path / "m.gguf", *args)
     assert code == 1 and "-of-00011.gguf: already exists" in err and first.read_bytes() == b"mine"

@@ -3,6 +3,7 @@ the plan; otherwise the output dtype and the notes, the writing, the report (and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -114,6 +115,8 @@ def _write(
 def _report(args, result, files: list[Path] | tuple = ()) -> None:
     if not _speaks(args):
         return
+    if files and files[-1] != Path(result.out):  # (a split GGUF file: its first file, which llama.cpp loads)
+        result = dataclasses.replace(result, out=files[-1])
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(result.line() + (", verified" if args.verify else ""))

@@ -5,13 +5,14 @@ feed-forward, Gemma 3's q and k norms; llama.cpp's gemma, gemma2 and gemma3 with
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
 from .gguf_hooks import check_query_scale, gguf_quiet, json_or_empty, special_vocab, text_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY, TORCHTUNE, TORCHTUNE_ENDS
-from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, Unsupported
+from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, MmprojPart, Unsupported
 
 GEMMA_HPARAMS = (
     "max_position_embeddings",
@@ -149,6 +150,56 @@ GEMMA3_TABLE = t.TensorTable(
     tie_default=True,
 )
 
+
+def gemma3_vision_sizes(vision: dict, where: Path) -> dict:
+    """Gemma 3's SigLIP tower, as its config names its sizes; a pooling head llama.cpp does not run is refused."""
+    if vision.get("vision_use_head"):
+        raise ConfigMismatchError(
+            f"{where}: the vision tower has a pooling head (vision_use_head), which llama.cpp's "
+            "gemma3 projector does not run; serve this model with transformers or vLLM"
+        )
+    return vision
+
+
+def gemma3_vision_name(name: str) -> str:
+    """The name the converter maps to gguf-py's CLIP names: the Hub's layout of Gemma 3's checkpoints
+    (vision_tower.vision_model..., which transformers 5 saves as vision_tower...), `_weight` as `.weight`."""
+    name = re.sub(r"^model\.", "", name)
+    if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
+        name = "vision_tower.vision_model." + name[len("vision_tower.") :]
+    return name.replace("_weight", ".weight")
+
+
+def gemma3_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
+    """The converter's Gemma 3 projection in F16 and its embeddings (patches, positions) in F32, whatever the file's
+    type."""
+    if len(shape) > 1 and "input_projection" in source:
+        return gguf.GGMLQuantizationType.F16
+    if ".embeddings." in source or name.startswith("v.position_embd"):
+        return gguf.GGMLQuantizationType.F32
+    return None
+
+
+def gemma3_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The tower's norm epsilon and GELU; the patches averaged n x n into the image's tokens: llama.cpp assumes 4
+    (Gemma 3's 64 x 64 patches into 16 x 16 tokens) unless the file says otherwise."""
+    writer.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", 1e-6))
+    writer.add_vision_use_gelu(True)
+    per_side = int(processor.get("image_seq_length", 256) ** 0.5)
+    scale = (vision["image_size"] // vision["patch_size"]) // per_side
+    if scale > 0 and scale != 4:
+        writer.add_vision_projector_scale_factor(scale)
+
+
+GEMMA3_MMPROJ = MmprojPart(
+    "GEMMA3",
+    r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.",
+    gemma3_vision_sizes,
+    gemma3_projector_keys,
+    forced_type=gemma3_forced_type,
+    converter_name=gemma3_vision_name,
+)
+
 FAMILIES = (
     Family(
         "Gemma",
@@ -216,7 +267,7 @@ FAMILIES = (
         meta_names=NO_META_NAMES,
         fused_siblings=SIBLINGS,
         gguf=GEMMA3,
-        mmproj="GEMMA3",
+        mmproj=GEMMA3_MMPROJ,
         moe_layout=DENSE_ONLY,
     ),
 )

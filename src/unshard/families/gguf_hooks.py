@@ -105,6 +105,8 @@ def text_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
             f"{where}: rope type {rope_type!r} is not written as GGUF by unshard "
             "yet; write a folder and use llama.cpp's convert_hf_to_gguf.py"
         )
+    if rope.get("mrope_section") is not None:  # (M-RoPE: the head's dimensions by time, height and width, padded to 4)
+        writer.add_rope_dimension_sections([*rope["mrope_section"], 0, 0, 0, 0][:4])
     if rope.get("rope_theta") is not None:
         writer.add_rope_freq_base(rope["rope_theta"])
     if rope_by_layer.get("sliding_attention", {}).get("rope_theta") is not None:

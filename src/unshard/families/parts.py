@@ -77,6 +77,27 @@ class GGUFPart:
     extra_blocks: str | None = None
 
 
+@dataclass(frozen=True)
+class MmprojPart:
+    """How llama.cpp's converter writes the family's vision part (tower and projector) as the mmproj file, with
+    `--mmproj` (sinks/gguf/vision.py): which tensors, their names and types, the vision keys and the projector's."""
+
+    projector: str  # gguf.VisionProjectorType's member
+    vision: str  # a regular expression matching the vision part's tensors (by the output's names)
+    # (vision_config, where) -> it as the converter's MmprojModel reads it: image_size, patch_size, hidden_size,
+    # intermediate_size, num_hidden_layers, num_attention_heads (renamed, defaulted); refuses what llama.cpp lacks
+    sizes: Callable[[dict, Any], dict]
+    # (writer, hparams, vision, processor): the projector's keys, after the image processor's mean and std
+    projector_keys: Callable[..., None]
+    # (gguf, the converter's name, llama.cpp's name, shape, the file's type, its name) -> the converter's type for
+    # the tensor where the family forces one (patch embeddings, projections), else None
+    forced_type: Callable[..., Any] | None = None
+    converter_name: Callable[[str], str] | None = None  # a tensor's name as the converter maps it (its renames)
+    # (name, shape) -> how the converter stores that tensor otherwise than as it is (Qwen's qkv split; its Conv3D
+    # patch embedding as two 2-D ones, named as in the file), or None
+    rearranged: Callable[[str, tuple[int, ...]], Rearrangement | None] | None = None
+
+
 # Linear layers that vLLM runs as one, for a model of a family not listed (and the vision-language models, whose
 # towers name theirs otherwise): the common names, as llm-compressor's FUSED_LAYER_NAMES (q, k and v; gate and up,
 # as Mixtral's w1 and w3; DeepSeek's q_a and kv_a).
@@ -133,7 +154,7 @@ class Family:
     meta_names: dict[str, Any] | Unsupported  # torchtitan's and torchtune's names (names.meta_rules: the rule kinds)
     fused_siblings: tuple[tuple[str, ...], ...] | Unsupported  # --quantize: Linear layers vLLM runs as one
     gguf: GGUFPart | Unsupported
-    mmproj: str | Unsupported  # llama.cpp's projector type of the vision part's file
+    mmproj: MmprojPart | Unsupported  # the vision part's file for llama.cpp (sinks/gguf/vision.py)
     moe_layout: MoELayout | Unsupported  # what merge-moe assembles as this family
     # The names torchtitan's current state-dict adapter gives this family (what `--to dcp --names torchtitan` writes);
     # among meta_names, which also holds older torchtitan's and torchtune's for reading.

@@ -1,16 +1,100 @@
 """The vision-language models verl trains with FSDP: Qwen2-VL, Qwen2.5-VL and Llama 3.2 Vision (Mllama). They
 convert from rank files, DCP and DeepSpeed by transformers' own names (save_pretrained's `visual.*` / `model.*`),
-and quantize with their vision towers left as they are; no other path knows them yet."""
+and quantize with their vision towers left as they are. The Qwen models go to GGUF too, as llama.cpp's converter
+writes them: the text model as llama.cpp's qwen2vl (Qwen2's layout, M-RoPE's sections in the header), the vision
+tower and its patch merger as the mmproj file (q, k and v apart, the Conv3D patch embedding as two 2-D ones)."""
 
 from __future__ import annotations
 
-from .parts import DEFAULT_FUSED_SIBLINGS, NO_META_NAMES, NO_TABLE, Family, Unsupported
+from pathlib import Path
+
+from ..errors import ConfigMismatchError
+from .parts import (
+    DEFAULT_FUSED_SIBLINGS,
+    NO_META_NAMES,
+    NO_TABLE,
+    Family,
+    GGUFPart,
+    MmprojPart,
+    Rearrangement,
+    Unsupported,
+)
 
 MEGATRON = Unsupported("verl's Megatron vision-language layouts are not mapped yet")
 NO_MOE = Unsupported("a dense family; merge-moe assembles no MoE from vision-language models", applies=False)
 
 
-def _family(name: str, model_type: str, architecture: str, llama_cpp: str) -> Family:
+def qwen2vl_sizes(vision: dict, where: Path) -> dict:
+    """The tower's sizes as the converter reads Qwen's vision_config: heads and depth renamed, an image of 560
+    pixels; Qwen2-VL's width is its embed_dim (and the converter writes its merger's width, hidden_size, as the
+    feed-forward width, which llama.cpp's qwen2vl does not read)."""
+    vision = {**vision, "image_size": vision.get("image_size", 560)}
+    vision["num_attention_heads"], vision["num_hidden_layers"] = vision.get("num_heads"), vision.get("depth")
+    if "embed_dim" in vision:
+        vision["intermediate_size"], vision["hidden_size"] = vision.get("hidden_size"), vision["embed_dim"]
+    if vision.get("temporal_patch_size", 2) != 2:
+        raise ConfigMismatchError(
+            f"{where}: vision_config's temporal_patch_size is {vision['temporal_patch_size']}; llama.cpp's qwen2vl "
+            "takes frames two at a time; serve this model with transformers or vLLM"
+        )
+    return vision
+
+
+def qwen25vl_sizes(vision: dict, where: Path) -> dict:
+    """Qwen2-VL's, and the window attention's pattern llama.cpp assumes: every n-th block attends to the whole image,
+    the others by window."""
+    full = vision.get("fullatt_block_indexes") or []
+    if not full or any(b - a != full[0] + 1 for a, b in zip(full, full[1:])):
+        raise ConfigMismatchError(
+            f"{where}: vision_config's fullatt_block_indexes {full} are not every n-th block, which llama.cpp's "
+            "qwen2.5vl assumes; serve this model with transformers or vLLM"
+        )
+    return qwen2vl_sizes(vision, where)
+
+
+def qwen2vl_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    writer.add_vision_attention_layernorm_eps(hparams.get("rms_norm_eps", 1e-6))  # (the config's top level, or 1e-6)
+
+
+def qwen25vl_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """SiLU, and the window attention's pattern (qwen25vl_sizes checked it)."""
+    writer.add_vision_use_silu(True)
+    writer.add_vision_n_wa_pattern(vision["fullatt_block_indexes"][0] + 1)
+    qwen2vl_projector_keys(writer, hparams, vision, processor)
+
+
+def qwen_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
+    """The converter's: patch embeddings in F16 in an f16 file, else F32; position embeddings in F32."""
+    if ".patch_embd.weight" in name:
+        return gguf.GGMLQuantizationType.F16 if file_type == "f16" else gguf.GGMLQuantizationType.F32
+    if ".position_embd." in name:
+        return gguf.GGMLQuantizationType.F32
+    return None
+
+
+def qwen_vision_split(name: str, shape: tuple[int, ...]) -> Rearrangement | None:
+    """The converter's: each block's fused qkv (weight and bias) as q, k and v; the Conv3D patch embedding (two
+    frames deep) as one 2-D convolution per frame, `v.patch_embd.weight` and `.weight.1`."""
+    if ".attn.qkv." in name:
+        third = (shape[0] // 3, *shape[1:])
+        return Rearrangement({name.replace(".qkv.", f".{x}."): third for x in "qkv"}, thirds, shape[0])
+    if name.endswith("patch_embed.proj.weight") and len(shape) == 5:
+        frame = (shape[0], shape[1], *shape[3:])
+        return Rearrangement({"v.patch_embd.weight": frame, "v.patch_embd.weight.1": frame}, frames)
+    return None
+
+
+def thirds(band) -> tuple:
+    """q's, k's and v's rows of a whole fused tensor."""
+    third = band.shape[0] // 3
+    return band[:third], band[third : 2 * third], band[2 * third :]
+
+
+def frames(band) -> tuple:
+    return band[:, :, 0], band[:, :, 1]
+
+
+def _qwen_vl(name: str, model_type: str, architecture: str, projector: str, sizes, keys) -> Family:
     return Family(
         name,
         model_type,
@@ -19,14 +103,41 @@ def _family(name: str, model_type: str, architecture: str, llama_cpp: str) -> Fa
         megatron=MEGATRON,
         meta_names=NO_META_NAMES,
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
-        gguf=Unsupported(f"llama.cpp's {llama_cpp} text model is not written by unshard yet"),
-        mmproj=Unsupported(f"llama.cpp's {llama_cpp} projector is not written by unshard yet"),
+        gguf=GGUFPart("QWEN2VL"),
+        mmproj=MmprojPart(
+            projector,
+            r"^(?:model\.)?visual\.",
+            sizes,
+            keys,
+            forced_type=qwen_forced_type,
+            rearranged=qwen_vision_split,
+        ),
         moe_layout=NO_MOE,
     )
 
 
 FAMILIES = (
-    _family("Qwen2-VL", "qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2vl"),
-    _family("Qwen2.5-VL", "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2vl"),
-    _family("Llama 3.2 Vision", "mllama", "MllamaForConditionalGeneration", "mllama"),
+    _qwen_vl(
+        "Qwen2-VL", "qwen2_vl", "Qwen2VLForConditionalGeneration", "QWEN2VL", qwen2vl_sizes, qwen2vl_projector_keys
+    ),
+    _qwen_vl(
+        "Qwen2.5-VL",
+        "qwen2_5_vl",
+        "Qwen2_5_VLForConditionalGeneration",
+        "QWEN25VL",
+        qwen25vl_sizes,
+        qwen25vl_projector_keys,
+    ),
+    Family(
+        "Llama 3.2 Vision",
+        "mllama",
+        "MllamaForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=MEGATRON,
+        meta_names=NO_META_NAMES,
+        fused_siblings=DEFAULT_FUSED_SIBLINGS,
+        gguf=Unsupported("llama.cpp's mllama text model is not written by unshard yet"),
+        mmproj=Unsupported("llama.cpp's mllama projector is not written by unshard yet"),
+        moe_layout=NO_MOE,
+    ),
 )

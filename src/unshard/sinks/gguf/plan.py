@@ -61,10 +61,10 @@ def plan_gguf(
             f"it writes {known}); write a folder and use llama.cpp's convert_hf_to_gguf.py"
         )
     part = family.gguf
-    vision_outputs = []
+    vision_outputs, config = [], hparams
     if families.supports(family, "mmproj"):  # the text model here, the vision part in the mmproj file
-        vision_outputs = [o for o in outputs if vision.is_vision(o.name)]
-        outputs = [o for o in outputs if not vision.is_vision(o.name)]
+        vision_outputs = [o for o in outputs if vision.is_vision(o.name, family.mmproj)]
+        outputs = [o for o in outputs if not vision.is_vision(o.name, family.mmproj)]
         # (as the converter reads a text model's; the vision_config stays, for the mmproj)
         hparams = {**hparams, **(hparams.get("text_config") or {})}
     if requested in kquants.MIXES:  # (a one-line error before anything is written, where no library computes them)
@@ -89,7 +89,7 @@ def plan_gguf(
         for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
             fields[key] = fields.pop(key)
     if vision_outputs:
-        plan.mmproj = vision.plan_mmproj(file_type, vision_outputs, hparams, config_folder, family.mmproj)
+        plan.mmproj = vision.plan_mmproj(file_type, vision_outputs, config, config_folder, family.mmproj)
         plan.notes.extend(plan.mmproj.notes)
     return plan
 

@@ -1,0 +1,93 @@
+"""Qwen2-VL and Qwen2.5-VL as GGUF, the vision-language models verl trains most: the text model as llama.cpp's
+qwen2vl (M-RoPE's sections in the header) and the vision tower with its patch merger as the mmproj file beside it,
+each equal to what llama.cpp's converter writes (test_gguf.py's oracle) with and without `--mmproj`; llama.cpp runs
+the text model as transformers does, and its multimodal library (mtmd) encodes an image through the mmproj into
+transformers' own image features. (A file of its own, so that CI's two workers share the GGUF tests.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from conftest import SHIPPED
+from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, used by name)
+    LLAMA_CPP_TOLERANCE,
+    assert_same_file,
+    contents,
+    converter,
+    for_the_converter,
+    llama_cpp,
+    llama_cpp_client,
+)
+
+import unshard
+
+CASES = ["qwen2vl-fsdp2", "qwen25vl-fsdp2"]
+# llama.cpp's image features against transformers' (relative distance, f32), measured: Qwen2-VL 4e-4, Qwen2.5-VL
+# 6.7e-3 (its windowed attention)
+IMAGE_TOLERANCE = {"qwen2vl-fsdp2": 1e-3, "qwen25vl-fsdp2": 1e-2}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_text_model_and_mmproj_as_the_converter_writes_them(case, converter, tmp_path):
+    """Both files, in f32, f16 and q8_0: every tensor (q, k and v of the tower apart; the Conv3D patch embedding as
+    two 2-D ones, in F16 in an f16 file and F32 otherwise) and every metadata field (the projector, its window pattern
+    for Qwen2.5-VL) but the name; --verify reads each back."""
+    src = SHIPPED / case / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    theirs = tmp_path / "for-the-converter"
+    shutil.copytree(tmp_path / "hf", theirs)
+    pre = for_the_converter(theirs)
+    config = json.loads((theirs / "tokenizer_config.json").read_text())
+    config.pop("extra_special_tokens", None)  # (transformers 5's list, which the converter's transformers 4 rejects)
+    (theirs / "tokenizer_config.json").write_text(json.dumps(config))
+    for kind in ("f32", "f16", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        result = unshard.convert(src, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        assert sorted(result.files) == ["mmproj.gguf", "model.gguf"]
+        assert_same_file(ours, converter(theirs, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+        mmproj = converter(theirs, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
+        assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
+    fields, tensors = contents(tmp_path / "f16.gguf")
+    assert fields["qwen2vl.rope.dimension_sections"] == [2, 3, 3, 0] and not any("visual" in t[0] for t in tensors)
+    types = {t[0]: t[1] for t in contents(tmp_path / "mmproj-f16.gguf")[1]}
+    assert types["v.patch_embd.weight.1"] == "F16" and types["v.blk.0.attn_q.weight"] == "F16"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_llama_cpp_reads_text_and_images_as_transformers_does(case, llama_cpp, tmp_path):
+    """llama.cpp runs the text model (f32): a text prompt's logits are transformers' within f32's tolerance, and the
+    same greedy tokens; mtmd encodes an image of 84 x 84 pixels (which it keeps as it is) through the mmproj into 9
+    tokens whose embeddings are transformers' image features of the same pixels."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    src = SHIPPED / case / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    unshard.convert(src, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    prompt, new = [1, 5, 20, 33, 64, 70, 90, 2], 6
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([prompt])).logits[0]
+        sequence = list(prompt)
+        for _ in range(new):
+            sequence.append(int(model(input_ids=torch.tensor([sequence])).logits[0, -1].argmax()))
+    logits, greedy = llama_cpp(tmp_path / "m.gguf", prompt, new)
+    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
+    assert greedy == sequence[len(prompt) :]
+
+    image = np.random.default_rng(0).integers(0, 256, (84, 84, 3), dtype=np.uint8)
+    image.tofile(tmp_path / "image.rgb")
+    pixels = AutoImageProcessor.from_pretrained(tmp_path / "hf")(images=[image], do_resize=False, return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"]
+        )
+    expected = torch.cat(list(features.pooler_output))
+    args = (tmp_path / "m.gguf", tmp_path / "mmproj-m.gguf", 84, 84, tmp_path / "image.rgb", tmp_path / "image.npy")
+    llama_cpp_client("image", *args)
+    embeddings = torch.from_numpy(np.load(tmp_path / "image.npy"))
+    distance = ((embeddings - expected).norm() / expected.norm()).item()
+    assert embeddings.shape == expected.shape == (9, 64) and distance <= IMAGE_TOLERANCE[case], distance
