@@ -12,7 +12,8 @@ llama.cpp's own llama_model_quantize; with several types (TYPE,TYPE,...), OUT is
     python llama_cpp_client.py image MODEL.gguf MMPROJ.gguf WIDTH HEIGHT PIXELS.rgb OUT.npy
 runs an image (PIXELS.rgb: WIDTH x HEIGHT RGB bytes, row by row) through llama.cpp's multimodal library (mtmd) as
 llama-mtmd-cli does, with MMPROJ.gguf beside the text model: OUT.npy gets the image's embeddings, one row per token
-of the image, as mtmd gives them to the text model.
+of the image, as mtmd gives them to the text model (with a deepstack model's features of its tower's blocks after
+the embedding, in the same row).
 
     python llama_cpp_client.py tokenize MODEL.gguf TEXTS.json OUT.json
 tokenizes each text of TEXTS.json (a list) with the file's vocabulary, as llama.cpp does (no BOS, special tokens as
@@ -72,8 +73,9 @@ def image(model: str, mmproj: str, width: int, height: int, pixels: str, out: st
     if len(images) != 1 or mtmd.mtmd_encode_chunk(context, images[0]) != 0:
         sys.exit(f"mtmd did not encode the image ({len(images)} image chunks)")
     tokens = mtmd.mtmd_input_chunk_get_n_tokens(images[0])
-    embeddings = np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(context), shape=(tokens * llm.n_embd(),))
-    np.save(out, embeddings.reshape(tokens, llm.n_embd()).copy())
+    width = llama_cpp.llama_model_n_embd_inp(llm.model)  # (the text's width, and deepstack's features after it)
+    embeddings = np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(context), shape=(tokens * width,))
+    np.save(out, embeddings.reshape(tokens, width).copy())
     mtmd.mtmd_input_chunks_free(chunks)
     mtmd.mtmd_bitmap_free(bitmap)
     mtmd.mtmd_free(context)

@@ -217,8 +217,14 @@ TESTED = {
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "qwen2_vl": "qwen2vl-fsdp2",
         "qwen2_5_vl": "qwen25vl-fsdp2",
+        "qwen3_vl": "qwen3vl-fsdp2",
     },
-    "mmproj": {"gemma3": "gemma3vl-fsdp2-spm", "qwen2_vl": "qwen2vl-fsdp2", "qwen2_5_vl": "qwen25vl-fsdp2"},
+    "mmproj": {
+        "gemma3": "gemma3vl-fsdp2-spm",
+        "qwen2_vl": "qwen2vl-fsdp2",
+        "qwen2_5_vl": "qwen25vl-fsdp2",
+        "qwen3_vl": "qwen3vl-fsdp2",
+    },
 }
 SHARED = {"mistral": "llama"}
 

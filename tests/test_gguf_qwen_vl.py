@@ -1,5 +1,6 @@
-"""Qwen2-VL and Qwen2.5-VL as GGUF, the vision-language models verl trains most: the text model as llama.cpp's
-qwen2vl (M-RoPE's sections in the header) and the vision tower with its patch merger as the mmproj file beside it,
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL as GGUF, the vision-language models verl trains most: the text model as
+llama.cpp's qwen2vl or qwen3vl (M-RoPE's sections in the header) and the vision tower with its patch merger (and
+Qwen3-VL's deepstack mergers) as the mmproj file beside it,
 each equal to what llama.cpp's converter writes (test_gguf.py's oracle) with and without `--mmproj`; llama.cpp runs
 the text model as transformers does, and its multimodal library (mtmd) encodes an image through the mmproj into
 transformers' own image features. (A file of its own, so that CI's two workers share the GGUF tests.)"""
@@ -25,17 +26,20 @@ from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, u
 
 import unshard
 
-CASES = ["qwen2vl-fsdp2", "qwen25vl-fsdp2"]
+CASES = ["qwen2vl-fsdp2", "qwen25vl-fsdp2", "qwen3vl-fsdp2"]
 # llama.cpp's image features against transformers' (relative distance, f32), measured: Qwen2-VL 4e-4, Qwen2.5-VL
-# 6.7e-3 (its windowed attention)
-IMAGE_TOLERANCE = {"qwen2vl-fsdp2": 1e-3, "qwen25vl-fsdp2": 1e-2}
+# 6.7e-3 (its windowed attention), Qwen3-VL 4.2e-4 (with its deepstack features)
+IMAGE_TOLERANCE = {"qwen2vl-fsdp2": 1e-3, "qwen25vl-fsdp2": 1e-2, "qwen3vl-fsdp2": 1e-3}
+# an image mtmd keeps at its size (84 pixels: 3 x 3 tokens of 28; Qwen3-VL's patches of 16: 96 pixels)
+IMAGE_SIDE = {"qwen2vl-fsdp2": 84, "qwen25vl-fsdp2": 84, "qwen3vl-fsdp2": 96}
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_text_model_and_mmproj_as_the_converter_writes_them(case, converter, tmp_path):
     """Both files, in f32, f16 and q8_0: every tensor (q, k and v of the tower apart; the Conv3D patch embedding as
-    two 2-D ones, in F16 in an f16 file and F32 otherwise) and every metadata field (the projector, its window pattern
-    for Qwen2.5-VL) but the name; --verify reads each back."""
+    two 2-D ones, in F16 in an f16 file and F32 otherwise; Qwen3-VL's mergers under the converter's own names) and
+    every metadata field (the projector, Qwen2.5-VL's window pattern, Qwen3-VL's deepstack blocks) but the name;
+    --verify reads each back."""
     src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     theirs = tmp_path / "for-the-converter"
@@ -52,16 +56,19 @@ def test_text_model_and_mmproj_as_the_converter_writes_them(case, converter, tmp
         mmproj = converter(theirs, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
         assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
     fields, tensors = contents(tmp_path / "f16.gguf")
-    assert fields["qwen2vl.rope.dimension_sections"] == [2, 3, 3, 0] and not any("visual" in t[0] for t in tensors)
+    architecture = fields["general.architecture"]
+    assert fields[f"{architecture}.rope.dimension_sections"] == [2, 3, 3, 0] and not any(
+        "visual" in t[0] for t in tensors
+    )
     types = {t[0]: t[1] for t in contents(tmp_path / "mmproj-f16.gguf")[1]}
-    assert types["v.patch_embd.weight.1"] == "F16" and types["v.blk.0.attn_q.weight"] == "F16"
+    assert types["v.patch_embd.weight.1"] == "F16" and types["v.blk.0.ffn_up.weight"] == "F16"
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_llama_cpp_reads_text_and_images_as_transformers_does(case, llama_cpp, tmp_path):
     """llama.cpp runs the text model (f32): a text prompt's logits are transformers' within f32's tolerance, and the
-    same greedy tokens; mtmd encodes an image of 84 x 84 pixels (which it keeps as it is) through the mmproj into 9
-    tokens whose embeddings are transformers' image features of the same pixels."""
+    same greedy tokens; mtmd encodes an image (of a size it keeps) through the mmproj into 9 tokens whose embeddings
+    are transformers' image features of the same pixels (Qwen3-VL's with its deepstack features beside them)."""
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
     src = SHIPPED / case / "global_step_1"
@@ -78,16 +85,19 @@ def test_llama_cpp_reads_text_and_images_as_transformers_does(case, llama_cpp, t
     assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
     assert greedy == sequence[len(prompt) :]
 
-    image = np.random.default_rng(0).integers(0, 256, (84, 84, 3), dtype=np.uint8)
+    side = IMAGE_SIDE[case]
+    image = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
     image.tofile(tmp_path / "image.rgb")
     pixels = AutoImageProcessor.from_pretrained(tmp_path / "hf")(images=[image], do_resize=False, return_tensors="pt")
     with torch.no_grad():
         features = model.model.get_image_features(
             pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"]
         )
-    expected = torch.cat(list(features.pooler_output))
-    args = (tmp_path / "m.gguf", tmp_path / "mmproj-m.gguf", 84, 84, tmp_path / "image.rgb", tmp_path / "image.npy")
+    deepstack = [torch.cat(list(d)) for d in getattr(features, "deepstack_features", None) or ()]
+    expected = torch.cat([torch.cat(list(features.pooler_output)), *deepstack], dim=-1)
+    args = (tmp_path / "m.gguf", tmp_path / "mmproj-m.gguf", side, side, tmp_path / "image.rgb", tmp_path / "image.npy")
     llama_cpp_client("image", *args)
     embeddings = torch.from_numpy(np.load(tmp_path / "image.npy"))
     distance = ((embeddings - expected).norm() / expected.norm()).item()
-    assert embeddings.shape == expected.shape == (9, 64) and distance <= IMAGE_TOLERANCE[case], distance
+    assert embeddings.shape == expected.shape == (9, 64 * (1 + len(deepstack))), (embeddings.shape, expected.shape)
+    assert distance <= IMAGE_TOLERANCE[case], distance

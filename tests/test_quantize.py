@@ -339,6 +339,7 @@ def test_vision_language_models_as_llm_compressor_writes_them(oracle, tmp_path):
     cases = {
         "qwen2vl": SHIPPED / "qwen2vl-fsdp2",
         "qwen25vl": SHIPPED / "qwen25vl-fsdp2",
+        "qwen3vl": SHIPPED / "qwen3vl-fsdp2",  # (saved as `model.visual.*`, `model.language_model.*`)
         "mllama": SHIPPED / "mllama-fsdp2",
     }
     from unshard.sinks.compressed_tensors import DEFAULT_IGNORE
@@ -364,15 +365,19 @@ def test_vision_language_models_as_llm_compressor_writes_them(oracle, tmp_path):
         assert_same_files(tmp_path / name, tmp_path / f"oracle-{name}")
         ignored = json.loads((tmp_path / name / "config.json").read_text())["quantization_config"]["ignore"]
         assert ignored and all(
-            m.startswith(("visual.", "vision_model.", "multi_modal_projector")) for m in ignored if "lm_head" not in m
+            m.startswith(("visual.", "model.visual.", "vision_model.", "multi_modal_projector"))
+            for m in ignored
+            if "lm_head" not in m
         )
-    # transformers 5 cannot load either tool's folder whole: compressed-tensors matches the ignore list (the
-    # checkpoint's names, as vLLM reads them) against the names transformers holds, so it expects scales for the
-    # vision tower (and for Mllama's head, left uninitialised). It loads unshard's as it loads llm-compressor's, and
-    # the Qwen models' logits (a text prompt) are the same.
+    # transformers 5 cannot load either tool's Qwen2-VL, Qwen2.5-VL or Mllama folder whole: compressed-tensors matches
+    # the ignore list (the checkpoint's names, as vLLM reads them) against the names transformers holds, so it expects
+    # scales for the vision tower (and for Mllama's head, left uninitialised); Qwen3-VL's saved names are the ones it
+    # holds, and it loads whole. It loads unshard's as it loads llm-compressor's, and the Qwen models' logits (a text
+    # prompt) are the same.
     loaded = oracle("load", loads, tmp_path)
-    for ours, theirs in zip(loaded[::2], loaded[1::2]):
-        assert (ours["missing"], ours["unexpected"]) == (theirs["missing"], theirs["unexpected"]) and ours["missing"]
+    for name, ours, theirs in zip(cases, loaded[::2], loaded[1::2]):
+        assert (ours["missing"], ours["unexpected"]) == (theirs["missing"], theirs["unexpected"])
+        assert bool(ours["missing"]) == (name != "qwen3vl"), (name, ours["missing"])
         if "lm_head.weight_scale" not in ours["missing"]:
             assert ours["max_abs"] == theirs["max_abs"] and ours["max_abs"] / ours["scale"] < 0.05
 

@@ -93,9 +93,9 @@ class MmprojPart:
     # the tensor where the family forces one (patch embeddings, projections), else None
     forced_type: Callable[..., Any] | None = None
     converter_name: Callable[[str], str] | None = None  # a tensor's name as the converter maps it (its renames)
-    # (name, shape) -> how the converter stores that tensor otherwise than as it is (Qwen's qkv split; its Conv3D
-    # patch embedding as two 2-D ones, named as in the file), or None
-    rearranged: Callable[[str, tuple[int, ...]], Rearrangement | None] | None = None
+    # (name, shape, sizes) -> how the converter stores that tensor otherwise than as it is (Qwen's qkv split; its
+    # Conv3D patch embedding as two 2-D ones; tensors it names itself, as in the file), or None
+    rearranged: Callable[[str, tuple[int, ...], dict], Rearrangement | None] | None = None
 
 
 # Linear layers that vLLM runs as one, for a model of a family not listed (and the vision-language models, whose

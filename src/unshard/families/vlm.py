@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
+from .gguf_hooks import text_hyperparameters
 from .parts import (
     DEFAULT_FUSED_SIBLINGS,
     NO_META_NAMES,
@@ -72,7 +73,7 @@ def qwen_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype
     return None
 
 
-def qwen_vision_split(name: str, shape: tuple[int, ...]) -> Rearrangement | None:
+def qwen_vision_split(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
     """The converter's: each block's fused qkv (weight and bias) as q, k and v; the Conv3D patch embedding (two
     frames deep) as one 2-D convolution per frame, `v.patch_embd.weight` and `.weight.1`."""
     if ".attn.qkv." in name:
@@ -82,6 +83,60 @@ def qwen_vision_split(name: str, shape: tuple[int, ...]) -> Rearrangement | None
         frame = (shape[0], shape[1], *shape[3:])
         return Rearrangement({"v.patch_embd.weight": frame, "v.patch_embd.weight.1": frame}, frames)
     return None
+
+
+def qwen3vl_sizes(vision: dict, where: Path) -> dict:
+    """The tower's sizes as the converter reads Qwen3-VL's: heads and depth renamed, the image the learned position
+    embeddings cover (a side of sqrt(positions) patches)."""
+    side = int(vision.get("num_position_embeddings", 2304) ** 0.5)
+    vision = {**vision, "image_size": vision.get("image_size", side * vision.get("patch_size", 16))}
+    return qwen2vl_sizes(vision, where)
+
+
+def qwen3vl_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """GELU, the patch merger's size, the text model's norm epsilon, which blocks feed the text model (deepstack)."""
+    writer.add_vision_use_gelu(True)
+    if vision.get("spatial_merge_size") is not None:
+        writer.add_vision_spatial_merge_size(int(vision["spatial_merge_size"]))
+    writer.add_vision_attention_layernorm_eps((hparams.get("text_config") or {}).get("rms_norm_eps", 1e-6))
+    deepstack = set(vision.get("deepstack_visual_indexes") or [])
+    if vision["num_hidden_layers"]:
+        writer.add_vision_is_deepstack_layers([block in deepstack for block in range(vision["num_hidden_layers"])])
+
+
+def qwen3vl_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """Qwen3's, then how many of the tower's blocks feed the text model's first layers (deepstack)."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_num_deepstack_layers(len((hparams.get("vision_config") or {}).get("deepstack_visual_indexes") or []))
+
+
+def qwen3vl_vision_name(name: str) -> str:
+    return name.removeprefix("model.")  # (transformers 5 saves `model.visual.*`; the converter reads `visual.*`)
+
+
+# Qwen3-VL's patch merger (and each deepstack merger) as the converter names it
+MERGER = {"linear_fc1": "mm.0", "linear_fc2": "mm.2", "norm": "v.post_ln"}
+DEEPSTACK = {"linear_fc1": "fc1", "linear_fc2": "fc2", "norm": "norm"}
+
+
+def qwen3vl_vision_split(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
+    """The converter's: the patch embedding as Qwen2-VL's, with its bias; the mergers under names of its own (each
+    deepstack merger by the block it follows)."""
+    parts = name.split(".")
+    if name.startswith("visual.merger.") and parts[2] in MERGER:
+        return Rearrangement({f"{MERGER[parts[2]]}.{parts[-1]}": shape}, itself)
+    if name.startswith("visual.deepstack_merger_list.") and parts[3] in DEEPSTACK:
+        block = vision["deepstack_visual_indexes"][int(parts[2])]
+        return Rearrangement({f"v.deepstack.{block}.{DEEPSTACK[parts[3]]}.{parts[-1]}": shape}, itself)
+    if name == "visual.patch_embed.proj.bias":
+        return Rearrangement({"v.patch_embd.bias": shape}, itself)
+    if ".attn.qkv." in name:
+        return None  # (llama.cpp's qwen3vl keeps it fused)
+    return qwen_vision_split(name, shape, vision)
+
+
+def itself(band) -> tuple:
+    return (band,)
 
 
 def thirds(band) -> tuple:
@@ -94,7 +149,9 @@ def frames(band) -> tuple:
     return band[:, :, 0], band[:, :, 1]
 
 
-def _qwen_vl(name: str, model_type: str, architecture: str, projector: str, sizes, keys) -> Family:
+def _qwen_vl(
+    name: str, model_type: str, architecture: str, projector: str, sizes, keys, text=GGUFPart("QWEN2VL"), **names
+) -> Family:
     return Family(
         name,
         model_type,
@@ -103,14 +160,14 @@ def _qwen_vl(name: str, model_type: str, architecture: str, projector: str, size
         megatron=MEGATRON,
         meta_names=NO_META_NAMES,
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
-        gguf=GGUFPart("QWEN2VL"),
+        gguf=text,
         mmproj=MmprojPart(
             projector,
             r"^(?:model\.)?visual\.",
             sizes,
             keys,
             forced_type=qwen_forced_type,
-            rearranged=qwen_vision_split,
+            **{"rearranged": qwen_vision_split, **names},
         ),
         moe_layout=NO_MOE,
     )
@@ -127,6 +184,17 @@ FAMILIES = (
         "QWEN25VL",
         qwen25vl_sizes,
         qwen25vl_projector_keys,
+    ),
+    _qwen_vl(
+        "Qwen3-VL",
+        "qwen3_vl",
+        "Qwen3VLForConditionalGeneration",
+        "QWEN3VL",
+        qwen3vl_sizes,
+        qwen3vl_projector_keys,
+        GGUFPart("QWEN3VL", hyperparameters=qwen3vl_hyperparameters),
+        converter_name=qwen3vl_vision_name,
+        rearranged=qwen3vl_vision_split,
     ),
     Family(
         "Llama 3.2 Vision",

@@ -72,7 +72,7 @@ def plan_mmproj(
     parameters = 0
     for output in sorted(outputs, key=lambda o: o.name):  # (the converter's order, from a one-file folder: sorted)
         source = part.converter_name(output.name) if part.converter_name else output.name
-        how = part.rearranged(source, output.shape) if part.rearranged else None
+        how = part.rearranged(source, output.shape, vision) if part.rearranged else None
         parameters += math.prod(output.shape)
         if how is not None:  # (the file's tensors it becomes, in the converter's order)
             made = [stored_as(name, llama_name(name, output.name), shape) for name, shape in how.tensors.items()]
