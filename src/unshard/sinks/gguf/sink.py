@@ -34,7 +34,7 @@ class GGUFSink:
 
     def __init__(self, plan: GGUFPlan, split_max_size: int = 0, where: str = ""):
         self.plan, self.where = plan, where
-        self.plans = {**(split_plan(plan, split_max_size) if split_max_size else {FILE_NAME: plan})}
+        self.plans = split_plan(plan, split_max_size) if split_max_size else {FILE_NAME: plan}
         if plan.mmproj:
             self.plans[MMPROJ_FILE_NAME] = plan.mmproj
         # A split's stored tensors by the file holding them (a group's outputs may lie in two: see Plan.placed)
