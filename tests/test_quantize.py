@@ -294,16 +294,17 @@ GPT_OSS_SCHEMES = ["FP8_DYNAMIC", "W8A8", "MXFP4A16", "NVFP4A16"]  # (the fixtur
 def test_gpt_oss_fused_experts_as_llm_compressor_writes_them(oracle, tmp_path):
     """gpt-oss's experts, fused 3-D parameters on disk (gate and up interleaved), become one Linear layer per expert
     and projection, as llm-compressor makes them (linearize_moe) before quantizing: the same tensors bit for bit,
-    biases de-interleaved too, streamed expert by expert (experts a pattern leaves out written as they are, and listed
-    in the config's ignore list in the model's order); compressed-tensors decompresses the file into the model as
-    llm-compressor quantizes it, and its logits are near the unquantized model's. Under NVFP4 an expert's gate and up
-    share one global scale, as llm-compressor scales them."""
+    biases de-interleaved too, streamed expert by expert (experts a pattern leaves out, all or one, written as they
+    are, and listed in the config's ignore list in the model's order); compressed-tensors decompresses the file into
+    the model as llm-compressor quantizes it, and its logits are near the unquantized model's. Under NVFP4 an
+    expert's gate and up share one global scale, as llm-compressor scales them."""
     from unshard.sinks.compressed_tensors import DEFAULT_IGNORE
 
     src = SHIPPED / "gptoss-fsdp2" / "global_step_1"
     unshard.convert(src, tmp_path / "plain", progress=False)
     runs = {scheme: (scheme, ()) for scheme in GPT_OSS_SCHEMES}
     runs["down-left"] = ("FP8_DYNAMIC", ("re:.*experts.*down_proj$",))
+    runs["one-left"] = ("W8A8", ("model.layers.1.mlp.experts.2.up_proj",))  # (one expert's up, its gate quantized)
     jobs, loads = [], []
     for name, (scheme, ignore) in runs.items():
         options = unshard.OutputOptions(quantize=scheme, quantize_ignore=ignore)

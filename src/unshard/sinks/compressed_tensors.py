@@ -71,8 +71,7 @@ class Quantization:
     def weights(self) -> int:
         """The Linear weights quantized: a fused expert tensor's, each expert's projections."""
         return sum(
-            sum(map(len, o.encoding.quantized.values())) if isinstance(o.encoding, LinearizedExperts) else 1
-            for o in self.encoded.values()
+            o.encoding.weights if isinstance(o.encoding, LinearizedExperts) else 1 for o in self.encoded.values()
         )
 
 

@@ -30,40 +30,51 @@ def expert_name(stack: str, expert: int) -> str:
 @dataclass(frozen=True)
 class LinearizedExperts:
     """A fused expert tensor as llm-compressor writes it (a types.Encoding): for each of its stacks (the family's
-    Rearrangement) each expert's tensor, quantized as a Linear weight where `quantized[stack]` says so (its
-    QuantizedWeight per expert), else as it is. Bands hold whole experts (the fused tensor's first axis)."""
+    Rearrangement) each expert's tensor, quantized as a Linear weight where `quantized[stack]` has its
+    QuantizedWeight, else as it is (a bias, an expert the ignore patterns name). Bands hold whole experts (the fused
+    tensor's first axis)."""
 
     stored: tuple[OutputTensor, ...]
     how: Rearrangement
-    quantized: dict[str, tuple[QuantizedWeight, ...]]  # stack -> each expert's encoding (none: written as it is)
+    quantized: dict[str, tuple[QuantizedWeight | None, ...]]  # weight stack -> each expert's encoding, or None
     rows_per_band: int = 1
 
     @property
+    def weights(self) -> int:
+        """The Linear weights it quantizes."""
+        return sum(e is not None for encodings in self.quantized.values() for e in encodings)
+
+    @property
     def surveys(self) -> bool:
-        return any(encoding.surveys for encodings in self.quantized.values() for encoding in encodings)
+        return any(e is not None and e.surveys for encodings in self.quantized.values() for e in encodings)
 
     def survey(self, band: np.ndarray, start: int) -> None:
         """NVFP4: each expert's weights shown to its global scale before any is encoded."""
         import numpy as np
 
-        for stack, experts in zip(self.how.tensors, self.how.pieces(band)):
-            for offset, values in enumerate(experts if stack in self.quantized else ()):
-                self.quantized[stack][start + offset].survey(np.ascontiguousarray(values))
+        for _, encoding, values in self._experts(band, start):
+            if encoding is not None:
+                encoding.survey(np.ascontiguousarray(values))
 
     def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
         import numpy as np
 
         pieces = {}
+        for name, encoding, values in self._experts(band, start):
+            if encoding is None:
+                pieces[name] = np.ascontiguousarray(values)
+                continue
+            made = encoding.encode(np.ascontiguousarray(values), 0)  # (an expert's weight whole: its only band)
+            pieces.update((stored, piece.copy()) for stored, piece in made.items())  # (out of the thread's scratch)
+        return pieces
+
+    def _experts(self, band: np.ndarray, start: int):
+        """(each expert's tensor, its encoding or None, its values) of the band's experts, stack by stack."""
         for stack, experts in zip(self.how.tensors, self.how.pieces(band)):
+            encodings = self.quantized.get(stack)
             for offset, values in enumerate(experts):
                 expert = start + offset
-                if stack not in self.quantized:
-                    pieces[expert_name(stack, expert)] = np.ascontiguousarray(values)
-                    continue
-                encoding = self.quantized[stack][expert]  # (each expert's weight whole: its first and only band)
-                made = encoding.encode(np.ascontiguousarray(values), 0)
-                pieces.update((name, piece.copy()) for name, piece in made.items())  # (out of the thread's scratch)
-        return pieces
+                yield expert_name(stack, expert), (encodings[expert] if encodings else None), values
 
 
 def linearized_experts(scheme: Scheme, output: OutputTensor, how: Rearrangement, ignored, source: str):
@@ -74,26 +85,29 @@ def linearized_experts(scheme: Scheme, output: OutputTensor, how: Rearrangement,
     stored, quantized, left = [], {}, {}
     for stack, shape in how.tensors.items():
         experts, *each = shape
-        names = [expert_name(stack, e) for e in range(experts)]
-        patterns = [ignored(name.removesuffix(".weight")) for name in names] if stack.endswith(".weight") else []
-        if not stack.endswith(".weight") or any(patterns):
-            left.update((name.removesuffix(".weight"), p) for name, p in zip(names, patterns) if p)
-            stored.extend(OutputTensor(name, tuple(each), output.dtype) for name in names)
+        tensors = [OutputTensor(expert_name(stack, e), tuple(each), output.dtype) for e in range(experts)]
+        if not stack.endswith(".weight"):  # (a bias: as it is)
+            stored.extend(tensors)
             continue
-        quantized[stack] = tuple(
-            QuantizedWeight(scheme, OutputTensor(name, tuple(each), output.dtype), source) for name in names
-        )
-        stored.extend(s for encoding in quantized[stack] for s in encoding.stored)
+        encodings = []
+        for tensor in tensors:
+            module = tensor.name.removesuffix(".weight")
+            pattern = ignored(module)
+            if pattern:
+                left[module] = pattern
+            encodings.append(None if pattern else QuantizedWeight(scheme, tensor, source))
+            stored.extend([tensor] if pattern else encodings[-1].stored)
+        quantized[stack] = tuple(encodings)
     if scheme.weights.strategy == "tensor_group":
-        weights = [stack for stack in how.tensors if stack.endswith(".weight")]
-        if quantized and len(quantized) < len(weights):
-            raise UnshardError(
-                f"{source}: --quantize {scheme.name}: {', '.join(weights)} of each expert share one global scale, as "
-                "vLLM runs them as one layer, but some would be left unquantized; leave out all of them or none "
-                "(--quantize-ignore)"
-            )
-        for encodings in zip(*quantized.values()):
+        for expert, encodings in enumerate(zip(*quantized.values())):
+            if any(e is None for e in encodings) and any(e is not None for e in encodings):
+                raise UnshardError(
+                    f"{source}: --quantize {scheme.name}: {', '.join(quantized)} of each expert share one global "
+                    f"scale, as vLLM runs them as one layer, but expert {expert}'s would be left unquantized in part; "
+                    "leave out all of them or none (--quantize-ignore)"
+                )
             shared = GlobalScale()
             for encoding in encodings:
-                encoding.global_scale = shared
+                if encoding is not None:
+                    encoding.global_scale = shared
     return LinearizedExperts(tuple(stored), how, quantized), left
