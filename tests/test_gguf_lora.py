@@ -58,7 +58,7 @@ def lora_converter():
     return run
 
 
-@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("kind", ["f16", "q8_0"])  # (f32 and bf16 take f16's path with another type)
 def test_the_adapter_file_is_the_converter_s(kind, lora_converter, tmp_path):
     """Every tensor (name, type, shape, bytes, order: q's lora_b rows reordered per head as the weight's) and every
     metadata field but the name equal the converter's file."""
