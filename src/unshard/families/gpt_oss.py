@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .gguf_hooks import text_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, Rearrangement, Unsupported
+from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, Rearrangement, Unsupported, renamed_only
 
 EXPERTS = "mlp.experts."
 
@@ -47,12 +47,8 @@ def linear_experts(name: str, shape: tuple[int, ...]) -> Rearrangement | None:
     up_proj ([intermediate, hidden]: gate_up_proj's interleaved columns, transposed) and down_proj ([hidden,
     intermediate]), and their biases, stacked here one expert after the other."""
     if name.endswith(EXPERTS + "down_proj_bias"):
-        return Rearrangement({name.removesuffix("down_proj_bias") + "down_proj.bias": shape}, as_it_is)
+        return Rearrangement({name.removesuffix("down_proj_bias") + "down_proj.bias": shape}, renamed_only)
     return fused_experts(name, shape, {}, Path())
-
-
-def as_it_is(band) -> tuple:
-    return (band,)
 
 
 def interleaved_halves(band) -> tuple:

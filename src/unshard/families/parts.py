@@ -46,6 +46,11 @@ class Rearrangement:
     rows_per_band: int = 1
 
 
+def renamed_only(band) -> tuple:
+    """A Rearrangement's pieces for a tensor stored as it is under another name (one piece: the band itself)."""
+    return (band,)
+
+
 @dataclass(frozen=True)
 class GGUFPart:
     """How llama.cpp's converter writes the family (sinks/gguf): its architecture and the family's header hooks."""

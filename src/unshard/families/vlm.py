@@ -19,6 +19,7 @@ from .parts import (
     MmprojPart,
     Rearrangement,
     Unsupported,
+    renamed_only,
 )
 
 MEGATRON = Unsupported("verl's Megatron vision-language layouts are not mapped yet")
@@ -124,19 +125,15 @@ def qwen3vl_vision_split(name: str, shape: tuple[int, ...], vision: dict) -> Rea
     deepstack merger by the block it follows)."""
     parts = name.split(".")
     if name.startswith("visual.merger.") and parts[2] in MERGER:
-        return Rearrangement({f"{MERGER[parts[2]]}.{parts[-1]}": shape}, itself)
+        return Rearrangement({f"{MERGER[parts[2]]}.{parts[-1]}": shape}, renamed_only)
     if name.startswith("visual.deepstack_merger_list.") and parts[3] in DEEPSTACK:
         block = vision["deepstack_visual_indexes"][int(parts[2])]
-        return Rearrangement({f"v.deepstack.{block}.{DEEPSTACK[parts[3]]}.{parts[-1]}": shape}, itself)
+        return Rearrangement({f"v.deepstack.{block}.{DEEPSTACK[parts[3]]}.{parts[-1]}": shape}, renamed_only)
     if name == "visual.patch_embed.proj.bias":
-        return Rearrangement({"v.patch_embd.bias": shape}, itself)
+        return Rearrangement({"v.patch_embd.bias": shape}, renamed_only)
     if ".attn.qkv." in name:
         return None  # (llama.cpp's qwen3vl keeps it fused)
     return qwen_vision_split(name, shape, vision)
-
-
-def itself(band) -> tuple:
-    return (band,)
 
 
 def thirds(band) -> tuple:

@@ -190,11 +190,7 @@ def plan_quantization(
                 f"{source}: {weight} is {output.dtype} {list(output.shape)}; --quantize takes 2-D "
                 f"floating-point weights: leave it out with --quantize-ignore {module}"
             )
-        if output.dtype.name not in WEIGHT_DTYPES:
-            raise UnshardError(
-                f"{source}: {weight} is {output.dtype}; --quantize takes {', '.join(WEIGHT_DTYPES)}"
-                " weights, as llm-compressor's models hold them: convert with --dtype bfloat16"
-            )
+        _check_dtype(output, source)
         misfit = _misfit(scheme, output.shape)
         if misfit:
             misfits.append(f"{module} ({misfit})")
@@ -212,6 +208,14 @@ def plan_quantization(
     return quantization
 
 
+def _check_dtype(output: OutputTensor, source: str) -> None:
+    if output.dtype.name not in WEIGHT_DTYPES:
+        raise UnshardError(
+            f"{source}: {output.name} is {output.dtype}; --quantize takes {', '.join(WEIGHT_DTYPES)}"
+            " weights, as llm-compressor's models hold them: convert with --dtype bfloat16"
+        )
+
+
 def _linearize(quantization: Quantization, outputs: list[OutputTensor], linearized, source: str) -> None:
     """The family's fused experts, each expert's projections Linear layers as llm-compressor makes them
     (compressed_tensors_experts.py), quantized but those the ignore patterns name."""
@@ -226,11 +230,7 @@ def _linearize(quantization: Quantization, outputs: list[OutputTensor], lineariz
         how = linearized(output.name, output.shape)
         if how is None:
             continue
-        if output.dtype.name not in WEIGHT_DTYPES:
-            raise UnshardError(
-                f"{source}: {output.name} is {output.dtype}; --quantize takes {', '.join(WEIGHT_DTYPES)}"
-                " weights, as llm-compressor's models hold them: convert with --dtype bfloat16"
-            )
+        _check_dtype(output, source)
         for stack, shape in how.tensors.items():
             misfit = _misfit(scheme, shape[1:]) if stack.endswith(".weight") else None
             if misfit and not ignored(expert_name(stack, 0).removesuffix(".weight")):

@@ -38,11 +38,13 @@ class GGUFSink:
         if plan.mmproj:
             self.plans[MMPROJ_FILE_NAME] = plan.mmproj
         # A split's stored tensors by the file holding them (a group's outputs may lie in two: see Plan.placed)
-        self.placed = {}
-        for name, file in self.plans.items():
-            if file.split:
-                for encoding in plan.encoded.values():
-                    self.placed.update({s.name: name for s in encoding.stored if stacked(s.name)[0] in file.tensors})
+        file_of = {tensor: name for name, file in self.plans.items() if file.split for tensor in file.tensors}
+        self.placed = {
+            s.name: file_of[stacked(s.name)[0]]
+            for encoding in plan.encoded.values()
+            for s in encoding.stored
+            if stacked(s.name)[0] in file_of
+        }
 
     def lay_out(self, groups: dict[str, Group], max_shard_size: int | str) -> dict[str, list[Group]]:
         files: dict[str, list[Group]] = {name: [] for name in self.plans}
