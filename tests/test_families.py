@@ -218,12 +218,14 @@ TESTED = {
         "qwen2_vl": "qwen2vl-fsdp2",
         "qwen2_5_vl": "qwen25vl-fsdp2",
         "qwen3_vl": "qwen3vl-fsdp2",
+        "qwen3_vl_moe": "qwen3vlmoe-fsdp2",
     },
     "mmproj": {
         "gemma3": "gemma3vl-fsdp2-spm",
         "qwen2_vl": "qwen2vl-fsdp2",
         "qwen2_5_vl": "qwen25vl-fsdp2",
         "qwen3_vl": "qwen3vl-fsdp2",
+        "qwen3_vl_moe": "qwen3vlmoe-fsdp2",
     },
 }
 SHARED = {"mistral": "llama"}

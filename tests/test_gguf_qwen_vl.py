@@ -1,6 +1,7 @@
-"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL as GGUF, the vision-language models verl trains most: the text model as
-llama.cpp's qwen2vl or qwen3vl (M-RoPE's sections in the header) and the vision tower with its patch merger (and
-Qwen3-VL's deepstack mergers) as the mmproj file beside it,
+"""Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE as GGUF, the vision-language models verl trains most: the text
+model as llama.cpp's qwen2vl, qwen3vl or qwen3vlmoe (M-RoPE's sections in the header; the fused experts as stacks of
+gate, up and down) and the vision tower with its patch merger (and Qwen3-VL's deepstack mergers) as the mmproj file
+beside it,
 each equal to what llama.cpp's converter writes (test_gguf.py's oracle) with and without `--mmproj`; llama.cpp runs
 the text model as transformers does, and its multimodal library (mtmd) encodes an image through the mmproj into
 transformers' own image features. (A file of its own, so that CI's two workers share the GGUF tests.)"""
@@ -26,12 +27,24 @@ from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, u
 
 import unshard
 
-CASES = ["qwen2vl-fsdp2", "qwen25vl-fsdp2", "qwen3vl-fsdp2"]
+CASES = ["qwen2vl-fsdp2", "qwen25vl-fsdp2", "qwen3vl-fsdp2", "qwen3vlmoe-fsdp2"]
 # llama.cpp's image features against transformers' (relative distance, f32), measured: Qwen2-VL 4e-4, Qwen2.5-VL
-# 6.7e-3 (its windowed attention), Qwen3-VL 4.2e-4 (with its deepstack features)
-IMAGE_TOLERANCE = {"qwen2vl-fsdp2": 1e-3, "qwen25vl-fsdp2": 1e-2, "qwen3vl-fsdp2": 1e-3}
+# 6.7e-3 (its windowed attention), Qwen3-VL 4.2e-4 (with its deepstack features), Qwen3-VL-MoE 4.3e-4 (its text
+# logits 3.2e-4)
+IMAGE_TOLERANCE = {"qwen2vl-fsdp2": 1e-3, "qwen25vl-fsdp2": 1e-2, "qwen3vl-fsdp2": 1e-3, "qwen3vlmoe-fsdp2": 1e-3}
 # an image mtmd keeps at its size (84 pixels: 3 x 3 tokens of 28; Qwen3-VL's patches of 16: 96 pixels)
-IMAGE_SIDE = {"qwen2vl-fsdp2": 84, "qwen25vl-fsdp2": 84, "qwen3vl-fsdp2": 96}
+IMAGE_SIDE = {"qwen2vl-fsdp2": 84, "qwen25vl-fsdp2": 84, "qwen3vl-fsdp2": 96, "qwen3vlmoe-fsdp2": 96}
+# Qwen3-VL-MoE's fused experts as Qwen's release holds them, each expert transposed: the one layout the converter
+# reads (transformers 5 saves them as it holds them, and loads either)
+RELEASED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def as_released(folder) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    released = {n: t.transpose(1, 2).contiguous() if n.endswith(RELEASED) else t for n, t in weights.items()}
+    save_file(released, folder / "model.safetensors", metadata={"format": "pt"})
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -39,11 +52,15 @@ def test_text_model_and_mmproj_as_the_converter_writes_them(case, converter, tmp
     """Both files, in f16 and q8_0 (f32 takes f16's path with other types): every tensor (q, k and v of the tower
     apart; the Conv3D patch embedding as two 2-D ones, in F16 in an f16 file and F32 otherwise; Qwen3-VL's mergers
     under the converter's own names) and every metadata field (the projector, Qwen2.5-VL's window pattern, Qwen3-VL's
-    deepstack blocks) but the name; --verify reads each back."""
+    deepstack blocks) but the name; --verify reads each back. Qwen3-VL-MoE's experts are read as transformers 5 holds
+    them and as Qwen's release does (each transposed: the converter reads only that)."""
     src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     theirs = tmp_path / "for-the-converter"
     shutil.copytree(tmp_path / "hf", theirs)
+    as_released(theirs)
+    if case == "qwen3vlmoe-fsdp2":  # (a folder in the release's layout converts to the same file)
+        unshard.convert(theirs, tmp_path / "released.gguf", output=unshard.OutputOptions(gguf="f16"), progress=False)
     pre = for_the_converter(theirs)
     config = json.loads((theirs / "tokenizer_config.json").read_text())
     config.pop("extra_special_tokens", None)  # (transformers 5's list, which the converter's transformers 4 rejects)
@@ -55,6 +72,8 @@ def test_text_model_and_mmproj_as_the_converter_writes_them(case, converter, tmp
         assert_same_file(ours, converter(theirs, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
         mmproj = converter(theirs, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
         assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
+    if case == "qwen3vlmoe-fsdp2":
+        assert_same_file(tmp_path / "released.gguf", tmp_path / "oracle-f16.gguf")
     fields, tensors = contents(tmp_path / "f16.gguf")
     architecture = fields["general.architecture"]
     assert fields[f"{architecture}.rope.dimension_sections"] == [2, 3, 3, 0] and not any(
@@ -101,3 +120,14 @@ def test_llama_cpp_reads_text_and_images_as_transformers_does(case, llama_cpp, t
     distance = ((embeddings - expected).norm() / expected.norm()).item()
     assert embeddings.shape == expected.shape == (9, 64 * (1 + len(deepstack))), (embeddings.shape, expected.shape)
     assert distance <= IMAGE_TOLERANCE[case], distance
+
+
+def test_fused_experts_that_cannot_be_told_from_their_transpose_are_refused():
+    """Where hidden_size is twice moe_intermediate_size, gate_up_proj held either way has one shape: one line."""
+    from unshard.errors import ConfigMismatchError
+    from unshard.families.vlm import qwen3vl_moe_experts
+
+    name, hparams = "model.language_model.layers.0.mlp.experts.gate_up_proj", {"hidden_size": 64}
+    assert qwen3vl_moe_experts(name, (4, 192, 64), {**hparams, "moe_intermediate_size": 96}, "config.json")
+    with pytest.raises(ConfigMismatchError, match="cannot be told apart from its transpose"):
+        qwen3vl_moe_experts(name, (4, 64, 64), {**hparams, "moe_intermediate_size": 32}, "config.json")

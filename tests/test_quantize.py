@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -617,3 +618,34 @@ def test_bad_requests_are_one_line_and_leave_nothing(tmp_path):
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "model.layers.0.mlp.down_proj (320 columns)" in err and "--quantize-ignore" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_qwen3_vl_moe_fused_experts_as_llm_compressor_writes_them(oracle, tmp_path):
+    """Qwen3-VL-MoE's experts, fused on disk as transformers 5 holds them (gate and up halves of one tensor) or as
+    Qwen's release does (each transposed), become one Linear layer per expert and projection as llm-compressor makes
+    them, bit for bit, the vision tower left as it is; under NVFP4 each expert's gate and up share a global scale.
+    compressed-tensors decompresses unshard's files into the same model, with the same logits, as llm-compressor's."""
+    from test_gguf_qwen_vl import as_released
+
+    from unshard.sinks.compressed_tensors import DEFAULT_IGNORE
+
+    src = SHIPPED / "qwen3vlmoe-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "plain", progress=False)
+    shutil.copytree(tmp_path / "plain", tmp_path / "released")
+    as_released(tmp_path / "released")
+    schemes = ["W8A8", "NVFP4A16"]
+    jobs, loads = [], []
+    for scheme in schemes:
+        unshard.convert(src, tmp_path / scheme, quantize=scheme, progress=False, verify=True)
+        unshard.convert(tmp_path / "released", tmp_path / f"released-{scheme}", quantize=scheme, progress=False)
+        out = tmp_path / f"oracle-{scheme}"
+        jobs.append({"src": str(tmp_path / "plain"), "out": str(out), "scheme": scheme, "ignore": list(DEFAULT_IGNORE)})
+        loads += [load_job(tmp_path / "plain", f, scheme, "float32", moe=True) for f in (tmp_path / scheme, out)]
+    oracle("quantize", jobs, tmp_path)
+    for scheme in schemes:
+        assert_same_files(tmp_path / scheme, tmp_path / f"oracle-{scheme}")
+        assert_same_files(tmp_path / f"released-{scheme}", tmp_path / f"oracle-{scheme}")
+    assert "model.language_model.layers.1.mlp.experts.3.down_proj.weight_scale" in tensors_of(tmp_path / "W8A8")
+    loaded = oracle("load", loads, tmp_path)
+    for ours, theirs in zip(loaded[::2], loaded[1::2]):
+        assert ours["missing"] == ours["unexpected"] == [] and ours["max_abs"] == theirs["max_abs"], (ours, theirs)

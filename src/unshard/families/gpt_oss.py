@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .gguf_hooks import text_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, Rearrangement, Unsupported, renamed_only
+from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, Rearrangement, Unsupported, renamed_only, transposed
 
 EXPERTS = "mlp.experts."
 
@@ -42,23 +42,19 @@ def fused_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path)
     return None
 
 
-def linear_experts(name: str, shape: tuple[int, ...]) -> Rearrangement | None:
+def linear_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
     """The fused experts as llm-compressor makes Linear layers of them before quantizing: each expert's gate_proj and
     up_proj ([intermediate, hidden]: gate_up_proj's interleaved columns, transposed) and down_proj ([hidden,
     intermediate]), and their biases, stacked here one expert after the other."""
     if name.endswith(EXPERTS + "down_proj_bias"):
         return Rearrangement({name.removesuffix("down_proj_bias") + "down_proj.bias": shape}, renamed_only)
-    return fused_experts(name, shape, {}, Path())
+    return fused_experts(name, shape, hparams, where)
 
 
 def interleaved_halves(band) -> tuple:
     """Gate's and up's experts from a band of gate_up_proj's (transposed) or its bias's: every other row."""
     rows = band.swapaxes(-1, -2) if band.ndim == 3 else band
     return rows[:, ::2], rows[:, 1::2]
-
-
-def transposed(band) -> tuple:
-    return (band.swapaxes(-1, -2),)
 
 
 def gpt_oss_checked(hparams: dict, where: Path) -> None:

@@ -51,6 +51,11 @@ def renamed_only(band) -> tuple:
     return (band,)
 
 
+def transposed(band) -> tuple:
+    """A Rearrangement's pieces for a stack of matrices stored transposed (one piece: each matrix's transpose)."""
+    return (band.swapaxes(-1, -2),)
+
+
 @dataclass(frozen=True)
 class GGUFPart:
     """How llama.cpp's converter writes the family (sinks/gguf): its architecture and the family's header hooks."""
@@ -168,9 +173,9 @@ class Family:
     )
     notes: dict[str, str] = field(default_factory=dict)  # path -> what to know where it says yes
     # --quantize: parameters transformers keeps fused on disk (gpt-oss's experts) that llm-compressor makes Linear
-    # layers of before quantizing (linearize_moe): (name, shape) -> a Rearrangement into stacks of one tensor per
-    # expert (`<...>.experts.gate_proj.weight`: experts x out x in, each expert written as `<...>.experts.E.gate_proj`)
-    linearized: Callable[[str, tuple[int, ...]], Rearrangement | None] | None = None
+    # layers of before quantizing (linearize_moe): (name, shape, hparams, where) -> a Rearrangement into stacks of one
+    # tensor per expert (`<...>.experts.gate_proj.weight`: experts x out x in, each written `<...>.experts.E.gate_proj`)
+    linearized: Callable[..., Rearrangement | None] | None = None
 
     @property
     def megatron_out(self) -> MegatronRules | Unsupported:

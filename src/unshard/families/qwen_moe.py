@@ -36,7 +36,7 @@ def _config(args: dict) -> dict:
     )
 
 
-def _routing_checked(arch_name: str, renormalised: bool):
+def routing_checked(arch_name: str, renormalised: bool):
     """The config's routing, where llama.cpp computes the model as transformers does: Qwen2-MoE's top experts'
     weights as they are, Qwen3-MoE's renormalised, every layer a MoE one."""
 
@@ -60,7 +60,7 @@ def _routing_checked(arch_name: str, renormalised: bool):
 
 def _gguf(arch: str, arch_name: str, renormalised: bool) -> GGUFPart:
     # (the vocabulary from tokenizer.json alone, as the converter's Qwen MoE models read it)
-    return GGUFPart(arch, check_config=_routing_checked(arch_name, renormalised), expert_widths=True, vocabulary="bpe")
+    return GGUFPart(arch, check_config=routing_checked(arch_name, renormalised), expert_widths=True, vocabulary="bpe")
 
 
 SAME = {p: p for p in ("gate_proj", "up_proj", "down_proj")}

@@ -1,8 +1,9 @@
-"""The vision-language models verl trains with FSDP: Qwen2-VL, Qwen2.5-VL and Llama 3.2 Vision (Mllama). They
-convert from rank files, DCP and DeepSpeed by transformers' own names (save_pretrained's `visual.*` / `model.*`),
-and quantize with their vision towers left as they are. The Qwen models go to GGUF too, as llama.cpp's converter
-writes them: the text model as llama.cpp's qwen2vl (Qwen2's layout, M-RoPE's sections in the header), the vision
-tower and its patch merger as the mmproj file (q, k and v apart, the Conv3D patch embedding as two 2-D ones)."""
+"""The vision-language models verl trains with FSDP: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE and Llama 3.2 Vision
+(Mllama). They convert from rank files, DCP and DeepSpeed by transformers' own names (save_pretrained's `visual.*` /
+`model.*`), and quantize with their vision towers left as they are (Qwen3-VL-MoE's fused experts as llm-compressor
+makes Linear layers of them). The Qwen models go to GGUF too, as llama.cpp's converter writes them: the text model as
+llama.cpp's qwen2vl, qwen3vl or qwen3vlmoe (M-RoPE's sections in the header; the experts stacked), the vision tower
+and its patch merger as the mmproj file (q, k and v apart, the Conv3D patch embedding as two 2-D ones)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from .parts import (
     Rearrangement,
     Unsupported,
     renamed_only,
+    transposed,
 )
+from .qwen_moe import routing_checked
 
 MEGATRON = Unsupported("verl's Megatron vision-language layouts are not mapped yet")
 NO_MOE = Unsupported("a dense family; merge-moe assembles no MoE from vision-language models", applies=False)
@@ -111,6 +114,48 @@ def qwen3vl_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: P
     writer.add_num_deepstack_layers(len((hparams.get("vision_config") or {}).get("deepstack_visual_indexes") or []))
 
 
+def qwen3vl_moe_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """Qwen3-MoE's (the experts' width after the TextModel's), then the deepstack layers' count."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
+    writer.add_num_deepstack_layers(len((hparams.get("vision_config") or {}).get("deepstack_visual_indexes") or []))
+
+
+def qwen3vl_moe_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """The fused experts as llama.cpp stacks them: gate_up_proj's gate and up halves apart, each expert [intermediate,
+    hidden], and down_proj [hidden, intermediate]. Held as transformers 5 holds (and saves) them, they are so already;
+    held as Qwen's release and transformers 4 hold them (each expert transposed), which is all the converter reads,
+    each expert is transposed first."""
+    if not name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+        return None
+    hidden, width = hparams["hidden_size"], hparams["moe_intermediate_size"]
+    fused = name.endswith("gate_up_proj")
+    held, wanted = shape[1:], ((2 * width, hidden) if fused else (hidden, width))
+    if wanted[0] == wanted[1] or held not in (wanted, wanted[::-1]):
+        raise ConfigMismatchError(
+            f"{where}: {name} is {list(shape)}, which cannot be told apart from its transpose with hidden_size "
+            f"{hidden} and moe_intermediate_size {width} (or fits neither); llama.cpp's layout of it is unknown: "
+            "write a folder and serve it with transformers or vLLM"
+        )
+    base, pieces = name.rsplit(".", 1)[0], (halves if held == wanted else transposed_halves)
+    if not fused:
+        return Rearrangement(
+            {f"{base}.down_proj.weight": (shape[0], hidden, width)}, renamed_only if held == wanted else transposed
+        )
+    stack = (shape[0], width, hidden)
+    return Rearrangement({f"{base}.gate_proj.weight": stack, f"{base}.up_proj.weight": stack}, pieces)
+
+
+def halves(band) -> tuple:
+    """Gate's and up's experts from a band of gate_up_proj's: its first and second half of rows."""
+    half = band.shape[1] // 2
+    return band[:, :half], band[:, half:]
+
+
+def transposed_halves(band) -> tuple:
+    return halves(band.swapaxes(-1, -2))
+
+
 def qwen3vl_vision_name(name: str) -> str:
     return name.removeprefix("model.")  # (transformers 5 saves `model.visual.*`; the converter reads `visual.*`)
 
@@ -147,7 +192,17 @@ def frames(band) -> tuple:
 
 
 def _qwen_vl(
-    name: str, model_type: str, architecture: str, projector: str, sizes, keys, text=GGUFPart("QWEN2VL"), **names
+    name: str,
+    model_type: str,
+    architecture: str,
+    projector: str,
+    sizes,
+    keys,
+    text=GGUFPart("QWEN2VL"),
+    moe_layout=NO_MOE,
+    linearized=None,
+    notes=None,
+    **names,
 ) -> Family:
     return Family(
         name,
@@ -166,7 +221,9 @@ def _qwen_vl(
             forced_type=qwen_forced_type,
             **{"rearranged": qwen_vision_split, **names},
         ),
-        moe_layout=NO_MOE,
+        moe_layout=moe_layout,
+        linearized=linearized,
+        notes=notes or {},
     )
 
 
@@ -190,6 +247,26 @@ FAMILIES = (
         qwen3vl_sizes,
         qwen3vl_projector_keys,
         GGUFPart("QWEN3VL", hyperparameters=qwen3vl_hyperparameters),
+        converter_name=qwen3vl_vision_name,
+        rearranged=qwen3vl_vision_split,
+    ),
+    _qwen_vl(
+        "Qwen3-VL-MoE",
+        "qwen3_vl_moe",
+        "Qwen3VLMoeForConditionalGeneration",
+        "QWEN3VL",
+        qwen3vl_sizes,
+        qwen3vl_projector_keys,
+        GGUFPart(
+            "QWEN3VLMOE",
+            hyperparameters=qwen3vl_moe_hyperparameters,
+            check_config=routing_checked("qwen3vlmoe", True),
+            vocabulary="bpe",
+            rearranged=qwen3vl_moe_experts,
+        ),
+        Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        qwen3vl_moe_experts,
+        {"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
         converter_name=qwen3vl_vision_name,
         rearranged=qwen3vl_vision_split,
     ),

@@ -401,10 +401,14 @@ def _naming(
     if not set(live.values()) <= set(in_memory) and set(live.values()) <= set(saved):
         # Already the names save_pretrained writes (a reader that names tensors itself, as for Megatron).
         if check:
-            _check_against_model({n: s for n, s in saved.items() if n not in tied}, live_shapes, config_folder)
+            _check_against_model(
+                {n: s for n, s in saved.items() if n not in tied}, live_shapes, config_folder, config.get("model_type")
+            )
         return Naming({n: [(c, shapes[n])] for n, c in live.items()}, {}, dropped, notes, linear=facts.linear)
     if check:
-        _check_against_model({n: s for n, s in in_memory.items() if n not in tied}, live_shapes, config_folder)
+        _check_against_model(
+            {n: s for n, s in in_memory.items() if n not in tied}, live_shapes, config_folder, config.get("model_type")
+        )
     if saved == in_memory:  # transformers converts nothing for this model: names stay as they are
         outputs, converters = {c: [(c, shapes[n])] for n, c in live.items()}, {}
     else:
@@ -492,11 +496,18 @@ def _linear_layers(model) -> LinearLayers:
 
 
 def _check_against_model(
-    expected: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]], config_folder: Path
+    expected: dict[str, tuple[int, ...]],
+    shapes: dict[str, tuple[int, ...]],
+    config_folder: Path,
+    model_type: str | None = None,
 ) -> None:
     missing = sorted(set(expected) - set(shapes))
     unexpected = sorted(set(shapes) - set(expected))
-    wrong = sorted(n for n in set(expected) & set(shapes) if expected[n] != shapes[n])
+    wrong = sorted(
+        n
+        for n in set(expected) & set(shapes)
+        if expected[n] != shapes[n] and not _loaded_transposed(model_type, n, shapes[n], expected[n])
+    )
     if missing or unexpected or wrong:
         parts = []
         if missing:
@@ -511,6 +522,23 @@ def _check_against_model(
             f"{config_folder / 'config.json'}: the checkpoint does not fit this config: {'; '.join(parts)}. "
             "Pass the config the model was trained with (--config-from DIR), or --no-check to write anyway"
         )
+
+
+def _loaded_transposed(model_type: str | None, name: str, shape: tuple[int, ...], held: tuple[int, ...]) -> bool:
+    """Whether transformers loads this tensor stored transposed: its conversion transposes it where the shapes say
+    so (Qwen3-VL-MoE's experts, held transposed in Qwen's release and by transformers 4)."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:
+        return False
+    for converter in get_checkpoint_conversion_mapping(model_type) or [] if model_type else []:
+        operations = getattr(converter, "operations", None) or []
+        transpose = operations[0] if len(operations) == 1 else None
+        if getattr(transpose, "check_dims", False) and any(re.search(p, name) for p in converter.source_patterns):
+            swapped = list(held)
+            swapped[transpose.dim0], swapped[transpose.dim1] = held[transpose.dim1], held[transpose.dim0]
+            return tuple(swapped) == shape
+    return False
 
 
 def _reverse_conversion(model, shapes: dict[str, tuple[int, ...]]):

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from .. import families
 from ..errors import UnshardError
 from ..families.parts import DEFAULT_FUSED_SIBLINGS, Unsupported
+from ..names.hf_names import read_config
 from ..types import FormatRequest, OutputTensor
 from ..units import human_bytes
 from .compressed_tensors_encoding import WEIGHT_DTYPES, GlobalScale, QuantizedWeight
@@ -87,7 +89,9 @@ def plan_sink(request: FormatRequest) -> CompressedTensorsFolder:
         options.quantize, options.quantize_ignore, outputs, request.linear, request.where, siblings
     )
     if family is not None and family.linearized is not None:
-        _linearize(quantization, outputs, family.linearized, request.where)
+        hparams = {**(read_config(request.config_folder) or {}), **request.config_updates}
+        hparams.update(hparams.get("text_config") or {})  # (a vision-language model's experts: its text model's)
+        _linearize(quantization, outputs, partial(family.linearized, hparams=hparams, where=request.where))
     for group in request.groups.values():
         group.outputs = [quantization.encoded.get(o.name, o) for o in group.outputs]
     return CompressedTensorsFolder(quantization)
@@ -216,10 +220,10 @@ def _check_dtype(output: OutputTensor, source: str) -> None:
         )
 
 
-def _linearize(quantization: Quantization, outputs: list[OutputTensor], linearized, source: str) -> None:
+def _linearize(quantization: Quantization, outputs: list[OutputTensor], linearized) -> None:
     """The family's fused experts, each expert's projections Linear layers as llm-compressor makes them
     (compressed_tensors_experts.py), quantized but those the ignore patterns name."""
-    scheme = quantization.scheme
+    scheme, source = quantization.scheme, linearized.keywords["where"]
     left: dict[str, str] = {}
     fused_of: dict[str, str] = {}  # (an expert's module left as it is -> the output it is made from)
 
