@@ -259,3 +259,18 @@ def test_readme_shows_the_matrix_as_it_is():
     readme = (ROOT / "README.md").read_text()
     shown = readme.split("## Model families", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
     assert shown.rstrip("\n") == families_table(families.matrix(), families.PATHS).split("\n\n")[0]
+
+
+def test_inspect_names_the_family_and_the_paths_it_takes():
+    """`unshard inspect` says which family the config is and which paths take it, as `unshard families` says; a model
+    type the registry lacks is named so, with what still takes it."""
+    from unshard.report import family_paths
+
+    code, out, _ = run_cli("inspect", SHIPPED / "qwen3vlmoe-fsdp2" / "global_step_1")
+    lines = out.splitlines()
+    at = lines.index("family       Qwen3-VL-MoE (qwen3_vl_moe)")
+    assert code == 0 and lines[at + 1].split(None, 1)[1] == "FSDP/DCP/DeepSpeed, --quantize, GGUF, GGUF mmproj"
+    assert lines[at + 2].startswith("  not yet         Megatron torch, Megatron torch_dist, torchtitan/torchtune")
+    code, out, _ = run_cli("inspect", "--json", SHIPPED / "llama-fsdp2" / "global_step_1")
+    assert code == 0 and json.loads(out)["family"]["paths"]["gguf"] == "yes"
+    assert family_paths("some_new_model") == {"name": None, "model_type": "some_new_model"}

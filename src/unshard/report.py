@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from . import sinks
+from . import families, sinks
+from .names.hf_names import read_config
 from .types import Plan
 from .units import human_bytes
 
@@ -17,6 +18,7 @@ def describe(plan: Plan) -> dict[str, Any]:
         "source": ckpt.facts.get("url") or str(ckpt.path),
         "layout": ckpt.layout,
         **ckpt.facts,
+        "family": family_paths({**(read_config(plan.config_folder) or {}), **plan.config_updates}.get("model_type")),
         "huggingface_folder": str(ckpt.hf_folder) if ckpt.hf_folder else None,
         "tensors": len(ckpt.tensors),
         "parameters": sum(t.numel for t in ckpt.tensors.values()),
@@ -25,6 +27,34 @@ def describe(plan: Plan) -> dict[str, Any]:
         "output": plan.summary(),
         "peak_memory_estimate": plan.peak_memory_estimate(threads=2),
     }
+
+
+def family_paths(model_type: str | None) -> dict[str, Any] | None:
+    """The family of the model's config as the registry knows it: its name and, for each path of `unshard
+    families`, "yes" (or "yes: " and what to know) or why not; None for a config without a model type."""
+    if model_type is None:
+        return None
+    row = next((r for r in families.matrix() if r["model_type"] == model_type), None)
+    if row is None:
+        return {"name": None, "model_type": model_type}
+    return {"name": row["family"], "model_type": model_type, "paths": {p: row[p] for p in families.PATHS}}
+
+
+def _family_lines(family: dict[str, Any] | None) -> list[str]:
+    if family is None:
+        return []
+    if family["name"] is None:
+        return [
+            f"family       {family['model_type']}: not in unshard's registry; converts where transformers knows it "
+            "(rank files, DCP, DeepSpeed, --quantize); Megatron, torchtitan's names, GGUF and merge-moe refuse it"
+        ]
+    said = {p: v for p, v in family["paths"].items() if not v.startswith("n/a")}
+    heading = {p: families.PATHS[p][0] for p in said}
+    lines = [f"family       {family['name']} ({family['model_type']})"]
+    lines.append("  yes             " + ", ".join(heading[p] for p, v in said.items() if v.startswith("yes")))
+    if no := [heading[p] for p, v in said.items() if not v.startswith("yes")]:
+        lines.append("  not yet         " + ", ".join(no) + " (`unshard families` says why)")
+    return lines
 
 
 def as_text(info: dict[str, Any]) -> str:
@@ -69,6 +99,7 @@ def as_text(info: dict[str, Any]) -> str:
         lines.append(f"  sharding   {count:4d} x {how}")
     for what, count in info.get("skipped", {}).items():
         lines.append(f"  skipped    {count:4d} {what}")
+    lines += _family_lines(info.get("family"))
     lines += [
         f"hf files     {out['config_from'] or info['huggingface_folder'] or 'none (pass --config-from DIR)'}"
         if not info.get("config")
