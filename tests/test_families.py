@@ -207,6 +207,7 @@ TESTED = {
         "mixtral": "mixtral8-fsdp2-spm",
         "qwen2_moe": "qwen2moe-fsdp2",
         "qwen3_moe": "qwen3moe-fsdp2",
+        "qwen3_next": "qwen3next-fsdp2",
         "olmo2": "olmo2-fsdp2",
         "olmo3": "olmo3-fsdp2",
         "smollm3": "smollm3-fsdp2",

@@ -28,6 +28,7 @@ from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: t
 )
 
 import unshard
+from unshard.families.qwen_next import deltanet_tensors
 from unshard.sinks.gguf import kquants
 
 
@@ -151,15 +152,16 @@ def random_norms_and_biases(model) -> None:
                 tensor.normal_(0.0 if name.endswith("bias") else 1.0, 0.1)
 
 
-def as_the_converter_writes_it(folder: Path, converter, tmp_path: Path) -> tuple[dict, list]:
+def as_the_converter_writes_it(folder: Path, converter, tmp_path: Path, more: tuple = ()) -> tuple[dict, list]:
     """The folder in f32, bf16 and q8_0, each read back (--verify) and equal to the converter's (its byte-level BPE
-    tokenizer named gpt-2 for it); the f32 file's contents."""
+    tokenizer named gpt-2 for it; `more`: the converter's other arguments); the f32 file's contents."""
     pre = for_the_converter(folder)
     for kind in ("f32", "bf16", "q8_0"):
         out = tmp_path / f"{kind}.gguf"
         ours = unshard.convert(folder, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
         assert ours.files == ["model.gguf"]
-        assert_same_file(tmp_path / f"{kind}.gguf", converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+        oracle = converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre, more=more)
+        assert_same_file(tmp_path / f"{kind}.gguf", oracle)
     return contents(tmp_path / "f32.gguf")
 
 
@@ -196,6 +198,34 @@ def test_gpt_oss_as_the_converter_and_llama_quantize_write_it(converter, ggml_li
     assert shapes["blk.0.ffn_down_exps.weight"] == [64, 64, 4] and shapes["blk.0.ffn_gate_exps.bias"] == [64, 4]
     assert shapes["blk.0.attn_sinks.weight"] == [4] and fields["general.size_label"].startswith("4x")
     assert_llama_quantize_mixes_it(tmp_path / "hf", ggml_library, monkeypatch, tmp_path)
+
+
+def test_qwen3_next_as_the_converter_and_llama_quantize_write_it(
+    converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
+    """Qwen3-Next (FSDP2 rank files): llama.cpp's qwen3next, the file equal to the converter's in f32, bf16 and q8_0
+    (its `--no-mtp`: a trained model's folder has no MTP layer, as transformers drops it) and to llama-quantize's in
+    the K-quant mixes: Gated DeltaNet's in_proj_qkvz as qkv and the output gate, A = -exp(A_log), the convolution's
+    kernel 2-D and in F32 whatever the type, the norms shifted by one but the DeltaNet's own, which layers are
+    recurrent; llama.cpp computes transformers' logits from it (measured 1.8e-4), the recurrent state included."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "hf"
+    unshard.convert(SHIPPED / "qwen3next-fsdp2" / "global_step_1", folder, progress=False)
+    fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path, more=("--no-mtp",))
+    assert fields["qwen3next.attention.recurrent_layers"] == [True, True, True, False]
+    assert fields["qwen3next.rope.dimension_count"] == 4 and fields["qwen3next.ssm.group_count"] == 2
+    stored = {t[0]: t for t in tensors}
+    assert stored["blk.0.attn_qkv.weight"][2] == [64, 128] and stored["blk.0.attn_gate.weight"][2] == [64, 64]
+    a_log = load_file(folder / "model.safetensors")["model.layers.0.linear_attn.A_log"]
+    assert torch.frombuffer(bytearray(stored["blk.0.ssm_a"][3]), dtype=torch.float32).equal(-torch.exp(a_log))
+    assert {t[0]: t[1] for t in contents(tmp_path / "q8_0.gguf")[1]}["blk.0.ssm_conv1d.weight"] == "F32"
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    with pytest.raises(unshard.ConfigMismatchError, match="not 2 key heads of q, k"):
+        deltanet_tensors("model.layers.0.linear_attn.in_proj_qkvz.weight", (160, 64), config, "config.json")
 
 
 def glm45_folder(tmp_path: Path) -> tuple[Path, torch.nn.Module]:

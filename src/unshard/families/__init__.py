@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from . import deepseek, ernie, gemma, glm, gpt_oss, llama, mixtral, olmo, phi3, qwen, qwen_moe, seed_oss, vlm
+from . import deepseek, ernie, gemma, glm, gpt_oss, llama, mixtral, olmo, phi3, qwen, qwen_moe, qwen_next, seed_oss, vlm
 from .parts import DEFAULT_FUSED_SIBLINGS, Family, MoELayout, Unsupported
 
 # In the order the matrix lists them; merge-moe tries its layouts in this order too (Mixtral first, as mergekit).
@@ -28,6 +28,7 @@ FAMILIES: tuple[Family, ...] = (
     *ernie.FAMILIES,
     *mixtral.FAMILIES,
     *qwen_moe.FAMILIES,
+    *qwen_next.FAMILIES,
     *deepseek.FAMILIES,
     *glm.FAMILIES,
     *gpt_oss.FAMILIES,

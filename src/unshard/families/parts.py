@@ -69,6 +69,7 @@ class GGUFPart:
     computed: Callable[..., dict[str, list[float]]] | None = None
     permute_qk: bool = False  # q and k rows reordered per head (llama.cpp's llama rotates pairs, as Meta's code)
     norm_shift: float = 0.0  # added to every norm weight (Gemma's 1 + weight, which llama.cpp applies as it is)
+    unshifted_norms: tuple[str, ...] = ()  # the ends of norms' names the shift skips (those applied as they are)
     # (hparams, where): refuses a config llama.cpp would compute otherwise than transformers (Qwen MoE's routing,
     # SmolLM3's layers without rotary embeddings)
     check_config: Callable[..., None] | None = None

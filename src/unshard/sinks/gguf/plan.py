@@ -172,7 +172,8 @@ def _plan_tensors(
         if file_type in QUANTIZED and not stack:  # (llama-quantize drops ggml's trailing dimensions of 1: our leading)
             byte_shape = byte_shape[next((i for i, d in enumerate(byte_shape) if d != 1), len(byte_shape) - 1) :]
         stored = OutputTensor(name if stack is None else f"{name}[{index}]", byte_shape, dtypes.BY_NAME["uint8"])
-        shift = part.norm_shift if output.name.endswith("norm.weight") else 0.0
+        shifted = output.name.endswith("norm.weight") and not output.name.endswith(part.unshifted_norms)
+        shift = part.norm_shift if shifted else 0.0
         plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, output.dtype, permuted, max(1, permuted), shift)
         if file_type in QUANTIZED:
             plan.positions[name] = _in_blocks(name)
@@ -240,14 +241,14 @@ def _rearranged(
     where v_b's do), in the converter's place (one after the other) or llama-quantize's."""
     gguf = gguf_py()
     stored, qtypes = [], []
-    for name, shape in made.items():
+    for order, (name, shape) in enumerate(made.items()):  # (the converter's order of the pieces)
         tensor_type, note = gguf_type(plan, name, shape, qtype, False, experts, mixed.get(name))
         if note:
             plan.notes.append(f"{name}: {note}")
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(shape, tensor_type))
         stored.append(OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"]))
         qtypes.append(tensor_type)
-        plan.positions[name] = _in_blocks(name) if plan.file_type in QUANTIZED else (output.name, name)
+        plan.positions[name] = _in_blocks(name) if plan.file_type in QUANTIZED else (output.name, f"{order:04d}")
     return Rearranged(tuple(stored), tuple(qtypes), output.dtype, how.pieces, how.rows_per_band)
 
 
@@ -258,9 +259,10 @@ def _in_blocks(name: str) -> tuple[int, str]:
 
 
 def _quantized(name: str, shape: tuple[int, ...]) -> bool:
-    """Whether llama.cpp quantizes a tensor of this name and shape: not vectors, norms or MoE routers (f32)."""
+    """Whether llama.cpp quantizes a tensor of this name and shape: not vectors, norms, MoE routers or a recurrent
+    layer's convolution kernel (f32)."""
     vector_or_norm = len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
-    return not vector_or_norm and "ffn_gate_inp" not in name
+    return not vector_or_norm and "ffn_gate_inp" not in name and "ssm_conv1d" not in name
 
 
 def gguf_type(
