@@ -208,6 +208,7 @@ TESTED = {
         "qwen2_moe": "qwen2moe-fsdp2",
         "qwen3_moe": "qwen3moe-fsdp2",
         "qwen3_next": "qwen3next-fsdp2",
+        "qwen3_5_text": "qwen35-fsdp2",
         "olmo2": "olmo2-fsdp2",
         "olmo3": "olmo3-fsdp2",
         "smollm3": "smollm3-fsdp2",
@@ -220,6 +221,7 @@ TESTED = {
         "qwen2_5_vl": "qwen25vl-fsdp2",
         "qwen3_vl": "qwen3vl-fsdp2",
         "qwen3_vl_moe": "qwen3vlmoe-fsdp2",
+        "qwen3_5": "qwen35vl-fsdp2",
     },
     "mmproj": {
         "gemma3": "gemma3vl-fsdp2-spm",
@@ -227,6 +229,7 @@ TESTED = {
         "qwen2_5_vl": "qwen25vl-fsdp2",
         "qwen3_vl": "qwen3vl-fsdp2",
         "qwen3_vl_moe": "qwen3vlmoe-fsdp2",
+        "qwen3_5": "qwen35vl-fsdp2",
     },
 }
 SHARED = {"mistral": "llama"}

@@ -651,17 +651,19 @@ def test_qwen3_vl_moe_fused_experts_as_llm_compressor_writes_them(oracle, tmp_pa
         assert ours["missing"] == ours["unexpected"] == [] and ours["max_abs"] == theirs["max_abs"], (ours, theirs)
 
 
-def test_qwen3_next_as_llm_compressor_writes_it(oracle, tmp_path):
-    """Qwen3-Next (Gated DeltaNet and gated attention layers, routed and shared experts): every Linear layer of both
-    kinds of attention and of the experts quantized as llm-compressor 0.14 quantizes it, bit for bit, the convolution
-    and the routers left as they are. The norms differ only as llm-compressor rounds them: it turns each 1 + weight
-    norm into a plain one and back (its offset-norm calibration), which gives (1 + w) - 1 in float32; unshard writes
-    w as trained. compressed-tensors loads both folders into the same logits."""
+@pytest.mark.parametrize("case", ["qwen3next-fsdp2", "qwen35-fsdp2"])
+def test_qwen3_next_and_qwen35_as_llm_compressor_writes_them(case, oracle, tmp_path):
+    """Qwen3-Next (Gated DeltaNet and gated attention layers, routed and shared experts) and Qwen3.5's text model (the
+    same layers, a dense MLP): every Linear layer of both kinds of attention and of the MLP quantized as
+    llm-compressor 0.14 quantizes it, bit for bit, the convolution and the routers left as they are. The norms differ
+    only as llm-compressor rounds them: it turns each 1 + weight norm into a plain one and back (its offset-norm
+    calibration), which gives (1 + w) - 1 in float32; unshard writes w as trained. compressed-tensors loads both
+    folders into the same logits."""
     from safetensors.torch import save_file
 
     from unshard.sinks.compressed_tensors import DEFAULT_IGNORE
 
-    src = SHIPPED / "qwen3next-fsdp2" / "global_step_1"
+    src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "plain", progress=False)
     schemes, jobs, loads = ["W8A8", "NVFP4A16"], [], []
     for scheme in schemes:
@@ -680,7 +682,7 @@ def test_qwen3_next_as_llm_compressor_writes_it(oracle, tmp_path):
         save_file(ours, tmp_path / f"rounded-{scheme}" / "model.safetensors")
         shutil.copy(tmp_path / scheme / "config.json", tmp_path / f"rounded-{scheme}")
         assert_same_files(tmp_path / f"rounded-{scheme}", tmp_path / f"oracle-{scheme}")
-        assert "model.layers.0.linear_attn.in_proj_qkvz.weight_scale" in ours
+        assert "model.layers.0.linear_attn.out_proj.weight_scale" in ours
         assert "model.layers.0.linear_attn.conv1d.weight_scale" not in ours
     loaded = oracle("load", loads, tmp_path)
     for mine, theirs in zip(loaded[::2], loaded[1::2]):

@@ -1,9 +1,10 @@
-"""The vision-language models verl trains with FSDP: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE and Llama 3.2 Vision
-(Mllama). They convert from rank files, DCP and DeepSpeed by transformers' own names (save_pretrained's `visual.*` /
-`model.*`), and quantize with their vision towers left as they are (Qwen3-VL-MoE's fused experts as llm-compressor
-makes Linear layers of them). The Qwen models go to GGUF too, as llama.cpp's converter writes them: the text model as
-llama.cpp's qwen2vl, qwen3vl or qwen3vlmoe (M-RoPE's sections in the header; the experts stacked), the vision tower
-and its patch merger as the mmproj file (q, k and v apart, the Conv3D patch embedding as two 2-D ones)."""
+"""The vision-language models verl trains with FSDP: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 (its text
+model Qwen3-Next's layers: qwen_next.py) and Llama 3.2 Vision (Mllama). They convert from rank files, DCP and DeepSpeed
+by transformers' own names (save_pretrained's `visual.*` / `model.*`), and quantize with their vision towers left as
+they are (Qwen3-VL-MoE's fused experts as llm-compressor makes Linear layers of them). The Qwen models go to GGUF too,
+as llama.cpp's converter writes them: the text model as llama.cpp's qwen2vl, qwen3vl, qwen3vlmoe or qwen35 (M-RoPE's
+sections in the header; the experts stacked), the vision tower and its patch merger as the mmproj file (q, k and v
+apart, the Conv3D patch embedding as two 2-D ones)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from .parts import (
     transposed,
 )
 from .qwen_moe import routing_checked
+from .qwen_next import deltanet_gguf, qwen35_hyperparameters
 
 MEGATRON = Unsupported("verl's Megatron vision-language layouts are not mapped yet")
 NO_MOE = Unsupported("a dense family; merge-moe assembles no MoE from vision-language models", applies=False)
@@ -267,6 +269,17 @@ FAMILIES = (
         Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         qwen3vl_moe_experts,
         {"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
+        converter_name=qwen3vl_vision_name,
+        rearranged=qwen3vl_vision_split,
+    ),
+    _qwen_vl(
+        "Qwen3.5",
+        "qwen3_5",
+        "Qwen3_5ForConditionalGeneration",
+        "QWEN3VL",
+        qwen3vl_sizes,
+        qwen3vl_projector_keys,
+        deltanet_gguf("QWEN35", qwen35_hyperparameters, tiled_values=True),
         converter_name=qwen3vl_vision_name,
         rearranged=qwen3vl_vision_split,
     ),
