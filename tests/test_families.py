@@ -222,6 +222,7 @@ TESTED = {
         "qwen3_vl": "qwen3vl-fsdp2",
         "qwen3_vl_moe": "qwen3vlmoe-fsdp2",
         "qwen3_5": "qwen35vl-fsdp2",
+        "qwen3_5_moe": "qwen35moevl-fsdp2",
     },
     "mmproj": {
         "gemma3": "gemma3vl-fsdp2-spm",
@@ -230,6 +231,7 @@ TESTED = {
         "qwen3_vl": "qwen3vl-fsdp2",
         "qwen3_vl_moe": "qwen3vlmoe-fsdp2",
         "qwen3_5": "qwen35vl-fsdp2",
+        "qwen3_5_moe": "qwen35moevl-fsdp2",
     },
 }
 SHARED = {"mistral": "llama"}

@@ -27,7 +27,7 @@ from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, u
 
 import unshard
 
-CASES = ["qwen2vl-fsdp2", "qwen25vl-fsdp2", "qwen3vl-fsdp2", "qwen3vlmoe-fsdp2", "qwen35vl-fsdp2"]
+CASES = ["qwen2vl-fsdp2", "qwen25vl-fsdp2", "qwen3vl-fsdp2", "qwen3vlmoe-fsdp2", "qwen35vl-fsdp2", "qwen35moevl-fsdp2"]
 # llama.cpp's image features against transformers' (relative distance, f32), measured: Qwen2-VL 4e-4, Qwen2.5-VL
 # 6.7e-3 (its windowed attention), Qwen3-VL 4.2e-4 (with its deepstack features), Qwen3-VL-MoE 4.3e-4 (its text
 # logits 3.2e-4), Qwen3.5 4.0e-4 (its text logits, through Gated DeltaNet layers, 1.6e-4)
@@ -37,6 +37,7 @@ IMAGE_TOLERANCE = {
     "qwen3vl-fsdp2": 1e-3,
     "qwen3vlmoe-fsdp2": 1e-3,
     "qwen35vl-fsdp2": 1e-3,
+    "qwen35moevl-fsdp2": 1e-3,
 }
 # an image mtmd keeps at its size (84 pixels: 3 x 3 tokens of 28; Qwen3-VL's patches of 16: 96 pixels)
 IMAGE_SIDE = {
@@ -45,6 +46,7 @@ IMAGE_SIDE = {
     "qwen3vl-fsdp2": 96,
     "qwen3vlmoe-fsdp2": 96,
     "qwen35vl-fsdp2": 96,
+    "qwen35moevl-fsdp2": 96,
 }
 # Qwen3-VL-MoE's fused experts as Qwen's release holds them, each expert transposed: the one layout the converter
 # reads (transformers 5 saves them as it holds them, and loads either)
@@ -81,7 +83,7 @@ def test_text_model_and_mmproj_as_the_converter_writes_them(case, converter, tmp
         ours = tmp_path / f"{kind}.gguf"
         result = unshard.convert(src, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
         assert sorted(result.files) == ["mmproj.gguf", "model.gguf"]
-        more = ("--no-mtp",) if case == "qwen35vl-fsdp2" else ()  # (its text model's MTP layer: none once trained)
+        more = ("--no-mtp",) if case.startswith("qwen35") else ()  # (its text model's MTP layer: none once trained)
         assert_same_file(ours, converter(theirs, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre, more=more))
         mmproj = converter(theirs, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
         assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
@@ -89,7 +91,7 @@ def test_text_model_and_mmproj_as_the_converter_writes_them(case, converter, tmp
         assert_same_file(tmp_path / "released.gguf", tmp_path / "oracle-f16.gguf")
     fields, tensors = contents(tmp_path / "f16.gguf")
     architecture = fields["general.architecture"]
-    sections = [2, 1, 1, 0] if case == "qwen35vl-fsdp2" else [2, 3, 3, 0]
+    sections = [2, 1, 1, 0] if case.startswith("qwen35") else [2, 3, 3, 0]
     assert fields[f"{architecture}.rope.dimension_sections"] == sections and not any("visual" in t[0] for t in tensors)
     types = {t[0]: t[1] for t in contents(tmp_path / "mmproj-f16.gguf")[1]}
     assert types["v.patch_embd.weight.1"] == "F16" and types["v.blk.0.ffn_up.weight"] == "F16"

@@ -141,7 +141,7 @@ def qkv_and_z(band, heads: int, widths: tuple[int, int, int, int]) -> tuple:
 
 
 def deltanet_gguf(arch: str, hyperparameters, check_config=None, tiled_values: bool = False) -> GGUFPart:
-    """The GGUF part of a family of Gated DeltaNet layers (Qwen3.5's vision-language model's too, vlm.py)."""
+    """The GGUF part of a family of Gated DeltaNet layers (Qwen3.5's vision-language models' too, vlm.py)."""
     return GGUFPart(
         arch,
         hyperparameters=hyperparameters,

@@ -283,6 +283,18 @@ FAMILIES = (
         converter_name=qwen3vl_vision_name,
         rearranged=qwen3vl_vision_split,
     ),
+    _qwen_vl(
+        "Qwen3.5-MoE",
+        "qwen3_5_moe",
+        "Qwen3_5MoeForConditionalGeneration",
+        "QWEN3VL",
+        qwen3vl_sizes,
+        qwen3vl_projector_keys,
+        deltanet_gguf("QWEN35MOE", qwen35_hyperparameters, tiled_values=True),
+        Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        converter_name=qwen3vl_vision_name,
+        rearranged=qwen3vl_vision_split,
+    ),
     Family(
         "Llama 3.2 Vision",
         "mllama",
