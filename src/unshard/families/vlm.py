@@ -139,13 +139,13 @@ def qwen3vl_moe_experts(name: str, shape: tuple[int, ...], hparams: dict, where:
             f"{hidden} and moe_intermediate_size {width} (or fits neither); llama.cpp's layout of it is unknown: "
             "write a folder and serve it with transformers or vLLM"
         )
-    base, pieces = name.rsplit(".", 1)[0], (halves if held == wanted else transposed_halves)
+    base, as_held = name.rsplit(".", 1)[0], held == wanted
     if not fused:
-        return Rearrangement(
-            {f"{base}.down_proj.weight": (shape[0], hidden, width)}, renamed_only if held == wanted else transposed
-        )
+        down = {f"{base}.down_proj.weight": (shape[0], hidden, width)}
+        return Rearrangement(down, renamed_only if as_held else transposed)
     stack = (shape[0], width, hidden)
-    return Rearrangement({f"{base}.gate_proj.weight": stack, f"{base}.up_proj.weight": stack}, pieces)
+    gate_up = {f"{base}.gate_proj.weight": stack, f"{base}.up_proj.weight": stack}
+    return Rearrangement(gate_up, halves if as_held else transposed_halves)
 
 
 def halves(band) -> tuple:

@@ -531,7 +531,9 @@ def _loaded_transposed(model_type: str | None, name: str, shape: tuple[int, ...]
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     except ImportError:
         return False
-    for converter in get_checkpoint_conversion_mapping(model_type) or [] if model_type else []:
+    if not model_type:
+        return False
+    for converter in get_checkpoint_conversion_mapping(model_type) or []:
         operations = getattr(converter, "operations", None) or []
         transpose = operations[0] if len(operations) == 1 else None
         if getattr(transpose, "check_dims", False) and any(re.search(p, name) for p in converter.source_patterns):
