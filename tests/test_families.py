@@ -73,6 +73,9 @@ def test_megatron_refuses_with_the_reason_it_shows(family):
                     "moe_router_score_function": "sigmoid" if said["sigmoid_router"] else "softmax",
                     "multi_latent_attention": said["latent_attention"],
                     "rotary_percent": 0.5 if said["partial_rotary"] else 1.0,
+                    "add_bias_linear": said["linear_bias"],
+                    "softmax_type": "learnable" if said["attention_sinks"] else "vanilla",
+                    "quick_geglu": said["activation"] == "quick_geglu",
                 }
                 assert megatron_hf.model_type_from_args(args, "ckpt") == family.model_type
     else:
@@ -83,7 +86,7 @@ def test_megatron_refuses_with_the_reason_it_shows(family):
             megatron_hf.family_of(family.model_type, "ckpt")
     with pytest.raises(
         CheckpointError,
-        match="no Megatron name table for model_type 'falcon'; unshard knows deepseek_v3, glm4_moe, llama,",
+        match="no Megatron name table for model_type 'falcon'; unshard knows deepseek_v3, glm4_moe, gpt_oss, llama,",
     ):
         megatron_hf.family_of("falcon", "ckpt")
 
@@ -168,6 +171,7 @@ TESTED = {
         "qwen3_moe": "megatron-qwen3moe-pp2-ep2-dp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
+        "gpt_oss": "megatron-gptoss-tp2-pp2-ep2",
     },
     "meta_names": {
         "llama": "torchtitan-llama3-fsdp2",

@@ -403,11 +403,14 @@ def test_deepseek_v3_s_multi_token_prediction_layer_kept_in_folders_and_left_out
     assert_same_file(tmp_path / "m.gguf", converter(folder, "f32", tmp_path / "oracle.gguf", pre=pre))
 
 
-@pytest.mark.parametrize("case", ["megatron-deepseekv3-tp2-pp2-ep2", "megatron-glm45-tp2-ep2-dp2"])
+@pytest.mark.parametrize(
+    "case", ["megatron-deepseekv3-tp2-pp2-ep2", "megatron-glm45-tp2-ep2-dp2", "megatron-gptoss-tp2-pp2-ep2"]
+)
 def test_megatron_moe_checkpoints_straight_to_gguf(case, converter, tmp_path):
-    """A DeepSeek-V3 and a GLM-4.5 trained with megatron-core (torch_dist; tensor, pipeline and expert parallel),
-    written as GGUF in one pass (the config and tokenizer from --config-from): the converter's file of the folder
-    unshard writes from the same checkpoint, whose logits test_megatron checks against megatron-core's."""
+    """A DeepSeek-V3, a GLM-4.5 and a gpt-oss (its experts stacked from megatron-core's, turned as transformers holds
+    them) trained with megatron-core (torch_dist; tensor, pipeline and expert parallel), written as GGUF in one pass
+    (the config and tokenizer from --config-from): the converter's file of the folder unshard writes from the same
+    checkpoint, whose logits test_megatron checks against megatron-core's."""
     import json
 
     src = SHIPPED / case / "torch_dist"
@@ -423,7 +426,7 @@ def test_megatron_moe_checkpoints_straight_to_gguf(case, converter, tmp_path):
         added.add_special_tokens([AddedToken(t, special=True) for t in ("[gMASK]", "<|user|>", "<|endoftext|>")])
         added.add_special_tokens([AddedToken("<|observation|>", special=True)])
         added.save(str(tmp_path / "hf" / "tokenizer.json"))
-    else:  # (as the Hub's DeepSeek-V3 config says, which the converter reads its routing from)
+    elif config["model_type"] == "deepseek_v3":  # (as the Hub's config says: the converter reads its routing from it)
         (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "scoring_func": "sigmoid"}))
     pre = for_the_converter(tmp_path / "hf")
     ours = tmp_path / "m.gguf"

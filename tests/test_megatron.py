@@ -263,6 +263,68 @@ def test_moe_layers_after_dense_ones_only(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_gpt_oss_from_every_layout(tmp_path, monkeypatch):
+    """gpt-oss trained with megatron-core (attention sinks, biases on every linear layer, a sliding window on every
+    other layer, the clamped SwiGLU, YaRN; experts over two expert-parallel ranks): Megatron-LM's two formats and
+    verl's layout give the same tensors, each layer's experts stacked into transformers' fused tensors (fc1's gate and
+    up rows as interleaved columns, each expert turned) a band of experts at a time, and the config made from the args
+    is the one verl's Hugging Face config says."""
+    fixture = SHIPPED / "megatron-gptoss-tp2-pp2-ep2"
+    written = {}
+    for fmt in ("torch", "torch_dist", "verl"):
+        unshard.convert(fixture / fmt, tmp_path / fmt, progress=False, verify=True)
+        written[fmt] = load_file(tmp_path / fmt / "model.safetensors")
+    megatron_logits_match(fixture, tmp_path / "verl")
+    for fmt in ("torch_dist", "verl"):
+        assert sorted(written[fmt]) == sorted(written["torch"])
+        assert all(torch.equal(written[fmt][name], tensor) for name, tensor in written["torch"].items()), fmt
+    # Layer 0's expert 3 is expert rank 1's second: its own tensors, as megatron-core saved them
+    rank = torch.load(fixture / "torch/iter_0000010/mp_rank_01_000_001/model_optim_rng.pt", weights_only=False)
+    prefix = "decoder.layers.0.mlp.experts.local_experts.1."
+    expert = {k.removeprefix(prefix): v for k, v in rank["model"].items() if k.startswith(prefix)}
+    gate, up = expert["linear_fc1.weight"].chunk(2)
+    fused = written["torch"]["model.layers.0.mlp.experts.gate_up_proj"]
+    assert fused.shape == (4, 64, 96)
+    assert torch.equal(fused[3, :, 0::2], gate.T) and torch.equal(fused[3, :, 1::2], up.T)
+    gate_bias, up_bias = expert["linear_fc1.bias"].chunk(2)
+    fused_bias = written["torch"]["model.layers.0.mlp.experts.gate_up_proj_bias"][3]
+    assert torch.equal(fused_bias[0::2], gate_bias) and torch.equal(fused_bias[1::2], up_bias)
+    assert torch.equal(written["torch"]["model.layers.0.mlp.experts.down_proj"][3], expert["linear_fc2.weight"].T)
+    assert torch.equal(written["torch"]["model.layers.0.mlp.experts.down_proj_bias"][3], expert["linear_fc2.bias"])
+    assert written["torch"]["model.layers.0.self_attn.sinks"].shape == (4,)
+    # One expert per band (an expert's fc1 is 24 KB): the same bytes
+    monkeypatch.setattr(unshard.Checkpoint, "BAND_BYTES", 30_000)
+    unshard.convert(fixture / "torch_dist", tmp_path / "bands", progress=False)
+    banded = (tmp_path / "bands/model.safetensors").read_bytes()
+    assert banded == (tmp_path / "torch_dist/model.safetensors").read_bytes()
+    made = json.loads((tmp_path / "torch" / "config.json").read_text())
+    verl = json.loads((fixture / "verl/global_step_10/actor/model/huggingface/config.json").read_text())
+    for key in ("num_local_experts", "intermediate_size", "sliding_window", "layer_types", "swiglu_limit"):
+        assert made[key] == verl[key], key
+    assert {k: made["rope_scaling"][k] for k in ("rope_type", "factor", "truncate")} == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "truncate": False,
+    }
+
+
+def test_gpt_oss_args_transformers_cannot_compute_are_refused(tmp_path):
+    """A gpt-oss whose args say a computation transformers' gpt-oss has not (another GLU offset) is refused in one
+    line, nothing written; and writing gpt-oss back into Megatron is refused in one line (not written yet)."""
+    ckpt = copy_fixture(tmp_path, "torch", "megatron-gptoss-tp2-pp2-ep2")
+    for path in (ckpt / "iter_0000010").glob("mp_rank_*/model_optim_rng.pt"):
+        resave_rank_file(path, lambda state: setattr(state["args"], "glu_linear_offset", 0.5))
+    code, _, err = run_cli("convert", ckpt, tmp_path / "out")
+    assert code == 1 and err.count("\n") == 1
+    assert "a GLU offset other than 1 (--glu-linear-offset)" in err and str(ckpt) in err
+    assert not (tmp_path / "out").exists()
+    unshard.convert(SHIPPED / "megatron-gptoss-tp2-pp2-ep2" / "torch_dist", tmp_path / "hf", progress=False)
+    code, _, err = run_cli("convert", tmp_path / "hf", tmp_path / "back", "--to", "megatron")
+    assert code == 1 and err.count("\n") == 1
+    assert "experts kept in one tensor per layer are not written to Megatron yet" in err
+    assert not (tmp_path / "back").exists()
+
+
 def test_grouped_gemm_experts_in_every_format(tmp_path):
     """GroupedMLP's experts (weight1/weight2: each expert's matrix transposed inside one matrix per rank), over two
     expert-tensor-parallel ranks: the legacy format, torch_dist (a rank's experts in one chunk) and torch_dist with

@@ -6,13 +6,74 @@ converter writes one: the experts transposed, gate and up apart."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from ..errors import ConfigMismatchError
+from ..errors import CheckpointError, ConfigMismatchError
+from ..names import megatron_rules as m
 from .gguf_hooks import text_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, Rearrangement, Unsupported, renamed_only, transposed
+from .parts import (
+    NO_META_NAMES,
+    NO_TABLE,
+    Family,
+    GGUFPart,
+    MegatronRules,
+    Rearrangement,
+    Unsupported,
+    renamed_only,
+    transposed,
+)
 
 EXPERTS = "mlp.experts."
+L, A, E = m.L, "decoder.layers.{i}.self_attention.", "decoder.layers.{i}.mlp.experts.{e}."
+# megatron-core's gpt-oss (SequentialMLP experts, each with its biases) as transformers names it: each expert's fc1
+# ([gate; up]) a row of the layer's gate_up_proj, its columns interleaved; fc2 a row of down_proj, both turned.
+MEGATRON = {
+    **m.COMMON,
+    A + "linear_proj.bias": L + "self_attn.o_proj.bias",
+    A + "core_attention.softmax_offset": L + "self_attn.sinks",
+    "decoder.layers.{i}.mlp.router.weight": L + "mlp.router.weight",
+    "decoder.layers.{i}.mlp.router.bias": L + "mlp.router.bias",
+    E + "linear_fc1.weight": m.Stacked(L + "mlp.experts.gate_up_proj", transposed=True, interleaved=True),
+    E + "linear_fc1.bias": m.Stacked(L + "mlp.experts.gate_up_proj_bias", interleaved=True),
+    E + "linear_fc2.weight": m.Stacked(L + "mlp.experts.down_proj", transposed=True),
+    E + "linear_fc2.bias": m.Stacked(L + "mlp.experts.down_proj_bias"),
+}
+
+
+def megatron_config(args: dict[str, Any]) -> dict[str, Any]:
+    """config.json's gpt-oss keys from Megatron-LM's args (its intermediate_size is the experts' width); what
+    transformers' gpt-oss computes otherwise than the args say is refused."""
+    differ = [
+        what
+        for what, bad in (
+            ("the router's softmax before its top-k (--moe-router-pre-softmax)", args.get("moe_router_pre_softmax")),
+            ("a router score other than softmax", args.get("moe_router_score_function", "softmax") != "softmax"),
+            ("a GLU offset other than 1 (--glu-linear-offset)", args.get("glu_linear_offset") != 1.0),
+            ("a window that looks ahead (--window-size)", (args.get("window_size") or (0, 0))[1] != 0),
+            (
+                "no clamp before the GLU (--activation-func-clamp-value)",
+                args.get("activation_func_clamp_value") is None,
+            ),
+        )
+        if bad
+    ]
+    if differ:
+        raise CheckpointError(f"the args say {differ[0]}, which transformers' gpt-oss does not compute")
+    layers, window, skip = args["num_layers"], args.get("window_size"), args.get("window_attn_skip_freq")
+    if isinstance(skip, int):
+        sliding = [(i + 1) % skip != 0 for i in range(layers)]
+    else:  # (every layer windowed, or the args' own list of 1 for a windowed layer)
+        sliding = [bool(x) for x in skip] if skip is not None else [True] * layers
+    return {
+        "num_local_experts": args["num_experts"],
+        "num_experts_per_tok": args.get("moe_router_topk", 2),
+        "intermediate_size": args.get("moe_ffn_hidden_size") or args["ffn_hidden_size"],
+        "attention_bias": True,
+        "sliding_window": window[0] + 1 if window else None,
+        "layer_types": ["sliding_attention" if window and windowed else "full_attention" for windowed in sliding],
+        "swiglu_limit": args["activation_func_clamp_value"],
+    }
 
 
 def gpt_oss_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -80,7 +141,11 @@ FAMILIES = (
         "gpt_oss",
         "GptOssForCausalLM",
         tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's gpt-oss (attention sinks, biased experts) is not mapped yet"),
+        megatron=MegatronRules(
+            MEGATRON,
+            m.Signature(qkv_bias=True, experts=True, linear_bias=True, attention_sinks=True, activation="quick_geglu"),
+            megatron_config,
+        ),
         meta_names=NO_META_NAMES,
         fused_siblings=(("q_proj", "k_proj", "v_proj"),),
         linearized=linear_experts,
@@ -94,6 +159,10 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
-        notes={"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
+        notes={
+            "quantize": "each expert's projections Linear layers, as llm-compressor makes them",
+            "megatron_legacy": "attention sinks, biased experts, sliding window, YaRN",
+            "megatron_dist": "attention sinks, biased experts, sliding window, YaRN",
+        },
     ),
 )

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..names.megatron_rules import Signature
+from ..names.megatron_rules import Signature, Stacked
 
 
 @dataclass(frozen=True)
@@ -190,4 +190,6 @@ class Family:
             return Unsupported("Megatron-LM's args cannot say this family (they would describe a Llama)")
         if found.latent_attention:
             return Unsupported("latent attention is not written to Megatron yet")
+        if any(isinstance(rule, Stacked) for rule in rules.rules.values()):
+            return Unsupported("experts kept in one tensor per layer are not written to Megatron yet")
         return rules

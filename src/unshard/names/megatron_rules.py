@@ -36,6 +36,7 @@ TP_DIM = {
     "linear_q_up_proj.weight": 0,
     "linear_kv_down_proj.weight": 0,
     "linear_kv_up_proj.weight": 0,
+    "core_attention.softmax_offset": 0,  # (a learned attention sink per head: gpt-oss's)
 }
 # Split over the tensor-parallel ranks, or whole on each: these rows (as the args give them) when whole.
 DUPLICABLE = {
@@ -66,18 +67,24 @@ class Signature:
     sigmoid_router: bool | None = False  # sigmoid scores plus an expert bias (DeepSeek-V3, GLM-4.5)
     latent_attention: bool | None = False
     partial_rotary: bool | None = False  # rotary embeddings on part of each head (--rotary-percent below 1)
+    linear_bias: bool | None = False  # biases on every linear layer (--add-bias-linear)
+    attention_sinks: bool | None = False  # a learned sink per attention head (--softmax-type learnable)
+    activation: str | None = "swiglu"  # the gated MLP's: swiglu, or quick_geglu (gpt-oss's clamped SwiGLU)
 
     @classmethod
     def of_args(cls, args: dict[str, Any]) -> Signature:
         experts = bool(args.get("num_experts"))
         return cls(
-            qkv_bias=bool(args.get("add_qkv_bias")),
+            qkv_bias=bool(args.get("add_qkv_bias") or args.get("add_bias_linear")),
             qk_norm=bool(args.get("qk_layernorm")),
             experts=experts,
             shared_experts=experts and bool(args.get("moe_shared_expert_intermediate_size")),
             sigmoid_router=experts and args.get("moe_router_score_function") == "sigmoid",
             latent_attention=bool(args.get("multi_latent_attention")),
             partial_rotary=args.get("rotary_percent", 1.0) != 1.0,
+            linear_bias=bool(args.get("add_bias_linear")),
+            attention_sinks=args.get("softmax_type", "vanilla") == "learnable",
+            activation="quick_geglu" if args.get("quick_geglu") else "swiglu",
         )
 
     def admits(self, found: Signature) -> bool:
@@ -117,6 +124,30 @@ ROUTED_EXPERTS = {
     ),
     "decoder.layers.{i}.mlp.experts.{e}.linear_fc2.weight": L + "mlp.experts.{e}.down_proj.weight",
 }
+
+
+@dataclass(frozen=True)
+class Stacked:
+    """A rule for an expert's tensor that transformers keeps in one tensor with the layer's other experts (gpt-oss's
+    fused experts): the expert is a row of that tensor's first axis, its Megatron tensor turned as transformers
+    holds it. interleaved: fc1's [gate; up] rows alternate (gate 0, up 0, gate 1, ...); transposed: the last two
+    axes swap (transformers' experts multiply from the left)."""
+
+    name: str
+    transposed: bool = False
+    interleaved: bool = False
+
+    def shape(self, experts: int, expert: tuple[int, ...]) -> tuple[int, ...]:
+        turned = (*expert[:-2], expert[-1], expert[-2]) if self.transposed else expert
+        return (experts, *turned)
+
+    def band(self, experts):
+        """Rows (experts) of the stacked tensor from a torch tensor of the experts' Megatron tensors, stacked."""
+        if self.interleaved:
+            experts = experts.unflatten(1, (2, experts.shape[1] // 2)).transpose(1, 2).flatten(1, 2)
+        if self.transposed:
+            experts = experts.transpose(-1, -2)
+        return experts.contiguous()
 
 
 @dataclass(frozen=True)

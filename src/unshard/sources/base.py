@@ -68,6 +68,16 @@ def deduplicate(name: str, shape: tuple[int, ...], pieces: list[Piece]) -> list[
     return list(unique.values())
 
 
+@dataclass(frozen=True)
+class Stack:
+    """A tensor whose rows are whole tensors of the checkpoint (a layer's experts, which transformers keeps in one
+    tensor: gpt-oss's), each turned by `band`, which takes the members' rows stacked on a first axis. Read a band of
+    members at a time, so memory follows the band, not the layer."""
+
+    members: tuple[SourceTensor, ...]
+    band: Callable[[torch.Tensor], torch.Tensor]
+
+
 @dataclass
 class Checkpoint:
     """A sharded checkpoint, opened: every logical tensor with its pieces, nothing read yet."""
@@ -79,6 +89,8 @@ class Checkpoint:
     facts: dict[str, Any] = field(default_factory=dict)
     # name -> applied to the assembled tensor (a row permutation no box can express, say)
     transforms: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    # name -> the checkpoint's tensors it stacks (its pieces are theirs)
+    stacks: dict[str, Stack] = field(default_factory=dict)
     # file -> its map, for readers whose local tensors are views of whole-file maps (see file_offset)
     maps: dict[Path, torch.UntypedStorage] = field(default_factory=dict)
     # file -> what was loaded from it, for readers of torch.save files (see `loaded`)
@@ -115,6 +127,8 @@ class Checkpoint:
 
     def read(self, name: str) -> torch.Tensor:
         """The whole tensor `name`, assembled from its pieces; nothing else is loaded."""
+        if name in self.stacks:
+            return self._stacked(self.stacks[name], 0, len(self.stacks[name].members), self.local_tensor)
         source = self.tensors[name]
         whole = assemble(
             source.shape, source.dtype.torch, [(p.block, lambda p=p: self.local_tensor(p)) for p in source.pieces]
@@ -124,6 +138,18 @@ class Checkpoint:
         transform = self.transforms.get(name)
         return whole if transform is None else transform(whole)
 
+    def _stacked(self, stack: Stack, start: int, stop: int, local: Callable[[Piece], torch.Tensor]) -> torch.Tensor:
+        """Rows [start, stop) of a stacked tensor: those members, each assembled whole, stacked and turned."""
+        import torch
+
+        members = stack.members[start:stop]
+        rows = torch.empty((len(members), *members[0].shape), dtype=members[0].dtype.torch)
+        for row, member in zip(rows, members):
+            assemble(member.shape, row.dtype, [(p.block, lambda p=p: local(p)) for p in member.pieces], out=row)
+            for piece in member.pieces:
+                self.release(piece)
+        return stack.band(rows)
+
     def flat_pieces(self, name: str) -> list[Piece] | None:
         """The pieces of `name` in order, when the tensor's bytes are simply theirs one after another:
         rows split along the first dimension (FSDP's Shard(0)) or ranges of the flattened tensor (ZeRO's
@@ -131,7 +157,7 @@ class Checkpoint:
         saves a copy and bounds memory by the largest piece. None when pieces interleave (column
         splits, strided shards) or the tensor is transformed after assembly."""
         source = self.tensors[name]
-        if name in self.transforms or not source.shape:
+        if name in self.transforms or name in self.stacks or not source.shape:
             return None
         row = math.prod(source.shape[1:])
         starts = []
@@ -160,6 +186,8 @@ class Checkpoint:
         """Whether any band of rows of `name` can be read on its own (`read_rows`): its pieces are boxes
         of it, read as they lie, with nothing applied after (not ZeRO's flat ranges, not a transform)."""
         source = self.tensors[name]
+        if name in self.stacks:  # (a band of its members)
+            return len(source.shape) >= 2
         return (
             len(source.shape) >= 2
             and name not in self.transforms
@@ -184,6 +212,8 @@ class Checkpoint:
         there in one run too, read and placed by numpy. None if a piece does not (a strided box, a
         file read into memory): then `read_rows` does it. The bytes are `out`'s (uint8, as many as the
         band's), or else this thread's band buffer, valid until its next call."""
+        if name in self.stacks:  # (turned after it is read: read_rows)
+            return None
         source = self.tensors[name]
         band = self._band(source, start, stop)
         itemsize = source.dtype.itemsize
@@ -218,6 +248,8 @@ class Checkpoint:
     def read_rows(self, name: str, start: int, stop: int, local: Callable[[Piece], torch.Tensor]) -> torch.Tensor:
         """Rows [start, stop) of `name`, from the parts of the pieces that fall in them (see `band_rows`);
         `local` gives a piece's local tensor, so that a caller reading several bands loads each once."""
+        if name in self.stacks:
+            return self._stacked(self.stacks[name], start, stop, local)
         source = self.tensors[name]
         band = self._band(source, start, stop)
         used = [(block, p) for p in source.pieces if (block := compose(p.block, band)) is not None]

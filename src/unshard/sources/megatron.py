@@ -123,7 +123,7 @@ class MegatronCheckpoint(Checkpoint):
         vocab = config.get("vocab_size", self.shapes.vocab)
         if (model_type, vocab) != (self.model_type, self.shapes.vocab):
             self.model_type, self.shapes = model_type, dataclasses.replace(self.shapes, vocab=vocab)
-            self.tensors = megatron_hf.to_hf(self.megatron, model_type, self.shapes, str(self.path))
+            self.tensors, self.stacks = megatron_hf.to_hf(self.megatron, model_type, self.shapes, str(self.path))
             self.facts.update(architecture=model_type, vocab_size=vocab)
 
 
@@ -162,16 +162,18 @@ def finish(
         left_out = f"multi-token prediction layer tensors (mtp.*): {model_type}'s transformers class has none"
         facts = {**facts, "skipped": {**facts.get("skipped", {}), left_out: len(mtp)}}
     checkpoint.megatron, checkpoint.model_type, checkpoint.shapes = megatron, model_type, shapes
-    checkpoint.tensors = megatron_hf.to_hf(megatron, model_type, shapes, where)
+    checkpoint.tensors, checkpoint.stacks = megatron_hf.to_hf(megatron, model_type, shapes, where)
     checkpoint.facts.update(facts)
     checkpoint.facts.update(architecture=model_type, vocab_size=shapes.vocab, padded_vocab_size=padded.shape[0])
     if checkpoint.hf_folder is None:
         dtype = "bfloat16" if args.get("bf16") else "float16" if args.get("fp16") else "float32"
+        try:
+            config = megatron_hf.hf_config(args, model_type, shapes.vocab, dtype)
+        except CheckpointError as error:  # (what the args say that the family's class cannot hold)
+            raise CheckpointError(f"{where}: {error}") from None
         folder = Path(tempfile.mkdtemp(prefix="unshard-megatron-config-"))
         checkpoint._made_config_folder = weakref.finalize(checkpoint, shutil.rmtree, folder, True)
-        (folder / "config.json").write_text(
-            json.dumps(megatron_hf.hf_config(args, model_type, shapes.vocab, dtype), indent=2) + "\n"
-        )
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         checkpoint.hf_folder = folder
         checkpoint.facts["config"] = f"made from the checkpoint's args ({model_type})"
     return checkpoint
@@ -325,7 +327,7 @@ def _whole_tensors(
     found_dtypes: dict[str, dtypes.DType] = {}
     local_experts = ((args or {}).get("num_experts") or 0) // grid.ep
     # fc1 is [gate; up] per slice when gated: what --swiglu says, or (no args) what every family has.
-    gated = bool(args.get("swiglu")) if args else True
+    gated = bool(args.get("swiglu") or args.get("quick_geglu")) if args else True
     for rank, state in states.items():
         t, p, e = grid.coordinates(rank)
         for vp, key in enumerate(chunk_keys):
@@ -343,7 +345,7 @@ def _whole_tensors(
                     megatron_rules.tp_dim(name, tensor.shape[0] if len(tensor.shape) else None, args),
                     parts,
                     index,
-                    gated and "linear_fc1.weight" in name,
+                    gated and ("linear_fc1.weight" in name or "linear_fc1.bias" in name),
                 )
                 pieces[name] += [Piece(files[rank], f"{key}/{local_name}", block) for block in blocks]
                 shapes[name], found_dtypes[name] = shape, dtypes.of(tensor.dtype)

@@ -98,14 +98,16 @@ def _stacked_axes(fqn: str) -> int:
     return _unstack(fqn, (0, 0))[1]
 
 
+HALF = re.compile(r"linear_fc1\.(weight|bias)_([wv])$")
+
+
 def _gate_or_up(name: str, rows: int) -> tuple[str, int]:
-    """singleton_local_shards saves a gated fc1 as its gate (`_w`) and up (`_v`) halves: the whole tensor's name,
-    and where the half's rows begin in it ([gate; up], as the rules expect)."""
-    if name.endswith("linear_fc1.weight_w"):
-        return name[:-2], 0
-    if name.endswith("linear_fc1.weight_v"):
-        return name[:-2], rows
-    return name, 0
+    """singleton_local_shards saves a gated fc1 (and its bias) as its gate (`_w`) and up (`_v`) halves: the whole
+    tensor's name, and where the half's rows begin in it ([gate; up], as the rules expect)."""
+    half = HALF.search(name)
+    if half is None:
+        return name, 0
+    return name[:-2], 0 if half.group(2) == "w" else rows
 
 
 def open_folder(src: Path, iteration: int | None = None) -> MegatronDist:

@@ -9,6 +9,7 @@ straight from the checkpoint's files, one at a time, with no Megatron import.
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from typing import Any
 
 from .. import families
@@ -21,10 +22,11 @@ from ..names.megatron_rules import (
     VOCAB,
     Shapes,
     Signature,
+    Stacked,
     shapes_from_args,
     template,
 )
-from .base import Piece, SourceTensor
+from .base import Piece, SourceTensor, Stack
 from .placements import Block, compose
 
 
@@ -81,19 +83,26 @@ def _boxes(kind: str, names: tuple[str, ...], shape: tuple[int, ...], dims: Shap
     return [(name, out, block) for name, out, blocks in zip(names, shapes, (q, k, v)) for block in blocks]
 
 
-def to_hf(tensors: dict[str, SourceTensor], model_type: str, dims: Shapes, where: str) -> dict[str, SourceTensor]:
-    """Hugging Face tensors, each with pieces straight from the checkpoint files."""
+def to_hf(
+    tensors: dict[str, SourceTensor], model_type: str, dims: Shapes, where: str
+) -> tuple[dict[str, SourceTensor], dict[str, Stack]]:
+    """Hugging Face tensors, each with pieces straight from the checkpoint files; and those that stack several
+    Megatron tensors (a layer's experts, for a family that keeps them in one tensor), by what they stack."""
     table = family_of(model_type, where).megatron.rules
     head = tensors.get("output_layer.weight")
     if head is not None and head.shape[0] == 1:  # (one output, not a vocabulary: a critic's value head)
         table = {**table, **VALUE_HEAD}
     unknown = []
     out: dict[str, SourceTensor] = {}
+    experts: dict[tuple[str, Stacked], dict[int, SourceTensor]] = defaultdict(dict)
     for name, source in tensors.items():
         key, numbers = template(name)
         rule = table.get(key)
         if rule is None:
             unknown.append(name)
+            continue
+        if isinstance(rule, Stacked):
+            experts[(rule.name.format(**numbers), rule)][int(numbers["e"])] = source
             continue
         kind, names = (PLAIN, (rule,)) if isinstance(rule, str) else (rule[0], rule[1:])
         for hf_template, shape, box in _boxes(kind, names, source.shape, dims, name):
@@ -108,9 +117,23 @@ def to_hf(tensors: dict[str, SourceTensor], model_type: str, dims: Shapes, where
             f"{where}: {len(unknown)} Megatron tensors have no {model_type} rule (e.g. {unknown[0]}); "
             "this architecture or layer spec is not supported yet, please report it"
         )
+    stacks = {}
+    for (hf_name, rule), found in experts.items():
+        members = tuple(found[e] for e in sorted(found))
+        if sorted(found) != list(range(len(found))) or len({(m.shape, m.dtype) for m in members}) > 1:
+            raise CheckpointError(
+                f"{where}: the experts {hf_name} stacks are not experts 0 to {len(found) - 1}, alike: "
+                f"{', '.join(m.name for m in members[:3])}...; an expert rank's files are missing"
+            )
+        pieces = [piece for member in members for piece in member.pieces]
+        out[hf_name] = SourceTensor(hf_name, rule.shape(len(members), members[0].shape), members[0].dtype, pieces)
+        stacks[hf_name] = Stack(members, rule.band)
     # In the order save_pretrained's files have them (safetensors sorts a file's tensors by name), not Megatron's
     # (each fused tensor's layers first): a model written into Megatron and read back is the same file.
-    return dict(sorted(out.items()))
+    return dict(sorted(out.items())), stacks
+
+
+ROTARY = ("rope", "yarn")
 
 
 def model_type_from_args(args: dict[str, Any], where: str) -> str:
@@ -119,9 +142,8 @@ def model_type_from_args(args: dict[str, Any], where: str) -> str:
         what
         for what, bad in (
             ("a normalization other than RMSNorm", args.get("normalization", "RMSNorm") != "RMSNorm"),
-            ("a non-gated MLP (no --swiglu)", not args.get("swiglu")),
-            ("biases on linear layers (--add-bias-linear)", args.get("add_bias_linear")),
-            ("position embeddings other than rope", args.get("position_embedding_type", "rope") != "rope"),
+            ("a non-gated MLP (no --swiglu)", not (args.get("swiglu") or args.get("quick_geglu"))),
+            ("position embeddings other than rope", args.get("position_embedding_type", "rope") not in ROTARY),
             ("interleaved rotary embeddings", args.get("rotary_interleaved")),
         )
         if bad
@@ -158,6 +180,7 @@ def hf_config(args: dict[str, Any], model_type: str, vocab: int, dtype: str) -> 
         "max_position_embeddings": args.get("max_position_embeddings") or args.get("seq_length"),
         "rms_norm_eps": args.get("norm_epsilon", 1e-5),
         "rope_theta": args.get("rotary_base", 10000),
+        **yarn_config(args),
         "hidden_act": "silu",
         "tie_word_embeddings": not args.get("untie_embeddings_and_output_weights", False),
         "torch_dtype": dtype,
@@ -166,3 +189,22 @@ def hf_config(args: dict[str, Any], model_type: str, vocab: int, dtype: str) -> 
     config.update(family.megatron.config(args))
     config["architectures"] = [family.architecture]
     return config
+
+
+def yarn_config(args: dict[str, Any]) -> dict[str, Any]:
+    """config.json's rope_scaling for YaRN (--position-embedding-type yarn), from the settings megatron-core's GPTModel
+    reads (its yarn_* names). transformers' attention factor is megatron-core's: from mscale and mscale_all_dim where
+    both are given, else from the factor alone."""
+    if args.get("position_embedding_type") != "yarn":
+        return {}
+    scaling = {
+        "rope_type": "yarn",
+        "factor": args["yarn_rotary_scaling_factor"],
+        "original_max_position_embeddings": args["yarn_original_max_position_embeddings"],
+        "beta_fast": args.get("yarn_beta_fast", 32.0),
+        "beta_slow": args.get("yarn_beta_slow", 1.0),
+        "truncate": bool(args.get("yarn_correction_range_round_to_int", True)),
+    }
+    if args.get("yarn_mscale") is not None and args.get("yarn_mscale_all_dim") is not None:
+        scaling.update(mscale=args["yarn_mscale"], mscale_all_dim=args["yarn_mscale_all_dim"])
+    return {"rope_scaling": scaling}
