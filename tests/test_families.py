@@ -213,6 +213,7 @@ TESTED = {
         "qwen3_moe": "qwen3moe-fsdp2",
         "qwen3_next": "qwen3next-fsdp2",
         "qwen3_5_text": "qwen35-fsdp2",
+        "qwen3_5_moe_text": "qwen35moe-fsdp2",
         "olmo2": "olmo2-fsdp2",
         "olmo3": "olmo3-fsdp2",
         "smollm3": "smollm3-fsdp2",

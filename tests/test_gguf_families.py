@@ -200,17 +200,17 @@ def test_gpt_oss_as_the_converter_and_llama_quantize_write_it(converter, ggml_li
     assert_llama_quantize_mixes_it(tmp_path / "hf", ggml_library, monkeypatch, tmp_path)
 
 
-@pytest.mark.parametrize("case", ["qwen3next-fsdp2", "qwen35-fsdp2"])
+@pytest.mark.parametrize("case", ["qwen3next-fsdp2", "qwen35-fsdp2", "qwen35moe-fsdp2"])
 def test_qwen3_next_and_qwen35_as_the_converter_and_llama_quantize_write_them(
     case, converter, llama_cpp, ggml_library, monkeypatch, tmp_path
 ):
-    """Qwen3-Next and Qwen3.5's text model (FSDP2 rank files): llama.cpp's qwen3next and qwen35, the file equal to the
-    converter's in f32, bf16 and q8_0 (with its `--no-mtp`: a trained model's folder has no MTP layer, as
-    transformers drops it) and to llama-quantize's in the K-quant mixes: Qwen3-Next's in_proj_qkvz as qkv and the
-    output gate, A = -exp(A_log), the convolution's kernel 2-D and in F32 whatever the type, the norms shifted by one
-    but the DeltaNet's own, which layers are recurrent; Qwen3.5's value heads reordered as llama.cpp broadcasts them
-    (two per key head here), its M-RoPE sections. llama.cpp computes transformers' logits from it (measured 1.8e-4
-    and 1.5e-4), the recurrent state included."""
+    """Qwen3-Next and Qwen3.5's and Qwen3.5-MoE's text models (FSDP2 rank files): llama.cpp's qwen3next, qwen35 and
+    qwen35moe, the file equal to the converter's in f32, bf16 and q8_0 (with its `--no-mtp`: a trained model's folder
+    has no MTP layer, as transformers drops it) and to llama-quantize's in the K-quant mixes: Qwen3-Next's in_proj_qkvz
+    as qkv and the output gate, A = -exp(A_log), the convolution's kernel 2-D and in F32 whatever the type, the norms
+    shifted by one but the DeltaNet's own, which layers are recurrent; Qwen3.5's value heads reordered as llama.cpp
+    broadcasts them (two per key head here), its M-RoPE sections. llama.cpp computes transformers' logits from it
+    (measured 1.8e-4 and 1.5e-4), the recurrent state included."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
@@ -218,17 +218,17 @@ def test_qwen3_next_and_qwen35_as_the_converter_and_llama_quantize_write_them(
     unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
     fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path, more=("--no-mtp",))
     arch = fields["general.architecture"]
-    assert arch == {"qwen3next-fsdp2": "qwen3next", "qwen35-fsdp2": "qwen35"}[case]
+    assert arch == {"qwen3next-fsdp2": "qwen3next", "qwen35-fsdp2": "qwen35", "qwen35moe-fsdp2": "qwen35moe"}[case]
     assert fields[f"{arch}.attention.recurrent_layers"] == [True, True, True, False]
     assert fields[f"{arch}.ssm.group_count"] == 2 and fields[f"{arch}.ssm.time_step_rank"] == 4
     stored = {t[0]: t for t in tensors}
     assert stored["blk.0.attn_qkv.weight"][2] == [64, 128] and stored["blk.0.attn_gate.weight"][2] == [64, 64]
     a_log = load_file(folder / "model.safetensors")["model.layers.0.linear_attn.A_log"]
-    order = [0, 2, 1, 3] if arch == "qwen35" else [0, 1, 2, 3]  # (value heads by key head -> by their rank in it)
+    order = [0, 1, 2, 3] if arch == "qwen3next" else [0, 2, 1, 3]  # (value heads by key head -> by their rank in it)
     assert torch.frombuffer(bytearray(stored["blk.0.ssm_a"][3]), dtype=torch.float32).equal(-torch.exp(a_log)[order])
     assert {t[0]: t[1] for t in contents(tmp_path / "q8_0.gguf")[1]}["blk.0.ssm_conv1d.weight"] == "F32"
-    if arch == "qwen35":
-        assert fields["qwen35.rope.dimension_sections"] == [2, 1, 1, 0]
+    if arch != "qwen3next":
+        assert fields[f"{arch}.rope.dimension_sections"] == [2, 1, 1, 0]
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
     if arch == "qwen3next":

@@ -651,14 +651,14 @@ def test_qwen3_vl_moe_fused_experts_as_llm_compressor_writes_them(oracle, tmp_pa
         assert ours["missing"] == ours["unexpected"] == [] and ours["max_abs"] == theirs["max_abs"], (ours, theirs)
 
 
-@pytest.mark.parametrize("case", ["qwen3next-fsdp2", "qwen35-fsdp2"])
+@pytest.mark.parametrize("case", ["qwen3next-fsdp2", "qwen35-fsdp2", "qwen35moe-fsdp2"])
 def test_qwen3_next_and_qwen35_as_llm_compressor_writes_them(case, oracle, tmp_path):
     """Qwen3-Next (Gated DeltaNet and gated attention layers, routed and shared experts) and Qwen3.5's text model (the
-    same layers, a dense MLP): every Linear layer of both kinds of attention and of the MLP quantized as
-    llm-compressor 0.14 quantizes it, bit for bit, the convolution and the routers left as they are. The norms differ
-    only as llm-compressor rounds them: it turns each 1 + weight norm into a plain one and back (its offset-norm
-    calibration), which gives (1 + w) - 1 in float32; unshard writes w as trained. compressed-tensors loads both
-    folders into the same logits."""
+    same layers, a dense MLP) and Qwen3.5-MoE's (its experts, saved one by one): every Linear layer of both kinds of
+    attention and of the MLP quantized as llm-compressor 0.14 quantizes it, bit for bit, the convolution and the routers
+    left as they are. The norms differ only as llm-compressor rounds them: it turns each 1 + weight norm into a plain
+    one and back (its offset-norm calibration), which gives (1 + w) - 1 in float32; unshard writes w as trained.
+    compressed-tensors loads both folders into the same logits."""
     from safetensors.torch import save_file
 
     from unshard.sinks.compressed_tensors import DEFAULT_IGNORE

@@ -178,4 +178,16 @@ FAMILIES = (
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family merge-moe does not assemble from", applies=False),
     ),
+    Family(
+        "Qwen3.5-MoE (text)",
+        "qwen3_5_moe_text",
+        "Qwen3_5MoeForCausalLM",
+        tensors=NO_TABLE,
+        megatron=MEGATRON,
+        meta_names=NO_META_NAMES,
+        fused_siblings=SIBLINGS,
+        gguf=deltanet_gguf("QWEN35MOE", qwen35_hyperparameters, tiled_values=True),
+        mmproj=TEXT_ONLY,
+        moe_layout=NO_MOE,
+    ),
 )
