@@ -180,6 +180,7 @@ TESTED = {
         "deepseek_v3": "torchtitan-deepseekv3-fsdp2",
         "qwen2": "torchtune-qwen2-fsdp2",
         "gemma": "torchtune-gemma-fsdp2",
+        "gemma2": "torchtune-gemma2-fsdp2",
         "phi3": "torchtune-phi3-fsdp2",
     },
     # (test_way_back writes them back into Megatron and megatron-core loads them)

@@ -1,7 +1,8 @@
 """torchtitan and torchtune checkpoints, in DCP folders and in torchtune's single files (Meta's Llama names,
 interleaved rotary; torchtitan's Qwen3, Qwen3 MoE and DeepSeek-V3, their experts grouped in one tensor per projection;
-torchtune's Qwen2, Gemma and Phi-3, whose q, k and v are three tensors that transformers' Phi-3 fuses) convert to
-exactly what each library's own Hugging Face converter makes, and the folder's logits match its forward pass."""
+torchtune's Qwen2, Gemma, Gemma 2 and Phi-3, whose q, k and v are three tensors that transformers' Phi-3 fuses) convert
+to exactly what each library's own Hugging Face converter makes (but Gemma 2's MLP norms, which torchtune's converter
+names the other way round), and the folder's logits match its forward pass."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ CASES_HERE = [
     "torchtitan-deepseekv3-fsdp2",
     "torchtune-qwen2-fsdp2",
     "torchtune-gemma-fsdp2",
+    "torchtune-gemma2-fsdp2",
     "torchtune-phi3-fsdp2",
 ]
 FRESH = [name for name in CASES_HERE if CASES[name].fresh]
@@ -39,8 +41,20 @@ SINGLE_FILES = [
     ("torchtune-llama3-fsdp2", "meta/epoch_0"),
     ("torchtune-qwen2-fsdp2", "epoch_0"),
     ("torchtune-gemma-fsdp2", "epoch_0"),
+    ("torchtune-gemma2-fsdp2", "epoch_0"),
     ("torchtune-phi3-fsdp2", "epoch_0"),
 ]
+
+
+def mlp_norms_swapped(name: str) -> str:
+    """The name unshard gives the tensor torchtune 0.6.1's Gemma 2 converter names `name`: that converter names the norm
+    torchtune applies before the MLP (mlp_norm) post_feedforward_layernorm, and the one after it pre_."""
+    pre, post = "pre_feedforward_layernorm", "post_feedforward_layernorm"
+    return name.replace(pre, "<>").replace(post, pre).replace("<>", post)
+
+
+# The reference's name -> unshard's, where the library's own converter is not what its model computes
+RENAMED = {"torchtune-gemma2-fsdp2": mlp_norms_swapped}
 
 
 def check(name, fixture, out, src=None):
@@ -48,7 +62,8 @@ def check(name, fixture, out, src=None):
     result = unshard.convert(
         fixture / (src or case.src), out, config_from=fixture / case.config_from, progress=False, verify=True
     )
-    expected = load_file(fixture / "reference" / "model.safetensors")
+    renamed = RENAMED.get(name, lambda tensor_name: tensor_name)
+    expected = {renamed(n): t for n, t in load_file(fixture / "reference" / "model.safetensors").items()}
     written = load_file(out / "model.safetensors")
     assert sorted(written) == sorted(expected) and result.tensors == len(expected)
     for tensor_name, tensor in expected.items():
@@ -66,6 +81,28 @@ def test_shipped_checkpoint(name, tmp_path):
     check(name, SHIPPED / name, tmp_path / "out")
     info = unshard.inspect(SHIPPED / name / CASES[name].src, config_from=SHIPPED / name / "hf")
     assert info["naming"].startswith(name.split("-")[0])
+
+
+def test_torchtunes_own_gemma2_converter_computes_another_model(tmp_path):
+    """Why Gemma 2's MLP norms are named by what torchtune computes: the folder of torchtune's own converter
+    (gemma2_tune_to_hf, the fixture's reference) gives other logits than the trained model, unshard's the same."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    fixture = SHIPPED / "torchtune-gemma2-fsdp2"
+    theirs = tmp_path / "theirs"
+    unshard.convert(fixture / "dist_epoch_0", tmp_path / "ours", config_from=fixture / "hf", progress=False)
+    theirs.mkdir()
+    shutil.copy(tmp_path / "ours" / "config.json", theirs)
+    save_file(load_file(fixture / "reference" / "model.safetensors"), theirs / "model.safetensors", {"format": "pt"})
+    oracle = torch.load(fixture / "reference" / "logits.pt")
+    found = {}
+    for folder in ("ours", "theirs"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / folder, dtype=torch.float32)
+        with torch.no_grad():
+            found[folder] = (model.eval()(oracle["tokens"]).logits - oracle["logits"]).abs().max().item()
+    assert found["ours"] < 1e-5 and found["theirs"] > 0.1, found
 
 
 def test_what_transformers_has_no_place_for_is_said():

@@ -11,8 +11,22 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
 from .gguf_hooks import check_query_scale, gguf_quiet, json_or_empty, special_vocab, text_hyperparameters
-from .llama import SIBLINGS, TEXT_ONLY, TORCHTUNE, TORCHTUNE_ENDS
+from .llama import SIBLINGS, TEXT_ONLY, TORCHTUNE, TORCHTUNE_ENDS, L
 from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, MmprojPart, Unsupported
+
+# torchtune's Gemma 2: Gemma's names, its final norm inside a module that also caps, and a layer's four norms by what
+# torchtune computes with them (TransformerSelfAttentionLayer: sa_norm before the attention, sa_scale after it,
+# mlp_norm before the MLP, mlp_scale after it). torchtune 0.6.1's own converter (gemma2_tune_to_hf) names mlp_norm
+# post_feedforward_layernorm and mlp_scale pre_feedforward_layernorm, the other way round: its folder computes another
+# model than the one trained.
+TORCHTUNE_GEMMA2 = {
+    **{name: rule for name, rule in TORCHTUNE.items() if name not in ("norm.scale", "layers.{i}.mlp_norm.scale")},
+    **TORCHTUNE_ENDS,
+    "norm.rms_norm.scale": ("model.norm.weight", None),
+    "layers.{i}.sa_scale.scale": (L + "post_attention_layernorm.weight", None),
+    "layers.{i}.mlp_norm.scale": (L + "pre_feedforward_layernorm.weight", None),
+    "layers.{i}.mlp_scale.scale": (L + "post_feedforward_layernorm.weight", None),
+}
 
 GEMMA_HPARAMS = (
     "max_position_embeddings",
@@ -238,13 +252,14 @@ FAMILIES = (
             tie_default=True,
         ),
         megatron=MEGATRON,
-        meta_names=NO_META_NAMES,
+        meta_names=TORCHTUNE_GEMMA2,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart(
             "GEMMA2", hyperparameters=gemma2_hyperparameters, after_vocabulary=no_space_prefix, norm_shift=1.0
         ),
         mmproj=TEXT_ONLY,
         moe_layout=DENSE_ONLY,
+        notes={"meta_names": "torchtune's names, its MLP's norms by what torchtune computes (not as its converter)"},
     ),
     Family(
         "Gemma 3 (text)",
