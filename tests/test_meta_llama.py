@@ -1,5 +1,6 @@
 """torchtitan and torchtune checkpoints, in DCP folders and in torchtune's single files (Meta's Llama names,
-interleaved rotary; torchtitan's Qwen3, Qwen3 MoE and DeepSeek-V3, their experts grouped in one tensor per projection;
+interleaved rotary; torchtitan's Qwen3, Qwen3 MoE, DeepSeek-V3 and gpt-oss, their experts grouped in one tensor per
+projection (gpt-oss's turned into transformers' fused ones, which torchtitan's own adapter leaves out);
 torchtune's Qwen2, Gemma, Gemma 2 and Phi-3, whose q, k and v are three tensors that transformers' Phi-3 fuses) convert
 to exactly what each library's own Hugging Face converter makes (but Gemma 2's MLP norms, which torchtune's converter
 names the other way round), and the folder's logits match its forward pass."""
@@ -23,6 +24,7 @@ CASES_HERE = [
     "torchtitan-qwen3-fsdp2",
     "torchtitan-qwen3moe-fsdp2",
     "torchtitan-deepseekv3-fsdp2",
+    "torchtitan-gptoss-fsdp2",
     "torchtune-qwen2-fsdp2",
     "torchtune-gemma-fsdp2",
     "torchtune-gemma2-fsdp2",
@@ -31,7 +33,9 @@ CASES_HERE = [
 FRESH = [name for name in CASES_HERE if CASES[name].fresh]
 # torchtitan runs its grouped experts in bf16 (GroupedExperts casts the weights and tokens), transformers in fp32: the
 # MoE models' logits agree to bf16's rounding (the tensors themselves are compared bit for bit)
-ATOL = {"torchtitan-qwen3moe-fsdp2": 1e-3, "torchtitan-deepseekv3-fsdp2": 2e-4}
+ATOL = {"torchtitan-qwen3moe-fsdp2": 1e-3, "torchtitan-deepseekv3-fsdp2": 2e-4, "torchtitan-gptoss-fsdp2": 0.1}
+# (torchtitan's gpt-oss computes in bf16 only, as its trainer shards it: measured 0.064 on logits of up to 4.25; its
+# experts' gate and up swapped gives 3.9, its sinks left out 1.5, its experts' output biases 1.2)
 
 
 # torchtune's single-file checkpointers' files of the same models (FullModelTorchTuneCheckpointer: torchtune's names;
@@ -55,6 +59,9 @@ def mlp_norms_swapped(name: str) -> str:
 
 # The reference's name -> unshard's, where the library's own converter is not what its model computes
 RENAMED = {"torchtune-gemma2-fsdp2": mlp_norms_swapped}
+# What unshard writes that the library's own converter leaves out: torchtitan 0.3's GptOssStateDictAdapter maps
+# `mlp1_weight` (not the model's `mlp1_weight_EGD`) to the Hub's MXFP4 `_blocks` names, so its to_hf has no experts
+BEYOND_REFERENCE = {"torchtitan-gptoss-fsdp2": ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")}
 
 
 def check(name, fixture, out, src=None):
@@ -65,7 +72,8 @@ def check(name, fixture, out, src=None):
     renamed = RENAMED.get(name, lambda tensor_name: tensor_name)
     expected = {renamed(n): t for n, t in load_file(fixture / "reference" / "model.safetensors").items()}
     written = load_file(out / "model.safetensors")
-    assert sorted(written) == sorted(expected) and result.tensors == len(expected)
+    beyond = [n for n in written if n.endswith(BEYOND_REFERENCE.get(name, ()))]
+    assert sorted(set(written) - set(beyond)) == sorted(expected) and result.tensors == len(expected) + len(beyond)
     for tensor_name, tensor in expected.items():
         assert torch.equal(written[tensor_name], tensor), tensor_name
     oracle = torch.load(fixture / "reference" / "logits.pt")
@@ -73,7 +81,7 @@ def check(name, fixture, out, src=None):
     assert not info["missing_keys"] and not info["unexpected_keys"]
     with torch.no_grad():
         logits = model.eval()(oracle["tokens"]).logits
-    torch.testing.assert_close(logits, oracle["logits"], atol=ATOL.get(name, 1e-5), rtol=0)
+    torch.testing.assert_close(logits, oracle["logits"].float(), atol=ATOL.get(name, 1e-5), rtol=0)
 
 
 @pytest.mark.parametrize("name", CASES_HERE)

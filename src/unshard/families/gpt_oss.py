@@ -10,10 +10,11 @@ from typing import Any
 
 from ..errors import CheckpointError, ConfigMismatchError
 from ..names import megatron_rules as m
+from ..names.meta_rules import Zeros
+from ..names.stacked import Stacked
 from .gguf_hooks import text_hyperparameters
 from .llama import TEXT_ONLY
 from .parts import (
-    NO_META_NAMES,
     NO_TABLE,
     Family,
     GGUFPart,
@@ -34,10 +35,41 @@ MEGATRON = {
     A + "core_attention.softmax_offset": L + "self_attn.sinks",
     "decoder.layers.{i}.mlp.router.weight": L + "mlp.router.weight",
     "decoder.layers.{i}.mlp.router.bias": L + "mlp.router.bias",
-    E + "linear_fc1.weight": m.Stacked(L + "mlp.experts.gate_up_proj", transposed=True, interleaved=True),
-    E + "linear_fc1.bias": m.Stacked(L + "mlp.experts.gate_up_proj_bias", interleaved=True),
-    E + "linear_fc2.weight": m.Stacked(L + "mlp.experts.down_proj", transposed=True),
-    E + "linear_fc2.bias": m.Stacked(L + "mlp.experts.down_proj_bias"),
+    E + "linear_fc1.weight": Stacked(L + "mlp.experts.gate_up_proj", transposed=True, interleaved=True),
+    E + "linear_fc1.bias": Stacked(L + "mlp.experts.gate_up_proj_bias", interleaved=True),
+    E + "linear_fc2.weight": Stacked(L + "mlp.experts.down_proj", transposed=True),
+    E + "linear_fc2.bias": Stacked(L + "mlp.experts.down_proj_bias"),
+}
+
+# torchtitan's gpt-oss (0.3): q, k and v with their biases in its QKV module, a sink per head, the router's gate with
+# its bias, and the grouped experts: mlp1 [experts, 2 x width (gate and up interleaved, as transformers'), dim], mlp2
+# [experts, dim, width], each expert turned as transformers holds it. torchtitan's own GptOssStateDictAdapter maps
+# other names (mlp1_weight, under the Hub's MXFP4 `_blocks` names), so its to_hf leaves the experts out.
+T, X = "layers.{i}.", "layers.{i}.moe.routed_experts.inner_experts."
+TORCHTITAN = {
+    "tok_embeddings.weight": ("model.embed_tokens.weight", None),
+    "norm.weight": ("model.norm.weight", None),
+    "lm_head.weight": ("lm_head.weight", None),
+    T + "attention_norm.weight": (L + "input_layernorm.weight", None),
+    T + "ffn_norm.weight": (L + "post_attention_layernorm.weight", None),
+    **{
+        T + f"attention.qkv_linear.w{p}.{kind}": (L + f"self_attn.{p}_proj.{kind}", None)
+        for p in "qkv"
+        for kind in ("weight", "bias")
+    },
+    T + "attention.wo.weight": (L + "self_attn.o_proj.weight", None),
+    T + "attention.wo.bias": (L + "self_attn.o_proj.bias", None),
+    T + "attention.sinks": (L + "self_attn.sinks", None),
+    T + "moe.router.gate.weight": (L + "mlp.router.weight", None),
+    T + "moe.router.gate.bias": (L + "mlp.router.bias", None),
+    X + "mlp1_weight_EGD": Stacked(L + "mlp.experts.gate_up_proj", transposed=True),
+    X + "mlp1_bias_EG": (L + "mlp.experts.gate_up_proj_bias", None),
+    X + "mlp2_weight_EDF": Stacked(L + "mlp.experts.down_proj", transposed=True),
+    X + "mlp2_bias_ED": (L + "mlp.experts.down_proj_bias", None),
+    T + "moe.expert_bias_E": Zeros(
+        L + "mlp.router.weight",
+        "torchtitan's load-balancing expert bias (transformers' gpt-oss routes without one)",
+    ),
 }
 
 
@@ -146,7 +178,7 @@ FAMILIES = (
             m.Signature(qkv_bias=True, experts=True, linear_bias=True, attention_sinks=True, activation="quick_geglu"),
             megatron_config,
         ),
-        meta_names=NO_META_NAMES,
+        meta_names=TORCHTITAN,
         fused_siblings=(("q_proj", "k_proj", "v_proj"),),
         linearized=linear_experts,
         gguf=GGUFPart(
@@ -163,6 +195,7 @@ FAMILIES = (
             "quantize": "each expert's projections Linear layers, as llm-compressor makes them",
             "megatron_legacy": "attention sinks, biased experts, sliding window, YaRN",
             "megatron_dist": "attention sinks, biased experts, sliding window, YaRN",
+            "meta_names": "torchtitan's names (its grouped experts turned as transformers holds them)",
         },
     ),
 )

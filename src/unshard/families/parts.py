@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..names.megatron_rules import Signature, Stacked
+from ..names.megatron_rules import Signature
+from ..names.stacked import Stacked
 
 
 @dataclass(frozen=True)

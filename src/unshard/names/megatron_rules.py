@@ -127,30 +127,6 @@ ROUTED_EXPERTS = {
 
 
 @dataclass(frozen=True)
-class Stacked:
-    """A rule for an expert's tensor that transformers keeps in one tensor with the layer's other experts (gpt-oss's
-    fused experts): the expert is a row of that tensor's first axis, its Megatron tensor turned as transformers
-    holds it. interleaved: fc1's [gate; up] rows alternate (gate 0, up 0, gate 1, ...); transposed: the last two
-    axes swap (transformers' experts multiply from the left)."""
-
-    name: str
-    transposed: bool = False
-    interleaved: bool = False
-
-    def shape(self, experts: int, expert: tuple[int, ...]) -> tuple[int, ...]:
-        turned = (*expert[:-2], expert[-1], expert[-2]) if self.transposed else expert
-        return (experts, *turned)
-
-    def band(self, experts):
-        """Rows (experts) of the stacked tensor from a torch tensor of the experts' Megatron tensors, stacked."""
-        if self.interleaved:
-            experts = experts.unflatten(1, (2, experts.shape[1] // 2)).transpose(1, 2).flatten(1, 2)
-        if self.transposed:
-            experts = experts.transpose(-1, -2)
-        return experts.contiguous()
-
-
-@dataclass(frozen=True)
 class Shapes:
     """The sizes the splits need, from Megatron's args."""
 

@@ -8,19 +8,23 @@ row (head, 2 i + half) here. The head counts come from the Hugging Face config (
 which these checkpoints do not carry.
 
 A table maps each name (layer as {i}) to (Hugging Face name, which rotary permutation: "q", "k" or None), and
-two kinds more: a Hugging Face name with {e} is one tensor per index of the first axis (torchtitan's grouped
-experts, [experts, rows, columns]: expert e's is `[e]`); `Fused`: rows of a Hugging Face tensor that fuses several
+kinds more: a Hugging Face name with {e} is one tensor per index of the first axis (torchtitan's grouped
+experts, [experts, rows, columns]: expert e's is `[e]`); `Stacked` (names/stacked.py): the grouped experts as one
+Hugging Face tensor, each expert turned (read only); `Fused`: rows of a Hugging Face tensor that fuses several
 (read only); `Zeros`: the trainer's state that no Hugging Face tensor holds (a load-balancing buffer), skipped when
 read, zeros when written (the trainer loads every name it has).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from .stacked import Stacked
 
 if TYPE_CHECKING:
     import torch
@@ -80,7 +84,8 @@ def rename(
     table: dict[str, Any], family: str, shapes: dict[str, tuple[int, ...]], config: dict[str, Any], where: str
 ) -> tuple[dict[str, str | list[str] | Fused], dict[str, Callable], dict[str, str]]:
     """By the family's table: (trainer's name -> Hugging Face name, the list of names the first axis stacks, or the
-    part of a fused one; Hugging Face name -> transform; trainer's name skipped -> why)."""
+    part of a fused one, or the Stacked rule of its experts; Hugging Face name -> transform; trainer's name skipped ->
+    why)."""
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     renamed, transforms, skipped, unknown = {}, {}, {}, []
@@ -96,6 +101,9 @@ def rename(
             continue
         if isinstance(table[key], Fused):
             renamed[name] = Fused(table[key].into.format(i=layer), table[key].part)
+            continue
+        if isinstance(table[key], Stacked):
+            renamed[name] = dataclasses.replace(table[key], name=table[key].name.format(i=layer))
             continue
         hf, rotary = table[key]
         if "{e}" in hf:
@@ -138,6 +146,8 @@ def to_meta(
     for meta, rule in table.items():
         if isinstance(rule, Zeros):
             zeros_of.setdefault(rule.rows_of, []).append(meta)
+            continue
+        if isinstance(rule, (Fused, Stacked)):  # (read only: their tensors have no place, which the end says)
             continue
         hf, rotary = rule
         pattern = re.escape(hf).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)")

@@ -22,10 +22,10 @@ from ..names.megatron_rules import (
     VOCAB,
     Shapes,
     Signature,
-    Stacked,
     shapes_from_args,
     template,
 )
+from ..names.stacked import Stacked
 from .base import Piece, SourceTensor, Stack
 from .placements import Block, compose
 

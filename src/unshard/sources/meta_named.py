@@ -10,7 +10,8 @@ from collections import Counter
 from .. import families
 from ..errors import CheckpointError
 from ..names import meta_rules
-from .base import SourceTensor
+from ..names.stacked import Stacked
+from .base import SourceTensor, Stack
 from .placements import Block
 
 
@@ -41,6 +42,8 @@ class MetaNamed:
                 tensors[new] = dataclasses.replace(tensor, name=new)
             elif isinstance(new, meta_rules.Fused):
                 fused.setdefault(new.into, {})[new.part] = tensor
+            elif isinstance(new, Stacked):
+                tensors[new.name] = self._turned(tensor, new)
             else:
                 tensors.update((hf, self._unstacked(tensor, index, hf)) for index, hf in enumerate(new))
         tensors.update((hf, _concatenated(hf, [parts[p] for p in sorted(parts)])) for hf, parts in fused.items())
@@ -53,6 +56,14 @@ class MetaNamed:
         self.facts["naming"] = f"{trainer}'s {family.name} names{permuted}"
         for why, count in Counter(skipped.values()).items():
             self.facts.setdefault("dropped", []).append(f"{count} tensors: {why}")
+
+    def _turned(self, tensor: SourceTensor, rule: Stacked) -> SourceTensor:
+        """Grouped experts as the Hugging Face tensor that holds each turned: read a band of experts at a time, each
+        from the chunks that hold it."""
+        members = tuple(self._unstacked(tensor, e, f"{rule.name}[{e}]") for e in range(tensor.shape[0]))
+        self.stacks[rule.name] = Stack(members, rule.band)
+        pieces = [piece for member in members for piece in member.pieces]
+        return SourceTensor(rule.name, rule.shape(len(members), tensor.shape[1:]), tensor.dtype, pieces)
 
     def _unstacked(self, tensor: SourceTensor, index: int, name: str) -> SourceTensor:
         raise CheckpointError(
