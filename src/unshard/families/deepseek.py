@@ -17,7 +17,7 @@ from ..errors import CheckpointError, ConfigMismatchError
 from ..names import megatron_rules as m
 from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS
 from .gguf_hooks import GATING_KEYS, first_of, gguf_quiet, rope_parameters, text_hyperparameters
-from .llama import TEXT_ONLY
+from .llama import TEXT_ONLY, TORCHTITAN_COMMON
 from .parts import NO_TABLE, Family, GGUFPart, MegatronRules, Rearrangement, Unsupported
 
 L = m.L
@@ -53,11 +53,7 @@ MEGATRON_SIGMOID_MOE = {
 # pairs, as DeepSeek's weights keep them (transformers' rope_interleave): no rows are permuted.
 T = "layers.{i}."
 TORCHTITAN = {
-    "tok_embeddings.weight": ("model.embed_tokens.weight", None),
-    "norm.weight": ("model.norm.weight", None),
-    "lm_head.weight": ("lm_head.weight", None),
-    T + "attention_norm.weight": (L + "input_layernorm.weight", None),
-    T + "ffn_norm.weight": (L + "post_attention_layernorm.weight", None),
+    **TORCHTITAN_COMMON,
     T + "attention.wq.weight": (L + "self_attn.q_proj.weight", None),
     T + "attention.wq_a.weight": (L + "self_attn.q_a_proj.weight", None),
     T + "attention.q_norm.weight": (L + "self_attn.q_a_layernorm.weight", None),

@@ -13,7 +13,7 @@ from ..names import megatron_rules as m
 from ..names.meta_rules import Zeros
 from ..names.stacked import Stacked
 from .gguf_hooks import text_hyperparameters
-from .llama import TEXT_ONLY
+from .llama import TEXT_ONLY, TORCHTITAN_COMMON
 from .parts import (
     NO_TABLE,
     Family,
@@ -47,11 +47,7 @@ MEGATRON = {
 # other names (mlp1_weight, under the Hub's MXFP4 `_blocks` names), so its to_hf leaves the experts out.
 T, X = "layers.{i}.", "layers.{i}.moe.routed_experts.inner_experts."
 TORCHTITAN = {
-    "tok_embeddings.weight": ("model.embed_tokens.weight", None),
-    "norm.weight": ("model.norm.weight", None),
-    "lm_head.weight": ("lm_head.weight", None),
-    T + "attention_norm.weight": (L + "input_layernorm.weight", None),
-    T + "ffn_norm.weight": (L + "post_attention_layernorm.weight", None),
+    **TORCHTITAN_COMMON,
     **{
         T + f"attention.qkv_linear.w{p}.{kind}": (L + f"self_attn.{p}_proj.{kind}", None)
         for p in "qkv"

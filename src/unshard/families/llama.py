@@ -26,13 +26,17 @@ TORCHTUNE = {
     "layers.{i}.mlp.w2.weight": (L + "mlp.down_proj.weight", None),
     "layers.{i}.mlp.w3.weight": (L + "mlp.up_proj.weight", None),
 }
-# torchtitan's names as its Llama3StateDictAdapter (0.3) maps them: q, k and v in its fused-QKV module
-TORCHTITAN = {
+# What every torchtitan (0.3) model names alike: its ends and each layer's two norms
+TORCHTITAN_COMMON = {
     "tok_embeddings.weight": ("model.embed_tokens.weight", None),
     "norm.weight": ("model.norm.weight", None),
     "lm_head.weight": ("lm_head.weight", None),
     "layers.{i}.attention_norm.weight": (L + "input_layernorm.weight", None),
     "layers.{i}.ffn_norm.weight": (L + "post_attention_layernorm.weight", None),
+}
+# torchtitan's names as its Llama3StateDictAdapter (0.3) maps them: q, k and v in its fused-QKV module
+TORCHTITAN = {
+    **TORCHTITAN_COMMON,
     "layers.{i}.attention.wo.weight": (L + "self_attn.o_proj.weight", None),
     "layers.{i}.feed_forward.w1.weight": (L + "mlp.gate_proj.weight", None),
     "layers.{i}.feed_forward.w2.weight": (L + "mlp.down_proj.weight", None),
