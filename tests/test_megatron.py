@@ -36,6 +36,19 @@ def megatron_logits_match(fixture, out):
     torch.testing.assert_close(logits, oracle["logits"], atol=1e-4, rtol=0)
 
 
+def same_tensors_from_each(fixture, formats, tmp_path, verify=False):
+    """Each of the fixture's formats converted (into tmp_path/FORMAT): every one gives the first's tensors, returned."""
+    written = {}
+    for fmt in formats:
+        unshard.convert(fixture / fmt, tmp_path / fmt, progress=False, verify=verify)
+        written[fmt] = load_file(tmp_path / fmt / "model.safetensors")
+    first = written[formats[0]]
+    for fmt in formats[1:]:
+        assert sorted(written[fmt]) == sorted(first)
+        assert all(torch.equal(written[fmt][name], tensor) for name, tensor in first.items()), fmt
+    return first
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("case", MEGATRON_CASES)
 def test_logits_match_megatron(case, fmt, tmp_path):
@@ -57,13 +70,7 @@ def test_freshly_generated_logits_match_megatron(case, fresh_fixtures, tmp_path)
 
 @pytest.mark.parametrize("case", MEGATRON_CASES)
 def test_both_formats_give_the_same_tensors(case, tmp_path):
-    written = {}
-    for fmt in FORMATS:
-        unshard.convert(SHIPPED / case / fmt, tmp_path / fmt, progress=False)
-        written[fmt] = load_file(tmp_path / fmt / "model.safetensors")
-    assert sorted(written["torch"]) == sorted(written["torch_dist"])
-    for name, tensor in written["torch"].items():
-        assert torch.equal(tensor, written["torch_dist"][name]), name
+    same_tensors_from_each(SHIPPED / case, FORMATS, tmp_path)
 
 
 def test_inspect_shows_the_parallel_layout():
@@ -229,15 +236,9 @@ def test_deepseek_v3_from_every_layout(tmp_path):
     MTP layer is left out with a note, and the config made from Megatron-LM's args builds the model verl's config
     does."""
     fixture = SHIPPED / "megatron-deepseekv3-tp2-pp2-ep2"
-    written = {}
-    for fmt in ("torch", "torch_dist", "verl"):
-        unshard.convert(fixture / fmt, tmp_path / fmt, progress=False)
-        written[fmt] = load_file(tmp_path / fmt / "model.safetensors")
+    tensors = same_tensors_from_each(fixture, ("torch", "torch_dist", "verl"), tmp_path)
     megatron_logits_match(fixture, tmp_path / "verl")
-    for fmt in ("torch_dist", "verl"):
-        assert sorted(written[fmt]) == sorted(written["torch"])
-        assert all(torch.equal(written[fmt][name], tensor) for name, tensor in written["torch"].items()), fmt
-    names = set(written["torch"])
+    names = set(tensors)
     assert "model.layers.0.mlp.gate_proj.weight" in names and "model.layers.0.mlp.gate.weight" not in names
     assert "model.layers.1.mlp.gate.e_score_correction_bias" in names
     assert "model.layers.3.mlp.shared_experts.down_proj.weight" in names
@@ -270,28 +271,22 @@ def test_gpt_oss_from_every_layout(tmp_path, monkeypatch):
     up rows as interleaved columns, each expert turned) a band of experts at a time, and the config made from the args
     is the one verl's Hugging Face config says."""
     fixture = SHIPPED / "megatron-gptoss-tp2-pp2-ep2"
-    written = {}
-    for fmt in ("torch", "torch_dist", "verl"):
-        unshard.convert(fixture / fmt, tmp_path / fmt, progress=False, verify=True)
-        written[fmt] = load_file(tmp_path / fmt / "model.safetensors")
+    tensors = same_tensors_from_each(fixture, ("torch", "torch_dist", "verl"), tmp_path, verify=True)
     megatron_logits_match(fixture, tmp_path / "verl")
-    for fmt in ("torch_dist", "verl"):
-        assert sorted(written[fmt]) == sorted(written["torch"])
-        assert all(torch.equal(written[fmt][name], tensor) for name, tensor in written["torch"].items()), fmt
     # Layer 0's expert 3 is expert rank 1's second: its own tensors, as megatron-core saved them
     rank = torch.load(fixture / "torch/iter_0000010/mp_rank_01_000_001/model_optim_rng.pt", weights_only=False)
     prefix = "decoder.layers.0.mlp.experts.local_experts.1."
     expert = {k.removeprefix(prefix): v for k, v in rank["model"].items() if k.startswith(prefix)}
     gate, up = expert["linear_fc1.weight"].chunk(2)
-    fused = written["torch"]["model.layers.0.mlp.experts.gate_up_proj"]
+    fused = tensors["model.layers.0.mlp.experts.gate_up_proj"]
     assert fused.shape == (4, 64, 96)
     assert torch.equal(fused[3, :, 0::2], gate.T) and torch.equal(fused[3, :, 1::2], up.T)
     gate_bias, up_bias = expert["linear_fc1.bias"].chunk(2)
-    fused_bias = written["torch"]["model.layers.0.mlp.experts.gate_up_proj_bias"][3]
+    fused_bias = tensors["model.layers.0.mlp.experts.gate_up_proj_bias"][3]
     assert torch.equal(fused_bias[0::2], gate_bias) and torch.equal(fused_bias[1::2], up_bias)
-    assert torch.equal(written["torch"]["model.layers.0.mlp.experts.down_proj"][3], expert["linear_fc2.weight"].T)
-    assert torch.equal(written["torch"]["model.layers.0.mlp.experts.down_proj_bias"][3], expert["linear_fc2.bias"])
-    assert written["torch"]["model.layers.0.self_attn.sinks"].shape == (4,)
+    assert torch.equal(tensors["model.layers.0.mlp.experts.down_proj"][3], expert["linear_fc2.weight"].T)
+    assert torch.equal(tensors["model.layers.0.mlp.experts.down_proj_bias"][3], expert["linear_fc2.bias"])
+    assert tensors["model.layers.0.self_attn.sinks"].shape == (4,)
     # One expert per band (an expert's fc1 is 24 KB): the same bytes
     monkeypatch.setattr(unshard.Checkpoint, "BAND_BYTES", 30_000)
     unshard.convert(fixture / "torch_dist", tmp_path / "bands", progress=False)
@@ -332,15 +327,9 @@ def test_grouped_gemm_experts_in_every_format(tmp_path):
     logits of megatron-core's forward."""
     fixture = SHIPPED / "megatron-qwen3moe-gmm-tp2-ep2-etp2"
     assert json.loads((fixture / "fixture.json").read_text())["etp"] == 2
-    written = {}
-    for fmt in ("torch", "torch_dist", "torch_dist_singleton"):
-        unshard.convert(fixture / fmt, tmp_path / fmt, progress=False, verify=True)
-        written[fmt] = load_file(tmp_path / fmt / "model.safetensors")
+    tensors = same_tensors_from_each(fixture, ("torch", "torch_dist", "torch_dist_singleton"), tmp_path, verify=True)
     megatron_logits_match(fixture, tmp_path / "torch_dist_singleton")
-    for fmt in ("torch_dist", "torch_dist_singleton"):
-        assert sorted(written[fmt]) == sorted(written["torch"])
-        assert all(torch.equal(written[fmt][name], tensor) for name, tensor in written["torch"].items()), fmt
-    assert written["torch"]["model.layers.3.mlp.experts.3.gate_proj.weight"].shape == (48, 64)
+    assert tensors["model.layers.3.mlp.experts.3.gate_proj.weight"].shape == (48, 64)
 
 
 def test_transformer_engine_grouped_experts_in_the_legacy_format_are_refused(tmp_path):
