@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from test_cli_and_errors import run_cli
 from test_scale_out import torchrun
 
 import unshard
+from unshard.names import megatron_rules
 from unshard.sinks import dcp as dcp_sink
 from unshard.types import OutputOptions
 
@@ -199,6 +201,19 @@ MOE_ARGS = (
     "moe_router_group_topk",
     "expert_model_parallel_size",
 )
+LATENT_ARGS = (
+    "multi_latent_attention",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "rope_type",
+    "rotary_scaling_factor",
+    "original_max_position_embeddings",
+    "mscale",
+    "mscale_all_dim",
+)
 # (what Megatron-LM's arguments default to, where a fixture's older args do not name them)
 MEGATRON_LM_DEFAULTS = {
     "moe_layer_freq": 1,
@@ -216,10 +231,31 @@ MEGATRON = [
     # (GLM-4.5: partial rotary, a sigmoid router with an expert bias and expert groups, a dense first layer: each
     # layer keyed on its own)
     "megatron-glm45-tp2-ep2-dp2",
+    # (DeepSeek-V3: latent attention with YaRN, a dense first layer, shared experts; its MTP layer is not written, as
+    # transformers' model has none: megatron-core loads it built without one)
+    "megatron-deepseekv3-tp2-pp2-ep2",
 ]
 # (every case's tensors equal megatron-core's own checkpoint's, whose logits are the fixture's: the forward pass is
-# run again on one, the family with the most parts, to show it)
-FORWARD = "megatron-qwen2-tp2-pp2"
+# run again on two, the dense family with the most parts and latent attention, to show it)
+FORWARD = ("megatron-qwen2-tp2-pp2", "megatron-deepseekv3-tp2-pp2-ep2")
+
+
+def norms_under_each_spec_name(dist) -> set[str]:
+    """The norms written under two layer specs' names (names.megatron_rules.SPEC_NAMES: Transformer Engine's, and
+    the local spec's), each pair checked to hold the same values; the names without their layer."""
+    found = pickle.load(open(dist / ".metadata", "rb")).state_dict_metadata
+    shapes = {key: m.size for key, m in found.items() if hasattr(m, "size")}  # (tensors, not objects)
+    pairs = [
+        (key, key[: -len(fused)] + apart)
+        for key in shapes
+        for fused, (apart, _) in megatron_rules.SPEC_NAMES.items()
+        if key.endswith(fused) and key[: -len(fused)] + apart in shapes
+    ]
+    state = {key: torch.empty(shapes[key]) for pair in pairs for key in pair}
+    dcp.load(state, checkpoint_id=str(dist), no_dist=True)
+    for fused, apart in pairs:
+        assert torch.equal(state[fused], state[apart]), apart
+    return {re.sub(r"layers\.\d+\.", "layers.", name) for pair in pairs for name in pair}
 
 
 @pytest.mark.parametrize(
@@ -245,7 +281,8 @@ def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monke
         # (the args say the model as megatron-core's own run's args said it)
         ours = vars(torch.load(dist / "common.pt", weights_only=False)["args"])
         trained = vars(torch.load(fixture / "torch_dist" / "iter_0000010" / "common.pt", weights_only=False)["args"])
-        for key in MODEL_ARGS + (MOE_ARGS if trained.get("num_experts") else ()):
+        compared = MODEL_ARGS + (MOE_ARGS if trained.get("num_experts") else ())
+        for key in compared + (LATENT_ARGS if trained.get("multi_latent_attention") else ()):
             assert ours.get(key) == trained.get(key, MEGATRON_LM_DEFAULTS.get(key)), key
     else:  # (as verl's own fixture beside it: the same files but the tensors' chunks)
         dist = out / "actor" / "model" / "dist_ckpt"
@@ -260,6 +297,27 @@ def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monke
         theirs = pickle.load(open(verl / "model" / "dist_ckpt" / ".metadata", "rb")).state_dict_metadata
         assert set(pickle.load(open(dist / ".metadata", "rb")).state_dict_metadata) == set(theirs)
 
+    # (Transformer Engine's spec keeps the norm before a MoE block apart, and latent attention's local spec all its
+    # norms: each written under both names; a dense model's norms under the one name both specs load)
+    config = json.loads((src / "config.json").read_text())
+    twice = norms_under_each_spec_name(dist)
+    if config.get("kv_lora_rank"):
+        assert {name.rpartition("layers.")[2] for name in twice} == {
+            "mlp.linear_fc1.layer_norm_weight",
+            "pre_mlp_layernorm.weight",
+            "self_attention.linear_q_up_proj.layer_norm_weight",
+            "self_attention.q_layernorm.weight",
+            "self_attention.linear_kv_up_proj.layer_norm_weight",
+            "self_attention.kv_layernorm.weight",
+        }
+    elif any(config.get(key) for key in ("num_local_experts", "num_experts", "n_routed_experts")):
+        assert {name.rpartition("layers.")[2] for name in twice} == {
+            "mlp.linear_fc1.layer_norm_weight",
+            "pre_mlp_layernorm.weight",
+        }
+    else:
+        assert not twice
+
     unshard.convert(out, tmp_path / "back", progress=False)
     assert (tmp_path / "back" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
 
@@ -267,15 +325,22 @@ def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monke
     done = torchrun(ranks, str(FIXTURES / "dcp_loaders.py"), "megatron", "--dcp", str(dist), "--fixture", str(fixture))
     assert done.returncode == 0, done.stderr[-3000:]
 
-    if case != FORWARD or layout != "megatron":
+    if case not in FORWARD or layout != "megatron":
         return
-    # megatron-core's forward pass on it, in one process (DCP reshards it): the oracle of the Megatron tests
-    again = tmp_path / "oracle"
-    (again / "torch_dist").mkdir(parents=True)
-    shutil.copy(fixture / "fixture.json", again)
-    (again / "torch_dist" / "iter_0000010").symlink_to(dist)
+    # megatron-core's forward pass on it, the model built from the args unshard wrote: the Megatron tests' oracle
+    expected = torch.load(fixture / "oracle.pt")
+    logits = megatron_logits(dist, expected["tokens"], tmp_path)
+    torch.testing.assert_close(logits[..., : info["true_vocab"]], expected["logits"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits[..., : info["true_vocab"]], hf_logits(src, expected["tokens"]), atol=1e-4, rtol=0)
+
+
+def megatron_logits(dist, tokens, tmp_path):
+    """megatron-core's logits on the Megatron-LM checkpoint in `dist`, its model built from the args written in it
+    (fixtures/dcp_loaders.py megatron-forward), in one process."""
+    torch.save(tokens, tmp_path / "tokens.pt")
     done = subprocess.run(
-        [sys.executable, "make_megatron.py", "--out", str(again), "--oracle"],
+        [sys.executable, "dcp_loaders.py", "megatron-forward", "--dcp", str(dist)]
+        + ["--tokens", str(tmp_path / "tokens.pt"), "--out", str(tmp_path / "logits.pt")],
         capture_output=True,
         text=True,
         cwd=FIXTURES,
@@ -283,10 +348,21 @@ def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monke
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    expected, logits = torch.load(fixture / "oracle.pt"), torch.load(again / "oracle.pt")
-    assert torch.equal(logits["tokens"], expected["tokens"])
-    torch.testing.assert_close(logits["logits"], expected["logits"], atol=1e-5, rtol=0)
-    torch.testing.assert_close(logits["logits"], hf_logits(src, expected["tokens"]), atol=1e-4, rtol=0)
+    return torch.load(tmp_path / "logits.pt")
+
+
+def test_latent_attention_with_plain_rope_runs_in_megatron_core(tmp_path):
+    """torchtitan's DeepSeek-V3 (plain rope, three layers, the first dense) as a Hugging Face folder, written into
+    Megatron at TP 2 and EP 2: megatron-core's model built from the args unshard wrote gives transformers' logits."""
+    pytest.importorskip("megatron.core")
+    src, _ = titan_source(tmp_path, "deepseekv3")
+    out = tmp_path / "megatron"
+    unshard.convert(src, out, output=OutputOptions(to="megatron", tp=2, ep=2), progress=False)
+    args = vars(torch.load(out / "release" / "common.pt", weights_only=False)["args"])
+    assert (args["rope_type"], args["mscale_all_dim"], args["moe_layer_freq"]) == ("rope", 0.0, [0, 1, 1])
+    logits = megatron_logits(out / "release", TOKENS, tmp_path)
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    torch.testing.assert_close(logits[..., :vocab], hf_logits(src, TOKENS), atol=1e-4, rtol=0)
 
 
 def test_megatron_refusals(hf_model, tmp_path):
@@ -299,8 +375,15 @@ def test_megatron_refusals(hf_model, tmp_path):
             unshard.convert(hf_model, tmp_path / "out", output=OutputOptions(to="megatron", **sizes), progress=False)
         assert not (tmp_path / "out").exists()
     deepseek, _ = titan_source(tmp_path, "deepseekv3")
-    code, _, err = run_cli("convert", deepseek, tmp_path / "out", "--to", "megatron")
-    assert code == 1 and "--to megatron: DeepSeek-V3: latent attention" in err and not (tmp_path / "out").exists()
+    config = json.loads((deepseek / "config.json").read_text())
+    for key, value, said in [
+        ("rope_interleave", False, "the config has rope_interleave false, which megatron-core's latent attention"),
+        ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "mscale_all_dim": 1.0}, "YaRN's mscale_all_dim"),
+    ]:
+        (deepseek / "config.json").write_text(json.dumps({**config, key: value}))
+        code, _, err = run_cli("convert", deepseek, tmp_path / "out", "--to", "megatron")
+        assert code == 1 and said in err and "--to megatron: DeepSeek-V3: the config has" in err, err
+        assert not (tmp_path / "out").exists()
     mixtral = SHIPPED / "mixtral-fsdp2" / "global_step_1" / "actor"
     code, _, err = run_cli("convert", mixtral, tmp_path / "out", "--to", "megatron", "--ep", "2")
     assert code == 1 and "3 experts do not split over --ep 2" in err and not (tmp_path / "out").exists()

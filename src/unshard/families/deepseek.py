@@ -155,6 +155,55 @@ def _config(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _args(config: dict[str, Any]) -> dict[str, Any]:
+    """Megatron-LM's args of latent attention and its rotary embedding, from config.json (_config's other way). A
+    config megatron-core would compute otherwise is refused: its latent attention reads rotary pairs interleaved and
+    has no biases, and its YaRN divides by mscale_all_dim's factor whenever one is given (transformers only where
+    mscale is given too)."""
+    refused = [
+        ("rope_interleave false", not config.get("rope_interleave", True)),
+        ("attention_bias true", config.get("attention_bias")),
+    ]
+    rope = rope_parameters(config)[1]
+    kind = rope.get("rope_type") or "default"
+    mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+    if kind == "yarn":
+        refused += [
+            ("YaRN's mscale_all_dim without its mscale", mscale_all_dim and not mscale),
+            ("YaRN's attention_factor given", rope.get("attention_factor") is not None),
+            ("YaRN's truncate false", not rope.get("truncate", True)),
+        ]
+    elif kind != "default":
+        refused.append((f"rope of type {kind!r}", True))
+    said = [what for what, bad in refused if bad]
+    if said:
+        raise CheckpointError(f"the config has {said[0]}, which megatron-core's latent attention cannot compute")
+    latent = {
+        "multi_latent_attention": True,
+        "q_lora_rank": config.get("q_lora_rank"),
+        "kv_lora_rank": config["kv_lora_rank"],
+        "qk_head_dim": config["qk_nope_head_dim"],
+        "qk_pos_emb_head_dim": config["qk_rope_head_dim"],
+        "v_head_dim": config["v_head_dim"],
+        "kv_channels": config["v_head_dim"],  # (unread by latent attention; DeepSeek's scripts give the values' width)
+        "qk_layernorm": True,  # (the latent's norms)
+        "rotary_base": rope.get("rope_theta", 10000),
+    }
+    if kind == "default":  # (megatron-core's latent attention scales its softmax by mscale_all_dim's factor even so)
+        return {**latent, "rope_type": "rope", "mscale": 1.0, "mscale_all_dim": 0.0}
+    return {
+        **latent,
+        "rope_type": "yarn",
+        "rotary_scaling_factor": rope["factor"],
+        "original_max_position_embeddings": rope["original_max_position_embeddings"],
+        "beta_fast": rope.get("beta_fast") or 32,
+        "beta_slow": rope.get("beta_slow") or 1,
+        # (both given, or neither: megatron-core's 1 and 0 then give transformers' factor)
+        "mscale": mscale if mscale and mscale_all_dim else 1.0,
+        "mscale_all_dim": mscale_all_dim if mscale and mscale_all_dim else 0.0,
+    }
+
+
 def deepseek2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
     """The converter's DeepseekV2Model's: its TextModel's with one key-value head (the latent attention as MQA) and the
     expert groups, then the dense first layers, the latent's ranks and the widths of keys and values (absorbed, and
@@ -229,6 +278,7 @@ FAMILIES = (
             {**MEGATRON_COMMON, **MEGATRON_LATENT_ATTENTION, **MEGATRON_SIGMOID_MOE},
             m.Signature(experts=True, shared_experts=True, sigmoid_router=True, latent_attention=True, qk_norm=None),
             _config,
+            _args,
         ),
         meta_names=TORCHTITAN,
         torchtitan_names=TORCHTITAN,
@@ -245,6 +295,7 @@ FAMILIES = (
         notes={
             "megatron_legacy": "multi-latent attention, dense first layers; MTP layers are left out",
             "megatron_dist": "multi-latent attention, dense first layers; MTP layers are left out",
+            "to_megatron": "multi-latent attention, dense first layers; no MTP layers (transformers' model has none)",
             "meta_names": "torchtitan's names (its MTP layers are not mapped yet)",
         },
     ),

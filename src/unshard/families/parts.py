@@ -33,6 +33,9 @@ class MegatronRules:
     # what Megatron-LM's args say of the family (names.megatron_rules.Signature); None: known by its config alone
     signature: Signature | None
     config: Callable[[dict[str, Any]], dict[str, Any]] = lambda args: {}  # config.json's own keys, from the args
+    # The other way (--to megatron): the family's own Megatron-LM args from config.json (latent attention's ranks and
+    # its rotary embedding), over those every family has; raises CheckpointError for a config they cannot say.
+    args: Callable[[dict[str, Any]], dict[str, Any]] = lambda config: {}
 
 
 @dataclass(frozen=True)
@@ -182,15 +185,13 @@ class Family:
     @property
     def megatron_out(self) -> MegatronRules | Unsupported:
         """What `--to megatron` writes (sinks/megatron.py) of the family's Megatron rules: a dense or MoE model whose
-        args say all of it; latent attention is not written yet."""
+        args say all of it."""
         rules = self.megatron
         if isinstance(rules, Unsupported):
             return rules
         found = rules.signature
         if found is None:
             return Unsupported("Megatron-LM's args cannot say this family (they would describe a Llama)")
-        if found.latent_attention:
-            return Unsupported("latent attention is not written to Megatron yet")
         if any(isinstance(rule, Stacked) for rule in rules.rules.values()):
             return Unsupported("experts kept in one tensor per layer are not written to Megatron yet")
         return rules

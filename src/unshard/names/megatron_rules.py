@@ -190,6 +190,28 @@ class Placed:
     boxes: tuple[tuple[int, int, tuple[int, ...]], ...]
     zeros: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
     stacked: int = 0  # leading axes that stack layers or experts
+    also: tuple[str, ...] = ()  # other dist keys the same boxes are written under (SPEC_NAMES)
+
+
+# megatron-core's layer specs save some norms under different names. Transformer Engine's fuses a norm into the next
+# linear layer (`linear_q_up_proj.layer_norm_weight`) where the local spec keeps it apart (`q_layernorm.weight`), yet
+# keeps the norm before a MoE block apart (`pre_mlp_layernorm.weight`), which the local spec maps to the fused name
+# (`mlp.linear_fc1.layer_norm_weight`); the local spec of latent attention maps none of its norms. So the way back
+# writes such a norm under each name a spec loads it by (a few vectors twice): Transformer Engine's name -> the other,
+# and whether a layer needs it (MoE layer, latent attention).
+SPEC_NAMES = {
+    "mlp.linear_fc1.layer_norm_weight": ("pre_mlp_layernorm.weight", lambda moe, latent: moe or latent),
+    "self_attention.linear_q_up_proj.layer_norm_weight": ("self_attention.q_layernorm.weight", lambda *_: True),
+    "self_attention.linear_kv_up_proj.layer_norm_weight": ("self_attention.kv_layernorm.weight", lambda *_: True),
+}
+
+
+def other_spec_names(dist_key: str, moe_layer: bool, latent: bool) -> tuple[str, ...]:
+    """The names other layer specs save this dist tensor under (SPEC_NAMES)."""
+    for fused, (apart, needed) in SPEC_NAMES.items():
+        if dist_key.endswith(fused) and needed(moe_layer, latent):
+            return (dist_key[: -len(fused)] + apart,)
+    return ()
 
 
 def to_megatron(
@@ -199,12 +221,14 @@ def to_megatron(
     padded: int,
     layers: int | None,
     where: str,
+    latent: bool = False,
 ) -> dict[str, Placed]:
     """The other way (writing Megatron): each Hugging Face tensor (name -> shape) placed by the family's table.
     Where the table has a local and a Transformer Engine name for one tensor (the layer norms), the dist format's
     is Transformer Engine's, which megatron-core's local spec maps its own to. `layers`: how many layers the stacks
     hold; None where the layers are not alike (dense layers before MoE ones), which megatron-core then keys each
-    on its own (`decoder.layers.3.mlp.router.weight`), stacking only a layer's experts."""
+    on its own (`decoder.layers.3.mlp.router.weight`), stacking only a layer's experts. `latent`: the attention is
+    multi-latent (its norms are named per spec: SPEC_NAMES)."""
     rules: list[tuple[re.Pattern, str, str, int]] = []  # (HF name pattern, Megatron key, kind, which part)
     for key, rule in sorted(table.items(), key=lambda item: "layer_norm_weight" not in item[0]):
         kind, names = (PLAIN, (rule,)) if isinstance(rule, str) else (rule[0], rule[1:])
@@ -216,6 +240,7 @@ def to_megatron(
         found[name] = next(((m, key, kind, part) for p, key, kind, part in rules if (m := p.match(name))), None)
     # (the experts a layer has: every one of them is among the tensors, which stack them)
     experts = 1 + max((int(f[0].group("e")) for f in found.values() if f and "e" in f[0].groupdict()), default=-1)
+    moe_layers = {f[0].group("i") for f in found.values() if f and ".mlp.router." in f[1]}
     placed, unknown = {}, []
     for name, shape in shapes.items():
         if found[name] is None:
@@ -224,6 +249,8 @@ def to_megatron(
         match, key, kind, part = found[name]
         where = match.groupdict()
         placed[name] = _place(key, kind, part, shape, where.get("i"), where.get("e"), experts, dims, padded, layers)
+        also = other_spec_names(placed[name].key, where.get("i") in moe_layers, latent)
+        placed[name] = dataclasses.replace(placed[name], also=also)
     if unknown:
         from ..errors import UnshardError
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import families
-from ..errors import UnshardError
+from ..errors import CheckpointError, UnshardError
 from ..families.gguf_hooks import first_of
 from ..families.parts import Unsupported
 from ..names import megatron_rules
@@ -42,7 +42,7 @@ RELEASE = "release"
 TRACKER = "latest_checkpointed_iteration.txt"
 # The linear layers of megatron-core's GPT layer (attention's, the MLP's, each expert's and a shared expert's), each
 # saving an `_extra_state` (local spec: None; Transformer Engine's: its FP8 state, which it starts afresh from None)
-LINEAR_WEIGHT = re.compile(r"^(decoder\.layers\..*\.linear_(?:qkv|proj|fc1|fc2))\.weight$")
+LINEAR_WEIGHT = re.compile(r"^(decoder\.layers\..*\.linear_[a-z0-9_]+)\.weight$")
 
 
 def plan_sink(request: FormatRequest) -> MegatronFolder:
@@ -67,19 +67,26 @@ def plan_sink(request: FormatRequest) -> MegatronFolder:
     # (layers alike are stacked; dense layers before MoE ones make megatron-core key each layer on its own)
     layers = config["num_hidden_layers"] if moe.get("moe_layer_freq", 1) == 1 else None
     shapes = {o.name: o.shape for g in request.groups.values() for o in g.outputs}
-    placed = megatron_rules.to_megatron(rules.rules, shapes, dims, padded, layers, request.where)
+    placed = megatron_rules.to_megatron(
+        rules.rules, shapes, dims, padded, layers, request.where, latent=bool(signature.latent_attention)
+    )
     tied = "lm_head.weight" not in shapes
     dist_shapes, stacked = {}, {}
     for group in request.groups.values():
         outputs = []
         for output in group.outputs:
             where = placed[output.name]
-            dist_shapes[where.key], stacked[where.key] = where.shape, where.stacked
+            for key in (where.key, *where.also):
+                dist_shapes[key], stacked[key] = where.shape, where.stacked
             boxes = [Piece(where.key, start, rows, offsets) for start, rows, offsets in where.boxes]
             zeros = [(where.key, offsets, shape) for offsets, shape in where.zeros]
-            outputs.append(chunked(output, boxes, zeros=zeros))
+            outputs.append(chunked(output, boxes, zeros=zeros, also=where.also))
         group.outputs = outputs
-    args = {**moe, **megatron_args(config, shapes, options, padded, tied, request.dtype, request.where)}
+    try:
+        own = rules.args(config)
+    except CheckpointError as e:
+        raise UnshardError(f"{request.where}: {flag}: {family.name}: {e}") from None
+    args = {**moe, **megatron_args(config, shapes, options, padded, tied, request.dtype, request.where, own)}
     if options.to == VERL:
         return VerlMegatronFolder(args, dist_shapes, stacked)
     return MegatronFolder(args, dist_shapes, stacked)
@@ -153,9 +160,12 @@ def moe_args(config: dict[str, Any], signature, options, where: str) -> dict[str
     }
 
 
-def megatron_args(config: dict, shapes: dict, options, padded: int, tied: bool, dtype, where: str) -> dict[str, Any]:
+def megatron_args(
+    config: dict, shapes: dict, options, padded: int, tied: bool, dtype, where: str, own: dict[str, Any]
+) -> dict[str, Any]:
     """Megatron-LM's arguments for this model (its argument names), as its pretrain_gpt.py would hold them: what
-    its checkpoint loader compares with the run's, and what a converter reads back."""
+    its checkpoint loader compares with the run's, and what a converter reads back; the family's `own` over them
+    (latent attention's, which says its rotary embedding itself)."""
     heads = config["num_attention_heads"]
     groups = config.get("num_key_value_heads") or heads
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
@@ -163,7 +173,7 @@ def megatron_args(config: dict, shapes: dict, options, padded: int, tied: bool, 
     kind = rope.get("rope_type") or rope.get("type") or "default"
     if kind == "llama3":  # (Megatron-LM's --use-rope-scaling: Llama 3.1's, its factor)
         scaling = {"use_rope_scaling": True, "rope_scaling_factor": rope.get("factor", 8.0)}
-    elif kind != "default":
+    elif kind != "default" and "rope_type" not in own:
         raise UnshardError(
             f"{where}: --to {options.to}: rope scaling of type {kind!r} is not written into Megatron-LM's args yet "
             "(llama3's is)"
@@ -203,6 +213,7 @@ def megatron_args(config: dict, shapes: dict, options, padded: int, tied: bool, 
         "ckpt_format": "torch_dist",
         "use_dist_ckpt": True,
         "iteration": 0,
+        **own,
     }
 
 
@@ -315,7 +326,7 @@ def transformer_config(args: dict[str, Any]) -> dict[str, Any]:
         "tensor_model_parallel_size": args["tensor_model_parallel_size"],
         "pipeline_model_parallel_size": args["pipeline_model_parallel_size"],
         "virtual_pipeline_model_parallel_size": args["virtual_pipeline_model_parallel_size"],
-        "expert_model_parallel_size": 1,
+        "expert_model_parallel_size": args.get("expert_model_parallel_size", 1),
         "num_layers": args["num_layers"],
         "hidden_size": args["hidden_size"],
         "ffn_hidden_size": args["ffn_hidden_size"],

@@ -94,6 +94,7 @@ def to_hf(
         table = {**table, **VALUE_HEAD}
     unknown = []
     out: dict[str, SourceTensor] = {}
+    made_by: dict[str, str] = {}  # Hugging Face name -> the Megatron tensor it is read from
     experts: dict[tuple[str, Stacked], dict[int, SourceTensor]] = defaultdict(dict)
     for name, source in tensors.items():
         key, numbers = template(name)
@@ -107,6 +108,8 @@ def to_hf(
         kind, names = (PLAIN, (rule,)) if isinstance(rule, str) else (rule[0], rule[1:])
         for hf_template, shape, box in _boxes(kind, names, source.shape, dims, name):
             hf_name = hf_template.format(**numbers)
+            if made_by.setdefault(hf_name, name) != name and kind == PLAIN:
+                continue  # (a norm under each layer spec's name, as the way back writes it: SPEC_NAMES)
             target = out.setdefault(hf_name, SourceTensor(hf_name, shape, source.dtype, []))
             for piece in source.pieces:
                 block = compose(piece.block, box)
