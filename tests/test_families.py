@@ -194,6 +194,7 @@ TESTED = {
         "qwen3_moe": "megatron-qwen3moe-pp2-ep2-dp2",
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",
+        "gpt_oss": "megatron-gptoss-tp2-pp2-ep2",
     },
     # (test_way_back writes torchtitan's names from these fixtures' models and loads them in torchtitan)
     "to_torchtitan": {

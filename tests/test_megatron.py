@@ -305,7 +305,8 @@ def test_gpt_oss_from_every_layout(tmp_path, monkeypatch):
 
 def test_gpt_oss_args_transformers_cannot_compute_are_refused(tmp_path):
     """A gpt-oss whose args say a computation transformers' gpt-oss has not (another GLU offset) is refused in one
-    line, nothing written; and writing gpt-oss back into Megatron is refused in one line (not written yet)."""
+    line, nothing written; and so is writing back into Megatron a gpt-oss whose YaRN Megatron-LM's args cannot say
+    (an attention factor of its own)."""
     ckpt = copy_fixture(tmp_path, "torch", "megatron-gptoss-tp2-pp2-ep2")
     for path in (ckpt / "iter_0000010").glob("mp_rank_*/model_optim_rng.pt"):
         resave_rank_file(path, lambda state: setattr(state["args"], "glu_linear_offset", 0.5))
@@ -314,9 +315,12 @@ def test_gpt_oss_args_transformers_cannot_compute_are_refused(tmp_path):
     assert "a GLU offset other than 1 (--glu-linear-offset)" in err and str(ckpt) in err
     assert not (tmp_path / "out").exists()
     unshard.convert(SHIPPED / "megatron-gptoss-tp2-pp2-ep2" / "torch_dist", tmp_path / "hf", progress=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["rope_scaling"]["attention_factor"] = 1.2
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     code, _, err = run_cli("convert", tmp_path / "hf", tmp_path / "back", "--to", "megatron")
     assert code == 1 and err.count("\n") == 1
-    assert "experts kept in one tensor per layer are not written to Megatron yet" in err
+    assert "--to megatron: YaRN's attention_factor has no place in Megatron-LM's args" in err
     assert not (tmp_path / "back").exists()
 
 

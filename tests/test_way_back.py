@@ -23,6 +23,7 @@ from test_scale_out import torchrun
 import unshard
 from unshard.names import megatron_rules
 from unshard.sinks import dcp as dcp_sink
+from unshard.sources.megatron_hf import yarn_config
 from unshard.types import OutputOptions
 
 transformers = pytest.importorskip("transformers")
@@ -214,6 +215,23 @@ LATENT_ARGS = (
     "mscale",
     "mscale_all_dim",
 )
+GPT_OSS_ARGS = (
+    "quick_geglu",
+    "glu_linear_offset",
+    "activation_func_clamp_value",
+    "add_bias_linear",
+    "softmax_type",
+    "window_size",
+    "window_attn_skip_freq",
+    "position_embedding_type",
+    "yarn_rotary_scaling_factor",
+    "yarn_original_max_position_embeddings",
+    "yarn_beta_fast",
+    "yarn_beta_slow",
+    "yarn_mscale",
+    "yarn_mscale_all_dim",
+    "yarn_correction_range_round_to_int",
+)
 # (what Megatron-LM's arguments default to, where a fixture's older args do not name them)
 MEGATRON_LM_DEFAULTS = {
     "moe_layer_freq": 1,
@@ -234,10 +252,13 @@ MEGATRON = [
     # (DeepSeek-V3: latent attention with YaRN, a dense first layer, shared experts; its MTP layer is not written, as
     # transformers' model has none: megatron-core loads it built without one)
     "megatron-deepseekv3-tp2-pp2-ep2",
+    # (gpt-oss: each expert a row of transformers' fused tensors, turned back into SequentialMLP's, with its biases;
+    # the sinks, the window on every other layer, YaRN)
+    "megatron-gptoss-tp2-pp2-ep2",
 ]
 # (every case's tensors equal megatron-core's own checkpoint's, whose logits are the fixture's: the forward pass is
-# run again on two, the dense family with the most parts and latent attention, to show it)
-FORWARD = ("megatron-qwen2-tp2-pp2", "megatron-deepseekv3-tp2-pp2-ep2")
+# run again on three, the dense family with the most parts, latent attention and gpt-oss, to show it)
+FORWARD = ("megatron-qwen2-tp2-pp2", "megatron-deepseekv3-tp2-pp2-ep2", "megatron-gptoss-tp2-pp2-ep2")
 
 
 def norms_under_each_spec_name(dist) -> set[str]:
@@ -282,7 +303,8 @@ def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monke
         ours = vars(torch.load(dist / "common.pt", weights_only=False)["args"])
         trained = vars(torch.load(fixture / "torch_dist" / "iter_0000010" / "common.pt", weights_only=False)["args"])
         compared = MODEL_ARGS + (MOE_ARGS if trained.get("num_experts") else ())
-        for key in compared + (LATENT_ARGS if trained.get("multi_latent_attention") else ()):
+        compared += LATENT_ARGS if trained.get("multi_latent_attention") else ()
+        for key in compared + (GPT_OSS_ARGS if trained.get("quick_geglu") else ()):
             assert ours.get(key) == trained.get(key, MEGATRON_LM_DEFAULTS.get(key)), key
     else:  # (as verl's own fixture beside it: the same files but the tensors' chunks)
         dist = out / "actor" / "model" / "dist_ckpt"
@@ -410,10 +432,11 @@ def test_a_tied_head_is_stored_under_both_names(tmp_path):
     ).read_bytes()
 
 
-def test_megatron_args_say_llama3_rope_and_refuse_other_scalings(hf_model, tmp_path):
-    """Megatron-LM's args carry Llama 3.1's rope scaling (--use-rope-scaling and its factor); a scaling they cannot
-    say is refused rather than written as no scaling."""
-    for kind, factor in (("llama3", 32.0), ("yarn", 4.0)):
+def test_megatron_args_say_llama3_rope_and_yarn_and_refuse_other_scalings(hf_model, tmp_path):
+    """Megatron-LM's args carry Llama 3.1's rope scaling (--use-rope-scaling and its factor) and YaRN (the yarn_*
+    settings megatron-core's GPTModel reads: the Megatron reader's way back to the same rope_scaling); a scaling they
+    cannot say is refused rather than written as no scaling."""
+    for kind, factor in (("llama3", 32.0), ("yarn", 4.0), ("linear", 2.0)):
         src = tmp_path / f"{kind}-hf"
         shutil.copytree(hf_model, src)
         config = json.loads((src / "config.json").read_text())
@@ -421,11 +444,23 @@ def test_megatron_args_say_llama3_rope_and_refuse_other_scalings(hf_model, tmp_p
         config["rope_parameters"].update(low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
         (src / "config.json").write_text(json.dumps(config))
         out = tmp_path / f"{kind}-megatron"
-        if kind == "yarn":
-            with pytest.raises(unshard.UnshardError, match="rope scaling of type 'yarn'"):
+        if kind == "linear":
+            with pytest.raises(unshard.UnshardError, match="rope scaling of type 'linear'"):
                 unshard.convert(src, out, output=OutputOptions(to="megatron"), progress=False)
             assert not out.exists()
             continue
         unshard.convert(src, out, output=OutputOptions(to="megatron"), progress=False)
-        args = torch.load(out / "release" / "common.pt", weights_only=False)["args"]
-        assert args.use_rope_scaling and args.rope_scaling_factor == factor
+        args = vars(torch.load(out / "release" / "common.pt", weights_only=False)["args"])
+        if kind == "llama3":
+            assert args["use_rope_scaling"] and args["rope_scaling_factor"] == factor
+            continue
+        assert args["position_embedding_type"] == "yarn" and args["yarn_mscale"] is None
+        scaling = yarn_config(args)["rope_scaling"]
+        assert {
+            key: scaling[key] for key in ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow")
+        } == {
+            "factor": factor,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+        }

@@ -104,6 +104,30 @@ def megatron_config(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def megatron_args(config: dict[str, Any]) -> dict[str, Any]:
+    """Megatron-LM's gpt-oss args from config.json (megatron_config's other way): biases on every linear layer, the
+    learned sinks, the clamped SwiGLU, the window and the layers it is on (a period where the layers keep one, as
+    gpt-oss's every other layer, else one flag per layer)."""
+    layers = config["num_hidden_layers"]
+    sliding = [kind == "sliding_attention" for kind in config.get("layer_types") or ["full_attention"] * layers]
+    window, skip = None, None
+    if any(sliding):
+        window = (config["sliding_window"] - 1, 0)  # (Megatron's: the tokens before; transformers' counts the token)
+        periods = [k for k in range(2, layers + 1) if sliding == [(i + 1) % k != 0 for i in range(layers)]]
+        skip = None if all(sliding) else periods[0] if periods else [int(windowed) for windowed in sliding]
+    return {
+        "swiglu": False,
+        "quick_geglu": True,
+        "glu_linear_offset": 1.0,
+        "activation_func_clamp_value": config["swiglu_limit"],
+        "add_bias_linear": True,
+        "add_qkv_bias": False,  # (--add-bias-linear gives every linear layer, QKV's too, its bias)
+        "softmax_type": "learnable",
+        "window_size": window,
+        "window_attn_skip_freq": skip,
+    }
+
+
 def gpt_oss_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
     """The converter's GptOssModel's: the TextModel's, the sliding window, the experts' width."""
     text_hyperparameters(writer, hparams, ftype, blocks, folder)
@@ -173,6 +197,7 @@ FAMILIES = (
             MEGATRON,
             m.Signature(qkv_bias=True, experts=True, linear_bias=True, attention_sinks=True, activation="quick_geglu"),
             megatron_config,
+            megatron_args,
         ),
         meta_names=TORCHTITAN,
         fused_siblings=(("q_proj", "k_proj", "v_proj"),),
@@ -191,6 +216,7 @@ FAMILIES = (
             "quantize": "each expert's projections Linear layers, as llm-compressor makes them",
             "megatron_legacy": "attention sinks, biased experts, sliding window, YaRN",
             "megatron_dist": "attention sinks, biased experts, sliding window, YaRN",
+            "to_megatron": "each expert turned back into SequentialMLP's fc1 and fc2, with their biases",
             "meta_names": "torchtitan's names (its grouped experts turned as transformers holds them)",
         },
     ),

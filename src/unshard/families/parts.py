@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..names.megatron_rules import Signature
-from ..names.stacked import Stacked
 
 
 @dataclass(frozen=True)
@@ -192,6 +191,4 @@ class Family:
         found = rules.signature
         if found is None:
             return Unsupported("Megatron-LM's args cannot say this family (they would describe a Llama)")
-        if any(isinstance(rule, Stacked) for rule in rules.rules.values()):
-            return Unsupported("experts kept in one tensor per layer are not written to Megatron yet")
         return rules

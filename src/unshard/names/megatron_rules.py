@@ -16,7 +16,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-PLAIN, QKV, GATE_UP, VOCAB = "plain", "qkv", "gate_up", "vocab"
+from .stacked import Stacked
+
+PLAIN, QKV, GATE_UP, VOCAB, STACKED = "plain", "qkv", "gate_up", "vocab", "stacked"
 
 # Tensor-parallel split of each Megatron parameter in the per-rank files, by its last two name parts:
 # 0 for column- (and vocabulary-) parallel, 1 for row-parallel; every other parameter is replicated.
@@ -191,6 +193,7 @@ class Placed:
     zeros: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
     stacked: int = 0  # leading axes that stack layers or experts
     also: tuple[str, ...] = ()  # other dist keys the same boxes are written under (SPEC_NAMES)
+    turn: Stacked | None = None  # a tensor of a layer's experts, each turned back into Megatron's (names.stacked)
 
 
 # megatron-core's layer specs save some norms under different names. Transformer Engine's fuses a norm into the next
@@ -229,9 +232,12 @@ def to_megatron(
     hold; None where the layers are not alike (dense layers before MoE ones), which megatron-core then keys each
     on its own (`decoder.layers.3.mlp.router.weight`), stacking only a layer's experts. `latent`: the attention is
     multi-latent (its norms are named per spec: SPEC_NAMES)."""
-    rules: list[tuple[re.Pattern, str, str, int]] = []  # (HF name pattern, Megatron key, kind, which part)
+    rules: list[tuple[re.Pattern, str, Any, int]] = []  # (HF name pattern, Megatron key, kind, which part)
     for key, rule in sorted(table.items(), key=lambda item: "layer_norm_weight" not in item[0]):
-        kind, names = (PLAIN, (rule,)) if isinstance(rule, str) else (rule[0], rule[1:])
+        if isinstance(rule, Stacked):
+            kind, names = rule, (rule.name,)
+        else:
+            kind, names = (PLAIN, (rule,)) if isinstance(rule, str) else (rule[0], rule[1:])
         for part, hf in enumerate(names):
             hf = re.escape(hf).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)")
             rules.append((re.compile(f"^{hf}$"), key, kind, part))
@@ -261,7 +267,9 @@ def to_megatron(
     return placed
 
 
-def _place(key: str, kind: str, part: int, shape, layer, expert, experts: int, dims: Shapes, padded: int, layers):
+def _place(
+    key: str, kind: str | Stacked, part: int, shape, layer, expert, experts: int, dims: Shapes, padded: int, layers
+):
     """Where one Hugging Face tensor goes: a layer's on the dist tensor's first axis, which stacks the layers, and an
     expert's on the next, which stacks the layer's experts (`decoder.layers.mlp.experts.experts.linear_fc1.weight`,
     [layers, experts, rows, columns], as megatron-core's sharded state dict holds SequentialMLP's experts)."""
@@ -271,6 +279,11 @@ def _place(key: str, kind: str, part: int, shape, layer, expert, experts: int, d
     if layers is None and layer is not None:  # (each layer keyed on its own)
         key, lead, stacked = key.replace(".{i}.", f".{layer}."), lead[1:], stacked[1:]
     dist_key = key.replace(".{i}.", ".").replace(".experts.{e}.", ".experts.experts.")
+    if isinstance(kind, Stacked):  # (a row per expert, each turned back, in its place on the experts' axis)
+        expert_shape = kind.expert(rest)
+        zero = (0,) * len(expert_shape)
+        boxes = tuple((e, 1, (*lead, e, *zero)) for e in range(rows))
+        return Placed(dist_key, (*stacked, rows, *expert_shape), boxes, stacked=len(stacked) + 1, turn=kind)
     zero = (0,) * len(rest)
     if kind == QKV:
         per_group, head = dims.heads // dims.groups, dims.head_dim

@@ -1,5 +1,6 @@
 """A kind of rule the name tables share (a family's Megatron and torchtitan tables): a trainer's tensor that is one
-expert, or the experts, of a tensor transformers keeps whole per layer, turned as transformers holds it."""
+expert, or the experts, of a tensor transformers keeps whole per layer, turned as transformers holds it (and turned
+back, where unshard writes the trainer's tensors)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,18 @@ class Stacked:
         if self.transposed:
             experts = experts.transpose(-1, -2)
         return experts.contiguous()
+
+    def expert(self, turned: tuple[int, ...]) -> tuple[int, ...]:
+        """The trainer's shape of one expert, from its shape as a row of the transformers tensor."""
+        return (*turned[:-2], turned[-1], turned[-2]) if self.transposed else turned
+
+    def unturned(self, rows):
+        """The other way (writing the trainer's tensors): rows (experts) of the transformers tensor, as numpy, turned
+        back into the trainer's experts, stacked."""
+        import numpy as np
+
+        if self.transposed:
+            rows = rows.swapaxes(-1, -2)
+        if self.interleaved:  # (gate 0, up 0, gate 1, ... -> gate rows, then up rows)
+            rows = rows.reshape(rows.shape[0], -1, 2, *rows.shape[2:]).swapaxes(1, 2).reshape(rows.shape)
+        return np.ascontiguousarray(rows)

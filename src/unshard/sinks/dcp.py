@@ -30,6 +30,7 @@ from .. import dtypes, families
 from ..errors import UnshardError
 from ..families.parts import Unsupported
 from ..names import meta_rules
+from ..names.stacked import Stacked
 from ..types import FormatRequest, Group, OutputTensor, Plan
 from .hf_folder import HFFolder, copy_model_files
 from .safetensors import FileBytes, Part, SafetensorsFile, bytes_of
@@ -132,11 +133,14 @@ class Chunks:
     head_dim: int = 0  # rows of a q or k head to reorder; 0: none
     padding: int = 0  # how many of `stored`, at its end, are zeros
     copies: int = 0  # times the chunks are stored again under other names (a tied weight's other name)
+    turn: Stacked | None = None  # rows that are experts, turned back into the trainer's (gpt-oss's into Megatron's)
     surveys = False
 
     def encode(self, band, start: int) -> dict[str, Any]:
         import numpy as np
 
+        if self.turn is not None:
+            band = self.turn.unturned(band)
         if self.head_dim:
             half = self.head_dim // 2
             band = band.reshape(-1, 2, half, *band.shape[1:]).swapaxes(1, 2).reshape(band.shape)
@@ -165,10 +169,13 @@ class Piece:
     offsets: tuple[int, ...]
 
 
-def chunked(output: OutputTensor, pieces: list[Piece], head_dim: int = 0, zeros=(), also=()) -> OutputTensor:
+def chunked(
+    output: OutputTensor, pieces: list[Piece], head_dim: int = 0, zeros=(), also=(), turn: Stacked | None = None
+) -> OutputTensor:
     """The output with its encoding: each piece cut into chunks of whole rows, of CHUNK_BYTES at most where the
     rows allow (a scalar: itself, one chunk, no encoding); `zeros` (fqn, offsets, shape): boxes written as zeros;
-    `also`: other DCP names the same chunks are stored under (a tied weight's)."""
+    `also`: other DCP names the same chunks are stored under (a tied weight's); `turn`: each row an expert, stored
+    as the trainer holds it (names.stacked)."""
     if not output.shape:
         return output
     row_bytes = max(1, output.nbytes_as_is // max(1, output.shape[0]))
@@ -184,11 +191,12 @@ def chunked(output: OutputTensor, pieces: list[Piece], head_dim: int = 0, zeros=
         for at in range(0, piece.rows, per_chunk) if piece.rows else (0,):
             offsets = list(piece.offsets)
             offsets[row_axis] += at
-            shape = (1,) * row_axis + (min(per_chunk, piece.rows - at), *output.shape[1:])
+            inner = turn.expert(output.shape[1:]) if turn is not None else output.shape[1:]
+            shape = (1,) * row_axis + (min(per_chunk, piece.rows - at), *inner)
             stored.append(OutputTensor(_chunk_name(piece.fqn, offsets), shape, output.dtype))
     stored += [replace(c, name=f"{other}@{c.name.rpartition('@')[2]}") for other in also for c in list(stored)]
     stored += [OutputTensor(_chunk_name(fqn, offsets), shape, output.dtype) for fqn, offsets, shape in zeros]
-    encoding = Chunks(tuple(stored), per_chunk, head_dim, len(zeros), len(also))
+    encoding = Chunks(tuple(stored), per_chunk, head_dim, len(zeros), len(also), turn)
     return OutputTensor(output.name, output.shape, output.dtype, encoding)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import families
 from ..errors import CheckpointError, UnshardError
-from ..families.gguf_hooks import first_of
+from ..families.gguf_hooks import first_of, rope_parameters
 from ..families.parts import Unsupported
 from ..names import megatron_rules
 from ..types import FormatRequest, Plan
@@ -80,7 +80,7 @@ def plan_sink(request: FormatRequest) -> MegatronFolder:
                 dist_shapes[key], stacked[key] = where.shape, where.stacked
             boxes = [Piece(where.key, start, rows, offsets) for start, rows, offsets in where.boxes]
             zeros = [(where.key, offsets, shape) for offsets, shape in where.zeros]
-            outputs.append(chunked(output, boxes, zeros=zeros, also=where.also))
+            outputs.append(chunked(output, boxes, zeros=zeros, also=where.also, turn=where.turn))
         group.outputs = outputs
     try:
         own = rules.args(config)
@@ -142,6 +142,8 @@ def moe_args(config: dict[str, Any], signature, options, where: str) -> dict[str
             "moe_router_pre_softmax": not config.get("norm_topk_prob", True),
             "moe_router_enable_expert_bias": False,
             "moe_router_topk_scaling_factor": None,
+            "moe_router_num_groups": None,
+            "moe_router_group_topk": None,
         }
     if bool(config.get("norm_topk_prob", True)) != (topk > 1):
         raise UnshardError(
@@ -168,18 +170,10 @@ def megatron_args(
     (latent attention's, which says its rotary embedding itself)."""
     heads = config["num_attention_heads"]
     groups = config.get("num_key_value_heads") or heads
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    scaling = {}
-    kind = rope.get("rope_type") or rope.get("type") or "default"
-    if kind == "llama3":  # (Megatron-LM's --use-rope-scaling: Llama 3.1's, its factor)
-        scaling = {"use_rope_scaling": True, "rope_scaling_factor": rope.get("factor", 8.0)}
-    elif kind != "default" and "rope_type" not in own:
-        raise UnshardError(
-            f"{where}: --to {options.to}: rope scaling of type {kind!r} is not written into Megatron-LM's args yet "
-            "(llama3's is)"
-        )
+    rope = rope_parameters(config)[1]
+    # (latent attention says its rotary embedding itself: its own args' rope_type)
+    scaling = {} if "rope_type" in own else rope_scaling_args(rope, f"{where}: --to {options.to}")
     return {
-        **scaling,
         "num_layers": config["num_hidden_layers"],
         "hidden_size": config["hidden_size"],
         "ffn_hidden_size": config["intermediate_size"],
@@ -197,8 +191,8 @@ def megatron_args(
         "add_qkv_bias": any(name.endswith("self_attn.q_proj.bias") for name in shapes),
         "qk_layernorm": any(name.endswith("self_attn.q_norm.weight") for name in shapes),
         "position_embedding_type": "rope",
-        "rotary_base": rope.get("rope_theta", config.get("rope_theta", 10000)),
-        "rotary_percent": config.get("partial_rotary_factor", 1.0),
+        "rotary_base": rope.get("rope_theta", 10000),
+        "rotary_percent": rope.get("partial_rotary_factor", 1.0),
         "rotary_interleaved": False,
         "untie_embeddings_and_output_weights": not tied,
         "tensor_model_parallel_size": options.tp,
@@ -213,7 +207,35 @@ def megatron_args(
         "ckpt_format": "torch_dist",
         "use_dist_ckpt": True,
         "iteration": 0,
+        **scaling,
         **own,
+    }
+
+
+def rope_scaling_args(rope: dict[str, Any], refused: str) -> dict[str, Any]:
+    """Megatron's args of the rotary embedding's scaling: Llama 3.1's (Megatron-LM's --use-rope-scaling, its factor);
+    YaRN's (--position-embedding-type yarn and the yarn_* settings megatron-core's GPTModel reads, as
+    sources/megatron_hf.yarn_config reads them back: mscale and mscale_all_dim only where transformers divides by
+    them, both given); another scaling is refused (`refused`: who says so) rather than written as none."""
+    kind = rope.get("rope_type") or "default"
+    if kind == "default":
+        return {}
+    if kind == "llama3":
+        return {"use_rope_scaling": True, "rope_scaling_factor": rope.get("factor", 8.0)}
+    if kind != "yarn":
+        raise UnshardError(f"{refused}: rope scaling of type {kind!r} is not written into Megatron-LM's args yet")
+    if rope.get("attention_factor") is not None:
+        raise UnshardError(f"{refused}: YaRN's attention_factor has no place in Megatron-LM's args")
+    both = bool(rope.get("mscale") and rope.get("mscale_all_dim"))
+    return {
+        "position_embedding_type": "yarn",
+        "yarn_rotary_scaling_factor": rope["factor"],
+        "yarn_original_max_position_embeddings": rope["original_max_position_embeddings"],
+        "yarn_beta_fast": float(rope.get("beta_fast") or 32),
+        "yarn_beta_slow": float(rope.get("beta_slow") or 1),
+        "yarn_mscale": rope["mscale"] if both else None,
+        "yarn_mscale_all_dim": rope["mscale_all_dim"] if both else None,
+        "yarn_correction_range_round_to_int": bool(rope.get("truncate", True)),
     }
 
 
