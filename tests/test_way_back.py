@@ -201,6 +201,7 @@ MOE_ARGS = (
     "moe_router_num_groups",
     "moe_router_group_topk",
     "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
 )
 LATENT_ARGS = (
     "multi_latent_attention",
@@ -255,6 +256,9 @@ MEGATRON = [
     # (gpt-oss: each expert a row of transformers' fused tensors, turned back into SequentialMLP's, with its biases;
     # the sinks, the window on every other layer, YaRN)
     "megatron-gptoss-tp2-pp2-ep2",
+    # (GroupedMLP's experts, each split over ETP 2: megatron-core's dist format for them is SequentialMLP's, which
+    # unshard writes; loaded into GroupedMLP at the fixture's TP 2 and ETP 2)
+    "megatron-qwen3moe-gmm-tp2-ep2-etp2",
 ]
 # (every case's tensors equal megatron-core's own checkpoint's, whose logits are the fixture's: the forward pass is
 # run again on three, the dense family with the most parts, latent attention and gpt-oss, to show it)
@@ -293,7 +297,13 @@ def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monke
     src, out = tmp_path / "hf", tmp_path / "global_step_10"
     unshard.convert(fixture / "torch_dist", src, progress=False)
     monkeypatch.setattr(dcp_sink, "CHUNK_BYTES", 2048)  # (chunks smaller than a rank's shard)
-    sizes = {"tp": info["tp"], "pp": info["pp"], "vpp": info["vpp"], "ep": info.get("ep", 1)}
+    sizes = {
+        "tp": info["tp"],
+        "pp": info["pp"],
+        "vpp": info["vpp"],
+        "ep": info.get("ep", 1),
+        "etp": info.get("etp") or 1,
+    }
     options = OutputOptions(to=layout, vocab_divisible=64, **sizes)
     unshard.convert(src, out, output=options, progress=False, verify=True)
     if layout == "megatron":
@@ -409,6 +419,8 @@ def test_megatron_refusals(hf_model, tmp_path):
     mixtral = SHIPPED / "mixtral-fsdp2" / "global_step_1" / "actor"
     code, _, err = run_cli("convert", mixtral, tmp_path / "out", "--to", "megatron", "--ep", "2")
     assert code == 1 and "3 experts do not split over --ep 2" in err and not (tmp_path / "out").exists()
+    code, _, err = run_cli("convert", mixtral, tmp_path / "out", "--to", "megatron", "--etp", "3")
+    assert code == 1 and "40 experts' rows do not split over --etp 3" in err and not (tmp_path / "out").exists()
 
 
 def test_a_tied_head_is_stored_under_both_names(tmp_path):

@@ -39,6 +39,7 @@ class OutputOptions:
     pp: int = 1
     vpp: int | None = None
     ep: int = 1  # --to megatron: the expert parallelism the args record (the experts split over it)
+    etp: int = 1  # --to megatron: the experts' own tensor parallelism the args record (each expert split over it)
     vocab_divisible: int = 128  # Megatron-LM's --make-vocab-size-divisible-by
     world_size: int = 1  # --to fsdp: the ranks the rank files are for
     mesh_device: str = "cuda"  # --to fsdp: the device type of the run's device mesh (which FSDP's loading compares)

@@ -156,6 +156,9 @@ def _format_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vpp", type=int, help="with --to [verl-]megatron: the virtual pipeline stages per pipeline rank")
     p.add_argument("--ep", type=int, default=1, help="with --to [verl-]megatron: the expert parallelism")
     p.add_argument(
+        "--etp", type=int, default=1, help="with --to [verl-]megatron: the experts' tensor parallelism (default 1)"
+    )
+    p.add_argument(
         "--make-vocab-size-divisible-by",
         type=int,
         default=128,

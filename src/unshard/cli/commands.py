@@ -31,6 +31,7 @@ def _output(args, out: str):
         pp=args.pp,
         vpp=args.vpp,
         ep=args.ep,
+        etp=args.etp,
         vocab_divisible=args.make_vocab_size_divisible_by,
         world_size=args.world_size,
         mesh_device=args.mesh_device,

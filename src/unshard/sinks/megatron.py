@@ -94,7 +94,7 @@ def plan_sink(request: FormatRequest) -> MegatronFolder:
 
 def _check_parallelism(config: dict[str, Any], moe: dict[str, Any], options, where: str) -> None:
     """A model megatron-core can build at this parallelism: heads, query groups and the MLP split evenly over TP,
-    layers over the pipeline's stages, experts over EP."""
+    layers over the pipeline's stages, experts over EP and each expert's rows over ETP."""
     stages = options.pp * (options.vpp or 1)
     for what, size, parts, flag in (
         ("attention heads", config["num_attention_heads"], options.tp, "--tp"),
@@ -102,6 +102,7 @@ def _check_parallelism(config: dict[str, Any], moe: dict[str, Any], options, whe
         ("MLP rows", config["intermediate_size"], options.tp, "--tp"),
         ("layers", config["num_hidden_layers"], stages, "--pp times --vpp"),
         ("experts", moe.get("num_experts") or options.ep, options.ep, "--ep"),
+        ("experts' rows", moe.get("moe_ffn_hidden_size") or options.etp, options.etp, "--etp"),
     ):
         if parts < 1 or size % parts:
             raise UnshardError(
@@ -132,7 +133,7 @@ def moe_args(config: dict[str, Any], signature, options, where: str) -> dict[str
         "moe_layer_freq": [int(layer not in dense) for layer in range(layers)] if dense else 1,
         "moe_grouped_gemm": False,
         "expert_model_parallel_size": options.ep,
-        "expert_tensor_parallel_size": 1,
+        "expert_tensor_parallel_size": options.etp,
     }
     if not signature.sigmoid_router:
         # (Megatron's default, top-k then softmax, renormalises the chosen experts' weights; softmax first does not)
