@@ -28,6 +28,7 @@ KINDS = {
     "mmproj": MmprojPart,
     "moe_layout": MoELayout,
     "torchtitan_names": dict,
+    "torchtune_names": dict,
 }
 
 
@@ -202,6 +203,13 @@ TESTED = {
         "qwen3": "torchtitan-qwen3-fsdp2",
         "qwen3_moe": "torchtitan-qwen3moe-fsdp2",
         "deepseek_v3": "torchtitan-deepseekv3-fsdp2",
+    },
+    # (test_way_back writes torchtune's names from these fixtures' models and loads them in torchtune)
+    "to_torchtune": {
+        "llama": "torchtune-llama3-fsdp2",
+        "qwen2": "torchtune-qwen2-fsdp2",
+        "gemma": "torchtune-gemma-fsdp2",
+        "gemma2": "torchtune-gemma2-fsdp2",
     },
     "gguf": {
         "llama": "llama-fsdp2-spm",

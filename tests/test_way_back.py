@@ -139,6 +139,35 @@ def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
     torch.testing.assert_close(logits, hf_logits(src, oracle["tokens"]), atol=atol, rtol=0)
 
 
+@pytest.mark.parametrize("model", ["llama3", "qwen2", "gemma", "gemma2"])
+def test_torchtune_loads_its_names(model, tmp_path, monkeypatch):
+    """torchtune's checkpoint (its DistributedCheckpointer's, FSDP2 at two ranks) as a Hugging Face folder, written
+    back with torchtune's names: torchtune's DistributedCheckpointer loads it into its own model, every tensor equal
+    to torchtune's own single-file save of the model (Gemma's tied head no tensor of its own, Gemma 2's MLP norms by
+    what torchtune computes), and its logits are torchtune's before saving; converted back, the source's bytes."""
+    fixture = SHIPPED / f"torchtune-{model}-fsdp2"
+    src, out = tmp_path / "hf", tmp_path / "dcp"
+    unshard.convert(fixture / "dist_epoch_0", src, config_from=fixture / "hf", progress=False)
+    monkeypatch.setattr(dcp_sink, "CHUNK_BYTES", 1024)
+    to_dcp(src, out, "torchtune")
+    oracle = torch.load(fixture / "reference" / "logits.pt")
+    torch.save(oracle["tokens"], tmp_path / "tokens.pt")
+    tune = fixture / "epoch_0" / "model-00001-of-00001.bin"
+    done = subprocess.run(
+        [str(peer_python("torchtune")), str(FIXTURES / "dcp_loaders.py"), "torchtune", "--model", model]
+        + [*loader_files(tmp_path), "--tune", str(tune)],
+        capture_output=True,
+        text=True,
+        cwd=FIXTURES,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), oracle["logits"], atol=1e-5, rtol=0)
+    unshard.convert(out, tmp_path / "back", progress=False)
+    assert (tmp_path / "back" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+
+
 @pytest.mark.parametrize("to, folder", [("dcp", ""), ("megatron", "release")])
 def test_workers_write_the_same_files(to, folder, hf_model, tmp_path):
     """--workers deals the .distcp files out to processes: the same files, the same places in `.metadata`."""
@@ -158,6 +187,10 @@ def test_refusals_are_one_line_and_write_nothing(hf_model, tmp_path):
     qwen2 = SHIPPED / "qwen2-fsdp2" / "global_step_1" / "actor"
     cases = [
         ((qwen2, "--to", "dcp", "--names", "torchtitan"), "--names torchtitan: Qwen2: "),
+        (
+            (SHIPPED / "qwen3-fsdp2-spm" / "global_step_1" / "actor", "--to", "dcp", "--names", "torchtune"),
+            "--names torchtune: Qwen3: torchtune's names are written for Llama, Qwen2, Gemma and Gemma 2 so far",
+        ),
         ((hf_model, "--to", "dcp", "--quantize", "W4A16"), "leave out --quantize"),
     ]
     for args, expected in cases:

@@ -166,10 +166,10 @@ def _format_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--names",
-        choices=("hf", "torchtitan"),
+        choices=("hf", "torchtitan", "torchtune"),
         default="hf",
-        help="with --to dcp: the tensors' names, Hugging Face's (default; FSDP2 on a transformers model) or "
-        "torchtitan's (Llama, Qwen3)",
+        help="with --to dcp: the tensors' names, Hugging Face's (default; FSDP2 on a transformers model), "
+        "torchtitan's or torchtune's (`unshard families` says for which families)",
     )
 
 

@@ -75,6 +75,7 @@ PATHS = {
     "meta_names": ("torchtitan/torchtune", "meta_names"),
     "to_megatron": ("to Megatron", "megatron_out"),  # --to megatron (torch_dist)
     "to_torchtitan": ("to torchtitan", "torchtitan_names"),  # --to dcp --names torchtitan (--names hf: every family)
+    "to_torchtune": ("to torchtune", "torchtune_names"),  # --to dcp --names torchtune
     "quantize": ("--quantize", "fused_siblings"),
     "gguf": ("GGUF", "gguf"),
     "mmproj": ("GGUF mmproj", "mmproj"),

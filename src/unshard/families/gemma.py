@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
 from .gguf_hooks import check_query_scale, gguf_quiet, json_or_empty, special_vocab, text_hyperparameters
-from .llama import SIBLINGS, TEXT_ONLY, TORCHTUNE, TORCHTUNE_ENDS, L
+from .llama import SIBLINGS, TEXT_ONLY, TORCHTUNE, TORCHTUNE_ENDS, TORCHTUNE_LLAMA, L
 from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, MmprojPart, Unsupported
 
 # torchtune's Gemma 2: Gemma's names, its final norm inside a module that also caps, and a layer's four norms by what
@@ -229,7 +229,8 @@ FAMILIES = (
         ),
         megatron=MEGATRON,
         # torchtune's Gemma: Llama's torchtune names (q and k rows permuted as Llama's), the head tied to the embedding
-        meta_names={**TORCHTUNE, **TORCHTUNE_ENDS},
+        meta_names=TORCHTUNE_LLAMA,
+        torchtune_names=TORCHTUNE_LLAMA,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart(
             "GEMMA", hyperparameters=gemma_hyperparameters, after_vocabulary=gemma_after_vocabulary, norm_shift=1.0
@@ -253,6 +254,7 @@ FAMILIES = (
         ),
         megatron=MEGATRON,
         meta_names=TORCHTUNE_GEMMA2,
+        torchtune_names=TORCHTUNE_GEMMA2,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart(
             "GEMMA2", hyperparameters=gemma2_hyperparameters, after_vocabulary=no_space_prefix, norm_shift=1.0

@@ -60,6 +60,7 @@ TORCHTUNE_ENDS = {
     "tok_embeddings.weight": ("model.embed_tokens.weight", None),
     "output.weight": ("lm_head.weight", None),
 }
+TORCHTUNE_LLAMA = {**TORCHTUNE, **TORCHTUNE_ENDS}
 
 # The Linear layers vLLM runs as one (--quantize's shared global scales) in Llama's layout
 SIBLINGS = (("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj"))
@@ -139,6 +140,7 @@ FAMILIES = (
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family: merge-moe assembles Mixtral or Qwen MoE from it", applies=False),
         torchtitan_names=TORCHTITAN,
+        torchtune_names=TORCHTUNE_LLAMA,
     ),
     Family(
         "Mistral",

@@ -175,6 +175,10 @@ class Family:
     torchtitan_names: dict[str, Any] | Unsupported = Unsupported(
         "torchtitan's names are written for Llama, Qwen3, Qwen3-MoE and DeepSeek-V3 so far"
     )
+    # The names torchtune's model gives this family (what `--to dcp --names torchtune` writes), among meta_names
+    torchtune_names: dict[str, Any] | Unsupported = Unsupported(
+        "torchtune's names are written for Llama, Qwen2, Gemma and Gemma 2 so far"
+    )
     notes: dict[str, str] = field(default_factory=dict)  # path -> what to know where it says yes
     # --quantize: parameters transformers keeps fused on disk (gpt-oss's experts) that llm-compressor makes Linear
     # layers of before quantizing (linearize_moe): (name, shape, hparams, where) -> a Rearrangement into stacks of one

@@ -42,6 +42,7 @@ FAMILIES = (
         ),
         megatron=MegatronRules(MEGATRON_RULES, m.Signature(qkv_bias=True)),
         meta_names=TORCHTUNE_QWEN2,
+        torchtune_names=TORCHTUNE_QWEN2,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart("QWEN2"),
         mmproj=TEXT_ONLY,

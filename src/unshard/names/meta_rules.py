@@ -136,10 +136,15 @@ class MetaName:
 
 
 def to_meta(
-    table: dict[str, Any], family: str, shapes: dict[str, tuple[int, ...]], config: dict[str, Any], where: str
+    table: dict[str, Any],
+    family: str,
+    shapes: dict[str, tuple[int, ...]],
+    config: dict[str, Any],
+    where: str,
+    trainer: str = "torchtitan",
 ) -> tuple[dict[str, MetaName], dict[str, tuple[int, ...]]]:
-    """The other way (writing torchtitan's names): Hugging Face name -> MetaName; and each stacked tensor's shape
-    (experts first). Every name must have a rule."""
+    """The other way (writing torchtitan's or torchtune's names): Hugging Face name -> MetaName; and each stacked
+    tensor's shape (experts first). Every name must have a rule."""
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     rules, zeros_of = [], {}
@@ -177,7 +182,7 @@ def to_meta(
         from ..errors import UnshardError
 
         raise UnshardError(
-            f"{where}: {len(unknown)} tensors have no torchtitan name in unshard's table of {family} names (e.g. "
+            f"{where}: {len(unknown)} tensors have no {trainer} name in unshard's table of {family} names (e.g. "
             f"{unknown[0]}); --names hf writes the Hugging Face names"
         )
     return renamed, stacked_shapes

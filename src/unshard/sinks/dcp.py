@@ -10,9 +10,11 @@ FSDP2's row shards are, so memory is a chunk, however large the tensor. Each chu
 in advance (a torch.save archive's size follows from its dtype and shape: `archive_bytes`), so the file is written
 by any thread in any order, as the safetensors files are.
 
-Names: the Hugging Face names (`--names hf`, what FSDP2 on a transformers model loads), or torchtitan's
+Names: the Hugging Face names (`--names hf`, what FSDP2 on a transformers model loads), torchtitan's
 (`--names torchtitan`, the family's `torchtitan_names`, Llama's q and k rows reordered per head for torchtitan's
-interleaved rotary). Only the weights: a trainer starts its optimizer afresh from them.
+interleaved rotary) or torchtune's (`--names torchtune`, the family's `torchtune_names`, nested under `model.` as
+its DistributedCheckpointer saves a recipe's state). Only the weights: a trainer starts its optimizer afresh from
+them.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from .hf_folder import HFFolder, copy_model_files
 from .safetensors import FileBytes, Part, SafetensorsFile, bytes_of
 
 SUMMARY_KEY = "dcp"
-NAMES = ("hf", "torchtitan")
+NAMES = ("hf", "torchtitan", "torchtune")
+# (torchtune's DistributedCheckpointer nests the model's state dict under "model", which DCP flattens)
+PREFIX = {"torchtune": "model."}
 CHUNK_BYTES = 16 << 20  # of a tensor's rows per chunk: what a writing thread holds of it
 METADATA = ".metadata"
 
@@ -51,8 +55,9 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
     if request.separate_adapter:
         raise UnshardError(f"{request.where}: --to dcp writes the model's weights only: use --lora merge")
     outputs = [o.name for g in request.groups.values() for o in g.outputs]
-    config = model_config(request, "--names torchtitan" if options.names != "hf" else None)
-    tied = tied_head(config, outputs)
+    config = model_config(request, f"--names {options.names}" if options.names != "hf" else None)
+    # (torchtune's tied head is the embedding's own weight: no name of its own)
+    tied = tied_head(config, outputs) if options.names != "torchtune" else {}
     shapes = {o.name: o.shape for g in request.groups.values() for o in g.outputs}
     shapes.update((head, shapes[embedding]) for embedding, head in tied.items())
     renamed, stacked = _names(options.names, request, config, shapes)
@@ -98,13 +103,19 @@ def _names(
     if names not in NAMES:
         raise UnshardError(f"--names {names!r}: give one of {', '.join(NAMES)}")
     family = families.by_model_type(request.model_type)
-    table = family.torchtitan_names if family is not None else Unsupported("not a family unshard knows")
+    table = getattr(family, f"{names}_names") if family is not None else Unsupported("not a family unshard knows")
     if isinstance(table, Unsupported):
         what = family.name if family is not None else f"model_type {request.model_type!r}"
         raise UnshardError(
-            f"{request.where}: --names torchtitan: {what}: {table.reason}; --names hf writes the Hugging Face names"
+            f"{request.where}: --names {names}: {what}: {table.reason}; --names hf writes the Hugging Face names"
         )
-    return meta_rules.to_meta(table, family.name, shapes, config, request.where)
+    renamed, stacked = meta_rules.to_meta(table, family.name, shapes, config, request.where, names)
+    prefix = PREFIX.get(names, "")
+    renamed = {
+        name: replace(to, fqn=prefix + to.fqn, zeros=tuple((prefix + fqn, rows) for fqn, rows in to.zeros))
+        for name, to in renamed.items()
+    }
+    return renamed, {prefix + fqn: shape for fqn, shape in stacked.items()}
 
 
 def model_config(request: FormatRequest, needed_by: str | None = None) -> dict[str, Any]:
@@ -265,7 +276,7 @@ class DCPFolder(HFFolder):
         return WrittenDCPFile(path, self.chunks[path.name])
 
     def finish(self, plan: Plan, folder: Path, digests: dict[str, str | None], extra_files: dict[str, str] | None):
-        write_metadata(plan, folder, self.shapes)
+        write_metadata(plan, folder, self.shapes, nest=PREFIX.get(self.names, ""))
         copied = copy_model_files(plan.config_folder, folder, plan.dtype.name, plan.config_updates)
         return [METADATA, *copied], []
 
@@ -276,7 +287,7 @@ class DCPFolder(HFFolder):
         ]
 
     def _said(self) -> str:
-        return {"hf": "Hugging Face", "torchtitan": "torchtitan's"}[self.names]
+        return {"hf": "Hugging Face", "torchtitan": "torchtitan's", "torchtune": "torchtune's"}[self.names]
 
     def summary(self) -> dict[str, Any]:
         return {SUMMARY_KEY: {"names": self.names}}
@@ -290,10 +301,15 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def write_metadata(
-    plan: Plan, folder: Path, shapes: dict[str, tuple[int, ...]], objects: dict[str, bytes] | None = None
+    plan: Plan,
+    folder: Path,
+    shapes: dict[str, tuple[int, ...]],
+    objects: dict[str, bytes] | None = None,
+    nest: str = "",
 ) -> list[str]:
     """`.metadata` in `folder` as DCP's writer pickles it: each tensor's dtype, whole shape and chunks, each chunk's
-    file and bytes; and `objects` (name -> their bytes: what a DCP writer stores as BytesIO) in a file of their own.
+    file and bytes; and `objects` (name -> their bytes: what a DCP writer stores as BytesIO) in a file of their own;
+    `nest`: the prefix of names nested in a dict of the state dict (`model.`), whose path DCP's planner keeps.
     The files written."""
     import torch
     from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -334,7 +350,9 @@ def write_metadata(
         written.append(name)
     metadata = Metadata(
         tensors,
-        planner_data={fqn: (fqn,) for fqn in tensors},
+        planner_data={
+            fqn: (nest[:-1], fqn[len(nest) :]) if nest and fqn.startswith(nest) else (fqn,) for fqn in tensors
+        },
         storage_data=storage,
         storage_meta=StorageMeta(save_id=str(uuid.uuid4())),
     )
