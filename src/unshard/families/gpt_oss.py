@@ -200,6 +200,7 @@ FAMILIES = (
             megatron_args,
         ),
         meta_names=TORCHTITAN,
+        torchtitan_names=TORCHTITAN,
         fused_siblings=(("q_proj", "k_proj", "v_proj"),),
         linearized=linear_experts,
         gguf=GGUFPart(

@@ -127,12 +127,14 @@ def rename(
 class MetaName:
     """Where a Hugging Face tensor goes among a trainer's names: tensor `fqn`, at index `stacked` of its first axis
     (an expert of grouped experts) or whole (()); q or k rows reordered from halves to interleaved pairs in heads of
-    `rotary_heads` (0: none); `zeros`: (name, rows) of a tensor of zeros written beside it (see Zeros)."""
+    `rotary_heads` (0: none); `zeros`: (name, rows) of a tensor of zeros written beside it (see Zeros); `turn`: a
+    tensor of a layer's experts, each turned back as the trainer holds it (gpt-oss's: names.stacked)."""
 
     fqn: str
     rotary_heads: int = 0
     stacked: tuple[int, ...] = ()
     zeros: tuple[tuple[str, int], ...] = ()
+    turn: Stacked | None = None
 
 
 def to_meta(
@@ -152,20 +154,20 @@ def to_meta(
         if isinstance(rule, Zeros):
             zeros_of.setdefault(rule.rows_of, []).append(meta)
             continue
-        if isinstance(rule, (Fused, Stacked)):  # (read only: their tensors have no place, which the end says)
+        if isinstance(rule, Fused):  # (read only: their tensors have no place, which the end says)
             continue
-        hf, rotary = rule
+        hf, rotary, turn = (rule.name, None, rule) if isinstance(rule, Stacked) else (*rule, None)
         pattern = re.escape(hf).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)")
-        rules.append((re.compile(f"^{pattern}$"), hf, meta, {"q": heads, "k": kv_heads}.get(rotary or "", 0)))
+        rules.append((re.compile(f"^{pattern}$"), hf, meta, {"q": heads, "k": kv_heads}.get(rotary or "", 0), turn))
     renamed, stacked_shapes, unknown = {}, {}, []
     for name, shape in shapes.items():
-        for pattern, hf, meta, rotary_heads in rules:
+        for pattern, hf, meta, rotary_heads, turn in rules:
             if match := pattern.match(name):
                 found = match.groupdict()
                 fqn = meta.format(i=found.get("i"))
                 zeros = tuple((z.format(i=found.get("i")), shape[0]) for z in zeros_of.get(hf, ()))
                 stacked = (int(found["e"]),) if "e" in found else ()
-                renamed[name] = MetaName(fqn, rotary_heads, stacked, zeros)
+                renamed[name] = MetaName(fqn, rotary_heads, stacked, zeros, turn)
                 if stacked:
                     experts = max(stacked_shapes.get(fqn, (0,))[0], stacked[0] + 1)
                     stacked_shapes[fqn] = (experts, *shape)

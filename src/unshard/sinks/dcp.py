@@ -72,12 +72,13 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
             to = place(output.name)
             also = [place(tied[output.name]).fqn] if output.name in tied else []
             if not to.stacked:
-                dcp_shapes.update(dict.fromkeys([to.fqn, *also], output.shape))
+                shape = (output.shape[0], *to.turn.expert(output.shape[1:])) if to.turn else output.shape
+                dcp_shapes.update(dict.fromkeys([to.fqn, *also], shape))
             dcp_shapes.update((fqn, (rows,)) for fqn, rows in to.zeros)
             head_dim = output.shape[0] // to.rotary_heads if to.rotary_heads else 0
             whole = Piece(to.fqn, 0, output.shape[0] if output.shape else 0, (*to.stacked, *(0,) * len(output.shape)))
             zeros = [(fqn, (0,), (rows,)) for fqn, rows in to.zeros]
-            chunked_outputs.append(chunked(output, [whole], head_dim, zeros=zeros, also=also))
+            chunked_outputs.append(chunked(output, [whole], head_dim, zeros=zeros, also=also, turn=to.turn))
         group.outputs = chunked_outputs
     return DCPFolder(options.names, dcp_shapes)
 
