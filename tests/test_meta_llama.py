@@ -24,6 +24,7 @@ CASES_HERE = [
     "torchtitan-qwen3-fsdp2",
     "torchtitan-qwen3moe-fsdp2",
     "torchtitan-deepseekv3-fsdp2",
+    "torchtitan-deepseekv3mtp-fsdp2",
     "torchtitan-gptoss-fsdp2",
     "torchtune-qwen2-fsdp2",
     "torchtune-gemma-fsdp2",
@@ -33,7 +34,12 @@ CASES_HERE = [
 FRESH = [name for name in CASES_HERE if CASES[name].fresh]
 # torchtitan runs its grouped experts in bf16 (GroupedExperts casts the weights and tokens), transformers in fp32: the
 # MoE models' logits agree to bf16's rounding (the tensors themselves are compared bit for bit)
-ATOL = {"torchtitan-qwen3moe-fsdp2": 1e-3, "torchtitan-deepseekv3-fsdp2": 2e-4, "torchtitan-gptoss-fsdp2": 0.1}
+ATOL = {
+    "torchtitan-qwen3moe-fsdp2": 1e-3,
+    "torchtitan-deepseekv3-fsdp2": 2e-4,
+    "torchtitan-deepseekv3mtp-fsdp2": 2e-4,
+    "torchtitan-gptoss-fsdp2": 0.1,
+}
 # (torchtitan's gpt-oss computes in bf16 only, as its trainer shards it: measured 0.064 on logits of up to 4.25; its
 # experts' gate and up swapped gives 3.9, its sinks left out 1.5, its experts' output biases 1.2)
 
@@ -62,6 +68,9 @@ RENAMED = {"torchtune-gemma2-fsdp2": mlp_norms_swapped}
 # What unshard writes that the library's own converter leaves out: torchtitan 0.3's GptOssStateDictAdapter maps
 # `mlp1_weight` (not the model's `mlp1_weight_EGD`) to the Hub's MXFP4 `_blocks` names, so its to_hf has no experts
 BEYOND_REFERENCE = {"torchtitan-gptoss-fsdp2": ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")}
+# What the library's own converter writes that transformers' model has no place for (and unshard leaves out, saying
+# so): torchtitan's DeepSeekV3StateDictAdapter writes the MTP layer as a layer after the last (DeepSeek's release does)
+LEFT_OUT = {"torchtitan-deepseekv3mtp-fsdp2": "model.layers.3."}
 
 
 def check(name, fixture, out, src=None):
@@ -70,7 +79,9 @@ def check(name, fixture, out, src=None):
         fixture / (src or case.src), out, config_from=fixture / case.config_from, progress=False, verify=True
     )
     renamed = RENAMED.get(name, lambda tensor_name: tensor_name)
-    expected = {renamed(n): t for n, t in load_file(fixture / "reference" / "model.safetensors").items()}
+    reference = load_file(fixture / "reference" / "model.safetensors")
+    left_out = LEFT_OUT.get(name)
+    expected = {renamed(n): t for n, t in reference.items() if not (left_out and n.startswith(left_out))}
     written = load_file(out / "model.safetensors")
     beyond = [n for n in written if n.endswith(BEYOND_REFERENCE.get(name, ()))]
     assert sorted(set(written) - set(beyond)) == sorted(expected) and result.tensors == len(expected) + len(beyond)
@@ -114,15 +125,24 @@ def test_torchtunes_own_gemma2_converter_computes_another_model(tmp_path):
 
 
 def test_what_transformers_has_no_place_for_is_said():
-    """Qwen3 MoE's load-balancing bias is left out, and inspect says so; DeepSeek-V3's is its router's bias."""
+    """Qwen3 MoE's load-balancing bias is left out, and inspect says so; DeepSeek-V3's is its router's bias, but its
+    multi-token prediction layer is left out (and said)."""
     found = {}
-    for name in ("torchtitan-qwen3moe-fsdp2", "torchtitan-deepseekv3-fsdp2"):
+    for name in ("torchtitan-qwen3moe-fsdp2", "torchtitan-deepseekv3-fsdp2", "torchtitan-deepseekv3mtp-fsdp2"):
         fixture = SHIPPED / name
-        found[name] = unshard.inspect(fixture / CASES[name].src, config_from=fixture / "hf")
-    assert found["torchtitan-qwen3moe-fsdp2"]["dropped"] == [
-        "2 tensors: " + families.by_model_type("qwen3_moe").meta_names["layers.{i}.moe.expert_bias_E"].why
-    ]
-    assert "dropped" not in found["torchtitan-deepseekv3-fsdp2"]
+        found[name] = unshard.inspect(fixture / CASES[name].src, config_from=fixture / "hf")["skipped"]
+    bias = families.by_model_type("qwen3_moe").meta_names["layers.{i}.moe.expert_bias_E"].why
+    mtp = families.by_model_type("deepseek_v3").meta_names["mtp_layers."].why
+    assert found["torchtitan-qwen3moe-fsdp2"][bias] == 2 and bias not in found["torchtitan-deepseekv3-fsdp2"]
+    assert mtp not in found["torchtitan-deepseekv3-fsdp2"]
+    assert found["torchtitan-deepseekv3mtp-fsdp2"][mtp] == 21  # (the MTP block's own four, and a decoder layer's)
+    code, shown, _ = run_cli(
+        "inspect",
+        SHIPPED / "torchtitan-deepseekv3mtp-fsdp2" / "checkpoint" / "step-1",
+        "--config-from",
+        SHIPPED / "torchtitan-deepseekv3mtp-fsdp2" / "hf",
+    )
+    assert code == 0 and f"skipped      21 {mtp}" in shown
 
 
 @pytest.mark.parametrize("name, src", SINGLE_FILES)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import CheckpointError, ConfigMismatchError
 from ..names import megatron_rules as m
-from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS
+from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS, Dropped
 from .gguf_hooks import GATING_KEYS, first_of, gguf_quiet, rope_parameters, text_hyperparameters
 from .llama import TEXT_ONLY, TORCHTITAN_COMMON
 from .parts import NO_TABLE, Family, GGUFPart, MegatronRules, Rearrangement, Unsupported
@@ -72,6 +72,7 @@ TORCHTITAN = {
     },
     **TORCHTITAN_ROUTED_EXPERTS,
     T + "moe.expert_bias_E": (L + "mlp.gate.e_score_correction_bias", None),
+    "mtp_layers.": Dropped("DeepSeek-V3's multi-token prediction layers, which transformers' model has none of"),
 }
 
 
@@ -296,7 +297,7 @@ FAMILIES = (
             "megatron_legacy": "multi-latent attention, dense first layers; MTP layers are left out",
             "megatron_dist": "multi-latent attention, dense first layers; MTP layers are left out",
             "to_megatron": "multi-latent attention, dense first layers; no MTP layers (transformers' model has none)",
-            "meta_names": "torchtitan's names (its MTP layers are not mapped yet)",
+            "meta_names": "torchtitan's names; its MTP layers are left out with a note (transformers' model has none)",
         },
     ),
 )

@@ -12,7 +12,8 @@ kinds more: a Hugging Face name with {e} is one tensor per index of the first ax
 experts, [experts, rows, columns]: expert e's is `[e]`); `Stacked` (names/stacked.py): the grouped experts as one
 Hugging Face tensor, each expert turned (read only); `Fused`: rows of a Hugging Face tensor that fuses several
 (read only); `Zeros`: the trainer's state that no Hugging Face tensor holds (a load-balancing buffer), skipped when
-read, zeros when written (the trainer loads every name it has).
+read, zeros when written (the trainer loads every name it has); `Dropped`: a kind of layer the Hugging Face model has
+none of (DeepSeek-V3's MTP layers), skipped when read, not written.
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ class Zeros:
     zeros, one per row of the Hugging Face tensor `rows_of` (of the same layer)."""
 
     rows_of: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A table's rule for every trainer's tensor whose name starts with its key (a kind of layer, as DeepSeek-V3's
+    `mtp_layers.`) that the Hugging Face model has no place for: skipped when read (`why`), none written."""
+
     why: str
 
 
@@ -89,7 +98,11 @@ def rename(
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     renamed, transforms, skipped, unknown = {}, {}, {}, []
+    dropped = {prefix: rule for prefix, rule in table.items() if isinstance(rule, Dropped)}
     for name, shape in shapes.items():
+        if prefix := next((p for p in dropped if name.startswith(p)), None):
+            skipped[name] = dropped[prefix].why
+            continue
         match = LAYER.match(name)
         key = LAYER.sub("layers.{i}.", name) if match else name
         if key not in table:
@@ -154,7 +167,7 @@ def to_meta(
         if isinstance(rule, Zeros):
             zeros_of.setdefault(rule.rows_of, []).append(meta)
             continue
-        if isinstance(rule, Fused):  # (read only: their tensors have no place, which the end says)
+        if isinstance(rule, (Fused, Dropped)):  # (read only: their tensors have no place, which the end says)
             continue
         hf, rotary, turn = (rule.name, None, rule) if isinstance(rule, Stacked) else (*rule, None)
         pattern = re.escape(hf).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)")

@@ -54,8 +54,8 @@ class MetaNamed:
         self.tensors = dict(sorted(tensors.items())) if regrouped else tensors
         permuted = " (q/k rows permuted to Hugging Face's rotary layout)" if self.transforms else ""
         self.facts["naming"] = f"{trainer}'s {family.name} names{permuted}"
-        for why, count in Counter(skipped.values()).items():
-            self.facts.setdefault("dropped", []).append(f"{count} tensors: {why}")
+        # (what the Hugging Face model has no place for, counted as the other entries a conversion skips)
+        self.facts["skipped"] = {**self.facts.get("skipped", {}), **Counter(skipped.values())}
 
     def _turned(self, tensor: SourceTensor, rule: Stacked) -> SourceTensor:
         """Grouped experts as the Hugging Face tensor that holds each turned: read a band of experts at a time, each
