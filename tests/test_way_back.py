@@ -68,6 +68,22 @@ def loader_files(tmp_path) -> list[str]:
     ]
 
 
+def trainer_logits(trainer: str, model: str, tmp_path, compared: list[str]):
+    """The trainer's own model (in its venv) loaded from the DCP folder in tmp_path (fixtures/dcp_loaders.py), its
+    tensors `compared` with what the loader is given; its logits on tmp_path's tokens."""
+    done = subprocess.run(
+        [str(peer_python(trainer)), str(FIXTURES / "dcp_loaders.py"), trainer, "--model", model]
+        + [*loader_files(tmp_path), *compared],
+        capture_output=True,
+        text=True,
+        cwd=FIXTURES,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(tmp_path / "logits.pt")
+
+
 def hf_logits(folder, tokens):
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     with torch.no_grad():
@@ -126,24 +142,7 @@ def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
     to_dcp(src, tmp_path / "dcp", "torchtitan")
     oracle = torch.load(fixture / "reference" / "logits.pt")
     torch.save(oracle["tokens"], tmp_path / "tokens.pt")
-    done = subprocess.run(
-        [
-            str(peer_python("torchtitan")),
-            str(FIXTURES / "dcp_loaders.py"),
-            "torchtitan",
-            "--model",
-            model,
-            *loader_files(tmp_path),
-            *compared,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=FIXTURES,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    logits = torch.load(tmp_path / "logits.pt")
+    logits = trainer_logits("torchtitan", model, tmp_path, compared)
     # torchtitan's own, before saving (gpt-oss's trained in bf16 throughout, by FSDP's mixed precision: here only its
     # experts are, which torchtitan casts to bf16)
     expected = oracle["logits"].float()
@@ -167,17 +166,8 @@ def test_torchtune_loads_its_names(model, tmp_path, monkeypatch):
     oracle = torch.load(fixture / "reference" / "logits.pt")
     torch.save(oracle["tokens"], tmp_path / "tokens.pt")
     tune = fixture / "epoch_0" / "model-00001-of-00001.bin"
-    done = subprocess.run(
-        [str(peer_python("torchtune")), str(FIXTURES / "dcp_loaders.py"), "torchtune", "--model", model]
-        + [*loader_files(tmp_path), "--tune", str(tune)],
-        capture_output=True,
-        text=True,
-        cwd=FIXTURES,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), oracle["logits"], atol=1e-5, rtol=0)
+    logits = trainer_logits("torchtune", model, tmp_path, ["--tune", str(tune)])
+    torch.testing.assert_close(logits, oracle["logits"], atol=1e-5, rtol=0)
     unshard.convert(out, tmp_path / "back", progress=False)
     assert (tmp_path / "back" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
 
