@@ -18,7 +18,7 @@ from typing import Any
 
 from .stacked import Stacked
 
-PLAIN, QKV, GATE_UP, VOCAB, STACKED = "plain", "qkv", "gate_up", "vocab", "stacked"
+PLAIN, QKV, GATE_UP, VOCAB = "plain", "qkv", "gate_up", "vocab"
 
 # Tensor-parallel split of each Megatron parameter in the per-rank files, by its last two name parts:
 # 0 for column- (and vocabulary-) parallel, 1 for row-parallel; every other parameter is replicated.

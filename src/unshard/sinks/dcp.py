@@ -197,13 +197,13 @@ def chunked(
     if len(pieces) > 1:  # (every piece the same rows: chunks that divide them, so no chunk holds two pieces)
         rows = pieces[0].rows
         per_chunk = next(d for d in range(min(rows, most), 0, -1) if rows % d == 0 and d % multiple == 0)
+    inner = turn.expert(output.shape[1:]) if turn is not None else output.shape[1:]  # (a chunk's row)
     stored = []
     for piece in pieces:
         row_axis = len(piece.offsets) - len(output.shape)
         for at in range(0, piece.rows, per_chunk) if piece.rows else (0,):
             offsets = list(piece.offsets)
             offsets[row_axis] += at
-            inner = turn.expert(output.shape[1:]) if turn is not None else output.shape[1:]
             shape = (1,) * row_axis + (min(per_chunk, piece.rows - at), *inner)
             stored.append(OutputTensor(_chunk_name(piece.fqn, offsets), shape, output.dtype))
     stored += [replace(c, name=f"{other}@{c.name.rpartition('@')[2]}") for other in also for c in list(stored)]
