@@ -212,6 +212,7 @@ TESTED = {
         "qwen2": "torchtune-qwen2-fsdp2",
         "gemma": "torchtune-gemma-fsdp2",
         "gemma2": "torchtune-gemma2-fsdp2",
+        "phi3": "torchtune-phi3-fsdp2",
     },
     "gguf": {
         "llama": "llama-fsdp2-spm",

@@ -21,7 +21,7 @@ from test_cli_and_errors import run_cli
 from test_scale_out import torchrun
 
 import unshard
-from unshard.names import megatron_rules
+from unshard.names import megatron_rules, meta_rules
 from unshard.sinks import dcp as dcp_sink
 from unshard.sources.megatron_hf import yarn_config
 from unshard.types import OutputOptions
@@ -152,7 +152,7 @@ def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
     torch.testing.assert_close(logits.float(), hf_logits(src, oracle["tokens"]), atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("model", ["llama3", "qwen2", "gemma", "gemma2"])
+@pytest.mark.parametrize("model", ["llama3", "qwen2", "gemma", "gemma2", "phi3"])
 def test_torchtune_loads_its_names(model, tmp_path, monkeypatch):
     """torchtune's checkpoint (its DistributedCheckpointer's, FSDP2 at two ranks) as a Hugging Face folder, written
     back with torchtune's names: torchtune's DistributedCheckpointer loads it into its own model, every tensor equal
@@ -170,6 +170,19 @@ def test_torchtune_loads_its_names(model, tmp_path, monkeypatch):
     torch.testing.assert_close(logits, oracle["logits"], atol=1e-5, rtol=0)
     unshard.convert(out, tmp_path / "back", progress=False)
     assert (tmp_path / "back" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+
+
+def test_a_fused_tensor_whose_rows_the_config_does_not_give_is_refused():
+    """Phi-3's qkv_proj is cut into q, k and v by the config's head counts: rows that are not theirs are one line."""
+    from unshard.errors import UnshardError
+    from unshard.families.phi3 import TORCHTUNE_PHI3
+
+    config = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}
+    qkv = "model.layers.0.self_attn.qkv_proj.weight"
+    renamed, _ = meta_rules.to_meta(TORCHTUNE_PHI3, "Phi-3", {qkv: (128, 64)}, config, "src")
+    assert renamed[qkv].parts == tuple((f"layers.0.attn.{p}_proj.weight", n) for p, n in zip("qkv", (64, 32, 32)))
+    with pytest.raises(UnshardError, match=r"^src: model.layers.0.self_attn.qkv_proj.weight: 96 rows are not its 3 "):
+        meta_rules.to_meta(TORCHTUNE_PHI3, "Phi-3", {qkv: (96, 64)}, config, "src")
 
 
 @pytest.mark.parametrize("to, folder", [("dcp", ""), ("megatron", "release")])
@@ -193,7 +206,7 @@ def test_refusals_are_one_line_and_write_nothing(hf_model, tmp_path):
         ((qwen2, "--to", "dcp", "--names", "torchtitan"), "--names torchtitan: Qwen2: "),
         (
             (SHIPPED / "qwen3-fsdp2-spm" / "global_step_1" / "actor", "--to", "dcp", "--names", "torchtune"),
-            "--names torchtune: Qwen3: torchtune's names are written for Llama, Qwen2, Gemma and Gemma 2 so far",
+            "--names torchtune: Qwen3: torchtune's names are written for Llama, Qwen2, Gemma, Gemma 2 and Phi-3 so far",
         ),
         ((hf_model, "--to", "dcp", "--quantize", "W4A16"), "leave out --quantize"),
     ]

@@ -177,7 +177,7 @@ class Family:
     )
     # The names torchtune's model gives this family (what `--to dcp --names torchtune` writes), among meta_names
     torchtune_names: dict[str, Any] | Unsupported = Unsupported(
-        "torchtune's names are written for Llama, Qwen2, Gemma and Gemma 2 so far"
+        "torchtune's names are written for Llama, Qwen2, Gemma, Gemma 2 and Phi-3 so far"
     )
     notes: dict[str, str] = field(default_factory=dict)  # path -> what to know where it says yes
     # --quantize: parameters transformers keeps fused on disk (gpt-oss's experts) that llm-compressor makes Linear

@@ -80,7 +80,10 @@ def phi3_computed(writer, hparams: dict, rope: dict, head_dim: int, where: Path)
 # transformers tensor; no rows permuted (its rotary turns halves of each head, as transformers')
 TORCHTUNE_PHI3 = {
     **{name: (hf, None) for name, (hf, _) in {**TORCHTUNE, **TORCHTUNE_ENDS}.items()},
-    **{f"layers.{{i}}.attn.{p}_proj.weight": Fused(L + "self_attn.qkv_proj.weight", n) for n, p in enumerate("qkv")},
+    **{
+        f"layers.{{i}}.attn.{p}_proj.weight": Fused(L + "self_attn.qkv_proj.weight", n, heads)
+        for n, (p, heads) in enumerate(zip("qkv", ("num_attention_heads", *["num_key_value_heads"] * 2)))
+    },
     "layers.{i}.mlp.w1.weight": Fused(L + "mlp.gate_up_proj.weight", 0),
     "layers.{i}.mlp.w3.weight": Fused(L + "mlp.gate_up_proj.weight", 1),
 }
@@ -93,6 +96,7 @@ FAMILIES = (
         tensors=t.TensorTable("Phi3ForCausalLM", t.SIZES, t.FUSED_LAYER, {}, pad_token_default=32000),
         megatron=Unsupported("Megatron's Phi-3 layout is not mapped yet"),
         meta_names=TORCHTUNE_PHI3,
+        torchtune_names=TORCHTUNE_PHI3,
         fused_siblings=(),  # (q, k and v are one Linear layer already, as are gate and up)
         gguf=GGUFPart("PHI3", hyperparameters=phi3_hyperparameters, computed=phi3_computed, phi3_tokens=True),
         mmproj=TEXT_ONLY,

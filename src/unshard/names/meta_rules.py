@@ -10,10 +10,10 @@ which these checkpoints do not carry.
 A table maps each name (layer as {i}) to (Hugging Face name, which rotary permutation: "q", "k" or None), and
 kinds more: a Hugging Face name with {e} is one tensor per index of the first axis (torchtitan's grouped
 experts, [experts, rows, columns]: expert e's is `[e]`); `Stacked` (names/stacked.py): the grouped experts as one
-Hugging Face tensor, each expert turned (read only); `Fused`: rows of a Hugging Face tensor that fuses several
-(read only); `Zeros`: the trainer's state that no Hugging Face tensor holds (a load-balancing buffer), skipped when
-read, zeros when written (the trainer loads every name it has); `Dropped`: a kind of layer the Hugging Face model has
-none of (DeepSeek-V3's MTP layers), skipped when read, not written.
+Hugging Face tensor, each expert turned; `Fused`: rows of a Hugging Face tensor that fuses several (written as its
+parts, one tensor each); `Zeros`: the trainer's state that no Hugging Face tensor holds (a load-balancing buffer),
+skipped when read, zeros when written (the trainer loads every name it has); `Dropped`: a kind of layer the Hugging
+Face model has none of (DeepSeek-V3's MTP layers), skipped when read, not written.
 """
 
 from __future__ import annotations
@@ -54,10 +54,13 @@ class Dropped:
 @dataclass(frozen=True)
 class Fused:
     """A table's rule for a trainer's tensor that is rows of one Hugging Face tensor: its `part`-th, the parts
-    one after another (torchtune's Phi-3: q, k and v of qkv_proj; gate and up of gate_up_proj)."""
+    one after another (torchtune's Phi-3: q, k and v of qkv_proj; gate and up of gate_up_proj). `heads`: the config
+    key counting the part's heads, which gives its rows (times the head width); without it the parts share the rows
+    equally."""
 
     into: str
     part: int
+    heads: str | None = None
 
 
 # torchtitan's (0.3) MoE layer, as its MoE state-dict adapters map it: the routed experts' weights grouped on a first
@@ -141,13 +144,15 @@ class MetaName:
     """Where a Hugging Face tensor goes among a trainer's names: tensor `fqn`, at index `stacked` of its first axis
     (an expert of grouped experts) or whole (()); q or k rows reordered from halves to interleaved pairs in heads of
     `rotary_heads` (0: none); `zeros`: (name, rows) of a tensor of zeros written beside it (see Zeros); `turn`: a
-    tensor of a layer's experts, each turned back as the trainer holds it (gpt-oss's: names.stacked)."""
+    tensor of a layer's experts, each turned back as the trainer holds it (gpt-oss's: names.stacked); `parts`:
+    (name, rows) of the trainer's tensors its rows are, one after another (see Fused; then `fqn` is the first's)."""
 
     fqn: str
     rotary_heads: int = 0
     stacked: tuple[int, ...] = ()
     zeros: tuple[tuple[str, int], ...] = ()
     turn: Stacked | None = None
+    parts: tuple[tuple[str, int], ...] = ()
 
 
 def to_meta(
@@ -162,29 +167,40 @@ def to_meta(
     tensor's shape (experts first). Every name must have a rule."""
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
-    rules, zeros_of = [], {}
+    rules, zeros_of, fused = [], {}, {}
     for meta, rule in table.items():
         if isinstance(rule, Zeros):
             zeros_of.setdefault(rule.rows_of, []).append(meta)
             continue
-        if isinstance(rule, (Fused, Dropped)):  # (read only: their tensors have no place, which the end says)
+        if isinstance(rule, Fused):
+            fused.setdefault(rule.into, []).append((rule.part, meta, rule.heads))
+            continue
+        if isinstance(rule, Dropped):  # (read only: no Hugging Face tensor is one)
             continue
         hf, rotary, turn = (rule.name, None, rule) if isinstance(rule, Stacked) else (*rule, None)
-        pattern = re.escape(hf).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)")
-        rules.append((re.compile(f"^{pattern}$"), hf, meta, {"q": heads, "k": kv_heads}.get(rotary or "", 0), turn))
+        rules.append((_pattern(hf), hf, meta, {"q": heads, "k": kv_heads}.get(rotary or "", 0), turn))
+    for hf, parts in fused.items():
+        rules.append((_pattern(hf), hf, tuple(meta for _, meta, _ in sorted(parts)), 0, None))
+    heads_of = {meta: key for parts in fused.values() for _, meta, key in parts}
     renamed, stacked_shapes, unknown = {}, {}, []
     for name, shape in shapes.items():
         for pattern, hf, meta, rotary_heads, turn in rules:
-            if match := pattern.match(name):
-                found = match.groupdict()
-                fqn = meta.format(i=found.get("i"))
-                zeros = tuple((z.format(i=found.get("i")), shape[0]) for z in zeros_of.get(hf, ()))
-                stacked = (int(found["e"]),) if "e" in found else ()
-                renamed[name] = MetaName(fqn, rotary_heads, stacked, zeros, turn)
-                if stacked:
-                    experts = max(stacked_shapes.get(fqn, (0,))[0], stacked[0] + 1)
-                    stacked_shapes[fqn] = (experts, *shape)
+            if not (match := pattern.match(name)):
+                continue
+            found = match.groupdict()
+            if isinstance(meta, tuple):  # (a fused tensor, written as its parts)
+                rows = _part_rows([heads_of[m] for m in meta], shape[0], config, f"{where}: {name}")
+                parts = tuple((m.format(i=found.get("i")), n) for m, n in zip(meta, rows))
+                renamed[name] = MetaName(parts[0][0], parts=parts)
                 break
+            fqn = meta.format(i=found.get("i"))
+            zeros = tuple((z.format(i=found.get("i")), shape[0]) for z in zeros_of.get(hf, ()))
+            stacked = (int(found["e"]),) if "e" in found else ()
+            renamed[name] = MetaName(fqn, rotary_heads, stacked, zeros, turn)
+            if stacked:
+                experts = max(stacked_shapes.get(fqn, (0,))[0], stacked[0] + 1)
+                stacked_shapes[fqn] = (experts, *shape)
+            break
         else:
             unknown.append(name)
     counts = Counter(m.fqn for m in renamed.values() if m.stacked)
@@ -201,3 +217,23 @@ def to_meta(
             f"{unknown[0]}); --names hf writes the Hugging Face names"
         )
     return renamed, stacked_shapes
+
+
+def _pattern(hf: str) -> re.Pattern:
+    """A Hugging Face name of a table ({i}: a layer, {e}: an expert) as a pattern matching its tensors."""
+    return re.compile("^" + re.escape(hf).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)") + "$")
+
+
+def _part_rows(heads: list[str | None], rows: int, config: dict[str, Any], where: str) -> list[int]:
+    """The rows of each part of a fused tensor of `rows` rows: by its heads (Fused.heads), or equal shares."""
+    if all(key is None for key in heads):
+        sizes = [rows // len(heads)] * len(heads)
+    else:
+        width = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        sizes = [config.get(key) or config["num_attention_heads"] for key in heads]
+        sizes = [count * width for count in sizes]
+    if sum(sizes) != rows:
+        from ..errors import UnshardError
+
+        raise UnshardError(f"{where}: {rows} rows are not its {len(heads)} parts' {sizes} by config.json")
+    return sizes

@@ -13,7 +13,8 @@ by any thread in any order, as the safetensors files are.
 Names: the Hugging Face names (`--names hf`, what FSDP2 on a transformers model loads), torchtitan's
 (`--names torchtitan`, the family's `torchtitan_names`, Llama's q and k rows reordered per head for torchtitan's
 interleaved rotary) or torchtune's (`--names torchtune`, the family's `torchtune_names`, nested under `model.` as
-its DistributedCheckpointer saves a recipe's state). Only the weights: a trainer starts its optimizer afresh from
+its DistributedCheckpointer saves a recipe's state; Phi-3's fused qkv_proj and gate_up_proj each written as the
+separate tensors torchtune's model has). Only the weights: a trainer starts its optimizer afresh from
 them.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import os
 import pickle
 import uuid
@@ -70,6 +72,13 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
         chunked_outputs = []
         for output in group.outputs:
             to = place(output.name)
+            if to.parts:  # (rows of several of the trainer's tensors: each its own)
+                pieces, start = [], 0
+                for fqn, rows in to.parts:
+                    pieces.append(Piece(fqn, start, rows, (0,) * len(output.shape)))
+                    dcp_shapes[fqn], start = (rows, *output.shape[1:]), start + rows
+                chunked_outputs.append(chunked(output, pieces))
+                continue
             also = [place(tied[output.name]).fqn] if output.name in tied else []
             if not to.stacked:
                 shape = (output.shape[0], *to.turn.expert(output.shape[1:])) if to.turn else output.shape
@@ -113,7 +122,12 @@ def _names(
     renamed, stacked = meta_rules.to_meta(table, family.name, shapes, config, request.where, names)
     prefix = PREFIX.get(names, "")
     renamed = {
-        name: replace(to, fqn=prefix + to.fqn, zeros=tuple((prefix + fqn, rows) for fqn, rows in to.zeros))
+        name: replace(
+            to,
+            fqn=prefix + to.fqn,
+            zeros=tuple((prefix + fqn, rows) for fqn, rows in to.zeros),
+            parts=tuple((prefix + fqn, rows) for fqn, rows in to.parts),
+        )
         for name, to in renamed.items()
     }
     return renamed, {prefix + fqn: shape for fqn, shape in stacked.items()}
@@ -194,8 +208,8 @@ def chunked(
     multiple = head_dim or 1
     most = max(multiple, CHUNK_BYTES // row_bytes // multiple * multiple)
     per_chunk = min(output.shape[0], most)
-    if len(pieces) > 1:  # (every piece the same rows: chunks that divide them, so no chunk holds two pieces)
-        rows = pieces[0].rows
+    if len(pieces) > 1:  # (chunks that divide every piece's rows, so no chunk holds two pieces)
+        rows = math.gcd(*(piece.rows for piece in pieces))
         per_chunk = next(d for d in range(min(rows, most), 0, -1) if rows % d == 0 and d % multiple == 0)
     inner = turn.expert(output.shape[1:]) if turn is not None else output.shape[1:]  # (a chunk's row)
     stored = []
