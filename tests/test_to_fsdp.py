@@ -25,8 +25,8 @@ LLAMA = SHIPPED / "llama-fsdp2" / "global_step_1" / "actor"  # verl's FSDP2 file
 TOKENS = torch.randint(0, 103, (2, 12), generator=torch.Generator().manual_seed(3))
 
 
-def to_fsdp(src, out, world: int, device: str = "cpu", **options):
-    output = OutputOptions(to="fsdp", world_size=world, mesh_device=device)
+def to_fsdp(src, out, world: int, device: str = "cpu", fsdp_size: int = 0, **options):
+    output = OutputOptions(to="fsdp", world_size=world, mesh_device=device, fsdp_size=fsdp_size)
     return unshard.convert(src, out, output=output, progress=False, **options)
 
 
@@ -86,12 +86,28 @@ def test_each_file_holds_what_verls_save_holds(tmp_path):
             assert torch.equal(mine._local_tensor, value._local_tensor), key
 
 
-@pytest.mark.parametrize("fsdp", [2, 1])
-def test_verl_resumes_from_it_at_a_new_world_size(fsdp, hf_model, tmp_path):
+def test_hsdp_files_hold_what_fsdp2s_save_holds(tmp_path):
+    """--fsdp-size 2 of 4 ranks, from FSDP2's own save of an HSDP run (ddp 2 x fsdp 2): every rank's DTensors are the
+    ones it saved, each half of the rows on the two ranks of its shard, on the same mesh (its process groups too)."""
+    hsdp = SHIPPED / "llama-hsdp" / "global_step_1" / "actor"
+    to_fsdp(hsdp, tmp_path / "out", 4, fsdp_size=2, verify=True)
+    for theirs, ours in zip(rank_files(hsdp.parent, 4), rank_files(tmp_path / "out", 4)):
+        saved, written = torch.load(theirs, weights_only=False), torch.load(ours, weights_only=False)
+        assert list(written) == list(saved)
+        for key, value in saved.items():
+            mine = written[key]
+            assert (mine.shape, mine.placements, mine.device_mesh) == (value.shape, value.placements, value.device_mesh)
+            assert mine.device_mesh._dim_group_names == value.device_mesh._dim_group_names, key
+            assert torch.equal(mine._local_tensor, value._local_tensor), key
+
+
+@pytest.mark.parametrize("fsdp, world, fsdp_size", [(2, 3, 0), (1, 3, 0), (2, 4, 2)])
+def test_verl_resumes_from_it_at_a_new_world_size(fsdp, world, fsdp_size, hf_model, tmp_path):
     """Trained at 4 ranks, written for 3: verl's FSDPCheckpointManager loads each rank's file into the model its
     apply_fsdp2 wraps (or FSDP1, as verl's strategy fsdp wraps it: the same files), which starts from other random
-    weights, and the forward pass gives the source's logits."""
-    to_fsdp(LLAMA, tmp_path / "out", 3)
+    weights, and the forward pass gives the source's logits. And for 4 ranks in HSDP (fsdp_size 2), as verl wraps the
+    model on its ("ddp", "fsdp") mesh."""
+    to_fsdp(LLAMA, tmp_path / "out", world, fsdp_size=fsdp_size)
     torch.save(TOKENS, tmp_path / "tokens.pt")
     with tempfile.TemporaryDirectory(prefix="unshard-torchrun-") as scratch:
         done = subprocess.run(
@@ -100,7 +116,7 @@ def test_verl_resumes_from_it_at_a_new_world_size(fsdp, hf_model, tmp_path):
                 "-m",
                 "torch.distributed.run",
                 "--nproc-per-node",
-                "3",
+                str(world),
                 "--master-addr",
                 "127.0.0.1",
                 "--master-port",
@@ -114,6 +130,8 @@ def test_verl_resumes_from_it_at_a_new_world_size(fsdp, hf_model, tmp_path):
                 str(tmp_path / "logits.pt"),
                 "--fsdp",
                 str(fsdp),
+                "--fsdp-size",
+                str(fsdp_size),
             ],
             capture_output=True,
             text=True,
@@ -163,6 +181,7 @@ def test_refusals_are_one_line_and_write_nothing(hf_model, tmp_path):
     for extra, said in (
         ([], "--to fsdp needs --world-size N"),
         (["--world-size", "2", "--quantize", "W4A16"], "--to fsdp writes the weights as they are"),
+        (["--world-size", "4", "--fsdp-size", "3"], "--fsdp-size 3: give a divisor of --world-size 4"),
     ):
         code, _, err = run_cli("convert", hf_model, tmp_path / "out", "--to", "fsdp", *extra)
         assert code == 1 and said in err and len(err.strip().splitlines()) == 1, err

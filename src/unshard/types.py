@@ -42,6 +42,7 @@ class OutputOptions:
     etp: int = 1  # --to megatron: the experts' own tensor parallelism the args record (each expert split over it)
     vocab_divisible: int = 128  # Megatron-LM's --make-vocab-size-divisible-by
     world_size: int = 1  # --to fsdp: the ranks the rank files are for
+    fsdp_size: int = 0  # --to fsdp: the ranks each tensor is cut over (HSDP, verl's fsdp_size); 0: all of them
     mesh_device: str = "cuda"  # --to fsdp: the device type of the run's device mesh (which FSDP's loading compares)
 
     @property

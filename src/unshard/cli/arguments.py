@@ -146,6 +146,13 @@ def _format_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--world-size", type=int, default=0, help="with --to fsdp: the number of ranks of the run")
     p.add_argument(
+        "--fsdp-size",
+        type=int,
+        default=0,
+        help="with --to fsdp: the ranks each tensor is cut over, as verl's fsdp_size (HSDP: replicated over "
+        "world-size / fsdp-size groups, on verl's (ddp, fsdp) mesh); default: all of them",
+    )
+    p.add_argument(
         "--mesh-device",
         default="cuda",
         help="with --to fsdp: the device type of the run's device mesh, which FSDP compares on loading (default cuda; "

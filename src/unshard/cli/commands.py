@@ -34,6 +34,7 @@ def _output(args, out: str):
         etp=args.etp,
         vocab_divisible=args.make_vocab_size_divisible_by,
         world_size=args.world_size,
+        fsdp_size=args.fsdp_size,
         mesh_device=args.mesh_device,
     )
 

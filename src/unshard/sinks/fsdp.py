@@ -4,7 +4,9 @@ new world size from.
     OUT/actor/model_world_size_N_rank_r.pt   torch.save of rank r's `model.state_dict()` under FSDP2: each tensor a
                                             DTensor, its rows cut between the ranks as FSDP2 cuts them (Shard(0):
                                             ceil(rows / N) a rank, the last ranks fewer or none), on a device mesh
-                                            ("fsdp",) over the N ranks, as verl builds it
+                                            ("fsdp",) over the N ranks, as verl builds it; with --fsdp-size F < N
+                                            (verl's fsdp_size: HSDP), cut over F ranks and replicated over N / F
+                                            groups, on verl's mesh ("ddp", "fsdp") of N / F x F (Replicate, Shard(0))
     OUT/actor/fsdp_config.json              {"FSDP_version": 2, "world_size": N}, as verl >= 0.4.1 writes it
     OUT/actor/huggingface/                  the model's config and tokenizer, as verl keeps them
 (critic/ instead of actor/ for a value model: a ...ForTokenClassification.)
@@ -42,7 +44,7 @@ from .safetensors import Part, SafetensorsFile, TensorBeingWritten, bytes_of
 
 SUMMARY_KEY = "fsdp"
 FSDP_VERSION = 2
-MESH_DIM = "fsdp"  # verl's name for the mesh's one dimension
+MESH_DIMS = ("ddp", "fsdp")  # verl's names for the mesh's dimensions (the first only where HSDP replicates)
 WORLD_GROUP = "0"  # the default process group's name: a mesh over every rank uses it, and the loading run finds it
 DESCRIPTOR = b"PK\x07\x08"  # a zip record's data descriptor, after its bytes (torch's writer streams its records)
 
@@ -58,9 +60,14 @@ def plan_sink(request: FormatRequest) -> FSDPRankFiles:
         raise UnshardError("--to fsdp writes the weights as they are: leave out --quantize and --gguf-type")
     if request.separate_adapter:
         raise UnshardError(f"{request.where}: --to fsdp writes the model's weights only: use --lora merge")
-    world = options.world_size
+    world, shards = options.world_size, options.fsdp_size or options.world_size
     if world < 1:
         raise UnshardError("--to fsdp needs --world-size N: the number of ranks of the run that loads it")
+    if not 0 < shards <= world or world % shards:
+        raise UnshardError(
+            f"--fsdp-size {options.fsdp_size}: give a divisor of --world-size {world} (the ranks each tensor is cut "
+            "over, as verl's fsdp_size; the run replicates it over world-size / fsdp-size groups)"
+        )
     config = model_config(request, "--to fsdp")
     architecture = (config.get("architectures") or [""])[0]
     role = "critic" if architecture.endswith("ForTokenClassification") else "actor"
@@ -77,40 +84,44 @@ def plan_sink(request: FormatRequest) -> FSDPRankFiles:
                     "write this model --to dcp"
                 )
             rows = output.shape[0]
-            per_rank = max(1, -(-rows // world))
+            per_rank = max(1, -(-rows // shards))
             stored = tuple(
                 OutputTensor(
                     f"{output.name}@{rank}",
-                    (max(0, min(per_rank, rows - rank * per_rank)), *output.shape[1:]),
+                    (max(0, min(per_rank, rows - rank % shards * per_rank)), *output.shape[1:]),
                     output.dtype,
                 )
                 for rank in range(world)
             )
             placed.update((s.name, files[rank]) for rank, s in enumerate(stored))
             shapes[output.name] = output.shape
-            sharded.append(OutputTensor(output.name, output.shape, output.dtype, RankShards(stored, per_rank)))
+            encoding = RankShards(stored, per_rank, shards)
+            sharded.append(OutputTensor(output.name, output.shape, output.dtype, encoding))
         group.outputs = sharded
     tied = tied_head(config, [o.name for o in outputs])
-    return FSDPRankFiles(role, world, options.mesh_device, shapes, tied, placed)
+    return FSDPRankFiles(role, world, shards, options.mesh_device, shapes, tied, placed)
 
 
 @dataclass(frozen=True)
 class RankShards:
     """How one output tensor is stored (a types.Encoding): as one shard per rank, rank r's the rows
-    [r * per_rank, (r + 1) * per_rank), each band's rows given to the shards they fall in."""
+    [s * per_rank, (s + 1) * per_rank) of its shard s = r % shards (HSDP's ranks of one shard hold the same rows),
+    each band's rows given to the shards they fall in."""
 
     stored: tuple[OutputTensor, ...]  # by rank
     per_rank: int
+    shards: int
     rows_per_band = 1
     surveys = False
 
     def encode(self, band, start: int) -> dict[str, Any]:
         end, per = start + band.shape[0], self.per_rank
         pieces = {}
-        for rank in range(start // per, min(len(self.stored), -(-end // per))):
-            low, high = max(start, rank * per), min(end, (rank + 1) * per)
+        for shard in range(start // per, min(self.shards, -(-end // per))):
+            low, high = max(start, shard * per), min(end, (shard + 1) * per)
             if high > low:
-                pieces[self.stored[rank].name] = band[low - start : high - start]
+                for rank in range(shard, len(self.stored), self.shards):
+                    pieces[self.stored[rank].name] = band[low - start : high - start]
         return pieces
 
 
@@ -122,12 +133,13 @@ class FSDPRankFiles(HFFolder):
         self,
         role: str,
         world: int,
+        shards: int,
         device: str,
         shapes: dict[str, tuple[int, ...]],
         tied: dict[str, str],
         placed: dict[str, str],
     ):
-        self.role, self.world, self.device, self.shapes = role, world, device, shapes
+        self.role, self.world, self.shards, self.device, self.shapes = role, world, shards, device, shapes
         self.tied = tied  # the embedding -> the head that is it (the state dict has both)
         self.placed = placed
         self._sizes: dict[str, int] = {}
@@ -136,7 +148,8 @@ class FSDPRankFiles(HFFolder):
         return {rank_file(self.role, self.world, rank): list(groups.values()) for rank in range(self.world)}
 
     def _state(self, rank: int, tensors: list[OutputTensor]) -> tuple[OrderedDict, Any]:
-        return skeleton_state(rank, self.world, self.device, [(t, self.shapes[_name(t)]) for t in tensors], self.tied)
+        tensors = [(t, self.shapes[_name(t)]) for t in tensors]
+        return skeleton_state(rank, self.world, self.shards, self.device, tensors, self.tied)
 
     def open(self, path: Path, tensors: list[OutputTensor]) -> RankFile:
         path.parent.mkdir(exist_ok=True)
@@ -163,22 +176,26 @@ class FSDPRankFiles(HFFolder):
         return [f"{self.role}/fsdp_config.json", *(f"{self.role}/huggingface/{name}" for name in copied)], []
 
     def notes(self) -> list[str]:
+        hsdp = f" (HSDP: fsdp_size {self.shards})" if self.shards < self.world else ""
         return [
-            f"verl's FSDP checkpoint ({self.role}/) for {self.world} ranks, a device mesh of {self.device}: the "
-            "model's weights only (resume with checkpoint.load_contents=[model]: the optimizer starts afresh)"
+            f"verl's FSDP checkpoint ({self.role}/) for {self.world} ranks{hsdp}, a device mesh of {self.device}: "
+            "the model's weights only (resume with checkpoint.load_contents=[model]: the optimizer starts afresh)"
         ]
 
     def summary(self) -> dict[str, Any]:
-        return {SUMMARY_KEY: {"world_size": self.world, "role": self.role, "mesh_device": self.device}}
+        said = {"world_size": self.world, "fsdp_size": self.shards, "role": self.role, "mesh_device": self.device}
+        return {SUMMARY_KEY: said}
 
     def card(self) -> tuple[list[str], list[str]]:
         return ["fsdp"], []
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
+    world, shards = summary["world_size"], summary.get("fsdp_size") or summary["world_size"]
+    hsdp = f" (each tensor cut over {shards}, replicated {world // shards} times)" if shards < world else ""
     return [
-        f"output: verl FSDP rank files ({summary['role']}/), {summary['world_size']} ranks, a "
-        f"{summary['mesh_device']} device mesh"
+        f"output: verl FSDP rank files ({summary['role']}/), {world} ranks{hsdp}, "
+        f"a {summary['mesh_device']} device mesh"
     ]
 
 
@@ -190,24 +207,21 @@ def _rank(filename: str) -> int:
     return int(filename.rpartition("_rank_")[2].removesuffix(".pt"))
 
 
-def skeleton_state(rank: int, world: int, device: str, tensors, tied: dict[str, str]) -> tuple[OrderedDict, Any]:
+def skeleton_state(
+    rank: int, world: int, shards: int, device: str, tensors, tied: dict[str, str]
+) -> tuple[OrderedDict, Any]:
     """Rank `rank`'s state dict as FSDP2 gives it, of DTensors whose local tensors are fake (no bytes): `tensors`
     (stored shard, whole shape) in order, and a tied head under its own name too, the same DTensor (so saved once);
     and the rank's device mesh, whose own tensors (its ranks) RankFile writes."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
-    try:
-        mesh = DeviceMesh(device, list(range(world)), mesh_dim_names=(MESH_DIM,), _init_backend=False, _rank=rank)
-    except TypeError as e:
-        raise UnshardError(
-            f"--to fsdp: this torch ({torch.__version__}) makes device meshes otherwise ({e}): upgrade torch"
-        ) from None
-    mesh._dim_group_names = [WORLD_GROUP]
-    state, placements = OrderedDict(), (Shard(0),)  # (one placement for all, as FSDP2's parameters share theirs)
+    mesh = _device_mesh(rank, world, shards, device)
+    # (one placement for all, as FSDP2's parameters share theirs)
+    placements = (Shard(0),) if shards == world else (Replicate(), Shard(0))
+    state = OrderedDict()
     with FakeTensorMode():
         for stored, shape in tensors:
             local = torch.empty(stored.shape, dtype=stored.dtype.torch)
@@ -216,6 +230,30 @@ def skeleton_state(rank: int, world: int, device: str, tensors, tied: dict[str, 
             state[_name(stored)] = DTensor(local, spec, requires_grad=False)
     state.update((head, state[embedding]) for embedding, head in tied.items() if embedding in state)
     return state, mesh
+
+
+def _device_mesh(rank: int, world: int, shards: int, device: str):
+    """Rank `rank`'s device mesh as verl's run makes it: ("fsdp",) over every rank, or HSDP's ("ddp", "fsdp") of
+    world / shards x shards. Its process groups are named as a run names them that makes none before the mesh (the
+    default group "0" for a dimension over every rank; else numbered as torch makes them, each dimension's in turn):
+    loading compares meshes by their ranks, shape and names, not their groups'."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    replicas = world // shards
+    ranks = torch.arange(world).reshape(replicas, shards) if replicas > 1 else list(range(world))
+    names = MESH_DIMS if replicas > 1 else MESH_DIMS[1:]
+    try:
+        mesh = DeviceMesh(device, ranks, mesh_dim_names=names, _init_backend=False, _rank=rank)
+    except TypeError as e:
+        raise UnshardError(
+            f"--to fsdp: this torch ({torch.__version__}) makes device meshes otherwise ({e}): upgrade torch"
+        ) from None
+    # (the ddp groups, one per shard, are made first; then the fsdp groups, one per replica)
+    mesh._dim_group_names = (
+        [str(1 + rank % shards), str(1 + shards + rank // shards)] if replicas > 1 else [WORLD_GROUP]
+    )
+    return mesh
 
 
 def save_skeleton(path: Path, state: OrderedDict) -> None:
