@@ -25,8 +25,10 @@ from safetensors import safe_open
 from test_cli_and_errors import leftovers, run_cli
 
 import unshard
+from unshard.errors import UnshardError
 from unshard.report import human_bytes
 from unshard.sinks.gguf import kquants
+from unshard.types import OutputOptions
 
 TYPES = ["f32", "f16", "bf16", "q8_0", "auto"]
 # The converter names the file after the folder it read, and takes tags from the model card there (a merged
@@ -606,6 +608,69 @@ def test_byte_level_bpe_vocabularies_as_the_converter_writes_them(case, pre, con
     fields = contents(tmp_path / "m.gguf")[0]
     assert (fields["tokenizer.ggml.model"], fields["tokenizer.ggml.pre"]) == ("gpt2", pre)
     assert len(fields["tokenizer.ggml.tokens"]) == 103 and fields["tokenizer.ggml.merges"]
+
+
+def test_the_converter_s_own_table_names_a_tokenizer_it_lists(converter, monkeypatch, tmp_path):
+    """With UNSHARD_LLAMA_CPP naming a llama.cpp checkout, the pre-tokenizer is named as its converter's table names
+    it: here a copy of the converter whose table lists the fixture's tokenizer by the hash the converter itself
+    computes for it (as llama.cpp's convert_hf_to_gguf_update.py adds a model), under a name other than its split's
+    (DeepSeek-R1's Qwen distills' over Qwen2's split). The file equals that converter's; against the table as
+    released, which lists no such tokenizer, the split names it; a checkout without the converter is one line."""
+    src = SHIPPED / "qwen2-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    described = json.loads((tmp_path / "hf" / "tokenizer.json").read_text())
+    described["pre_tokenizer"] = PRE_TOKENIZERS["qwen2"]
+    (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps(described))
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(
+        json.dumps({**config, "tokenizer_class": "PreTrainedTokenizerFast"})
+    )
+    root = generate.llama_cpp_source()
+    refused = subprocess.run(
+        [str(generate.peer_python("llamacpp")), str(root / "convert_hf_to_gguf.py"), str(tmp_path / "hf")]
+        + ["--outfile", str(tmp_path / "refused.gguf")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
+    assert refused.returncode != 0 and "** chkhsh:" in refused.stderr, refused.stderr[-2000:]
+    chkhsh = refused.stderr.split("** chkhsh:")[1].split()[0]
+    checkout = tmp_path / "llama.cpp"
+    (checkout / "conversion").mkdir(parents=True)
+    (checkout / "gguf-py").symlink_to(root / "gguf-py")
+    # (copied: Python puts a script's own folder first on its path, a symlink's target's)
+    shutil.copyfile(root / "convert_hf_to_gguf.py", checkout / "convert_hf_to_gguf.py")
+    for path in (root / "conversion").iterdir():
+        if path.name != "base.py":
+            (checkout / "conversion" / path.name).symlink_to(path)
+    base = (root / "conversion" / "base.py").read_text()
+    listed = f'        res = None\n        if chkhsh == "{chkhsh}":\n            res = "deepseek-r1-qwen"\n'
+    assert base.count("        res = None\n") == 1
+    (checkout / "conversion" / "base.py").write_text(base.replace("        res = None\n", listed))
+    oracle = tmp_path / "oracle.gguf"
+    done = subprocess.run(
+        [str(generate.peer_python("llamacpp")), str(checkout / "convert_hf_to_gguf.py"), str(tmp_path / "hf")]
+        + ["--outtype", "f16", "--outfile", str(oracle)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def ours(name: str, checkout: Path) -> Path:
+        monkeypatch.setenv("UNSHARD_LLAMA_CPP", str(checkout))
+        output = OutputOptions(gguf="f16")
+        unshard.convert(src, tmp_path / name, config_from=tmp_path / "hf", output=output, progress=False)
+        return tmp_path / name
+
+    assert_same_file(ours("listed.gguf", checkout), oracle)
+    assert contents(oracle)[0]["tokenizer.ggml.pre"] == "deepseek-r1-qwen"
+    assert contents(ours("released.gguf", root))[0]["tokenizer.ggml.pre"] == "qwen2"
+    with pytest.raises(UnshardError, match=r"^UNSHARD_LLAMA_CPP=\S+: no llama.cpp converter there"):
+        ours("none.gguf", tmp_path / "hf")
+    assert not (tmp_path / "none.gguf").exists()
 
 
 def gemma3_with_a_byte_level_bpe(tmp_path: Path, more_tokens: int) -> tuple[Path, Path]:

@@ -9,7 +9,8 @@ What differs between families (llama.cpp's architecture, the header's hooks, q/k
 declares in its GGUFPart (families/<family>.py); `unshard families` lists the ones written.
 
 - header.py: what every family's header shares (the config as the converter reads it, general key-values,
-  the TextModel's hyper-parameters, rope); vocabulary.py: the tokenizer's part of the header.
+  the TextModel's hyper-parameters, rope); vocabulary.py: the tokenizer's part of the header;
+  pre_tokenizer_hashes.py: the converter's own table of pre-tokenizers, where the user has a llama.cpp checkout.
 - tensors.py: the plan's values (each tensor's encoding, the file's types and positions); plan.py: planning them;
   kquants.py: llama-quantize's K-quant mixes.
 - file.py: the one module that touches gguf-py's writer internals (header bytes, the file, reading it back).

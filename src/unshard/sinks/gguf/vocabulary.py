@@ -1,5 +1,6 @@
 """A GGUF file's vocabulary as llama.cpp's converter writes it: from a SentencePiece model (tokenizer.model) or a
-byte-level BPE tokenizer.json, the pre-tokenizer named by its split."""
+byte-level BPE tokenizer.json, the pre-tokenizer named as the converter's table names it (where the user has it) or
+by its split."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from ...errors import ConfigMismatchError, UnshardError, read_json
 from ...families.gguf_hooks import gguf_py, json_or_empty, special_vocab
+from .pre_tokenizer_hashes import CHECKOUT_VARIABLE, converter_name
 
 
 def write_vocabulary(
@@ -154,8 +156,9 @@ def _bpe_vocabulary(
     family's special tokens (kind, added token's text) where it names none of the kind.
 
     The converter names the pre-tokenizer by a hash of one text's token ids, listed per model it knows, so
-    it refuses a tokenizer trained anew; unshard names it by the split tokenizer.json declares, which is what
-    llama.cpp reproduces, so a new vocabulary over a known split is taken too."""
+    it refuses a tokenizer trained anew; unshard names it by that table where the user has it
+    (pre_tokenizer_hashes.py), else by the split tokenizer.json declares, which is what llama.cpp reproduces, so a
+    new vocabulary over a known split is taken too."""
     gguf = gguf_py()
     path = folder / "tokenizer.json"
     described = read_json(path, "fix it or pass --config-from a folder with the model's tokenizer", ConfigMismatchError)
@@ -172,13 +175,6 @@ def _bpe_vocabulary(
             f"{path}: a BPE tokenizer without {'merges' if model.get('vocab') else 'a vocabulary'}; "
             "pass --config-from a folder with the model's own tokenizer"
         )
-    pre = _pre_tokenizer_name(described.get("pre_tokenizer"), model)
-    if pre is None:
-        raise ConfigMismatchError(
-            f"{path}: its pre-tokenizer is not one unshard can name for llama.cpp (the splits "
-            f"of {', '.join([GPT2_PRE, SMOLLM_PRE, *PRE_TOKENIZER_SPLITS.values()])}); write a folder and "
-            "use llama.cpp's convert_hf_to_gguf.py, which knows more by their hashes"
-        )
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -191,6 +187,15 @@ def _bpe_vocabulary(
         raise ConfigMismatchError(
             f"{path}: transformers cannot read the tokenizer ({type(e).__name__}: {str(e)[:120]}); restore it"
         ) from None
+    # (the converter's name where its table is at hand and lists this tokenizer; else the split's)
+    pre = converter_name(path) or _pre_tokenizer_name(described.get("pre_tokenizer"), model)
+    if pre is None:
+        raise ConfigMismatchError(
+            f"{path}: its pre-tokenizer is not one unshard can name for llama.cpp (the splits "
+            f"of {', '.join([GPT2_PRE, SMOLLM_PRE, *PRE_TOKENIZER_SPLITS.values()])}, or by its hash in the "
+            f"converter's table, read where {CHECKOUT_VARIABLE} names a llama.cpp checkout); write a folder and use "
+            "llama.cpp's convert_hf_to_gguf.py"
+        )
     vocab = tokenizer.get_vocab()
     size, top = hparams.get("vocab_size") or len(vocab), max(vocab.values(), default=-1)
     if top >= size:
