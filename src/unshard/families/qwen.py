@@ -66,6 +66,6 @@ FAMILIES = (
         gguf=GGUFPart("QWEN3"),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family: merge-moe assembles Qwen3 MoE from it", applies=False),
-        notes={"meta_names": "torchtitan's names (torchtune's Qwen3 names are not mapped yet)"},
+        notes={"meta_names": "torchtitan's names (torchtune's last release, 0.6.1, has no Qwen3)"},
     ),
 )
