@@ -181,6 +181,7 @@ TESTED = {
         "qwen3_moe": "torchtitan-qwen3moe-fsdp2",
         "deepseek_v3": "torchtitan-deepseekv3-fsdp2",
         "gpt_oss": "torchtitan-gptoss-fsdp2",
+        "qwen3_5": "torchtitan-qwen35-fsdp2",
         "qwen2": "torchtune-qwen2-fsdp2",
         "gemma": "torchtune-gemma-fsdp2",
         "gemma2": "torchtune-gemma2-fsdp2",

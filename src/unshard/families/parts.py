@@ -130,8 +130,8 @@ NO_TABLE = Unsupported("not written down: transformers is asked once per config 
 NOT_A_MOE_INPUT = Unsupported("a dense family merge-moe does not assemble from", applies=False)
 # Where a family has no torchtitan or torchtune names (`meta_names`) in its module
 NO_META_NAMES = Unsupported(
-    "torchtitan's and torchtune's names are mapped for Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3, Gemma "
-    "and Phi-3 only so far"
+    "torchtitan's and torchtune's names are mapped for Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3, gpt-oss, "
+    "Qwen3.5, Gemma, Gemma 2 and Phi-3 only so far"
 )
 
 

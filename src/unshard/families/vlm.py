@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
+from ..names.meta_rules import Fused, Reshaped
 from .gguf_hooks import text_hyperparameters
 from .parts import (
     DEFAULT_FUSED_SIBLINGS,
@@ -29,6 +30,56 @@ from .qwen_next import deltanet_gguf, qwen35_hyperparameters
 
 MEGATRON = Unsupported("verl's Megatron vision-language layouts are not mapped yet")
 NO_MOE = Unsupported("a dense family; merge-moe assembles no MoE from vision-language models", applies=False)
+
+# torchtitan's Qwen3.5 (its Qwen35StateDictAdapter, torchtitan 0.3): the text model's names as its other models', the
+# linear attention's fused q/k/v projection and convolution each three tensors, the vision tower's blocks as
+# `vision_encoder.layers`, their fused qkv three, its patch embedding (transformers' Conv3d) a Linear layer. No rows
+# permuted: torchtitan's multimodal rotary turns halves of each head, as transformers'.
+_T, _V = "model.language_model.layers.{i}.", "model.visual.blocks.{i}."
+TORCHTITAN_QWEN35 = {
+    "tok_embeddings.weight": ("model.language_model.embed_tokens.weight", None),
+    "norm.weight": ("model.language_model.norm.weight", None),
+    "lm_head.weight": ("lm_head.weight", None),
+    **{f"layers.{{i}}.attn.w{p}.weight": (f"{_T}self_attn.{p}_proj.weight", None) for p in "qkvo"},
+    **{f"layers.{{i}}.attn.{n}_norm.weight": (f"{_T}self_attn.{n}_norm.weight", None) for n in "qk"},
+    **{f"layers.{{i}}.attn.{n}": (f"{_T}linear_attn.{n}", None) for n in ("A_log", "dt_bias")},
+    **{
+        f"layers.{{i}}.attn.{n}.weight": (f"{_T}linear_attn.{n}.weight", None)
+        for n in ("in_proj_z", "in_proj_a", "in_proj_b", "norm", "out_proj")
+    },
+    **{
+        f"layers.{{i}}.attn.in_proj_{p}.weight": Fused(_T + "linear_attn.in_proj_qkv.weight", n)
+        for n, p in enumerate("qkv")
+    },
+    **{f"layers.{{i}}.attn.conv_{p}.weight": Fused(_T + "linear_attn.conv1d.weight", n) for n, p in enumerate("qkv")},
+    **{
+        f"layers.{{i}}.feed_forward.{w}.weight": (f"{_T}mlp.{p}.weight", None)
+        for w, p in (("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj"))
+    },
+    "layers.{i}.attention_norm.weight": (_T + "input_layernorm.weight", None),
+    "layers.{i}.ffn_norm.weight": (_T + "post_attention_layernorm.weight", None),
+    "vision_encoder.pos_embed": ("model.visual.pos_embed.weight", None),
+    "vision_encoder.patch_embed.weight": Reshaped(
+        "model.visual.patch_embed.proj.weight",
+        ("vision_config.in_channels", "vision_config.temporal_patch_size", *["vision_config.patch_size"] * 2),
+    ),
+    "vision_encoder.patch_embed.bias": ("model.visual.patch_embed.proj.bias", None),
+    **{
+        f"vision_encoder.layers.{{i}}.{n}.{k}": (f"{_V}{n}.{k}", None)
+        for n in ("norm1", "norm2", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2")
+        for k in ("weight", "bias")
+    },
+    **{
+        f"vision_encoder.layers.{{i}}.attn.w{p}.{k}": Fused(f"{_V}attn.qkv.{k}", n)
+        for n, p in enumerate("qkv")
+        for k in ("weight", "bias")
+    },
+    **{
+        f"vision_encoder.merger.{n}.{k}": (f"model.visual.merger.{n}.{k}", None)
+        for n in ("norm", "linear_fc1", "linear_fc2")
+        for k in ("weight", "bias")
+    },
+}
 
 
 def qwen2vl_sizes(vision: dict, where: Path) -> dict:
@@ -204,6 +255,7 @@ def _qwen_vl(
     moe_layout=NO_MOE,
     linearized=None,
     notes=None,
+    meta_names=NO_META_NAMES,
     **names,
 ) -> Family:
     return Family(
@@ -212,7 +264,7 @@ def _qwen_vl(
         architecture,
         tensors=NO_TABLE,
         megatron=MEGATRON,
-        meta_names=NO_META_NAMES,
+        meta_names=meta_names,
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
         gguf=text,
         mmproj=MmprojPart(
@@ -280,6 +332,8 @@ FAMILIES = (
         qwen3vl_sizes,
         qwen3vl_projector_keys,
         deltanet_gguf("QWEN35", qwen35_hyperparameters, tiled_values=True),
+        notes={"meta_names": "torchtitan's names (the dense model; torchtitan's Qwen3.5 MoE is not mapped yet)"},
+        meta_names=TORCHTITAN_QWEN35,
         converter_name=qwen3vl_vision_name,
         rearranged=qwen3vl_vision_split,
     ),

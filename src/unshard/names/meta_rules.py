@@ -13,7 +13,9 @@ experts, [experts, rows, columns]: expert e's is `[e]`); `Stacked` (names/stacke
 Hugging Face tensor, each expert turned; `Fused`: rows of a Hugging Face tensor that fuses several (written as its
 parts, one tensor each); `Zeros`: the trainer's state that no Hugging Face tensor holds (a load-balancing buffer),
 skipped when read, zeros when written (the trainer loads every name it has); `Dropped`: a kind of layer the Hugging
-Face model has none of (DeepSeek-V3's MTP layers), skipped when read, not written.
+Face model has none of (DeepSeek-V3's MTP layers), skipped when read, not written; `Reshaped`: a Hugging Face tensor of
+more axes, row by row (read only). A layer's number is {i} in a trainer's `layers.N.`, wherever it is (torchtitan's
+vision tower's `vision_encoder.layers.N.` too).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ if TYPE_CHECKING:
     import torch
 
 
-LAYER = re.compile(r"^layers\.(\d+)\.")
+TORCHTUNE_ATTENTION = re.compile(r"\.attn\.(?:q|k|v|output)_proj\.")
+LAYER = re.compile(r"(?:^|(?<=\.))layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,16 @@ class Fused:
     heads: str | None = None
 
 
+@dataclass(frozen=True)
+class Reshaped:
+    """A table's rule for a trainer's tensor whose columns are more axes of one Hugging Face tensor, row by row, the
+    same bytes (torchtitan's vision towers' patch embedding, a Linear layer, of transformers' Conv3d): its name, and
+    the config keys (dotted: `vision_config.patch_size`) giving the axes after the first; once renamed, their sizes."""
+
+    into: str
+    axes: tuple[str | int, ...]
+
+
 # torchtitan's (0.3) MoE layer, as its MoE state-dict adapters map it: the routed experts' weights grouped on a first
 # axis (the suffix names the axes: Experts, FFN width, model Dim), the router's gate; Qwen3-MoE and DeepSeek-V3 alike
 _E = "model.layers.{i}.mlp."
@@ -79,7 +92,7 @@ def trainer(names) -> str | None:
     checkpointer and torchtitan before 0.3 have them), "torchtitan", or None for names of neither."""
     if "tok_embeddings.weight" not in names:
         return None
-    if any(".attn." in n for n in names):
+    if any(TORCHTUNE_ATTENTION.search(n) for n in names):  # (torchtitan's Qwen3.5 has `attn.wq`, `attn.in_proj_q`)
         return "torchtune"
     return "Meta" if any(".attention.wq." in n for n in names) else "torchtitan"
 
@@ -96,18 +109,19 @@ def rename(
     table: dict[str, Any], family: str, shapes: dict[str, tuple[int, ...]], config: dict[str, Any], where: str
 ) -> tuple[dict[str, str | list[str] | Fused], dict[str, Callable], dict[str, str]]:
     """By the family's table: (trainer's name -> Hugging Face name, the list of names the first axis stacks, or the
-    part of a fused one, or the Stacked rule of its experts; Hugging Face name -> transform; trainer's name skipped ->
-    why)."""
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or heads
+    part of a fused one, or the Stacked rule of its experts, or the Reshaped tensor it is; Hugging Face name ->
+    transform; trainer's name skipped -> why)."""
+    text = config.get("text_config") or config  # (a vision-language model's text model: its heads)
+    heads = text["num_attention_heads"]
+    kv_heads = text.get("num_key_value_heads") or heads
     renamed, transforms, skipped, unknown = {}, {}, {}, []
     dropped = {prefix: rule for prefix, rule in table.items() if isinstance(rule, Dropped)}
     for name, shape in shapes.items():
         if prefix := next((p for p in dropped if name.startswith(p)), None):
             skipped[name] = dropped[prefix].why
             continue
-        match = LAYER.match(name)
-        key = LAYER.sub("layers.{i}.", name) if match else name
+        match = LAYER.search(name)
+        key = LAYER.sub("layers.{i}.", name, count=1) if match else name
         if key not in table:
             unknown.append(name)
             continue
@@ -120,6 +134,10 @@ def rename(
             continue
         if isinstance(table[key], Stacked):
             renamed[name] = dataclasses.replace(table[key], name=table[key].name.format(i=layer))
+            continue
+        if isinstance(table[key], Reshaped):
+            axes = tuple(_config_value(config, axis, where) for axis in table[key].axes)
+            renamed[name] = Reshaped(table[key].into.format(i=layer), axes)
             continue
         hf, rotary = table[key]
         if "{e}" in hf:
@@ -165,8 +183,9 @@ def to_meta(
 ) -> tuple[dict[str, MetaName], dict[str, tuple[int, ...]]]:
     """The other way (writing torchtitan's or torchtune's names): Hugging Face name -> MetaName; and each stacked
     tensor's shape (experts first). Every name must have a rule."""
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or heads
+    text = config.get("text_config") or config  # (a vision-language model's text model: its heads)
+    heads = text["num_attention_heads"]
+    kv_heads = text.get("num_key_value_heads") or heads
     rules, zeros_of, fused = [], {}, {}
     for meta, rule in table.items():
         if isinstance(rule, Zeros):
@@ -175,7 +194,7 @@ def to_meta(
         if isinstance(rule, Fused):
             fused.setdefault(rule.into, []).append((rule.part, meta, rule.heads))
             continue
-        if isinstance(rule, Dropped):  # (read only: no Hugging Face tensor is one)
+        if isinstance(rule, (Dropped, Reshaped)):  # (read only: no Hugging Face tensor has a place, which the end says)
             continue
         hf, rotary, turn = (rule.name, None, rule) if isinstance(rule, Stacked) else (*rule, None)
         rules.append((_pattern(hf), hf, meta, {"q": heads, "k": kv_heads}.get(rotary or "", 0), turn))
@@ -237,3 +256,15 @@ def _part_rows(heads: list[str | None], rows: int, config: dict[str, Any], where
 
         raise UnshardError(f"{where}: {rows} rows are not its {len(heads)} parts' {sizes} by config.json")
     return sizes
+
+
+def _config_value(config: dict[str, Any], key: str, where: str) -> int:
+    """A config's value at a dotted key (`vision_config.patch_size`)."""
+    value: Any = config
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if not isinstance(value, int):
+        from ..errors import CheckpointError
+
+        raise CheckpointError(f"{where}: the config has no {key}, which the trainer's names need; pass --config-from")
+    return value

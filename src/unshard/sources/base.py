@@ -89,6 +89,8 @@ class Checkpoint:
     facts: dict[str, Any] = field(default_factory=dict)
     # name -> applied to the assembled tensor (a row permutation no box can express, say)
     transforms: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    # name -> the shape its pieces tile where a transform then reshapes it (a trainer's Linear of transformers' Conv3d)
+    tiled_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # name -> the checkpoint's tensors it stacks (its pieces are theirs)
     stacks: dict[str, Stack] = field(default_factory=dict)
     # file -> its map, for readers whose local tensors are views of whole-file maps (see file_offset)
@@ -130,8 +132,9 @@ class Checkpoint:
         if name in self.stacks:
             return self._stacked(self.stacks[name], 0, len(self.stacks[name].members), self.local_tensor)
         source = self.tensors[name]
+        shape = self.tiled_shapes.get(name, source.shape)
         whole = assemble(
-            source.shape, source.dtype.torch, [(p.block, lambda p=p: self.local_tensor(p)) for p in source.pieces]
+            shape, source.dtype.torch, [(p.block, lambda p=p: self.local_tensor(p)) for p in source.pieces]
         )
         for piece in source.pieces:
             self.release(piece)

@@ -5,6 +5,7 @@ folders; a whole state dict in one file, as torchtune's single-file checkpointer
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 
 from .. import families
@@ -44,6 +45,8 @@ class MetaNamed:
                 fused.setdefault(new.into, {})[new.part] = tensor
             elif isinstance(new, Stacked):
                 tensors[new.name] = self._turned(tensor, new)
+            elif isinstance(new, meta_rules.Reshaped):
+                tensors[new.into] = self._reshaped(tensor, new)
             else:
                 tensors.update((hf, self._unstacked(tensor, index, hf)) for index, hf in enumerate(new))
         tensors.update((hf, _concatenated(hf, [parts[p] for p in sorted(parts)])) for hf, parts in fused.items())
@@ -52,7 +55,8 @@ class MetaNamed:
         # a file's tensors by name), so a Hugging Face model written with these names and read back is the same file
         regrouped = any(not isinstance(new, str) for new in renamed.values())
         self.tensors = dict(sorted(tensors.items())) if regrouped else tensors
-        permuted = " (q/k rows permuted to Hugging Face's rotary layout)" if self.transforms else ""
+        rotary = set(self.transforms) - set(self.tiled_shapes)
+        permuted = " (q/k rows permuted to Hugging Face's rotary layout)" if rotary else ""
         self.facts["naming"] = f"{trainer}'s {family.name} names{permuted}"
         # (what the Hugging Face model has no place for, counted as the other entries a conversion skips)
         self.facts["skipped"] = {**self.facts.get("skipped", {}), **Counter(skipped.values())}
@@ -64,6 +68,19 @@ class MetaNamed:
         self.stacks[rule.name] = Stack(members, rule.band)
         pieces = [piece for member in members for piece in member.pieces]
         return SourceTensor(rule.name, rule.shape(len(members), tensor.shape[1:]), tensor.dtype, pieces)
+
+    def _reshaped(self, tensor: SourceTensor, rule: meta_rules.Reshaped) -> SourceTensor:
+        """The tensor under the Hugging Face shape its rows make (the same bytes): assembled as the trainer's, then
+        reshaped (read whole: a patch embedding is small)."""
+        shape = (tensor.shape[0], *rule.axes)
+        if math.prod(shape) != math.prod(tensor.shape):
+            raise CheckpointError(
+                f"{self.path}: {tensor.name} is {list(tensor.shape)}, not the {list(shape)} of {rule.into} its config "
+                "gives; pass --config-from the model's own config"
+            )
+        self.tiled_shapes[rule.into] = tensor.shape
+        self.transforms[rule.into] = lambda whole: whole.reshape(shape)
+        return dataclasses.replace(tensor, name=rule.into, shape=shape)
 
     def _unstacked(self, tensor: SourceTensor, index: int, name: str) -> SourceTensor:
         raise CheckpointError(
