@@ -107,7 +107,7 @@ def interleaved_to_halves(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def rename(
     table: dict[str, Any], family: str, shapes: dict[str, tuple[int, ...]], config: dict[str, Any], where: str
-) -> tuple[dict[str, str | list[str] | Fused], dict[str, Callable], dict[str, str]]:
+) -> tuple[dict[str, str | list[str] | Fused | Stacked | Reshaped], dict[str, Callable], dict[str, str]]:
     """By the family's table: (trainer's name -> Hugging Face name, the list of names the first axis stacks, or the
     part of a fused one, or the Stacked rule of its experts, or the Reshaped tensor it is; Hugging Face name ->
     transform; trainer's name skipped -> why)."""
@@ -208,7 +208,7 @@ def to_meta(
                 continue
             found = match.groupdict()
             if isinstance(meta, tuple):  # (a fused tensor, written as its parts)
-                rows = _part_rows([heads_of[m] for m in meta], shape[0], config, f"{where}: {name}")
+                rows = _part_rows([heads_of[m] for m in meta], shape[0], text, f"{where}: {name}")
                 parts = tuple((m.format(i=found.get("i")), n) for m, n in zip(meta, rows))
                 renamed[name] = MetaName(parts[0][0], parts=parts)
                 break
