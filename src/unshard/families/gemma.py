@@ -231,6 +231,7 @@ FAMILIES = (
         # torchtune's Gemma: Llama's torchtune names (q and k rows permuted as Llama's), the head tied to the embedding
         meta_names=TORCHTUNE_LLAMA,
         torchtune_names=TORCHTUNE_LLAMA,
+        torchtitan_names=Unsupported("torchtitan has no Gemma model", applies=False),
         fused_siblings=SIBLINGS,
         gguf=GGUFPart(
             "GEMMA", hyperparameters=gemma_hyperparameters, after_vocabulary=gemma_after_vocabulary, norm_shift=1.0
@@ -255,6 +256,7 @@ FAMILIES = (
         megatron=MEGATRON,
         meta_names=TORCHTUNE_GEMMA2,
         torchtune_names=TORCHTUNE_GEMMA2,
+        torchtitan_names=Unsupported("torchtitan has no Gemma 2 model", applies=False),
         fused_siblings=SIBLINGS,
         gguf=GGUFPart(
             "GEMMA2", hyperparameters=gemma2_hyperparameters, after_vocabulary=no_space_prefix, norm_shift=1.0

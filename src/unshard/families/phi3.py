@@ -97,6 +97,7 @@ FAMILIES = (
         megatron=Unsupported("Megatron's Phi-3 layout is not mapped yet"),
         meta_names=TORCHTUNE_PHI3,
         torchtune_names=TORCHTUNE_PHI3,
+        torchtitan_names=Unsupported("torchtitan has no Phi-3 model", applies=False),
         fused_siblings=(),  # (q, k and v are one Linear layer already, as are gate and up)
         gguf=GGUFPart("PHI3", hyperparameters=phi3_hyperparameters, computed=phi3_computed, phi3_tokens=True),
         mmproj=TEXT_ONLY,

@@ -43,6 +43,7 @@ FAMILIES = (
         megatron=MegatronRules(MEGATRON_RULES, m.Signature(qkv_bias=True)),
         meta_names=TORCHTUNE_QWEN2,
         torchtune_names=TORCHTUNE_QWEN2,
+        torchtitan_names=Unsupported("torchtitan has no Qwen2 model", applies=False),
         fused_siblings=SIBLINGS,
         gguf=GGUFPart("QWEN2"),
         mmproj=TEXT_ONLY,
