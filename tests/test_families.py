@@ -206,6 +206,7 @@ TESTED = {
         "qwen3_moe": "torchtitan-qwen3moe-fsdp2",
         "deepseek_v3": "torchtitan-deepseekv3-fsdp2",
         "gpt_oss": "torchtitan-gptoss-fsdp2",
+        "qwen3_5": "torchtitan-qwen35-fsdp2",
     },
     # (test_way_back writes torchtune's names from these fixtures' models and loads them in torchtune)
     "to_torchtune": {

@@ -71,9 +71,14 @@ def loader_files(tmp_path) -> list[str]:
 def trainer_logits(trainer: str, model: str, tmp_path, compared: list[str]):
     """The trainer's own model (in its venv) loaded from the DCP folder in tmp_path (fixtures/dcp_loaders.py), its
     tensors `compared` with what the loader is given; its logits on tmp_path's tokens."""
+    trainer_loads(trainer, model, [*loader_files(tmp_path), *compared])
+    return torch.load(tmp_path / "logits.pt")
+
+
+def trainer_loads(trainer: str, model: str, args: list[str]) -> None:
+    """The trainer's own model (in its venv) loaded by fixtures/dcp_loaders.py with these arguments."""
     done = subprocess.run(
-        [str(peer_python(trainer)), str(FIXTURES / "dcp_loaders.py"), trainer, "--model", model]
-        + [*loader_files(tmp_path), *compared],
+        [str(peer_python(trainer)), str(FIXTURES / "dcp_loaders.py"), trainer, "--model", model, *args],
         capture_output=True,
         text=True,
         cwd=FIXTURES,
@@ -81,7 +86,6 @@ def trainer_logits(trainer: str, model: str, tmp_path, compared: list[str]):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return torch.load(tmp_path / "logits.pt")
 
 
 def hf_logits(folder, tokens):
@@ -150,6 +154,25 @@ def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
     # (torchtitan runs grouped experts in bf16: the MoE models agree with transformers to its rounding)
     atol = {"qwen3-moe": 1e-3, "deepseek-v3": 2e-4, "gpt-oss": GPT_OSS_ATOL}.get(model, 1e-4)
     torch.testing.assert_close(logits.float(), hf_logits(src, oracle["tokens"]), atol=atol, rtol=0)
+
+
+def test_torchtitan_loads_qwen35_in_its_names(tmp_path, monkeypatch):
+    """torchtitan's Qwen3.5 with its vision tower, from unshard's conversion of torchtitan's own checkpoint, written
+    back in torchtitan's names: the linear attention's fused projection and convolution cut into q, k and v by the
+    config's heads, the tower's qkv into three, its Conv3d patch embedding flat as torchtitan's Linear holds it.
+    torchtitan loads every tensor its own checkpoint gives, and what its own adapter's from_hf makes of the folder;
+    converted back, the folder's bytes. (No logits: its linear attention runs in Triton kernels only.)"""
+    fixture = SHIPPED / "torchtitan-qwen35-fsdp2"
+    own, src = fixture / "checkpoint" / "step-1", tmp_path / "hf"
+    unshard.convert(own, src, config_from=fixture / "hf", progress=False)
+    monkeypatch.setattr(dcp_sink, "CHUNK_BYTES", 1024)
+    to_dcp(src, tmp_path / "dcp", "torchtitan", verify=True)
+    metadata = pickle.load(open(tmp_path / "dcp" / ".metadata", "rb")).state_dict_metadata
+    assert tuple(metadata["vision_encoder.patch_embed.weight"].size) == (32, 1536)
+    assert tuple(metadata["layers.0.attn.conv_v.weight"].size) == (64, 1, 4)
+    trainer_loads("torchtitan", "qwen3.5", ["--dcp", str(tmp_path / "dcp"), "--own", str(own), "--hf", str(src)])
+    unshard.convert(tmp_path / "dcp", tmp_path / "back", config_from=src, progress=False)
+    assert (tmp_path / "back" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
 
 
 @pytest.mark.parametrize("model", ["llama3", "qwen2", "gemma", "gemma2", "phi3"])

@@ -173,7 +173,7 @@ class Family:
     # The names torchtitan's current state-dict adapter gives this family (what `--to dcp --names torchtitan` writes);
     # among meta_names, which also holds older torchtitan's and torchtune's for reading.
     torchtitan_names: dict[str, Any] | Unsupported = Unsupported(
-        "torchtitan's names are written for Llama, Qwen3, Qwen3-MoE, DeepSeek-V3 and gpt-oss so far"
+        "torchtitan's names are written for Llama, Qwen3, Qwen3-MoE, DeepSeek-V3, gpt-oss and Qwen3.5 so far"
     )
     # The names torchtune's model gives this family (what `--to dcp --names torchtune` writes), among meta_names
     torchtune_names: dict[str, Any] | Unsupported = Unsupported(

@@ -36,6 +36,12 @@ NO_MOE = Unsupported("a dense family; merge-moe assembles no MoE from vision-lan
 # `vision_encoder.layers`, their fused qkv three, its patch embedding (transformers' Conv3d) a Linear layer. No rows
 # permuted: torchtitan's multimodal rotary turns halves of each head, as transformers'.
 _T, _V = "model.language_model.layers.{i}.", "model.visual.blocks.{i}."
+# (the linear attention's q, k and v rows, in the fused projection and convolution: heads and their width)
+_DELTANET_PARTS = {
+    "q": ("linear_num_key_heads", "linear_key_head_dim"),
+    "k": ("linear_num_key_heads", "linear_key_head_dim"),
+    "v": ("linear_num_value_heads", "linear_value_head_dim"),
+}
 TORCHTITAN_QWEN35 = {
     "tok_embeddings.weight": ("model.language_model.embed_tokens.weight", None),
     "norm.weight": ("model.language_model.norm.weight", None),
@@ -48,10 +54,10 @@ TORCHTITAN_QWEN35 = {
         for n in ("in_proj_z", "in_proj_a", "in_proj_b", "norm", "out_proj")
     },
     **{
-        f"layers.{{i}}.attn.in_proj_{p}.weight": Fused(_T + "linear_attn.in_proj_qkv.weight", n)
+        f"layers.{{i}}.attn.{kind}_{p}.weight": Fused(_T + f"linear_attn.{fused}.weight", n, *_DELTANET_PARTS[p])
+        for kind, fused in (("in_proj", "in_proj_qkv"), ("conv", "conv1d"))
         for n, p in enumerate("qkv")
     },
-    **{f"layers.{{i}}.attn.conv_{p}.weight": Fused(_T + "linear_attn.conv1d.weight", n) for n, p in enumerate("qkv")},
     **{
         f"layers.{{i}}.feed_forward.{w}.weight": (f"{_T}mlp.{p}.weight", None)
         for w, p in (("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj"))
@@ -256,6 +262,7 @@ def _qwen_vl(
     linearized=None,
     notes=None,
     meta_names=NO_META_NAMES,
+    torchtitan_names=None,
     **names,
 ) -> Family:
     return Family(
@@ -265,6 +272,7 @@ def _qwen_vl(
         tensors=NO_TABLE,
         megatron=MEGATRON,
         meta_names=meta_names,
+        **({"torchtitan_names": torchtitan_names} if torchtitan_names else {}),
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
         gguf=text,
         mmproj=MmprojPart(
@@ -334,6 +342,7 @@ FAMILIES = (
         deltanet_gguf("QWEN35", qwen35_hyperparameters, tiled_values=True),
         notes={"meta_names": "torchtitan's names (the dense model; torchtitan's Qwen3.5 MoE is not mapped yet)"},
         meta_names=TORCHTITAN_QWEN35,
+        torchtitan_names=TORCHTITAN_QWEN35,
         converter_name=qwen3vl_vision_name,
         rearranged=qwen3vl_vision_split,
     ),

@@ -14,8 +14,8 @@ Hugging Face tensor, each expert turned; `Fused`: rows of a Hugging Face tensor 
 parts, one tensor each); `Zeros`: the trainer's state that no Hugging Face tensor holds (a load-balancing buffer),
 skipped when read, zeros when written (the trainer loads every name it has); `Dropped`: a kind of layer the Hugging
 Face model has none of (DeepSeek-V3's MTP layers), skipped when read, not written; `Reshaped`: a Hugging Face tensor of
-more axes, row by row (read only). A layer's number is {i} in a trainer's `layers.N.`, wherever it is (torchtitan's
-vision tower's `vision_encoder.layers.N.` too).
+more axes, row by row (written flat again). A layer's number is {i} in a trainer's `layers.N.`, wherever it is
+(torchtitan's vision tower's `vision_encoder.layers.N.` too).
 """
 
 from __future__ import annotations
@@ -58,12 +58,13 @@ class Dropped:
 class Fused:
     """A table's rule for a trainer's tensor that is rows of one Hugging Face tensor: its `part`-th, the parts
     one after another (torchtune's Phi-3: q, k and v of qkv_proj; gate and up of gate_up_proj). `heads`: the config
-    key counting the part's heads, which gives its rows (times the head width); without it the parts share the rows
-    equally."""
+    key counting the part's heads, which gives its rows (times the head width: the config's `width` key, else its
+    head_dim); without it the parts share the rows equally."""
 
     into: str
     part: int
     heads: str | None = None
+    width: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,8 @@ class MetaName:
     (an expert of grouped experts) or whole (()); q or k rows reordered from halves to interleaved pairs in heads of
     `rotary_heads` (0: none); `zeros`: (name, rows) of a tensor of zeros written beside it (see Zeros); `turn`: a
     tensor of a layer's experts, each turned back as the trainer holds it (gpt-oss's: names.stacked); `parts`:
-    (name, rows) of the trainer's tensors its rows are, one after another (see Fused; then `fqn` is the first's)."""
+    (name, rows) of the trainer's tensors its rows are, one after another (see Fused; then `fqn` is the first's);
+    `flat`: each row stored as one axis (see Reshaped)."""
 
     fqn: str
     rotary_heads: int = 0
@@ -171,6 +173,7 @@ class MetaName:
     zeros: tuple[tuple[str, int], ...] = ()
     turn: Stacked | None = None
     parts: tuple[tuple[str, int], ...] = ()
+    flat: bool = False
 
 
 def to_meta(
@@ -186,21 +189,24 @@ def to_meta(
     text = config.get("text_config") or config  # (a vision-language model's text model: its heads)
     heads = text["num_attention_heads"]
     kv_heads = text.get("num_key_value_heads") or heads
-    rules, zeros_of, fused = [], {}, {}
+    rules, zeros_of, fused, flat = [], {}, {}, set()
     for meta, rule in table.items():
         if isinstance(rule, Zeros):
             zeros_of.setdefault(rule.rows_of, []).append(meta)
             continue
         if isinstance(rule, Fused):
-            fused.setdefault(rule.into, []).append((rule.part, meta, rule.heads))
+            fused.setdefault(rule.into, []).append((rule.part, meta))
             continue
-        if isinstance(rule, (Dropped, Reshaped)):  # (read only: no Hugging Face tensor has a place, which the end says)
+        if isinstance(rule, Dropped):  # (no Hugging Face tensor is one)
+            continue
+        if isinstance(rule, Reshaped):
+            flat.add(meta)
+            rules.append((_pattern(rule.into), rule.into, meta, 0, None))
             continue
         hf, rotary, turn = (rule.name, None, rule) if isinstance(rule, Stacked) else (*rule, None)
         rules.append((_pattern(hf), hf, meta, {"q": heads, "k": kv_heads}.get(rotary or "", 0), turn))
     for hf, parts in fused.items():
-        rules.append((_pattern(hf), hf, tuple(meta for _, meta, _ in sorted(parts)), 0, None))
-    heads_of = {meta: key for parts in fused.values() for _, meta, key in parts}
+        rules.append((_pattern(hf), hf, tuple(meta for _, meta in sorted(parts)), 0, None))
     renamed, stacked_shapes, unknown = {}, {}, []
     for name, shape in shapes.items():
         for pattern, hf, meta, rotary_heads, turn in rules:
@@ -208,14 +214,14 @@ def to_meta(
                 continue
             found = match.groupdict()
             if isinstance(meta, tuple):  # (a fused tensor, written as its parts)
-                rows = _part_rows([heads_of[m] for m in meta], shape[0], text, f"{where}: {name}")
+                rows = _part_rows([table[m] for m in meta], shape[0], text, f"{where}: {name}")
                 parts = tuple((m.format(i=found.get("i")), n) for m, n in zip(meta, rows))
                 renamed[name] = MetaName(parts[0][0], parts=parts)
                 break
             fqn = meta.format(i=found.get("i"))
             zeros = tuple((z.format(i=found.get("i")), shape[0]) for z in zeros_of.get(hf, ()))
             stacked = (int(found["e"]),) if "e" in found else ()
-            renamed[name] = MetaName(fqn, rotary_heads, stacked, zeros, turn)
+            renamed[name] = MetaName(fqn, rotary_heads, stacked, zeros, turn, flat=meta in flat)
             if stacked:
                 experts = max(stacked_shapes.get(fqn, (0,))[0], stacked[0] + 1)
                 stacked_shapes[fqn] = (experts, *shape)
@@ -243,18 +249,21 @@ def _pattern(hf: str) -> re.Pattern:
     return re.compile("^" + re.escape(hf).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)") + "$")
 
 
-def _part_rows(heads: list[str | None], rows: int, config: dict[str, Any], where: str) -> list[int]:
+def _part_rows(parts: list[Fused], rows: int, config: dict[str, Any], where: str) -> list[int]:
     """The rows of each part of a fused tensor of `rows` rows: by its heads (Fused.heads), or equal shares."""
-    if all(key is None for key in heads):
-        sizes = [rows // len(heads)] * len(heads)
+    if all(part.heads is None for part in parts):
+        sizes = [rows // len(parts)] * len(parts)
     else:
-        width = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-        sizes = [config.get(key) or config["num_attention_heads"] for key in heads]
-        sizes = [count * width for count in sizes]
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        sizes = [
+            (config.get(part.heads) or config["num_attention_heads"])
+            * (config.get(part.width) if part.width else head_dim)
+            for part in parts
+        ]
     if sum(sizes) != rows:
         from ..errors import UnshardError
 
-        raise UnshardError(f"{where}: {rows} rows are not its {len(heads)} parts' {sizes} by config.json")
+        raise UnshardError(f"{where}: {rows} rows are not its {len(parts)} parts' {sizes} by config.json")
     return sizes
 
 

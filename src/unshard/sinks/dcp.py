@@ -79,6 +79,10 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
                     dcp_shapes[fqn], start = (rows, *output.shape[1:]), start + rows
                 chunked_outputs.append(chunked(output, pieces))
                 continue
+            if to.flat:  # (each row one axis: the trainer's Linear of transformers' Conv3d)
+                dcp_shapes[to.fqn] = (output.shape[0], math.prod(output.shape[1:]))
+                chunked_outputs.append(chunked(output, [Piece(to.fqn, 0, output.shape[0], (0, 0))], flat=True))
+                continue
             also = [place(tied[output.name]).fqn] if output.name in tied else []
             if not to.stacked:
                 shape = (output.shape[0], *to.turn.expert(output.shape[1:])) if to.turn else output.shape
@@ -160,11 +164,14 @@ class Chunks:
     padding: int = 0  # how many of `stored`, at its end, are zeros
     copies: int = 0  # times the chunks are stored again under other names (a tied weight's other name)
     turn: Stacked | None = None  # rows that are experts, turned back into the trainer's (gpt-oss's into Megatron's)
+    flat: bool = False  # each row stored as one axis (the trainer's Linear of a Conv3d)
     surveys = False
 
     def encode(self, band, start: int) -> dict[str, Any]:
         import numpy as np
 
+        if self.flat:
+            band = band.reshape(band.shape[0], -1)
         if self.turn is not None:
             band = self.turn.unturned(band)
         if self.head_dim:
@@ -196,12 +203,18 @@ class Piece:
 
 
 def chunked(
-    output: OutputTensor, pieces: list[Piece], head_dim: int = 0, zeros=(), also=(), turn: Stacked | None = None
+    output: OutputTensor,
+    pieces: list[Piece],
+    head_dim: int = 0,
+    zeros=(),
+    also=(),
+    turn: Stacked | None = None,
+    flat: bool = False,
 ) -> OutputTensor:
     """The output with its encoding: each piece cut into chunks of whole rows, of CHUNK_BYTES at most where the
     rows allow (a scalar: itself, one chunk, no encoding); `zeros` (fqn, offsets, shape): boxes written as zeros;
     `also`: other DCP names the same chunks are stored under (a tied weight's); `turn`: each row an expert, stored
-    as the trainer holds it (names.stacked)."""
+    as the trainer holds it (names.stacked); `flat`: each row stored as one axis."""
     if not output.shape:
         return output
     row_bytes = max(1, output.nbytes_as_is // max(1, output.shape[0]))
@@ -212,9 +225,10 @@ def chunked(
         rows = math.gcd(*(piece.rows for piece in pieces))
         per_chunk = next(d for d in range(min(rows, most), 0, -1) if rows % d == 0 and d % multiple == 0)
     inner = turn.expert(output.shape[1:]) if turn is not None else output.shape[1:]  # (a chunk's row)
+    inner = (math.prod(inner),) if flat else inner
     stored = []
     for piece in pieces:
-        row_axis = len(piece.offsets) - len(output.shape)
+        row_axis = len(piece.offsets) - (2 if flat else len(output.shape))
         for at in range(0, piece.rows, per_chunk) if piece.rows else (0,):
             offsets = list(piece.offsets)
             offsets[row_axis] += at
@@ -222,7 +236,7 @@ def chunked(
             stored.append(OutputTensor(_chunk_name(piece.fqn, offsets), shape, output.dtype))
     stored += [replace(c, name=f"{other}@{c.name.rpartition('@')[2]}") for other in also for c in list(stored)]
     stored += [OutputTensor(_chunk_name(fqn, offsets), shape, output.dtype) for fqn, offsets, shape in zeros]
-    encoding = Chunks(tuple(stored), per_chunk, head_dim, len(zeros), len(also), turn)
+    encoding = Chunks(tuple(stored), per_chunk, head_dim, len(zeros), len(also), turn, flat)
     return OutputTensor(output.name, output.shape, output.dtype, encoding)
 
 
