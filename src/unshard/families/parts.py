@@ -134,6 +134,11 @@ NO_META_NAMES = Unsupported(
     "Qwen3.5, Gemma, Gemma 2 and Phi-3 only so far"
 )
 
+# Where a family's module declares no torchtitan names to write (`torchtitan_names`)
+NO_TORCHTITAN_NAMES = Unsupported(
+    "torchtitan's names are written for Llama, Qwen3, Qwen3-MoE, DeepSeek-V3, gpt-oss and Qwen3.5 so far"
+)
+
 
 @dataclass(frozen=True)
 class MoELayout:
@@ -172,9 +177,7 @@ class Family:
     moe_layout: MoELayout | Unsupported  # what merge-moe assembles as this family
     # The names torchtitan's current state-dict adapter gives this family (what `--to dcp --names torchtitan` writes);
     # among meta_names, which also holds older torchtitan's and torchtune's for reading.
-    torchtitan_names: dict[str, Any] | Unsupported = Unsupported(
-        "torchtitan's names are written for Llama, Qwen3, Qwen3-MoE, DeepSeek-V3, gpt-oss and Qwen3.5 so far"
-    )
+    torchtitan_names: dict[str, Any] | Unsupported = NO_TORCHTITAN_NAMES
     # The names torchtune's model gives this family (what `--to dcp --names torchtune` writes), among meta_names
     torchtune_names: dict[str, Any] | Unsupported = Unsupported(
         "torchtune's names are written for Llama, Qwen2, Gemma, Gemma 2 and Phi-3 so far"

@@ -17,6 +17,7 @@ from .parts import (
     DEFAULT_FUSED_SIBLINGS,
     NO_META_NAMES,
     NO_TABLE,
+    NO_TORCHTITAN_NAMES,
     Family,
     GGUFPart,
     MmprojPart,
@@ -262,7 +263,7 @@ def _qwen_vl(
     linearized=None,
     notes=None,
     meta_names=NO_META_NAMES,
-    torchtitan_names=None,
+    torchtitan_names=NO_TORCHTITAN_NAMES,
     **names,
 ) -> Family:
     return Family(
@@ -272,7 +273,7 @@ def _qwen_vl(
         tensors=NO_TABLE,
         megatron=MEGATRON,
         meta_names=meta_names,
-        **({"torchtitan_names": torchtitan_names} if torchtitan_names else {}),
+        torchtitan_names=torchtitan_names,
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
         gguf=text,
         mmproj=MmprojPart(
