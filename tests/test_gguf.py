@@ -610,7 +610,7 @@ def test_byte_level_bpe_vocabularies_as_the_converter_writes_them(case, pre, con
     assert len(fields["tokenizer.ggml.tokens"]) == 103 and fields["tokenizer.ggml.merges"]
 
 
-def test_the_converter_s_own_table_names_a_tokenizer_it_lists(converter, monkeypatch, tmp_path):
+def test_the_converter_s_own_table_names_a_tokenizer_it_lists(monkeypatch, tmp_path):
     """With UNSHARD_LLAMA_CPP naming a llama.cpp checkout, the pre-tokenizer is named as its converter's table names
     it: here a copy of the converter whose table lists the fixture's tokenizer by the hash the converter itself
     computes for it (as llama.cpp's convert_hf_to_gguf_update.py adds a model), under a name other than its split's
@@ -626,14 +626,19 @@ def test_the_converter_s_own_table_names_a_tokenizer_it_lists(converter, monkeyp
         json.dumps({**config, "tokenizer_class": "PreTrainedTokenizerFast"})
     )
     root = generate.llama_cpp_source()
-    refused = subprocess.run(
-        [str(generate.peer_python("llamacpp")), str(root / "convert_hf_to_gguf.py"), str(tmp_path / "hf")]
-        + ["--outfile", str(tmp_path / "refused.gguf")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
-    )
+
+    def convert(checkout: Path, *args: str) -> subprocess.CompletedProcess:
+        """The converter of this checkout, run on the folder."""
+        return subprocess.run(
+            [str(generate.peer_python("llamacpp")), str(checkout / "convert_hf_to_gguf.py"), str(tmp_path / "hf")]
+            + list(args),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        )
+
+    refused = convert(root, "--outfile", str(tmp_path / "refused.gguf"))
     assert refused.returncode != 0 and "** chkhsh:" in refused.stderr, refused.stderr[-2000:]
     chkhsh = refused.stderr.split("** chkhsh:")[1].split()[0]
     checkout = tmp_path / "llama.cpp"
@@ -649,14 +654,7 @@ def test_the_converter_s_own_table_names_a_tokenizer_it_lists(converter, monkeyp
     assert base.count("        res = None\n") == 1
     (checkout / "conversion" / "base.py").write_text(base.replace("        res = None\n", listed))
     oracle = tmp_path / "oracle.gguf"
-    done = subprocess.run(
-        [str(generate.peer_python("llamacpp")), str(checkout / "convert_hf_to_gguf.py"), str(tmp_path / "hf")]
-        + ["--outtype", "f16", "--outfile", str(oracle)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
-    )
+    done = convert(checkout, "--outtype", "f16", "--outfile", str(oracle))
     assert done.returncode == 0, done.stderr[-3000:]
 
     def ours(name: str, checkout: Path) -> Path:
