@@ -237,6 +237,11 @@ TESTED = {
         "gpt_oss": "gptoss-fsdp2",
         "seed_oss": "seedoss-fsdp2",
         "ernie4_5": "ernie45-fsdp2-spm",
+        "granite": "granite-fsdp2",
+        "arcee": "arcee-fsdp2",
+        "exaone4": "exaone4-fsdp2",
+        "stablelm": "stablelm-fsdp2",
+        "starcoder2": "starcoder2-fsdp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "qwen2_vl": "qwen2vl-fsdp2",

@@ -432,3 +432,37 @@ def test_megatron_moe_checkpoints_straight_to_gguf(case, converter, tmp_path):
     ours = tmp_path / "m.gguf"
     unshard.convert(src, ours, config_from=tmp_path / "hf", output=unshard.OutputOptions(gguf="bf16"), progress=False)
     assert_same_file(ours, converter(tmp_path / "hf", "bf16", tmp_path / "oracle.gguf", pre=pre))
+
+
+# Dense families by llama.cpp's architecture: a Llama with scales (granite), a Llama's attention with a gateless ReLU²
+# MLP (arcee), q and k norms and post-norms (exaone4), LayerNorms and partial rope with a header of the converter's own
+# (stablelm), LayerNorms, biases and a GELU MLP through the TextModel as it is (starcoder2)
+DENSE = {
+    "granite-fsdp2": "granite",
+    "arcee-fsdp2": "arcee",
+    "exaone4-fsdp2": "exaone4",
+    "stablelm-fsdp2": "stablelm",
+    "starcoder2-fsdp2": "starcoder2",
+}
+
+
+@pytest.mark.parametrize("case", DENSE)
+def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(case, converter, llama_cpp, tmp_path):
+    """Read from verl's FSDP2 rank files, each family's f32 file is the converter's (of the folder unshard writes
+    from the same files), field for field and byte for byte, and llama.cpp computes transformers' logits from it."""
+    import transformers
+
+    src = SHIPPED / case / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    pre = for_the_converter(tmp_path / "hf")
+    ours = tmp_path / "f32.gguf"
+    unshard.convert(src, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    assert_same_file(ours, converter(tmp_path / "hf", "f32", tmp_path / "oracle-f32.gguf", pre=pre))
+    fields, _ = contents(ours)
+    assert fields["general.architecture"] == DENSE[case]
+    model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
+    prompt = [1, 5, 20, 33, 41, 50, 60, 2]
+    expected = model(torch.tensor([prompt])).logits[0].detach()
+    logits, _ = llama_cpp(ours, prompt, 0)
+    distance = ((logits - expected).norm() / expected.norm()).item()
+    assert distance <= LLAMA_CPP_TOLERANCE["f32"], distance

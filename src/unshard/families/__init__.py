@@ -14,7 +14,27 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from . import deepseek, ernie, gemma, glm, gpt_oss, llama, mixtral, olmo, phi3, qwen, qwen_moe, qwen_next, seed_oss, vlm
+from . import (
+    arcee,
+    deepseek,
+    ernie,
+    exaone,
+    gemma,
+    glm,
+    gpt_oss,
+    granite,
+    llama,
+    mixtral,
+    olmo,
+    phi3,
+    qwen,
+    qwen_moe,
+    qwen_next,
+    seed_oss,
+    stablelm,
+    starcoder2,
+    vlm,
+)
 from .parts import DEFAULT_FUSED_SIBLINGS, Family, MoELayout, Unsupported
 
 # In the order the matrix lists them; merge-moe tries its layouts in this order too (Mixtral first, as mergekit).
@@ -26,6 +46,11 @@ FAMILIES: tuple[Family, ...] = (
     *olmo.FAMILIES,
     *seed_oss.FAMILIES,
     *ernie.FAMILIES,
+    *granite.FAMILIES,
+    *arcee.FAMILIES,
+    *exaone.FAMILIES,
+    *stablelm.FAMILIES,
+    *starcoder2.FAMILIES,
     *mixtral.FAMILIES,
     *qwen_moe.FAMILIES,
     *qwen_next.FAMILIES,

@@ -111,8 +111,10 @@ def text_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
         writer.add_rope_freq_base(rope["rope_theta"])
     if rope_by_layer.get("sliding_attention", {}).get("rope_theta") is not None:
         writer.add_rope_freq_base_swa(rope_by_layer["sliding_attention"]["rope_theta"])
-    if hparams.get("rms_norm_eps") is not None:
-        writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
+    if (rms_norm_eps := first_of(hparams, "rms_norm_eps", "norm_eps")) is not None:
+        writer.add_layer_norm_rms_eps(rms_norm_eps)
+    if (norm_eps := first_of(hparams, "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")) is not None:
+        writer.add_layer_norm_eps(norm_eps)  # (a LayerNorm's: StarCoder 2's, StableLM's)
     if (experts := first_of(hparams, "num_local_experts", "num_experts", "n_routed_experts")) is not None:
         writer.add_expert_count(experts)
     if (used := first_of(hparams, "num_experts_per_tok", "num_experts_per_token", "top_k_experts")) is not None:
@@ -130,6 +132,14 @@ def text_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
         writer.add_key_length(hparams["head_dim"])
         writer.add_value_length(hparams["head_dim"])
     writer.add_file_type(ftype)
+
+
+def llama_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's LlamaModel's: the TextModel's, then the vocabulary's size and the dimensions rope rotates (a
+    whole head's)."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_vocab_size(hparams["vocab_size"])
+    writer.add_rope_dimension_count(hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"])
 
 
 # the config keys the converter reads the experts' gating function from, the first set one

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
 from ..names import megatron_rules as m
+from .gguf_hooks import llama_hyperparameters
 from .parts import NO_META_NAMES, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, MegatronRules, Unsupported
 
 # torchtune's and torchtitan's names (layer as {i}) -> (Hugging Face name, which rotary permutation: q, k or none)
@@ -117,7 +118,9 @@ def smollm3_checked(hparams: dict, where: Path) -> None:
 
 
 # llama.cpp's llama: Llama, Mistral and Mixtral
-GGUF = GGUFPart("LLAMA", computed=llama_computed, permute_qk=True, llama_vocabulary=True)
+GGUF = GGUFPart(
+    "LLAMA", hyperparameters=llama_hyperparameters, computed=llama_computed, permute_qk=True, llama_vocabulary=True
+)
 TEXT_ONLY = Unsupported("a text model: it has no vision part", applies=False)
 
 FAMILIES = (
@@ -171,7 +174,12 @@ FAMILIES = (
         meta_names=NO_META_NAMES,
         fused_siblings=SIBLINGS,
         gguf=GGUFPart(
-            "SMOLLM3", computed=llama_computed, permute_qk=True, llama_vocabulary=True, check_config=smollm3_checked
+            "SMOLLM3",
+            hyperparameters=llama_hyperparameters,
+            computed=llama_computed,
+            permute_qk=True,
+            llama_vocabulary=True,
+            check_config=smollm3_checked,
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,

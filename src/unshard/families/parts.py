@@ -77,7 +77,7 @@ class GGUFPart:
     # SmolLM3's layers without rotary embeddings)
     check_config: Callable[..., None] | None = None
     vocabulary: str = "auto"  # auto: SentencePiece where there is a tokenizer.model, else BPE; bpe: tokenizer.json only
-    llama_vocabulary: bool = False  # the converter's LlamaModel: vocabulary size, rope dimensions, space prefix
+    llama_vocabulary: bool = False  # the converter's LlamaModel's vocabulary: its space prefix
     expert_widths: bool = False  # the experts' (and a shared expert's) widths, after the file type
     phi3_tokens: bool = False  # (Phi-3's tokenizer, as the converter reads it)
     # (name, shape, hparams, where) -> how the converter stores that tensor otherwise than as it is, or None
@@ -138,6 +138,16 @@ NO_META_NAMES = Unsupported(
 NO_TORCHTITAN_NAMES = Unsupported(
     "torchtitan's names are written for Llama, Qwen3, Qwen3-MoE, DeepSeek-V3, gpt-oss and Qwen3.5 so far"
 )
+
+
+def no_trainer_model(name: str) -> dict[str, Unsupported]:
+    """The parts of a family that neither torchtitan (0.3) nor torchtune (0.6.1) has a model of: no names to read
+    or write, which the matrix shows as not applying."""
+    return dict(
+        meta_names=Unsupported(f"torchtitan and torchtune have no {name} model", applies=False),
+        torchtitan_names=Unsupported(f"torchtitan has no {name} model", applies=False),
+        torchtune_names=Unsupported(f"torchtune has no {name} model", applies=False),
+    )
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def plan_gguf(
     outputs = _without_layers_past(plan, outputs, blocks)
     parameters = _plan_tensors(plan, outputs, hparams, part, arch, head_dim, experts, blocks, where)
     _computed_tensors(plan, hparams, part, head_dim, where)
-    plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, head_dim, blocks, part)
+    plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, blocks, part)
     if file_type in QUANTIZED:  # llama-quantize sets these two over what it copies, which puts them last
         fields = plan.writer.kv_data[0]
         for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
@@ -336,13 +336,12 @@ def _metadata(
     folder: Path,
     ftype,
     parameters: tuple[int, int, int, int],
-    head_dim: int,
     blocks: int,
     part: GGUFPart,
 ) -> str:
     """The key-values the converter writes, in its order (general, hyper-parameters, tokenizer), with the family's
-    hooks: its own hyper-parameters, a `llama`'s (the converter's LlamaModel) vocabulary size, rope dimensions and
-    space prefix, what follows the vocabulary."""
+    hooks: its own hyper-parameters, a `llama`'s (the converter's LlamaModel) space prefix, what follows the
+    vocabulary."""
     gguf = gguf_py()
     writer.add_type(gguf.GGUFType.MODEL)
     general_metadata(writer, folder, parameters)
@@ -352,9 +351,6 @@ def _metadata(
             writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
         if hparams.get("shared_expert_intermediate_size") is not None:
             writer.add_expert_shared_feed_forward_length(hparams["shared_expert_intermediate_size"])
-    if part.llama_vocabulary:
-        writer.add_vocab_size(hparams["vocab_size"])
-        writer.add_rope_dimension_count(head_dim)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     vocabulary = write_vocabulary(
         writer,

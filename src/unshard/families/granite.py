@@ -1,0 +1,62 @@
+"""Granite (IBM's): Llama's layout with four multipliers, on the embedding, the attention's scores, each residual and
+the logits; llama.cpp's granite, whose converter is its LlamaModel (q and k reordered per head) with those four scales
+after the Llama's header."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigMismatchError
+from .gguf_hooks import llama_hyperparameters
+from .llama import SIBLINGS, TEXT_ONLY, llama_computed
+from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
+
+# The config's multipliers, as llama.cpp's scales, in the converter's order (a multiplier of 0 or none: not written)
+SCALES = (
+    ("attention_multiplier", "add_attention_scale"),
+    ("embedding_multiplier", "add_embedding_scale"),
+    ("residual_multiplier", "add_residual_scale"),
+    ("logits_scaling", "add_logit_scale"),
+)
+
+
+def granite_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's GraniteModel's: a Llama's header without the head width (it ignores head_dim), then the
+    scales."""
+    llama_hyperparameters(writer, {k: v for k, v in hparams.items() if k != "head_dim"}, ftype, blocks, folder)
+    for key, add in SCALES:
+        if hparams.get(key):
+            getattr(writer, add)(hparams[key])
+
+
+def granite_checked(hparams: dict, where: Path) -> None:
+    """llama.cpp's granite takes a head as hidden_size / heads wide, whatever head_dim says."""
+    width = hparams["hidden_size"] // hparams["num_attention_heads"]
+    if hparams.get("head_dim") not in (None, width):
+        raise ConfigMismatchError(
+            f"{where}: head_dim is {hparams['head_dim']}, and llama.cpp's granite takes heads of hidden_size / "
+            f"num_attention_heads = {width}: it would compute another model; serve this one with transformers or vLLM"
+        )
+
+
+FAMILIES = (
+    Family(
+        "Granite",
+        "granite",
+        "GraniteForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Granite layout (its multipliers) is not mapped yet"),
+        **no_trainer_model("Granite"),
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "GRANITE",
+            hyperparameters=granite_hyperparameters,
+            computed=llama_computed,
+            permute_qk=True,
+            llama_vocabulary=True,
+            check_config=granite_checked,
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
+    ),
+)
