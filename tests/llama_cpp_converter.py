@@ -1,18 +1,39 @@
-"""llama.cpp's convert_hf_to_gguf.py run as it is, but for the name of a BPE tokenizer's pre-tokenizer, which
-the caller gives: the converter looks it up by a hash of one text's token ids among the models it knows, and a
-tokenizer trained for a test is none of them. The rest of the vocabulary (tokens, types, merges, special
-tokens) is the converter's own.
+"""llama.cpp's convert_hf_to_gguf.py run as it is, in one process that converts one folder per line of its input,
+for the tests' session: each run in a process of its own imports torch and transformers 4 again (5 s of a core), and
+the GGUF tests run the converter some hundred times. A job may name the byte-level BPE pre-tokenizer: the converter
+looks it up by a hash of one text's token ids among the models it knows, and a tokenizer trained for a test is none of
+them. The rest of the vocabulary (tokens, types, merges, special tokens) is the converter's own.
 
-    python llama_cpp_converter.py CONVERTER_FOLDER PRE_NAME [the converter's arguments...]
+    python llama_cpp_converter.py CONVERTER_FOLDER < jobs
+    job, one JSON line:   {"pre": PRE_NAME or null, "args": [the converter's arguments...]}
+    reply, one JSON line: {"ok": true or false, "error": "the traceback's end"}
+The converter's own output (its log, its prints) goes to standard error.
 """
 
+import json
+import os
 import runpy
 import sys
+import traceback
 
-root, pre, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+root = sys.argv[1]
 sys.path.insert(0, root)
 from conversion.base import TextModel  # noqa: E402  (the converter's own package, found in its folder)
 
-TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
-sys.argv = [f"{root}/convert_hf_to_gguf.py", *args]
-runpy.run_path(sys.argv[0], run_name="__main__")
+own_pre = TextModel.get_vocab_base_pre
+replies = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)  # (what the converter prints goes to standard error, and the replies alone to standard output)
+sys.stdout = sys.stderr
+for line in sys.stdin:
+    job = json.loads(line)
+    TextModel.get_vocab_base_pre = (lambda self, tokenizer, pre=job["pre"]: pre) if job["pre"] else own_pre
+    sys.argv = [os.path.join(root, "convert_hf_to_gguf.py"), *job["args"]]
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        ok, error = True, ""
+    except SystemExit as e:  # (the converter's main exits 1 on what it refuses, having logged why)
+        ok, error = e.code in (0, None), f"the converter exited with {e.code}"
+    except Exception:
+        ok, error = False, traceback.format_exc()
+    replies.write(json.dumps({"ok": ok, "error": error[-3000:]}) + "\n")
+    replies.flush()

@@ -37,42 +37,43 @@ NAMING = {"general.name", "general.tags"}
 
 
 @pytest.fixture(scope="session")
-def converter():
-    """Runs llama.cpp's convert_hf_to_gguf.py on a Hugging Face folder."""
+def converter(tmp_path_factory):
+    """Runs llama.cpp's convert_hf_to_gguf.py on a Hugging Face folder, in one process kept for the session
+    (llama_cpp_converter.py), its log in a file."""
     root, python = generate.llama_cpp_source(), generate.peer_python("llamacpp")
+    log = tmp_path_factory.mktemp("converter") / "converter.log"
+    server: list[subprocess.Popen] = []  # (started by the first run, and again if it died)
 
     def run(
         folder: Path, outtype: str, out: Path, pre: str | None = None, mmproj: bool = False, more: tuple = ()
     ) -> Path:
-        """pre: the BPE pre-tokenizer's name, given to the converter (llama_cpp_converter.py) for a tokenizer
-        trained by the fixtures, which its table of known tokenizers' hashes lacks. mmproj: write a vision-language
-        model's vision part (its --mmproj) rather than its text model. more: its other arguments."""
-        script = (
-            [str(root / "convert_hf_to_gguf.py")]
-            if pre is None
-            else [str(Path(__file__).parent / "llama_cpp_converter.py"), str(root), pre]
-        )
-        done = subprocess.run(
-            [
-                str(python),
-                *script,
-                str(folder),
-                "--outtype",
-                outtype,
-                "--outfile",
-                str(out),
-                *(["--mmproj"] if mmproj else []),
-                *more,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=dict(os.environ, HF_HUB_OFFLINE="1"),
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        """pre: the BPE pre-tokenizer's name, given to the converter for a tokenizer trained by the fixtures, which
+        its table of known tokenizers' hashes lacks. mmproj: write a vision-language model's vision part (its
+        --mmproj) rather than its text model. more: its other arguments."""
+        if not server or server[0].poll() is not None:
+            server[:] = [
+                subprocess.Popen(
+                    [str(python), str(Path(__file__).parent / "llama_cpp_converter.py"), str(root)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log.open("a"),
+                    text=True,
+                    env=dict(os.environ, HF_HUB_OFFLINE="1"),
+                )
+            ]
+        args = [str(folder), "--outtype", outtype, "--outfile", str(out), *(["--mmproj"] if mmproj else []), *more]
+        server[0].stdin.write(json.dumps({"pre": pre, "args": list(map(str, args))}) + "\n")
+        server[0].stdin.flush()
+        reply = server[0].stdout.readline()
+        assert reply, log.read_text()[-3000:]
+        done = json.loads(reply)
+        assert done["ok"], done["error"] + "\n" + log.read_text()[-3000:]
         return out
 
-    return run
+    yield run
+    if server:
+        server[0].stdin.close()
+        server[0].wait(timeout=60)
 
 
 def for_the_converter(folder: Path) -> str | None:
@@ -1105,6 +1106,16 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("smollm3-fsdp2", {"no_rope_layers": [1, 0, 1, 1]}, "no_rope_layers is not every fourth layer"),
         ("smollm3-fsdp2", {"use_sliding_window": True}, "use_sliding_window is set, and llama.cpp's smollm3 has no"),
         ("gptoss-fsdp2", {"swiglu_limit": 10.0}, "swiglu_limit is 10.0, and llama.cpp's gpt-oss computes with 7.0"),
+        # Granite's heads as hidden_size / heads wide; EXAONE 4's sliding windows on 64 layers alone; StableLM's rope
+        # base of 10000 and q and k norms per head (the converter stacks them, unshard does not yet)
+        ("granite-fsdp2", {"head_dim": 32}, "head_dim is 32, and llama.cpp's granite takes heads of hidden_size"),
+        (
+            "exaone4-fsdp2",
+            {"sliding_window": 32, "layer_types": ["sliding_attention", "full_attention"]},
+            "a sliding window on 2 layers, which llama.cpp's exaone4 runs as global layers with rope",
+        ),
+        ("stablelm-fsdp2", {"rope_parameters": {"rope_theta": 1e6, "partial_rotary_factor": 0.25}}, "rope_theta is"),
+        ("stablelm-fsdp2", {"qk_layernorm": True}, "qk_layernorm is set: StableLM's per-head q and k norms"),
         # a config of other experts than the checkpoint's
         (
             "mixtral8-fsdp2-spm",
