@@ -242,6 +242,9 @@ TESTED = {
         "exaone4": "exaone4-fsdp2",
         "stablelm": "stablelm-fsdp2",
         "starcoder2": "starcoder2-fsdp2",
+        "cohere": "cohere-fsdp2",
+        "olmo": "olmo-fsdp2",
+        "nemotron": "nemotron-fsdp2-spm",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "qwen2_vl": "qwen2vl-fsdp2",

@@ -1116,6 +1116,11 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ),
         ("stablelm-fsdp2", {"rope_parameters": {"rope_theta": 1e6, "partial_rotary_factor": 0.25}}, "rope_theta is"),
         ("stablelm-fsdp2", {"qk_layernorm": True}, "qk_layernorm is set: StableLM's per-head q and k norms"),
+        (
+            "cohere-fsdp2",
+            {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+            "rope type 'linear', and llama.cpp's command-r turns rope unscaled",
+        ),
         # a config of other experts than the checkpoint's
         (
             "mixtral8-fsdp2-spm",

@@ -436,13 +436,18 @@ def test_megatron_moe_checkpoints_straight_to_gguf(case, converter, tmp_path):
 
 # Dense families by llama.cpp's architecture: a Llama with scales (granite), a Llama's attention with a gateless ReLU²
 # MLP (arcee), q and k norms and post-norms (exaone4), LayerNorms and partial rope with a header of the converter's own
-# (stablelm), LayerNorms, biases and a GELU MLP through the TextModel as it is (starcoder2)
+# (stablelm), LayerNorms, biases and a GELU MLP through the TextModel as it is (starcoder2), attention and MLP in
+# parallel with scaled logits (command-r), LayerNorms without parameters and q, k, v clipped (olmo), LayerNorms as
+# 1 + weight with a SentencePiece vocabulary (nemotron)
 DENSE = {
     "granite-fsdp2": "granite",
     "arcee-fsdp2": "arcee",
     "exaone4-fsdp2": "exaone4",
     "stablelm-fsdp2": "stablelm",
     "starcoder2-fsdp2": "starcoder2",
+    "cohere-fsdp2": "command-r",
+    "olmo-fsdp2": "olmo",
+    "nemotron-fsdp2-spm": "nemotron",
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import (
     arcee,
+    cohere,
     deepseek,
     ernie,
     exaone,
@@ -25,6 +26,7 @@ from . import (
     granite,
     llama,
     mixtral,
+    nemotron,
     olmo,
     phi3,
     qwen,
@@ -51,6 +53,8 @@ FAMILIES: tuple[Family, ...] = (
     *exaone.FAMILIES,
     *stablelm.FAMILIES,
     *starcoder2.FAMILIES,
+    *cohere.FAMILIES,
+    *nemotron.FAMILIES,
     *mixtral.FAMILIES,
     *qwen_moe.FAMILIES,
     *qwen_next.FAMILIES,
