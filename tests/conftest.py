@@ -65,7 +65,7 @@ def tied_qwen2(folder: Path):
 
 # Test files whose peer venv CI makes in the background (generate.py --peers) while llama.cpp compiles: run where
 # their names put them (second, third), they kept the other tests waiting for it. Run last, in this order.
-LAST = ("test_compressed_sources.py", "test_colossalai.py")
+LAST = ("test_compressed_sources.py",)
 # And test files run where another name would put them: test_gguf.py and test_gguf_families.py (about a sixth of the
 # suite, one file for each worker) need llama.cpp compiled, about 15 minutes into a CI run; where its own name put
 # test_gguf.py, on two workers, it waited 586 s for it.
@@ -73,8 +73,8 @@ AS_IF_NAMED = {"test_gguf.py": "test_n", "test_gguf_families.py": "test_n"}
 
 
 def pytest_collection_modifyitems(items):
-    """The tests of LAST at the end: ColossalAI's fresh fixture needs its peer venv, a 5.8 GB download (7 minutes
-    of waiting where its name put it); the compressed-tensors sources need llm-compressor's (174 s in setup)."""
+    """The tests of LAST at the end: the compressed-tensors sources need llm-compressor's peer venv (174 s in setup
+    where their name put them)."""
 
     def place(item) -> tuple[int, str]:
         name = item.path.name
