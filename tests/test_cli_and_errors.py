@@ -13,6 +13,7 @@ import textwrap
 import pytest
 import torch
 from conftest import SHIPPED
+from unshard_forks import run_unshard
 
 import unshard
 from unshard.write import threads
@@ -21,9 +22,7 @@ LLAMA = SHIPPED / "llama-fsdp2"
 
 
 def run_cli(*args, cwd=None):
-    done = subprocess.run(
-        [sys.executable, "-m", "unshard", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
-    )
+    done = run_unshard(*args, cwd=cwd)
     return done.returncode, done.stdout, done.stderr
 
 

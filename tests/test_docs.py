@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT
 from hub_standin import Hub
 from test_verl_and_hub import hub_env
+from unshard_forks import run_unshard
 
 PAGES = ["README.md", "docs/getting-started.md"]
 # What a shown command may be besides unshard's own: setting the venv up and running the tests, which CI does itself
@@ -54,14 +55,7 @@ def test_every_command_shown_runs(page, tmp_path):
         for command in ours:
             # (nothing written outside the test's folder)
             words = [w.replace("/tmp/", f"{tmp_path / 'tmp'}/") for w in shlex.split(command)]
-            done = subprocess.run(
-                [sys.executable, "-m", "unshard", *words[1:]],
-                cwd=tmp_path,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
+            done = run_unshard(*words[1:], cwd=tmp_path, env=env)
             assert done.returncode == 0, (command, done.stderr[-2000:])
         pushed = [c for c in ours if "--push-to-hub" in c]
         for command in pushed:

@@ -23,6 +23,7 @@ import pytest
 import torch
 from conftest import FIXTURES, SHIPPED
 from safetensors.torch import load_file
+from unshard_forks import run_unshard
 
 # fixture -> (what a user points unshard at, and --config-from, inside it)
 LAYOUTS = {
@@ -50,12 +51,7 @@ SEED = 13  # (the GGUF and merging campaigns')
 
 def convert(src: Path, out: Path, config_from: Path | None) -> subprocess.CompletedProcess:
     extra = ["--config-from", str(config_from)] if config_from else []
-    return subprocess.run(
-        [sys.executable, "-m", "unshard", "convert", str(src), str(out), "--verify", "--no-progress", *extra],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return run_unshard("convert", src, out, "--verify", "--no-progress", *extra, timeout=180)
 
 
 def mutate(folder: Path, rng: random.Random) -> str:
@@ -156,9 +152,8 @@ def test_a_damaged_record_header_is_one_line_not_garbage(tmp_path):
     chunk.write_bytes(bytes(data))
     for verify in (True, False):
         out = work / "out"
-        cmd = [sys.executable, "-m", "unshard", "convert", str(work / "dcp"), str(out), "--config-from"]
-        cmd += [str(work / "hf"), "--dtype", "float32", "--no-progress"] + (["--verify"] if verify else [])
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        cmd = ["convert", work / "dcp", out, "--config-from", work / "hf", "--dtype", "float32", "--no-progress"]
+        done = run_unshard(*cmd, *(["--verify"] if verify else []), timeout=180)
         assert one_line_or_exact("record header damaged", done, work, out, {}) is None
         assert done.returncode == 1 and f"{chunk}: a record's header in its archive is damaged" in done.stderr
 
@@ -190,9 +185,7 @@ def test_damaged_merge_inputs_give_the_same_merge_or_one_line(tmp_path):
             if recipe == "extract-lora"
             else [RECIPES[recipe][0], str(work / recipe), str(out)]
         )
-        return subprocess.run(
-            [sys.executable, "-m", "unshard", *command, "--no-progress"], capture_output=True, text=True, timeout=180
-        )
+        return run_unshard(*command, "--no-progress", timeout=180)
 
     def inputs(work: Path) -> None:
         shutil.copytree(FIXTURES / "search-models", work, ignore=shutil.ignore_patterns("eval.*"))
@@ -243,12 +236,7 @@ def test_damaged_checkpoints_give_the_same_gguf_or_one_line(tmp_path):
     the chat template through gguf-py): a Gemma with a SentencePiece tokenizer."""
 
     def convert_to_gguf(src: Path, out: Path) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "unshard", "convert", str(src), str(out), "--verify", "--no-progress"],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        return run_unshard("convert", src, out, "--verify", "--no-progress", timeout=180)
 
     layout = "gemma-fsdp2-spm"
     done = convert_to_gguf(SHIPPED / layout / "global_step_1", tmp_path / "intact.gguf")

@@ -15,13 +15,13 @@ import pytest
 import torch
 from conftest import SHIPPED
 from safetensors.torch import load_file
+from unshard_forks import run_unshard
 
-UNSHARD = [sys.executable, "-m", "unshard"]
 CASE = SHIPPED / "llama-hf-pickles"
 
 
 def run(*args, ok=True) -> subprocess.CompletedProcess:
-    done = subprocess.run([*UNSHARD, *map(str, args)], capture_output=True, text=True, timeout=600)
+    done = run_unshard(*args, timeout=600)
     if ok:
         assert done.returncode == 0, done.stderr
     return done

@@ -12,6 +12,7 @@ from conftest import SHIPPED
 from generate import CASES
 from safetensors.torch import load_file
 from test_cli_and_errors import leftovers, run_cli
+from unshard_forks import run_unshard
 
 import unshard
 
@@ -105,9 +106,7 @@ def test_config_made_from_args_is_removed_when_the_command_ends(tmp_path):
         (["convert", src, tmp_path / "out"], 1),
         (["inspect", src], 0),
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "unshard", *map(str, args)], env=env, capture_output=True, timeout=300
-        )
+        done = run_unshard(*args, env=env)
         assert done.returncode == code, done.stderr
         assert list(scratch.glob("unshard-*")) == [], args
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "qwen2_moe"

@@ -18,13 +18,13 @@ from conftest import ROOT, SHIPPED
 from generate import peer_python
 from hub_standin import TOKEN, Hub, validate_card
 from safetensors.torch import load_file, save_file
+from unshard_forks import run_unshard
 
-UNSHARD = [sys.executable, "-m", "unshard"]
 EXAMPLE = ROOT / "examples" / "tiny-llama-verl-fsdp2" / "global_step_1"
 
 
 def run(*args, env=None, ok=True) -> subprocess.CompletedProcess:
-    done = subprocess.run([*UNSHARD, *map(str, args)], capture_output=True, text=True, timeout=600, env=env)
+    done = run_unshard(*args, env=env, timeout=600)
     if ok:
         assert done.returncode == 0, done.stderr
     return done
