@@ -438,7 +438,8 @@ def test_megatron_moe_checkpoints_straight_to_gguf(case, converter, tmp_path):
 # MLP (arcee), q and k norms and post-norms (exaone4), LayerNorms and partial rope with a header of the converter's own
 # (stablelm), LayerNorms, biases and a GELU MLP through the TextModel as it is (starcoder2), attention and MLP in
 # parallel with scaled logits (command-r), LayerNorms without parameters and q, k, v clipped (olmo), LayerNorms as
-# 1 + weight with a SentencePiece vocabulary (nemotron)
+# 1 + weight with a SentencePiece vocabulary (nemotron), post-norms, gate and up fused and special tokens named by their
+# text (glm4)
 DENSE = {
     "granite-fsdp2": "granite",
     "arcee-fsdp2": "arcee",
@@ -448,6 +449,7 @@ DENSE = {
     "cohere-fsdp2": "command-r",
     "olmo-fsdp2": "olmo",
     "nemotron-fsdp2-spm": "nemotron",
+    "glm4-fsdp2": "glm4",
 }
 
 
@@ -465,9 +467,26 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     assert_same_file(ours, converter(tmp_path / "hf", "f32", tmp_path / "oracle-f32.gguf", pre=pre))
     fields, _ = contents(ours)
     assert fields["general.architecture"] == DENSE[case]
+    if case == "glm4-fsdp2":  # (the end of turn, which GLM-4's converter names by its text, rope on half a head)
+        eot = fields["tokenizer.ggml.tokens"].index("<|user|>")
+        assert fields["tokenizer.ggml.eot_token_id"] == eot and fields["glm4.rope.dimension_count"] == 8
     model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]
     expected = model(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(ours, prompt, 0)
     distance = ((logits - expected).norm() / expected.norm()).item()
     assert distance <= LLAMA_CPP_TOLERANCE["f32"], distance
+
+
+def test_a_tokenizer_without_the_special_tokens_glm4_names_is_one_line(tmp_path):
+    """GLM-4's converter looks its end of turn up by its text among the added tokens (a KeyError where it is not):
+    a tokenizer without it is one line naming the file, and nothing is written."""
+    src = SHIPPED / "glm4-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    path = tmp_path / "hf" / "tokenizer.json"
+    tokenizer = json.loads(path.read_text())
+    tokenizer["added_tokens"] = [t for t in tokenizer["added_tokens"] if t["content"] != "<|user|>"]
+    path.write_text(json.dumps(tokenizer))
+    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress")
+    assert code == 1 and f"{path}: has no added token <|user|>, which llama.cpp's eot token" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists()
