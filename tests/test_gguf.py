@@ -1121,6 +1121,11 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
             {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
             "rope type 'linear', and llama.cpp's command-r turns rope unscaled",
         ),
+        (
+            "gptneox-fsdp2",
+            {"rope_parameters": {"rope_theta": 1e6, "partial_rotary_factor": 0.25, "rope_type": "default"}},
+            "rope_theta is 1000000.0, and llama.cpp's gptneox turns rope at 10000",
+        ),
         # a config of other experts than the checkpoint's
         (
             "mixtral8-fsdp2-spm",

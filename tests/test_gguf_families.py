@@ -450,6 +450,12 @@ DENSE = {
     "olmo-fsdp2": "olmo",
     "nemotron-fsdp2-spm": "nemotron",
     "glm4-fsdp2": "glm4",
+    "gptneox-fsdp2": "gptneox",
+}
+# What transformers 4 wrote in a config and 5 writes otherwise, which the converter reads: given to its copy of the
+# folder (a config from the Hub has it; unshard reads either)
+TRANSFORMERS_4_KEYS = {
+    "gptneox-fsdp2": lambda config: {"rotary_pct": config["rope_parameters"]["partial_rotary_factor"]},
 }
 
 
@@ -464,6 +470,9 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     pre = for_the_converter(tmp_path / "hf")
     ours = tmp_path / "f32.gguf"
     unshard.convert(src, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    if case in TRANSFORMERS_4_KEYS:
+        config = json.loads((tmp_path / "hf" / "config.json").read_text())
+        (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **TRANSFORMERS_4_KEYS[case](config)}))
     assert_same_file(ours, converter(tmp_path / "hf", "f32", tmp_path / "oracle-f32.gguf", pre=pre))
     fields, _ = contents(ours)
     assert fields["general.architecture"] == DENSE[case]

@@ -55,6 +55,17 @@ def rope_parameters(hparams: dict) -> tuple[dict, dict]:
     return by_layer, dict(by_layer.get("full_attention", by_layer))
 
 
+def turned_at_llama_cpp_base(hparams: dict, where: Path, arch: str) -> None:
+    """Refuses a rope base other than 10000, which llama.cpp takes for an architecture whose converter writes none
+    (StableLM's, GPT-NeoX's): it would compute another model."""
+    theta = rope_parameters(hparams)[1].get("rope_theta", 10000)
+    if theta != 10000:
+        raise ConfigMismatchError(
+            f"{where}: rope_theta is {theta}, and llama.cpp's {arch} turns rope at 10000: it would compute another "
+            "model; serve this one with transformers or vLLM"
+        )
+
+
 def rotary_dimensions(hparams: dict, rope: dict) -> int:
     """The dimensions of a head that rope rotates (all but for a partial rotary factor)."""
     return int(rope.get("partial_rotary_factor", 1.0) * hparams["hidden_size"]) // hparams["num_attention_heads"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import first_of, rope_parameters
+from .gguf_hooks import first_of, rope_parameters, turned_at_llama_cpp_base
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
 
@@ -33,11 +33,7 @@ def stablelm_checked(hparams: dict, where: Path) -> None:
     _, rope = rope_parameters(hparams)
     if rope.get("partial_rotary_factor") is None:
         raise ConfigMismatchError(f"{where}: no partial_rotary_factor, which llama.cpp's stablelm needs; add it")
-    if rope.get("rope_theta", 10000) != 10000:
-        raise ConfigMismatchError(
-            f"{where}: rope_theta is {rope['rope_theta']}, and llama.cpp's stablelm turns rope at 10000: it would "
-            "compute another model; serve this one with transformers or vLLM"
-        )
+    turned_at_llama_cpp_base(hparams, where, "stablelm")
     if hparams.get("qk_layernorm"):
         raise ConfigMismatchError(
             f"{where}: qk_layernorm is set: StableLM's per-head q and k norms are not written as GGUF by unshard "
