@@ -1126,6 +1126,8 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
             {"rope_parameters": {"rope_theta": 1e6, "partial_rotary_factor": 0.25, "rope_type": "default"}},
             "rope_theta is 1000000.0, and llama.cpp's gptneox turns rope at 10000",
         ),
+        ("falcon-fsdp2", {"alibi": True}, "alibi is set (Falcon-RW's), which llama.cpp's falcon does not compute"),
+        ("falcon-fsdp2", {"ffn_hidden_size": 128}, "ffn_hidden_size is 128, and llama.cpp's falcon takes 4 x 64"),
         # a config of other experts than the checkpoint's
         (
             "mixtral8-fsdp2-spm",

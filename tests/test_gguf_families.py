@@ -451,6 +451,7 @@ DENSE = {
     "nemotron-fsdp2-spm": "nemotron",
     "glm4-fsdp2": "glm4",
     "gptneox-fsdp2": "gptneox",
+    "falcon-fsdp2": "falcon",
 }
 # What transformers 4 wrote in a config and 5 writes otherwise, which the converter reads: given to its copy of the
 # folder (a config from the Hub has it; unshard reads either)
