@@ -500,3 +500,23 @@ def test_a_tokenizer_without_the_special_tokens_glm4_names_is_one_line(tmp_path)
     code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress")
     assert code == 1 and f"{path}: has no added token <|user|>, which llama.cpp's eot token" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists()
+
+
+def test_a_llama_vocabulary_of_49152_starts_without_its_token(converter, tmp_path):
+    """The converter's LlamaModel turns add_bos_token off for a vocabulary of 49152 (SmolLM2's, small Granites'),
+    whatever the tokenizer says: a Llama of that vocabulary as transformers writes it, unshard's file equal to the
+    converter's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    folder = tmp_path / "hf"
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer = SHIPPED / "llama-fsdp2" / "global_step_1" / "actor" / "huggingface"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer / name, folder)
+    ours = tmp_path / "m.gguf"
+    unshard.convert(folder, ours, output=unshard.OutputOptions(gguf="f32"), progress=False)
+    assert_same_file(ours, converter(folder, "f32", tmp_path / "oracle.gguf", pre=for_the_converter(folder)))
+    assert contents(ours)[0]["tokenizer.ggml.add_bos_token"] is False

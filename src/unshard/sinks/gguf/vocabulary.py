@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import ConfigMismatchError, UnshardError, read_json
-from ...families.gguf_hooks import gguf_py, json_or_empty, special_vocab
+from ...families.gguf_hooks import gguf_py, gguf_quiet, json_or_empty, special_vocab
 from .pre_tokenizer_hashes import CHECKOUT_VARIABLE, converter_name
 
 
@@ -29,17 +29,24 @@ def write_vocabulary(
     # (Phi-4's tokenizer, as the converter reads it; Qwen's MoE models, whose converter reads no other)
     if bpe or phi3 and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer":
         size, pre = _bpe_vocabulary(writer, hparams, folder, special_tokens)
-        return f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
-    if (folder / "tokenizer.model").is_file():
+        said = f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
+    elif (folder / "tokenizer.model").is_file():
         size = _sentencepiece_vocabulary(writer, hparams, folder, tokenizer_config, phi3)
-        return f"{size} tokens from tokenizer.model (SentencePiece)"
-    if (folder / "tokenizer.json").is_file():
+        said = f"{size} tokens from tokenizer.model (SentencePiece)"
+    elif (folder / "tokenizer.json").is_file():
         size, pre = _bpe_vocabulary(writer, hparams, folder)
-        return f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
-    raise ConfigMismatchError(
-        f"{folder}: no tokenizer.model or tokenizer.json; a GGUF file holds the "
-        "vocabulary: pass --config-from a folder with the model's tokenizer"
-    )
+        said = f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
+    else:
+        raise ConfigMismatchError(
+            f"{folder}: no tokenizer.model or tokenizer.json; a GGUF file holds the "
+            "vocabulary: pass --config-from a folder with the model's tokenizer"
+        )
+    if llama and hparams.get("vocab_size", 32000) == 49152:
+        # (the converter's LlamaModel turns the start token off for vocabularies of this size, SmolLM2's and small
+        # Granites', over what the tokenizer says: in its place where the tokenizer said it)
+        with gguf_quiet():
+            writer.add_add_bos_token(False)
+    return said
 
 
 def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_config: dict, phi3: bool = False) -> int:
