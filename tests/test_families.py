@@ -248,6 +248,8 @@ TESTED = {
         "glm4": "glm4-fsdp2",
         "gpt_neox": "gptneox-fsdp2",
         "falcon": "falcon-fsdp2",
+        "phi": "phi2-fsdp2",
+        "gpt2": "gpt2-fsdp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "qwen2_vl": "qwen2vl-fsdp2",

@@ -452,11 +452,14 @@ DENSE = {
     "glm4-fsdp2": "glm4",
     "gptneox-fsdp2": "gptneox",
     "falcon-fsdp2": "falcon",
+    "phi2-fsdp2": "phi2",
+    "gpt2-fsdp2": "gpt2",
 }
 # What transformers 4 wrote in a config and 5 writes otherwise, which the converter reads: given to its copy of the
 # folder (a config from the Hub has it; unshard reads either)
 TRANSFORMERS_4_KEYS = {
     "gptneox-fsdp2": lambda config: {"rotary_pct": config["rope_parameters"]["partial_rotary_factor"]},
+    "gpt2-fsdp2": lambda config: {"n_ctx": config["n_positions"]},
 }
 
 

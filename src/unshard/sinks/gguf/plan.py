@@ -17,6 +17,13 @@ from .header import general_metadata, read_hparams
 from .tensors import EXPERT, LAYER, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor, Rearranged
 from .vocabulary import write_vocabulary
 
+# The sizes under the names the converter also finds them by (find_hparam), as GPT-2's config keeps them
+SIZE_NAMES = {
+    "hidden_size": ("n_embd",),
+    "num_attention_heads": ("n_head",),
+    "num_hidden_layers": ("n_layer", "n_layers", "num_layers"),
+}
+
 if TYPE_CHECKING:
     pass
 
@@ -67,6 +74,8 @@ def plan_gguf(
         outputs = [o for o in outputs if not vision.is_vision(o.name, family.mmproj)]
         # (as the converter reads a text model's; the vision_config stays, for the mmproj)
         hparams = {**hparams, **(hparams.get("text_config") or {})}
+    sizes = {key: first_of(hparams, *names) for key, names in SIZE_NAMES.items()}
+    hparams = {**{key: size for key, size in sizes.items() if size is not None}, **hparams}
     if requested in kquants.MIXES:  # (a one-line error before anything is written, where no library computes them)
         kquants.library_path(requested)
     arch = getattr(gguf.MODEL_ARCH, part.arch)
