@@ -617,6 +617,11 @@ def test_bad_requests_are_one_line_and_leave_nothing(tmp_path):
     code, _, err = run_cli("convert", src, tmp_path / "out", "--quantize", "W4A16")
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "model.layers.0.mlp.down_proj (320 columns)" in err and "--quantize-ignore" in err
+    # (GPT-2's Conv1D layers, which llm-compressor's schemes leave as they are: the family's reason, as `unshard
+    # families` shows it)
+    code, _, err = run_cli("convert", SHIPPED / "gpt2-fsdp2" / "global_step_1", tmp_path / "out", "--quantize", "W8A16")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "--quantize: GPT-2: GPT-2's layers are Conv1D, whose weights compressed-tensors' schemes do not take" in err
     assert list(tmp_path.iterdir()) == []
 
 
