@@ -87,9 +87,9 @@ def test_megatron_refuses_with_the_reason_it_shows(family):
             megatron_hf.family_of(family.model_type, "ckpt")
     with pytest.raises(
         CheckpointError,
-        match="no Megatron name table for model_type 'bloom'; unshard knows deepseek_v3, glm4_moe, gpt_oss, llama,",
+        match="no Megatron name table for model_type 'mpt'; unshard knows deepseek_v3, glm4_moe, gpt_oss, llama,",
     ):
-        megatron_hf.family_of("bloom", "ckpt")
+        megatron_hf.family_of("mpt", "ckpt")
 
 
 @pytest.mark.parametrize("family", families.FAMILIES, ids=lambda f: f.model_type)
@@ -250,6 +250,7 @@ TESTED = {
         "falcon": "falcon-fsdp2",
         "phi": "phi2-fsdp2",
         "gpt2": "gpt2-fsdp2",
+        "bloom": "bloom-fsdp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "qwen2_vl": "qwen2vl-fsdp2",

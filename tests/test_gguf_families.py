@@ -454,6 +454,7 @@ DENSE = {
     "falcon-fsdp2": "falcon",
     "phi2-fsdp2": "phi2",
     "gpt2-fsdp2": "gpt2",
+    "bloom-fsdp2": "bloom",
 }
 # What transformers 4 wrote in a config and 5 writes otherwise, which the converter reads: given to its copy of the
 # folder (a config from the Hub has it; unshard reads either)

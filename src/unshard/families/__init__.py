@@ -16,6 +16,7 @@ from typing import Any
 
 from . import (
     arcee,
+    bloom,
     cohere,
     deepseek,
     ernie,
@@ -63,6 +64,7 @@ FAMILIES: tuple[Family, ...] = (
     *falcon.FAMILIES,
     *phi.FAMILIES,
     *gpt2.FAMILIES,
+    *bloom.FAMILIES,
     *mixtral.FAMILIES,
     *qwen_moe.FAMILIES,
     *qwen_next.FAMILIES,

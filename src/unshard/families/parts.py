@@ -83,6 +83,7 @@ class GGUFPart:
     # (name, shape, hparams, where) -> how the converter stores that tensor otherwise than as it is, or None
     rearranged: Callable[..., Rearrangement | None] | None = None
     renames: tuple[tuple[str, str], ...] = ()  # the end of a Hugging Face name -> what the converter maps instead
+    dropped_prefix: str = ""  # the start of every name the converter drops before it maps them (BLOOM's)
     one_kv_head: bool = False  # the file's attention as MQA (llama.cpp's deepseek2 computes latent attention so)
     # special tokens the converter sets by their text where tokenizer_config.json names none of that kind (GLM's)
     special_tokens: tuple[tuple[str, str], ...] = ()

@@ -129,7 +129,7 @@ def _plan_tensors(
     for output in ordered:
         how = part.rearranged(output.name, output.shape, hparams, where) if part.rearranged else None
         if how is not None:  # (the file's tensors it becomes, by llama.cpp's names, in the converter's order)
-            made = {_llama_name(names, n, plan, where, output.name): shape for n, shape in how.tensors.items()}
+            made = {_llama_name(names, n, plan, where, output.name, part): shape for n, shape in how.tensors.items()}
             rearranged[output.name] = (how, made)
             llama_names.append(next(iter(made)))
             continue
@@ -210,6 +210,8 @@ def _llama_name(names, source: str, plan: GGUFPlan, where: Path, output: str, pa
     """llama.cpp's name of a Hugging Face tensor, as the converter maps it (after its renames: a vision-language
     model's text part, a sigmoid router's expert bias as a bias, the family's); one line where it has none."""
     source = source.replace("language_model.", "").replace("e_score_correction_bias", "e_score_correction.bias")
+    if part and part.dropped_prefix:
+        source = source.removeprefix(part.dropped_prefix)
     for end, renamed in part.renames if part else ():
         source = source[: -len(end)] + renamed if source.endswith(end) else source
     name = names.get_name(source, try_suffixes=(".weight", ".bias"))
