@@ -1131,6 +1131,7 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("phi2-fsdp2", {"qk_layernorm": True}, "qk_layernorm is set, and llama.cpp's phi2 has no q and k norms"),
         ("gpt2-fsdp2", {"n_inner": 128}, "n_inner is 128, and llama.cpp's gpt2 takes 4 x 64"),
         ("bloom-fsdp2", {"apply_residual_connection_post_layernorm": True}, "which llama.cpp's bloom does not compute"),
+        ("starcoder-fsdp2", {"multi_query": False}, "multi_query is false, and llama.cpp's starcoder takes one"),
         # a config of other experts than the checkpoint's
         (
             "mixtral8-fsdp2-spm",

@@ -455,6 +455,7 @@ DENSE = {
     "phi2-fsdp2": "phi2",
     "gpt2-fsdp2": "gpt2",
     "bloom-fsdp2": "bloom",
+    "starcoder-fsdp2": "starcoder",
 }
 # What transformers 4 wrote in a config and 5 writes otherwise, which the converter reads: given to its copy of the
 # folder (a config from the Hub has it; unshard reads either)
