@@ -1132,6 +1132,8 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("gpt2-fsdp2", {"n_inner": 128}, "n_inner is 128, and llama.cpp's gpt2 takes 4 x 64"),
         ("bloom-fsdp2", {"apply_residual_connection_post_layernorm": True}, "which llama.cpp's bloom does not compute"),
         ("starcoder-fsdp2", {"multi_query": False}, "multi_query is false, and llama.cpp's starcoder takes one"),
+        ("olmoe-fsdp2", {"norm_topk_prob": True}, "norm_topk_prob is set, and llama.cpp's olmoe never renormalises"),
+        ("olmoe-fsdp2", {"num_key_value_heads": 2}, "num_key_value_heads is 2, and llama.cpp's olmoe gives each"),
         # a config of other experts than the checkpoint's
         (
             "mixtral8-fsdp2-spm",

@@ -456,6 +456,7 @@ DENSE = {
     "gpt2-fsdp2": "gpt2",
     "bloom-fsdp2": "bloom",
     "starcoder-fsdp2": "starcoder",
+    "olmoe-fsdp2": "olmoe",
 }
 # What transformers 4 wrote in a config and 5 writes otherwise, which the converter reads: given to its copy of the
 # folder (a config from the Hub has it; unshard reads either)
