@@ -457,6 +457,7 @@ DENSE = {
     "bloom-fsdp2": "bloom",
     "starcoder-fsdp2": "starcoder",
     "olmoe-fsdp2": "olmoe",
+    "granitemoe-fsdp2": "granitemoe",
 }
 # What transformers 4 wrote in a config and 5 writes otherwise, which the converter reads: given to its copy of the
 # folder (a config from the Hub has it; unshard reads either)

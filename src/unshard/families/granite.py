@@ -1,6 +1,7 @@
 """Granite (IBM's): Llama's layout with four multipliers, on the embedding, the attention's scores, each residual and
 the logits; llama.cpp's granite, whose converter is its LlamaModel (q and k reordered per head) with those four scales
-after the Llama's header."""
+after the Llama's header. Granite MoE: the same with experts behind a softmax router, each expert's gate and up in one
+tensor (JetMoE's `input_linear`), which the converter splits into llama.cpp's gate and up stacks (granitemoe)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .gguf_hooks import llama_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY, llama_computed
-from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
+from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Rearrangement, Unsupported, no_trainer_model
 
 # The config's multipliers, as llama.cpp's scales, in the converter's order (a multiplier of 0 or none: not written)
 SCALES = (
@@ -39,6 +40,35 @@ def granite_checked(hparams: dict, where: Path) -> None:
         )
 
 
+def granitemoe_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's GraniteMoeModel's: the Granite's, then a shared expert's width where the config has one."""
+    granite_hyperparameters(writer, hparams, ftype, blocks, folder)
+    if hparams.get("shared_intermediate_size"):
+        writer.add_expert_shared_feed_forward_length(hparams["shared_intermediate_size"])
+
+
+def gate_and_up_apart(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """The experts' input_linear (experts x 2 widths x hidden: gate's rows, then up's) as llama.cpp's gate and up
+    stacks, as the converter splits it. A band holds whole experts."""
+    if not name.endswith("block_sparse_moe.input_linear.weight"):
+        return None
+    width = hparams["intermediate_size"]
+    if len(shape) != 3 or shape[1] != 2 * width:
+        raise ConfigMismatchError(
+            f"{where}: {name} has shape {list(shape)}, not experts of gate and up rows of intermediate_size {width}; "
+            "pass --config-from the model's own folder"
+        )
+    stacks = name.replace("block_sparse_moe.input_linear.weight", "mlp.experts.{}.weight")
+    halves = (shape[0], width, shape[2])
+    return Rearrangement({stacks.format("gate_proj"): halves, stacks.format("up_proj"): halves}, gate_then_up)
+
+
+def gate_then_up(band) -> tuple:
+    """Each expert's rows as its gate's half and its up's."""
+    half = band.shape[-2] // 2
+    return band[..., :half, :], band[..., half:, :]
+
+
 FAMILIES = (
     Family(
         "Granite",
@@ -58,5 +88,25 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "Granite MoE",
+        "granitemoe",
+        "GraniteMoeForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Granite MoE layout (its multipliers, JetMoE's experts) is not mapped yet"),
+        **no_trainer_model("Granite MoE"),
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "GRANITE_MOE",
+            hyperparameters=granitemoe_hyperparameters,
+            computed=llama_computed,
+            permute_qk=True,
+            llama_vocabulary=True,
+            check_config=granite_checked,
+            rearranged=gate_and_up_apart,
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
     ),
 )
