@@ -95,6 +95,8 @@ def plan_gguf(
     plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, blocks, part)
     if file_type in QUANTIZED:  # llama-quantize sets these two over what it copies, which puts them last
         fields = plan.writer.kv_data[0]
+        if gguf.Keys.General.FILE_TYPE not in fields:  # (a header the converter writes without one: GPT-NeoX's)
+            plan.writer.add_file_type(ftype)
         for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
             fields[key] = fields.pop(key)
     if vision_outputs:
