@@ -458,6 +458,7 @@ DENSE = {
     "starcoder-fsdp2": "starcoder",
     "olmoe-fsdp2": "olmoe",
     "granitemoe-fsdp2": "granitemoe",
+    "ernie45moe-fsdp2-spm": "ernie4_5-moe",
 }
 # What transformers 4 wrote in a config and 5 writes otherwise, which the converter reads: given to its copy of the
 # folder (a config from the Hub has it; unshard reads either)

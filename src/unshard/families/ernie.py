@@ -1,11 +1,14 @@
 """ERNIE 4.5 (Baidu's dense models): Llama's layout whose rotary turns interleaved pairs, a SentencePiece vocabulary;
-llama.cpp's ernie4_5, the converter's TextModel header and the tokenizer's space prefix after the vocabulary."""
+llama.cpp's ernie4_5, the converter's TextModel header and the tokenizer's space prefix after the vocabulary. ERNIE 4.5
+MoE: dense first layers, then experts and shared ones behind a softmax router that chooses by a correction bias;
+llama.cpp's ernie4_5-moe, the experts stacked gate, up, down."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .gguf_hooks import json_or_empty
+from ..errors import ConfigMismatchError
+from .gguf_hooks import json_or_empty, text_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import NO_META_NAMES, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported
 
@@ -15,6 +18,41 @@ def ernie_space_prefix(writer, hparams: dict, folder: Path) -> None:
     config = json_or_empty(folder / "tokenizer_config.json")
     if "add_prefix_space" in config:
         writer.add_add_space_prefix(config["add_prefix_space"])
+
+
+def ernie_moe_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's Ernie4_5MoeModel's: the TextModel's, then the experts' counts, the MoE layers' step, the dense
+    first layers, the experts' width, the shared experts' count and width (intermediate_size over the key-value
+    heads, as the converter computes it)."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_expert_count(hparams["moe_num_experts"])
+    writer.add_expert_used_count(hparams["moe_k"])
+    writer.add_interleave_moe_layer_step(hparams["moe_layer_interval"])
+    writer.add_leading_dense_block_count(hparams["moe_layer_start_index"])
+    if hparams.get("moe_intermediate_size") is not None:
+        writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
+    if (shared := hparams.get("moe_num_shared_experts")) is not None:
+        writer.add_expert_shared_count(shared)
+        if shared > 0 and hparams.get("intermediate_size") and hparams.get("num_key_value_heads"):
+            writer.add_expert_shared_feed_forward_length(hparams["intermediate_size"] // hparams["num_key_value_heads"])
+
+
+def ernie_moe_checked(hparams: dict, where: Path) -> None:
+    """What llama.cpp's ernie4_5-moe would compute otherwise, or not load: MoE layers that end before the last, shared
+    experts of another width than the converter's header says."""
+    last = hparams["num_hidden_layers"] - 1
+    if hparams.get("moe_layer_end_index", last) not in (last, -1):
+        raise ConfigMismatchError(
+            f"{where}: moe_layer_end_index is {hparams['moe_layer_end_index']}, and llama.cpp's ernie4_5-moe runs "
+            f"experts up to the last layer ({last}); serve this model with transformers or vLLM"
+        )
+    shared, width = hparams.get("moe_num_shared_experts") or 0, hparams.get("moe_intermediate_size")
+    said = hparams["intermediate_size"] // hparams["num_key_value_heads"]
+    if shared and width and shared * width != said:
+        raise ConfigMismatchError(
+            f"{where}: the shared experts are {shared * width} wide, and the converter writes llama.cpp's "
+            f"ernie4_5-moe intermediate_size / num_key_value_heads = {said}; llama.cpp could not load the file"
+        )
 
 
 FAMILIES = (
@@ -29,5 +67,23 @@ FAMILIES = (
         gguf=GGUFPart("ERNIE4_5", after_vocabulary=ernie_space_prefix),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "ERNIE 4.5 MoE",
+        "ernie4_5_moe",
+        "Ernie4_5_MoeForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's ERNIE 4.5 MoE layout is not mapped yet"),
+        meta_names=NO_META_NAMES,
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "ERNIE4_5_MOE",
+            hyperparameters=ernie_moe_hyperparameters,
+            after_vocabulary=ernie_space_prefix,
+            check_config=ernie_moe_checked,
+            expert_stack_order=("gate_proj.weight", "up_proj.weight", "down_proj.weight"),
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
     ),
 )

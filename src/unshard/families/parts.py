@@ -84,6 +84,9 @@ class GGUFPart:
     rearranged: Callable[..., Rearrangement | None] | None = None
     renames: tuple[tuple[str, str], ...] = ()  # the end of a Hugging Face name -> what the converter maps instead
     dropped_prefix: str = ""  # the start of every name the converter drops before it maps them (BLOOM's)
+    # the order the converter writes a block's expert stacks in (by the experts' tensors' names: gate_proj, ...); ()
+    # the order of their names
+    expert_stack_order: tuple[str, ...] = ()
     one_kv_head: bool = False  # the file's attention as MQA (llama.cpp's deepseek2 computes latent attention so)
     # special tokens the converter sets by their text where tokenizer_config.json names none of that kind (GLM's)
     special_tokens: tuple[tuple[str, str], ...] = ()

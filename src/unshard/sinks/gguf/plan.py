@@ -84,7 +84,7 @@ def plan_gguf(
         gguf.LlamaFileType.ALL_F32 if file_type == "f32" else getattr(gguf.LlamaFileType, "MOSTLY_" + file_type.upper())
     )
     plan = GGUFPlan(file_type, gguf.MODEL_ARCH_NAMES[arch], gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[arch]))
-    experts = first_of(hparams, "num_local_experts", "num_experts", "n_routed_experts") or 0
+    experts = first_of(hparams, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts") or 0
     if part.check_config:
         part.check_config(hparams, where)
     head_dim = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
@@ -189,7 +189,9 @@ def _plan_tensors(
         if file_type in QUANTIZED:
             plan.positions[name] = _in_blocks(name)
         elif stack:
-            plan.positions[name] = (last_expert[name.split(".")[1]], EXPERT.match(output.name)[3])
+            kind = EXPERT.match(output.name)[3]
+            order = part.expert_stack_order
+            plan.positions[name] = (last_expert[name.split(".")[1]], order.index(kind) if order else kind)
         else:
             plan.positions[name] = (output.name,)
     return _parameter_counts(file_shapes)
