@@ -535,18 +535,13 @@ def test_fused_attention_in_the_k_quant_mixes_as_llama_quantize_chooses(
     case, converter, ggml_library, monkeypatch, tmp_path
 ):
     """The families whose q, k and v are one tensor (attn_qkv, which llama-quantize counts with attn_v) and Falcon,
-    for which it chooses otherwise: every K-quant mix unshard writes from the FSDP2 rank files is llama-quantize's of
-    the converter's f32 file (rows of 64: the types of 32-value blocks it falls back to); GPT-NeoX's header, which
-    the converter writes without a file type, gets llama-quantize's."""
+    for which it chooses otherwise: every K-quant mix unshard writes of the folder (written from the FSDP2 rank files)
+    is llama-quantize's of the converter's f32 file (rows of 64: the types of 32-value blocks it falls back to);
+    GPT-NeoX's header, which the converter writes without a file type, gets llama-quantize's."""
     src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     if case in TRANSFORMERS_4_KEYS:
         config = json.loads((tmp_path / "hf" / "config.json").read_text())
         (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **TRANSFORMERS_4_KEYS[case](config)}))
     converter(tmp_path / "hf", "f32", tmp_path / "oracle-f32.gguf", pre=for_the_converter(tmp_path / "hf"))
-    (tmp_path / "llama-quantize").mkdir()
-    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize", ",".join(kquants.MIXES))
-    monkeypatch.setenv(kquants.LIBRARY_VARIABLE, ggml_library)
-    for kind in kquants.MIXES:
-        unshard.convert(src, tmp_path / f"{kind}.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
-        assert_same_file(tmp_path / f"{kind}.gguf", tmp_path / "llama-quantize" / f"{kind}.gguf")
+    assert_llama_quantize_mixes_it(tmp_path / "hf", ggml_library, monkeypatch, tmp_path)
