@@ -255,6 +255,7 @@ TESTED = {
         "olmoe": "olmoe-fsdp2",
         "granitemoe": "granitemoe-fsdp2",
         "ernie4_5_moe": "ernie45moe-fsdp2-spm",
+        "dots1": "dots1-fsdp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "qwen2_vl": "qwen2vl-fsdp2",

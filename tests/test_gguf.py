@@ -1135,6 +1135,8 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("olmoe-fsdp2", {"norm_topk_prob": True}, "norm_topk_prob is set, and llama.cpp's olmoe never renormalises"),
         ("olmoe-fsdp2", {"num_key_value_heads": 2}, "num_key_value_heads is 2, and llama.cpp's olmoe gives each"),
         ("ernie45moe-fsdp2-spm", {"moe_layer_end_index": 0}, "moe_layer_end_index is 0, and llama.cpp's ernie4_5-moe"),
+        ("dots1-fsdp2", {"scoring_func": None}, "the experts' gating function is None, not 'sigmoid' (scoring_func)"),
+        ("dots1-fsdp2", {"num_key_value_heads": 2}, "num_key_value_heads is 2, and llama.cpp's dots1 gives each"),
         # a config of other experts than the checkpoint's
         (
             "mixtral8-fsdp2-spm",

@@ -459,6 +459,7 @@ DENSE = {
     "olmoe-fsdp2": "olmoe",
     "granitemoe-fsdp2": "granitemoe",
     "ernie45moe-fsdp2-spm": "ernie4_5-moe",
+    "dots1-fsdp2": "dots1",
 }
 # What transformers 4 wrote in a config and 5 writes otherwise, which the converter reads: given to its copy of the
 # folder (a config from the Hub has it; unshard reads either)

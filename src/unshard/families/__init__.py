@@ -19,6 +19,7 @@ from . import (
     bloom,
     cohere,
     deepseek,
+    dots,
     ernie,
     exaone,
     falcon,
@@ -72,6 +73,7 @@ FAMILIES: tuple[Family, ...] = (
     *qwen_next.FAMILIES,
     *deepseek.FAMILIES,
     *glm.FAMILIES,
+    *dots.FAMILIES,
     *gpt_oss.FAMILIES,
     *vlm.FAMILIES,
 )
