@@ -144,6 +144,23 @@ def test_dtype_cast_matches_torch_cast(dtype, tmp_path):
     assert json.loads((out / "config.json").read_text())["dtype"] == dtype
 
 
+@pytest.mark.parametrize("case", ["dots1-fsdp2", "ernie45moe-fsdp2-spm"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_routers_stay_float32_in_a_16_bit_folder_as_save_pretrained_writes_them(case, dtype, fixture_case, tmp_path):
+    """transformers loads these MoE routers in float32 whatever the dtype (`_keep_in_fp32_modules_strict`), and
+    save_pretrained writes them so: the folder in bf16 or fp16 is byte for byte the one transformers saves."""
+    fixture = fixture_case(case)
+    convert_case(case, fixture, tmp_path / "out", dtype=dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(fixture / "reference", dtype=getattr(torch, dtype))
+    model.save_pretrained(tmp_path / "saved")
+    written, saved = load_folder_tensors(tmp_path / "out"), load_folder_tensors(tmp_path / "saved")
+    assert sorted(written) == sorted(saved)
+    assert any(t.dtype == torch.float32 for t in saved.values())  # (the case has such routers)
+    for name, expected in saved.items():
+        assert written[name].dtype == expected.dtype, name
+        assert torch.equal(written[name], expected), name
+
+
 def test_open_checkpoint_reads_one_tensor(tmp_path):
     ckpt = unshard.open_checkpoint(SHIPPED / "llama-fsdp2-tp" / "global_step_1")
     assert ckpt.facts["world_size"] == 4

@@ -54,6 +54,8 @@ class Naming:
     notes: list[str]
     question: Question | None = None  # transformers' answer, still to come (plan_names(ask_later=True))
     linear: LinearLayers | None = None  # (None: not known)
+    # output dtype name -> checkpoint names that transformers keeps in float32 at that dtype (ModelFacts.float32)
+    float32: dict[str, set[str]] = field(default_factory=dict)
 
 
 def read_config(folder: Path | None) -> dict[str, Any] | None:
@@ -143,19 +145,21 @@ class LinearLayers:
 class ModelFacts:
     """What the config's model holds, as plain data: the names and shapes of its state dict, which
     of them are tied to another (saved once), what `save_pretrained` writes, and which weights are
-    those of Linear layers (what quantization targets)."""
+    those of Linear layers (what quantization targets), and which it keeps in float32 when loaded in a 16-bit
+    dtype (a MoE's router: `_keep_in_fp32_modules_strict`), as save_pretrained then writes them."""
 
     in_memory: dict[str, tuple[int, ...]]
     tied: set[str]
     saved: dict[str, tuple[int, ...]]
     linear: LinearLayers
+    float32: dict[str, list[str]] = field(default_factory=dict)  # dtype name -> in-memory names kept in float32
 
     @classmethod
     def of(cls, model) -> ModelFacts:
         kept = {name for name, _ in model.named_parameters()}
         tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - kept
         in_memory = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-        return cls(in_memory, tied, _saved_shapes(model, in_memory), _linear_layers(model))
+        return cls(in_memory, tied, _saved_shapes(model, in_memory), _linear_layers(model), _kept_in_float32(model))
 
     def to_json(self) -> dict:
         return {
@@ -163,13 +167,18 @@ class ModelFacts:
             "tied": sorted(self.tied),
             "saved": self.saved,
             "linear": self.linear.to_json(),
+            "float32": self.float32,
         }
 
     @classmethod
     def from_json(cls, data: dict) -> ModelFacts:
         shapes = lambda d: {n: tuple(s) for n, s in d.items()}  # noqa: E731
         return cls(
-            shapes(data["in_memory"]), set(data["tied"]), shapes(data["saved"]), LinearLayers.from_json(data["linear"])
+            shapes(data["in_memory"]),
+            set(data["tied"]),
+            shapes(data["saved"]),
+            LinearLayers.from_json(data["linear"]),
+            {dtype: list(names) for dtype, names in data["float32"].items()},
         )
 
 
@@ -180,7 +189,7 @@ _answers: dict[str, ModelFacts | None] = {}
 
 # Raised when the way a config's model is built for the question changes (meta_model), so that answers
 # remembered by an earlier unshard are asked again.
-FACTS_REVISION = 3
+FACTS_REVISION = 4
 
 
 def _facts_entry(config_folder: Path, config: dict, updates: dict | None) -> str | None:
@@ -253,6 +262,7 @@ class Question:
                 settled.outputs != self.naming.outputs
                 or set(settled.dropped) != set(self.naming.dropped)
                 or settled.converters
+                or settled.float32 != self.naming.float32
             ):
                 raise NamingChanged
             self._notes = settled.notes
@@ -404,7 +414,14 @@ def _naming(
             _check_against_model(
                 {n: s for n, s in saved.items() if n not in tied}, live_shapes, config_folder, config.get("model_type")
             )
-        return Naming({n: [(c, shapes[n])] for n, c in live.items()}, {}, dropped, notes, linear=facts.linear)
+        return Naming(
+            {n: [(c, shapes[n])] for n, c in live.items()},
+            {},
+            dropped,
+            notes,
+            linear=facts.linear,
+            float32=_float32_by_checkpoint_name(facts, live),
+        )
     if check:
         _check_against_model(
             {n: s for n, s in in_memory.items() if n not in tied}, live_shapes, config_folder, config.get("model_type")
@@ -420,7 +437,13 @@ def _naming(
         dropped,
         notes,
         linear=facts.linear,
+        float32=_float32_by_checkpoint_name(facts, live),
     )
+
+
+def _float32_by_checkpoint_name(facts: ModelFacts, live: dict[str, str]) -> dict[str, set[str]]:
+    """ModelFacts.float32 under the checkpoint's names (`live`: checkpoint name -> name in memory)."""
+    return {dtype: {n for n, c in live.items() if c in set(names)} for dtype, names in facts.float32.items()}
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -444,6 +467,22 @@ def _saved_shapes(model, in_memory: dict[str, tuple[int, ...]]) -> dict[str, tup
 
     meta = {n: torch.empty(s, device="meta") for n, s in in_memory.items()}
     return {n: tuple(t.shape) for n, t in revert_weight_conversion(model, meta).items()}
+
+
+def _kept_in_float32(model) -> dict[str, list[str]]:
+    """The in-memory names transformers loads in float32 whatever 16-bit dtype is asked for, by that dtype's
+    name: the model's `_keep_in_fp32_modules_strict` (and in float16 `_keep_in_fp32_modules` too), patterns
+    searched in each name with `*` for any text, as transformers' loader matches them."""
+    import torch
+
+    names = list(model.state_dict())
+    kept = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        plan = model._get_dtype_plan(dtype) if hasattr(model, "_get_dtype_plan") else {}
+        found = [re.compile(p.replace("*", ".*")) for p, kept_as in plan.items() if kept_as == torch.float32]
+        if matched := [n for n in names if any(f.search(n) for f in found)]:
+            kept[str(dtype).removeprefix("torch.")] = matched
+    return kept
 
 
 # compressed-tensors counts a MoE router as a Linear layer (vLLM runs it as one), by its class name.

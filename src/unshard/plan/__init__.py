@@ -101,10 +101,14 @@ def build_plan(
     )
 
     groups: dict[str, Group] = {}
+    # (a MoE's router, which transformers loads and save_pretrained writes in float32 beside 16-bit weights)
+    kept_in_float32 = naming.float32.get(out_dtype.name, set())
     for name, outputs in naming.outputs.items():
         tensor = checkpoint.tensors[name]
         # Only floating-point tensors change dtype; integer buffers keep theirs.
         target = out_dtype if tensor.dtype.is_floating_point else tensor.dtype
+        if name in kept_in_float32 and tensor.dtype.is_floating_point:
+            target = dtypes.float32
         groups[name] = Group(
             tensor,
             [OutputTensor(n, s, target) for n, s in outputs],
@@ -136,6 +140,11 @@ def build_plan(
             text = json.dumps(adapter_config, indent=2, sort_keys=True) + "\n"
             extra_files = {f"{lora.ADAPTER_FOLDER}/adapter_config.json": text}
     notes = fold.notes + naming.notes + sink.notes()
+    if kept := sorted(kept_in_float32 & set(groups)):
+        notes.append(
+            f"{len(kept)} tensor(s) kept in float32 beside {out_dtype.name}, as transformers loads and saves "
+            f"them ({groups[kept[0]].outputs[0].name}, ...)"
+        )
     notes += _missing_notes(config, config_folder, updates if "architectures" in head and not architecture else None)
     updates = {**updates, **sink.config_updates()}
     rebuild = None

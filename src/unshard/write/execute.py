@@ -80,8 +80,11 @@ def convert(
     written = _attempt(plan, out, overwrite, writing, progress, extra_files, workers)
     if written is None:
         log.info("transformers names this model's tensors otherwise than the checkpoint: writing again")
+        shown = list(plan.notes)
         plan = plan.rebuild()
         written = _attempt(plan, out, overwrite, writing, progress, extra_files, workers)
+        # (what the plan made from the answer says that the first did not: a kept MTP layer, routers in float32)
+        late_notes += [note for note in plan.notes if note not in shown]
     answer_notes, copied, warnings = written
     return Result(
         out,
