@@ -57,6 +57,17 @@ def test_tables_name_the_family_class():
             assert family.tensors.architecture == family.architecture
 
 
+def test_tables_are_of_models_transformers_loads_in_one_dtype():
+    """A table names tensors without building the model, so it cannot learn which ones transformers keeps in
+    float32 beside 16-bit weights (hf_names.ModelFacts.float32): its families must have none."""
+    transformers = pytest.importorskip("transformers")
+    for family in families.FAMILIES:
+        if isinstance(family.tensors, TensorTable):
+            model_class = getattr(transformers, family.tensors.architecture)
+            assert not model_class._keep_in_fp32_modules_strict, family.model_type
+            assert not model_class._keep_in_fp32_modules, family.model_type
+
+
 @pytest.mark.parametrize("family", families.FAMILIES, ids=lambda f: f.model_type)
 def test_megatron_refuses_with_the_reason_it_shows(family):
     if families.supports(family, "megatron"):
@@ -256,6 +267,10 @@ TESTED = {
         "granitemoe": "granitemoe-fsdp2",
         "ernie4_5_moe": "ernie45moe-fsdp2-spm",
         "dots1": "dots1-fsdp2",
+        "glm4_moe_lite": "glm47flash-fsdp2",
+        "minimax_m2": "minimax-m2-fsdp2",
+        "cohere2": "cohere2-fsdp2",
+        "solar_open": "solaropen-fsdp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "qwen2_vl": "qwen2vl-fsdp2",

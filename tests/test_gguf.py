@@ -1137,6 +1137,13 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("ernie45moe-fsdp2-spm", {"moe_layer_end_index": 0}, "moe_layer_end_index is 0, and llama.cpp's ernie4_5-moe"),
         ("dots1-fsdp2", {"scoring_func": None}, "the experts' gating function is None, not 'sigmoid' (scoring_func)"),
         ("dots1-fsdp2", {"num_key_value_heads": 2}, "num_key_value_heads is 2, and llama.cpp's dots1 gives each"),
+        # GLM-4.7-Flash's dense layers, which llama.cpp's deepseek2 runs first only; a gating function transformers
+        # does not route by
+        ("glm47flash-fsdp2", {"mlp_layer_types": ["sparse", "dense"]}, "has a dense layer after a sparse one"),
+        ("minimax-m2-fsdp2", {"scoring_func": "softmax"}, "function is 'softmax', and transformers' minimax_m2 routes"),
+        # Command R7B's layers, which llama.cpp's cohere2 takes as three in four sliding, its output tied
+        ("cohere2-fsdp2", {"layer_types": ["full_attention"] * 4}, "layer_types is not a sliding window on three"),
+        ("cohere2-fsdp2", {"tie_word_embeddings": False}, "tie_word_embeddings is false, and llama.cpp's cohere2 has"),
         # a config of other experts than the checkpoint's
         (
             "mixtral8-fsdp2-spm",

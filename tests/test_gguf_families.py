@@ -460,12 +460,23 @@ DENSE = {
     "granitemoe-fsdp2": "granitemoe",
     "ernie45moe-fsdp2-spm": "ernie4_5-moe",
     "dots1-fsdp2": "dots1",
+    "glm47flash-fsdp2": "deepseek2",
+    "minimax-m2-fsdp2": "minimax-m2",
+    "cohere2-fsdp2": "cohere2",
+    "solaropen-fsdp2": "glm4moe",
 }
-# What transformers 4 wrote in a config and 5 writes otherwise, which the converter reads: given to its copy of the
-# folder (a config from the Hub has it; unshard reads either)
-TRANSFORMERS_4_KEYS = {
+# What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
+# reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it)
+HUB_KEYS = {
     "gptneox-fsdp2": lambda config: {"rotary_pct": config["rope_parameters"]["partial_rotary_factor"]},
     "gpt2-fsdp2": lambda config: {"n_ctx": config["n_positions"]},
+    # (GLM-4.7-Flash's dense first layer, which transformers reads from mlp_layer_types, and its sigmoid router)
+    "glm47flash-fsdp2": lambda config: {"first_k_dense_replace": 1, "scoring_func": "sigmoid"},
+    # (MiniMax-M2's rotated part of a head, which transformers reads into partial_rotary_factor, and its sigmoid router)
+    "minimax-m2-fsdp2": lambda config: {"rotary_dim": 8, "scoring_func": "sigmoid"},
+    "cohere2-fsdp2": lambda config: {"rotary_pct": 1.0},  # (the Hub's Command R7B has it; transformers' class has none)
+    # (Solar Open's rotary over whole heads, which the converter takes for GLM's half where the config says nothing)
+    "solaropen-fsdp2": lambda config: {"partial_rotary_factor": 1.0},
 }
 
 
@@ -480,15 +491,20 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     pre = for_the_converter(tmp_path / "hf")
     ours = tmp_path / "f32.gguf"
     unshard.convert(src, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
-    if case in TRANSFORMERS_4_KEYS:
+    if case in HUB_KEYS:
         config = json.loads((tmp_path / "hf" / "config.json").read_text())
-        (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **TRANSFORMERS_4_KEYS[case](config)}))
+        (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **HUB_KEYS[case](config)}))
     assert_same_file(ours, converter(tmp_path / "hf", "f32", tmp_path / "oracle-f32.gguf", pre=pre))
     fields, _ = contents(ours)
     assert fields["general.architecture"] == DENSE[case]
     if case == "glm4-fsdp2":  # (the end of turn, which GLM-4's converter names by its text, rope on half a head)
         eot = fields["tokenizer.ggml.tokens"].index("<|user|>")
         assert fields["tokenizer.ggml.eot_token_id"] == eot and fields["glm4.rope.dimension_count"] == 8
+    if case == "glm47flash-fsdp2":  # (a block for the MTP layer the config counts; routed by sigmoid as transformers)
+        assert fields["deepseek2.block_count"] == 3 and fields["deepseek2.nextn_predict_layers"] == 1
+        assert fields["deepseek2.leading_dense_block_count"] == 1
+        assert fields["deepseek2.expert_gating_func"] == gguf.ExpertGatingFuncType.SIGMOID
+        assert fields["tokenizer.ggml.tokens"][fields["tokenizer.ggml.eom_token_id"]] == "<|observation|>"
     model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]
     expected = model(torch.tensor([prompt])).logits[0].detach()
@@ -541,8 +557,8 @@ def test_fused_attention_in_the_k_quant_mixes_as_llama_quantize_chooses(
     GPT-NeoX's header, which the converter writes without a file type, gets llama-quantize's."""
     src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
-    if case in TRANSFORMERS_4_KEYS:
+    if case in HUB_KEYS:
         config = json.loads((tmp_path / "hf" / "config.json").read_text())
-        (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **TRANSFORMERS_4_KEYS[case](config)}))
+        (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **HUB_KEYS[case](config)}))
     converter(tmp_path / "hf", "f32", tmp_path / "oracle-f32.gguf", pre=for_the_converter(tmp_path / "hf"))
     assert_llama_quantize_mixes_it(tmp_path / "hf", ggml_library, monkeypatch, tmp_path)

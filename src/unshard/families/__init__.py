@@ -31,6 +31,7 @@ from . import (
     gpt_oss,
     granite,
     llama,
+    minimax,
     mixtral,
     nemotron,
     olmo,
@@ -74,6 +75,7 @@ FAMILIES: tuple[Family, ...] = (
     *deepseek.FAMILIES,
     *glm.FAMILIES,
     *dots.FAMILIES,
+    *minimax.FAMILIES,
     *gpt_oss.FAMILIES,
     *vlm.FAMILIES,
 )

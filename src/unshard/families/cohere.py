@@ -1,6 +1,9 @@
 """Command R and Aya (Cohere's first Command R layout): attention and MLP in parallel behind one LayerNorm, rotary over
 interleaved pairs, tied embeddings whose logits are scaled; llama.cpp's command-r, the converter's TextModel header
-with the context the tokenizer says (model_max_length), the logit scale and no rope scaling."""
+with the context the tokenizer says (model_max_length), the logit scale and no rope scaling.
+
+Command R7B and Command A (`Cohere2ForCausalLM`): the same layout, three layers in four with rotary embeddings and a
+sliding window, the fourth global without positions; llama.cpp's cohere2, which takes that pattern as it is."""
 
 from __future__ import annotations
 
@@ -31,6 +34,40 @@ def cohere_checked(hparams: dict, where: Path) -> None:
         )
 
 
+def cohere2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's Cohere2Model's: the TextModel's, the logit scale, the sliding window, the vocabulary's size,
+    the rotated part of a head (`rotary_pct` on the Hub; transformers' config has none: all of it), rope unscaled."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_logit_scale(hparams["logit_scale"])
+    writer.add_sliding_window(hparams["sliding_window"])
+    writer.add_vocab_size(hparams["vocab_size"])
+    rotated = first_of(hparams, "rotary_pct", "partial_rotary_factor")
+    head = hparams["hidden_size"] // hparams["num_attention_heads"]
+    writer.add_rope_dimension_count(int((1.0 if rotated is None else rotated) * head))
+    writer.add_rope_scaling_type(gguf_py().RopeScalingType.NONE)
+
+
+def cohere2_checked(hparams: dict, where: Path) -> None:
+    """llama.cpp's cohere2 slides a window over three layers in four and turns rope on those alone, ties the output to
+    the embeddings and has no biases: a config of another layout is one line, as is cohere_checked's rope scaling."""
+    cohere_checked(hparams, where)
+    blocks = hparams["num_hidden_layers"]
+    pattern = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(blocks)]
+    kinds = hparams.get("layer_types") or pattern
+    if kinds != pattern or hparams.get("sliding_window") is None:
+        raise ConfigMismatchError(
+            f"{where}: layer_types is not a sliding window on three layers in four (and sliding_window set), which "
+            "llama.cpp's cohere2 runs; serve this model with transformers or vLLM"
+        )
+    for key, llama_cpp in (("tie_word_embeddings", True), ("attention_bias", False)):
+        if bool(hparams.get(key, llama_cpp)) != llama_cpp:
+            raise ConfigMismatchError(
+                f"{where}: {key} is {str(not llama_cpp).lower()}, and llama.cpp's cohere2 has "
+                f"{'its output tied to the embeddings' if llama_cpp else 'no biases'}; serve this model with "
+                "transformers or vLLM"
+            )
+
+
 FAMILIES = (
     Family(
         "Command R",
@@ -42,6 +79,20 @@ FAMILIES = (
         fused_siblings=SIBLINGS,
         gguf=GGUFPart(
             "COMMAND_R", hyperparameters=cohere_hyperparameters, check_config=cohere_checked, vocabulary="bpe"
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "Command R7B / A",
+        "cohere2",
+        "Cohere2ForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Command R layout (attention and MLP in parallel) is not mapped yet"),
+        **no_trainer_model("Command R7B"),
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "COHERE2", hyperparameters=cohere2_hyperparameters, check_config=cohere2_checked, vocabulary="bpe"
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import CheckpointError, ConfigMismatchError
 from ..names import megatron_rules as m
 from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS, Dropped
-from .gguf_hooks import GATING_KEYS, first_of, gguf_quiet, rope_parameters, text_hyperparameters
+from .gguf_hooks import gguf_quiet, rope_parameters, routed_by_sigmoid, text_hyperparameters
 from .llama import TEXT_ONLY, TORCHTITAN_COMMON
 from .parts import NO_TABLE, Family, GGUFPart, MegatronRules, Rearrangement, Unsupported
 
@@ -205,6 +205,10 @@ def _args(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# the families llama.cpp's deepseek2 runs that route by a sigmoid whatever their config.json says
+SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe_lite")
+
+
 def deepseek2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
     """The converter's DeepseekV2Model's: its TextModel's with one key-value head (the latent attention as MQA) and the
     expert groups, then the dense first layers, the latent's ranks and the widths of keys and values (absorbed, and
@@ -213,10 +217,11 @@ def deepseek2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder:
     in the first one's place)."""
     with gguf_quiet():  # (gguf-py warns of each key written again)
         as_mqa = {**hparams, "num_key_value_heads": 1, "rms_norm_eps": hparams.get("rms_norm_eps", 1e-6)}
-        if first_of(hparams, *GATING_KEYS) is None and hparams.get("model_type") == "deepseek_v3":
-            # transformers' DeepSeek-V3 routes by sigmoid and its config.json does not say so (the Hub's does:
-            # scoring_func); llama.cpp's deepseek2 would route such a file by softmax, as DeepSeek-V2 did
-            as_mqa["scoring_func"] = "sigmoid"
+        if hparams.get("model_type") in SIGMOID_ROUTED:
+            # transformers' DeepSeek-V3 and GLM-4.7-Flash route by sigmoid and their config.json does not say so (the
+            # Hub's DeepSeek-V3 does: scoring_func); llama.cpp's deepseek2 would route such a file by softmax, as
+            # DeepSeek-V2 did (but for GLM-4.7-Flash's own sizes, which it recognises)
+            as_mqa = routed_by_sigmoid(as_mqa, folder / "config.json")
         text_hyperparameters(writer, as_mqa, ftype, blocks, folder, expert_groups=True)
         dense = hparams.get("first_k_dense_replace")
         if dense is None:  # (no MoE: every layer dense)

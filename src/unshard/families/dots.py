@@ -8,18 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import GATING_KEYS, first_of, text_hyperparameters
+from .gguf_hooks import GATING_KEYS, first_of, qwen2moe_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import NO_TABLE, Family, GGUFPart, Unsupported, no_trainer_model
 
 
 def dots1_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
     """The converter's Dots1Model's, in its order."""
-    text_hyperparameters(writer, hparams, ftype, blocks, folder, expert_groups=True)
-    if hparams.get("moe_intermediate_size") is not None:
-        writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
-    if hparams.get("shared_expert_intermediate_size") is not None:
-        writer.add_expert_shared_feed_forward_length(hparams["shared_expert_intermediate_size"])
+    qwen2moe_hyperparameters(writer, hparams, ftype, blocks, folder, expert_groups=True)
     writer.add_leading_dense_block_count(hparams["first_k_dense_replace"])
     writer.add_expert_shared_count(hparams["n_shared_experts"])
     writer.add_expert_weights_scale(hparams["routed_scaling_factor"])

@@ -145,6 +145,18 @@ def text_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
     writer.add_file_type(ftype)
 
 
+def qwen2moe_hyperparameters(
+    writer, hparams: dict, ftype, blocks: int, folder: Path, expert_groups: bool = False
+) -> None:
+    """The converter's Qwen2MoeModel's, which its other MoE models build on: the TextModel's, then the experts' and
+    a shared expert's widths."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder, expert_groups)
+    if hparams.get("moe_intermediate_size") is not None:
+        writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
+    if hparams.get("shared_expert_intermediate_size") is not None:
+        writer.add_expert_shared_feed_forward_length(hparams["shared_expert_intermediate_size"])
+
+
 def llama_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
     """The converter's LlamaModel's: the TextModel's, then the vocabulary's size and the dimensions rope rotates (a
     whole head's)."""
@@ -162,6 +174,21 @@ GATING_KEYS = (
     "moe_router_activation_func",
     "expert_selection_fn",
 )
+
+
+def routed_by_sigmoid(hparams: dict, where: Path) -> dict:
+    """The config of a family whose transformers model routes by a sigmoid whatever its config.json says, as
+    llama.cpp should route it: a config naming no gating function (transformers saves none: llama.cpp would take it
+    for softmax, or for none) gets sigmoid; one naming another is one line."""
+    gating = first_of(hparams, *GATING_KEYS)
+    if gating is None:
+        return {**hparams, "scoring_func": "sigmoid"}
+    if gating != "sigmoid":
+        raise ConfigMismatchError(
+            f"{where}: the experts' gating function is {gating!r}, and transformers' {hparams.get('model_type')} "
+            "routes by a sigmoid whatever the config says (llama.cpp would follow the config); fix or remove it"
+        )
+    return hparams
 
 
 def _expert_groups(writer, hparams: dict, where: Path) -> None:

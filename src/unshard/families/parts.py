@@ -78,7 +78,6 @@ class GGUFPart:
     check_config: Callable[..., None] | None = None
     vocabulary: str = "auto"  # auto: SentencePiece where there is a tokenizer.model, else BPE; bpe: tokenizer.json only
     llama_vocabulary: bool = False  # the converter's LlamaModel's vocabulary: its space prefix
-    expert_widths: bool = False  # the experts' (and a shared expert's) widths, after the file type
     phi3_tokens: bool = False  # (Phi-3's tokenizer, as the converter reads it)
     # (name, shape, hparams, where) -> how the converter stores that tensor otherwise than as it is, or None
     rearranged: Callable[..., Rearrangement | None] | None = None

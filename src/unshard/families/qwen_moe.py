@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from ..names import megatron_rules as m
 from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS, Zeros
+from .gguf_hooks import qwen2moe_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import INTERMEDIATE, NO_META_NAMES, NO_TABLE, Family, GGUFPart, MegatronRules, MoELayout
 from .qwen import TORCHTITAN_QWEN3, TORCHTITAN_QWEN3_BEFORE_0_3
@@ -60,7 +61,12 @@ def routing_checked(arch_name: str, renormalised: bool):
 
 def _gguf(arch: str, arch_name: str, renormalised: bool) -> GGUFPart:
     # (the vocabulary from tokenizer.json alone, as the converter's Qwen MoE models read it)
-    return GGUFPart(arch, check_config=routing_checked(arch_name, renormalised), expert_widths=True, vocabulary="bpe")
+    return GGUFPart(
+        arch,
+        hyperparameters=qwen2moe_hyperparameters,
+        check_config=routing_checked(arch_name, renormalised),
+        vocabulary="bpe",
+    )
 
 
 SAME = {p: p for p in ("gate_proj", "up_proj", "down_proj")}

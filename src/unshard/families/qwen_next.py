@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import text_hyperparameters
+from .gguf_hooks import qwen2moe_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, Rearrangement, Unsupported
 from .qwen_moe import routing_checked
@@ -29,11 +29,7 @@ def qwen3next_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder:
     """The converter's Qwen3NextModel's: Qwen2-MoE's (the experts' widths after the TextModel's, where there are
     experts), the DeltaNet's sizes as llama.cpp's SSM keys, which layers are recurrent, and the rotated part of a
     head."""
-    text_hyperparameters(writer, hparams, ftype, blocks, folder)
-    if hparams.get("moe_intermediate_size") is not None:
-        writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
-    if hparams.get("shared_expert_intermediate_size") is not None:
-        writer.add_expert_shared_feed_forward_length(hparams["shared_expert_intermediate_size"])
+    qwen2moe_hyperparameters(writer, hparams, ftype, blocks, folder)
     writer.add_ssm_conv_kernel(hparams["linear_conv_kernel_dim"])
     writer.add_ssm_state_size(hparams["linear_key_head_dim"])
     writer.add_ssm_group_count(hparams["linear_num_key_heads"])

@@ -361,11 +361,6 @@ def _metadata(
     writer.add_type(gguf.GGUFType.MODEL)
     general_metadata(writer, folder, parameters)
     (part.hyperparameters or text_hyperparameters)(writer, hparams, ftype, blocks, folder)
-    if part.expert_widths:  # (the experts' widths, after the file type)
-        if hparams.get("moe_intermediate_size") is not None:
-            writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
-        if hparams.get("shared_expert_intermediate_size") is not None:
-            writer.add_expert_shared_feed_forward_length(hparams["shared_expert_intermediate_size"])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     vocabulary = write_vocabulary(
         writer,
