@@ -271,6 +271,7 @@ TESTED = {
         "minimax_m2": "minimax-m2-fsdp2",
         "cohere2": "cohere2-fsdp2",
         "solar_open": "solaropen-fsdp2",
+        "granitemoeshared": "granitemoeshared-fsdp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "qwen2_vl": "qwen2vl-fsdp2",

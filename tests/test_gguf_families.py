@@ -464,6 +464,7 @@ DENSE = {
     "minimax-m2-fsdp2": "minimax-m2",
     "cohere2-fsdp2": "cohere2",
     "solaropen-fsdp2": "glm4moe",
+    "granitemoeshared-fsdp2": "granitemoe",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it)

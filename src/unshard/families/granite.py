@@ -1,7 +1,8 @@
 """Granite (IBM's): Llama's layout with four multipliers, on the embedding, the attention's scores, each residual and
 the logits; llama.cpp's granite, whose converter is its LlamaModel (q and k reordered per head) with those four scales
 after the Llama's header. Granite MoE: the same with experts behind a softmax router, each expert's gate and up in one
-tensor (JetMoE's `input_linear`), which the converter splits into llama.cpp's gate and up stacks (granitemoe)."""
+tensor (JetMoE's `input_linear`), which the converter splits into llama.cpp's gate and up stacks (granitemoe).
+Granite MoE Shared: the same with a shared expert beside them (`shared_mlp`, its gate and up in one tensor too)."""
 
 from __future__ import annotations
 
@@ -49,18 +50,24 @@ def granitemoe_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder
 
 def gate_and_up_apart(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
     """The experts' input_linear (experts x 2 widths x hidden: gate's rows, then up's) as llama.cpp's gate and up
-    stacks, as the converter splits it. A band holds whole experts."""
-    if not name.endswith("block_sparse_moe.input_linear.weight"):
+    stacks, and the shared expert's (2 widths x hidden) as its gate and up, as the converter splits them. A band
+    holds whole experts; the shared expert's halves are the whole tensor's, one band."""
+    if name.endswith("block_sparse_moe.input_linear.weight"):
+        key, ends, dims = "intermediate_size", ("block_sparse_moe.input_linear", "mlp.experts"), 3
+    elif name.endswith("shared_mlp.input_linear.weight"):
+        key, ends, dims = "shared_intermediate_size", ("shared_mlp.input_linear", "mlp.shared_expert"), 2
+    else:
         return None
-    width = hparams["intermediate_size"]
-    if len(shape) != 3 or shape[1] != 2 * width:
+    width = hparams.get(key)
+    if len(shape) != dims or shape[-2] != 2 * (width or 0):
         raise ConfigMismatchError(
-            f"{where}: {name} has shape {list(shape)}, not experts of gate and up rows of intermediate_size {width}; "
-            "pass --config-from the model's own folder"
+            f"{where}: {name} has shape {list(shape)}, not gate and up rows of {key} {width}; pass --config-from the "
+            "model's own folder"
         )
-    stacks = name.replace("block_sparse_moe.input_linear.weight", "mlp.experts.{}.weight")
-    halves = (shape[0], width, shape[2])
-    return Rearrangement({stacks.format("gate_proj"): halves, stacks.format("up_proj"): halves}, gate_then_up)
+    parts = name.replace(ends[0], ends[1]).replace(".weight", ".{}.weight")
+    halves = (*shape[:-2], width, shape[-1])
+    whole = 1 if dims == 3 else shape[0]
+    return Rearrangement({parts.format("gate_proj"): halves, parts.format("up_proj"): halves}, gate_then_up, whole)
 
 
 def gate_then_up(band) -> tuple:
@@ -96,6 +103,26 @@ FAMILIES = (
         tensors=NO_TABLE,
         megatron=Unsupported("Megatron's Granite MoE layout (its multipliers, JetMoE's experts) is not mapped yet"),
         **no_trainer_model("Granite MoE"),
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "GRANITE_MOE",
+            hyperparameters=granitemoe_hyperparameters,
+            computed=llama_computed,
+            permute_qk=True,
+            llama_vocabulary=True,
+            check_config=granite_checked,
+            rearranged=gate_and_up_apart,
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+    ),
+    Family(
+        "Granite MoE Shared",
+        "granitemoeshared",
+        "GraniteMoeSharedForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Granite MoE layout (its multipliers, JetMoE's experts) is not mapped yet"),
+        **no_trainer_model("Granite MoE Shared"),
         fused_siblings=SIBLINGS,
         gguf=GGUFPart(
             "GRANITE_MOE",
