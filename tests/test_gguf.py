@@ -1144,6 +1144,12 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         # Command R7B's layers, which llama.cpp's cohere2 takes as three in four sliding, its output tied
         ("cohere2-fsdp2", {"layer_types": ["full_attention"] * 4}, "layer_types is not a sliding window on three"),
         ("cohere2-fsdp2", {"tie_word_embeddings": False}, "tie_word_embeddings is false, and llama.cpp's cohere2 has"),
+        # Hunyuan's NTK alpha rope, which the converter takes for a 256k context from 10000 and 32k or 256k only
+        ("hunyuan-fsdp2", {"max_position_embeddings": 4096}, "max_position_embeddings 4096; llama.cpp's converter"),
+        # what llama.cpp's afmoe computes whatever the config says: muP's scaled embeddings, renormalised routing
+        ("afmoe-fsdp2", {"mup_enabled": False}, "mup_enabled is false, and llama.cpp's afmoe scales the embeddings"),
+        ("afmoe-fsdp2", {"route_norm": False}, "route_norm is false, and transformers' AFMoE renormalises"),
+        ("jais2-fsdp2", {"mlp_bias": False}, "mlp_bias is false, and llama.cpp's jais2 takes biases there"),
         # a config of other experts than the checkpoint's
         (
             "mixtral8-fsdp2-spm",
@@ -1154,17 +1160,40 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
     ],
 )
 def test_a_config_llama_cpp_would_run_otherwise_is_one_line(case, change, expected, tmp_path):
+    """Refused while planning, in one line naming the file, nothing written. Asked of the library (the CLI prints
+    such an error as its one line: test_the_cli_says_a_refused_config_in_one_line), so that transformers, imported
+    once, reads each changed config."""
     import json
 
     src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
-    # (--no-check: a dense layer the checkpoint lacks would fail the config check first; llama.cpp's checks stand)
+    # (check=False: a dense layer the checkpoint lacks would fail the config check first; llama.cpp's checks stand)
+    with pytest.raises(unshard.ConfigMismatchError) as refused:
+        unshard.convert(
+            src,
+            tmp_path / "m.gguf",
+            config_from=tmp_path / "hf",
+            check=False,
+            output=unshard.OutputOptions(gguf="auto"),
+            progress=False,
+        )
+    assert expected in str(refused.value) and "\n" not in str(refused.value), refused.value
+    assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
+
+
+def test_the_cli_says_a_refused_config_in_one_line(tmp_path):
+    import json
+
+    src = SHIPPED / "olmoe-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "norm_topk_prob": True}))
     code, _, err = run_cli(
         "convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress", "--no-check"
     )
-    assert code == 1 and expected in err, err
+    assert code == 1 and f"{tmp_path / 'hf' / 'config.json'}: norm_topk_prob is set, and llama.cpp's olmoe" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
 
 

@@ -465,6 +465,9 @@ DENSE = {
     "cohere2-fsdp2": "cohere2",
     "solaropen-fsdp2": "glm4moe",
     "granitemoeshared-fsdp2": "granitemoe",
+    "hunyuan-fsdp2": "hunyuan-dense",
+    "afmoe-fsdp2": "afmoe",
+    "jais2-fsdp2": "jais2",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it)
@@ -478,6 +481,7 @@ HUB_KEYS = {
     "cohere2-fsdp2": lambda config: {"rotary_pct": 1.0},  # (the Hub's Command R7B has it; transformers' class has none)
     # (Solar Open's rotary over whole heads, which the converter takes for GLM's half where the config says nothing)
     "solaropen-fsdp2": lambda config: {"partial_rotary_factor": 1.0},
+    "afmoe-fsdp2": lambda config: {"route_norm": True},  # (AFMoE's routing, which transformers always renormalises)
 }
 
 

@@ -18,7 +18,9 @@ def gguf_py():
         import gguf
     except ImportError:
         raise UnshardError("GGUF output needs the gguf package: pip install 'unshard[gguf]'") from None
-    logging.getLogger("gguf").setLevel(logging.WARNING)  # (it says at INFO which endianness each file has)
+    logger = logging.getLogger("gguf")
+    if logger.level < logging.WARNING:  # (it says at INFO which endianness each file has; gguf_quiet's level stays)
+        logger.setLevel(logging.WARNING)
     return gguf
 
 

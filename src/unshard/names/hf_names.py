@@ -72,12 +72,18 @@ def read_config(folder: Path | None) -> dict[str, Any] | None:
 def meta_model(config_folder: Path, config: dict, updates: dict | None = None) -> Any:
     """The model class the config names, built on the meta device; None if that cannot be done safely."""
     try:
-        import transformers
+        import transformers  # noqa: F401
     except ImportError:
         return None
     if config.get("auto_map"):
         return None  # custom code: building it would run code from the checkpoint
-    updates = updates or {}
+    with known.transformers_quiet():
+        return _built_on_meta(config_folder, config, updates or {})
+
+
+def _built_on_meta(config_folder: Path, config: dict, updates: dict) -> Any:
+    import transformers
+
     try:
         if updates.get("model_type", config.get("model_type")) != config.get("model_type"):  # (a MoE of dense models)
             hf_config = transformers.AutoConfig.for_model(**{**config, **updates})

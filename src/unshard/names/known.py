@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import tempfile
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,20 @@ def transformers_version() -> str | None:
         return metadata.version("transformers")
     except metadata.PackageNotFoundError:
         return None
+
+
+@contextmanager
+def transformers_quiet():
+    """transformers' warnings silenced while unshard asks it about a config (a config key its class does not know,
+    say): unshard's own checks say what matters, each in one line."""
+    from transformers.utils import logging as transformers_logging
+
+    level = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers_logging.set_verbosity(level)
 
 
 def _folder() -> Path | None:

@@ -27,14 +27,9 @@ def read_hparams(folder: Path) -> dict[str, Any]:
     if full is None:
         try:
             from transformers import AutoConfig
-            from transformers.utils import logging as transformers_logging
 
-            level = transformers_logging.get_verbosity()
-            transformers_logging.set_verbosity_error()  # (its warnings on a config: the checks here say what matters)
-            try:
+            with known.transformers_quiet():
                 full = AutoConfig.from_pretrained(folder, trust_remote_code=False).to_dict()
-            finally:
-                transformers_logging.set_verbosity(level)
         except Exception:  # (a config transformers cannot read: the file as it is, as the converter does)
             return config
         full = json.loads(json.dumps(full, default=str))  # (as it is kept: the same values first time and after)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ...errors import ConfigMismatchError, UnshardError, read_json
 from ...families.gguf_hooks import gguf_py, gguf_quiet, json_or_empty, special_vocab
+from ...names import known
 from .pre_tokenizer_hashes import CHECKOUT_VARIABLE, converter_name
 
 
@@ -189,7 +190,8 @@ def _bpe_vocabulary(
             "a GGUF file's BPE vocabulary is read by transformers: pip install 'unshard[gguf]'"
         ) from None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        with known.transformers_quiet():
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except Exception as e:  # (transformers raises many kinds on a broken tokenizer folder)
         raise ConfigMismatchError(
             f"{path}: transformers cannot read the tokenizer ({type(e).__name__}: {str(e)[:120]}); restore it"
