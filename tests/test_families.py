@@ -275,6 +275,7 @@ TESTED = {
         "hunyuan_v1_dense": "hunyuan-fsdp2",
         "afmoe": "afmoe-fsdp2",
         "jais2": "jais2-fsdp2",
+        "lfm2": "lfm2-fsdp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "qwen2_vl": "qwen2vl-fsdp2",

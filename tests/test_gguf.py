@@ -1150,6 +1150,7 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("afmoe-fsdp2", {"mup_enabled": False}, "mup_enabled is false, and llama.cpp's afmoe scales the embeddings"),
         ("afmoe-fsdp2", {"route_norm": False}, "route_norm is false, and transformers' AFMoE renormalises"),
         ("jais2-fsdp2", {"mlp_bias": False}, "mlp_bias is false, and llama.cpp's jais2 takes biases there"),
+        ("lfm2-fsdp2", {"conv_bias": True}, "conv_bias is set, and llama.cpp's lfm2 convolution has no biases"),
         # a config of other experts than the checkpoint's
         (
             "mixtral8-fsdp2-spm",

@@ -468,6 +468,7 @@ DENSE = {
     "hunyuan-fsdp2": "hunyuan-dense",
     "afmoe-fsdp2": "afmoe",
     "jais2-fsdp2": "jais2",
+    "lfm2-fsdp2": "lfm2",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it)

@@ -54,6 +54,12 @@ def renamed_only(band) -> tuple:
     return (band,)
 
 
+def middle_axis_dropped(band) -> tuple:
+    """A Rearrangement's pieces for a tensor stored without its middle axis of one (a depthwise convolution's
+    kernel)."""
+    return (band.reshape(band.shape[0], band.shape[-1]),)
+
+
 def transposed(band) -> tuple:
     """A Rearrangement's pieces for a stack of matrices stored transposed (one piece: each matrix's transpose)."""
     return (band.swapaxes(-1, -2),)

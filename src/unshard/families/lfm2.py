@@ -1,0 +1,89 @@
+"""LFM2 (Liquid's `Lfm2ForCausalLM`): most layers a gated short convolution (in_proj to three widths, a causal depthwise
+convolution of a few taps, out_proj), the others grouped-query attention with q and k normed per head, every layer
+with a SwiGLU MLP (w1, w3, w2) whose width the config derives; llama.cpp's lfm2, the convolution's kernel 2-D and the
+attention's key-value heads per layer (none on the convolution layers), as the converter writes them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigMismatchError
+from .gguf_hooks import gguf_quiet, text_hyperparameters
+from .llama import TEXT_ONLY
+from .parts import (
+    NO_TABLE,
+    NOT_A_MOE_INPUT,
+    Family,
+    GGUFPart,
+    Rearrangement,
+    Unsupported,
+    middle_axis_dropped,
+    no_trainer_model,
+)
+
+
+def lfm2_layer_kinds(hparams: dict) -> list[str]:
+    """Each layer's kind ("conv" or "full_attention"): layer_types, or as transformers derives them from
+    full_attn_idxs."""
+    if hparams.get("layer_types"):
+        return list(hparams["layer_types"])
+    attention = set(hparams.get("full_attn_idxs") or [])
+    return ["full_attention" if i in attention else "conv" for i in range(hparams["num_hidden_layers"])]
+
+
+def lfm2_ffn_width(hparams: dict) -> int:
+    """The MLP's width as transformers builds it (and the converter writes it): two thirds of intermediate_size, times
+    the multiplier, rounded up to a multiple, where block_auto_adjust_ff_dim says so."""
+    width = hparams.get("block_ff_dim") or hparams["intermediate_size"]
+    if hparams.get("block_auto_adjust_ff_dim", True):
+        width = int(2 * width / 3)
+        if hparams.get("block_ffn_dim_multiplier") is not None:
+            width = int(hparams["block_ffn_dim_multiplier"] * width)
+        multiple = hparams.get("block_multiple_of", 256)
+        width = multiple * ((width + multiple - 1) // multiple)
+    return width
+
+
+def lfm2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's LFM2Model's: the TextModel's with key-value heads on the attention layers alone, then the
+    vocabulary's size, the convolution's cache length, the norm epsilon and the MLP's width (both written again, as
+    the converter does: the second value counts)."""
+    heads = [hparams["num_key_value_heads"] if kind != "conv" else 0 for kind in lfm2_layer_kinds(hparams)]
+    text_hyperparameters(writer, {**hparams, "num_key_value_heads": heads}, ftype, blocks, folder)
+    writer.add_vocab_size(hparams["vocab_size"])
+    writer.add_shortconv_l_cache(hparams["conv_L_cache"])
+    with gguf_quiet():
+        writer.add_layer_norm_rms_eps(hparams["norm_eps"])
+        writer.add_feed_forward_length(lfm2_ffn_width(hparams))
+
+
+def lfm2_checked(hparams: dict, where: Path) -> None:
+    """llama.cpp's lfm2 convolution has no biases."""
+    if hparams.get("conv_bias"):
+        raise ConfigMismatchError(
+            f"{where}: conv_bias is set, and llama.cpp's lfm2 convolution has no biases; serve this model with "
+            "transformers or vLLM"
+        )
+
+
+def lfm2_kernel(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """The depthwise convolution's kernel (channels x 1 x taps) 2-D, as the converter squeezes it."""
+    if not name.endswith("conv.conv.weight"):
+        return None
+    return Rearrangement({name: (shape[0], shape[-1])}, middle_axis_dropped)
+
+
+FAMILIES = (
+    Family(
+        "LFM2",
+        "lfm2",
+        "Lfm2ForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's LFM2 layout (short convolutions) is not mapped yet"),
+        **no_trainer_model("LFM2"),
+        fused_siblings=(("q_proj", "k_proj", "v_proj"), ("w1", "w3")),
+        gguf=GGUFPart("LFM2", hyperparameters=lfm2_hyperparameters, check_config=lfm2_checked, rearranged=lfm2_kernel),
+        mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
+    ),
+)
