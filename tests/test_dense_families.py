@@ -13,7 +13,7 @@ from conftest import SHIPPED, convert_in_subprocess
 
 import unshard
 from unshard import families
-from unshard.names import dense_tables, hf_names, known
+from unshard.names import dense_tables, hf_names, known, model_facts
 from unshard.sinks import hf_folder
 
 # Configs as transformers' config classes save them: sizes that make every product distinct, each
@@ -70,7 +70,7 @@ def table_tensors(config):
 def transformers_facts(folder):
     """What the long way round says: the config's model built on the meta device, asked."""
     config = json.loads((folder / "config.json").read_text())
-    return hf_names.ModelFacts.of(hf_names.meta_model(folder, config))
+    return model_facts.ModelFacts.of(model_facts.meta_model(folder, config))
 
 
 def save_config(model_type, fields, folder):
@@ -148,7 +148,9 @@ def test_checkpoint_that_does_not_fit_the_table_is_asked_about(tmp_path, monkeyp
     asked = []
     monkeypatch.setattr(hf_names, "_answers", {})
     monkeypatch.setattr(
-        hf_names, "_ask", lambda *args: asked.append(args) or hf_names.ModelFacts.of(hf_names.meta_model(*args[:2]))
+        hf_names,
+        "_ask",
+        lambda *args: asked.append(args) or model_facts.ModelFacts.of(model_facts.meta_model(*args[:2])),
     )
     monkeypatch.setenv("UNSHARD_CACHE", "off")
     with pytest.raises(unshard.ConfigMismatchError, match="with other shapes .*mlp"):

@@ -59,7 +59,7 @@ def test_tables_name_the_family_class():
 
 def test_tables_are_of_models_transformers_loads_in_one_dtype():
     """A table names tensors without building the model, so it cannot learn which ones transformers keeps in
-    float32 beside 16-bit weights (hf_names.ModelFacts.float32): its families must have none."""
+    float32 beside 16-bit weights (model_facts.ModelFacts.float32): its families must have none."""
     transformers = pytest.importorskip("transformers")
     for family in families.FAMILIES:
         if isinstance(family.tensors, TensorTable):

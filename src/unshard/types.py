@@ -134,7 +134,7 @@ class FormatRequest:
     groups: dict[str, Group]  # by source tensor name
     where: str  # the file to name in a message (the config.json, else the checkpoint)
     model_type: str | None  # the config's: the family (families/), whose parts a format may need
-    linear: Any  # names.hf_names.LinearLayers: which weights are Linear layers' (what --quantize may quantize)
+    linear: Any  # names.model_facts.LinearLayers: which weights are Linear layers' (what --quantize may quantize)
     config_folder: Path | None
     dtype: Any  # the output's dtypes.DType
     config_updates: dict[str, Any]  # what the output's config.json changes (the checkpoint's, --architecture's)

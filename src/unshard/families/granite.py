@@ -76,6 +76,16 @@ def gate_then_up(band) -> tuple:
     return band[..., :half, :], band[..., half:, :]
 
 
+# (Granite MoE's and Granite MoE Shared's, which the converter writes with one class)
+GRANITE_MOE_GGUF = GGUFPart(
+    "GRANITE_MOE",
+    hyperparameters=granitemoe_hyperparameters,
+    computed=llama_computed,
+    permute_qk=True,
+    llama_vocabulary=True,
+    check_config=granite_checked,
+    rearranged=gate_and_up_apart,
+)
 FAMILIES = (
     Family(
         "Granite",
@@ -104,15 +114,7 @@ FAMILIES = (
         megatron=Unsupported("Megatron's Granite MoE layout (its multipliers, JetMoE's experts) is not mapped yet"),
         **no_trainer_model("Granite MoE"),
         fused_siblings=SIBLINGS,
-        gguf=GGUFPart(
-            "GRANITE_MOE",
-            hyperparameters=granitemoe_hyperparameters,
-            computed=llama_computed,
-            permute_qk=True,
-            llama_vocabulary=True,
-            check_config=granite_checked,
-            rearranged=gate_and_up_apart,
-        ),
+        gguf=GRANITE_MOE_GGUF,
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
     ),
@@ -124,15 +126,7 @@ FAMILIES = (
         megatron=Unsupported("Megatron's Granite MoE layout (its multipliers, JetMoE's experts) is not mapped yet"),
         **no_trainer_model("Granite MoE Shared"),
         fused_siblings=SIBLINGS,
-        gguf=GGUFPart(
-            "GRANITE_MOE",
-            hyperparameters=granitemoe_hyperparameters,
-            computed=llama_computed,
-            permute_qk=True,
-            llama_vocabulary=True,
-            check_config=granite_checked,
-            rearranged=gate_and_up_apart,
-        ),
+        gguf=GRANITE_MOE_GGUF,
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
     ),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..names import hf_names
+from ..names import hf_names, model_facts
 from ..types import Plan
 from ..write.assemble import materialise
 from .recipe import RecipeError
@@ -141,7 +141,7 @@ def merged_model(plan: Plan, device: str):
         )
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
-    hf_names.rebuild_computed_modules(model)
+    model_facts.rebuild_computed_modules(model)
     stray = next((name for name, buffer in model.named_buffers() if buffer.is_meta), None)
     if stray is not None:
         raise RecipeError(

@@ -29,7 +29,7 @@ import torch
 from .. import dtypes
 from ..errors import UnshardError
 from ..hub import hub_ids
-from ..names import hf_names
+from ..names import hf_names, model_facts
 from ..plan import choose_dtype
 from ..sinks.peft_adapter import ADAPTER_WEIGHTS, PeftAdapterFolder
 from ..sources import SourceTensor
@@ -90,7 +90,7 @@ def _modules(tuned: Input) -> list[tuple[str, str]]:
     """(module name, kind) of every module of the fine-tune's class that holds a weight: "linear",
     "embedding", "input" / "output" (the model's embeddings) or "other"."""
     config = hf_names.read_config(tuned.plan.config_folder)
-    model = hf_names.meta_model(tuned.plan.config_folder, config) if config else None
+    model = model_facts.meta_model(tuned.plan.config_folder, config) if config else None
     if model is None:
         raise ExtractionError(
             f"{tuned.reference}: extract-lora needs the model's config.json and its class in "

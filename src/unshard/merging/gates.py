@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..names import hf_names
+from ..names import model_facts
 from .inputs import Input
 from .recipe import RecipeError
 
@@ -111,7 +111,7 @@ class _LayerByLayer:
         layers = decoder.layers
         decoder.layers = torch.nn.ModuleList()
         decoder.to_empty(device="cpu")
-        hf_names.rebuild_computed_modules(decoder)  # (rotary embeddings: after to_empty, their buffers are garbage)
+        model_facts.rebuild_computed_modules(decoder)  # (rotary embeddings: after to_empty, their buffers are garbage)
         self._load(decoder, prefix)
         decoder.layers = layers
         bf16_bytes = sum(math.prod(o.shape) * 2 for o in base.plan.outputs)

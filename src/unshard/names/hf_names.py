@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigMismatchError
 from . import dense_tables, known
+from .model_facts import LinearLayers, ModelFacts, meta_model
 
 if TYPE_CHECKING:
     import torch
@@ -67,125 +68,6 @@ def read_config(folder: Path | None) -> dict[str, Any] | None:
         raise ConfigMismatchError(
             f"{folder / 'config.json'}: not valid JSON ({e}); fix it or pass --config-from"
         ) from None
-
-
-def meta_model(config_folder: Path, config: dict, updates: dict | None = None) -> Any:
-    """The model class the config names, built on the meta device; None if that cannot be done safely."""
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return None
-    if config.get("auto_map"):
-        return None  # custom code: building it would run code from the checkpoint
-    with known.transformers_quiet():
-        return _built_on_meta(config_folder, config, updates or {})
-
-
-def _built_on_meta(config_folder: Path, config: dict, updates: dict) -> Any:
-    import transformers
-
-    try:
-        if updates.get("model_type", config.get("model_type")) != config.get("model_type"):  # (a MoE of dense models)
-            hf_config = transformers.AutoConfig.for_model(**{**config, **updates})
-        else:
-            hf_config = transformers.AutoConfig.from_pretrained(
-                config_folder,
-                **{
-                    k: v
-                    for k, v in updates.items()
-                    if k in ("num_labels", "num_hidden_layers", "layer_types", "vocab_size")
-                },
-            )
-    except Exception as e:  # (a value of the wrong type or out of range: transformers' config classes check them)
-        why = str(e).strip().splitlines()[0].rstrip(":") if str(e).strip() else type(e).__name__
-        raise ConfigMismatchError(
-            f"{config_folder / 'config.json'}: transformers cannot read it ({why}); fix it or pass "
-            "--config-from the model's own folder"
-        ) from None
-    architectures = updates.get("architectures") or config.get("architectures") or []
-    model_class = getattr(transformers, architectures[0], None) if architectures else None
-    if model_class is None and updates.get("architectures"):
-        raise ConfigMismatchError(f"--architecture {architectures[0]}: transformers has no such model class")
-    import torch
-
-    with torch.device("meta"):
-        if model_class is not None:
-            return model_class._from_config(hf_config)
-        try:  # a config saved without `architectures`: the causal LM of its model_type
-            return transformers.AutoModelForCausalLM.from_config(hf_config)
-        except ValueError:
-            return None
-
-
-def rebuild_computed_modules(model: Any) -> None:
-    """Modules of a model built on the meta device whose buffers are computed at construction, not saved
-    (rotary embeddings' inverse frequencies), made again on the CPU from their config."""
-    for name, module in list(model.named_modules()):
-        if (
-            module._non_persistent_buffers_set
-            and not any(True for _ in module.parameters())
-            and hasattr(module, "config")
-        ):
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, type(module)(config=module.config))
-
-
-@dataclass
-class LinearLayers:
-    """The weights compressed-tensors treats as Linear layers' (what `--quantize` targets, and what its config's
-    ignore list names), in the model's order, tied ones included, under the names save_pretrained writes."""
-
-    weights: list[str]
-    held_as: dict[str, str] = field(default_factory=dict)  # saved name -> name in memory, where they differ
-    routers: list[str] = field(default_factory=list)  # those that are MoE routers
-
-    def to_json(self) -> dict:
-        return {"weights": self.weights, "held_as": self.held_as, "routers": self.routers}
-
-    @classmethod
-    def from_json(cls, data: dict) -> LinearLayers:
-        return cls(list(data["weights"]), dict(data["held_as"]), list(data["routers"]))
-
-
-@dataclass
-class ModelFacts:
-    """What the config's model holds, as plain data: the names and shapes of its state dict, which
-    of them are tied to another (saved once), what `save_pretrained` writes, and which weights are
-    those of Linear layers (what quantization targets), and which it keeps in float32 when loaded in a 16-bit
-    dtype (a MoE's router: `_keep_in_fp32_modules_strict`), as save_pretrained then writes them."""
-
-    in_memory: dict[str, tuple[int, ...]]
-    tied: set[str]
-    saved: dict[str, tuple[int, ...]]
-    linear: LinearLayers
-    float32: dict[str, list[str]] = field(default_factory=dict)  # dtype name -> in-memory names kept in float32
-
-    @classmethod
-    def of(cls, model) -> ModelFacts:
-        kept = {name for name, _ in model.named_parameters()}
-        tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - kept
-        in_memory = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-        return cls(in_memory, tied, _saved_shapes(model, in_memory), _linear_layers(model), _kept_in_float32(model))
-
-    def to_json(self) -> dict:
-        return {
-            "in_memory": self.in_memory,
-            "tied": sorted(self.tied),
-            "saved": self.saved,
-            "linear": self.linear.to_json(),
-            "float32": self.float32,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> ModelFacts:
-        shapes = lambda d: {n: tuple(s) for n, s in d.items()}  # noqa: E731
-        return cls(
-            shapes(data["in_memory"]),
-            set(data["tied"]),
-            shapes(data["saved"]),
-            LinearLayers.from_json(data["linear"]),
-            {dtype: list(names) for dtype, names in data["float32"].items()},
-        )
 
 
 # What this process asked transformers already, by cache entry (answers of None included), so that
@@ -461,83 +343,6 @@ def _in_mtp_layer(name: str, config: dict) -> bool:
     layer = _LAYER.match(name)
     blocks = config.get("num_hidden_layers")
     return bool(layer and blocks is not None and config.get("num_nextn_predict_layers") and int(layer[1]) >= blocks)
-
-
-def _saved_shapes(model, in_memory: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """Names and shapes save_pretrained writes for this model (transformers >= 5 converts some)."""
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
-    except ImportError:
-        return in_memory
-    import torch
-
-    meta = {n: torch.empty(s, device="meta") for n, s in in_memory.items()}
-    return {n: tuple(t.shape) for n, t in revert_weight_conversion(model, meta).items()}
-
-
-def _kept_in_float32(model) -> dict[str, list[str]]:
-    """The in-memory names transformers loads in float32 whatever 16-bit dtype is asked for, by that dtype's
-    name: the model's `_keep_in_fp32_modules_strict` (and in float16 `_keep_in_fp32_modules` too), patterns
-    searched in each name with `*` for any text, as transformers' loader matches them."""
-    import torch
-
-    names = list(model.state_dict())
-    kept = {}
-    for dtype in (torch.bfloat16, torch.float16):
-        plan = model._get_dtype_plan(dtype) if hasattr(model, "_get_dtype_plan") else {}
-        found = [re.compile(p.replace("*", ".*")) for p, kept_as in plan.items() if kept_as == torch.float32]
-        if matched := [n for n in names if any(f.search(n) for f in found)]:
-            kept[str(dtype).removeprefix("torch.")] = matched
-    return kept
-
-
-# compressed-tensors counts a MoE router as a Linear layer (vLLM runs it as one), by its class name.
-_ROUTER_CLASS = re.compile(r"Router|Gating|Gate(?![a-z])")
-# An expert's projection as saved, and the order llm-compressor makes Linear layers of a fused expert's in.
-_EXPERT = re.compile(r".*\.(\d+)\.(\w+)\.weight$")
-_EXPERT_ORDER = {"up_proj": 0, "w3": 0, "gate_proj": 1, "w1": 1, "down_proj": 2, "w2": 2}
-
-
-def _linear_layers(model) -> LinearLayers:
-    """The model's Linear layers as compressed-tensors counts them: the Linear modules, the MoE routers, and
-    each expert of a module holding them fused in 3-D tensors, which llm-compressor makes Linear layers of
-    before it quantizes."""
-    import torch
-
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
-    except ImportError:  # transformers < 5 saves in-memory names as they are
-        revert_weight_conversion = None
-
-    def saved(weights: dict[str, torch.Tensor]) -> list[str]:
-        if revert_weight_conversion is None:
-            return list(weights)
-        meta = {n: torch.empty(t.shape, device="meta") for n, t in weights.items()}
-        names = list(revert_weight_conversion(model, meta))
-        if len(weights) == 1 and names != list(weights):
-            linear.held_as[names[0]] = next(iter(weights))
-        return names
-
-    linear = LinearLayers([])
-    for name, module in model.named_modules():
-        prefix = f"{name}." if name else ""
-        own = dict(module.named_parameters(recurse=False))
-        type_name = type(module).__name__
-        router = (
-            _ROUTER_CLASS.search(type_name)
-            and "ExpertMLP" not in type_name
-            and getattr(own.get("weight"), "dim", lambda: 0)() == 2
-        )
-        if isinstance(module, torch.nn.Linear) or router:
-            linear.weights += saved({f"{prefix}weight": own["weight"]})
-            if router and not isinstance(module, torch.nn.Linear):
-                linear.routers.append(linear.weights[-1])
-        elif own and all(p.dim() == 3 for p in own.values()):  # fused experts (saved one tensor per expert)
-            experts = [_EXPERT.match(n) for n in saved({f"{prefix}{n}": p for n, p in own.items()})]
-            if all(experts):  # (not a convolution's kernel, say)
-                experts.sort(key=lambda found: (int(found[1]), _EXPERT_ORDER.get(found[2], 3)))
-                linear.weights += [found[0] for found in experts]
-    return linear
 
 
 def _check_against_model(
