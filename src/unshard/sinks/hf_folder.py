@@ -232,10 +232,10 @@ def check_folder(folder: Path) -> list[str]:
 
 def _load_as_transformers_would(folder: Path, names: set[str]) -> list[str]:
     with known.transformers_quiet():
-        return _loads(folder, names)
+        return _transformers_load_warnings(folder, names)
 
 
-def _loads(folder: Path, names: set[str]) -> list[str]:
+def _transformers_load_warnings(folder: Path, names: set[str]) -> list[str]:
     import transformers
 
     try:
