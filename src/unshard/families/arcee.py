@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import llama_hyperparameters
+from .gguf_hooks import llama_hyperparameters, sliding_three_in_four
 from .llama import SIBLINGS, TEXT_ONLY, llama_computed
 from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
 
@@ -38,8 +38,7 @@ def afmoe_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Pat
 def afmoe_checked(hparams: dict, where: Path) -> None:
     """What llama.cpp's afmoe computes whatever the config says: the embeddings scaled by sqrt(hidden) (muP), a
     sliding window on three layers in four, the chosen experts' weights renormalised."""
-    blocks = hparams["num_hidden_layers"]
-    pattern = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(blocks)]
+    pattern = sliding_three_in_four(hparams["num_hidden_layers"])
     if not hparams.get("mup_enabled"):
         said = "mup_enabled is false, and llama.cpp's afmoe scales the embeddings by sqrt(hidden_size) (muP)"
     elif hparams.get("sliding_window") and (hparams.get("layer_types") or pattern) != pattern:

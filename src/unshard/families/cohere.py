@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import first_of, gguf_py, rope_parameters, text_hyperparameters
+from .gguf_hooks import first_of, gguf_py, rope_parameters, sliding_three_in_four, text_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
 
@@ -51,8 +51,7 @@ def cohere2_checked(hparams: dict, where: Path) -> None:
     """llama.cpp's cohere2 slides a window over three layers in four and turns rope on those alone, ties the output to
     the embeddings and has no biases: a config of another layout is one line, as is cohere_checked's rope scaling."""
     cohere_checked(hparams, where)
-    blocks = hparams["num_hidden_layers"]
-    pattern = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(blocks)]
+    pattern = sliding_three_in_four(hparams["num_hidden_layers"])
     kinds = hparams.get("layer_types") or pattern
     if kinds != pattern or hparams.get("sliding_window") is None:
         raise ConfigMismatchError(

@@ -178,6 +178,12 @@ GATING_KEYS = (
 )
 
 
+def sliding_three_in_four(blocks: int) -> list[str]:
+    """layer_types of the layout llama.cpp assumes for Command R7B's and AFMoE's layers: a sliding window on three
+    layers in four, the fourth global."""
+    return ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(blocks)]
+
+
 def routed_by_sigmoid(hparams: dict, where: Path) -> dict:
     """The config of a family whose transformers model routes by a sigmoid whatever its config.json says, as
     llama.cpp should route it: a config naming no gating function (transformers saves none: llama.cpp would take it

@@ -331,7 +331,8 @@ def _naming(
 
 def _float32_by_checkpoint_name(facts: ModelFacts, live: dict[str, str]) -> dict[str, set[str]]:
     """ModelFacts.float32 under the checkpoint's names (`live`: checkpoint name -> name in memory)."""
-    return {dtype: {n for n, c in live.items() if c in set(names)} for dtype, names in facts.float32.items()}
+    kept = {dtype: set(names) for dtype, names in facts.float32.items()}
+    return {dtype: {n for n, c in live.items() if c in names} for dtype, names in kept.items()}
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
