@@ -1,7 +1,8 @@
 """torchtitan and torchtune checkpoints, in DCP folders and in torchtune's single files (Meta's Llama names,
 interleaved rotary; torchtitan's Qwen3, Qwen3 MoE, DeepSeek-V3 and gpt-oss, their experts grouped in one tensor per
 projection (gpt-oss's turned into transformers' fused ones, which torchtitan's own adapter leaves out); torchtitan's
-Qwen3.5 with its vision tower (fused projections and convolutions split, its patch embedding a Linear layer);
+Qwen3.5 and Qwen3.5-MoE with their vision tower (fused projections and convolutions split, the patch embedding a
+Linear layer; Qwen3.5-MoE's experts, which its own adapter fuses otherwise than transformers, each as saved);
 torchtune's Qwen2, Gemma, Gemma 2 and Phi-3, whose q, k and v are three tensors that transformers' Phi-3 fuses) convert
 to exactly what each library's own Hugging Face converter makes (but Gemma 2's MLP norms, which torchtune's converter
 names the other way round), and the folder's logits match its forward pass."""
@@ -28,6 +29,7 @@ CASES_HERE = [
     "torchtitan-deepseekv3mtp-fsdp2",
     "torchtitan-gptoss-fsdp2",
     "torchtitan-qwen35-fsdp2",
+    "torchtitan-qwen35moe-fsdp2",
     "torchtune-qwen2-fsdp2",
     "torchtune-gemma-fsdp2",
     "torchtune-gemma2-fsdp2",
@@ -65,8 +67,29 @@ def mlp_norms_swapped(name: str) -> str:
     return name.replace(pre, "<>").replace(post, pre).replace("<>", post)
 
 
+def experts_apart(reference: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """torchtitan 0.3's Qwen35StateDictAdapter.to_hf fuses a layer's experts as gate_up_proj [experts, dim, 2 x width]
+    and down_proj [experts, width, dim], the transposes of transformers 5's [experts, 2 x width, dim] and [experts,
+    dim, width] (test_torchtitans_own_qwen35_moe_adapter_writes_experts_transformers_refuses): each expert's
+    projections as save_pretrained writes them, which unshard writes."""
+    apart = {}
+    for name, tensor in reference.items():
+        if name.endswith("experts.gate_up_proj"):
+            for e, (gate, up) in enumerate(zip(*tensor.chunk(2, dim=-1))):
+                apart[name.replace("gate_up_proj", f"{e}.gate_proj.weight")] = gate.T.contiguous()
+                apart[name.replace("gate_up_proj", f"{e}.up_proj.weight")] = up.T.contiguous()
+        elif name.endswith("experts.down_proj"):
+            for e, down in enumerate(tensor):
+                apart[name.replace("down_proj", f"{e}.down_proj.weight")] = down.T.contiguous()
+        else:
+            apart[name] = tensor
+    return apart
+
+
 # The reference's name -> unshard's, where the library's own converter is not what its model computes
 RENAMED = {"torchtune-gemma2-fsdp2": mlp_norms_swapped}
+# The reference's tensors as transformers holds them, where the library's own converter lays them out otherwise
+LAID_OUT = {"torchtitan-qwen35moe-fsdp2": experts_apart}
 # What unshard writes that the library's own converter leaves out: torchtitan 0.3's GptOssStateDictAdapter maps
 # `mlp1_weight` (not the model's `mlp1_weight_EGD`) to the Hub's MXFP4 `_blocks` names, so its to_hf has no experts
 BEYOND_REFERENCE = {"torchtitan-gptoss-fsdp2": ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")}
@@ -75,7 +98,7 @@ BEYOND_REFERENCE = {"torchtitan-gptoss-fsdp2": ("gate_up_proj", "gate_up_proj_bi
 LEFT_OUT = {"torchtitan-deepseekv3mtp-fsdp2": "model.layers.3."}
 # Vision-language models, loaded as such; Qwen3.5's linear attention has flash-linear-attention's Triton kernels only,
 # which no CPU runs: torchtitan saved no logits of its own, and its adapter's tensors are the oracle
-VISION = {"torchtitan-qwen35-fsdp2"}
+VISION = {"torchtitan-qwen35-fsdp2", "torchtitan-qwen35moe-fsdp2"}
 
 
 def check(name, fixture, out, src=None):
@@ -84,7 +107,7 @@ def check(name, fixture, out, src=None):
         fixture / (src or case.src), out, config_from=fixture / case.config_from, progress=False, verify=True
     )
     renamed = RENAMED.get(name, lambda tensor_name: tensor_name)
-    reference = load_file(fixture / "reference" / "model.safetensors")
+    reference = LAID_OUT.get(name, dict)(load_file(fixture / "reference" / "model.safetensors"))
     left_out = LEFT_OUT.get(name)
     expected = {renamed(n): t for n, t in reference.items() if not (left_out and n.startswith(left_out))}
     written = load_file(out / "model.safetensors")
@@ -127,6 +150,26 @@ def test_a_patch_embedding_the_config_does_not_shape_is_one_line(tmp_path):
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "vision_encoder.patch_embed.weight is [32, 1536], not the [32, 3, 2, 8, 8] of " in err
     assert not (tmp_path / "out").exists()
+
+
+def test_torchtitans_own_qwen35_moe_adapter_writes_experts_transformers_refuses(tmp_path):
+    """Why unshard's Qwen3.5-MoE experts are not its adapter's bytes: transformers refuses the folder of torchtitan's
+    own to_hf (the fixture's reference), its experts' down_proj turned; unshard's loads (test_shipped_checkpoint)."""
+    import shutil
+
+    fixture = SHIPPED / "torchtitan-qwen35moe-fsdp2"
+    theirs = tmp_path / "theirs"
+    shutil.copytree(fixture / "hf", theirs)
+    shutil.copy(fixture / "reference" / "model.safetensors", theirs)
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        transformers.AutoModelForImageTextToText.from_pretrained(theirs)
+    _, info = transformers.AutoModelForImageTextToText.from_pretrained(
+        theirs, ignore_mismatched_sizes=True, output_loading_info=True
+    )
+    # (its gate_up_proj, [4, 64, 2 x 32], takes transformers' shape here, dim being twice the width: loaded turned)
+    assert sorted(name for name, *_ in info["mismatched_keys"]) == [
+        f"model.language_model.layers.{i}.mlp.experts.down_proj" for i in (0, 1)
+    ]
 
 
 def test_torchtunes_own_gemma2_converter_computes_another_model(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from ..names.meta_rules import Fused, Reshaped
+from ..names.meta_rules import Fused, Reshaped, Zeros, torchtitan_routed_experts
 from .gguf_hooks import text_hyperparameters
 from .parts import (
     DEFAULT_FUSED_SIBLINGS,
@@ -86,6 +86,26 @@ TORCHTITAN_QWEN35 = {
         for n in ("norm", "linear_fc1", "linear_fc2")
         for k in ("weight", "bias")
     },
+}
+
+# torchtitan's Qwen3.5-MoE: the dense model's names, its MoE layers' as torchtitan's Qwen3-MoE's (grouped experts, the
+# router, the load-balancing bias transformers' routing has none of), and the sigmoid-gated shared expert. (Its own
+# adapter's to_hf fuses each layer's gate and up into a gate_up_proj [experts, dim, 2 x width], the transpose of what
+# transformers 5 holds; unshard reads the experts by what torchtitan computes, into the names save_pretrained writes.)
+_M = _T + "mlp."
+TORCHTITAN_QWEN35_MOE = {
+    **TORCHTITAN_QWEN35,
+    **torchtitan_routed_experts(_M),
+    **{
+        f"layers.{{i}}.moe.shared_experts.{w}.weight": (f"{_M}shared_expert.{p}.weight", None)
+        for w, p in (("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj"))
+    },
+    "layers.{i}.moe.shared_experts.gate.weight": (_M + "shared_expert_gate.weight", None),
+    "layers.{i}.moe.expert_bias_E": Zeros(
+        _M + "gate.weight",
+        "torchtitan's load-balancing expert bias (transformers' Qwen3.5-MoE routes without one, as torchtitan's own "
+        "Qwen35StateDictAdapter drops it)",
+    ),
 }
 
 
@@ -341,7 +361,6 @@ FAMILIES = (
         qwen3vl_sizes,
         qwen3vl_projector_keys,
         deltanet_gguf("QWEN35", qwen35_hyperparameters, tiled_values=True),
-        notes={"meta_names": "torchtitan's names (the dense model; torchtitan's Qwen3.5 MoE is not mapped yet)"},
         meta_names=TORCHTITAN_QWEN35,
         torchtitan_names=TORCHTITAN_QWEN35,
         converter_name=qwen3vl_vision_name,
@@ -356,6 +375,8 @@ FAMILIES = (
         qwen3vl_projector_keys,
         deltanet_gguf("QWEN35MOE", qwen35_hyperparameters, tiled_values=True),
         Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        meta_names=TORCHTITAN_QWEN35_MOE,
+        torchtitan_names=TORCHTITAN_QWEN35_MOE,
         converter_name=qwen3vl_vision_name,
         rearranged=qwen3vl_vision_split,
     ),

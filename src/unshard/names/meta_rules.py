@@ -77,15 +77,19 @@ class Reshaped:
     axes: tuple[str | int, ...]
 
 
-# torchtitan's (0.3) MoE layer, as its MoE state-dict adapters map it: the routed experts' weights grouped on a first
-# axis (the suffix names the axes: Experts, FFN width, model Dim), the router's gate; Qwen3-MoE and DeepSeek-V3 alike
-_E = "model.layers.{i}.mlp."
-TORCHTITAN_ROUTED_EXPERTS = {
-    "layers.{i}.moe.routed_experts.inner_experts.w1_EFD": (_E + "experts.{e}.gate_proj.weight", None),
-    "layers.{i}.moe.routed_experts.inner_experts.w3_EFD": (_E + "experts.{e}.up_proj.weight", None),
-    "layers.{i}.moe.routed_experts.inner_experts.w2_EDF": (_E + "experts.{e}.down_proj.weight", None),
-    "layers.{i}.moe.router.gate.weight": (_E + "gate.weight", None),
-}
+def torchtitan_routed_experts(mlp: str = "model.layers.{i}.mlp.") -> dict[str, tuple[str, None]]:
+    """torchtitan's (0.3) MoE layer, as its MoE state-dict adapters map it: the routed experts' weights grouped on a
+    first axis (the suffix names the axes: Experts, FFN width, model Dim), the router's gate; Qwen3-MoE, DeepSeek-V3
+    and Qwen3.5-MoE alike, the Hugging Face MLP at `mlp` (each expert's projections as saved)."""
+    return {
+        "layers.{i}.moe.routed_experts.inner_experts.w1_EFD": (mlp + "experts.{e}.gate_proj.weight", None),
+        "layers.{i}.moe.routed_experts.inner_experts.w3_EFD": (mlp + "experts.{e}.up_proj.weight", None),
+        "layers.{i}.moe.routed_experts.inner_experts.w2_EDF": (mlp + "experts.{e}.down_proj.weight", None),
+        "layers.{i}.moe.router.gate.weight": (mlp + "gate.weight", None),
+    }
+
+
+TORCHTITAN_ROUTED_EXPERTS = torchtitan_routed_experts()
 
 
 def trainer(names) -> str | None:
