@@ -140,12 +140,12 @@ NOT_A_MOE_INPUT = Unsupported("a dense family merge-moe does not assemble from",
 # Where a family has no torchtitan or torchtune names (`meta_names`) in its module
 NO_META_NAMES = Unsupported(
     "torchtitan's and torchtune's names are mapped for Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3, gpt-oss, "
-    "Qwen3.5, Gemma, Gemma 2 and Phi-3 only so far"
+    "Qwen3.5, Qwen3.5-MoE, Gemma, Gemma 2 and Phi-3 only so far"
 )
 
 # Where a family's module declares no torchtitan names to write (`torchtitan_names`)
 NO_TORCHTITAN_NAMES = Unsupported(
-    "torchtitan's names are written for Llama, Qwen3, Qwen3-MoE, DeepSeek-V3, gpt-oss and Qwen3.5 so far"
+    "torchtitan's names are written for Llama, Qwen3, Qwen3-MoE, DeepSeek-V3, gpt-oss, Qwen3.5 and Qwen3.5-MoE so far"
 )
 
 
