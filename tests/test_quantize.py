@@ -216,14 +216,15 @@ MIXTRAL_EXPERTS = {".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_pr
 
 
 def as_llm_compressor_names(folder: Path) -> Path:
-    """A Mixtral folder with its experts renamed as llm-compressor names them (other folders as they are)."""
+    """A folder of Mixtral's expert names (MiniMax-M2's too) with its experts renamed as llm-compressor names them
+    (other folders as they are)."""
     tensors = tensors_of(folder)
-    if not any(".w1." in name for name in tensors):
+    if not any(".experts." in name and ".w1." in name for name in tensors):  # (LFM2's MLP has w1, w2, w3 too)
         return folder
     renamed = folder.with_name(folder.name + "-renamed")
     renamed.mkdir()
     for old, new in MIXTRAL_EXPERTS.items():
-        tensors = {name.replace(old, new): tensor for name, tensor in tensors.items()}
+        tensors = {name.replace(old, new) if ".experts." in name else name: t for name, t in tensors.items()}
     from safetensors.torch import save_file
 
     save_file(tensors, renamed / "model.safetensors")
@@ -287,6 +288,77 @@ def test_mixture_of_experts_as_llm_compressor_writes_it(case, schemes, oracle, t
         "MXFP4": 0.65,
     }
     assert_loaded_within(oracle("load", loads, tmp_path), schemes, bound)
+
+
+# The families whose GGUF came last (their fixtures shipped): --quantize as llm-compressor 0.14 writes them
+FAMILY_CASES = [
+    "glm4-fsdp2",
+    "gptneox-fsdp2",  # (the output head held as lm_head, saved as embed_out: listed as compressed-tensors lists it)
+    "phi2-fsdp2",
+    "bloom-fsdp2",
+    "starcoder-fsdp2",
+    "cohere2-fsdp2",
+    "hunyuan-fsdp2",
+    "jais2-fsdp2",
+    "lfm2-fsdp2",
+    "olmoe-fsdp2",
+    "dots1-fsdp2",
+    "ernie45moe-fsdp2-spm",
+    "granitemoe-fsdp2",  # (experts fused on disk, made Linear layers; the router module listed by its class's name)
+    "granitemoeshared-fsdp2",
+    "afmoe-fsdp2",  # (a router module around its Linear gate, listed by its class's name)
+    "minimax-m2-fsdp2",  # (Mixtral's expert names: compared under llm-compressor's)
+]
+# transformers 5.24 keeps AFMoE's expert bias in float32 when loading in bf16, as save_pretrained writes it (unshard
+# follows the transformers installed); llm-compressor's pinned 5.17 did not yet: compared as bf16
+NEWER_FLOAT32 = {"afmoe-fsdp2": "mlp.expert_bias"}
+
+
+def test_families_as_llm_compressor_writes_them(oracle, tmp_path):
+    """W8A8 from each family's FSDP2 rank files, every tensor and the config as llm-compressor 0.14 writes them from
+    the plain folder (Granite MoE's experts, fused on disk, each a Linear layer); compressed-tensors loads GPT-NeoX's
+    (whose config once named its head as saved, which transformers then took for quantized) near the plain model's
+    logits. Falcon's FalconLinear
+    layers llm-compressor saves uncompressed (format dense, quantized values in bf16 with zero points, its head listed
+    nowhere), which its own transformers loads with the head's scale missing: unshard's int8 folder loads whole."""
+    from unshard.sinks.compressed_tensors import DEFAULT_IGNORE
+
+    jobs, loads = [], []
+    for case in [*FAMILY_CASES, "falcon-fsdp2"]:
+        src = SHIPPED / case / "global_step_1"
+        unshard.convert(src, tmp_path / case / "plain", progress=False)
+        unshard.convert(src, tmp_path / case / "W8A8", quantize="W8A8", progress=False, verify=True)
+        out = str(tmp_path / case / "oracle")
+        jobs.append(
+            {"src": str(tmp_path / case / "plain"), "out": out, "scheme": "W8A8", "ignore": list(DEFAULT_IGNORE)}
+        )
+    for case in ("gptneox-fsdp2", "falcon-fsdp2"):
+        loads.append(load_job(tmp_path / case / "plain", tmp_path / case / "W8A8", "W8A8", "bfloat16"))
+    loads.append(
+        load_job(tmp_path / "falcon-fsdp2" / "plain", tmp_path / "falcon-fsdp2" / "oracle", "W8A8", "bfloat16")
+    )
+    oracle("quantize", jobs, tmp_path)
+    for case in FAMILY_CASES:
+        ours = as_llm_compressor_names(tmp_path / case / "W8A8")
+        if case in NEWER_FLOAT32:
+            tensors = tensors_of(ours)
+            kept = [n for n in tensors if n.endswith(NEWER_FLOAT32[case])]
+            assert kept and all(tensors[n].dtype == torch.float32 for n in kept)
+            tensors.update({n: tensors[n].to(torch.bfloat16) for n in kept})
+            from safetensors.torch import save_file
+
+            ours = tmp_path / case / "as-bf16"
+            ours.mkdir()
+            save_file(tensors, ours / "model.safetensors")
+            shutil.copy(tmp_path / case / "W8A8" / "config.json", ours)
+        assert_same_files(ours, tmp_path / case / "oracle")
+    ignored = json.loads((tmp_path / "gptneox-fsdp2" / "W8A8" / "config.json").read_text())["quantization_config"]
+    assert ignored["ignore"] == ["lm_head"] and "embed_out.weight" in tensors_of(tmp_path / "gptneox-fsdp2" / "W8A8")
+    theirs = json.loads((tmp_path / "falcon-fsdp2" / "oracle" / "config.json").read_text())["quantization_config"]
+    assert theirs["format"] == "dense"
+    gptneox, falcon, falcon_theirs = oracle("load", loads, tmp_path)
+    assert_loaded_within([gptneox, falcon], ["W8A8"] * 2, {"W8A8": 0.15})
+    assert falcon_theirs["missing"] == ["lm_head.weight_scale"]
 
 
 GPT_OSS_SCHEMES = ["FP8_DYNAMIC", "W8A8", "MXFP4A16", "NVFP4A16"]  # (the fixture's 64 columns take no groups of 128)

@@ -11,7 +11,16 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .gguf_hooks import llama_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY, llama_computed
-from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Rearrangement, Unsupported, no_trainer_model
+from .parts import (
+    NO_TABLE,
+    NOT_A_MOE_INPUT,
+    Family,
+    GGUFPart,
+    Rearrangement,
+    Unsupported,
+    no_trainer_model,
+    renamed_only,
+)
 
 # The config's multipliers, as llama.cpp's scales, in the converter's order (a multiplier of 0 or none: not written)
 SCALES = (
@@ -70,6 +79,19 @@ def gate_and_up_apart(name: str, shape: tuple[int, ...], hparams: dict, where: P
     return Rearrangement({parts.format("gate_proj"): halves, parts.format("up_proj"): halves}, gate_then_up, whole)
 
 
+def linear_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """The experts as llm-compressor makes Linear layers of them before quantizing (transformers holds input_linear
+    as the experts' gate_up_proj, output_linear as their down_proj): each expert's gate_proj and up_proj (its rows of
+    input_linear) and down_proj, under `block_sparse_moe.experts`, stacked here one expert after the other."""
+    if name.endswith("block_sparse_moe.output_linear.weight"):
+        return Rearrangement({name.replace("output_linear", "experts.down_proj"): shape}, renamed_only)
+    if not name.endswith("block_sparse_moe.input_linear.weight"):
+        return None
+    apart = gate_and_up_apart(name, shape, hparams, where)
+    stacks = {stack.replace(".mlp.experts.", ".block_sparse_moe.experts."): s for stack, s in apart.tensors.items()}
+    return Rearrangement(stacks, apart.pieces, apart.rows_per_band)
+
+
 def gate_then_up(band) -> tuple:
     """Each expert's rows as its gate's half and its up's."""
     half = band.shape[-2] // 2
@@ -117,6 +139,8 @@ FAMILIES = (
         gguf=GRANITE_MOE_GGUF,
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        linearized=linear_experts,
+        notes={"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
     ),
     Family(
         "Granite MoE Shared",
@@ -129,5 +153,7 @@ FAMILIES = (
         gguf=GRANITE_MOE_GGUF,
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        linearized=linear_experts,
+        notes={"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
     ),
 )

@@ -82,13 +82,17 @@ class LinearLayers:
     weights: list[str]
     held_as: dict[str, str] = field(default_factory=dict)  # saved name -> name in memory, where they differ
     routers: list[str] = field(default_factory=list)  # those that are MoE routers
+    # saved name -> the module's name in a config's ignore list, where it is neither: compressed-tensors lists a
+    # module by its name in memory turned back by the model's renamings as they match the bare module name, so a
+    # renaming that needs the `.weight` after it (GPT-NeoX's embed_out -> lm_head) leaves it under its name in memory
+    listed_as: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"weights": self.weights, "held_as": self.held_as, "routers": self.routers}
+        return {"weights": self.weights, "held_as": self.held_as, "routers": self.routers, "listed_as": self.listed_as}
 
     @classmethod
     def from_json(cls, data: dict) -> LinearLayers:
-        return cls(list(data["weights"]), dict(data["held_as"]), list(data["routers"]))
+        return cls(list(data["weights"]), dict(data["held_as"]), list(data["routers"]), dict(data["listed_as"]))
 
 
 @dataclass
@@ -187,18 +191,27 @@ def _linear_layers(model) -> LinearLayers:
             linear.held_as[names[0]] = next(iter(weights))
         return names
 
+    def listed_as(module: str) -> str:
+        """compressed-tensors' name for the module in a config's ignore list (_map_to_checkpoint_names)."""
+        if revert_weight_conversion is None:
+            return module
+        return next(iter(revert_weight_conversion(model, {module: torch.empty(0, device="meta")})))
+
     linear = LinearLayers([])
     for name, module in model.named_modules():
         prefix = f"{name}." if name else ""
         own = dict(module.named_parameters(recurse=False))
         type_name = type(module).__name__
-        router = (
-            _ROUTER_CLASS.search(type_name)
-            and "ExpertMLP" not in type_name
-            and getattr(own.get("weight"), "dim", lambda: 0)() == 2
-        )
-        if isinstance(module, torch.nn.Linear) or router:
+        router_named = _ROUTER_CLASS.search(type_name) and "ExpertMLP" not in type_name
+        router = router_named and getattr(own.get("weight"), "dim", lambda: 0)() == 2
+        if router_named and "weight" not in own:  # (a router module around its Linear layer, AFMoE's: listed too, as
+            # compressed-tensors counts modules as Linear by their class's name; under a weight name no tensor has)
+            linear.weights.append(f"{listed_as(name)}.weight")
+            linear.routers.append(linear.weights[-1])
+        elif isinstance(module, torch.nn.Linear) or router:
             linear.weights += saved({f"{prefix}weight": own["weight"]})
+            if (listed := listed_as(name)) != linear.weights[-1].removesuffix(".weight"):
+                linear.listed_as[linear.weights[-1]] = listed
             if router and not isinstance(module, torch.nn.Linear):
                 linear.routers.append(linear.weights[-1])
         elif own and all(p.dim() == 3 for p in own.values()):  # fused experts (saved one tensor per expert)

@@ -65,9 +65,11 @@ class Quantization:
     encoded: dict[str, OutputTensor] = field(default_factory=dict)  # output name -> its encoded self
     ignored: dict[str, str] = field(default_factory=dict)  # Linear module left as it is -> the pattern naming it
     patterns: tuple[str, ...] = ()
+    listed_as: dict[str, str] = field(default_factory=dict)  # module -> its name in the config, where that differs
 
     def config(self) -> dict[str, Any]:
-        return self.scheme.quantization_config(list(self.ignored))  # (in the model's order)
+        # (in the model's order, each module named as compressed-tensors lists it: LinearLayers.listed_as)
+        return self.scheme.quantization_config([self.listed_as.get(m, m) for m in self.ignored])
 
     @property
     def weights(self) -> int:
@@ -171,7 +173,8 @@ def plan_quantization(
         )
     patterns = DEFAULT_IGNORE + tuple(extra_ignore)
     by_name = {o.name: o for o in outputs}
-    quantization = Quantization(scheme, patterns=patterns)
+    listed_as = {w.removesuffix(".weight"): m for w, m in linear.listed_as.items()}
+    quantization = Quantization(scheme, patterns=patterns, listed_as=listed_as)
     misfits = []
     for weight in linear.weights:
         module = weight.removesuffix(".weight")
