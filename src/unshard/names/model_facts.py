@@ -82,9 +82,9 @@ class LinearLayers:
     weights: list[str]
     held_as: dict[str, str] = field(default_factory=dict)  # saved name -> name in memory, where they differ
     routers: list[str] = field(default_factory=list)  # those that are MoE routers
-    # saved name -> the module's name in a config's ignore list, where it is neither: compressed-tensors lists a
-    # module by its name in memory turned back by the model's renamings as they match the bare module name, so a
-    # renaming that needs the `.weight` after it (GPT-NeoX's embed_out -> lm_head) leaves it under its name in memory
+    # saved name -> the module's name in a config's ignore list, where that is not the saved one: compressed-tensors
+    # lists a module by its name in memory turned back by the model's renamings as they match the bare module name,
+    # so a renaming that needs the `.weight` after it (GPT-NeoX's embed_out -> lm_head) leaves its name in memory
     listed_as: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
