@@ -118,9 +118,9 @@ def fresh_fixtures(tmp_path_factory):
 def fixture_case(request, fresh_fixtures):
     """A function case -> fixture folder, for the shipped copy and for a freshly generated one.
 
-    Cases marked `fresh=False` in generate.py vary the dtype, file format, widths, tokenizer or mesh of a case
-    that is regenerated (one per writer path); they run on their shipped copy only, to keep the suite's time in
-    bounds. The output formats'
+    Cases marked `fresh=False` in generate.py vary the writer path, dtype, file format, widths, tokenizer or mesh
+    of a case that is regenerated (a few representative writers); they run on their shipped copy only, to keep the
+    suite's time in bounds. The output formats'
     tests (test_gguf, test_quantize) take the shipped copies alone: what they test is the sink, and what feeds
     it, the planned tensors, is tested on every fresh copy (test_fsdp_convert, test_megatron).
     """

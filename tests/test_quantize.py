@@ -291,14 +291,10 @@ def test_mixture_of_experts_as_llm_compressor_writes_it(case, schemes, oracle, t
 
 
 # The families whose GGUF came last (their fixtures shipped): --quantize as llm-compressor 0.14 writes them
+# (by hand, GLM-4, Phi-2, BLOOM, StarCoder, Command R7B and Hunyuan too: plain Linear layers, as Llama's, so left
+# out here for CI's time)
 FAMILY_CASES = [
-    "glm4-fsdp2",
     "gptneox-fsdp2",  # (the output head held as lm_head, saved as embed_out: listed as compressed-tensors lists it)
-    "phi2-fsdp2",
-    "bloom-fsdp2",
-    "starcoder-fsdp2",
-    "cohere2-fsdp2",
-    "hunyuan-fsdp2",
     "jais2-fsdp2",
     "lfm2-fsdp2",
     "olmoe-fsdp2",
