@@ -4,6 +4,10 @@ the GGUF tests run the converter some hundred times. A job may name the byte-lev
 looks it up by a hash of one text's token ids among the models it knows, and a tokenizer trained for a test is none of
 them. The rest of the vocabulary (tokens, types, merges, special tokens) is the converter's own.
 
+One bug of the pinned converter is mended, as its code means it: StableLMModel.modify_tensors `return`s the generator of
+a layer's stacked q and k norms (StableLM 2 12B's LayerNorm per head) from inside a generator, which drops it; the
+converter then stops on "Unprocessed norms". Its stacks are yielded here.
+
     python llama_cpp_converter.py CONVERTER_FOLDER < jobs
     job, one JSON line:   {"pre": PRE_NAME or null, "args": [the converter's arguments...]}
     reply, one JSON line: {"ok": true or false, "error": "the traceback's end"}
@@ -19,6 +23,18 @@ import traceback
 root = sys.argv[1]
 sys.path.insert(0, root)
 from conversion.base import TextModel  # noqa: E402  (the converter's own package, found in its folder)
+from conversion.stablelm import StableLMModel  # noqa: E402
+
+stablelm_own = StableLMModel.modify_tensors
+
+
+def stablelm_with_stacks(self, data_torch, name, bid):
+    stacked = yield from stablelm_own(self, data_torch, name, bid)  # (what the converter's generator returns)
+    if stacked is not None:
+        yield from stacked
+
+
+StableLMModel.modify_tensors = stablelm_with_stacks
 
 own_pre = TextModel.get_vocab_base_pre
 replies = os.fdopen(os.dup(1), "w")

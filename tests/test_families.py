@@ -253,6 +253,7 @@ TESTED = {
         "granite": "granite-fsdp2",
         "arcee": "arcee-fsdp2",
         "exaone4": "exaone4-fsdp2",
+        "exaone_moe": "exaonemoe-fsdp2",
         "stablelm": "stablelm-fsdp2",
         "starcoder2": "starcoder2-fsdp2",
         "cohere": "cohere-fsdp2",

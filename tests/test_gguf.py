@@ -1107,7 +1107,7 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("smollm3-fsdp2", {"use_sliding_window": True}, "use_sliding_window is set, and llama.cpp's smollm3 has no"),
         ("gptoss-fsdp2", {"swiglu_limit": 10.0}, "swiglu_limit is 10.0, and llama.cpp's gpt-oss computes with 7.0"),
         # Granite's heads as hidden_size / heads wide; EXAONE 4's sliding windows on 64 layers alone; StableLM's rope
-        # base of 10000 and q and k norms per head (the converter stacks them, unshard does not yet)
+        # base of 10000
         ("granite-fsdp2", {"head_dim": 32}, "head_dim is 32, and llama.cpp's granite takes heads of hidden_size"),
         (
             "exaone4-fsdp2",
@@ -1115,7 +1115,6 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
             "a sliding window on 2 layers, which llama.cpp's exaone4 runs as global layers with rope",
         ),
         ("stablelm-fsdp2", {"rope_parameters": {"rope_theta": 1e6, "partial_rotary_factor": 0.25}}, "rope_theta is"),
-        ("stablelm-fsdp2", {"qk_layernorm": True}, "qk_layernorm is set: StableLM's per-head q and k norms"),
         (
             "cohere-fsdp2",
             {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
@@ -1151,7 +1150,22 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("afmoe-fsdp2", {"route_norm": False}, "route_norm is false, and transformers' AFMoE renormalises"),
         ("jais2-fsdp2", {"mlp_bias": False}, "mlp_bias is false, and llama.cpp's jais2 takes biases there"),
         ("lfm2-fsdp2", {"conv_bias": True}, "conv_bias is set, and llama.cpp's lfm2 convolution has no biases"),
-        # a config of other experts than the checkpoint's
+        # EXAONE MoE: the experts chosen within groups, another gating than transformers', dense layers not first
+        ("exaonemoe-fsdp2", {"n_group": 2, "topk_group": 1}, "the experts are chosen within 1 of 2 groups"),
+        ("exaonemoe-fsdp2", {"scoring_func": "softmax"}, "the experts' gating function is 'softmax', and transformers"),
+        ("exaonemoe-fsdp2", {"mlp_layer_types": ["dense", "sparse", "dense", "sparse"]}, "a dense layer after"),
+        (
+            "exaonemoe-fsdp2",
+            {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+            "rope type 'linear', and llama.cpp's converter writes EXAONE MoE without rope scaling",
+        ),
+        # a config of other experts (or key-value heads, StableLM's norm per head) than the checkpoint's
+        (
+            "stablelm-fsdp2",
+            {"num_key_value_heads": 2},
+            "blk.0.attn_k_norm.weight stacks 2 heads' norms of one shape in llama.cpp, and the checkpoint has heads' "
+            "norms [0, 1, 2, 3]",
+        ),
         (
             "mixtral8-fsdp2-spm",
             {"num_local_experts": 4},

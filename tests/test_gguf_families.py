@@ -436,10 +436,10 @@ def test_megatron_moe_checkpoints_straight_to_gguf(case, converter, tmp_path):
 
 # Dense families by llama.cpp's architecture: a Llama with scales (granite), a Llama's attention with a gateless ReLU²
 # MLP (arcee), q and k norms and post-norms (exaone4), LayerNorms and partial rope with a header of the converter's own
-# (stablelm), LayerNorms, biases and a GELU MLP through the TextModel as it is (starcoder2), attention and MLP in
-# parallel with scaled logits (command-r), LayerNorms without parameters and q, k, v clipped (olmo), LayerNorms as
-# 1 + weight with a SentencePiece vocabulary (nemotron), post-norms, gate and up fused and special tokens named by their
-# text (glm4)
+# (stablelm, as StableLM 2 12B: a LayerNorm per head of q and k, stacked), LayerNorms, biases and a GELU MLP through the
+# TextModel as it is (starcoder2), attention and MLP in parallel with scaled logits (command-r), LayerNorms without
+# parameters and q, k, v clipped (olmo), LayerNorms as 1 + weight with a SentencePiece vocabulary (nemotron), post-
+# norms, gate and up fused and special tokens named by their text (glm4)
 DENSE = {
     "granite-fsdp2": "granite",
     "arcee-fsdp2": "arcee",
@@ -469,6 +469,7 @@ DENSE = {
     "afmoe-fsdp2": "afmoe",
     "jais2-fsdp2": "jais2",
     "lfm2-fsdp2": "lfm2",
+    "exaonemoe-fsdp2": "exaone-moe",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it)
@@ -483,6 +484,10 @@ HUB_KEYS = {
     # (Solar Open's rotary over whole heads, which the converter takes for GLM's half where the config says nothing)
     "solaropen-fsdp2": lambda config: {"partial_rotary_factor": 1.0},
     "afmoe-fsdp2": lambda config: {"route_norm": True},  # (AFMoE's routing, which transformers always renormalises)
+    # (EXAONE MoE's sigmoid router, which transformers routes by whatever the config says: without it the converter
+    # writes no gating function; and no MTP layers, which the checkpoint lacks: the converter's file would have blocks
+    # for them all the same. llama.cpp's exaone-moe loads neither file)
+    "exaonemoe-fsdp2": lambda config: {"scoring_func": "sigmoid", "num_nextn_predict_layers": 0},
 }
 
 

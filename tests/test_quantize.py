@@ -304,10 +304,12 @@ FAMILY_CASES = [
     "granitemoeshared-fsdp2",
     "afmoe-fsdp2",  # (a router module around its Linear gate, listed by its class's name)
     "minimax-m2-fsdp2",  # (Mixtral's expert names: compared under llm-compressor's)
+    "exaonemoe-fsdp2",
 ]
-# transformers 5.24 keeps AFMoE's expert bias in float32 when loading in bf16, as save_pretrained writes it (unshard
-# follows the transformers installed); llm-compressor's pinned 5.17 did not yet: compared as bf16
-NEWER_FLOAT32 = {"afmoe-fsdp2": "mlp.expert_bias"}
+# transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's router in float32 when loading in bf16, as
+# save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did not yet:
+# compared as bf16
+NEWER_FLOAT32 = {"afmoe-fsdp2": "mlp.expert_bias", "exaonemoe-fsdp2": "mlp.gate.weight"}
 
 
 def test_families_as_llm_compressor_writes_them(oracle, tmp_path):

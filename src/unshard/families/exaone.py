@@ -1,13 +1,19 @@
 """EXAONE 4 (LG AI Research's): q and k normed per head, norms after attention and after the MLP, three sliding-window
 layers to each global one; llama.cpp's exaone4, whose converter writes the TextModel's header, the vocabulary's size
-and the sliding window's pattern."""
+and the sliding window's pattern.
+
+EXAONE MoE (K-EXAONE): EXAONE 4's attention (q and k normed per head, rope on the sliding-window layers alone) with
+norms before attention and the MLP, dense first layers, then DeepSeek-V3's experts (a sigmoid router choosing by a
+correction bias, a shared expert, the routing scaled and renormalised); llama.cpp's exaone-moe. The config counts MTP
+layers, which a trained checkpoint lacks (transformers drops them); the converter's file has blocks for them all the
+same, and llama.cpp's exaone-moe loads no file without their tensors, so unshard's file has no MTP layers."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import text_hyperparameters
+from .gguf_hooks import gguf_py, rope_parameters, routed_by_sigmoid, text_hyperparameters, with_leading_dense_layers
 from .llama import SIBLINGS, TEXT_ONLY, llama_computed
 from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
 
@@ -25,9 +31,11 @@ def sliding_pattern(hparams: dict) -> list[bool] | None:
     return None
 
 
-def exaone4_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+def exaone4_hyperparameters(
+    writer, hparams: dict, ftype, blocks: int, folder: Path, expert_groups: bool = False
+) -> None:
     """The converter's Exaone4Model's: the TextModel's, the vocabulary's size, the sliding window and its layers."""
-    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    text_hyperparameters(writer, hparams, ftype, blocks, folder, expert_groups)
     writer.add_vocab_size(hparams["vocab_size"])
     if hparams.get("sliding_window") is not None:
         writer.add_sliding_window(hparams["sliding_window"])
@@ -45,6 +53,41 @@ def exaone4_checked(hparams: dict, where: Path) -> None:
             f"{where}: a sliding window on {hparams['num_hidden_layers']} layers, which llama.cpp's exaone4 runs as "
             "global layers with rope (it has sliding windows for 64 layers alone): it would compute another model; "
             "serve this one with transformers or vLLM"
+        )
+
+
+def exaone_moe_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's ExaoneMoEModel's: EXAONE 4's (routed by a sigmoid, as transformers routes whatever the config
+    says), then the experts' widths and count, the routing's scale and renormalisation, the dense first layers (as
+    transformers counts them), no MTP layers (the module's docstring says why), and no rope scaling."""
+    where = folder / "config.json"
+    hparams = with_leading_dense_layers(routed_by_sigmoid(hparams, where), where, "exaone-moe")
+    exaone4_hyperparameters(writer, hparams, ftype, blocks, folder, expert_groups=True)
+    width, shared = hparams["moe_intermediate_size"], hparams["num_shared_experts"]
+    writer.add_expert_feed_forward_length(width)
+    writer.add_expert_shared_count(shared)
+    writer.add_expert_shared_feed_forward_length(width * shared)
+    writer.add_expert_weights_scale(hparams["routed_scaling_factor"])
+    writer.add_expert_weights_norm(hparams["norm_topk_prob"])
+    writer.add_leading_dense_block_count(hparams["first_k_dense_replace"])
+    writer.add_nextn_predict_layers(0)
+    writer.add_rope_scaling_type(gguf_py().RopeScalingType.NONE)
+
+
+def exaone_moe_checked(hparams: dict, where: Path) -> None:
+    """What llama.cpp's exaone-moe would compute otherwise than transformers: the experts chosen within groups (it has
+    no groups), a rope scaling (the converter writes none)."""
+    if (hparams.get("topk_group") or 1) < (hparams.get("n_group") or 1):
+        raise ConfigMismatchError(
+            f"{where}: the experts are chosen within {hparams['topk_group']} of {hparams['n_group']} groups, and "
+            "llama.cpp's exaone-moe chooses among all: it would compute another model; serve this one with "
+            "transformers or vLLM"
+        )
+    rope_type = rope_parameters(hparams)[1].get("rope_type")
+    if rope_type not in (None, "default", "llama3"):
+        raise ConfigMismatchError(
+            f"{where}: rope type {rope_type!r}, and llama.cpp's converter writes EXAONE MoE without rope scaling: it "
+            "would compute another model; serve this one with transformers or vLLM"
         )
 
 
@@ -66,5 +109,23 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "EXAONE MoE",
+        "exaone_moe",
+        "ExaoneMoeForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's EXAONE MoE layout is not mapped yet"),
+        **no_trainer_model("EXAONE MoE"),
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "EXAONE_MOE",
+            hyperparameters=exaone_moe_hyperparameters,
+            computed=llama_computed,
+            check_config=exaone_moe_checked,
+            vocabulary="bpe",
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
     ),
 )

@@ -184,6 +184,22 @@ def sliding_three_in_four(blocks: int) -> list[str]:
     return ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(blocks)]
 
 
+def with_leading_dense_layers(hparams: dict, where: Path, arch: str) -> dict:
+    """The config with first_k_dense_replace as transformers computes it: from mlp_layer_types where the config has
+    them (transformers reads which layers are dense from them, the converter counts first_k_dense_replace); a dense
+    layer after a sparse one, which llama.cpp does not run, is one line."""
+    kinds = hparams.get("mlp_layer_types")
+    if kinds is None:
+        return hparams
+    dense = next((i for i, kind in enumerate(kinds) if kind != "dense"), len(kinds))
+    if any(kind != "sparse" for kind in kinds[dense:]):
+        raise ConfigMismatchError(
+            f"{where}: mlp_layer_types has a dense layer after a sparse one, and llama.cpp's {arch} runs dense layers "
+            "first only; serve this model with transformers or vLLM"
+        )
+    return {**hparams, "first_k_dense_replace": dense}
+
+
 def routed_by_sigmoid(hparams: dict, where: Path) -> dict:
     """The config of a family whose transformers model routes by a sigmoid whatever its config.json says, as
     llama.cpp should route it: a config naming no gating function (transformers saves none: llama.cpp would take it

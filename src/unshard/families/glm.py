@@ -19,10 +19,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigMismatchError
 from ..names import megatron_rules as m
 from .deepseek import MEGATRON_SIGMOID_MOE, deepseek2_hyperparameters, latent_kv, sigmoid_moe_config
-from .gguf_hooks import gguf_py, rope_parameters, text_hyperparameters
+from .gguf_hooks import gguf_py, rope_parameters, text_hyperparameters, with_leading_dense_layers
 from .llama import TEXT_ONLY
 from .parts import (
     NO_META_NAMES,
@@ -93,15 +92,7 @@ def glm4moelite_hyperparameters(writer, hparams: dict, ftype, blocks: int, folde
     transformers reads which layers are dense from mlp_layer_types, the converter from first_k_dense_replace (which
     the Hub's config.json has too, and a config made by transformers lacks): the count of leading dense layers is
     mlp_layer_types', the only layout llama.cpp's deepseek2 runs."""
-    kinds = hparams.get("mlp_layer_types")
-    if kinds is not None:
-        dense = next((i for i, kind in enumerate(kinds) if kind != "dense"), len(kinds))
-        if any(kind != "sparse" for kind in kinds[dense:]):
-            raise ConfigMismatchError(
-                f"{folder / 'config.json'}: mlp_layer_types has a dense layer after a sparse one, and llama.cpp's "
-                "deepseek2 runs dense layers first only; serve this model with transformers or vLLM"
-            )
-        hparams = {**hparams, "first_k_dense_replace": dense}
+    hparams = with_leading_dense_layers(hparams, folder / "config.json", "deepseek2")
     deepseek2_hyperparameters(writer, hparams, ftype, blocks, folder)
     if hparams.get("num_nextn_predict_layers"):
         writer.add_nextn_predict_layers(hparams["num_nextn_predict_layers"])

@@ -1,5 +1,6 @@
 """StableLM (Stability AI's StableLM 2 and 3B): LayerNorms with biases, rope over part of each head, biases on q, k and
-v where the config says, the attention and the MLP in parallel where it says; llama.cpp's stablelm, whose converter
+v where the config says, the attention and the MLP in parallel where it says, a LayerNorm per head of q and k where it
+says (StableLM 2 12B: llama.cpp stacks them, sinks/gguf/tensors.py's HEAD_NORM); llama.cpp's stablelm, whose converter
 writes a header of its own (no rope base: llama.cpp takes 10000)."""
 
 from __future__ import annotations
@@ -28,17 +29,11 @@ def stablelm_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: 
 
 
 def stablelm_checked(hparams: dict, where: Path) -> None:
-    """What llama.cpp's stablelm would compute otherwise: a rope base other than its own, per-head q and k norms (the
-    converter stacks them, unshard does not yet)."""
+    """What llama.cpp's stablelm would compute otherwise: a rope base other than its own."""
     _, rope = rope_parameters(hparams)
     if rope.get("partial_rotary_factor") is None:
         raise ConfigMismatchError(f"{where}: no partial_rotary_factor, which llama.cpp's stablelm needs; add it")
     turned_at_llama_cpp_base(hparams, where, "stablelm")
-    if hparams.get("qk_layernorm"):
-        raise ConfigMismatchError(
-            f"{where}: qk_layernorm is set: StableLM's per-head q and k norms are not written as GGUF by unshard "
-            "yet; write a folder and use llama.cpp's convert_hf_to_gguf.py"
-        )
 
 
 FAMILIES = (

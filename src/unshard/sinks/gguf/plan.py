@@ -14,7 +14,7 @@ from ...families.parts import GGUFPart, Rearrangement
 from ...types import OutputTensor
 from . import kquants, vision
 from .header import general_metadata, read_hparams
-from .tensors import EXPERT, LAYER, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor, Rearranged
+from .tensors import EXPERT, HEAD_NORM, LAYER, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor, Rearranged
 from .vocabulary import write_vocabulary
 
 # The sizes under the names the converter also finds them by (find_hparam), as GPT-2's config keeps them
@@ -127,7 +127,7 @@ def _plan_tensors(
         hparams.get("num_key_value_heads") or hparams["num_attention_heads"],
     )
     ordered = sorted(outputs, key=lambda o: o.name)  # (the converter's order, from a one-file folder: sorted)
-    llama_names, stacks, expert_of, rearranged = [], {}, {}, {}
+    llama_names, stacks, row_of, rearranged = [], {}, {}, {}
     for output in ordered:
         how = part.rearranged(output.name, output.shape, hparams, where) if part.rearranged else None
         if how is not None:  # (the file's tensors it becomes, by llama.cpp's names, in the converter's order)
@@ -135,19 +135,22 @@ def _plan_tensors(
             rearranged[output.name] = (how, made)
             llama_names.append(next(iter(made)))
             continue
-        expert = EXPERT.match(output.name)
-        name = _llama_name(names, f"{expert[1]}.{expert[3]}" if expert else output.name, plan, where, output.name, part)
-        if expert:
-            stacks.setdefault(name, {})[int(expert[2])] = output
-            expert_of[output.name] = int(expert[2])
+        member = EXPERT.match(output.name) or HEAD_NORM.match(output.name)
+        name = _llama_name(names, f"{member[1]}.{member[3]}" if member else output.name, plan, where, output.name, part)
+        if member:
+            stacks.setdefault(name, {})[int(member[2])] = output
+            row_of[output.name] = int(member[2])
         llama_names.append(name)
-    _check_stacks(stacks, experts, where)
+    _check_stacks(stacks, {"attn_q_norm": heads, "attn_k_norm": kv_heads}, experts, where)
     # The converter stacks a block's experts once it has read the last of them (in its order), then writes the
-    # stacks in the order of their Hugging Face names (w1, w2, w3; down, gate, up).
-    last_expert = {}
+    # stacks in the order of their Hugging Face names (w1, w2, w3; down, gate, up); a norm's heads once it has read
+    # the last of them.
+    last_expert, last_head = {}, {}
     for output, name in zip(ordered, llama_names):
-        if name in stacks:
+        if name in stacks and EXPERT.match(output.name):
             last_expert[name.split(".")[1]] = output.name
+        elif name in stacks:
+            last_head[name] = output.name
     # llama-quantize's output layer: output.weight, or the embedding where the model ties the two
     output_layer = "output.weight" if "output.weight" in llama_names else "token_embd.weight"
     mixed = {}
@@ -166,7 +169,7 @@ def _plan_tensors(
             plan.encoded[output.name] = _rearranged(plan, output, how, made, qtype, experts, mixed)
             file_shapes.update(made)
             continue
-        stack, index = stacks.get(name), expert_of.get(output.name)
+        stack, index = stacks.get(name), row_of.get(output.name)
         shape = (len(stack), *output.shape) if stack else output.shape
         file_shapes[name] = shape
         tensor_type, note = gguf_type(plan, name, shape, qtype, name == output_layer, experts, mixed.get(name))
@@ -188,6 +191,8 @@ def _plan_tensors(
         plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, output.dtype, permuted, max(1, permuted), shift)
         if file_type in QUANTIZED:
             plan.positions[name] = _in_blocks(name)
+        elif name in last_head:
+            plan.positions[name] = (last_head[name],)
         elif stack:
             kind = EXPERT.match(output.name)[3]
             order = part.expert_stack_order
@@ -333,14 +338,17 @@ def _computed_tensors(plan: GGUFPlan, hparams: dict, part: GGUFPart, head_dim: i
     plan.computed = {name: np.asarray(values, dtype=np.float32) for name, values in plan.computed.items()}
 
 
-def _check_stacks(stacks: dict[str, dict[int, OutputTensor]], experts: int, where: Path) -> None:
-    """Every stack has the config's experts, numbered from 0, all of one shape: llama.cpp's tensor is whole."""
+def _check_stacks(stacks: dict[str, dict[int, OutputTensor]], heads: dict[str, int], experts: int, where: Path) -> None:
+    """Every stack has the config's experts (or heads, a norm's), numbered from 0, all of one shape: llama.cpp's
+    tensor is whole."""
     for name, stack in stacks.items():
         shapes = {o.shape for o in stack.values()}
-        if sorted(stack) != list(range(experts)) or len(shapes) != 1:
-            found = f"experts {sorted(stack)}" if len(shapes) == 1 else f"experts of shapes {sorted(shapes)}"
+        kind = name.split(".")[-2]
+        count, what = (heads[kind], "heads' norms") if kind in heads else (experts, "experts")
+        if sorted(stack) != list(range(count)) or len(shapes) != 1:
+            found = f"{what} {sorted(stack)}" if len(shapes) == 1 else f"{what} of shapes {sorted(shapes)}"
             raise ConfigMismatchError(
-                f"{where}: {name} stacks {experts} experts of one shape in llama.cpp, and the "
+                f"{where}: {name} stacks {count} {what} of one shape in llama.cpp, and the "
                 f"checkpoint has {found}; pass --config-from the model's own folder"
             )
 

@@ -162,6 +162,9 @@ class GGUFPlan:
 # tensor in llama.cpp (blk.0.ffn_up_exps.weight), stacked on a first axis. The plan writes each expert into its
 # place in the stack as a part of its own, known as the stack's name with the expert's number: name[3].
 EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(.+)$")
+# StableLM 2's q and k norms, a LayerNorm per head (model.layers.0.self_attn.q_layernorm.norms.5.weight), are one
+# tensor in llama.cpp too (blk.0.attn_q_norm.weight), stacked as experts are, a head a row.
+HEAD_NORM = re.compile(r"^(.*\.[qk]_layernorm)\.norms\.(\d+)\.(weight)$")
 LAYER = re.compile(r"^(?:model\.(?:language_model\.)?)?layers\.(\d+)\.")  # (a decoder layer's tensor, its number)
 PART = re.compile(r"^(.*)\[(\d+)\]$")
 
