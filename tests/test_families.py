@@ -275,6 +275,7 @@ TESTED = {
         "cohere2": "cohere2-fsdp2",
         "solar_open": "solaropen-fsdp2",
         "granitemoeshared": "granitemoeshared-fsdp2",
+        "granitemoehybrid": "granitehybrid-fsdp2",
         "hunyuan_v1_dense": "hunyuan-fsdp2",
         "afmoe": "afmoe-fsdp2",
         "jais2": "jais2-fsdp2",

@@ -186,6 +186,55 @@ def assert_llama_quantize_mixes_it(folder, ggml_library, monkeypatch, tmp_path):
         assert_same_file(tmp_path / f"{kind}.gguf", tmp_path / "llama-quantize" / f"{kind}.gguf")
 
 
+def test_granite_hybrid_without_experts_as_the_converter_and_llama_quantize_write_it(
+    converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
+    """Granite 4.0 H-Micro's layout as transformers writes it, rows of 256 (K-quants' blocks): Mamba-2 layers around
+    an attention layer, no experts (the shared expert is each layer's MLP, llama.cpp's ffn_gate, ffn_up and ffn_down),
+    its layer types as the Hub spells them (mamba, attention). The file is the converter's in f32, bf16 and q8_0 and
+    llama-quantize's in the K-quant mixes; llama.cpp computes transformers' logits from it."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    config = GraniteMoeHybridConfig(
+        vocab_size=64,  # (the fixtures' tokenizer and one special token: a multiple of 8, as the converter pads)
+        hidden_size=256,
+        intermediate_size=256,  # (llama.cpp's width of the MLP where there are no experts, as the Hub's H-Micro has it)
+        shared_intermediate_size=256,
+        num_local_experts=0,
+        num_experts_per_tok=0,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["mamba", "attention", "mamba"],
+        position_embedding_type="nope",
+        mamba_n_heads=8,
+        mamba_d_state=16,
+        mamba_chunk_size=16,
+        embedding_multiplier=3.0,
+        attention_multiplier=0.1,
+        residual_multiplier=0.5,
+        logits_scaling=2.0,
+        max_position_embeddings=256,
+        architectures=["GraniteMoeHybridForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = GraniteMoeHybridForCausalLM(config).to(torch.bfloat16)
+    random_norms_and_biases(model)
+    folder = saved_with_tokenizer(model, tmp_path, ("<|end_of_text|>",))
+    saved = json.loads((folder / "config.json").read_text())
+    assert saved["layer_types"] == ["linear_attention", "full_attention", "linear_attention"]
+    (folder / "config.json").write_text(json.dumps({**saved, "layer_types": ["mamba", "attention", "mamba"]}))
+    fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path)
+    assert fields["general.architecture"] == "granitehybrid"
+    assert fields["granitehybrid.attention.head_count_kv"] == [0, 2, 0]
+    shapes = {t[0]: t[2] for t in tensors}
+    assert shapes["blk.0.ssm_a"] == [1, 8] and shapes["blk.0.ssm_norm.weight"] == [512, 1]
+    assert shapes["blk.1.ffn_down.weight"] == [256, 256] and "blk.1.ffn_down_shexp.weight" not in shapes
+    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(
+        folder, model.float(), llama_cpp, ggml_library, monkeypatch, tmp_path
+    )
+
+
 def test_gpt_oss_as_the_converter_and_llama_quantize_write_it(converter, ggml_library, monkeypatch, tmp_path):
     """gpt-oss (FSDP2 rank files; test_llama_cpp_runs_the_file_... runs it): its fused experts transposed into
     llama.cpp's stacks, gate and up apart (their columns interleaved in transformers' gate_up_proj), their biases
@@ -470,6 +519,7 @@ DENSE = {
     "jais2-fsdp2": "jais2",
     "lfm2-fsdp2": "lfm2",
     "exaonemoe-fsdp2": "exaone-moe",
+    "granitehybrid-fsdp2": "granitehybrid",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it)
@@ -488,6 +538,10 @@ HUB_KEYS = {
     # writes no gating function; and no MTP layers, which the checkpoint lacks: the converter's file would have blocks
     # for them all the same. llama.cpp's exaone-moe loads neither file)
     "exaonemoe-fsdp2": lambda config: {"scoring_func": "sigmoid", "num_nextn_predict_layers": 0},
+    # (Granite 4.0's layer types as the Hub writes them, which the converter reads; transformers 5 saves them renamed)
+    "granitehybrid-fsdp2": lambda config: {
+        "layer_types": [{"linear_attention": "mamba", "full_attention": "attention"}[k] for k in config["layer_types"]]
+    },
 }
 
 

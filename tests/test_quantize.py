@@ -305,6 +305,7 @@ FAMILY_CASES = [
     "afmoe-fsdp2",  # (a router module around its Linear gate, listed by its class's name)
     "minimax-m2-fsdp2",  # (Mixtral's expert names: compared under llm-compressor's)
     "exaonemoe-fsdp2",
+    "granitehybrid-fsdp2",  # (Granite MoE's experts made Linear layers, and the Mamba-2 layers' projections)
 ]
 # transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's router in float32 when loading in bf16, as
 # save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did not yet:

@@ -2,10 +2,17 @@
 the logits; llama.cpp's granite, whose converter is its LlamaModel (q and k reordered per head) with those four scales
 after the Llama's header. Granite MoE: the same with experts behind a softmax router, each expert's gate and up in one
 tensor (JetMoE's `input_linear`), which the converter splits into llama.cpp's gate and up stacks (granitemoe).
-Granite MoE Shared: the same with a shared expert beside them (`shared_mlp`, its gate and up in one tensor too)."""
+Granite MoE Shared: the same with a shared expert beside them (`shared_mlp`, its gate and up in one tensor too).
+
+Granite 4.0's hybrids (`GraniteMoeHybridForCausalLM`, granite-4.0-h): Granite MoE Shared's layers with Mamba-2 layers in
+place of attention in most of them (or the shared expert alone as the MLP), without rope; llama.cpp's granitehybrid,
+whose converter is Granite MoE's with Mamba-2's tensors as its Mamba2Model stores them (A = -exp(A_log), A and D as
+columns, the convolution's kernel 2-D, the gated norm's weight a row per group) and a header of both (the attention's
+key-value heads per layer, 0 where a layer is recurrent)."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
@@ -18,6 +25,8 @@ from .parts import (
     GGUFPart,
     Rearrangement,
     Unsupported,
+    middle_axis_dropped,
+    negated_exp,
     no_trainer_model,
     renamed_only,
 )
@@ -98,6 +107,120 @@ def gate_then_up(band) -> tuple:
     return band[..., :half, :], band[..., half:, :]
 
 
+def recurrent_layers(hparams: dict) -> list[bool]:
+    """Which layers are Mamba-2's, by the config's layer types as the Hub writes them (mamba, attention) or as
+    transformers 5 saves them (linear_attention, full_attention)."""
+    return [kind in ("mamba", "linear_attention") for kind in hparams.get("layer_types") or ()]
+
+
+def granite_hybrid_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's GraniteHybridModel's: Granite MoE's, then Mamba-2's sizes, the key-value heads per layer (0 for
+    a Mamba-2 layer: llama.cpp's sign of one) over the model's count, and rope turned off by the fine-tuned flag with a
+    context of 2^20 over the config's (both keys rewritten in their places, as gguf-py's writer does)."""
+    granitemoe_hyperparameters(writer, hparams, ftype, blocks, folder)
+    hidden = hparams["hidden_size"]
+    writer.add_ssm_conv_kernel(hparams["mamba_d_conv"])
+    writer.add_ssm_state_size(hparams["mamba_d_state"])
+    writer.add_ssm_group_count(hparams["mamba_n_groups"])
+    writer.add_ssm_inner_size(hparams["mamba_expand"] * hidden)
+    writer.add_ssm_time_step_rank(hparams["mamba_n_heads"])
+    kv_heads = hparams.get("num_key_value_heads") or hparams["num_attention_heads"]
+    writer.add_head_count_kv([0 if recurrent else kv_heads for recurrent in recurrent_layers(hparams)])
+    writer.add_rope_scaling_finetuned(False)
+    writer.add_context_length(2**20)
+
+
+def granite_hybrid_checked(hparams: dict, where: Path) -> None:
+    """What llama.cpp's granitehybrid would compute otherwise than transformers, or not load: rope (it turns rope off
+    where there are Mamba-2 layers), Mamba-2 widths other than twice the model's, a clamp of the time step, biases on
+    the Mamba-2 projections; and what it would not load: experts chosen where there are none, a vocabulary the
+    converter pads to a multiple of 8 past the embedding's rows."""
+    granite_checked(hparams, where)
+    recurrent = recurrent_layers(hparams)
+    if not any(recurrent):
+        raise ConfigMismatchError(
+            f"{where}: no Mamba-2 layer in layer_types: llama.cpp's converter writes an all-attention Granite 4.0 as "
+            "its granite or granitemoe, which unshard does not yet; write a folder and use convert_hf_to_gguf.py"
+        )
+    other_model = "; serve this model with transformers or vLLM"
+    dense = not hparams.get("num_local_experts")
+    refused = [
+        (
+            hparams.get("position_embedding_type") == "rope",
+            "position_embedding_type is rope, and llama.cpp's granitehybrid turns rope off in a model with Mamba-2 "
+            f"layers{other_model}",
+        ),
+        (
+            hparams.get("mamba_expand") != 2,
+            f"mamba_expand is {hparams.get('mamba_expand')}, and llama.cpp's granitehybrid runs Mamba-2 layers twice "
+            f"the model's width only{other_model}",
+        ),
+        (
+            tuple(hparams.get("time_step_limit") or (0.0, float("inf"))) != (0.0, float("inf")),
+            f"time_step_limit is {hparams.get('time_step_limit')}, and llama.cpp's granitehybrid clamps no time "
+            f"step{other_model}",
+        ),
+        (
+            bool(hparams.get("mamba_proj_bias")),
+            "mamba_proj_bias is set, and llama.cpp's granitehybrid has no biases on the Mamba-2 "
+            f"projections{other_model}",
+        ),
+        (
+            dense and bool(hparams.get("num_experts_per_tok")),
+            f"num_experts_per_tok is {hparams.get('num_experts_per_tok')} with no experts, and llama.cpp would not "
+            "load the file; set it to 0, as Granite 4.0 H-Micro's config has it",
+        ),
+        (
+            dense and hparams.get("intermediate_size") != hparams.get("shared_intermediate_size"),
+            f"intermediate_size is {hparams.get('intermediate_size')} and the MLP's width (shared_intermediate_size) "
+            f"{hparams.get('shared_intermediate_size')}, and llama.cpp's granitehybrid takes the first for the second "
+            "in a model without experts: it would not load the file; set intermediate_size to the MLP's width",
+        ),
+        (
+            hparams["vocab_size"] % 8 != 0,
+            f"vocab_size is {hparams['vocab_size']}, which llama.cpp's converter pads to a multiple of 8 tokens past "
+            "the embedding's rows: llama.cpp would not load the file; serve this model with transformers or vLLM",
+        ),
+    ]
+    for refuse, why in refused:
+        if refuse:
+            raise ConfigMismatchError(f"{where}: {why}")
+
+
+def granite_hybrid_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """Mamba-2's tensors as the converter's Mamba2Model stores them; the experts' and the shared expert's gate and up
+    apart (gate_and_up_apart), or the shared expert's as the MLP's where there are no experts."""
+    if ".mamba." in name:
+        base, end = name.split(".mamba.")
+        base += ".mamba."
+        groups = hparams["mamba_n_groups"]
+        return {
+            "A_log": Rearrangement({name: (*shape, 1)}, partial(in_rows_of, width=1, negated=True)),
+            "D": Rearrangement({name: (*shape, 1)}, partial(in_rows_of, width=1)),
+            "dt_bias": Rearrangement({base + "dt_proj.bias": shape}, renamed_only),
+            "conv1d.weight": Rearrangement({name: (shape[0], shape[-1])}, middle_axis_dropped),
+            "norm.weight": Rearrangement(
+                {name: (groups, shape[0] // groups)}, partial(in_rows_of, width=shape[0] // groups), shape[0] // groups
+            ),
+        }.get(end)
+    if not hparams.get("num_local_experts") and "shared_mlp." in name:  # (the shared expert as the layer's MLP)
+        if name.endswith("shared_mlp.output_linear.weight"):
+            return Rearrangement({name.replace("shared_mlp.output_linear", "mlp.down_proj"): shape}, renamed_only)
+        apart = gate_and_up_apart(name, shape, hparams, where)
+        return Rearrangement(
+            {n.replace("mlp.shared_expert.", "mlp."): s for n, s in apart.tensors.items()},
+            apart.pieces,
+            apart.rows_per_band,
+        )
+    return gate_and_up_apart(name, shape, hparams, where)
+
+
+def in_rows_of(band, width: int, negated: bool = False) -> tuple:
+    """A vector's band as rows of `width` (Mamba-2's A and D as columns, its gated norm's weight a row per group);
+    A as -exp(A_log)."""
+    return ((negated_exp(band) if negated else band).reshape(-1, width),)
+
+
 # (Granite MoE's and Granite MoE Shared's, which the converter writes with one class)
 GRANITE_MOE_GGUF = GGUFPart(
     "GRANITE_MOE",
@@ -151,6 +274,27 @@ FAMILIES = (
         **no_trainer_model("Granite MoE Shared"),
         fused_siblings=SIBLINGS,
         gguf=GRANITE_MOE_GGUF,
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        linearized=linear_experts,
+        notes={"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
+    ),
+    Family(
+        "Granite 4.0 (hybrid)",
+        "granitemoehybrid",
+        "GraniteMoeHybridForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Granite 4.0 layout (Mamba-2 layers) is not mapped yet"),
+        **no_trainer_model("Granite 4.0"),
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "GRANITE_HYBRID",
+            hyperparameters=granite_hybrid_hyperparameters,
+            computed=llama_computed,
+            permute_qk=True,
+            check_config=granite_hybrid_checked,
+            rearranged=granite_hybrid_tensors,
+        ),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         linearized=linear_experts,

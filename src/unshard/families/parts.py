@@ -60,6 +60,15 @@ def middle_axis_dropped(band) -> tuple:
     return (band.reshape(band.shape[0], band.shape[-1]),)
 
 
+def negated_exp(band):
+    """-exp of a band, by torch's exp as the converter computes it (numpy's may round otherwise): a state-space
+    layer's A from its A_log."""
+    import numpy as np
+    import torch
+
+    return (-torch.exp(torch.from_numpy(np.ascontiguousarray(band)))).numpy()
+
+
 def transposed(band) -> tuple:
     """A Rearrangement's pieces for a stack of matrices stored transposed (one piece: each matrix's transpose)."""
     return (band.swapaxes(-1, -2),)

@@ -16,6 +16,7 @@ from ..errors import ConfigMismatchError
 from .gguf_hooks import qwen2moe_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, Rearrangement, Unsupported
+from .parts import negated_exp as negated_exp_of
 from .qwen_moe import routing_checked
 
 DELTANET = "linear_attn."
@@ -109,7 +110,7 @@ def _qkvz(name: str, shape: tuple[int, ...], heads: int, key: int, value: int, w
 def deltanet(band, tiled=None, axis: int = 0, kernel: bool = False, negated_exp: bool = False) -> tuple:
     """A DeltaNet tensor's band as the converter stores it: the convolution's kernel 2-D; the value heads (from row
     or column `first`, each `width` wide, `per_key` of them for each of the `heads` key heads) reordered as llama.cpp
-    broadcasts them; -exp, by torch's exp as the converter computes it (numpy's may round otherwise)."""
+    broadcasts them; -exp (parts.negated_exp)."""
     import numpy as np
 
     if kernel:
@@ -120,9 +121,7 @@ def deltanet(band, tiled=None, axis: int = 0, kernel: bool = False, negated_exp:
         grouped = moved[first:].reshape(heads, per_key, width, *moved.shape[1:]).swapaxes(0, 1)
         band = np.moveaxis(np.concatenate([moved[:first], grouped.reshape(-1, *moved.shape[1:])]), 0, axis)
     if negated_exp:
-        import torch
-
-        band = (-torch.exp(torch.from_numpy(np.ascontiguousarray(band)))).numpy()
+        band = negated_exp_of(band)
     return (band,)
 
 

@@ -183,8 +183,8 @@ def _plan_tensors(
                     f"{where}: {output.name} has {output.shape[0]} rows, not a whole number of heads of {head_dim}"
                 )
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
-        if file_type in QUANTIZED and not stack:  # (llama-quantize drops ggml's trailing dimensions of 1: our leading)
-            byte_shape = byte_shape[next((i for i, d in enumerate(byte_shape) if d != 1), len(byte_shape) - 1) :]
+        if file_type in QUANTIZED and not stack:
+            byte_shape = _as_llama_quantize_stores(byte_shape)
         stored = OutputTensor(name if stack is None else f"{name}[{index}]", byte_shape, dtypes.BY_NAME["uint8"])
         shifted = output.name.endswith("norm.weight") and not output.name.endswith(part.unshifted_norms)
         shift = part.norm_shift if shifted else 0.0
@@ -266,10 +266,17 @@ def _rearranged(
         if note:
             plan.notes.append(f"{name}: {note}")
         byte_shape = tuple(gguf.quant_shape_to_byte_shape(shape, tensor_type))
+        if plan.file_type in QUANTIZED:
+            byte_shape = _as_llama_quantize_stores(byte_shape)
         stored.append(OutputTensor(name, byte_shape, dtypes.BY_NAME["uint8"]))
         qtypes.append(tensor_type)
         plan.positions[name] = _in_blocks(name) if plan.file_type in QUANTIZED else (output.name, f"{order:04d}")
     return Rearranged(tuple(stored), tuple(qtypes), output.dtype, how.pieces, how.rows_per_band)
+
+
+def _as_llama_quantize_stores(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A tensor's shape as llama-quantize writes it: without ggml's trailing dimensions of 1 (our leading ones)."""
+    return shape[next((i for i, d in enumerate(shape) if d != 1), len(shape) - 1) :]
 
 
 def _in_blocks(name: str) -> tuple[int, str]:
