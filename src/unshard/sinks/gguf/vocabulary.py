@@ -42,6 +42,15 @@ def write_vocabulary(
             f"{folder}: no tokenizer.model or tokenizer.json; a GGUF file holds the "
             "vocabulary: pass --config-from a folder with the model's tokenizer"
         )
+    if llama and hparams.get("vocab_size", 32000) == 32016:
+        # (CodeLlama's: the converter's LlamaModel names its infill tokens by their ids for a vocabulary of this size,
+        # after the rest, as gguf-py's SpecialVocab of those four kinds writes them: the end of turn alone, the only
+        # one of them its writer has a key for)
+        infill = special_vocab(folder, load_merges=False, special_token_types=["prefix", "suffix", "middle", "eot"])
+        for kind, token in (("prefix", 32007), ("suffix", 32008), ("middle", 32009), ("eot", 32010)):
+            infill._set_special_token(kind, token)
+        with gguf_quiet():
+            infill.add_to_gguf(writer, quiet=True)
     if llama and hparams.get("vocab_size", 32000) == 49152:
         # (the converter's LlamaModel turns the start token off for vocabularies of this size, SmolLM2's and small
         # Granites', over what the tokenizer says: in its place where the tokenizer said it)
