@@ -1150,8 +1150,8 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("afmoe-fsdp2", {"route_norm": False}, "route_norm is false, and transformers' AFMoE renormalises"),
         ("jais2-fsdp2", {"mlp_bias": False}, "mlp_bias is false, and llama.cpp's jais2 takes biases there"),
         ("lfm2-fsdp2", {"conv_bias": True}, "conv_bias is set, and llama.cpp's lfm2 convolution has no biases"),
-        # Granite 4.0's hybrids: rope, a clamped time step, all attention layers, a vocabulary the converter pads, experts
-        # chosen where there are none
+        # Granite 4.0's hybrids: rope, a clamped time step, all attention layers, a vocabulary the converter pads,
+        # experts chosen where there are none
         ("granitehybrid-fsdp2", {"position_embedding_type": "rope"}, "position_embedding_type is rope, and llama.cpp"),
         ("granitehybrid-fsdp2", {"time_step_limit": [0.0, 10.0]}, "llama.cpp's granitehybrid clamps no time step"),
         ("granitehybrid-fsdp2", {"layer_types": ["attention"] * 4}, "no Mamba-2 layer in layer_types"),

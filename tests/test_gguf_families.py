@@ -596,8 +596,9 @@ def test_a_tokenizer_without_the_special_tokens_glm4_names_is_one_line(tmp_path)
 def test_llama_vocabularies_of_the_sizes_the_converter_knows(size, converter, tmp_path):
     """The converter's LlamaModel turns add_bos_token off for a vocabulary of 49152 (SmolLM2's, small Granites'),
     whatever the tokenizer says, and names CodeLlama's infill tokens (prefix, suffix, middle, end of turn) by their
-    ids for one of 32016 (the end of turn alone has a key in gguf-py's writer): a Llama of that vocabulary as transformers writes it (CodeLlama's with a SentencePiece
-    tokenizer, as it has), unshard's file equal to the converter's."""
+    ids for one of 32016 (the end of turn alone has a key in gguf-py's writer): a Llama of that vocabulary as
+    transformers writes it (CodeLlama's with a SentencePiece tokenizer, as it has), unshard's file equal to the
+    converter's."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
