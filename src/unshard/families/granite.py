@@ -12,12 +12,12 @@ key-value heads per layer, 0 where a layer is recurrent)."""
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gguf_hooks import llama_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY, llama_computed
+from .mamba2 import add_mamba2_sizes, mamba2_tensors
 from .parts import (
     NO_TABLE,
     NOT_A_MOE_INPUT,
@@ -25,8 +25,6 @@ from .parts import (
     GGUFPart,
     Rearrangement,
     Unsupported,
-    middle_axis_dropped,
-    negated_exp,
     no_trainer_model,
     renamed_only,
 )
@@ -114,20 +112,17 @@ def recurrent_layers(hparams: dict) -> list[bool]:
 
 
 def granite_hybrid_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
-    """The converter's GraniteHybridModel's: Granite MoE's, then Mamba-2's sizes, the key-value heads per layer (0 for
-    a Mamba-2 layer: llama.cpp's sign of one) over the model's count, and rope turned off by the fine-tuned flag with a
-    context of 2^20 over the config's (both keys rewritten in their places, as gguf-py's writer does)."""
+    """The converter's GraniteHybridModel's: Granite MoE's, then Mamba-2's (mamba2.add_mamba2_sizes)."""
     granitemoe_hyperparameters(writer, hparams, ftype, blocks, folder)
-    hidden = hparams["hidden_size"]
-    writer.add_ssm_conv_kernel(hparams["mamba_d_conv"])
-    writer.add_ssm_state_size(hparams["mamba_d_state"])
-    writer.add_ssm_group_count(hparams["mamba_n_groups"])
-    writer.add_ssm_inner_size(hparams["mamba_expand"] * hidden)
-    writer.add_ssm_time_step_rank(hparams["mamba_n_heads"])
+    sizes = {
+        "conv": hparams["mamba_d_conv"],
+        "state": hparams["mamba_d_state"],
+        "groups": hparams["mamba_n_groups"],
+        "inner": hparams["mamba_expand"] * hparams["hidden_size"],
+        "heads": hparams["mamba_n_heads"],
+    }
     kv_heads = hparams.get("num_key_value_heads") or hparams["num_attention_heads"]
-    writer.add_head_count_kv([0 if recurrent else kv_heads for recurrent in recurrent_layers(hparams)])
-    writer.add_rope_scaling_finetuned(False)
-    writer.add_context_length(2**20)
+    add_mamba2_sizes(writer, sizes, kv_heads, recurrent_layers(hparams))
 
 
 def granite_hybrid_checked(hparams: dict, where: Path) -> None:
@@ -191,18 +186,7 @@ def granite_hybrid_tensors(name: str, shape: tuple[int, ...], hparams: dict, whe
     """Mamba-2's tensors as the converter's Mamba2Model stores them; the experts' and the shared expert's gate and up
     apart (gate_and_up_apart), or the shared expert's as the MLP's where there are no experts."""
     if ".mamba." in name:
-        base, end = name.split(".mamba.")
-        base += ".mamba."
-        groups = hparams["mamba_n_groups"]
-        return {
-            "A_log": Rearrangement({name: (*shape, 1)}, partial(in_rows_of, width=1, negated=True)),
-            "D": Rearrangement({name: (*shape, 1)}, partial(in_rows_of, width=1)),
-            "dt_bias": Rearrangement({base + "dt_proj.bias": shape}, renamed_only),
-            "conv1d.weight": Rearrangement({name: (shape[0], shape[-1])}, middle_axis_dropped),
-            "norm.weight": Rearrangement(
-                {name: (groups, shape[0] // groups)}, partial(in_rows_of, width=shape[0] // groups), shape[0] // groups
-            ),
-        }.get(end)
+        return mamba2_tensors(name, shape, ".mamba.", hparams["mamba_n_groups"])
     if not hparams.get("num_local_experts") and "shared_mlp." in name:  # (the shared expert as the layer's MLP)
         if name.endswith("shared_mlp.output_linear.weight"):
             return Rearrangement({name.replace("shared_mlp.output_linear", "mlp.down_proj"): shape}, renamed_only)
@@ -213,12 +197,6 @@ def granite_hybrid_tensors(name: str, shape: tuple[int, ...], hparams: dict, whe
             apart.rows_per_band,
         )
     return gate_and_up_apart(name, shape, hparams, where)
-
-
-def in_rows_of(band, width: int, negated: bool = False) -> tuple:
-    """A vector's band as rows of `width` (Mamba-2's A and D as columns, its gated norm's weight a row per group);
-    A as -exp(A_log)."""
-    return ((negated_exp(band) if negated else band).reshape(-1, width),)
 
 
 # (Granite MoE's and Granite MoE Shared's, which the converter writes with one class)
