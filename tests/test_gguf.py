@@ -1157,6 +1157,11 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("granitehybrid-fsdp2", {"layer_types": ["attention"] * 4}, "no Mamba-2 layer in layer_types"),
         ("granitehybrid-fsdp2", {"vocab_size": 100}, "vocab_size is 100, which llama.cpp's converter pads"),
         ("granitehybrid-fsdp2", {"num_local_experts": 0}, "num_experts_per_tok is 2 with no experts"),
+        # Nemotron-H: MoE layers (not yet), a sliding window, another activation, a vocabulary the converter pads
+        ("nemotronh-fsdp2", {"layers_block_type": ["mamba", "moe", "attention", "mlp"]}, "Nemotron-H's MoE layers"),
+        ("nemotronh-fsdp2", {"sliding_window": 2}, "sliding_window is 2, which llama.cpp's nemotron_h does not"),
+        ("nemotronh-fsdp2", {"mlp_hidden_act": "silu"}, "mlp_hidden_act is 'silu', which llama.cpp's nemotron_h"),
+        ("nemotronh-fsdp2", {"vocab_size": 100}, "vocab_size is 100, which llama.cpp's converter pads"),
         # EXAONE MoE: the experts chosen within groups, another gating than transformers', dense layers not first
         ("exaonemoe-fsdp2", {"n_group": 2, "topk_group": 1}, "the experts are chosen within 1 of 2 groups"),
         ("exaonemoe-fsdp2", {"scoring_func": "softmax"}, "the experts' gating function is 'softmax', and transformers"),

@@ -28,6 +28,7 @@ from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: t
 )
 
 import unshard
+from unshard import families
 from unshard.families.qwen_next import deltanet_tensors
 from unshard.sinks.gguf import kquants
 
@@ -520,9 +521,12 @@ DENSE = {
     "lfm2-fsdp2": "lfm2",
     "exaonemoe-fsdp2": "exaone-moe",
     "granitehybrid-fsdp2": "granitehybrid",
+    "nemotronh-fsdp2": "nemotron_h",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
-# reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it)
+# reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
+# DROPPED: a key transformers 5 writes and the Hub's config lacks
+DROPPED = object()
 HUB_KEYS = {
     "gptneox-fsdp2": lambda config: {"rotary_pct": config["rope_parameters"]["partial_rotary_factor"]},
     "gpt2-fsdp2": lambda config: {"n_ctx": config["n_positions"]},
@@ -542,6 +546,12 @@ HUB_KEYS = {
     "granitehybrid-fsdp2": lambda config: {
         "layer_types": [{"linear_attention": "mamba", "full_attention": "attention"}[k] for k in config["layer_types"]]
     },
+    # (Nemotron-H's layers as the Hub's pattern, and none of the MoE settings transformers 5 writes for a dense model:
+    # the converter's transformers has no nemotron_h, and it takes a config with them for its MoE architecture)
+    "nemotronh-fsdp2": lambda config: {
+        "hybrid_override_pattern": "M-*-",
+        **dict.fromkeys(families.nemotron.MOE_SETTINGS, DROPPED),
+    },
 }
 
 
@@ -558,7 +568,8 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     unshard.convert(src, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
     if case in HUB_KEYS:
         config = json.loads((tmp_path / "hf" / "config.json").read_text())
-        (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **HUB_KEYS[case](config)}))
+        hub = {key: value for key, value in {**config, **HUB_KEYS[case](config)}.items() if value is not DROPPED}
+        (tmp_path / "hf" / "config.json").write_text(json.dumps(hub))
     assert_same_file(ours, converter(tmp_path / "hf", "f32", tmp_path / "oracle-f32.gguf", pre=pre))
     fields, _ = contents(ours)
     assert fields["general.architecture"] == DENSE[case]

@@ -122,7 +122,7 @@ def granite_hybrid_hyperparameters(writer, hparams: dict, ftype, blocks: int, fo
         "heads": hparams["mamba_n_heads"],
     }
     kv_heads = hparams.get("num_key_value_heads") or hparams["num_attention_heads"]
-    add_mamba2_sizes(writer, sizes, kv_heads, recurrent_layers(hparams))
+    add_mamba2_sizes(writer, sizes, kv_heads, [not layer for layer in recurrent_layers(hparams)])
 
 
 def granite_hybrid_checked(hparams: dict, where: Path) -> None:

@@ -1,15 +1,25 @@
 """Nemotron (NVIDIA's Nemotron-4 and Minitron): LayerNorms applied as 1 + weight, rope over part of each head, a
 two-layer ReLU² MLP (up and down); llama.cpp's nemotron, whose converter stores the norms as 1 + weight, writes the
 TextModel's header with the vocabulary's size, the LayerNorm's epsilon, the rotary dimensions and the rope scaling,
-and sets the SentencePiece vocabulary's padding and unknown tokens to 0 and 1."""
+and sets the SentencePiece vocabulary's padding and unknown tokens to 0 and 1.
+
+Nemotron-H (NVIDIA's Nemotron-H and Nemotron Nano 2): layers of one kind each, Mamba-2 (mamba2.py), attention without
+rope, or a two-layer ReLU² MLP, each behind an RMS norm; llama.cpp's nemotron_h, whose converter is Granite 4.0's
+hybrid one with the attention's head width and the MLP's width per layer (0 where a layer has none). Its transformers
+(4.57) has no nemotron_h, so it reads config.json as the Hub writes it: the layers as a pattern (M, *, -) and no
+MoE settings in a dense model, where transformers 5 reads every MoE setting defaulted; unshard writes the header the
+converter writes from the Hub's config. Nemotron 3 Nano's MoE layers are not written yet."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import ConfigMismatchError
 from .gguf_hooks import first_of, gguf_py, gguf_quiet, rope_parameters, text_hyperparameters
+from .granite import granitemoe_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
+from .mamba2 import add_mamba2_sizes, mamba2_tensors
+from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Rearrangement, Unsupported, no_trainer_model
 
 
 def nemotron_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -39,6 +49,104 @@ def nemotron_special_tokens(writer, hparams: dict, folder: Path) -> None:
         writer.add_unk_token_id(1)
 
 
+# Nemotron-H's layer kinds, by the Hub's pattern's letters and transformers 5's names
+NEMOTRON_H_KINDS = {
+    "M": "mamba",
+    "linear_attention": "mamba",
+    "*": "attention",
+    "full_attention": "attention",
+    "-": "mlp",
+    "E": "moe",
+}
+# the MoE settings transformers 5 fills in for every Nemotron-H, which a dense model's config on the Hub lacks
+MOE_SETTINGS = (
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "n_group",
+    "topk_group",
+    "n_shared_experts",
+    "norm_topk_prob",
+    "routed_scaling_factor",
+    "moe_intermediate_size",
+    "moe_shared_expert_intermediate_size",
+    "moe_latent_size",
+)
+
+
+def nemotron_h_layers(hparams: dict) -> list[str]:
+    """Each layer's kind (mamba, attention, mlp, moe), from the Hub's pattern or transformers 5's layer types."""
+    pattern = hparams.get("hybrid_override_pattern") or hparams.get("layers_block_type") or ()
+    return [NEMOTRON_H_KINDS.get(kind, kind) for kind in pattern]
+
+
+def nemotron_h_as_the_hub_has_it(hparams: dict, where: Path) -> dict:
+    """The config as the converter reads a dense Nemotron-H's from the Hub: its layer count from its layers, and no
+    MoE settings (which would make the converter write its MoE architecture). A MoE model's is one line."""
+    kinds = nemotron_h_layers(hparams)
+    if "moe" in kinds:
+        raise ConfigMismatchError(
+            f"{where}: Nemotron-H's MoE layers (Nemotron 3 Nano's) are not written as GGUF by unshard yet; write a "
+            "folder and use llama.cpp's convert_hf_to_gguf.py"
+        )
+    return {**{k: v for k, v in hparams.items() if k not in MOE_SETTINGS}, "num_hidden_layers": len(kinds)}
+
+
+def nemotron_h_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's NemotronHModel's: Granite 4.0's hybrid's (Granite's header without the head width, Mamba-2's
+    sizes, the key-value heads of the attention layers), then the head width and the MLP's width per layer."""
+    kinds = nemotron_h_layers(hparams)
+    granitemoe_hyperparameters(writer, hparams, ftype, blocks, folder)
+    sizes = {
+        "conv": hparams["conv_kernel"],
+        "state": hparams["ssm_state_size"],
+        "groups": hparams["n_groups"],
+        "inner": hparams["mamba_num_heads"] * hparams["mamba_head_dim"],
+        "heads": hparams["mamba_num_heads"],
+    }
+    kv_heads = hparams.get("num_key_value_heads") or hparams["num_attention_heads"]
+    add_mamba2_sizes(writer, sizes, kv_heads, [kind == "attention" for kind in kinds])
+    writer.add_key_length(hparams["head_dim"])
+    writer.add_value_length(hparams["head_dim"])
+    with gguf_quiet():
+        writer.add_feed_forward_length([hparams["intermediate_size"] if kind == "mlp" else 0 for kind in kinds])
+
+
+def nemotron_h_checked(hparams: dict, where: Path) -> None:
+    """What llama.cpp's nemotron_h would compute otherwise than transformers, or not load: a sliding window, another
+    MLP activation than ReLU² or Mamba-2's than SiLU, a clamp of the time step, biases on the Mamba-2 projections, a
+    vocabulary the converter pads to a multiple of 8 past the embedding's rows."""
+    refused = [
+        (hparams.get("sliding_window") is not None, f"sliding_window is {hparams.get('sliding_window')}"),
+        (hparams.get("mlp_hidden_act", "relu2") != "relu2", f"mlp_hidden_act is {hparams.get('mlp_hidden_act')!r}"),
+        (
+            hparams.get("mamba_hidden_act", "silu") != "silu",
+            f"mamba_hidden_act is {hparams.get('mamba_hidden_act')!r}",
+        ),
+        (
+            tuple(hparams.get("time_step_limit") or (0.0, float("inf"))) != (0.0, float("inf")),
+            f"time_step_limit is {hparams.get('time_step_limit')}",
+        ),
+        (bool(hparams.get("mamba_proj_bias")), "mamba_proj_bias is set"),
+    ]
+    for refuse, what in refused:
+        if refuse:
+            raise ConfigMismatchError(
+                f"{where}: {what}, which llama.cpp's nemotron_h does not compute: it would compute another model; "
+                "serve this one with transformers or vLLM"
+            )
+    if hparams["vocab_size"] % 8:
+        raise ConfigMismatchError(
+            f"{where}: vocab_size is {hparams['vocab_size']}, which llama.cpp's converter pads to a multiple of 8 "
+            "tokens past the embedding's rows: llama.cpp would not load the file; serve this model with transformers "
+            "or vLLM"
+        )
+
+
+def nemotron_h_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """The Mamba-2 layers' tensors as the converter stores them (mamba2.py)."""
+    return mamba2_tensors(name, shape, ".mixer.", hparams["n_groups"])
+
+
 FAMILIES = (
     Family(
         "Nemotron",
@@ -56,5 +164,25 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "Nemotron-H",
+        "nemotron_h",
+        "NemotronHForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Nemotron-H layout (Mamba-2 layers) is not mapped yet"),
+        **no_trainer_model("Nemotron-H"),
+        fused_siblings=(("q_proj", "k_proj", "v_proj"),),
+        gguf=GGUFPart(
+            "NEMOTRON_H",
+            hyperparameters=nemotron_h_hyperparameters,
+            permute_qk=True,
+            check_config=nemotron_h_checked,
+            vocabulary="bpe",
+            rearranged=nemotron_h_tensors,
+            as_the_converter_reads=nemotron_h_as_the_hub_has_it,
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
     ),
 )

@@ -107,6 +107,9 @@ class GGUFPart:
     # the config's count of blocks after the model's own that the file has room for (GLM's MTP layers, which
     # llama.cpp loads where they are and goes without where they are not)
     extra_blocks: str | None = None
+    # (hparams, where) -> the config as the converter reads it, where transformers reads it otherwise (Nemotron-H's:
+    # the converter's transformers has no nemotron_h, so it reads config.json as the Hub writes it)
+    as_the_converter_reads: Callable[..., dict] | None = None
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,8 @@ def plan_gguf(
         hparams = {**hparams, **(hparams.get("text_config") or {})}
     sizes = {key: first_of(hparams, *names) for key, names in SIZE_NAMES.items()}
     hparams = {**{key: size for key, size in sizes.items() if size is not None}, **hparams}
+    if part.as_the_converter_reads:
+        hparams = part.as_the_converter_reads(hparams, where)
     if requested in kquants.MIXES:  # (a one-line error before anything is written, where no library computes them)
         kquants.library_path(requested)
     arch = getattr(gguf.MODEL_ARCH, part.arch)
