@@ -1157,8 +1157,15 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("granitehybrid-fsdp2", {"layer_types": ["attention"] * 4}, "no Mamba-2 layer in layer_types"),
         ("granitehybrid-fsdp2", {"vocab_size": 100}, "vocab_size is 100, which llama.cpp's converter pads"),
         ("granitehybrid-fsdp2", {"num_local_experts": 0}, "num_experts_per_tok is 2 with no experts"),
-        # Nemotron-H: MoE layers (not yet), a sliding window, another activation, a vocabulary the converter pads
-        ("nemotronh-fsdp2", {"layers_block_type": ["mamba", "moe", "attention", "mlp"]}, "Nemotron-H's MoE layers"),
+        # Nemotron-H: a sliding window, another activation, a vocabulary the converter pads; latent experts (not yet),
+        # MLP layers beside experts, experts chosen within groups
+        ("nemotronhmoe-fsdp2", {"moe_latent_size": 16}, "Nemotron-H's latent experts (moe_latent_size) are not"),
+        (
+            "nemotronhmoe-fsdp2",
+            {"layers_block_type": ["mamba", "moe", "attention", "mlp"]},
+            "a MoE model with MLP layers",
+        ),
+        ("nemotronhmoe-fsdp2", {"n_group": 2, "topk_group": 1}, "experts chosen within 1 of 2 groups"),
         ("nemotronh-fsdp2", {"sliding_window": 2}, "sliding_window is 2, which llama.cpp's nemotron_h does not"),
         ("nemotronh-fsdp2", {"mlp_hidden_act": "silu"}, "mlp_hidden_act is 'silu', which llama.cpp's nemotron_h"),
         ("nemotronh-fsdp2", {"vocab_size": 100}, "vocab_size is 100, which llama.cpp's converter pads"),

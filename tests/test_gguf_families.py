@@ -236,6 +236,30 @@ def test_granite_hybrid_without_experts_as_the_converter_and_llama_quantize_writ
     )
 
 
+def test_nemotron_3_nano_from_its_folder_as_the_converter_and_llama_quantize_write_it(
+    converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
+    """Nemotron 3 Nano's layout (nemotronhmoe-fsdp2: Mamba-2, attention and MoE layers, ReLU² experts behind a sigmoid
+    router, a shared expert), read from the folder unshard writes of its FSDP2 rank files, whose routers transformers
+    keeps in float32 (saved as backbone.*, held as model.*: read so, not rounded to bf16): llama.cpp's nemotron_h_moe,
+    the file equal to the converter's in f32, bf16 and q8_0 and to llama-quantize's in the K-quant mixes; llama.cpp
+    computes transformers' logits from it."""
+    import transformers
+
+    unshard.convert(SHIPPED / "nemotronhmoe-fsdp2" / "global_step_1", tmp_path / "hf", progress=False)
+    fields, tensors = as_the_converter_writes_it(tmp_path / "hf", converter, tmp_path)
+    assert fields["general.architecture"] == "nemotron_h_moe" and fields["nemotron_h_moe.expert_count"] == 4
+    assert fields["nemotron_h_moe.attention.head_count_kv"] == [0, 0, 2, 0]
+    shapes = {t[0]: t[2] for t in tensors}
+    assert shapes["blk.1.ffn_up_exps.weight"] == [64, 32, 4] and shapes["blk.1.exp_probs_b.bias"] == [4]
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        SHIPPED / "nemotronhmoe-fsdp2" / "reference", dtype=torch.float32
+    )
+    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(
+        tmp_path / "hf", model, llama_cpp, ggml_library, monkeypatch, tmp_path
+    )
+
+
 def test_gpt_oss_as_the_converter_and_llama_quantize_write_it(converter, ggml_library, monkeypatch, tmp_path):
     """gpt-oss (FSDP2 rank files; test_llama_cpp_runs_the_file_... runs it): its fused experts transposed into
     llama.cpp's stacks, gate and up apart (their columns interleaved in transformers' gate_up_proj), their biases

@@ -83,7 +83,7 @@ FAMILIES = (
             computed=llama_computed,
             llama_vocabulary=True,
             check_config=afmoe_checked,
-            renames=((".mlp.expert_bias", ".mlp.expert_bias.bias"),),
+            renames=((r"\.mlp\.expert_bias$", ".mlp.expert_bias.bias"),),
             expert_stack_order=("gate_proj.weight", "up_proj.weight", "down_proj.weight"),
         ),
         mmproj=TEXT_ONLY,

@@ -159,10 +159,10 @@ def qwen2moe_hyperparameters(
         writer.add_expert_shared_feed_forward_length(hparams["shared_expert_intermediate_size"])
 
 
-def llama_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+def llama_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path, expert_groups: bool = False) -> None:
     """The converter's LlamaModel's: the TextModel's, then the vocabulary's size and the dimensions rope rotates (a
     whole head's)."""
-    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    text_hyperparameters(writer, hparams, ftype, blocks, folder, expert_groups)
     writer.add_vocab_size(hparams["vocab_size"])
     writer.add_rope_dimension_count(hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"])
 

@@ -208,7 +208,7 @@ FAMILIES = (
             hyperparameters=gpt_oss_hyperparameters,
             vocabulary="bpe",
             rearranged=fused_experts,
-            renames=(("self_attn.sinks", "self_attn.sinks.weight"), ("down_proj_bias", "down_proj.bias")),
+            renames=((r"self_attn\.sinks$", "self_attn.sinks.weight"), (r"down_proj_bias$", "down_proj.bias")),
             check_config=gpt_oss_checked,
         ),
         mmproj=TEXT_ONLY,

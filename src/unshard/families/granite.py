@@ -38,10 +38,13 @@ SCALES = (
 )
 
 
-def granite_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+def granite_hyperparameters(
+    writer, hparams: dict, ftype, blocks: int, folder: Path, expert_groups: bool = False
+) -> None:
     """The converter's GraniteModel's: a Llama's header without the head width (it ignores head_dim), then the
     scales."""
-    llama_hyperparameters(writer, {k: v for k, v in hparams.items() if k != "head_dim"}, ftype, blocks, folder)
+    without_head_dim = {k: v for k, v in hparams.items() if k != "head_dim"}
+    llama_hyperparameters(writer, without_head_dim, ftype, blocks, folder, expert_groups)
     for key, add in SCALES:
         if hparams.get(key):
             getattr(writer, add)(hparams[key])
@@ -57,9 +60,11 @@ def granite_checked(hparams: dict, where: Path) -> None:
         )
 
 
-def granitemoe_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+def granitemoe_hyperparameters(
+    writer, hparams: dict, ftype, blocks: int, folder: Path, expert_groups: bool = False
+) -> None:
     """The converter's GraniteMoeModel's: the Granite's, then a shared expert's width where the config has one."""
-    granite_hyperparameters(writer, hparams, ftype, blocks, folder)
+    granite_hyperparameters(writer, hparams, ftype, blocks, folder, expert_groups)
     if hparams.get("shared_intermediate_size"):
         writer.add_expert_shared_feed_forward_length(hparams["shared_intermediate_size"])
 

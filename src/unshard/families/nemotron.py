@@ -8,7 +8,8 @@ rope, or a two-layer ReLU² MLP, each behind an RMS norm; llama.cpp's nemotron_h
 hybrid one with the attention's head width and the MLP's width per layer (0 where a layer has none). Its transformers
 (4.57) has no nemotron_h, so it reads config.json as the Hub writes it: the layers as a pattern (M, *, -) and no
 MoE settings in a dense model, where transformers 5 reads every MoE setting defaulted; unshard writes the header the
-converter writes from the Hub's config. Nemotron 3 Nano's MoE layers are not written yet."""
+converter writes from the Hub's config. Nemotron 3 Nano's MoE layers: ReLU² experts (up and down) behind a sigmoid
+router with its correction bias, a shared expert; llama.cpp's nemotron_h_moe."""
 
 from __future__ import annotations
 
@@ -80,22 +81,26 @@ def nemotron_h_layers(hparams: dict) -> list[str]:
 
 
 def nemotron_h_as_the_hub_has_it(hparams: dict, where: Path) -> dict:
-    """The config as the converter reads a dense Nemotron-H's from the Hub: its layer count from its layers, and no
-    MoE settings (which would make the converter write its MoE architecture). A MoE model's is one line."""
+    """The config as the converter reads a Nemotron-H's from the Hub: its layer count from its layers, no MoE
+    settings in a dense model (with them the converter writes its MoE architecture), no MTP layers (a trained
+    checkpoint has none: transformers drops them). Latent experts (Nemotron 3 Super's) are one line."""
     kinds = nemotron_h_layers(hparams)
-    if "moe" in kinds:
+    if "moe" in kinds and hparams.get("moe_latent_size") is not None:
         raise ConfigMismatchError(
-            f"{where}: Nemotron-H's MoE layers (Nemotron 3 Nano's) are not written as GGUF by unshard yet; write a "
+            f"{where}: Nemotron-H's latent experts (moe_latent_size) are not written as GGUF by unshard yet; write a "
             "folder and use llama.cpp's convert_hf_to_gguf.py"
         )
-    return {**{k: v for k, v in hparams.items() if k not in MOE_SETTINGS}, "num_hidden_layers": len(kinds)}
+    hub = {**hparams, "num_hidden_layers": len(kinds), "num_nextn_predict_layers": 0}
+    return hub if "moe" in kinds else {k: v for k, v in hub.items() if k not in MOE_SETTINGS}
 
 
 def nemotron_h_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
     """The converter's NemotronHModel's: Granite 4.0's hybrid's (Granite's header without the head width, Mamba-2's
-    sizes, the key-value heads of the attention layers), then the head width and the MLP's width per layer."""
+    sizes, the key-value heads of the attention layers), then the head width, the MLP's width per layer (the experts'
+    in a MoE model) and the experts' settings, some rewritten in their places as the converter writes them again."""
     kinds = nemotron_h_layers(hparams)
-    granitemoe_hyperparameters(writer, hparams, ftype, blocks, folder)
+    moe = "moe" in kinds
+    granitemoe_hyperparameters(writer, hparams, ftype, blocks, folder, expert_groups=moe)
     sizes = {
         "conv": hparams["conv_kernel"],
         "state": hparams["ssm_state_size"],
@@ -107,14 +112,27 @@ def nemotron_h_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder
     add_mamba2_sizes(writer, sizes, kv_heads, [kind == "attention" for kind in kinds])
     writer.add_key_length(hparams["head_dim"])
     writer.add_value_length(hparams["head_dim"])
+    width, mlp = ("moe_intermediate_size", "moe") if moe else ("intermediate_size", "mlp")
     with gguf_quiet():
-        writer.add_feed_forward_length([hparams["intermediate_size"] if kind == "mlp" else 0 for kind in kinds])
+        writer.add_feed_forward_length([hparams[width] if kind == mlp else 0 for kind in kinds])
+        if moe:
+            writer.add_expert_used_count(hparams["num_experts_per_tok"])
+            writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
+            writer.add_expert_shared_feed_forward_length(hparams["moe_shared_expert_intermediate_size"])
+            writer.add_expert_count(hparams["n_routed_experts"])
+            writer.add_expert_shared_count(hparams["n_shared_experts"])
+            writer.add_expert_weights_norm(hparams["norm_topk_prob"])
+            writer.add_expert_weights_scale(hparams["routed_scaling_factor"])
+            writer.add_expert_group_count(hparams["n_group"])
+            writer.add_expert_used_count(hparams["num_experts_per_tok"])
 
 
 def nemotron_h_checked(hparams: dict, where: Path) -> None:
     """What llama.cpp's nemotron_h would compute otherwise than transformers, or not load: a sliding window, another
     MLP activation than ReLU² or Mamba-2's than SiLU, a clamp of the time step, biases on the Mamba-2 projections, a
-    vocabulary the converter pads to a multiple of 8 past the embedding's rows."""
+    vocabulary the converter pads to a multiple of 8 past the embedding's rows; in a MoE model, MLP layers beside the
+    experts, or experts chosen within groups."""
+    kinds = nemotron_h_layers(hparams)
     refused = [
         (hparams.get("sliding_window") is not None, f"sliding_window is {hparams.get('sliding_window')}"),
         (hparams.get("mlp_hidden_act", "relu2") != "relu2", f"mlp_hidden_act is {hparams.get('mlp_hidden_act')!r}"),
@@ -127,6 +145,14 @@ def nemotron_h_checked(hparams: dict, where: Path) -> None:
             f"time_step_limit is {hparams.get('time_step_limit')}",
         ),
         (bool(hparams.get("mamba_proj_bias")), "mamba_proj_bias is set"),
+        (
+            "moe" in kinds and "mlp" in kinds,
+            "a MoE model with MLP layers (llama.cpp takes the experts' width for theirs)",
+        ),
+        (
+            "moe" in kinds and (hparams.get("topk_group") or 1) < (hparams.get("n_group") or 1),
+            f"experts chosen within {hparams.get('topk_group')} of {hparams.get('n_group')} groups",
+        ),
     ]
     for refuse, what in refused:
         if refuse:
@@ -142,8 +168,14 @@ def nemotron_h_checked(hparams: dict, where: Path) -> None:
         )
 
 
+def nemotron_h_arch(hparams: dict) -> str | None:
+    """llama.cpp's nemotron_h_moe for a model with MoE layers (Nemotron 3 Nano's), else the family's nemotron_h."""
+    return "NEMOTRON_H_MOE" if "moe" in nemotron_h_layers(hparams) else None
+
+
 def nemotron_h_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
-    """The Mamba-2 layers' tensors as the converter stores them (mamba2.py)."""
+    """The Mamba-2 layers' tensors as the converter stores them (mamba2.py); the experts are stacked as every MoE
+    family's (under the name the converter gives them: the family's renames)."""
     return mamba2_tensors(name, shape, ".mixer.", hparams["n_groups"])
 
 
@@ -181,6 +213,9 @@ FAMILIES = (
             vocabulary="bpe",
             rearranged=nemotron_h_tensors,
             as_the_converter_reads=nemotron_h_as_the_hub_has_it,
+            arch_by_config=nemotron_h_arch,
+            # (a layer's experts, stacked under the name the converter gives them before it maps them)
+            renames=((r"^backbone\.layers\.(\d+)\.mixer\.experts\.", r"model.layers.\1.mlp.experts."),),
         ),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),

@@ -96,7 +96,8 @@ class GGUFPart:
     phi3_tokens: bool = False  # (Phi-3's tokenizer, as the converter reads it)
     # (name, shape, hparams, where) -> how the converter stores that tensor otherwise than as it is, or None
     rearranged: Callable[..., Rearrangement | None] | None = None
-    renames: tuple[tuple[str, str], ...] = ()  # the end of a Hugging Face name -> what the converter maps instead
+    # a regular expression over a Hugging Face name -> what the converter maps instead (re.sub's replacement)
+    renames: tuple[tuple[str, str], ...] = ()
     dropped_prefix: str = ""  # the start of every name the converter drops before it maps them (BLOOM's)
     # the order the converter writes a block's expert stacks in (by the experts' tensors' names: gate_proj, ...); ()
     # the order of their names
@@ -110,6 +111,9 @@ class GGUFPart:
     # (hparams, where) -> the config as the converter reads it, where transformers reads it otherwise (Nemotron-H's:
     # the converter's transformers has no nemotron_h, so it reads config.json as the Hub writes it)
     as_the_converter_reads: Callable[..., dict] | None = None
+    # (hparams) -> gguf.MODEL_ARCH's member where the converter chooses by the config (Nemotron-H's with experts), else
+    # None: `arch`
+    arch_by_config: Callable[[dict], str | None] | None = None
 
 
 @dataclass(frozen=True)

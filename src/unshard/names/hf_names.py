@@ -77,7 +77,7 @@ _answers: dict[str, ModelFacts | None] = {}
 
 # Raised when the way a config's model is built for the question changes (meta_model), so that answers
 # remembered by an earlier unshard are asked again.
-FACTS_REVISION = 5
+FACTS_REVISION = 6
 
 
 def _facts_entry(config_folder: Path, config: dict, updates: dict | None) -> str | None:

@@ -149,17 +149,26 @@ def _saved_shapes(model, in_memory: dict[str, tuple[int, ...]]) -> dict[str, tup
 
 
 def _kept_in_float32(model) -> dict[str, list[str]]:
-    """The in-memory names transformers loads in float32 whatever 16-bit dtype is asked for, by that dtype's
-    name: the model's `_keep_in_fp32_modules_strict` (and in float16 `_keep_in_fp32_modules` too), patterns
-    searched in each name with `*` for any text, as transformers' loader matches them."""
+    """The names transformers loads in float32 whatever 16-bit dtype is asked for, by that dtype's name: the
+    model's `_keep_in_fp32_modules_strict` (and in float16 `_keep_in_fp32_modules` too), patterns searched in each
+    name with `*` for any text, as transformers' loader matches them; each in memory and as saved (Nemotron-H's
+    router, `model.` in memory and `backbone.` as saved, is read by either name)."""
     import torch
 
-    names = list(model.state_dict())
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers < 5 saves in-memory names as they are
+        revert_weight_conversion = None
+    shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
+    names = list(shapes)
     kept = {}
     for dtype in (torch.bfloat16, torch.float16):
         plan = model._get_dtype_plan(dtype) if hasattr(model, "_get_dtype_plan") else {}
         found = [re.compile(p.replace("*", ".*")) for p, kept_as in plan.items() if kept_as == torch.float32]
         if matched := [n for n in names if any(f.search(n) for f in found)]:
+            if revert_weight_conversion is not None:
+                meta = {n: torch.empty(shapes[n], device="meta") for n in matched}
+                matched += [n for n in revert_weight_conversion(model, meta) if n not in matched]
             kept[str(dtype).removeprefix("torch.")] = matched
     return kept
 

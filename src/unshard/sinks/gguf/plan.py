@@ -4,6 +4,7 @@ config, and the header's metadata, from the family's GGUFPart (families/<family>
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,7 @@ def plan_gguf(
         hparams = part.as_the_converter_reads(hparams, where)
     if requested in kquants.MIXES:  # (a one-line error before anything is written, where no library computes them)
         kquants.library_path(requested)
-    arch = getattr(gguf.MODEL_ARCH, part.arch)
+    arch = getattr(gguf.MODEL_ARCH, (part.arch_by_config and part.arch_by_config(hparams)) or part.arch)
     file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
     ftype = (
         gguf.LlamaFileType.ALL_F32 if file_type == "f32" else getattr(gguf.LlamaFileType, "MOSTLY_" + file_type.upper())
@@ -223,8 +224,8 @@ def _llama_name(names, source: str, plan: GGUFPlan, where: Path, output: str, pa
     source = source.replace("language_model.", "").replace("e_score_correction_bias", "e_score_correction.bias")
     if part and part.dropped_prefix:
         source = source.removeprefix(part.dropped_prefix)
-    for end, renamed in part.renames if part else ():
-        source = source[: -len(end)] + renamed if source.endswith(end) else source
+    for pattern, renamed in part.renames if part else ():
+        source = re.sub(pattern, renamed, source)
     name = names.get_name(source, try_suffixes=(".weight", ".bias"))
     if name is None:
         raise ConfigMismatchError(
