@@ -35,9 +35,8 @@ def in_rows_of(band, width: int, negated: bool = False) -> tuple:
 def add_mamba2_sizes(writer, sizes: dict, kv_heads: int, attention: list[bool]) -> None:
     """The converter's GraniteHybridModel's keys after Granite MoE's: Mamba-2's sizes (conv, state, groups, inner,
     heads), the key-value heads of each attention layer (0 for the others: llama.cpp's sign of a recurrent layer, or
-    of Nemotron-H's MLP layers) over the model's count, and
-    rope turned off by the fine-tuned flag with a context of 2^20 over the config's (both keys rewritten in their
-    places, as gguf-py's writer does)."""
+    of Nemotron-H's MLP layers) over the model's count, and rope turned off by the fine-tuned flag with a context of
+    2^20 over the config's (both keys rewritten in their places, as gguf-py's writer does)."""
     writer.add_ssm_conv_kernel(sizes["conv"])
     writer.add_ssm_state_size(sizes["state"])
     writer.add_ssm_group_count(sizes["groups"])
