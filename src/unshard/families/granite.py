@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .gguf_hooks import llama_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY, llama_computed
-from .mamba2 import add_mamba2_sizes, mamba2_tensors
+from .mamba2 import add_mamba2_sizes, mamba2_checked, mamba2_tensors
 from .parts import (
     NO_TABLE,
     NOT_A_MOE_INPUT,
@@ -132,9 +132,8 @@ def granite_hybrid_hyperparameters(writer, hparams: dict, ftype, blocks: int, fo
 
 def granite_hybrid_checked(hparams: dict, where: Path) -> None:
     """What llama.cpp's granitehybrid would compute otherwise than transformers, or not load: rope (it turns rope off
-    where there are Mamba-2 layers), Mamba-2 widths other than twice the model's, a clamp of the time step, biases on
-    the Mamba-2 projections; and what it would not load: experts chosen where there are none, a vocabulary the
-    converter pads to a multiple of 8 past the embedding's rows."""
+    where there are Mamba-2 layers), Mamba-2 widths other than twice the model's; what it would not load: experts
+    chosen where there are none; and every hybrid's Mamba-2 checks (mamba2.mamba2_checked)."""
     granite_checked(hparams, where)
     recurrent = recurrent_layers(hparams)
     if not any(recurrent):
@@ -156,16 +155,6 @@ def granite_hybrid_checked(hparams: dict, where: Path) -> None:
             f"the model's width only{other_model}",
         ),
         (
-            tuple(hparams.get("time_step_limit") or (0.0, float("inf"))) != (0.0, float("inf")),
-            f"time_step_limit is {hparams.get('time_step_limit')}, and llama.cpp's granitehybrid clamps no time "
-            f"step{other_model}",
-        ),
-        (
-            bool(hparams.get("mamba_proj_bias")),
-            "mamba_proj_bias is set, and llama.cpp's granitehybrid has no biases on the Mamba-2 "
-            f"projections{other_model}",
-        ),
-        (
             dense and bool(hparams.get("num_experts_per_tok")),
             f"num_experts_per_tok is {hparams.get('num_experts_per_tok')} with no experts, and llama.cpp would not "
             "load the file; set it to 0, as Granite 4.0 H-Micro's config has it",
@@ -176,15 +165,11 @@ def granite_hybrid_checked(hparams: dict, where: Path) -> None:
             f"{hparams.get('shared_intermediate_size')}, and llama.cpp's granitehybrid takes the first for the second "
             "in a model without experts: it would not load the file; set intermediate_size to the MLP's width",
         ),
-        (
-            hparams["vocab_size"] % 8 != 0,
-            f"vocab_size is {hparams['vocab_size']}, which llama.cpp's converter pads to a multiple of 8 tokens past "
-            "the embedding's rows: llama.cpp would not load the file; serve this model with transformers or vLLM",
-        ),
     ]
     for refuse, why in refused:
         if refuse:
             raise ConfigMismatchError(f"{where}: {why}")
+    mamba2_checked(hparams, where, "granitehybrid")
 
 
 def granite_hybrid_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
+from ..errors import ConfigMismatchError
 from .gguf_hooks import gguf_quiet
 from .parts import Rearrangement, middle_axis_dropped, negated_exp, renamed_only
 
@@ -46,3 +48,25 @@ def add_mamba2_sizes(writer, sizes: dict, kv_heads: int, attention: list[bool]) 
         writer.add_head_count_kv([kv_heads if layer else 0 for layer in attention])
         writer.add_rope_scaling_finetuned(False)
         writer.add_context_length(2**20)
+
+
+def mamba2_checked(hparams: dict, where: Path, arch: str) -> None:
+    """What every hybrid family's llama.cpp model would compute otherwise than transformers' Mamba-2 layers, or not
+    load: a clamp of the time step, biases on the Mamba-2 projections, a vocabulary the
+    converter pads to a multiple of 8 tokens past the embedding's rows."""
+    other_model = "; serve this model with transformers or vLLM"
+    if tuple(hparams.get("time_step_limit") or (0.0, float("inf"))) != (0.0, float("inf")):
+        raise ConfigMismatchError(
+            f"{where}: time_step_limit is {hparams.get('time_step_limit')}, and llama.cpp's {arch} clamps no time "
+            f"step{other_model}"
+        )
+    if hparams.get("mamba_proj_bias"):
+        raise ConfigMismatchError(
+            f"{where}: mamba_proj_bias is set, and llama.cpp's {arch} has no biases on the Mamba-2 projections"
+            f"{other_model}"
+        )
+    if hparams["vocab_size"] % 8:
+        raise ConfigMismatchError(
+            f"{where}: vocab_size is {hparams['vocab_size']}, which llama.cpp's converter pads to a multiple of 8 "
+            f"tokens past the embedding's rows: llama.cpp would not load the file{other_model}"
+        )

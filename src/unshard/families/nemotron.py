@@ -19,7 +19,7 @@ from ..errors import ConfigMismatchError
 from .gguf_hooks import first_of, gguf_py, gguf_quiet, rope_parameters, text_hyperparameters
 from .granite import granitemoe_hyperparameters
 from .llama import TEXT_ONLY
-from .mamba2 import add_mamba2_sizes, mamba2_tensors
+from .mamba2 import add_mamba2_sizes, mamba2_checked, mamba2_tensors
 from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Rearrangement, Unsupported, no_trainer_model
 
 
@@ -128,10 +128,9 @@ def nemotron_h_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder
 
 
 def nemotron_h_checked(hparams: dict, where: Path) -> None:
-    """What llama.cpp's nemotron_h would compute otherwise than transformers, or not load: a sliding window, another
-    MLP activation than ReLU² or Mamba-2's than SiLU, a clamp of the time step, biases on the Mamba-2 projections, a
-    vocabulary the converter pads to a multiple of 8 past the embedding's rows; in a MoE model, MLP layers beside the
-    experts, or experts chosen within groups."""
+    """What llama.cpp's nemotron_h would compute otherwise than transformers: a sliding window, another MLP activation
+    than ReLU² or Mamba-2's than SiLU; in a MoE model, MLP layers beside the experts, or experts chosen within groups;
+    and every hybrid's Mamba-2 checks (mamba2.mamba2_checked)."""
     kinds = nemotron_h_layers(hparams)
     refused = [
         (hparams.get("sliding_window") is not None, f"sliding_window is {hparams.get('sliding_window')}"),
@@ -140,11 +139,6 @@ def nemotron_h_checked(hparams: dict, where: Path) -> None:
             hparams.get("mamba_hidden_act", "silu") != "silu",
             f"mamba_hidden_act is {hparams.get('mamba_hidden_act')!r}",
         ),
-        (
-            tuple(hparams.get("time_step_limit") or (0.0, float("inf"))) != (0.0, float("inf")),
-            f"time_step_limit is {hparams.get('time_step_limit')}",
-        ),
-        (bool(hparams.get("mamba_proj_bias")), "mamba_proj_bias is set"),
         (
             "moe" in kinds and "mlp" in kinds,
             "a MoE model with MLP layers (llama.cpp takes the experts' width for theirs)",
@@ -160,12 +154,7 @@ def nemotron_h_checked(hparams: dict, where: Path) -> None:
                 f"{where}: {what}, which llama.cpp's nemotron_h does not compute: it would compute another model; "
                 "serve this one with transformers or vLLM"
             )
-    if hparams["vocab_size"] % 8:
-        raise ConfigMismatchError(
-            f"{where}: vocab_size is {hparams['vocab_size']}, which llama.cpp's converter pads to a multiple of 8 "
-            "tokens past the embedding's rows: llama.cpp would not load the file; serve this model with transformers "
-            "or vLLM"
-        )
+    mamba2_checked(hparams, where, "nemotron_h")
 
 
 def nemotron_h_arch(hparams: dict) -> str | None:
