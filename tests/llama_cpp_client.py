@@ -3,7 +3,8 @@ the GGUF tests.
 
     python llama_cpp_client.py run MODEL.gguf 1,5,20,33 OUT.npz NEW [LORA.gguf]
 runs the file (with a LoRA adapter file applied, at scale 1, if given): OUT.npz gets `logits` (prompt length x
-vocabulary) and `greedy` (NEW token ids, each the argmax of the logits after the last).
+vocabulary) and `greedy` (NEW token ids, each the argmax of the logits after the last). Its keys and values are
+cached in f16, as llama.cpp's default, or in f32 where KV_CACHE=f32.
 
     python llama_cpp_client.py quantize IN.gguf OUT.gguf TYPE [OUTPUT_TYPE]
 is `llama-quantize [--output-tensor-type OUTPUT_TYPE] IN.gguf OUT.gguf TYPE` (TYPE: q4_0, q4_1, ..., q4_k_m), through
@@ -30,8 +31,16 @@ import numpy as np
 
 
 def run(path: str, prompt: list[int], out: str, new: int, lora: str | None = None) -> None:
+    cache = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}[os.environ.get("KV_CACHE", "f16")]
     llm = llama_cpp.Llama(
-        model_path=path, logits_all=True, n_ctx=len(prompt) + new, n_threads=1, verbose=False, lora_path=lora
+        model_path=path,
+        logits_all=True,
+        n_ctx=len(prompt) + new,
+        n_threads=1,
+        verbose=False,
+        lora_path=lora,
+        type_k=cache,
+        type_v=cache,
     )
     llm.eval(prompt)
     logits = np.array(llm.scores[: len(prompt)], dtype=np.float32)

@@ -195,9 +195,9 @@ LLAMA_CPP_TOLERANCE = {"f32": 1e-3, "f16": 2e-3, "bf16": 1e-2, "q8_0": 0.05}
 Q8_0_TOLERANCE = {"gptoss-fsdp2": 0.08}
 
 
-def llama_cpp_client(*args) -> None:
+def llama_cpp_client(*args, kv_cache: str = "f16") -> None:
     """tests/llama_cpp_client.py, run by llama.cpp itself: llama-cpp-python compiled from its source package
-    (a peer venv)."""
+    (a peer venv); kv_cache: the type its keys and values are cached in."""
     done = subprocess.run(
         [
             str(generate.peer_python("llamacpp-client")),
@@ -207,6 +207,7 @@ def llama_cpp_client(*args) -> None:
         capture_output=True,
         text=True,
         timeout=600,
+        env=dict(os.environ, KV_CACHE=kv_cache),
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -216,10 +217,15 @@ def llama_cpp():
     """Runs a GGUF file through llama.cpp: the prompt's logits and its greedy continuation."""
     import numpy as np
 
-    def run(gguf_file: Path, prompt: list[int], new: int, lora: Path | None = None) -> tuple[torch.Tensor, list[int]]:
-        """lora: an adapter file llama.cpp applies to the model."""
+    def run(
+        gguf_file: Path, prompt: list[int], new: int, lora: Path | None = None, kv_cache: str = "f16"
+    ) -> tuple[torch.Tensor, list[int]]:
+        """lora: an adapter file llama.cpp applies to the model; kv_cache: the type llama.cpp caches keys and values
+        in (its default f16 is further from a tiny random model's attention than f32's tolerance where the scores
+        are not scaled: Gemma 4's)."""
         out = gguf_file.with_name(gguf_file.stem + ("-with-" + lora.stem if lora else "") + ".npz")
-        llama_cpp_client("run", gguf_file, ",".join(map(str, prompt)), out, new, *([lora] if lora else []))
+        client_args = ("run", gguf_file, ",".join(map(str, prompt)), out, new, *([lora] if lora else []))
+        llama_cpp_client(*client_args, kv_cache=kv_cache)
         with np.load(out) as saved:
             return torch.from_numpy(saved["logits"]), saved["greedy"].tolist()
 
@@ -1178,6 +1184,28 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
             {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
             "rope type 'linear', and llama.cpp's converter writes EXAONE MoE without rope scaling",
         ),
+        # Gemma 4: other rope than its proportional one on the global layers, keys and values reused of other layers
+        # than llama.cpp reuses, per-layer embeddings for another vocabulary, a layer sized apart from its kind (which
+        # transformers refuses), and what Gemma 3 refuses as well
+        (
+            "gemma4-fsdp2",
+            {
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                }
+            },
+            "rope_parameters are not Gemma 4's (proportional rope on the global layers",
+        ),
+        ("gemma4-fsdp2", {"num_kv_shared_layers": 2}, "the last 2 layers reuse keys and values of layers other than"),
+        ("gemma4-fsdp2", {"vocab_size_per_layer_input": 50}, "per-layer embeddings for another vocabulary"),
+        (
+            "gemma4-fsdp2",
+            {"per_layer_config": {"2": {"head_dim": 32}, "5": {"head_dim": 64}}},
+            "transformers cannot build the model from it (Layer type 'full_attention' is not homogeneous",
+        ),
+        ("gemma4-fsdp2", {"hidden_activation": "silu"}, "hidden_activation is silu, and llama.cpp's gemma4 runs GELU"),
+        ("gemma4moe-fsdp2", {"attn_logit_softcapping": 50.0}, "which llama.cpp's gemma3 and gemma4 do not apply"),
         # a config of other experts (or key-value heads, StableLM's norm per head) than the checkpoint's
         (
             "stablelm-fsdp2",

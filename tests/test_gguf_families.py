@@ -166,14 +166,17 @@ def as_the_converter_writes_it(folder: Path, converter, tmp_path: Path, more: tu
     return contents(tmp_path / "f32.gguf")
 
 
-def assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path):
-    """llama.cpp computes the model's logits from unshard's f32 file (within LLAMA_CPP_TOLERANCE), and every K-quant
-    mix unshard writes is llama-quantize's of the converter's f32 file (as_the_converter_writes_it's)."""
+def assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(
+    folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path, kv_cache="f16", tolerance=LLAMA_CPP_TOLERANCE["f32"]
+):
+    """llama.cpp computes the model's logits from unshard's f32 file (within the tolerance, its keys and values cached
+    in kv_cache's type), and every K-quant mix unshard writes is llama-quantize's of the converter's f32 file
+    (as_the_converter_writes_it's)."""
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]
     expected = model(torch.tensor([prompt])).logits[0].detach()
-    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0)
+    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache=kv_cache)
     distance = ((logits - expected).norm() / expected.norm()).item()
-    assert distance <= LLAMA_CPP_TOLERANCE["f32"], distance
+    assert distance <= tolerance, distance
     assert_llama_quantize_mixes_it(folder, ggml_library, monkeypatch, tmp_path)
 
 
@@ -233,6 +236,84 @@ def test_granite_hybrid_without_experts_as_the_converter_and_llama_quantize_writ
     assert shapes["blk.1.ffn_down.weight"] == [256, 256] and "blk.1.ffn_down_shexp.weight" not in shapes
     assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(
         folder, model.float(), llama_cpp, ggml_library, monkeypatch, tmp_path
+    )
+
+
+# Gemma 4's layouts at rows of 256 (K-quants' blocks): E2B's and E4B's (per-layer embeddings, the last two layers
+# reusing the keys and values of the two before them, their MLPs twice as wide) and 26B-A4B's (fused experts beside
+# each MLP, the global layers with one key head and keys as values)
+GEMMA4_LAYOUTS = {
+    "e2b": dict(
+        hidden_size_per_layer_input=16, vocab_size_per_layer_input=100, num_kv_shared_layers=2, use_double_wide_mlp=True
+    ),
+    "26b-a4b": dict(
+        enable_moe_block=True,
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=256,
+        attention_k_eq_v=True,
+        num_global_key_value_heads=1,
+        hidden_size_per_layer_input=0,
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", GEMMA4_LAYOUTS)
+def test_gemma4_as_the_converter_and_llama_quantize_write_it(
+    layout, converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
+    """Gemma 4's text model as transformers writes it, with its tokenizer (a BPE with byte fallback, llama.cpp's
+    gemma4 tokenizer): sliding layers with heads of 128, global ones with heads of 256 (rope on a quarter: the
+    converter's rope_freqs), in llama.cpp's gemma4 the file equal to the converter's in f32, bf16 and q8_0 and to
+    llama-quantize's in the K-quant mixes (Gemma 4's projection into the per-layer embeddings left in f32); llama.cpp
+    computes transformers' logits from it (keys and values cached in f32: GEMMA4_F32_TOLERANCE says why)."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    config = Gemma4TextConfig(
+        vocab_size=100,
+        hidden_size=256,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=128,
+        global_head_dim=256,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        sliding_window=4,
+        final_logit_softcapping=30.0,
+        max_position_embeddings=256,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+        architectures=["Gemma4ForCausalLM"],
+        **GEMMA4_LAYOUTS[layout],
+    )
+    torch.manual_seed(0)
+    model = Gemma4ForCausalLM(config).to(torch.bfloat16)
+    random_norms_and_biases(model)
+    with torch.no_grad():  # (each layer's output scale, and the router's, away from their initial ones)
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith(("layer_scalar", "router.scale", "per_expert_scale")):
+                tensor.normal_(1.0, 0.1)
+    folder = tmp_path / "hf"
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(SHIPPED / "gemma4-fsdp2" / "global_step_1" / "actor" / "huggingface" / name, folder)
+    fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path)
+    assert fields["general.architecture"] == "gemma4" and fields["tokenizer.ggml.model"] == "gemma4"
+    assert fields["gemma4.attention.key_length"] == 256 and fields["gemma4.attention.key_length_swa"] == 128
+    shapes = {t[0]: t[2] for t in tensors}
+    assert shapes["rope_freqs.weight"] == [128]
+    if layout == "e2b":
+        assert fields["gemma4.feed_forward_length"] == [256, 256, 512, 512]
+        assert "blk.2.attn_k.weight" not in shapes and shapes["per_layer_token_embd.weight"] == [64, 100]
+    else:
+        assert fields["gemma4.attention.head_count_kv"] == [2, 1, 2, 1] and "blk.1.attn_v.weight" not in shapes
+        assert shapes["blk.0.ffn_gate_up_exps.weight"] == [256, 512, 4] and shapes["blk.0.ffn_down_exps.scale"] == [4]
+    # (the model as the folder has it: the bf16 model's buffers of constants, rounded to bf16, are not saved)
+    model = Gemma4ForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(
+        folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path, "f32", GEMMA4_F32_TOLERANCE
     )
 
 
@@ -546,6 +627,8 @@ DENSE = {
     "exaonemoe-fsdp2": "exaone-moe",
     "granitehybrid-fsdp2": "granitehybrid",
     "nemotronh-fsdp2": "nemotron_h",
+    "gemma4-fsdp2": "gemma4",
+    "gemma4moe-fsdp2": "gemma4",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
@@ -579,6 +662,13 @@ HUB_KEYS = {
 }
 
 
+# Gemma 4's attention scores are not scaled (its q and k are normed instead), and its logits magnify rounding: the tiny
+# models' logits in bf16 are 2e-2 to 1.4e-1 from f32's (f32's 2e-6 from f64's). llama.cpp's keys and values are cached
+# in f32 for it (f16's cache alone measures 1.5e-3 on a model f32's puts at 7.8e-4); llama.cpp's own arithmetic leaves
+# 1.0e-3 to 1.5e-3 (gemma4moe-fsdp2: 1.09e-3; 2e-4 with transformers' GELU fed and read as f16, as llama.cpp's table).
+GEMMA4_F32_TOLERANCE = 2e-3
+
+
 @pytest.mark.parametrize("case", DENSE)
 def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(case, converter, llama_cpp, tmp_path):
     """Read from verl's FSDP2 rank files, each family's f32 file is the converter's (of the folder unshard writes
@@ -608,9 +698,31 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]
     expected = model(torch.tensor([prompt])).logits[0].detach()
-    logits, _ = llama_cpp(ours, prompt, 0)
+    logits, _ = llama_cpp(ours, prompt, 0, kv_cache="f32" if DENSE[case] == "gemma4" else "f16")
     distance = ((logits - expected).norm() / expected.norm()).item()
-    assert distance <= LLAMA_CPP_TOLERANCE["f32"], distance
+    tolerance = GEMMA4_F32_TOLERANCE if DENSE[case] == "gemma4" else LLAMA_CPP_TOLERANCE["f32"]
+    assert distance <= tolerance, distance
+
+
+def test_a_gemma4_tokenizer_of_other_tokens_than_the_embedding_s_rows_is_one_line(tmp_path):
+    """A Gemma 4 tokenizer of a token more than the embedding has rows, or not a BPE with byte fallback: one line
+    before anything is written (llama.cpp refuses the file the converter would write of the first)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    src = SHIPPED / "gemma4-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    tokenizer = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken("<|tool_call>", special=True)])
+    tokenizer.save(str(tmp_path / "hf" / "tokenizer.json"))
+    gguf_out = unshard.OutputOptions(gguf="f32")
+    with pytest.raises(unshard.ConfigMismatchError, match="101 tokens for an embedding of 100 rows, which llama.cpp"):
+        unshard.convert(src, tmp_path / "m.gguf", config_from=tmp_path / "hf", output=gguf_out, progress=False)
+    shutil.copy(
+        SHIPPED / "qwen3moe-fsdp2" / "global_step_1" / "actor" / "huggingface" / "tokenizer.json", tmp_path / "hf"
+    )
+    with pytest.raises(unshard.ConfigMismatchError, match="a BPE without byte fallback, not a BPE with byte fallback"):
+        unshard.convert(src, tmp_path / "m.gguf", config_from=tmp_path / "hf", output=gguf_out, progress=False)
+    assert not (tmp_path / "m.gguf").exists()
 
 
 def test_a_tokenizer_without_the_special_tokens_glm4_names_is_one_line(tmp_path):

@@ -80,31 +80,43 @@ def _gemma_special_tokens(writer, folder: Path) -> None:
         special.add_to_gguf(writer, quiet=True)
 
 
-def gemma3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
-    """Gemma 3's text model, as the converter writes it: TextModel's fields (the global layers' rope base, the
-    sliding ones' as rope.freq_base_swa), with Gemma 3's defaults where the config lacks a value, then the final
-    soft cap and the sliding window. llama.cpp makes every sixth layer global and scales queries by head width:
-    a config otherwise is one line."""
-    where = folder / "config.json"
+GEMMA3_DEFAULTS = {
+    "max_position_embeddings": 131072,
+    "num_attention_heads": 8,
+    "rms_norm_eps": 1e-6,
+    "head_dim": 256,
+    "num_key_value_heads": 4,
+}
+
+
+def _with_gemma3_defaults(hparams: dict) -> dict:
+    return {**hparams, **{key: value for key, value in GEMMA3_DEFAULTS.items() if hparams.get(key) is None}}
+
+
+def gemma3_header(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """Gemma 3's header (Gemma 4's starts with it), as the converter writes it: TextModel's fields (the global
+    layers' rope base, the sliding ones' as rope.freq_base_swa), with Gemma 3's defaults where the config lacks a
+    value, then the final soft cap and the sliding window; a soft cap of the attention's scores is one line."""
     if hparams.get("attn_logit_softcapping") is not None:
         raise ConfigMismatchError(
-            f"{where}: attn_logit_softcapping is set, which llama.cpp's gemma3 does not apply; "
-            "serve this model with transformers or vLLM"
+            f"{folder / 'config.json'}: attn_logit_softcapping is set, which llama.cpp's gemma3 and gemma4 do not "
+            "apply; serve this model with transformers or vLLM"
         )
-    defaults = {
-        "max_position_embeddings": 131072,
-        "num_attention_heads": 8,
-        "rms_norm_eps": 1e-6,
-        "head_dim": 256,
-        "num_key_value_heads": 4,
-    }
-    hparams = {**hparams, **{key: value for key, value in defaults.items() if hparams.get(key) is None}}
-    check_query_scale(hparams, "gemma3", 62, where)
+    hparams = _with_gemma3_defaults(hparams)
     text_hyperparameters(writer, hparams, ftype, blocks, folder)
     if hparams.get("final_logit_softcapping"):
         writer.add_final_logit_softcapping(hparams["final_logit_softcapping"])
     if hparams.get("sliding_window_pattern") != 1:
         writer.add_sliding_window(hparams["sliding_window"])
+
+
+def gemma3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """Gemma 3's header. llama.cpp makes every sixth layer global and scales queries by head width: a config
+    otherwise is one line."""
+    where = folder / "config.json"
+    check_query_scale(_with_gemma3_defaults(hparams), "gemma3", 62, where)
+    gemma3_header(writer, hparams, ftype, blocks, folder)
+    if hparams.get("sliding_window_pattern") != 1:
         global_every_sixth = ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(blocks)]
         if hparams.get("layer_types") not in (None, global_every_sixth):
             raise ConfigMismatchError(

@@ -73,6 +73,11 @@ def rotary_dimensions(hparams: dict, rope: dict) -> int:
     return int(rope.get("partial_rotary_factor", 1.0) * hparams["hidden_size"]) // hparams["num_attention_heads"]
 
 
+# Rope types the converter writes as frequency factors of its own (a rope_freqs tensor, the family's `computed`)
+# rather than in the header: Llama 3's, and Gemma 4's proportional rope on part of a global layer's heads
+ROPE_BY_FACTORS = ("llama3", "proportional")
+
+
 def text_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path, expert_groups: bool = False) -> None:
     """The converter's TextModel's: sizes, heads, rope (linear and YaRN scaling), norm epsilon, head width.
     expert_groups: the family routes as llama.cpp does by the config's expert groups and gating function (DeepSeek's
@@ -113,7 +118,7 @@ def text_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
         ):
             if value is not None:
                 add(value)
-    elif rope_type not in (None, "default") and rope_type.lower() != "llama3":  # (llama3: _computed_tensors)
+    elif rope_type not in (None, "default") and rope_type.lower() not in ROPE_BY_FACTORS:
         raise ConfigMismatchError(
             f"{where}: rope type {rope_type!r} is not written as GGUF by unshard "
             "yet; write a folder and use llama.cpp's convert_hf_to_gguf.py"

@@ -25,6 +25,7 @@ from .parts import (
     GGUFPart,
     Rearrangement,
     Unsupported,
+    gate_then_up,
     no_trainer_model,
     renamed_only,
 )
@@ -102,12 +103,6 @@ def linear_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path
     apart = gate_and_up_apart(name, shape, hparams, where)
     stacks = {stack.replace(".mlp.experts.", ".block_sparse_moe.experts."): s for stack, s in apart.tensors.items()}
     return Rearrangement(stacks, apart.pieces, apart.rows_per_band)
-
-
-def gate_then_up(band) -> tuple:
-    """Each expert's rows as its gate's half and its up's."""
-    half = band.shape[-2] // 2
-    return band[..., :half, :], band[..., half:, :]
 
 
 def recurrent_layers(hparams: dict) -> list[bool]:

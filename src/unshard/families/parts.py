@@ -54,6 +54,13 @@ def renamed_only(band) -> tuple:
     return (band,)
 
 
+def gate_then_up(band) -> tuple:
+    """A Rearrangement's pieces for gate and up fused (gate's rows, then up's: Granite MoE's experts, Gemma 4's): each
+    expert's rows as its gate's half and its up's."""
+    half = band.shape[-2] // 2
+    return band[..., :half, :], band[..., half:, :]
+
+
 def middle_axis_dropped(band) -> tuple:
     """A Rearrangement's pieces for a tensor stored without its middle axis of one (a depthwise convolution's
     kernel)."""
@@ -91,7 +98,8 @@ class GGUFPart:
     # (hparams, where): refuses a config llama.cpp would compute otherwise than transformers (Qwen MoE's routing,
     # SmolLM3's layers without rotary embeddings)
     check_config: Callable[..., None] | None = None
-    vocabulary: str = "auto"  # auto: SentencePiece where there is a tokenizer.model, else BPE; bpe: tokenizer.json only
+    # auto: SentencePiece where there is a tokenizer.model, else BPE; bpe: tokenizer.json only; gemma4: Gemma 4's
+    vocabulary: str = "auto"
     llama_vocabulary: bool = False  # the converter's LlamaModel's vocabulary: its space prefix
     phi3_tokens: bool = False  # (Phi-3's tokenizer, as the converter reads it)
     # (name, shape, hparams, where) -> how the converter stores that tensor otherwise than as it is, or None

@@ -41,11 +41,7 @@ def _built_on_meta(config_folder: Path, config: dict, updates: dict) -> Any:
                 },
             )
     except Exception as e:  # (a value of the wrong type or out of range: transformers' config classes check them)
-        why = str(e).strip().splitlines()[0].rstrip(":") if str(e).strip() else type(e).__name__
-        raise ConfigMismatchError(
-            f"{config_folder / 'config.json'}: transformers cannot read it ({why}); fix it or pass "
-            "--config-from the model's own folder"
-        ) from None
+        raise _unreadable(config_folder, "read it", e) from None
     architectures = updates.get("architectures") or config.get("architectures") or []
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None and updates.get("architectures"):
@@ -53,12 +49,25 @@ def _built_on_meta(config_folder: Path, config: dict, updates: dict) -> Any:
     import torch
 
     with torch.device("meta"):
-        if model_class is not None:
+        if model_class is None:
+            try:  # a config saved without `architectures`: the causal LM of its model_type
+                return transformers.AutoModelForCausalLM.from_config(hf_config)
+            except ValueError:
+                return None
+        try:
             return model_class._from_config(hf_config)
-        try:  # a config saved without `architectures`: the causal LM of its model_type
-            return transformers.AutoModelForCausalLM.from_config(hf_config)
-        except ValueError:
-            return None
+        except Exception as e:  # (values its config class takes and its model cannot be built with: Gemma 4's rope)
+            raise _unreadable(config_folder, "build the model from it", e) from None
+
+
+def _unreadable(config_folder: Path, what: str, e: Exception) -> ConfigMismatchError:
+    why = str(e).strip().splitlines()[0].rstrip(":") if str(e).strip() else type(e).__name__
+    if isinstance(e, LookupError):  # (a KeyError says the key alone)
+        why = f"{type(e).__name__}: {why}"
+    return ConfigMismatchError(
+        f"{config_folder / 'config.json'}: transformers cannot {what} ({why}); fix it or pass "
+        "--config-from the model's own folder"
+    )
 
 
 def rebuild_computed_modules(model: Any) -> None:

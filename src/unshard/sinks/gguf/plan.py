@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import dtypes, families
 from ...errors import ConfigMismatchError, UnshardError
-from ...families.gguf_hooks import first_of, gguf_py, rope_parameters, text_hyperparameters
+from ...families.gguf_hooks import ROPE_BY_FACTORS, first_of, gguf_py, rope_parameters, text_hyperparameters
 from ...families.parts import GGUFPart, Rearrangement
 from ...types import OutputTensor
 from . import kquants, vision
@@ -161,7 +161,9 @@ def _plan_tensors(
         shapes = [
             rearranged[o.name][1] if o.name in rearranged else {name: o.shape} for o, name in zip(ordered, llama_names)
         ]
-        quantized = {name: shape[-1] for each in shapes for name, shape in each.items() if _quantized(name, shape)}
+        quantized = {
+            name: shape[-1] for each in shapes for name, shape in each.items() if _quantized(name, shape, file_type)
+        }
         # (a file with one key-value head, as llama.cpp's deepseek2 computes latent attention: MQA)
         model = kquants.Model(plan.architecture, blocks, heads, 1 if part.one_kv_head else kv_heads, experts)
         mixed = kquants.choose_types(file_type, model, sorted(quantized.items(), key=lambda t: _in_blocks(t[0])))
@@ -226,7 +228,7 @@ def _llama_name(names, source: str, plan: GGUFPlan, where: Path, output: str, pa
         source = source.removeprefix(part.dropped_prefix)
     for pattern, renamed in part.renames if part else ():
         source = re.sub(pattern, renamed, source)
-    name = names.get_name(source, try_suffixes=(".weight", ".bias"))
+    name = names.get_name(source, try_suffixes=(".weight", ".bias", ".scale"))
     if name is None:
         raise ConfigMismatchError(
             f"{where}: the tensor {output} has no name in llama.cpp's {plan.architecture} model; llama.cpp cannot "
@@ -288,11 +290,19 @@ def _in_blocks(name: str) -> tuple[int, str]:
     return (int(name.split(".")[1]) if name.startswith("blk.") else -1, name)
 
 
-def _quantized(name: str, shape: tuple[int, ...]) -> bool:
-    """Whether llama.cpp quantizes a tensor of this name and shape: not vectors, norms, MoE routers or a recurrent
-    layer's convolution kernel (f32)."""
+# Parts of names llama.cpp keeps in f32 whatever the type (MoE routers, a recurrent layer's convolution kernel), and
+# those llama-quantize alone leaves as the converter's f32 file has them (Gemma 4's projection into the per-layer
+# embeddings, "not too big")
+KEPT_IN_F32 = ("ffn_gate_inp", "ssm_conv1d")
+NOT_REQUANTIZED = ("per_layer_model_proj",)
+
+
+def _quantized(name: str, shape: tuple[int, ...], file_type: str) -> bool:
+    """Whether llama.cpp quantizes a tensor of this name and shape into a file of this type: not vectors, norms or
+    KEPT_IN_F32 (nor NOT_REQUANTIZED, into llama-quantize's types)."""
     vector_or_norm = len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
-    return not vector_or_norm and "ffn_gate_inp" not in name and "ssm_conv1d" not in name
+    kept = (*KEPT_IN_F32, *(NOT_REQUANTIZED if file_type in QUANTIZED else ()))
+    return not vector_or_norm and not any(part in name for part in kept)
 
 
 def gguf_type(
@@ -309,7 +319,7 @@ def gguf_type(
     should tell (or None)."""
     gguf = gguf_py()
     legacy, tensor_type, note = plan.file_type in LEGACY, qtype, None
-    if not _quantized(name, shape):  # (what llama.cpp keeps in f32: the routers too)
+    if not _quantized(name, shape, plan.file_type):  # (what llama.cpp keeps in f32: the routers too)
         return gguf.GGMLQuantizationType.F32, None
     if mixed:
         return getattr(gguf.GGMLQuantizationType, mixed[0]), mixed[1]
@@ -338,13 +348,14 @@ def _computed_tensors(plan: GGUFPlan, hparams: dict, part: GGUFPart, head_dim: i
     _, rope = rope_parameters(hparams)
     if part.computed:
         plan.computed.update(part.computed(plan.writer, hparams, rope, head_dim, where))
-    if str(rope.get("rope_type")).lower() == "llama3" and "rope_freqs.weight" not in plan.computed:
+    rope_type = str(rope.get("rope_type")).lower()
+    if rope_type in ROPE_BY_FACTORS and "rope_freqs.weight" not in plan.computed:
         raise ConfigMismatchError(
-            f"{where}: rope type 'llama3' on a {plan.architecture} model, which llama.cpp's "
+            f"{where}: rope type {rope_type!r} on a {plan.architecture} model, which llama.cpp's "
             "converter does not write; write a folder and use llama.cpp's convert_hf_to_gguf.py"
         )
     for i, name in enumerate(plan.computed):  # (before every other tensor; llama-quantize's order is by name)
-        plan.positions[name] = (-1, name) if plan.file_type in LEGACY else ("", i)
+        plan.positions[name] = _in_blocks(name) if plan.file_type in QUANTIZED else ("", i)
     plan.computed = {name: np.asarray(values, dtype=np.float32) for name, values in plan.computed.items()}
 
 
@@ -386,7 +397,7 @@ def _metadata(
         folder,
         part.llama_vocabulary,
         phi3=part.phi3_tokens,
-        bpe=part.vocabulary == "bpe",
+        kind=part.vocabulary,
         special_tokens=part.special_tokens,
     )
     if part.after_vocabulary:

@@ -18,17 +18,21 @@ def write_vocabulary(
     folder: Path,
     llama: bool,
     phi3: bool = False,
-    bpe: bool = False,
+    kind: str = "auto",
     special_tokens: tuple[tuple[str, str], ...] = (),
 ) -> str:
     """The vocabulary as the converter writes it: from a SentencePiece model (tokenizer.model) where there is
-    one, else from a byte-level BPE tokenizer.json; a `bpe` model's (Qwen's MoE ones, GLM's) from tokenizer.json
-    alone, with the family's special tokens by their text. Says which."""
+    one, else from a byte-level BPE tokenizer.json; a `bpe` kind's (Qwen's MoE models', GLM's) from tokenizer.json
+    alone, with the family's special tokens by their text; a `gemma4` kind's from tokenizer.json's BPE with byte
+    fallback. Says which."""
     tokenizer_config = json_or_empty(folder / "tokenizer_config.json")
     if llama and tokenizer_config.get("add_prefix_space") is not None:
         writer.add_add_space_prefix(tokenizer_config["add_prefix_space"])
+    if kind == "gemma4":
+        size = _gemma4_vocabulary(writer, hparams, folder)
+        return f"{size} tokens from tokenizer.json (Gemma 4's BPE with byte fallback)"
     # (Phi-4's tokenizer, as the converter reads it; Qwen's MoE models, whose converter reads no other)
-    if bpe or phi3 and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer":
+    if kind == "bpe" or phi3 and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer":
         size, pre = _bpe_vocabulary(writer, hparams, folder, special_tokens)
         said = f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
     elif (folder / "tokenizer.model").is_file():
@@ -120,6 +124,60 @@ def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_con
     writer.add_token_types(kinds)
     special_vocab(folder, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
     return size
+
+
+# Gemma 4's tokens of its chat format that llama.cpp shows as text (the converter marks them user-defined), so that a
+# chat parser reads them
+GEMMA4_VISIBLE_TOKENS = (
+    "<|channel>",
+    "<channel|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|tool_response>",
+    "<tool_response|>",
+    '<|"|>',
+)
+
+
+def _gemma4_vocabulary(writer, hparams: dict, folder: Path) -> int:
+    """Gemma 4's vocabulary as the converter writes it (llama.cpp's `gemma4` tokenizer): gguf-py's LlamaHfVocab of
+    tokenizer.json (a BPE with byte fallback, read through transformers), its chat tokens shown as text, the merges,
+    no space prefix, a start token. Its tokens are as many as the embedding's rows, or llama.cpp refuses the file."""
+    gguf = gguf_py()
+    path = folder / "tokenizer.json"
+    described = read_json(path, "pass --config-from a folder with the model's tokenizer", ConfigMismatchError)
+    model, decoder = described.get("model") or {}, described.get("decoder") or {}
+    if model.get("type") != "BPE" or not model.get("byte_fallback") or decoder.get("type") != "Sequence":
+        kind = "a BPE without byte fallback" if model.get("type") == "BPE" else f"a {model.get('type')} model"
+        raise ConfigMismatchError(
+            f"{path}: {kind}, not a BPE with byte fallback as Gemma 4's, which llama.cpp's gemma4 tokenizer reads; "
+            "pass --config-from a folder with the model's own tokenizer"
+        )
+    try:
+        with known.transformers_quiet():
+            vocab = gguf.LlamaHfVocab(folder)
+    except Exception as e:  # (transformers raises many kinds on a broken tokenizer folder)
+        raise ConfigMismatchError(
+            f"{path}: transformers cannot read the tokenizer ({type(e).__name__}: {str(e)[:120]}); restore it"
+        ) from None
+    tokens, scores, kinds = [], [], []
+    for text, score, kind in vocab.all_tokens():
+        tokens.append(text)
+        scores.append(score)
+        kinds.append(gguf.TokenType.USER_DEFINED if text.decode() in GEMMA4_VISIBLE_TOKENS else kind)
+    if len(tokens) != hparams["vocab_size"]:
+        raise ConfigMismatchError(
+            f"{path}: {len(tokens)} tokens for an embedding of {hparams['vocab_size']} rows, which llama.cpp "
+            "refuses; pass --config-from the folder the model was trained with"
+        )
+    writer.add_tokenizer_model("gemma4")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(kinds)
+    special_vocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
+    writer.add_add_space_prefix(False)
+    writer.add_add_bos_token(True)
+    return len(tokens)
 
 
 # llama.cpp's names of the byte-level BPE pre-tokenizers it implements, by the splits that tokenizer.json's

@@ -1,0 +1,159 @@
+"""Gemma 4's text model (Gemma4ForCausalLM): Gemma 3's layout with norms applied as they are, sliding-window and
+global layers of head widths of their own (the global ones with keys as values where attention_k_eq_v, and rope on
+part of each head), each layer's output scaled; E2B's and E4B's per-layer embeddings and last layers reusing earlier
+layers' keys and values; 26B-A4B's fused experts beside the MLP, behind a router with scales of its own. llama.cpp's
+gemma4, whose converter writes Gemma 3's header with Gemma 4's after it, rope on part of a global head as frequency
+factors, and the vocabulary as llama.cpp's gemma4 tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigMismatchError
+from .gemma import DENSE_ONLY, MEGATRON, gemma3_header
+from .gguf_hooks import first_of, rope_parameters
+from .llama import SIBLINGS, TEXT_ONLY
+from .parts import NO_TABLE, Family, GGUFPart, Rearrangement, gate_then_up, no_trainer_model, renamed_only
+
+SLIDING, GLOBAL = "sliding_attention", "full_attention"
+
+
+def global_attention(hparams: dict) -> tuple[int | None, int | None]:
+    """The global layers' head width and key-value heads, as the converter finds them: the config's own keys (the
+    Hub's), else the first global layer's per_layer_config (transformers 5 saves them so); None where neither says."""
+    layer_types, per_layer = hparams.get("layer_types") or [], hparams.get("per_layer_config") or {}
+    first_global = next(
+        (each for i, each in per_layer.items() if int(i) < len(layer_types) and layer_types[int(i)] == GLOBAL), {}
+    )
+    head_dim = hparams.get("global_head_dim") or first_global.get("head_dim")
+    kv_heads = hparams.get("num_global_key_value_heads") or first_global.get("num_key_value_heads")
+    return head_dim, kv_heads
+
+
+def gemma4_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's Gemma4Model's header: Gemma 3's, then the layers sharing keys and values, the per-layer
+    embeddings' width, which layers slide, each kind's head width, the experts' width, a wider MLP where layers share
+    keys and values (use_double_wide_mlp), each layer's key-value heads where the global ones have their own count,
+    and the rotated dimensions (a global head whole: its rope_freqs leave the rest unturned)."""
+    gemma3_header(writer, hparams, ftype, blocks, folder)
+    shared = hparams["num_kv_shared_layers"]
+    writer.add_shared_kv_layers(shared)
+    writer.add_embedding_length_per_layer_input(hparams.get("hidden_size_per_layer_input") or 0)
+    sliding = [kind == SLIDING for kind in hparams["layer_types"]]
+    writer.add_sliding_window_pattern(sliding)
+    global_head_dim, global_kv_heads = global_attention(hparams)
+    writer.add_key_length(global_head_dim)
+    writer.add_value_length(global_head_dim)
+    writer.add_key_length_swa(hparams["head_dim"])
+    writer.add_value_length_swa(hparams["head_dim"])
+    if (expert_width := first_of(hparams, "expert_intermediate_size", "moe_intermediate_size")) is not None:
+        writer.add_expert_feed_forward_length(expert_width)
+    if hparams.get("use_double_wide_mlp"):
+        width, first_shared = hparams["intermediate_size"], blocks - shared
+        writer.add_feed_forward_length([width if i < first_shared else width * 2 for i in range(blocks)])
+    if global_kv_heads is not None and hparams.get("num_key_value_heads") is not None:
+        writer.add_head_count_kv([hparams["num_key_value_heads"] if s else global_kv_heads for s in sliding])
+    writer.add_rope_dimension_count(global_head_dim)
+    writer.add_rope_dimension_count_swa(hparams["head_dim"])
+
+
+def gemma4_rope_factors(writer, hparams: dict, rope: dict, head_dim: int, where: Path) -> dict[str, list[float]]:
+    """The global layers' proportional rope as llama.cpp turns a whole head (NeoX's halves): the frequencies of the
+    rotated part as they are, the others divided by 1e30, so that those dimensions stay where they are."""
+    global_head_dim, _ = global_attention(hparams)
+    rotated = int(global_head_dim * rope["partial_rotary_factor"] / 2)
+    return {"rope_freqs.weight": [1.0] * rotated + [1e30] * (global_head_dim // 2 - rotated)}
+
+
+def gemma4_checked(hparams: dict, where: Path) -> None:
+    """A config llama.cpp's gemma4 would compute otherwise than transformers (or not load) is one line."""
+    refusal = _gemma4_refusal(hparams)
+    if refusal:
+        raise ConfigMismatchError(f"{where}: {refusal}")
+
+
+def _gemma4_refusal(hparams: dict) -> str | None:
+    layers, layer_types = hparams["num_hidden_layers"], hparams.get("layer_types") or []
+    serve = "serve this model with transformers or vLLM"
+    if len(layer_types) != layers:
+        return f"layer_types lists {len(layer_types)} layers of {layers}; pass --config-from the model's own folder"
+    rope_by_layer, _ = rope_parameters(hparams)
+    global_rope, sliding_rope = rope_by_layer.get(GLOBAL) or {}, rope_by_layer.get(SLIDING) or {}
+    if global_rope.get("rope_type") != "proportional" or sliding_rope.get("rope_type", "default") != "default":
+        return (
+            "rope_parameters are not Gemma 4's (proportional rope on the global layers, the default on the sliding "
+            f"ones), the only ones llama.cpp's gemma4 turns; {serve}"
+        )
+    if sliding_rope.get("partial_rotary_factor", 1.0) != 1.0:
+        return f"the sliding layers' rope turns part of a head, which llama.cpp's gemma4 turns whole; {serve}"
+    # (a layer of per_layer_config sized apart from the others of its kind transformers refuses to build)
+    if global_attention(hparams)[0] is None:
+        return "no head width of the global layers (global_head_dim); pass --config-from the model's own folder"
+    shared = hparams.get("num_kv_shared_layers") or 0
+    first_shared = layers - shared
+    reused = layer_types[first_shared - 2 : first_shared] if first_shared >= 2 else []
+    if shared and reused != [SLIDING, GLOBAL]:
+        return (
+            f"the last {shared} layers reuse keys and values of layers other than a global layer just before them and "
+            f"a sliding one before that, the only ones llama.cpp's gemma4 reuses; {serve}"
+        )
+    per_layer_vocabulary = hparams.get("vocab_size_per_layer_input")
+    if hparams.get("hidden_size_per_layer_input") and per_layer_vocabulary != hparams["vocab_size"]:
+        return (
+            "per-layer embeddings for another vocabulary than the model's (vocab_size_per_layer_input), which "
+            f"llama.cpp's gemma4 does not load; {serve}"
+        )
+    if hparams.get("attention_bias"):
+        return f"attention_bias is set, which llama.cpp's gemma4 has no tensors for; {serve}"
+    if hparams.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        return f"hidden_activation is {hparams['hidden_activation']}, and llama.cpp's gemma4 runs GELU (tanh); {serve}"
+    if hparams.get("use_bidirectional_attention") == "all":
+        return f"attention is bidirectional (use_bidirectional_attention), and llama.cpp's gemma4 causal; {serve}"
+    return None
+
+
+def linear_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """26B-A4B's fused experts as llm-compressor makes Linear layers of them before quantizing: each expert's gate_proj
+    and up_proj (gate_up_proj's rows: gate's, then up's) and its down_proj, stacked one expert after the other."""
+    if name.endswith(".experts.down_proj"):
+        return Rearrangement({name + ".weight": shape}, renamed_only)
+    if not name.endswith(".experts.gate_up_proj"):
+        return None
+    experts, both, hidden = shape
+    halves = (experts, both // 2, hidden)
+    stack = name.removesuffix("gate_up_proj")
+    return Rearrangement({stack + "gate_proj.weight": halves, stack + "up_proj.weight": halves}, gate_then_up)
+
+
+# the converter's renames: Gemma 4's names without `.weight` (the layer's scale, the fused experts) with it, and the
+# router's scales as llama.cpp's (of its input, and each expert's output as its down projection's)
+RENAMES = (
+    (r"\.layer_scalar$", ".layer_scalar.weight"),
+    (r"\.experts\.(gate_up_proj|down_proj)$", r".experts.\1.weight"),
+    (r"\.router\.scale$", ".router.proj.scale"),
+    (r"\.router\.per_expert_scale$", ".experts.down_proj.scale"),
+)
+GEMMA4 = GGUFPart(
+    "GEMMA4",
+    hyperparameters=gemma4_hyperparameters,
+    computed=gemma4_rope_factors,
+    check_config=gemma4_checked,
+    vocabulary="gemma4",
+    renames=RENAMES,
+)
+
+FAMILIES = (
+    Family(
+        "Gemma 4 (text)",
+        "gemma4_text",
+        "Gemma4ForCausalLM",
+        tensors=NO_TABLE,
+        megatron=MEGATRON,
+        **no_trainer_model("Gemma 4"),
+        fused_siblings=SIBLINGS,
+        gguf=GEMMA4,
+        mmproj=TEXT_ONLY,
+        moe_layout=DENSE_ONLY,
+        linearized=linear_experts,
+    ),
+)
