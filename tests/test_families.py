@@ -238,6 +238,7 @@ TESTED = {
         "gemma3_text": "gemma3-fsdp2-spm",
         "gemma3": "gemma3vl-fsdp2-spm",
         "gemma4_text": "gemma4-fsdp2",
+        "gemma4": "gemma4vl-fsdp2",
         "phi3": "phi3-fsdp2-spm",
         "mixtral": "mixtral8-fsdp2-spm",
         "qwen2_moe": "qwen2moe-fsdp2",

@@ -629,6 +629,7 @@ DENSE = {
     "nemotronh-fsdp2": "nemotron_h",
     "gemma4-fsdp2": "gemma4",
     "gemma4moe-fsdp2": "gemma4",
+    "gemma4vl-fsdp2": "gemma4",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);

@@ -11,9 +11,18 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gemma import DENSE_ONLY, MEGATRON, gemma3_header
-from .gguf_hooks import first_of, rope_parameters
+from .gguf_hooks import first_of, gguf_quiet, rope_parameters
 from .llama import SIBLINGS, TEXT_ONLY
-from .parts import NO_TABLE, Family, GGUFPart, Rearrangement, gate_then_up, no_trainer_model, renamed_only
+from .parts import (
+    NO_TABLE,
+    Family,
+    GGUFPart,
+    Rearrangement,
+    Unsupported,
+    gate_then_up,
+    no_trainer_model,
+    renamed_only,
+)
 
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
 
@@ -36,6 +45,11 @@ def gemma4_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Pa
     keys and values (use_double_wide_mlp), each layer's key-value heads where the global ones have their own count,
     and the rotated dimensions (a global head whole: its rope_freqs leave the rest unturned)."""
     gemma3_header(writer, hparams, ftype, blocks, folder)
+    with gguf_quiet():  # (the keys the converter writes again, over Gemma 3's: gguf-py warns of each)
+        _gemma4_header(writer, hparams, blocks)
+
+
+def _gemma4_header(writer, hparams: dict, blocks: int) -> None:
     shared = hparams["num_kv_shared_layers"]
     writer.add_shared_kv_layers(shared)
     writer.add_embedding_length_per_layer_input(hparams.get("hidden_size_per_layer_input") or 0)
@@ -140,6 +154,7 @@ GEMMA4 = GGUFPart(
     check_config=gemma4_checked,
     vocabulary="gemma4",
     renames=RENAMES,
+    towers=r"^model\.(vision_tower|embed_vision|audio_tower|embed_audio)\.",
 )
 
 FAMILIES = (
@@ -153,6 +168,19 @@ FAMILIES = (
         fused_siblings=SIBLINGS,
         gguf=GEMMA4,
         mmproj=TEXT_ONLY,
+        moe_layout=DENSE_ONLY,
+        linearized=linear_experts,
+    ),
+    Family(
+        "Gemma 4",
+        "gemma4",
+        "Gemma4ForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=MEGATRON,
+        **no_trainer_model("Gemma 4"),
+        fused_siblings=SIBLINGS,
+        gguf=GEMMA4,
+        mmproj=Unsupported("Gemma 4's vision and audio towers are not written as an mmproj file yet"),
         moe_layout=DENSE_ONLY,
         linearized=linear_experts,
     ),

@@ -122,6 +122,9 @@ class GGUFPart:
     # (hparams) -> gguf.MODEL_ARCH's member where the converter chooses by the config (Nemotron-H's with experts), else
     # None: `arch`
     arch_by_config: Callable[[dict], str | None] | None = None
+    # a regular expression matching a vision-language model's towers (by the output's names) where unshard writes no
+    # mmproj file of them (Gemma 4's vision and audio towers): left out of the text model's file, as the converter does
+    towers: str | None = None
 
 
 @dataclass(frozen=True)

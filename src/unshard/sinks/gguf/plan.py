@@ -73,8 +73,8 @@ def plan_gguf(
     if families.supports(family, "mmproj"):  # the text model here, the vision part in the mmproj file
         vision_outputs = [o for o in outputs if vision.is_vision(o.name, family.mmproj)]
         outputs = [o for o in outputs if not vision.is_vision(o.name, family.mmproj)]
-        # (as the converter reads a text model's; the vision_config stays, for the mmproj)
-        hparams = {**hparams, **(hparams.get("text_config") or {})}
+    # (a vision-language model's text model, as the converter reads it; the vision_config stays, for the mmproj)
+    hparams = {**hparams, **(hparams.get("text_config") or {})}
     sizes = {key: first_of(hparams, *names) for key, names in SIZE_NAMES.items()}
     hparams = {**{key: size for key, size in sizes.items() if size is not None}, **hparams}
     if part.as_the_converter_reads:
@@ -92,7 +92,7 @@ def plan_gguf(
         part.check_config(hparams, where)
     head_dim = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
     blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
-    outputs = _without_layers_past(plan, outputs, blocks)
+    outputs = _without_layers_past(plan, _without_towers(plan, outputs, family), blocks)
     parameters = _plan_tensors(plan, outputs, hparams, part, arch, head_dim, experts, blocks, where)
     _computed_tensors(plan, hparams, part, head_dim, where)
     plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, blocks, part)
@@ -205,6 +205,21 @@ def _plan_tensors(
         else:
             plan.positions[name] = (output.name,)
     return _parameter_counts(file_shapes)
+
+
+def _without_towers(plan: GGUFPlan, outputs: list[OutputTensor], family) -> list[OutputTensor]:
+    """The outputs but a vision-language model's towers where unshard writes no mmproj file of them (part.towers:
+    Gemma 4's), which the converter's text model leaves out too, in plan.left_out, with a note."""
+    if not family.gguf.towers:
+        return outputs
+    towers = {o.name for o in outputs if re.match(family.gguf.towers, o.name)}
+    if towers:
+        plan.left_out.update(towers)
+        plan.notes.append(
+            f"{len(towers)} tensors of the vision and audio towers left out, as llama.cpp's converter leaves them out "
+            f"of the text model's file; no mmproj file of them ({family.mmproj.reason})"
+        )
+    return [o for o in outputs if o.name not in towers]
 
 
 def _without_layers_past(plan: GGUFPlan, outputs: list[OutputTensor], blocks: int) -> list[OutputTensor]:
