@@ -1160,7 +1160,7 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         # experts chosen where there are none
         ("granitehybrid-fsdp2", {"position_embedding_type": "rope"}, "position_embedding_type is rope, and llama.cpp"),
         ("granitehybrid-fsdp2", {"time_step_limit": [0.0, 10.0]}, "llama.cpp's granitehybrid clamps no time step"),
-        ("granitehybrid-fsdp2", {"layer_types": ["attention"] * 4}, "no Mamba-2 layer in layer_types"),
+        ("granitehybrid-fsdp2", {"layer_types": ["attention"] * 4}, "in a model of attention layers alone, which"),
         ("granitehybrid-fsdp2", {"vocab_size": 100}, "vocab_size is 100, which llama.cpp's converter pads"),
         ("granitehybrid-fsdp2", {"num_local_experts": 0}, "num_experts_per_tok is 2 with no experts"),
         # Nemotron-H: a sliding window, another activation, a vocabulary the converter pads; latent experts (not yet),

@@ -239,6 +239,52 @@ def test_granite_hybrid_without_experts_as_the_converter_and_llama_quantize_writ
     )
 
 
+@pytest.mark.parametrize("experts", [0, 4], ids=["micro", "with-experts"])
+def test_granite_4_of_attention_layers_alone_as_the_converter_writes_it(
+    experts, converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
+    """Granite 4.0 Micro's layout (GraniteMoeHybridForCausalLM without Mamba-2 layers: attention with rope, the shared
+    expert as each layer's MLP), rows of 256, which the converter writes as llama.cpp's granite (granitemoe with
+    experts): Granite's header with Mamba-2's sizes after it, every layer's key-value heads, rope on; q and k rows
+    reordered as for Llama; no vocabulary padding. The file is the converter's in f32, bf16 and q8_0 and
+    llama-quantize's in the K-quant mixes; llama.cpp computes transformers' logits from it."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    config = GraniteMoeHybridConfig(
+        vocab_size=63,  # (the fixtures' tokenizer: the converter pads no vocabulary without Mamba-2 layers)
+        hidden_size=256,
+        intermediate_size=256,
+        shared_intermediate_size=256,
+        num_local_experts=experts,
+        num_experts_per_tok=2 if experts else 0,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["attention", "attention"],
+        position_embedding_type="rope",
+        embedding_multiplier=3.0,
+        attention_multiplier=0.1,
+        residual_multiplier=0.5,
+        logits_scaling=2.0,
+        max_position_embeddings=256,
+        architectures=["GraniteMoeHybridForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = GraniteMoeHybridForCausalLM(config).to(torch.bfloat16)
+    random_norms_and_biases(model)
+    folder = saved_with_tokenizer(model, tmp_path)
+    saved = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**saved, "layer_types": ["attention", "attention"]}))
+    fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path)
+    arch = "granitemoe" if experts else "granite"
+    assert fields["general.architecture"] == arch and fields[f"{arch}.attention.head_count_kv"] == [2, 2]
+    assert fields[f"{arch}.rope.scaling.finetuned"] is True and fields[f"{arch}.context_length"] == 256
+    shapes = {t[0]: t[2] for t in tensors}
+    assert ("blk.0.ffn_up_exps.weight" in shapes) == bool(experts) and "blk.0.ssm_a" not in shapes
+    model = GraniteMoeHybridForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
+
+
 # Gemma 4's layouts at rows of 256 (K-quants' blocks): E2B's and E4B's (per-layer embeddings, the last two layers
 # reusing the keys and values of the two before them, their MLPs twice as wide) and 26B-A4B's (fused experts beside
 # each MLP, the global layers with one key head and keys as values)

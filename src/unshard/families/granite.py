@@ -8,14 +8,16 @@ Granite 4.0's hybrids (`GraniteMoeHybridForCausalLM`, granite-4.0-h): Granite Mo
 place of attention in most of them (or the shared expert alone as the MLP), without rope; llama.cpp's granitehybrid,
 whose converter is Granite MoE's with Mamba-2's tensors as its Mamba2Model stores them (A = -exp(A_log), A and D as
 columns, the convolution's kernel 2-D, the gated norm's weight a row per group) and a header of both (the attention's
-key-value heads per layer, 0 where a layer is recurrent)."""
+key-value heads per layer, 0 where a layer is recurrent). Granite 4.0 of attention layers alone (granite-4.0-micro,
+with rope), which the converter writes as llama.cpp's granite (granitemoe with experts), with the same header but rope
+on."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import llama_hyperparameters
+from .gguf_hooks import first_of, llama_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY, llama_computed
 from .mamba2 import add_mamba2_sizes, mamba2_checked, mamba2_tensors
 from .parts import (
@@ -125,27 +127,37 @@ def granite_hybrid_hyperparameters(writer, hparams: dict, ftype, blocks: int, fo
     add_mamba2_sizes(writer, sizes, kv_heads, [not layer for layer in recurrent_layers(hparams)])
 
 
+def all_attention_arch(hparams: dict) -> str | None:
+    """The converter's architecture of a Granite 4.0 without Mamba-2 layers (Granite 4.0 Micro's): Granite MoE's where
+    the config chooses experts, else Granite's; None (granitehybrid) for a hybrid."""
+    if any(recurrent_layers(hparams)):
+        return None
+    return "GRANITE_MOE" if first_of(hparams, "num_experts_per_tok", "num_experts_per_token") else "GRANITE"
+
+
 def granite_hybrid_checked(hparams: dict, where: Path) -> None:
     """What llama.cpp's granitehybrid would compute otherwise than transformers, or not load: rope (it turns rope off
-    where there are Mamba-2 layers), Mamba-2 widths other than twice the model's; what it would not load: experts
-    chosen where there are none; and every hybrid's Mamba-2 checks (mamba2.mamba2_checked)."""
+    where there are Mamba-2 layers; a Granite 4.0 of attention layers alone, written as llama.cpp's granite or
+    granitemoe, has it on), Mamba-2 widths other than twice the model's; what it would not load: experts chosen where
+    there are none; and every hybrid's Mamba-2 checks (mamba2.mamba2_checked)."""
     granite_checked(hparams, where)
-    recurrent = recurrent_layers(hparams)
-    if not any(recurrent):
-        raise ConfigMismatchError(
-            f"{where}: no Mamba-2 layer in layer_types: llama.cpp's converter writes an all-attention Granite 4.0 as "
-            "its granite or granitemoe, which unshard does not yet; write a folder and use convert_hf_to_gguf.py"
-        )
+    hybrid = any(recurrent_layers(hparams))
     other_model = "; serve this model with transformers or vLLM"
     dense = not hparams.get("num_local_experts")
+    rope = hparams.get("position_embedding_type") == "rope"
     refused = [
         (
-            hparams.get("position_embedding_type") == "rope",
+            hybrid and rope,
             "position_embedding_type is rope, and llama.cpp's granitehybrid turns rope off in a model with Mamba-2 "
             f"layers{other_model}",
         ),
         (
-            hparams.get("mamba_expand") != 2,
+            not hybrid and not rope,
+            f"position_embedding_type is {hparams.get('position_embedding_type')} in a model of attention layers "
+            f"alone, which llama.cpp's granite turns rope in{other_model}",
+        ),
+        (
+            hybrid and hparams.get("mamba_expand") != 2,
             f"mamba_expand is {hparams.get('mamba_expand')}, and llama.cpp's granitehybrid runs Mamba-2 layers twice "
             f"the model's width only{other_model}",
         ),
@@ -164,7 +176,8 @@ def granite_hybrid_checked(hparams: dict, where: Path) -> None:
     for refuse, why in refused:
         if refuse:
             raise ConfigMismatchError(f"{where}: {why}")
-    mamba2_checked(hparams, where, "granitehybrid")
+    if hybrid:
+        mamba2_checked(hparams, where, "granitehybrid")
 
 
 def granite_hybrid_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
@@ -257,6 +270,7 @@ FAMILIES = (
             permute_qk=True,
             check_config=granite_hybrid_checked,
             rearranged=granite_hybrid_tensors,
+            arch_by_config=all_attention_arch,
         ),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
