@@ -131,7 +131,7 @@ def families_table(rows: list[dict[str, Any]], paths: dict[str, tuple[str, Any]]
     headings = ["family", "model_type", *(heading for heading, _ in paths.values())]
 
     def cell(value: str) -> str:
-        return "-" if value.startswith("n/a: ") else value.partition(":")[0] + "*" if ": " in value else "no"
+        return "-" if value.startswith("n/a: ") else "yes*" if value.startswith("yes: ") else "no"
 
     cells = [
         [row["family"], row["model_type"], *("yes" if row[p] == "yes" else cell(row[p]) for p in paths)] for row in rows

@@ -277,4 +277,21 @@ FAMILIES = (
         linearized=linear_experts,
         notes={"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
     ),
+    Family(
+        "Bamba",
+        "bamba",
+        "BambaForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Bamba layout (Mamba-2 layers) is not mapped yet"),
+        **no_trainer_model("Bamba"),
+        fused_siblings=SIBLINGS,
+        # (measured on a tiny Bamba: the converter's file 3.3e-3 from transformers' logits with rope on half of each
+        # head, as transformers always turns Bamba's, 3e-5 with rope on whole heads)
+        gguf=Unsupported(
+            "llama.cpp's converter reorders q and k across whole heads, where Bamba turns rope on half of each, so "
+            "its file computes another model"
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
+    ),
 )
