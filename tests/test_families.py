@@ -98,9 +98,9 @@ def test_megatron_refuses_with_the_reason_it_shows(family):
             megatron_hf.family_of(family.model_type, "ckpt")
     with pytest.raises(
         CheckpointError,
-        match="no Megatron name table for model_type 'mpt'; unshard knows deepseek_v3, glm4_moe, gpt_oss, llama,",
+        match="no Megatron name table for model_type 'rwkv'; unshard knows deepseek_v3, glm4_moe, gpt_oss, llama,",
     ):
-        megatron_hf.family_of("mpt", "ckpt")
+        megatron_hf.family_of("rwkv", "ckpt")
 
 
 @pytest.mark.parametrize("family", families.FAMILIES, ids=lambda f: f.model_type)
@@ -267,6 +267,7 @@ TESTED = {
         "phi": "phi2-fsdp2",
         "gpt2": "gpt2-fsdp2",
         "bloom": "bloom-fsdp2",
+        "mpt": "mpt-fsdp2",
         "gpt_bigcode": "starcoder-fsdp2",
         "olmoe": "olmoe-fsdp2",
         "granitemoe": "granitemoe-fsdp2",

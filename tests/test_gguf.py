@@ -1206,6 +1206,12 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ),
         ("gemma4-fsdp2", {"hidden_activation": "silu"}, "hidden_activation is silu, and llama.cpp's gemma4 runs GELU"),
         ("gemma4moe-fsdp2", {"attn_logit_softcapping": 50.0}, "which llama.cpp's gemma3 and gemma4 do not apply"),
+        # MPT: what transformers' class computes with whatever the config says (ALiBi's largest bias of 8, a head's
+        # own keys and values) and llama.cpp's mpt otherwise (its LayerNorms' epsilon, the attention's scale)
+        ("mpt-fsdp2", {"attn_config": {"alibi_bias_max": 4}}, "alibi_bias_max 4, and transformers' MPT turns ALiBi"),
+        ("mpt-fsdp2", {"attn_config": {"kv_n_heads": 2}}, "kv_n_heads is 2, and transformers' MPT gives every head"),
+        ("mpt-fsdp2", {"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon is 1e-06, and llama.cpp's converter writes"),
+        ("mpt-fsdp2", {"attn_config": {"softmax_scale": 0.5}}, "softmax_scale is 0.5, and llama.cpp's mpt scales"),
         # a config of other experts (or key-value heads, StableLM's norm per head) than the checkpoint's
         (
             "stablelm-fsdp2",

@@ -676,6 +676,7 @@ DENSE = {
     "gemma4-fsdp2": "gemma4",
     "gemma4moe-fsdp2": "gemma4",
     "gemma4vl-fsdp2": "gemma4",
+    "mpt-fsdp2": "mpt",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
@@ -702,6 +703,8 @@ HUB_KEYS = {
     },
     # (Nemotron-H's layers as the Hub's pattern, and none of the MoE settings transformers 5 writes for a dense model:
     # the converter's transformers has no nemotron_h, and it takes a config with them for its MoE architecture)
+    # (MPT's class as the Hub's config names it, its own code's: the converter knows it by that name alone)
+    "mpt-fsdp2": lambda config: {"architectures": ["MPTForCausalLM"]},
     "nemotronh-fsdp2": lambda config: {
         "hybrid_override_pattern": "M-*-",
         **dict.fromkeys(families.nemotron.MOE_SETTINGS, DROPPED),

@@ -18,10 +18,10 @@ from .header import general_metadata, read_hparams
 from .tensors import EXPERT, HEAD_NORM, LAYER, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor, Rearranged
 from .vocabulary import write_vocabulary
 
-# The sizes under the names the converter also finds them by (find_hparam), as GPT-2's config keeps them
+# The sizes under the names the converter also finds them by (find_hparam), as GPT-2's and MPT's configs keep them
 SIZE_NAMES = {
-    "hidden_size": ("n_embd",),
-    "num_attention_heads": ("n_head",),
+    "hidden_size": ("n_embd", "d_model"),
+    "num_attention_heads": ("n_head", "n_heads"),
     "num_hidden_layers": ("n_layer", "n_layers", "num_layers"),
 }
 
