@@ -190,6 +190,39 @@ def assert_llama_quantize_mixes_it(folder, ggml_library, monkeypatch, tmp_path):
         assert_same_file(tmp_path / f"{kind}.gguf", tmp_path / "llama-quantize" / f"{kind}.gguf")
 
 
+# Granite 4.0's sizes at rows of 256 (K-quants' blocks), its multipliers away from 1
+GRANITE4_SIZES = dict(
+    hidden_size=256,
+    intermediate_size=256,  # (llama.cpp's width of the MLP where there are no experts, as the Hub's H-Micro has it)
+    shared_intermediate_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    embedding_multiplier=3.0,
+    attention_multiplier=0.1,
+    residual_multiplier=0.5,
+    logits_scaling=2.0,
+    max_position_embeddings=256,
+    architectures=["GraniteMoeHybridForCausalLM"],
+)
+
+
+def granite4_folder(tmp_path: Path, layer_types: list[str], special: tuple[str, ...] = (), **config) -> Path:
+    """Granite 4.0 (GraniteMoeHybridForCausalLM) as transformers writes it, with the fixtures' tokenizer, its layer
+    types in config.json as the Hub spells them (mamba, attention), which transformers 5 saves renamed."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    hparams = {**GRANITE4_SIZES, **config, "num_hidden_layers": len(layer_types), "layer_types": layer_types}
+    torch.manual_seed(0)
+    model = GraniteMoeHybridForCausalLM(GraniteMoeHybridConfig(**hparams)).to(torch.bfloat16)
+    random_norms_and_biases(model)
+    folder = saved_with_tokenizer(model, tmp_path, special)
+    saved = json.loads((folder / "config.json").read_text())
+    saved_as = {"mamba": "linear_attention", "attention": "full_attention"}
+    assert saved["layer_types"] == [saved_as[kind] for kind in layer_types]
+    (folder / "config.json").write_text(json.dumps({**saved, "layer_types": layer_types}))
+    return folder
+
+
 def test_granite_hybrid_without_experts_as_the_converter_and_llama_quantize_write_it(
     converter, llama_cpp, ggml_library, monkeypatch, tmp_path
 ):
@@ -197,46 +230,28 @@ def test_granite_hybrid_without_experts_as_the_converter_and_llama_quantize_writ
     an attention layer, no experts (the shared expert is each layer's MLP, llama.cpp's ffn_gate, ffn_up and ffn_down),
     its layer types as the Hub spells them (mamba, attention). The file is the converter's in f32, bf16 and q8_0 and
     llama-quantize's in the K-quant mixes; llama.cpp computes transformers' logits from it."""
-    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+    from transformers import GraniteMoeHybridForCausalLM
 
-    config = GraniteMoeHybridConfig(
-        vocab_size=64,  # (the fixtures' tokenizer and one special token: a multiple of 8, as the converter pads)
-        hidden_size=256,
-        intermediate_size=256,  # (llama.cpp's width of the MLP where there are no experts, as the Hub's H-Micro has it)
-        shared_intermediate_size=256,
+    folder = granite4_folder(
+        tmp_path,
+        ["mamba", "attention", "mamba"],
+        ("<|end_of_text|>",),  # (the fixtures' tokenizer and one special token: a multiple of 8, as the converter pads)
+        vocab_size=64,
         num_local_experts=0,
         num_experts_per_tok=0,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        layer_types=["mamba", "attention", "mamba"],
         position_embedding_type="nope",
         mamba_n_heads=8,
         mamba_d_state=16,
         mamba_chunk_size=16,
-        embedding_multiplier=3.0,
-        attention_multiplier=0.1,
-        residual_multiplier=0.5,
-        logits_scaling=2.0,
-        max_position_embeddings=256,
-        architectures=["GraniteMoeHybridForCausalLM"],
     )
-    torch.manual_seed(0)
-    model = GraniteMoeHybridForCausalLM(config).to(torch.bfloat16)
-    random_norms_and_biases(model)
-    folder = saved_with_tokenizer(model, tmp_path, ("<|end_of_text|>",))
-    saved = json.loads((folder / "config.json").read_text())
-    assert saved["layer_types"] == ["linear_attention", "full_attention", "linear_attention"]
-    (folder / "config.json").write_text(json.dumps({**saved, "layer_types": ["mamba", "attention", "mamba"]}))
     fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path)
     assert fields["general.architecture"] == "granitehybrid"
     assert fields["granitehybrid.attention.head_count_kv"] == [0, 2, 0]
     shapes = {t[0]: t[2] for t in tensors}
     assert shapes["blk.0.ssm_a"] == [1, 8] and shapes["blk.0.ssm_norm.weight"] == [512, 1]
     assert shapes["blk.1.ffn_down.weight"] == [256, 256] and "blk.1.ffn_down_shexp.weight" not in shapes
-    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(
-        folder, model.float(), llama_cpp, ggml_library, monkeypatch, tmp_path
-    )
+    model = GraniteMoeHybridForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
 
 
 @pytest.mark.parametrize("experts", [0, 4], ids=["micro", "with-experts"])
@@ -248,33 +263,16 @@ def test_granite_4_of_attention_layers_alone_as_the_converter_writes_it(
     experts): Granite's header with Mamba-2's sizes after it, every layer's key-value heads, rope on; q and k rows
     reordered as for Llama; no vocabulary padding. The file is the converter's in f32, bf16 and q8_0 and
     llama-quantize's in the K-quant mixes; llama.cpp computes transformers' logits from it."""
-    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+    from transformers import GraniteMoeHybridForCausalLM
 
-    config = GraniteMoeHybridConfig(
+    folder = granite4_folder(
+        tmp_path,
+        ["attention", "attention"],
         vocab_size=63,  # (the fixtures' tokenizer: the converter pads no vocabulary without Mamba-2 layers)
-        hidden_size=256,
-        intermediate_size=256,
-        shared_intermediate_size=256,
         num_local_experts=experts,
         num_experts_per_tok=2 if experts else 0,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        layer_types=["attention", "attention"],
         position_embedding_type="rope",
-        embedding_multiplier=3.0,
-        attention_multiplier=0.1,
-        residual_multiplier=0.5,
-        logits_scaling=2.0,
-        max_position_embeddings=256,
-        architectures=["GraniteMoeHybridForCausalLM"],
     )
-    torch.manual_seed(0)
-    model = GraniteMoeHybridForCausalLM(config).to(torch.bfloat16)
-    random_norms_and_biases(model)
-    folder = saved_with_tokenizer(model, tmp_path)
-    saved = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**saved, "layer_types": ["attention", "attention"]}))
     fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path)
     arch = "granitemoe" if experts else "granite"
     assert fields["general.architecture"] == arch and fields[f"{arch}.attention.head_count_kv"] == [2, 2]
