@@ -1163,9 +1163,8 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("granitehybrid-fsdp2", {"layer_types": ["attention"] * 4}, "in a model of attention layers alone, which"),
         ("granitehybrid-fsdp2", {"vocab_size": 100}, "vocab_size is 100, which llama.cpp's converter pads"),
         ("granitehybrid-fsdp2", {"num_local_experts": 0}, "num_experts_per_tok is 2 with no experts"),
-        # Nemotron-H: a sliding window, another activation, a vocabulary the converter pads; latent experts (not yet),
-        # MLP layers beside experts, experts chosen within groups
-        ("nemotronhmoe-fsdp2", {"moe_latent_size": 16}, "Nemotron-H's latent experts (moe_latent_size) are not"),
+        # Nemotron-H: a sliding window, another activation, a vocabulary the converter pads; MLP layers beside experts,
+        # experts chosen within groups
         (
             "nemotronhmoe-fsdp2",
             {"layers_block_type": ["mamba", "moe", "attention", "mlp"]},

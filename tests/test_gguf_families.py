@@ -385,6 +385,35 @@ def test_nemotron_3_nano_from_its_folder_as_the_converter_and_llama_quantize_wri
     )
 
 
+def test_nemotron_3_super_s_latent_experts_as_the_converter_and_llama_quantize_write_them(
+    converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
+    """Nemotron 3 Super's latent experts (moe_latent_size): nemotronhmoe-fsdp2's layout made by transformers with its
+    experts in a space of 32 (the model's is 64), projected into it and out of it by each MoE layer
+    (fc1_latent_proj, fc2_latent_proj: llama.cpp's ffn_latent_down and ffn_latent_up); llama.cpp's nemotron_h_moe with
+    the latent size in its header, the file equal to the converter's and to llama-quantize's; llama.cpp computes
+    transformers' logits from it."""
+    import transformers
+
+    hub = SHIPPED / "nemotronhmoe-fsdp2" / "global_step_1" / "actor" / "huggingface"
+    config = transformers.AutoConfig.from_pretrained(hub)
+    config.moe_latent_size = 32
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    random_norms_and_biases(model)
+    model.save_pretrained(tmp_path / "hf")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hub / name, tmp_path / "hf")
+    fields, tensors = as_the_converter_writes_it(tmp_path / "hf", converter, tmp_path)
+    assert fields["nemotron_h_moe.moe_latent_size"] == 32
+    shapes = {t[0]: t[2] for t in tensors}
+    assert shapes["blk.1.ffn_up_exps.weight"] == [32, 32, 4] and shapes["blk.1.ffn_latent_down.weight"] == [64, 32]
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(
+        tmp_path / "hf", model, llama_cpp, ggml_library, monkeypatch, tmp_path
+    )
+
+
 def test_gpt_oss_as_the_converter_and_llama_quantize_write_it(converter, ggml_library, monkeypatch, tmp_path):
     """gpt-oss (FSDP2 rank files; test_llama_cpp_runs_the_file_... runs it): its fused experts transposed into
     llama.cpp's stacks, gate and up apart (their columns interleaved in transformers' gate_up_proj), their biases

@@ -9,7 +9,8 @@ hybrid one with the attention's head width and the MLP's width per layer (0 wher
 (4.57) has no nemotron_h, so it reads config.json as the Hub writes it: the layers as a pattern (M, *, -) and no
 MoE settings in a dense model, where transformers 5 reads every MoE setting defaulted; unshard writes the header the
 converter writes from the Hub's config. Nemotron 3 Nano's MoE layers: ReLU² experts (up and down) behind a sigmoid
-router with its correction bias, a shared expert; llama.cpp's nemotron_h_moe."""
+router with its correction bias, a shared expert; llama.cpp's nemotron_h_moe. Nemotron 3 Super's: the experts in a
+narrower space (moe_latent_size), each MoE layer projecting into it and out of it."""
 
 from __future__ import annotations
 
@@ -83,13 +84,8 @@ def nemotron_h_layers(hparams: dict) -> list[str]:
 def nemotron_h_as_the_hub_has_it(hparams: dict, where: Path) -> dict:
     """The config as the converter reads a Nemotron-H's from the Hub: its layer count from its layers, no MoE
     settings in a dense model (with them the converter writes its MoE architecture), no MTP layers (a trained
-    checkpoint has none: transformers drops them). Latent experts (Nemotron 3 Super's) are one line."""
+    checkpoint has none: transformers drops them)."""
     kinds = nemotron_h_layers(hparams)
-    if "moe" in kinds and hparams.get("moe_latent_size") is not None:
-        raise ConfigMismatchError(
-            f"{where}: Nemotron-H's latent experts (moe_latent_size) are not written as GGUF by unshard yet; write a "
-            "folder and use llama.cpp's convert_hf_to_gguf.py"
-        )
     hub = {**hparams, "num_hidden_layers": len(kinds), "num_nextn_predict_layers": 0}
     return hub if "moe" in kinds else {k: v for k, v in hub.items() if k not in MOE_SETTINGS}
 
@@ -125,6 +121,8 @@ def nemotron_h_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder
             writer.add_expert_weights_scale(hparams["routed_scaling_factor"])
             writer.add_expert_group_count(hparams["n_group"])
             writer.add_expert_used_count(hparams["num_experts_per_tok"])
+            if hparams.get("moe_latent_size") is not None:  # (Nemotron 3 Super's experts, in a narrower space)
+                writer.add_moe_latent_size(hparams["moe_latent_size"])
 
 
 def nemotron_h_checked(hparams: dict, where: Path) -> None:
