@@ -75,7 +75,7 @@ def gemma4_rope_factors(writer, hparams: dict, rope: dict, head_dim: int, where:
     """The global layers' proportional rope as llama.cpp turns a whole head (NeoX's halves): the frequencies of the
     rotated part as they are, the others divided by 1e30, so that those dimensions stay where they are."""
     global_head_dim, _ = global_attention(hparams)
-    rotated = int(global_head_dim * rope["partial_rotary_factor"] / 2)
+    rotated = int(global_head_dim * rope.get("partial_rotary_factor", 1.0) / 2)  # (transformers' default too)
     return {"rope_freqs.weight": [1.0] * rotated + [1e30] * (global_head_dim // 2 - rotated)}
 
 
@@ -100,7 +100,7 @@ def _gemma4_refusal(hparams: dict) -> str | None:
         )
     if sliding_rope.get("partial_rotary_factor", 1.0) != 1.0:
         return f"the sliding layers' rope turns part of a head, which llama.cpp's gemma4 turns whole; {serve}"
-    # (a layer of per_layer_config sized apart from the others of its kind transformers refuses to build)
+    # (per_layer_config's layers are sized alike within each kind: transformers builds no model otherwise)
     if global_attention(hparams)[0] is None:
         return "no head width of the global layers (global_head_dim); pass --config-from the model's own folder"
     shared = hparams.get("num_kv_shared_layers") or 0
