@@ -471,10 +471,11 @@ COMPUTED_ROPE = {
 
 
 @pytest.mark.parametrize("case", list(COMPUTED_ROPE))
-def test_rope_scalings_as_the_converter_writes_them(case, converter, llama_cpp, tmp_path):
+def test_rope_scalings_as_the_converter_writes_them(case, converter, llama_cpp, ggml_library, monkeypatch, tmp_path):
     """Llama 3's rope frequencies and Phi-3's long and short rope factors: f32 tensors first in the file, as the
-    converter computes them (q4_0: where llama-quantize puts them); YaRN's fields. llama.cpp then computes the
-    model with its scaled rope, ten times closer to transformers' model with it than without."""
+    converter computes them (q4_0 and q4_k_m: where llama-quantize puts them, among the tensors outside the blocks by
+    name; a K-quant mix of such a model failed before planning put them there); YaRN's fields. llama.cpp then computes
+    the model with its scaled rope, ten times closer to transformers' model with it than without."""
     import json
 
     from transformers import AutoModelForCausalLM
@@ -483,7 +484,8 @@ def test_rope_scalings_as_the_converter_writes_them(case, converter, llama_cpp, 
     unshard.convert(src, tmp_path / "hf", progress=False)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
-    for kind in ("f32", "q8_0", "q4_0"):
+    monkeypatch.setenv(kquants.LIBRARY_VARIABLE, ggml_library)
+    for kind in ("f32", "q8_0", "q4_0", "q4_k_m"):
         code, _, err = run_cli(
             "convert",
             src,
@@ -500,6 +502,8 @@ def test_rope_scalings_as_the_converter_writes_them(case, converter, llama_cpp, 
     assert_same_file(tmp_path / "q8_0.gguf", converter(tmp_path / "hf", "q8_0", tmp_path / "converter-q8_0.gguf"))
     llama_cpp_client("quantize", tmp_path / "converter-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_0", "q8_0")
     assert_same_file(tmp_path / "q4_0.gguf", tmp_path / "llama-quantize.gguf")
+    llama_cpp_client("quantize", tmp_path / "converter-f32.gguf", tmp_path / "llama-quantize-k.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize-k.gguf")
     assert [t[:2] for t in contents(tmp_path / "f32.gguf")[1][: len(computed)]] == [(n, "F32") for n in computed]
 
     prompt = [1, 5, 20, 33, 64, 70, 90, 2]
