@@ -283,6 +283,62 @@ def test_granite_4_of_attention_layers_alone_as_the_converter_writes_it(
     assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
 
 
+def test_mistral_small_3_s_text_model_as_the_converter_and_llama_quantize_write_it(
+    converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
+    """Mistral Small 3.1's layout (Mistral3ForConditionalGeneration: a Mistral text model beside a Pixtral tower) as
+    transformers writes it, rows of 256: the text model as llama.cpp's mistral3 (Llama's header and q and k reordered),
+    the tower and its projector left out with a note, as the converter leaves them out of the text file. The file is
+    the converter's in f32, bf16 and q8_0 and llama-quantize's in the K-quant mixes; llama.cpp computes transformers'
+    logits from it (the text alone). A sliding window, which llama.cpp's mistral3 does not compute, is one line."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    text = dict(
+        model_type="mistral",
+        vocab_size=63,  # (the fixtures' tokenizer)
+        hidden_size=256,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        sliding_window=None,
+    )
+    tower = dict(
+        model_type="pixtral",
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        head_dim=16,
+        image_size=64,
+        patch_size=16,
+    )
+    config = Mistral3Config(
+        text_config=text,
+        vision_config=tower,
+        image_token_index=5,
+        tie_word_embeddings=False,  # (as Mistral Small 3.1's config: its own head)
+        architectures=["Mistral3ForConditionalGeneration"],
+    )
+    torch.manual_seed(0)
+    model = Mistral3ForConditionalGeneration(config).to(torch.bfloat16)
+    random_norms_and_biases(model)
+    model.config.vocab_size = 63  # (saved_with_tokenizer's check of the tokenizer's size)
+    folder = saved_with_tokenizer(model, tmp_path)
+    plan = unshard.plan(folder, output=unshard.OutputOptions(gguf="f32"))
+    assert any("tensors of the towers beside the text model (vision, audio) left out" in n for n in plan.notes)
+    fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path)
+    assert fields["general.architecture"] == "mistral3" and not any(t[0].startswith(("v.", "mm.")) for t in tensors)
+    model = Mistral3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
+    saved = json.loads((folder / "config.json").read_text())
+    saved["text_config"]["sliding_window"] = 4  # (transformers' Mistral slides its attention; llama.cpp's does not)
+    (folder / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(unshard.ConfigMismatchError, match="sliding_window is 4, and llama.cpp's mistral3 has no"):
+        unshard.convert(folder, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+
+
 # Gemma 4's layouts at rows of 256 (K-quants' blocks): E2B's and E4B's (per-layer embeddings, the last two layers
 # reusing the keys and values of the two before them, their MLPs twice as wide) and 26B-A4B's (fused experts beside
 # each MLP, the global layers with one key head and keys as values)
@@ -704,6 +760,7 @@ DENSE = {
     "gemma4moe-fsdp2": "gemma4",
     "gemma4vl-fsdp2": "gemma4",
     "mpt-fsdp2": "mpt",
+    "mistral3-fsdp2": "mistral3",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
@@ -772,7 +829,9 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
         assert fields["deepseek2.leading_dense_block_count"] == 1
         assert fields["deepseek2.expert_gating_func"] == gguf.ExpertGatingFuncType.SIGMOID
         assert fields["tokenizer.ggml.tokens"][fields["tokenizer.ggml.eom_token_id"]] == "<|observation|>"
-    model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
+    # (a vision-language model transformers has no causal LM class for: its text alone)
+    auto = transformers.AutoModelForImageTextToText if case == "mistral3-fsdp2" else transformers.AutoModelForCausalLM
+    model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]
     expected = model(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(ours, prompt, 0, kv_cache="f32" if DENSE[case] == "gemma4" else "f16")

@@ -154,7 +154,7 @@ GEMMA4 = GGUFPart(
     check_config=gemma4_checked,
     vocabulary="gemma4",
     renames=RENAMES,
-    towers=r"^model\.(vision_tower|embed_vision|audio_tower|embed_audio)\.",
+    towers=r"^(?:model\.)?(?:vision_tower|embed_vision|audio_tower|embed_audio)\.",
 )
 
 FAMILIES = (

@@ -216,8 +216,8 @@ def _without_towers(plan: GGUFPlan, outputs: list[OutputTensor], family) -> list
     if towers:
         plan.left_out.update(towers)
         plan.notes.append(
-            f"{len(towers)} tensors of the vision and audio towers left out, as llama.cpp's converter leaves them out "
-            f"of the text model's file; no mmproj file of them ({family.mmproj.reason})"
+            f"{len(towers)} tensors of the towers beside the text model (vision, audio) left out, as llama.cpp's "
+            f"converter leaves them out of the text model's file; no mmproj file of them ({family.mmproj.reason})"
         )
     return [o for o in outputs if o.name not in towers]
 
