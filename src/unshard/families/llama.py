@@ -1,6 +1,8 @@
 """Llama and Mistral: one set of names (Mistral is Llama's layout with a sliding window), Meta's names as torchtitan
 and torchtune save them, llama.cpp's `llama` (q and k rows reordered per head, Llama 3's rope factors computed); and
-SmolLM3, Llama's layout with every fourth layer's rotary embeddings left out, llama.cpp's `smollm3`."""
+SmolLM3, Llama's layout with every fourth layer's rotary embeddings left out, llama.cpp's `smollm3`; and Mistral Small
+3's text model beside its Pixtral tower (Mistral3ForConditionalGeneration), llama.cpp's `mistral3`, the tower left
+out of the file."""
 
 from __future__ import annotations
 
