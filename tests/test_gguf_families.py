@@ -14,6 +14,7 @@ import gguf
 import pytest
 import torch
 from conftest import SHIPPED
+from make_fsdp import PIXTRAL_TOWER
 from safetensors import safe_open
 from test_cli_and_errors import run_cli
 from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: the fixtures, used by name)
@@ -304,19 +305,9 @@ def test_mistral_small_3_s_text_model_as_the_converter_and_llama_quantize_write_
         head_dim=64,
         sliding_window=None,
     )
-    tower = dict(
-        model_type="pixtral",
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        head_dim=16,
-        image_size=64,
-        patch_size=16,
-    )
     config = Mistral3Config(
         text_config=text,
-        vision_config=tower,
+        vision_config=PIXTRAL_TOWER,
         image_token_index=5,
         tie_word_embeddings=False,  # (as Mistral Small 3.1's config: its own head)
         architectures=["Mistral3ForConditionalGeneration"],
