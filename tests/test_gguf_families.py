@@ -161,7 +161,7 @@ def as_the_converter_writes_it(folder: Path, converter, tmp_path: Path, more: tu
     for kind in ("f32", "bf16", "q8_0"):
         out = tmp_path / f"{kind}.gguf"
         ours = unshard.convert(folder, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
-        assert ours.files == ["model.gguf"]
+        assert ours.files[0] == "model.gguf" and ours.files[1:] in ([], ["mmproj.gguf"])  # (a vision model's too)
         oracle = converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre, more=more)
         assert_same_file(tmp_path / f"{kind}.gguf", oracle)
     return contents(tmp_path / "f32.gguf")
@@ -289,14 +289,15 @@ def test_mistral_small_3_s_text_model_as_the_converter_and_llama_quantize_write_
 ):
     """Mistral Small 3.1's layout (Mistral3ForConditionalGeneration: a Mistral text model beside a Pixtral tower) as
     transformers writes it, rows of 256: the text model as llama.cpp's mistral3 (Llama's header and q and k reordered),
-    the tower and its projector left out with a note, as the converter leaves them out of the text file. The file is
-    the converter's in f32, bf16 and q8_0 and llama-quantize's in the K-quant mixes; llama.cpp computes transformers'
+    the tower and its projector in the mmproj file beside it (test_gguf_pixtral.py). The text model's file is the
+    converter's in f32, bf16 and q8_0 and llama-quantize's in the K-quant mixes; llama.cpp computes transformers'
     logits from it (the text alone). A sliding window, which llama.cpp's mistral3 does not compute, is one line."""
-    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+    from make_fsdp import PIXTRAL_TOKENS
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration, PixtralImageProcessorPil
 
     text = dict(
         model_type="mistral",
-        vocab_size=63,  # (the fixtures' tokenizer)
+        vocab_size=66,  # (the fixtures' tokenizer, with Mistral 3's image tokens)
         hidden_size=256,
         intermediate_size=256,
         num_hidden_layers=2,
@@ -304,21 +305,23 @@ def test_mistral_small_3_s_text_model_as_the_converter_and_llama_quantize_write_
         num_key_value_heads=2,
         head_dim=64,
         sliding_window=None,
+        rms_norm_eps=1e-5,  # (Mistral Small 3.1's: its patch merger's norm takes it, as llama.cpp's the tower's)
     )
     config = Mistral3Config(
         text_config=text,
         vision_config=PIXTRAL_TOWER,
-        image_token_index=5,
+        image_token_index=63,
         tie_word_embeddings=False,  # (as Mistral Small 3.1's config: its own head)
         architectures=["Mistral3ForConditionalGeneration"],
     )
     torch.manual_seed(0)
     model = Mistral3ForConditionalGeneration(config).to(torch.bfloat16)
     random_norms_and_biases(model)
-    model.config.vocab_size = 63  # (saved_with_tokenizer's check of the tokenizer's size)
-    folder = saved_with_tokenizer(model, tmp_path)
+    model.config.vocab_size = 66  # (saved_with_tokenizer's check of the tokenizer's size)
+    folder = saved_with_tokenizer(model, tmp_path, special=tuple(PIXTRAL_TOKENS))
+    PixtralImageProcessorPil(patch_size=16, size={"longest_edge": 128}).save_pretrained(folder)
     plan = unshard.plan(folder, output=unshard.OutputOptions(gguf="f32"))
-    assert any("tensors of the towers beside the text model (vision, audio) left out" in n for n in plan.notes)
+    assert plan.summary()["gguf"]["mmproj"]["tensor_types"] == {"F32": 34}
     fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path)
     assert fields["general.architecture"] == "mistral3" and not any(t[0].startswith(("v.", "mm.")) for t in tensors)
     model = Mistral3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)

@@ -36,6 +36,7 @@ from . import (
     lfm2,
     llama,
     minimax,
+    mistral3,
     mixtral,
     mpt,
     nemotron,
@@ -55,6 +56,7 @@ from .parts import DEFAULT_FUSED_SIBLINGS, Family, MoELayout, Unsupported
 # In the order the matrix lists them; merge-moe tries its layouts in this order too (Mixtral first, as mergekit).
 FAMILIES: tuple[Family, ...] = (
     *llama.FAMILIES,
+    *mistral3.FAMILIES,
     *qwen.FAMILIES,
     *gemma.FAMILIES,
     *gemma4.FAMILIES,

@@ -1,8 +1,7 @@
 """Llama and Mistral: one set of names (Mistral is Llama's layout with a sliding window), Meta's names as torchtitan
 and torchtune save them, llama.cpp's `llama` (q and k rows reordered per head, Llama 3's rope factors computed); and
-SmolLM3, Llama's layout with every fourth layer's rotary embeddings left out, llama.cpp's `smollm3`; and Mistral Small
-3's text model beside its Pixtral tower (Mistral3ForConditionalGeneration), llama.cpp's `mistral3`, the tower left
-out of the file."""
+SmolLM3, Llama's layout with every fourth layer's rotary embeddings left out, llama.cpp's `smollm3` (Mistral Small 3:
+mistral3.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from .parts import (
     GGUFPart,
     MegatronRules,
     Unsupported,
-    no_trainer_model,
 )
 
 # torchtune's and torchtitan's names (layer as {i}) -> (Hugging Face name, which rotary permutation: q, k or none)
@@ -128,22 +126,6 @@ def smollm3_checked(hparams: dict, where: Path) -> None:
         )
 
 
-def mistral3_checked(hparams: dict, where: Path) -> None:
-    """Mistral Small 3's text model as llama.cpp's mistral3 computes it (Llama's, with no sliding window); Ministral 3's
-    and Mistral 4's text models, which the converter writes otherwise, are one line."""
-    if hparams.get("model_type") != "mistral":
-        raise ConfigMismatchError(
-            f"{where}: text_config's model_type is {hparams.get('model_type')!r}, a Mistral 3 that unshard does not "
-            "write as GGUF yet (Mistral Small 3's text model, `mistral`, it does); write a folder and use llama.cpp's "
-            "convert_hf_to_gguf.py"
-        )
-    if hparams.get("sliding_window") is not None:
-        raise ConfigMismatchError(
-            f"{where}: sliding_window is {hparams['sliding_window']}, and llama.cpp's mistral3 has no sliding window: "
-            "it would compute another model; serve this one with transformers or vLLM"
-        )
-
-
 # llama.cpp's llama: Llama, Mistral and Mixtral
 GGUF = GGUFPart(
     "LLAMA", hyperparameters=llama_hyperparameters, computed=llama_computed, permute_qk=True, llama_vocabulary=True
@@ -191,28 +173,6 @@ FAMILIES = (
             "megatron_legacy": "with --config-from (the args describe a Llama)",
             "megatron_dist": "with --config-from (the args describe a Llama)",
         },
-    ),
-    Family(
-        "Mistral 3",
-        "mistral3",
-        "Mistral3ForConditionalGeneration",
-        tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's Mistral 3 layout (its Pixtral tower) is not mapped yet"),
-        **no_trainer_model("Mistral 3"),
-        fused_siblings=SIBLINGS,
-        # (Mistral Small 3.1's and 3.2's text model, as the converter writes it: Llama's, under llama.cpp's mistral3;
-        # the Pixtral tower and its projector left out)
-        gguf=GGUFPart(
-            "MISTRAL3",
-            hyperparameters=llama_hyperparameters,
-            computed=llama_computed,
-            permute_qk=True,
-            llama_vocabulary=True,
-            check_config=mistral3_checked,
-            towers=r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.",
-        ),
-        mmproj=Unsupported("Mistral 3's Pixtral tower is not written as an mmproj file yet"),
-        moe_layout=NOT_A_MOE_INPUT,
     ),
     Family(
         "SmolLM3",

@@ -146,6 +146,10 @@ class MmprojPart:
     # (name, shape, sizes) -> how the converter stores that tensor otherwise than as it is (Qwen's qkv split; its
     # Conv3D patch embedding as two 2-D ones; tensors it names itself, as in the file), or None
     rearranged: Callable[[str, tuple[int, ...], dict], Rearrangement | None] | None = None
+    permute_qk: bool = False  # q's and k's rows reordered within each head, as the converter's LlamaModel.permute
+    # (hparams, folder) -> rows of the text model's tensors the mmproj file carries: {llama.cpp's name: (the text
+    # file's tensor, its row)} (Pixtral's [IMG_BREAK] embedding)
+    text_rows: Callable[[dict, Any], dict[str, tuple[str, int]]] | None = None
 
 
 # Linear layers that vLLM runs as one, for a model of a family not listed (and the vision-language models, whose

@@ -105,6 +105,8 @@ def plan_gguf(
     if vision_outputs:
         plan.mmproj = vision.plan_mmproj(file_type, vision_outputs, config, config_folder, family.mmproj)
         plan.notes.extend(plan.mmproj.notes)
+        if family.mmproj.text_rows:
+            vision.carry_text_rows(plan, outputs, family.mmproj.text_rows(config, config_folder), where)
     return plan
 
 

@@ -37,8 +37,12 @@ class GGUFSink:
         self.plans = split_plan(plan, split_max_size) if split_max_size else {FILE_NAME: plan}
         if plan.mmproj:
             self.plans[MMPROJ_FILE_NAME] = plan.mmproj
-        # A split's stored tensors by the file holding them (a group's outputs may lie in two: see Plan.placed)
+        # Stored tensors by the file holding them where a group's lie in several (see Plan.placed): a split's, and
+        # the text model's tensors with rows in the mmproj file (tensors.WithRows)
         file_of = {tensor: name for name, file in self.plans.items() if file.split for tensor in file.tensors}
+        if plan.mmproj and plan.elsewhere:
+            file_of.update(dict.fromkeys(plan.elsewhere, MMPROJ_FILE_NAME))
+            file_of.update(dict.fromkeys(plan.mmproj.elsewhere - file_of.keys(), FILE_NAME))
         self.placed = {
             s.name: file_of[stacked(s.name)[0]]
             for encoding in plan.encoded.values()

@@ -38,6 +38,8 @@ def split_plan(plan: GGUFPlan, max_size: int) -> dict[str, GGUFPlan]:
     for encoding in plan.encoded.values():
         for stored in encoding.stored:
             name = stacked(stored.name)[0]
+            if name in plan.elsewhere:  # (another file's: the mmproj's)
+                continue
             sizes[name] = sizes.get(name, 0) + stored.nbytes
     for stored in plan.computed_stored():
         sizes[stored.name] = stored.nbytes

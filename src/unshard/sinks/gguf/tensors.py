@@ -83,6 +83,36 @@ class Rearranged:
         return {stored.name: _quantized(part, qtype) for stored, qtype, part in parts}
 
 
+@dataclass(frozen=True)
+class WithRows:
+    """An output stored as `stored_as` stores it, and some of its rows besides, each as a tensor of its own in another
+    file (a types.Encoding; sinks.GGUFSink places them): Pixtral's [IMG_BREAK] token, the text model's embedding row
+    that llama.cpp's pixtral projector reads from the mmproj file. `rows`: each such tensor's llama.cpp name and row."""
+
+    stored_as: GGUFTensor | Rearranged
+    rows: tuple[tuple[OutputTensor, int], ...]
+    qtype: Any  # the rows' GGUF type (F32, as the converter stores vectors)
+    surveys = False
+
+    @property
+    def stored(self) -> tuple[OutputTensor, ...]:
+        return (*self.stored_as.stored, *(tensor for tensor, _ in self.rows))
+
+    @property
+    def rows_per_band(self) -> int:
+        return self.stored_as.rows_per_band
+
+    def types(self) -> dict[str, Any]:
+        return {**self.stored_as.types(), **{tensor.name: self.qtype for tensor, _ in self.rows}}
+
+    def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
+        pieces = self.stored_as.encode(band, start)
+        for tensor, row in self.rows:  # (in the band that holds it, else nothing)
+            held = band[row - start : row - start + 1] if start <= row < start + len(band) else band[:0]
+            pieces[tensor.name] = _quantized(_as_float(held, self.stored_as.dtype), self.qtype)
+        return pieces
+
+
 def _as_float(band: np.ndarray, dtype: DType) -> np.ndarray:
     """A band as float16 or float32 (as the converter: other floats via float32; bfloat16, held as its bits, rounded
     as torch's cast rounds)."""
@@ -128,6 +158,9 @@ class GGUFPlan:
     # One file of a split (split.py): (its number from 0, the count of files, the tensors of all), and its tensors
     split: tuple[int, int, int] | tuple[()] = ()
     tensors: set[str] | None = None  # (by llama.cpp's name; None: every tensor of the plan)
+    # Tensors of its outputs' encodings that another file holds (WithRows: Pixtral's embedding row, in the mmproj
+    # file; the embedding itself, in the text model's), by llama.cpp's name
+    elsewhere: set[str] = field(default_factory=set)
 
     def files(self) -> dict[str, GGUFPlan]:
         """The plan of each file written, by its name in the staging folder."""
@@ -135,7 +168,8 @@ class GGUFPlan:
 
     def position(self, output: OutputTensor) -> tuple:
         """Where the file's tensor holding this output goes."""
-        return self.positions[stacked(self.encoded[output.name].stored[0].name)[0]]
+        held = (stacked(s.name)[0] for s in self.encoded[output.name].stored)
+        return self.positions[next(name for name in held if name not in self.elsewhere)]
 
     def computed_stored(self) -> list[OutputTensor]:
         """The computed tensors as the file stores them (their f32 bytes)."""
@@ -144,7 +178,12 @@ class GGUFPlan:
     def summary(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         types = {
-            **{name: qtype.name for e in self.encoded.values() for name, qtype in e.types().items()},
+            **{
+                name: qtype.name
+                for e in self.encoded.values()
+                for name, qtype in e.types().items()
+                if name not in self.elsewhere
+            },
             **dict.fromkeys(self.computed, "F32"),
         }
         for qtype in types.values():

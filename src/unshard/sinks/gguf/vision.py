@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,13 @@ from ...families.gguf_hooks import gguf_py, json_or_empty
 from ...families.parts import MmprojPart
 from ...types import OutputTensor
 from .header import general_metadata
-from .tensors import GGUFPlan, GGUFTensor, Rearranged
+from .tensors import GGUFPlan, GGUFTensor, Rearranged, WithRows
 
 MMPROJ_TYPES = ("f32", "f16", "bf16", "q8_0")  # (llama-quantize leaves an mmproj alone: others write it in f16)
 # The vision tower's sizes the mmproj file carries, as the converter's MmprojModel finds them (MmprojPart.sizes)
 SIZES = ("image_size", "patch_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+# q's and k's weights and biases, whose rows MmprojPart.permute_qk reorders within each head
+QK = re.compile(r"\.[qk]_proj\.(weight|bias)$")
 
 
 def is_vision(name: str, part: MmprojPart) -> bool:
@@ -69,7 +72,7 @@ def plan_mmproj(
         kind = _tensor_type(gguf, part, source, name, shape, qtype, mm_type)
         return OutputTensor(name, tuple(gguf.quant_shape_to_byte_shape(shape, kind)), dtypes.BY_NAME["uint8"]), kind
 
-    parameters = 0
+    parameters, head_dim = 0, vision["hidden_size"] // vision["num_attention_heads"]
     for output in sorted(outputs, key=lambda o: o.name):  # (the converter's order, from a one-file folder: sorted)
         source = part.converter_name(output.name) if part.converter_name else output.name
         how = part.rearranged(source, output.shape, vision) if part.rearranged else None
@@ -82,10 +85,38 @@ def plan_mmproj(
             continue
         stored, kind = stored_as(source, llama_name(source, output.name), output.shape)
         shift = 1.0 if "soft_emb_norm.weight" in source else 0.0  # (Gemma's RMS norm: 1 + weight)
-        plan.encoded[output.name] = GGUFTensor((stored,), kind, output.dtype, shift=shift)
+        permuted = head_dim if part.permute_qk and QK.search(source) else 0
+        plan.encoded[output.name] = GGUFTensor((stored,), kind, output.dtype, permuted, max(1, permuted), shift)
         plan.positions[stored.name] = (output.name,)
     _metadata(plan.writer, hparams, vision, folder, parameters, part, mm_type)
     return plan
+
+
+def carry_text_rows(plan: GGUFPlan, outputs: list[OutputTensor], rows: dict[str, tuple[str, int]], where: Path) -> None:
+    """Rows of the text model's tensors that the mmproj file holds too (MmprojPart.text_rows), each a vector in F32 as
+    the converter stores one: the text tensor's output encoded WithRows in both files' plans, read once. Each row goes
+    first in the mmproj file, where the converter's order (by name) puts the text model's tensors."""
+    gguf = gguf_py()
+    for name, (text_tensor, row) in rows.items():
+        output = next((o for o in outputs if text_tensor in {s.name for s in plan.encoded[o.name].stored}), None)
+        if output is None or not 0 <= row < output.shape[0]:
+            raise ConfigMismatchError(
+                f"{where}: the mmproj file holds row {row} of the text model's {text_tensor}, which "
+                f"{'has ' + str(output.shape[0]) + ' rows' if output else 'the checkpoint lacks'}; pass --config-from "
+                "the model's own folder"
+            )
+        f32 = gguf.GGMLQuantizationType.F32
+        shape = tuple(gguf.quant_shape_to_byte_shape(output.shape[1:], f32))
+        carried = OutputTensor(name, shape, dtypes.BY_NAME["uint8"])
+        encoding = plan.encoded[output.name]
+        if isinstance(encoding, WithRows):
+            encoding = replace(encoding, rows=(*encoding.rows, (carried, row)))
+        else:
+            encoding = WithRows(encoding, ((carried, row),), f32)
+        plan.encoded[output.name] = plan.mmproj.encoded[output.name] = encoding
+        plan.elsewhere.add(name)
+        plan.mmproj.elsewhere.add(text_tensor)
+        plan.mmproj.positions[name] = ("", name)
 
 
 def _tensor_type(gguf, part: MmprojPart, source: str, name: str, shape: tuple[int, ...], qtype, mm_type: str):

@@ -1,0 +1,144 @@
+"""Mistral Small 3.1 and 3.2 (Mistral3ForConditionalGeneration): a Mistral text model, llama.cpp's `mistral3` (Llama's
+header, q and k reordered per head), and the Pixtral vision tower with its patch merger and projector, the mmproj
+file of llama.cpp's `pixtral` projector: the tower's q and k reordered as the text model's (its 2-D rope turns halves,
+as llama.cpp's), and the [IMG_BREAK] token's embedding, which llama.cpp puts after each row of an image's tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigMismatchError
+from .gguf_hooks import gguf_py, json_or_empty, llama_hyperparameters, rope_parameters
+from .llama import SIBLINGS, llama_computed
+from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, MmprojPart, Unsupported, no_trainer_model
+
+# The token whose embedding llama.cpp's pixtral projector puts after each row of an image's tokens but the last
+IMAGE_BREAK = "[IMG_BREAK]"
+# Pixtral's tower as transformers computes it: its RMS norms' epsilon (fixed there; the converter writes it)
+PIXTRAL_NORM_EPS = 1e-5
+
+
+def mistral3_checked(hparams: dict, where: Path) -> None:
+    """Mistral Small 3's text model as llama.cpp's mistral3 computes it (Llama's, with no sliding window), and its
+    projector as llama.cpp's pixtral computes it; Ministral 3's and Mistral 4's text models, which the converter writes
+    otherwise, are one line."""
+    if hparams.get("model_type") != "mistral":
+        raise ConfigMismatchError(
+            f"{where}: text_config's model_type is {hparams.get('model_type')!r}, a Mistral 3 that unshard does not "
+            "write as GGUF yet (Mistral Small 3's text model, `mistral`, it does); write a folder and use llama.cpp's "
+            "convert_hf_to_gguf.py"
+        )
+    if hparams.get("sliding_window") is not None:
+        raise ConfigMismatchError(
+            f"{where}: sliding_window is {hparams['sliding_window']}, and llama.cpp's mistral3 has no sliding window: "
+            "it would compute another model; serve this one with transformers or vLLM"
+        )
+    projector = {
+        # (llama.cpp's pixtral: the tower's last layer, a GELU projector, the patch merger's norm at the tower's eps)
+        "vision_feature_layer": (hparams.get("vision_feature_layer", -1), -1),
+        "projector_hidden_act": (hparams.get("projector_hidden_act", "gelu"), "gelu"),
+        "text_config's rms_norm_eps (the patch merger's norm's)": (hparams.get("rms_norm_eps"), PIXTRAL_NORM_EPS),
+    }
+    for key, (found, computed) in projector.items():
+        if found != computed:
+            raise ConfigMismatchError(
+                f"{where}: {key} is {found}, and llama.cpp's pixtral projector computes {computed}: its images would "
+                "be another model's; serve this one with transformers or vLLM"
+            )
+
+
+def pixtral_sizes(vision: dict, where: Path) -> dict:
+    """Pixtral's tower as llama.cpp runs it: a GELU or SiLU MLP, rope at base 10000 (llama.cpp's, whatever the file
+    says)."""
+    if vision.get("model_type") != "pixtral":
+        raise ConfigMismatchError(
+            f"{where}: the vision tower is {vision.get('model_type')!r}, and llama.cpp's converter writes Mistral 3's "
+            "Pixtral tower alone; serve this model with transformers or vLLM"
+        )
+    if vision.get("hidden_act", "gelu") not in ("gelu", "silu"):
+        raise ConfigMismatchError(
+            f"{where}: the vision tower's hidden_act is {vision['hidden_act']!r}, and llama.cpp's pixtral runs GELU "
+            "or SiLU; serve this model with transformers or vLLM"
+        )
+    theta = rope_parameters(vision)[1].get("rope_theta", 10000)
+    if theta != 10000:
+        raise ConfigMismatchError(
+            f"{where}: the vision tower's rope_theta is {theta}, and llama.cpp's pixtral turns its rope at 10000; "
+            "serve this model with transformers or vLLM"
+        )
+    return vision
+
+
+def pixtral_name(name: str) -> str:
+    """The Hub's names (vision_tower..., multi_modal_projector...), as the converter maps them."""
+    return name.removeprefix("model.")
+
+
+def pixtral_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
+    """The converter's MmprojModel: the patch embedding and the patch merger in F16 in an f16 file, else F32."""
+    if name in ("v.patch_embd.weight", "mm.patch_merger.weight"):
+        return gguf.GGMLQuantizationType.F16 if file_type == "f16" else gguf.GGMLQuantizationType.F32
+    return None
+
+
+def pixtral_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The tower's norm epsilon, its MLP's activation, the patches merged n x n."""
+    writer.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", PIXTRAL_NORM_EPS))
+    if vision.get("hidden_act", "gelu") == "silu":
+        writer.add_vision_use_silu(True)
+    else:
+        writer.add_vision_use_gelu(True)
+    if "spatial_merge_size" in hparams:
+        writer.add_vision_spatial_merge_size(hparams["spatial_merge_size"])
+
+
+def image_break_row(hparams: dict, folder: Path) -> dict[str, tuple[str, int]]:
+    """[IMG_BREAK]'s row of the text model's embedding, which llama.cpp's pixtral projector reads from the mmproj file
+    (mtmd cannot load the file without it). The converter means to write it too, but its `--mmproj` reads none of a
+    Hugging Face folder's text tensors, so its file lacks it. The token is found as the converter looks for it:
+    tokenizer_config.json's added tokens, then tokenizer.json's."""
+    config = json_or_empty(folder / "tokenizer_config.json").get("added_tokens_decoder") or {}
+    found = [int(i) for i, token in config.items() if token.get("content") == IMAGE_BREAK]
+    added = json_or_empty(folder / "tokenizer.json").get("added_tokens", [])
+    found += [token["id"] for token in added if token.get("content") == IMAGE_BREAK]
+    if not found:
+        raise ConfigMismatchError(
+            f"{folder}: the tokenizer has no {IMAGE_BREAK} token, whose embedding llama.cpp's pixtral projector puts "
+            "after each row of an image; pass --config-from the model's own folder (with its tokenizer)"
+        )
+    name = gguf_py().TENSOR_NAMES[gguf_py().MODEL_TENSOR.V_TOK_EMBD_IMG_BREAK]
+    return {name: ("token_embd.weight", found[0])}
+
+
+PIXTRAL = MmprojPart(
+    "PIXTRAL",
+    r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.",
+    pixtral_sizes,
+    pixtral_projector_keys,
+    forced_type=pixtral_forced_type,
+    converter_name=pixtral_name,
+    permute_qk=True,
+    text_rows=image_break_row,
+)
+
+FAMILIES = (
+    Family(
+        "Mistral 3",
+        "mistral3",
+        "Mistral3ForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Mistral 3 layout (its Pixtral tower) is not mapped yet"),
+        **no_trainer_model("Mistral 3"),
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "MISTRAL3",
+            hyperparameters=llama_hyperparameters,
+            computed=llama_computed,
+            permute_qk=True,
+            llama_vocabulary=True,
+            check_config=mistral3_checked,
+        ),
+        mmproj=PIXTRAL,
+        moe_layout=NOT_A_MOE_INPUT,
+    ),
+)
