@@ -296,6 +296,7 @@ TESTED = {
     },
     "mmproj": {
         "gemma3": "gemma3vl-fsdp2-spm",
+        "gemma4": "gemma4vl-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "qwen2_vl": "qwen2vl-fsdp2",
         "qwen2_5_vl": "qwen25vl-fsdp2",

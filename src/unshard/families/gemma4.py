@@ -7,18 +7,19 @@ factors, and the vocabulary as llama.cpp's gemma4 tokenizer."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gemma import DENSE_ONLY, MEGATRON, gemma3_header
-from .gguf_hooks import first_of, gguf_quiet, rope_parameters
+from .gguf_hooks import first_of, gguf_quiet, mmproj_model_forced_type, rope_parameters
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import (
     NO_TABLE,
     Family,
     GGUFPart,
+    MmprojPart,
     Rearrangement,
-    Unsupported,
     gate_then_up,
     no_trainer_model,
     renamed_only,
@@ -157,6 +158,73 @@ GEMMA4 = GGUFPart(
     towers=r"^(?:model\.)?(?:vision_tower|embed_vision|audio_tower|embed_audio)\.",
 )
 
+
+def gemma4_vision_sizes(vision: dict, where: Path) -> dict:
+    """Gemma 4's vision tower as llama.cpp's gemma4v runs it: 3 x 3 patches pooled into each token, rope at base 100,
+    norms at 1e-6, GELU (tanh); the image size the converter writes (224, which llama.cpp does not use)."""
+    runs = {
+        "pooling_kernel_size": (vision.get("pooling_kernel_size", 3), 3),
+        "rope_theta": (rope_parameters(vision)[1].get("rope_theta", 100.0), 100.0),
+        "rms_norm_eps": (vision.get("rms_norm_eps", 1e-6), 1e-6),
+        "hidden_activation": (vision.get("hidden_activation", "gelu_pytorch_tanh"), "gelu_pytorch_tanh"),
+    }
+    for key, (found, computed) in runs.items():
+        if found != computed:
+            raise ConfigMismatchError(
+                f"{where}: the vision tower's {key} is {found}, and llama.cpp's gemma4v computes {computed}; serve "
+                "this model with transformers or vLLM"
+            )
+    return {**vision, "image_size": 224}
+
+
+def gemma4_vision_name(name: str) -> str:
+    """The name the converter maps: the tower's layers under gguf-py's Gemma 4 names, a clipped linear layer's weight
+    as the layer's, `.weight` after the layers' scales and the position embeddings."""
+    name = name.replace("model.vision_tower.encoder.", "vision_model.model.").replace(".linear.weight", ".weight")
+    return name + ".weight" if name.endswith(("layer_scalar", "position_embedding_table")) else name
+
+
+def channels_first(patch: int, band):
+    """Rows of the patch embedding as the converter stores them: each (patch, patch, channels) as (channels, patch,
+    patch), a 2-D convolution's kernel."""
+    return (band.reshape(len(band), patch, patch, -1).transpose(0, 3, 1, 2),)
+
+
+def gemma4_patch_embedding(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
+    """The patch embedding, a linear layer over each patch's pixels, as the converter's 2-D convolution."""
+    if not name.endswith("patch_embedder.input_proj.weight"):
+        return None
+    embedding, pixels = shape
+    patch = int((pixels // 3) ** 0.5)
+    return Rearrangement({name: (embedding, 3, patch, patch)}, partial(channels_first, patch))
+
+
+def gemma4_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The tower's norm epsilon, as the converter reads it (a key Gemma 4's config has not: 1e-6)."""
+    writer.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", 1e-6))
+    writer.add_vision_use_gelu(True)
+
+
+def without_audio(config: dict) -> str | None:
+    """E2B's and E4B's audio tower: the converter's mmproj holds it beside the vision tower, and unshard does not write
+    it yet, so neither tower gets an mmproj file."""
+    if config.get("audio_config"):
+        return "an mmproj file of Gemma 4's audio tower is not written yet: E2B's and E4B's towers are left out"
+    return None
+
+
+GEMMA4_MMPROJ = MmprojPart(
+    "GEMMA4V",
+    r"^(?:model\.)?(?:vision_tower|embed_vision)\.",
+    gemma4_vision_sizes,
+    gemma4_projector_keys,
+    forced_type=mmproj_model_forced_type,
+    converter_name=gemma4_vision_name,
+    rearranged=gemma4_patch_embedding,
+    declines=without_audio,
+    vision_projector_type=True,
+)
+
 FAMILIES = (
     Family(
         "Gemma 4 (text)",
@@ -180,8 +248,9 @@ FAMILIES = (
         **no_trainer_model("Gemma 4"),
         fused_siblings=SIBLINGS,
         gguf=GEMMA4,
-        mmproj=Unsupported("Gemma 4's vision and audio towers are not written as an mmproj file yet"),
+        mmproj=GEMMA4_MMPROJ,
         moe_layout=DENSE_ONLY,
         linearized=linear_experts,
+        notes={"mmproj": "yes: the vision tower (26B-A4B's, 31B's); E2B's and E4B's, beside an audio tower, not yet"},
     ),
 )

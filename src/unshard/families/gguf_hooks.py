@@ -265,3 +265,13 @@ def special_vocab(folder: Path, **options):
 
 def json_or_empty(path: Path) -> dict:
     return read_json(path, "fix or remove it", ConfigMismatchError) if path.is_file() else {}
+
+
+def mmproj_model_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
+    """The converter's MmprojModel's types (families' MmprojPart.forced_type): the patch embedding and a patch merger
+    in F16 in an f16 file, else F32; position embeddings in F32."""
+    if ".patch_embd.weight" in name or ".patch_merger.weight" in name:
+        return gguf.GGMLQuantizationType.F16 if file_type == "f16" else gguf.GGMLQuantizationType.F32
+    if ".position_embd." in name:
+        return gguf.GGMLQuantizationType.F32
+    return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import gguf_py, json_or_empty, llama_hyperparameters, rope_parameters
+from .gguf_hooks import gguf_py, json_or_empty, llama_hyperparameters, mmproj_model_forced_type, rope_parameters
 from .llama import SIBLINGS, llama_computed
 from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, MmprojPart, Unsupported, no_trainer_model
 
@@ -74,13 +74,6 @@ def pixtral_name(name: str) -> str:
     return name.removeprefix("model.")
 
 
-def pixtral_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
-    """The converter's MmprojModel: the patch embedding and the patch merger in F16 in an f16 file, else F32."""
-    if name in ("v.patch_embd.weight", "mm.patch_merger.weight"):
-        return gguf.GGMLQuantizationType.F16 if file_type == "f16" else gguf.GGMLQuantizationType.F32
-    return None
-
-
 def pixtral_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
     """The tower's norm epsilon, its MLP's activation, the patches merged n x n."""
     writer.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", PIXTRAL_NORM_EPS))
@@ -115,7 +108,7 @@ PIXTRAL = MmprojPart(
     r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.",
     pixtral_sizes,
     pixtral_projector_keys,
-    forced_type=pixtral_forced_type,
+    forced_type=mmproj_model_forced_type,
     converter_name=pixtral_name,
     permute_qk=True,
     text_rows=image_break_row,

@@ -150,6 +150,11 @@ class MmprojPart:
     # (hparams, folder) -> rows of the text model's tensors the mmproj file carries: {llama.cpp's name: (the text
     # file's tensor, its row)} (Pixtral's [IMG_BREAK] embedding)
     text_rows: Callable[[dict, Any], dict[str, tuple[str, int]]] | None = None
+    # (config) -> why this model's towers get no mmproj file, or None: they are then left out of the text model's file
+    # with a note, as GGUFPart.towers (Gemma 4's with an audio tower)
+    declines: Callable[[dict], str | None] | None = None
+    # the projector's type under clip.vision (a file that may hold an audio part beside: Gemma 4's), not clip's
+    vision_projector_type: bool = False
 
 
 # Linear layers that vLLM runs as one, for a model of a family not listed (and the vision-language models, whose

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from ..names.meta_rules import Fused, Reshaped, Zeros, torchtitan_routed_experts
-from .gguf_hooks import text_hyperparameters
+from .gguf_hooks import mmproj_model_forced_type, text_hyperparameters
 from .parts import (
     DEFAULT_FUSED_SIBLINGS,
     NO_META_NAMES,
@@ -146,15 +146,6 @@ def qwen25vl_projector_keys(writer, hparams: dict, vision: dict, processor: dict
     writer.add_vision_use_silu(True)
     writer.add_vision_n_wa_pattern(vision["fullatt_block_indexes"][0] + 1)
     qwen2vl_projector_keys(writer, hparams, vision, processor)
-
-
-def qwen_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
-    """The converter's: patch embeddings in F16 in an f16 file, else F32; position embeddings in F32."""
-    if ".patch_embd.weight" in name:
-        return gguf.GGMLQuantizationType.F16 if file_type == "f16" else gguf.GGMLQuantizationType.F32
-    if ".position_embd." in name:
-        return gguf.GGMLQuantizationType.F32
-    return None
 
 
 def qwen_vision_split(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
@@ -301,7 +292,7 @@ def _qwen_vl(
             r"^(?:model\.)?visual\.",
             sizes,
             keys,
-            forced_type=qwen_forced_type,
+            forced_type=mmproj_model_forced_type,
             **{"rearranged": qwen_vision_split, **names},
         ),
         moe_layout=moe_layout,

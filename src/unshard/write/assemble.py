@@ -135,7 +135,7 @@ def bands(output: OutputTensor, parts: Iterable[Part]) -> Iterator[tuple[int, np
     tensor. The band is this thread's, kept from tensor to tensor, and a part lying in a file is read straight into
     it; each band is used before the next is filled into it."""
     encoding = output.encoding
-    row_bytes = output.nbytes_as_is // output.shape[0]
+    row_bytes = output.nbytes_as_is // (output.shape[0] if output.shape else 1)  # (a scalar: one row)
     multiple = encoding.rows_per_band
     rows = max(multiple, ENCODING_BAND_BYTES // max(1, row_bytes) // multiple * multiple)
     band = thread_buffer("band", rows * row_bytes)

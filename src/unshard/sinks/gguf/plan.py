@@ -70,7 +70,8 @@ def plan_gguf(
         )
     part = family.gguf
     vision_outputs, config = [], hparams
-    if families.supports(family, "mmproj"):  # the text model here, the vision part in the mmproj file
+    declined = families.supports(family, "mmproj") and family.mmproj.declines and family.mmproj.declines(hparams)
+    if families.supports(family, "mmproj") and not declined:  # the text model here, the vision part in the mmproj file
         vision_outputs = [o for o in outputs if vision.is_vision(o.name, family.mmproj)]
         outputs = [o for o in outputs if not vision.is_vision(o.name, family.mmproj)]
     # (a vision-language model's text model, as the converter reads it; the vision_config stays, for the mmproj)
@@ -92,7 +93,8 @@ def plan_gguf(
         part.check_config(hparams, where)
     head_dim = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
     blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
-    outputs = _without_layers_past(plan, _without_towers(plan, outputs, family), blocks)
+    why = declined or getattr(family.mmproj, "reason", "")
+    outputs = _without_layers_past(plan, _without_towers(plan, outputs, family.gguf.towers, why), blocks)
     parameters = _plan_tensors(plan, outputs, hparams, part, arch, head_dim, experts, blocks, where)
     _computed_tensors(plan, hparams, part, head_dim, where)
     plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, blocks, part)
@@ -209,17 +211,17 @@ def _plan_tensors(
     return _parameter_counts(file_shapes)
 
 
-def _without_towers(plan: GGUFPlan, outputs: list[OutputTensor], family) -> list[OutputTensor]:
-    """The outputs but a vision-language model's towers where unshard writes no mmproj file of them (part.towers:
-    Gemma 4's), which the converter's text model leaves out too, in plan.left_out, with a note."""
-    if not family.gguf.towers:
+def _without_towers(plan: GGUFPlan, outputs: list[OutputTensor], towers: str | None, why: str) -> list[OutputTensor]:
+    """The outputs but a vision-language model's towers (matching GGUFPart.towers: Gemma 4's) where unshard writes
+    no mmproj file of them (why), which the converter's text model leaves out too, in plan.left_out, with a note."""
+    if not towers:
         return outputs
-    towers = {o.name for o in outputs if re.match(family.gguf.towers, o.name)}
+    towers = {o.name for o in outputs if re.match(towers, o.name)}
     if towers:
         plan.left_out.update(towers)
         plan.notes.append(
             f"{len(towers)} tensors of the towers beside the text model (vision, audio) left out, as llama.cpp's "
-            f"converter leaves them out of the text model's file; no mmproj file of them ({family.mmproj.reason})"
+            f"converter leaves them out of the text model's file; no mmproj file of them ({why})"
         )
     return [o for o in outputs if o.name not in towers]
 

@@ -28,6 +28,8 @@ from .tensors import GGUFPlan, GGUFTensor, Rearranged, WithRows
 MMPROJ_TYPES = ("f32", "f16", "bf16", "q8_0")  # (llama-quantize leaves an mmproj alone: others write it in f16)
 # The vision tower's sizes the mmproj file carries, as the converter's MmprojModel finds them (MmprojPart.sizes)
 SIZES = ("image_size", "patch_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+# the bounds of a clipped linear layer's input and output (Gemma 4's), which the converter names as suffixes
+CLIPPED = (".input_max", ".input_min", ".output_max", ".output_min")
 # q's and k's weights and biases, whose rows MmprojPart.permute_qk reorders within each head
 QK = re.compile(r"\.[qk]_proj\.(weight|bias)$")
 
@@ -61,7 +63,7 @@ def plan_mmproj(
     def llama_name(source: str, output: str) -> str:
         if source.startswith(("v.", "mm.")):  # (named by the family as the converter names it)
             return source
-        name = names.get_name(source, try_suffixes=(".weight", ".bias"))
+        name = names.get_name(source, try_suffixes=(".weight", ".bias", *CLIPPED))
         if name is None:
             raise ConfigMismatchError(
                 f"{where}: the tensor {output} has no name in llama.cpp's mmproj (clip) file; llama.cpp cannot load it"
@@ -83,7 +85,8 @@ def plan_mmproj(
             plan.encoded[output.name] = Rearranged(stored, kinds, output.dtype, how.pieces, how.rows_per_band)
             plan.positions.update((s.name, (output.name, i)) for i, s in enumerate(stored))
             continue
-        stored, kind = stored_as(source, llama_name(source, output.name), output.shape)
+        # (a scalar as a vector of one, as the converter unsqueezes it: Gemma 4's clipped linears' bounds)
+        stored, kind = stored_as(source, llama_name(source, output.name), output.shape or (1,))
         shift = 1.0 if "soft_emb_norm.weight" in source else 0.0  # (Gemma's RMS norm: 1 + weight)
         permuted = head_dim if part.permute_qk and QK.search(source) else 0
         plan.encoded[output.name] = GGUFTensor((stored,), kind, output.dtype, permuted, max(1, permuted), shift)
@@ -159,7 +162,11 @@ def _metadata(
     writer.add_vision_head_count(vision["num_attention_heads"])
     writer.add_vision_image_mean(processor["image_mean"])
     writer.add_vision_image_std(processor["image_std"])
-    writer.add_clip_projector_type(getattr(gguf.VisionProjectorType, part.projector))
+    projector = getattr(gguf.VisionProjectorType, part.projector)
+    if part.vision_projector_type:
+        writer.add_clip_vision_projector_type(projector)
+    else:
+        writer.add_clip_projector_type(projector)
     part.projector_keys(writer, hparams, vision, processor)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 

@@ -1,0 +1,230 @@
+"""Vision towers as llama.cpp's mmproj files, beside the text model (test_gguf_families.py), where the converter's
+own file would not do as it is; each file is checked against the converter's `--mmproj` file, and mtmd encodes an
+image through it into transformers' image features of the same pixels.
+
+- Mistral Small 3.1's Pixtral tower and its patch merger (llama.cpp's `pixtral` projector): the converter's file with
+  one tensor more, the [IMG_BREAK] token's embedding, which llama.cpp needs and the converter drops (its `--mmproj`
+  reads none of a Hugging Face folder's text tensors, so mtmd cannot load its file); mtmd puts that embedding after
+  each row of the image's features.
+- Gemma 4's vision tower (llama.cpp's `gemma4v`), its linear layers clipped: the converter's file with one key more,
+  `clip.use_gelu`, without which llama.cpp runs the tower's MLPs with its default quick GELU where Gemma 4 has GELU
+  (tanh)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import SHIPPED
+from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, used by name)
+    contents,
+    converter,
+    llama_cpp_client,
+)
+
+import unshard
+
+CASE = SHIPPED / "mistral3-fsdp2" / "global_step_1"
+GEMMA4 = SHIPPED / "gemma4vl-fsdp2" / "global_step_1"
+BREAK = "v.token_embd.img_break"
+IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] are 4, 5 and 6)
+# mtmd's image embeddings against transformers' image features (relative distance), measured: Pixtral f32 1.6e-4,
+# q8_0 5.1e-3; Gemma 4 f32 6.7e-5, q8_0 1.0e-2 (with the converter's file, its quick GELU: 3.9e-3)
+IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
+
+
+def image_embeddings(gguf: Path, width: int, height: int, tmp_path: Path) -> tuple[np.ndarray, torch.Tensor]:
+    """A random image's pixels, and its embeddings as mtmd gives them to the text model from GGUF and mmproj-GGUF."""
+    image = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    image.tofile(tmp_path / "image.rgb")
+    files, out = (gguf, gguf.with_name("mmproj-" + gguf.name)), tmp_path / "image.npy"
+    llama_cpp_client("image", *files, width, height, tmp_path / "image.rgb", out)
+    return image, torch.from_numpy(np.load(out))
+
+
+def relative_distance(got: torch.Tensor, expected: torch.Tensor) -> float:
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    return ((got - expected).norm() / expected.norm()).item()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """The fixture's model as the folder unshard writes (the converter's input, and transformers')."""
+    out = tmp_path_factory.mktemp("pixtral") / "hf"
+    unshard.convert(CASE, out, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+def test_the_mmproj_is_the_converter_s_with_the_image_break_embedding(kind, folder, converter, tmp_path):
+    """Every field in order and every tensor's name, type, shape and bytes are the converter's, with one tensor more,
+    first: row [IMG_BREAK] of the text model's embedding in F32. Written in the one pass that writes the text model,
+    read back by --verify; the text model's file holds the embedding whole."""
+    out = tmp_path / "m.gguf"
+    unshard.convert(CASE, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(folder, kind, tmp_path / "oracle.gguf", mmproj=True))
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    assert ours[0]["clip.projector_type"] == "pixtral" and ours[0]["clip.vision.spatial_merge_size"] == 2
+    (name, tensor_type, shape, data), *rest = ours[1]
+    assert [t[:3] for t in rest] == [t[:3] for t in theirs[1]]
+    for a, b in zip(rest, theirs[1]):
+        assert a[3] == b[3], a[0]
+    from safetensors.torch import load_file
+
+    embedding = load_file(folder / "model.safetensors")["language_model.model.embed_tokens.weight"]
+    assert (name, tensor_type, shape) == (BREAK, "F32", [embedding.shape[1]])
+    assert data == embedding[IMAGE_BREAK_ID].float().numpy().tobytes()
+    text = {t[0]: t for t in contents(out)[1]}
+    assert BREAK not in text and text["token_embd.weight"][2] == [embedding.shape[1], embedding.shape[0]]
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_llama_cpp_reads_images_as_transformers_does(kind, folder, tmp_path):
+    """mtmd encodes an image of 128 x 64 pixels (a size it keeps: 8 x 4 patches, merged 2 x 2 into 4 x 2 tokens)
+    into transformers' image features of the same pixels, the [IMG_BREAK] embedding after the first row of them, as
+    Mistral 3's processor puts the token there."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    unshard.convert(CASE, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    width, height = 128, 64
+    image, embeddings = image_embeddings(tmp_path / "m.gguf", width, height, tmp_path)
+    pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], image_sizes=pixels["image_sizes"]
+        )
+    rows = torch.cat(list(features.pooler_output)).reshape(height // 32, width // 32, -1)
+    image_break = model.get_input_embeddings().weight[IMAGE_BREAK_ID].detach()
+    expected = torch.cat([torch.cat([rows[0], image_break[None]]), rows[1]])
+    assert embeddings.shape == (9, 64)
+    assert relative_distance(embeddings, expected) <= IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"vision_feature_layer": -2}, "vision_feature_layer is -2, and llama.cpp's pixtral projector computes -1"),
+        ({"projector_hidden_act": "silu"}, "projector_hidden_act is silu, and llama.cpp's pixtral projector"),
+        ({"text_config": {"rms_norm_eps": 1e-6}}, "rms_norm_eps .the patch merger's norm's. is 1e-06"),
+        ({"vision_config": {"hidden_act": "relu"}}, "the vision tower's hidden_act is 'relu'"),
+        ({"vision_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}}, "rope_theta is 500000"),
+        ("no image break", "the tokenizer has no \\[IMG_BREAK\\] token"),
+    ],
+)
+def test_what_llama_cpp_s_pixtral_computes_otherwise_is_one_line(change, message, folder, tmp_path):
+    """A Mistral 3 whose images llama.cpp's pixtral would make into another model's input, or without the token it
+    puts between their rows: one line, before anything is written."""
+    changed = tmp_path / "hf"
+    shutil.copytree(folder, changed)
+    config = json.loads((changed / "config.json").read_text())
+    if change == "no image break":
+        tokenizer = json.loads((changed / "tokenizer.json").read_text())
+        for token in tokenizer["added_tokens"]:
+            token["content"] = token["content"].replace("[IMG_BREAK]", "[IMG_ROW]")
+        (changed / "tokenizer.json").write_text(json.dumps(tokenizer))
+        settings = json.loads((changed / "tokenizer_config.json").read_text())
+        for token in settings.get("added_tokens_decoder", {}).values():
+            token["content"] = token["content"].replace("[IMG_BREAK]", "[IMG_ROW]")
+        (changed / "tokenizer_config.json").write_text(json.dumps(settings))
+    else:
+        for key, value in change.items():
+            config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    (changed / "config.json").write_text(json.dumps(config))
+    with pytest.raises(unshard.ConfigMismatchError, match=message):
+        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
+
+
+def test_another_tower_is_one_line():
+    """The converter writes Mistral 3's Pixtral tower alone (transformers' Mistral 3 takes another tower's config)."""
+    from unshard.families.mistral3 import pixtral_sizes
+
+    with pytest.raises(unshard.ConfigMismatchError, match="'siglip_vision_model'.*Pixtral tower alone"):
+        pixtral_sizes({"model_type": "siglip_vision_model"}, "config.json")
+
+
+@pytest.fixture(scope="module")
+def gemma4_folder(tmp_path_factory):
+    """gemma4vl-fsdp2's model as the folder unshard writes."""
+    out = tmp_path_factory.mktemp("gemma4v") / "hf"
+    unshard.convert(GEMMA4, out, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+def test_gemma4_s_mmproj_is_the_converter_s_with_its_gelu_named(kind, gemma4_folder, converter, tmp_path):
+    """Every tensor's name, type, shape and bytes are the converter's (the patch embedding as a 2-D convolution, the
+    clipped linear layers' bounds as vectors of one), every field in order too, with one more after the tower's norm
+    epsilon: clip.use_gelu, which makes llama.cpp's gemma4v run GELU (tanh) as Gemma 4 does."""
+    out = tmp_path / "m.gguf"
+    unshard.convert(GEMMA4, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(gemma4_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
+    keys = list(theirs[0])
+    at = keys.index("clip.vision.attention.layer_norm_epsilon") + 1
+    assert list(ours[0]) == [*keys[:at], "clip.use_gelu", *keys[at:]] and ours[0]["clip.use_gelu"] is True
+    assert {k: v for k, v in ours[0].items() if k != "clip.use_gelu"} == theirs[0]
+    assert theirs[0]["clip.vision.projector_type"] == "gemma4v"
+    assert [t[:3] for t in ours[1]] == [t[:3] for t in theirs[1]]
+    for a, b in zip(ours[1], theirs[1]):
+        assert a[3] == b[3], a[0]
+    assert any(t[0] == "v.blk.0.attn_q.input_max" for t in ours[1])
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_llama_cpp_reads_gemma4_images_as_transformers_does(kind, gemma4_folder, tmp_path):
+    """mtmd encodes an image of 480 x 336 pixels (a size both keep: 30 x 21 patches, pooled 3 x 3 into 70 tokens, the
+    fewest llama.cpp's gemma4v makes) into transformers' image features of the same pixels."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    unshard.convert(GEMMA4, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+    model = AutoModelForImageTextToText.from_pretrained(gemma4_folder, dtype=torch.float32)
+    image, embeddings = image_embeddings(tmp_path / "m.gguf", 480, 336, tmp_path)
+    pixels = AutoImageProcessor.from_pretrained(gemma4_folder)(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], image_position_ids=pixels["image_position_ids"]
+        )
+    expected = torch.cat(list(features.pooler_output)).reshape(-1, 64)
+    assert embeddings.shape == (70, 64)
+    assert relative_distance(embeddings, expected) <= IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"pooling_kernel_size": 2}, "pooling_kernel_size is 2, and llama.cpp's gemma4v computes 3"),
+        ({"rope_parameters": {"rope_type": "axial", "rope_theta": 1e4}}, "rope_theta is 10000.0, and llama.cpp's"),
+        ({"rms_norm_eps": 1e-5}, "rms_norm_eps is 1e-05, and llama.cpp's gemma4v computes 1e-06"),
+        (
+            {"hidden_activation": "silu"},
+            "hidden_activation is silu, and llama.cpp's gemma4v computes gelu_pytorch_tanh",
+        ),
+    ],
+)
+def test_what_llama_cpp_s_gemma4v_computes_otherwise_is_one_line(change, message, gemma4_folder, tmp_path):
+    changed = tmp_path / "hf"
+    shutil.copytree(gemma4_folder, changed)
+    config = json.loads((changed / "config.json").read_text())
+    config["vision_config"].update(change)
+    (changed / "config.json").write_text(json.dumps(config))
+    with pytest.raises(unshard.ConfigMismatchError, match=message):
+        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
+
+
+def test_a_gemma4_with_an_audio_tower_gets_the_text_model_alone(gemma4_folder, tmp_path):
+    """E2B's and E4B's audio tower, which the converter's mmproj holds beside the vision tower and unshard does not
+    write yet: no mmproj file, the towers left out of the text model's file with a note, as before."""
+    changed = tmp_path / "hf"
+    shutil.copytree(gemma4_folder, changed)
+    config = json.loads((changed / "config.json").read_text())
+    config["audio_config"] = {"model_type": "gemma4_audio", "hidden_size": 32}
+    (changed / "config.json").write_text(json.dumps(config))
+    plan = unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"), check=False)
+    assert plan.summary()["gguf"]["mmproj"] is None
+    assert any("no mmproj file of them (an mmproj file of Gemma 4's audio tower is not" in n for n in plan.notes)
