@@ -268,6 +268,7 @@ TESTED = {
         "gpt2": "gpt2-fsdp2",
         "bloom": "bloom-fsdp2",
         "mpt": "mpt-fsdp2",
+        "apertus": "apertus-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "gpt_bigcode": "starcoder-fsdp2",
         "olmoe": "olmoe-fsdp2",

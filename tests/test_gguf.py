@@ -1215,6 +1215,7 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("mpt-fsdp2", {"attn_config": {"kv_n_heads": 2}}, "kv_n_heads is 2, and transformers' MPT gives every head"),
         ("mpt-fsdp2", {"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon is 1e-06, and llama.cpp's converter writes"),
         ("mpt-fsdp2", {"attn_config": {"softmax_scale": 0.5}}, "softmax_scale is 0.5, and llama.cpp's mpt scales"),
+        ("apertus-fsdp2", {"hidden_act": "silu"}, "hidden_act is silu, and llama.cpp's apertus runs xIELU"),
         # a config of other experts (or key-value heads, StableLM's norm per head) than the checkpoint's
         (
             "stablelm-fsdp2",

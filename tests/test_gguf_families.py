@@ -284,6 +284,48 @@ def test_granite_4_of_attention_layers_alone_as_the_converter_writes_it(
     assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
 
 
+def test_apertus_as_the_converter_and_llama_quantize_write_it(
+    converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
+    """Apertus as transformers writes it, rows of 256, its xIELU parameters trained apart in each layer: the header
+    carries them, read while planning, first, as the converter writes them, and they are left out of the tensors.
+    The file is the converter's in f32, bf16 and q8_0 and llama-quantize's in the K-quant mixes; llama.cpp computes
+    transformers' logits from it. A layer without its parameters (llama.cpp reads one of each per layer): one line."""
+    from transformers import ApertusConfig, ApertusForCausalLM
+
+    from unshard.families.apertus import xielu_keys
+
+    rope = dict(rope_type="llama3", rope_theta=12e6, factor=8.0, original_max_position_embeddings=32)
+    config = ApertusConfig(
+        vocab_size=63,  # (the fixtures' tokenizer)
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_parameters={**rope, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+        max_position_embeddings=128,
+        architectures=["ApertusForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = ApertusForCausalLM(config).to(torch.bfloat16)
+    random_norms_and_biases(model)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".act_fn." in name:  # (each layer's own, as training leaves them)
+                parameter.add_(torch.randn_like(parameter) * 0.3)
+    folder = saved_with_tokenizer(model, tmp_path)
+    fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path)
+    assert list(fields)[1:5] == [f"xielu.{kind}" for kind in ("alpha_n", "alpha_p", "beta", "eps")]
+    assert fields["xielu.alpha_p"] == [model.model.layers[i].mlp.act_fn.alpha_p.float().item() for i in range(2)]
+    assert not any("act_fn" in t[0] or "xielu" in t[0] for t in tensors)
+    model = ApertusForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
+    values = {f"model.layers.{i}.mlp.act_fn.{kind}": [0.5] for i in (0, 2) for kind in ("alpha_n", "alpha_p")}
+    with pytest.raises(unshard.ConfigMismatchError, match="one xIELU alpha_n for each of the 3 layers, and the che"):
+        xielu_keys(None, values, {"num_hidden_layers": 3}, "config.json")
+
+
 def test_mistral_small_3_s_text_model_as_the_converter_and_llama_quantize_write_it(
     converter, llama_cpp, ggml_library, monkeypatch, tmp_path
 ):
@@ -755,6 +797,7 @@ DENSE = {
     "gemma4vl-fsdp2": "gemma4",
     "mpt-fsdp2": "mpt",
     "mistral3-fsdp2": "mistral3",
+    "apertus-fsdp2": "apertus",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);

@@ -310,6 +310,7 @@ FAMILY_CASES = [
     "gemma4moe-fsdp2",  # (26B-A4B's fused experts made Linear layers: gate_up_proj's rows apart)
     "gemma4vl-fsdp2",  # (Gemma 4 with its vision tower, left as it is)
     "mpt-fsdp2",
+    "apertus-fsdp2",  # (its xIELU parameters left as they are)
 ]
 # transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's router in float32 when loading in bf16, as
 # save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did not yet:

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from . import (
+    apertus,
     arcee,
     bloom,
     cohere,
@@ -57,6 +58,7 @@ from .parts import DEFAULT_FUSED_SIBLINGS, Family, MoELayout, Unsupported
 FAMILIES: tuple[Family, ...] = (
     *llama.FAMILIES,
     *mistral3.FAMILIES,
+    *apertus.FAMILIES,
     *qwen.FAMILIES,
     *gemma.FAMILIES,
     *gemma4.FAMILIES,

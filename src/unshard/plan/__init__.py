@@ -126,6 +126,7 @@ def build_plan(
             out_dtype,
             updates,
             separate_adapter=fold.adapter is not None,
+            read=partial(_read_output, checkpoint, groups),
         )
     )
     files = sink.lay_out(groups, output.max_shard_size)
@@ -229,6 +230,15 @@ def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, 
         target = dtype if source.dtype.is_floating_point else source.dtype
         groups.append(Group(source, [OutputTensor(name, source.shape, target)]))
     return groups, adapter.config(hf_modules, hf_saved)
+
+
+def _read_output(checkpoint: Checkpoint, groups: dict[str, Group], name: str):
+    """Output tensor `name`, whole, as the writer makes it (its checkpoint tensor read, converted, in the output's
+    dtype), for a format that writes a few values into its header (FormatRequest.read)."""
+    source, group = next((source, g) for source, g in groups.items() if any(o.name == name for o in g.outputs))
+    output = next(o for o in group.outputs if o.name == name)
+    whole = checkpoint.read(source)
+    return (whole if group.convert is None else group.convert(whole)[name]).to(output.dtype.torch)
 
 
 def _compose(fold, convert, only_output: str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,9 +36,11 @@ def plan_gguf(
     config_folder: Path | None,
     dtype_name: str,
     config_changes: dict[str, Any] | None = None,
+    read: Callable[[str], Any] | None = None,
 ) -> GGUFPlan:
     """Names, types and metadata of the GGUF file for these output tensors, or a one-line error for a model
-    llama.cpp (or this version of unshard) does not take, before anything is written."""
+    llama.cpp (or this version of unshard) does not take, before anything is written. read: an output's values, for
+    the few a family's header carries (GGUFPart.header_tensors)."""
     gguf = gguf_py()
     if requested.lower().startswith(("q2_k", "q3_k", "iq", "tq", "mxfp4")) and requested not in TYPES:
         raise UnshardError(
@@ -95,6 +98,8 @@ def plan_gguf(
     blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
     why = declined or getattr(family.mmproj, "reason", "")
     outputs = _without_layers_past(plan, _without_towers(plan, outputs, family.gguf.towers, why), blocks)
+    if part.header_tensors:
+        outputs = _into_header(plan, outputs, part, hparams, read, where)
     parameters = _plan_tensors(plan, outputs, hparams, part, arch, head_dim, experts, blocks, where)
     _computed_tensors(plan, hparams, part, head_dim, where)
     plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, blocks, part)
@@ -224,6 +229,19 @@ def _without_towers(plan: GGUFPlan, outputs: list[OutputTensor], towers: str | N
             f"converter leaves them out of the text model's file; no mmproj file of them ({why})"
         )
     return [o for o in outputs if o.name not in towers]
+
+
+def _into_header(
+    plan: GGUFPlan, outputs: list[OutputTensor], part: GGUFPart, hparams: dict, read: Callable, where: Path
+) -> list[OutputTensor]:
+    """The outputs but those whose values the converter writes into the header (part.header_tensors), read now (a
+    few values each) and written there by the family's hook, first, as the converter adds them while reading its
+    tensors; they are left out of the file (plan.left_out), as there."""
+    valued = [o for o in outputs if re.search(part.header_tensors, o.name)]
+    values = {o.name: [float(v) for v in read(o.name).float().reshape(-1)] for o in valued}
+    part.header_from_tensors(plan.writer, values, hparams, where)
+    plan.left_out.update(values)
+    return [o for o in outputs if o.name not in values]
 
 
 def _without_layers_past(plan: GGUFPlan, outputs: list[OutputTensor], blocks: int) -> list[OutputTensor]:

@@ -133,7 +133,14 @@ def plan_sink(request: FormatRequest) -> GGUFSink:
     if request.options.quantize:
         raise UnshardError(f"{request.where}: a GGUF file takes no --quantize (use --gguf-type)")
     outputs = [o for g in request.groups.values() for o in g.outputs]
-    gguf = plan_gguf(request.options.gguf, outputs, request.config_folder, request.dtype.name, request.config_updates)
+    gguf = plan_gguf(
+        request.options.gguf,
+        outputs,
+        request.config_folder,
+        request.dtype.name,
+        request.config_updates,
+        request.read,
+    )
     encodings = {name: e for file in gguf.files().values() for name, e in file.encoded.items()}
     for name, group in list(request.groups.items()):
         if {o.name for o in group.outputs} <= gguf.left_out:  # (a tensor of a layer the file has no place for)
