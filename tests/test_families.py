@@ -269,6 +269,7 @@ TESTED = {
         "bloom": "bloom-fsdp2",
         "mpt": "mpt-fsdp2",
         "apertus": "apertus-fsdp2",
+        "deepseek_v2": "deepseekv2-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "gpt_bigcode": "starcoder-fsdp2",
         "olmoe": "olmoe-fsdp2",

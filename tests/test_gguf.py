@@ -1216,6 +1216,12 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("mpt-fsdp2", {"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon is 1e-06, and llama.cpp's converter writes"),
         ("mpt-fsdp2", {"attn_config": {"softmax_scale": 0.5}}, "softmax_scale is 0.5, and llama.cpp's mpt scales"),
         ("apertus-fsdp2", {"hidden_act": "silu"}, "hidden_act is silu, and llama.cpp's apertus runs xIELU"),
+        # DeepSeek-V2's groups, which llama.cpp ranks by V3's rule
+        (
+            "deepseekv2-fsdp2",
+            {"topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1},
+            "ranks groups by their best expert, and llama.cpp's deepseek2 by the sum of their best two",
+        ),
         # a config of other experts (or key-value heads, StableLM's norm per head) than the checkpoint's
         (
             "stablelm-fsdp2",

@@ -679,6 +679,17 @@ def test_deepseek_v3_as_the_converter_and_llama_quantize_write_it(
     assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
 
 
+def test_a_latent_attention_without_a_query_down_projection_is_taken_as_llama_cpp_loads_it():
+    """llama.cpp's deepseek2 loads a model without q_lora_rank only as DeepSeek-V2-Lite, by its 26 or 27 layers
+    (deepseekv2-fsdp2 has 27): another is one line, before anything is written."""
+    from unshard.families.deepseek import latent_query_checked
+
+    latent_query_checked({"q_lora_rank": None, "num_hidden_layers": 27}, "config.json")
+    latent_query_checked({"q_lora_rank": 64, "num_hidden_layers": 3}, "config.json")
+    with pytest.raises(unshard.ConfigMismatchError, match="q_lora_rank is null .no query down projection. in 3 lay"):
+        latent_query_checked({"q_lora_rank": None, "num_hidden_layers": 3}, "config.json")
+
+
 def test_deepseek_v3_s_multi_token_prediction_layer_kept_in_folders_and_left_out_of_gguf(converter, tmp_path):
     """A DeepSeek-V3 folder as the Hub's holds one: a layer past num_hidden_layers that num_nextn_predict_layers
     counts (the multi-token prediction layer; here a layer of a 4-layer model saved by transformers, its config then
@@ -798,6 +809,7 @@ DENSE = {
     "mpt-fsdp2": "mpt",
     "mistral3-fsdp2": "mistral3",
     "apertus-fsdp2": "apertus",
+    "deepseekv2-fsdp2": "deepseek2",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);

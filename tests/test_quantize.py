@@ -311,11 +311,16 @@ FAMILY_CASES = [
     "gemma4vl-fsdp2",  # (Gemma 4 with its vision tower, left as it is)
     "mpt-fsdp2",
     "apertus-fsdp2",  # (its xIELU parameters left as they are)
+    "deepseekv2-fsdp2",
 ]
-# transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's router in float32 when loading in bf16, as
-# save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did not yet:
-# compared as bf16
-NEWER_FLOAT32 = {"afmoe-fsdp2": "mlp.expert_bias", "exaonemoe-fsdp2": "mlp.gate.weight"}
+# transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's and DeepSeek-V2's routers in float32 when loading in
+# bf16, as save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did
+# not yet: compared as bf16
+NEWER_FLOAT32 = {
+    "afmoe-fsdp2": "mlp.expert_bias",
+    "exaonemoe-fsdp2": "mlp.gate.weight",
+    "deepseekv2-fsdp2": "mlp.gate.weight",
+}
 
 
 def test_families_as_llm_compressor_writes_them(oracle, tmp_path):

@@ -1,14 +1,16 @@
-"""DeepSeek-V3 (and Kimi K2, which is one): multi-latent attention (queries and keys/values each through a low-rank
-down projection, a norm and an up projection; a rotary part carried beside the latent), a few dense layers first,
-then MoE layers whose router scores experts by sigmoid plus a learned bias (`e_score_correction_bias`), in groups,
-with shared experts beside the routed ones. llama.cpp's deepseek2 computes the latent attention absorbed: one
-key-value head (MQA) of the latent's width, kv_b_proj split per head into k_b and v_b (latent_kv).
+"""DeepSeek-V3 (and Kimi K2, which is one), and DeepSeek-V2 (its router softmax, without the bias): multi-latent
+attention (queries and keys/values each through a low-rank down projection, a norm and an up projection; a rotary
+part carried beside the latent), a few dense layers first, then MoE layers whose router scores experts (V3's by sigmoid
+plus a learned bias, `e_score_correction_bias`), in groups, with shared experts beside the routed ones. llama.cpp's
+deepseek2 computes the latent attention absorbed: one key-value head (MQA) of the latent's width, kv_b_proj split per
+head into k_b and v_b (latent_kv).
 
 The MoE block (router and bias, routed and shared experts, dense first layers) is also GLM-4.5's (glm.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from ..names import megatron_rules as m
 from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS, Dropped
 from .gguf_hooks import gguf_quiet, rope_parameters, routed_by_sigmoid, text_hyperparameters
 from .llama import TEXT_ONLY, TORCHTITAN_COMMON
-from .parts import NO_TABLE, Family, GGUFPart, MegatronRules, Rearrangement, Unsupported
+from .parts import NO_TABLE, Family, GGUFPart, MegatronRules, Rearrangement, Unsupported, no_trainer_model
 
 L = m.L
 A = "decoder.layers.{i}.self_attention."
@@ -274,6 +276,41 @@ def latent_kv_pieces(band, keys: int, head_rows: int) -> tuple:
     return heads[:, :keys].swapaxes(1, 2), heads[:, keys:]
 
 
+def latent_query_checked(hparams: dict, where: Path) -> None:
+    """llama.cpp's deepseek2 loads a model without a query down projection (q_lora_rank null) only as DeepSeek-V2-Lite,
+    which it knows by its layers (26 or 27; or 48 of a vocabulary of 128256), and refuses any other."""
+    layers = hparams["num_hidden_layers"]
+    lite = layers in (26, 27) or (layers == 48 and hparams.get("vocab_size") == 128256)
+    if hparams.get("q_lora_rank") is None and not lite:
+        raise ConfigMismatchError(
+            f"{where}: q_lora_rank is null (no query down projection) in {layers} layers, and llama.cpp's deepseek2 "
+            "loads such a model only as DeepSeek-V2-Lite, by its 26 or 27 layers; serve this one with transformers or "
+            "vLLM"
+        )
+
+
+def deepseek_v2_checked(hparams: dict, where: Path) -> None:
+    """DeepSeek-V2's routing as llama.cpp's deepseek2 computes it: softmax over all experts (V2-Lite's `greedy`); V2's
+    `group_limited_greedy` ranks groups by their best expert, llama.cpp by the sum of their best two (V3's rule)."""
+    latent_query_checked(hparams, where)
+    if hparams.get("topk_method", "greedy") != "greedy" and (hparams.get("n_group") or 1) > 1:
+        raise ConfigMismatchError(
+            f"{where}: topk_method is {hparams['topk_method']} in {hparams['n_group']} groups, which ranks groups by "
+            "their best expert, and llama.cpp's deepseek2 by the sum of their best two: it would compute another "
+            "model; serve this one with transformers or vLLM"
+        )
+
+
+# llama.cpp's deepseek2 (DeepSeek-V3's and V2's): the latent attention absorbed
+DEEPSEEK2 = GGUFPart(
+    "DEEPSEEK2",
+    hyperparameters=deepseek2_hyperparameters,
+    vocabulary="bpe",
+    rearranged=latent_kv,
+    one_kv_head=True,
+    check_config=latent_query_checked,
+)
+
 FAMILIES = (
     Family(
         "DeepSeek-V3",
@@ -289,13 +326,7 @@ FAMILIES = (
         meta_names=TORCHTITAN,
         torchtitan_names=TORCHTITAN,
         fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
-        gguf=GGUFPart(
-            "DEEPSEEK2",
-            hyperparameters=deepseek2_hyperparameters,
-            vocabulary="bpe",
-            rearranged=latent_kv,
-            one_kv_head=True,
-        ),
+        gguf=DEEPSEEK2,
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         notes={
@@ -304,5 +335,17 @@ FAMILIES = (
             "to_megatron": "multi-latent attention, dense first layers; no MTP layers (transformers' model has none)",
             "meta_names": "torchtitan's names; its MTP layers are left out with a note (transformers' model has none)",
         },
+    ),
+    Family(
+        "DeepSeek-V2",
+        "deepseek_v2",
+        "DeepseekV2ForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's DeepSeek-V2 layout (its softmax router) is not mapped yet"),
+        **no_trainer_model("DeepSeek-V2"),
+        fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
+        gguf=replace(DEEPSEEK2, check_config=deepseek_v2_checked),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
     ),
 )
