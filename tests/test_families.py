@@ -270,6 +270,7 @@ TESTED = {
         "mpt": "mpt-fsdp2",
         "apertus": "apertus-fsdp2",
         "deepseek_v2": "deepseekv2-fsdp2",
+        "ministral3": "ministral3-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "gpt_bigcode": "starcoder-fsdp2",
         "olmoe": "olmoe-fsdp2",

@@ -375,6 +375,46 @@ def test_mistral_small_3_s_text_model_as_the_converter_and_llama_quantize_write_
         unshard.convert(folder, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
 
 
+def test_ministral_3_as_the_converter_and_llama_quantize_write_it(
+    converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
+    """Ministral 3 (Ministral3ForCausalLM) as transformers writes it, rows of 256, with its YaRN (over a short original
+    context, so that it turns every position here) and its attention's temperature scale by position: llama.cpp's
+    mistral3, the header with YaRN's log multiplier and the temperature's beta as the converter writes them. The file
+    is the converter's in f32, bf16 and q8_0 and llama-quantize's in the K-quant mixes; llama.cpp computes
+    transformers' logits from it. Rope other than YaRN with those keys is one line."""
+    from transformers import Ministral3Config, Ministral3ForCausalLM
+
+    rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 64}
+    rope.update(beta_fast=32.0, beta_slow=1.0, mscale_all_dim=1.0, mscale=1.0, llama_4_scaling_beta=0.1)
+    config = Ministral3Config(
+        vocab_size=63,  # (the fixtures' tokenizer)
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=1024,
+        rope_parameters=rope,
+        architectures=["Ministral3ForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = Ministral3ForCausalLM(config).to(torch.bfloat16)
+    random_norms_and_biases(model)
+    folder = saved_with_tokenizer(model, tmp_path)
+    fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path)
+    assert fields["general.architecture"] == "mistral3" and fields["mistral3.rope.scaling.type"] == "yarn"
+    assert fields["mistral3.attention.temperature_scale"] == pytest.approx(0.1)
+    model = Ministral3ForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
+    saved = json.loads((folder / "config.json").read_text())
+    del saved["rope_parameters"]["llama_4_scaling_beta"]
+    (folder / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(unshard.ConfigMismatchError, match="YaRN with mscale_all_dim and llama_4_scaling_beta"):
+        unshard.convert(folder, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+
+
 # Gemma 4's layouts at rows of 256 (K-quants' blocks): E2B's and E4B's (per-layer embeddings, the last two layers
 # reusing the keys and values of the two before them, their MLPs twice as wide) and 26B-A4B's (fused experts beside
 # each MLP, the global layers with one key head and keys as values)
@@ -810,6 +850,7 @@ DENSE = {
     "mistral3-fsdp2": "mistral3",
     "apertus-fsdp2": "apertus",
     "deepseekv2-fsdp2": "deepseek2",
+    "ministral3-fsdp2": "mistral3",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);

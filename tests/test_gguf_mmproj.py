@@ -28,7 +28,7 @@ from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, u
 
 import unshard
 
-CASE = SHIPPED / "mistral3-fsdp2" / "global_step_1"
+PIXTRAL = SHIPPED / "mistral3-fsdp2" / "global_step_1"
 GEMMA4 = SHIPPED / "gemma4vl-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
 IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] are 4, 5 and 6)
@@ -51,32 +51,51 @@ def relative_distance(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got - expected).norm() / expected.norm()).item()
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
+def assert_same_tensors(ours: list, theirs: list) -> None:
+    """contents()' tensors: the same names, types, shapes and bytes, in the same order."""
+    assert [t[:3] for t in ours] == [t[:3] for t in theirs]
+    for a, b in zip(ours, theirs):
+        assert a[3] == b[3], a[0]
+
+
+def unsharded(case: Path, tmp_path_factory) -> Path:
     """The fixture's model as the folder unshard writes (the converter's input, and transformers')."""
-    out = tmp_path_factory.mktemp("pixtral") / "hf"
-    unshard.convert(CASE, out, progress=False)
+    out = tmp_path_factory.mktemp(case.parent.name) / "hf"
+    unshard.convert(case, out, progress=False)
     return out
 
 
+def with_config(folder: Path, tmp_path: Path, change) -> Path:
+    """A copy of the folder, its config.json as `change` (a function of it) leaves it."""
+    changed = tmp_path / "hf"
+    shutil.copytree(folder, changed)
+    config = json.loads((changed / "config.json").read_text())
+    change(config)
+    (changed / "config.json").write_text(json.dumps(config))
+    return changed
+
+
+@pytest.fixture(scope="module")
+def pixtral_folder(tmp_path_factory):
+    return unsharded(PIXTRAL, tmp_path_factory)
+
+
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
-def test_the_mmproj_is_the_converter_s_with_the_image_break_embedding(kind, folder, converter, tmp_path):
+def test_the_mmproj_is_the_converter_s_with_the_image_break_embedding(kind, pixtral_folder, converter, tmp_path):
     """Every field in order and every tensor's name, type, shape and bytes are the converter's, with one tensor more,
     first: row [IMG_BREAK] of the text model's embedding in F32. Written in the one pass that writes the text model,
     read back by --verify; the text model's file holds the embedding whole."""
     out = tmp_path / "m.gguf"
-    unshard.convert(CASE, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    unshard.convert(PIXTRAL, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
     ours = contents(tmp_path / "mmproj-m.gguf")
-    theirs = contents(converter(folder, kind, tmp_path / "oracle.gguf", mmproj=True))
+    theirs = contents(converter(pixtral_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
     assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
     assert ours[0]["clip.projector_type"] == "pixtral" and ours[0]["clip.vision.spatial_merge_size"] == 2
     (name, tensor_type, shape, data), *rest = ours[1]
-    assert [t[:3] for t in rest] == [t[:3] for t in theirs[1]]
-    for a, b in zip(rest, theirs[1]):
-        assert a[3] == b[3], a[0]
+    assert_same_tensors(rest, theirs[1])
     from safetensors.torch import load_file
 
-    embedding = load_file(folder / "model.safetensors")["language_model.model.embed_tokens.weight"]
+    embedding = load_file(pixtral_folder / "model.safetensors")["language_model.model.embed_tokens.weight"]
     assert (name, tensor_type, shape) == (BREAK, "F32", [embedding.shape[1]])
     assert data == embedding[IMAGE_BREAK_ID].float().numpy().tobytes()
     text = {t[0]: t for t in contents(out)[1]}
@@ -84,17 +103,17 @@ def test_the_mmproj_is_the_converter_s_with_the_image_break_embedding(kind, fold
 
 
 @pytest.mark.parametrize("kind", ["f32", "q8_0"])
-def test_llama_cpp_reads_images_as_transformers_does(kind, folder, tmp_path):
+def test_llama_cpp_reads_images_as_transformers_does(kind, pixtral_folder, tmp_path):
     """mtmd encodes an image of 128 x 64 pixels (a size it keeps: 8 x 4 patches, merged 2 x 2 into 4 x 2 tokens)
     into transformers' image features of the same pixels, the [IMG_BREAK] embedding after the first row of them, as
     Mistral 3's processor puts the token there."""
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
-    unshard.convert(CASE, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
-    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    unshard.convert(PIXTRAL, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+    model = AutoModelForImageTextToText.from_pretrained(pixtral_folder, dtype=torch.float32)
     width, height = 128, 64
     image, embeddings = image_embeddings(tmp_path / "m.gguf", width, height, tmp_path)
-    pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], return_tensors="pt")
+    pixels = AutoImageProcessor.from_pretrained(pixtral_folder)(images=[image], return_tensors="pt")
     with torch.no_grad():
         features = model.model.get_image_features(
             pixel_values=pixels["pixel_values"], image_sizes=pixels["image_sizes"]
@@ -117,25 +136,18 @@ def test_llama_cpp_reads_images_as_transformers_does(kind, folder, tmp_path):
         ("no image break", "the tokenizer has no \\[IMG_BREAK\\] token"),
     ],
 )
-def test_what_llama_cpp_s_pixtral_computes_otherwise_is_one_line(change, message, folder, tmp_path):
+def test_what_llama_cpp_s_pixtral_computes_otherwise_is_one_line(change, message, pixtral_folder, tmp_path):
     """A Mistral 3 whose images llama.cpp's pixtral would make into another model's input, or without the token it
     puts between their rows: one line, before anything is written."""
-    changed = tmp_path / "hf"
-    shutil.copytree(folder, changed)
-    config = json.loads((changed / "config.json").read_text())
-    if change == "no image break":
-        tokenizer = json.loads((changed / "tokenizer.json").read_text())
-        for token in tokenizer["added_tokens"]:
-            token["content"] = token["content"].replace("[IMG_BREAK]", "[IMG_ROW]")
-        (changed / "tokenizer.json").write_text(json.dumps(tokenizer))
-        settings = json.loads((changed / "tokenizer_config.json").read_text())
-        for token in settings.get("added_tokens_decoder", {}).values():
-            token["content"] = token["content"].replace("[IMG_BREAK]", "[IMG_ROW]")
-        (changed / "tokenizer_config.json").write_text(json.dumps(settings))
-    else:
-        for key, value in change.items():
+
+    def changed_config(config: dict) -> None:
+        for key, value in {} if change == "no image break" else change.items():
             config[key] = {**config[key], **value} if isinstance(value, dict) else value
-    (changed / "config.json").write_text(json.dumps(config))
+
+    changed = with_config(pixtral_folder, tmp_path, changed_config)
+    if change == "no image break":  # (the token under another name, where the converter looks for it)
+        text = (changed / "tokenizer.json").read_text().replace("[IMG_BREAK]", "[IMG_ROW]")
+        (changed / "tokenizer.json").write_text(text)
     with pytest.raises(unshard.ConfigMismatchError, match=message):
         unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
 
@@ -150,10 +162,7 @@ def test_another_tower_is_one_line():
 
 @pytest.fixture(scope="module")
 def gemma4_folder(tmp_path_factory):
-    """gemma4vl-fsdp2's model as the folder unshard writes."""
-    out = tmp_path_factory.mktemp("gemma4v") / "hf"
-    unshard.convert(GEMMA4, out, progress=False)
-    return out
+    return unsharded(GEMMA4, tmp_path_factory)
 
 
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
@@ -170,9 +179,7 @@ def test_gemma4_s_mmproj_is_the_converter_s_with_its_gelu_named(kind, gemma4_fol
     assert list(ours[0]) == [*keys[:at], "clip.use_gelu", *keys[at:]] and ours[0]["clip.use_gelu"] is True
     assert {k: v for k, v in ours[0].items() if k != "clip.use_gelu"} == theirs[0]
     assert theirs[0]["clip.vision.projector_type"] == "gemma4v"
-    assert [t[:3] for t in ours[1]] == [t[:3] for t in theirs[1]]
-    for a, b in zip(ours[1], theirs[1]):
-        assert a[3] == b[3], a[0]
+    assert_same_tensors(ours[1], theirs[1])
     assert any(t[0] == "v.blk.0.attn_q.input_max" for t in ours[1])
 
 
@@ -208,11 +215,7 @@ def test_llama_cpp_reads_gemma4_images_as_transformers_does(kind, gemma4_folder,
     ],
 )
 def test_what_llama_cpp_s_gemma4v_computes_otherwise_is_one_line(change, message, gemma4_folder, tmp_path):
-    changed = tmp_path / "hf"
-    shutil.copytree(gemma4_folder, changed)
-    config = json.loads((changed / "config.json").read_text())
-    config["vision_config"].update(change)
-    (changed / "config.json").write_text(json.dumps(config))
+    changed = with_config(gemma4_folder, tmp_path, lambda config: config["vision_config"].update(change))
     with pytest.raises(unshard.ConfigMismatchError, match=message):
         unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
 
@@ -220,11 +223,8 @@ def test_what_llama_cpp_s_gemma4v_computes_otherwise_is_one_line(change, message
 def test_a_gemma4_with_an_audio_tower_gets_the_text_model_alone(gemma4_folder, tmp_path):
     """E2B's and E4B's audio tower, which the converter's mmproj holds beside the vision tower and unshard does not
     write yet: no mmproj file, the towers left out of the text model's file with a note, as before."""
-    changed = tmp_path / "hf"
-    shutil.copytree(gemma4_folder, changed)
-    config = json.loads((changed / "config.json").read_text())
-    config["audio_config"] = {"model_type": "gemma4_audio", "hidden_size": 32}
-    (changed / "config.json").write_text(json.dumps(config))
+    audio = {"model_type": "gemma4_audio", "hidden_size": 32}
+    changed = with_config(gemma4_folder, tmp_path, lambda config: config.update(audio_config=audio))
     plan = unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"), check=False)
     assert plan.summary()["gguf"]["mmproj"] is None
     assert any("no mmproj file of them (an mmproj file of Gemma 4's audio tower is not" in n for n in plan.notes)

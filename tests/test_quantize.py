@@ -312,6 +312,7 @@ FAMILY_CASES = [
     "mpt-fsdp2",
     "apertus-fsdp2",  # (its xIELU parameters left as they are)
     "deepseekv2-fsdp2",
+    "ministral3-fsdp2",
 ]
 # transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's and DeepSeek-V2's routers in float32 when loading in
 # bf16, as save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did

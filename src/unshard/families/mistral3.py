@@ -1,7 +1,8 @@
-"""Mistral Small 3.1 and 3.2 (Mistral3ForConditionalGeneration): a Mistral text model, llama.cpp's `mistral3` (Llama's
-header, q and k reordered per head), and the Pixtral vision tower with its patch merger and projector, the mmproj
-file of llama.cpp's `pixtral` projector: the tower's q and k reordered as the text model's (its 2-D rope turns halves,
-as llama.cpp's), and the [IMG_BREAK] token's embedding, which llama.cpp puts after each row of an image's tokens."""
+"""Mistral Small 3.1 and 3.2 (Mistral3ForConditionalGeneration) and Ministral 3 (Ministral3ForCausalLM, or beside the
+tower): the text model as llama.cpp's `mistral3` (Llama's header, q and k reordered per head; Ministral 3's YaRN with
+its own keys), and the Pixtral vision tower with its patch merger and projector, the mmproj file of llama.cpp's
+`pixtral` projector: the tower's q and k reordered as the text model's (its 2-D rope turns halves, as llama.cpp's),
+and the [IMG_BREAK] token's embedding, which llama.cpp puts after each row of an image's tokens."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gguf_hooks import gguf_py, json_or_empty, llama_hyperparameters, mmproj_model_forced_type, rope_parameters
-from .llama import SIBLINGS, llama_computed
+from .llama import SIBLINGS, TEXT_ONLY, llama_computed
 from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, MmprojPart, Unsupported, no_trainer_model
 
 # The token whose embedding llama.cpp's pixtral projector puts after each row of an image's tokens but the last
@@ -18,16 +19,40 @@ IMAGE_BREAK = "[IMG_BREAK]"
 PIXTRAL_NORM_EPS = 1e-5
 
 
+def ministral3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """Llama's; Ministral 3's YaRN with its log multiplier and the scale of attention's temperature by position (Llama
+    4's), as the converter writes them."""
+    llama_hyperparameters(writer, hparams, ftype, blocks, folder)
+    if hparams.get("model_type") == "ministral3":
+        rope = rope_parameters(hparams)[0]
+        writer.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
+        writer.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
+
+
+def ministral3_checked(hparams: dict, where: Path) -> None:
+    """Ministral 3's YaRN, with the keys the converter writes of it."""
+    rope = rope_parameters(hparams)[0]
+    missing = [key for key in ("mscale_all_dim", "llama_4_scaling_beta") if rope.get(key) is None]
+    if str(rope.get("rope_type")).lower() != "yarn" or missing:
+        raise ConfigMismatchError(
+            f"{where}: Ministral 3's rope_parameters are not YaRN with mscale_all_dim and llama_4_scaling_beta "
+            f"({rope.get('rope_type')!r}{', lacking ' + ', '.join(missing) if missing else ''}), which llama.cpp's "
+            "converter writes of it; pass --config-from the model's own folder"
+        )
+
+
 def mistral3_checked(hparams: dict, where: Path) -> None:
-    """Mistral Small 3's text model as llama.cpp's mistral3 computes it (Llama's, with no sliding window), and its
-    projector as llama.cpp's pixtral computes it; Ministral 3's and Mistral 4's text models, which the converter writes
-    otherwise, are one line."""
-    if hparams.get("model_type") != "mistral":
+    """Mistral Small 3's and Ministral 3's text models as llama.cpp's mistral3 computes them (Llama's, with no sliding
+    window; Ministral 3's YaRN), and the projector as llama.cpp's pixtral computes it; Mistral 4's text model, which
+    the converter writes otherwise, is one line."""
+    if hparams.get("model_type") not in ("mistral", "ministral3"):
         raise ConfigMismatchError(
             f"{where}: text_config's model_type is {hparams.get('model_type')!r}, a Mistral 3 that unshard does not "
-            "write as GGUF yet (Mistral Small 3's text model, `mistral`, it does); write a folder and use llama.cpp's "
-            "convert_hf_to_gguf.py"
+            "write as GGUF yet (Mistral Small 3's and Ministral 3's text models it does); write a folder and use "
+            "llama.cpp's convert_hf_to_gguf.py"
         )
+    if hparams["model_type"] == "ministral3":
+        ministral3_checked(hparams, where)
     if hparams.get("sliding_window") is not None:
         raise ConfigMismatchError(
             f"{where}: sliding_window is {hparams['sliding_window']}, and llama.cpp's mistral3 has no sliding window: "
@@ -40,7 +65,7 @@ def mistral3_checked(hparams: dict, where: Path) -> None:
         "text_config's rms_norm_eps (the patch merger's norm's)": (hparams.get("rms_norm_eps"), PIXTRAL_NORM_EPS),
     }
     for key, (found, computed) in projector.items():
-        if found != computed:
+        if "vision_config" in hparams and found != computed:
             raise ConfigMismatchError(
                 f"{where}: {key} is {found}, and llama.cpp's pixtral projector computes {computed}: its images would "
                 "be another model's; serve this one with transformers or vLLM"
@@ -114,6 +139,16 @@ PIXTRAL = MmprojPart(
     text_rows=image_break_row,
 )
 
+# llama.cpp's mistral3: Mistral Small 3's and Ministral 3's text models (Llama's, q and k reordered per head)
+MISTRAL3 = GGUFPart(
+    "MISTRAL3",
+    hyperparameters=ministral3_hyperparameters,
+    computed=llama_computed,
+    permute_qk=True,
+    llama_vocabulary=True,
+    check_config=mistral3_checked,
+)
+
 FAMILIES = (
     Family(
         "Mistral 3",
@@ -123,15 +158,20 @@ FAMILIES = (
         megatron=Unsupported("Megatron's Mistral 3 layout (its Pixtral tower) is not mapped yet"),
         **no_trainer_model("Mistral 3"),
         fused_siblings=SIBLINGS,
-        gguf=GGUFPart(
-            "MISTRAL3",
-            hyperparameters=llama_hyperparameters,
-            computed=llama_computed,
-            permute_qk=True,
-            llama_vocabulary=True,
-            check_config=mistral3_checked,
-        ),
+        gguf=MISTRAL3,
         mmproj=PIXTRAL,
+        moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "Ministral 3",
+        "ministral3",
+        "Ministral3ForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Ministral 3 layout (its YaRN and attention temperature) is not mapped yet"),
+        **no_trainer_model("Ministral 3"),
+        fused_siblings=SIBLINGS,
+        gguf=MISTRAL3,
+        mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
     ),
 )
