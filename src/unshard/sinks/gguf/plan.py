@@ -216,12 +216,12 @@ def _plan_tensors(
     return _parameter_counts(file_shapes)
 
 
-def _without_towers(plan: GGUFPlan, outputs: list[OutputTensor], towers: str | None, why: str) -> list[OutputTensor]:
+def _without_towers(plan: GGUFPlan, outputs: list[OutputTensor], pattern: str | None, why: str) -> list[OutputTensor]:
     """The outputs but a vision-language model's towers (matching GGUFPart.towers: Gemma 4's) where unshard writes
     no mmproj file of them (why), which the converter's text model leaves out too, in plan.left_out, with a note."""
-    if not towers:
+    if not pattern:
         return outputs
-    towers = {o.name for o in outputs if re.match(towers, o.name)}
+    towers = {o.name for o in outputs if re.match(pattern, o.name)}
     if towers:
         plan.left_out.update(towers)
         plan.notes.append(
