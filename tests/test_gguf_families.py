@@ -129,6 +129,17 @@ def test_llama_cpp_tokenizes_as_transformers_with_each_pre_tokenizer(pre, tmp_pa
     assert json.loads((tmp_path / "ids.json").read_text()) == [fast.encode(t, add_special_tokens=False) for t in texts]
 
 
+# A small dense model whose rows fill the K-quants' blocks of 256, with the fixtures' tokenizer's vocabulary
+ROWS_OF_256 = dict(
+    vocab_size=63,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+
+
 def saved_with_tokenizer(model, tmp_path: Path, special: tuple[str, ...] = ()) -> Path:
     """The model as transformers' save_pretrained writes it, with the fixtures' byte-level BPE tokenizer (and
     these special tokens added): the folder."""
@@ -297,12 +308,7 @@ def test_apertus_as_the_converter_and_llama_quantize_write_it(
 
     rope = dict(rope_type="llama3", rope_theta=12e6, factor=8.0, original_max_position_embeddings=32)
     config = ApertusConfig(
-        vocab_size=63,  # (the fixtures' tokenizer)
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **ROWS_OF_256,
         rope_parameters={**rope, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
         max_position_embeddings=128,
         architectures=["ApertusForCausalLM"],
@@ -388,12 +394,7 @@ def test_ministral_3_as_the_converter_and_llama_quantize_write_it(
     rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 64}
     rope.update(beta_fast=32.0, beta_slow=1.0, mscale_all_dim=1.0, mscale=1.0, llama_4_scaling_beta=0.1)
     config = Ministral3Config(
-        vocab_size=63,  # (the fixtures' tokenizer)
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **ROWS_OF_256,
         head_dim=64,
         max_position_embeddings=1024,
         rope_parameters=rope,
