@@ -295,6 +295,17 @@ def test_granite_4_of_attention_layers_alone_as_the_converter_writes_it(
     assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
 
 
+def test_lfm2_s_short_convolution_is_f32_in_every_type_as_the_converter_writes_it(converter, tmp_path):
+    """LFM2's short convolution kernel, which llama.cpp keeps in f32 whatever the type (the converter and
+    llama-quantize), and which unshard wrote in the file's type until this test: the file is the converter's in f32,
+    bf16 and q8_0."""
+    folder = tmp_path / "hf"
+    unshard.convert(SHIPPED / "lfm2-fsdp2" / "global_step_1", folder, progress=False)
+    as_the_converter_writes_it(folder, converter, tmp_path)
+    tensors = {t[0]: t[1] for t in contents(tmp_path / "bf16.gguf")[1]}
+    assert tensors["blk.0.shortconv.conv.weight"] == "F32" and tensors["blk.0.shortconv.in_proj.weight"] == "BF16"
+
+
 def test_apertus_as_the_converter_and_llama_quantize_write_it(
     converter, llama_cpp, ggml_library, monkeypatch, tmp_path
 ):

@@ -327,10 +327,10 @@ def _in_blocks(name: str) -> tuple[int, str]:
     return (int(name.split(".")[1]) if name.startswith("blk.") else -1, name)
 
 
-# Parts of names llama.cpp keeps in f32 whatever the type (MoE routers, a recurrent layer's convolution kernel), and
-# those llama-quantize alone leaves as the converter's f32 file has them (Gemma 4's projection into the per-layer
-# embeddings, "not too big")
-KEPT_IN_F32 = ("ffn_gate_inp", "ssm_conv1d")
+# Parts of names llama.cpp keeps in f32 whatever the type (MoE routers, a recurrent layer's convolution kernel, LFM2's
+# short convolution's), and those llama-quantize alone leaves as the converter's f32 file has them (Gemma 4's
+# projection into the per-layer embeddings, "not too big")
+KEPT_IN_F32 = ("ffn_gate_inp", "ssm_conv1d", "shortconv.conv")
 NOT_REQUANTIZED = ("per_layer_model_proj",)
 
 
