@@ -271,6 +271,7 @@ TESTED = {
         "apertus": "apertus-fsdp2",
         "deepseek_v2": "deepseekv2-fsdp2",
         "ministral3": "ministral3-fsdp2",
+        "lfm2_moe": "lfm2moe-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "gpt_bigcode": "starcoder-fsdp2",
         "olmoe": "olmoe-fsdp2",

@@ -863,6 +863,7 @@ DENSE = {
     "apertus-fsdp2": "apertus",
     "deepseekv2-fsdp2": "deepseek2",
     "ministral3-fsdp2": "mistral3",
+    "lfm2moe-fsdp2": "lfm2moe",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);

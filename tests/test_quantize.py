@@ -313,10 +313,11 @@ FAMILY_CASES = [
     "apertus-fsdp2",  # (its xIELU parameters left as they are)
     "deepseekv2-fsdp2",
     "ministral3-fsdp2",
+    "lfm2moe-fsdp2",
 ]
 # transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's and DeepSeek-V2's routers in float32 when loading in
 # bf16, as save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did
-# not yet: compared as bf16
+# not yet: compared as bf16. (LFM2-MoE's expert bias both keep: its module makes it in float32.)
 NEWER_FLOAT32 = {
     "afmoe-fsdp2": "mlp.expert_bias",
     "exaonemoe-fsdp2": "mlp.gate.weight",

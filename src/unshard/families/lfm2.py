@@ -1,14 +1,16 @@
 """LFM2 (Liquid's `Lfm2ForCausalLM`): most layers a gated short convolution (in_proj to three widths, a causal depthwise
 convolution of a few taps, out_proj), the others grouped-query attention with q and k normed per head, every layer
 with a SwiGLU MLP (w1, w3, w2) whose width the config derives; llama.cpp's lfm2, the convolution's kernel 2-D and the
-attention's key-value heads per layer (none on the convolution layers), as the converter writes them."""
+attention's key-value heads per layer (none on the convolution layers), as the converter writes them. LFM2-MoE
+(`Lfm2MoeForCausalLM`, llama.cpp's lfm2moe): after its dense first layers, experts behind a sigmoid router with a
+bias in place of the MLP."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import gguf_quiet, text_hyperparameters
+from .gguf_hooks import gguf_py, gguf_quiet, text_hyperparameters
 from .llama import TEXT_ONLY
 from .parts import (
     NO_TABLE,
@@ -57,6 +59,18 @@ def lfm2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
         writer.add_feed_forward_length(lfm2_ffn_width(hparams))
 
 
+def lfm2moe_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's LFM2MoeModel's: the TextModel's with key-value heads on the attention layers alone, then the
+    experts' width, the dense first layers, the sigmoid gating, the vocabulary's size, the convolution's cache."""
+    heads = [hparams["num_key_value_heads"] if kind != "conv" else 0 for kind in lfm2_layer_kinds(hparams)]
+    text_hyperparameters(writer, {**hparams, "num_key_value_heads": heads}, ftype, blocks, folder)
+    writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
+    writer.add_leading_dense_block_count(hparams["num_dense_layers"])
+    writer.add_expert_gating_func(gguf_py().ExpertGatingFuncType.SIGMOID)
+    writer.add_vocab_size(hparams["vocab_size"])
+    writer.add_shortconv_l_cache(hparams["conv_L_cache"])
+
+
 def lfm2_checked(hparams: dict, where: Path) -> None:
     """llama.cpp's lfm2 convolution has no biases."""
     if hparams.get("conv_bias"):
@@ -85,5 +99,27 @@ FAMILIES = (
         gguf=GGUFPart("LFM2", hyperparameters=lfm2_hyperparameters, check_config=lfm2_checked, rearranged=lfm2_kernel),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "LFM2-MoE",
+        "lfm2_moe",
+        "Lfm2MoeForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's LFM2 layout (short convolutions) is not mapped yet"),
+        **no_trainer_model("LFM2-MoE"),
+        fused_siblings=(("q_proj", "k_proj", "v_proj"), ("w1", "w3")),
+        gguf=GGUFPart(
+            "LFM2MOE",
+            hyperparameters=lfm2moe_hyperparameters,
+            check_config=lfm2_checked,
+            rearranged=lfm2_kernel,
+            # (the converter's names: the router's bias as a bias, the stacked experts without `model.`)
+            renames=(
+                (r"\.expert_bias$", ".expert_bias.bias"),
+                (r"^model\.(layers\.\d+\.feed_forward\.experts\.)", r"\1"),
+            ),
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
     ),
 )

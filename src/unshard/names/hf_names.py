@@ -77,7 +77,7 @@ _answers: dict[str, ModelFacts | None] = {}
 
 # Raised when the way a config's model is built for the question changes (meta_model), so that answers
 # remembered by an earlier unshard are asked again.
-FACTS_REVISION = 6
+FACTS_REVISION = 7
 
 
 def _facts_entry(config_folder: Path, config: dict, updates: dict | None) -> str | None:
@@ -103,7 +103,9 @@ def _recalled(entry: str) -> tuple[bool, ModelFacts | None]:
 
 def _ask(config_folder: Path, config: dict, updates: dict | None, entry: str) -> ModelFacts | None:
     """The facts of the model the config describes (None if transformers has no class for it), remembered."""
-    model = meta_model(config_folder, config, updates)
+    import torch
+
+    model = meta_model(config_folder, config, updates, dtype=torch.bfloat16)
     facts = None if model is None else ModelFacts.of(model)
     if facts is not None:
         known.remember("models", entry, facts.to_json())

@@ -13,8 +13,9 @@ from ..errors import ConfigMismatchError
 from . import known
 
 
-def meta_model(config_folder: Path, config: dict, updates: dict | None = None) -> Any:
-    """The model class the config names, built on the meta device; None if that cannot be done safely."""
+def meta_model(config_folder: Path, config: dict, updates: dict | None = None, dtype: Any = None) -> Any:
+    """The model class the config names, built on the meta device (in `dtype`, a torch dtype, where given; else in the
+    config's); None if that cannot be done safely."""
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -22,10 +23,10 @@ def meta_model(config_folder: Path, config: dict, updates: dict | None = None) -
     if config.get("auto_map"):
         return None  # custom code: building it would run code from the checkpoint
     with known.transformers_quiet():
-        return _built_on_meta(config_folder, config, updates or {})
+        return _built_on_meta(config_folder, config, updates or {}, dtype)
 
 
-def _built_on_meta(config_folder: Path, config: dict, updates: dict) -> Any:
+def _built_on_meta(config_folder: Path, config: dict, updates: dict, dtype: Any) -> Any:
     import transformers
 
     try:
@@ -48,14 +49,18 @@ def _built_on_meta(config_folder: Path, config: dict, updates: dict) -> Any:
         raise ConfigMismatchError(f"--architecture {architectures[0]}: transformers has no such model class")
     import torch
 
+    # (transformers < 5 names the dtype `torch_dtype`)
+    in_dtype = (
+        {} if dtype is None else {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": dtype}
+    )
     with torch.device("meta"):
         if model_class is None:
             try:  # a config saved without `architectures`: the causal LM of its model_type
-                return transformers.AutoModelForCausalLM.from_config(hf_config)
+                return transformers.AutoModelForCausalLM.from_config(hf_config, **in_dtype)
             except ValueError:
                 return None
         try:
-            return model_class._from_config(hf_config)
+            return model_class._from_config(hf_config, **in_dtype)
         except Exception as e:  # (values its config class takes and its model cannot be built with: Gemma 4's rope)
             raise _unreadable(config_folder, "build the model from it", e) from None
 
@@ -119,6 +124,8 @@ class ModelFacts:
 
     @classmethod
     def of(cls, model) -> ModelFacts:
+        """The facts of a model built on the meta device; built in a 16-bit dtype (meta_model's `dtype`), what it
+        holds in float32 is known to be made so."""
         kept = {name for name, _ in model.named_parameters()}
         tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - kept
         in_memory = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -160,21 +167,25 @@ def _saved_shapes(model, in_memory: dict[str, tuple[int, ...]]) -> dict[str, tup
 def _kept_in_float32(model) -> dict[str, list[str]]:
     """The names transformers loads in float32 whatever 16-bit dtype is asked for, by that dtype's name: the
     model's `_keep_in_fp32_modules_strict` (and in float16 `_keep_in_fp32_modules` too), patterns searched in each
-    name with `*` for any text, as transformers' loader matches them; each in memory and as saved (Nemotron-H's
-    router, `model.` in memory and `backbone.` as saved, is read by either name)."""
+    name with `*` for any text, as transformers' loader matches them, and the tensors its modules make in float32
+    whatever the default dtype (LFM2-MoE's router bias, a buffer no plan names); each in memory and as saved
+    (Nemotron-H's router, `model.` in memory and `backbone.` as saved, is read by either name)."""
     import torch
 
     try:
         from transformers.core_model_loading import revert_weight_conversion
     except ImportError:  # transformers < 5 saves in-memory names as they are
         revert_weight_conversion = None
-    shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
+    state = model.state_dict()
+    shapes = {name: tensor.shape for name, tensor in state.items()}
     names = list(shapes)
+    built_in_16_bits = any(t.dtype in (torch.bfloat16, torch.float16) for t in state.values())
+    made_float32 = [n for n, t in state.items() if t.dtype == torch.float32] if built_in_16_bits else []
     kept = {}
     for dtype in (torch.bfloat16, torch.float16):
         plan = model._get_dtype_plan(dtype) if hasattr(model, "_get_dtype_plan") else {}
         found = [re.compile(p.replace("*", ".*")) for p, kept_as in plan.items() if kept_as == torch.float32]
-        if matched := [n for n in names if any(f.search(n) for f in found)]:
+        if matched := [n for n in names if n in made_float32 or any(f.search(n) for f in found)]:
             if revert_weight_conversion is not None:
                 meta = {n: torch.empty(shapes[n], device="meta") for n in matched}
                 matched += [n for n in revert_weight_conversion(model, meta) if n not in matched]
