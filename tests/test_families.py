@@ -272,6 +272,8 @@ TESTED = {
         "deepseek_v2": "deepseekv2-fsdp2",
         "ministral3": "ministral3-fsdp2",
         "lfm2_moe": "lfm2moe-fsdp2",
+        "glm4v": "glm4v-fsdp2",
+        "glm4v_moe": "glm4vmoe-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "gpt_bigcode": "starcoder-fsdp2",
         "olmoe": "olmoe-fsdp2",
@@ -300,6 +302,8 @@ TESTED = {
     },
     "mmproj": {
         "gemma3": "gemma3vl-fsdp2-spm",
+        "glm4v": "glm4v-fsdp2",
+        "glm4v_moe": "glm4vmoe-fsdp2",
         "gemma4": "gemma4vl-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "qwen2_vl": "qwen2vl-fsdp2",

@@ -27,10 +27,20 @@ from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, u
 
 import unshard
 
-CASES = ["qwen2vl-fsdp2", "qwen25vl-fsdp2", "qwen3vl-fsdp2", "qwen3vlmoe-fsdp2", "qwen35vl-fsdp2", "qwen35moevl-fsdp2"]
+CASES = [
+    "qwen2vl-fsdp2",
+    "qwen25vl-fsdp2",
+    "qwen3vl-fsdp2",
+    "qwen3vlmoe-fsdp2",
+    "qwen35vl-fsdp2",
+    "qwen35moevl-fsdp2",
+    "glm4v-fsdp2",
+    "glm4vmoe-fsdp2",
+]
 # llama.cpp's image features against transformers' (relative distance, f32), measured: Qwen2-VL 4e-4, Qwen2.5-VL
 # 6.7e-3 (its windowed attention), Qwen3-VL 4.2e-4 (with its deepstack features), Qwen3-VL-MoE 4.3e-4 (its text
-# logits 3.2e-4), Qwen3.5 4.0e-4 (its text logits, through Gated DeltaNet layers, 1.6e-4)
+# logits 3.2e-4), Qwen3.5 4.0e-4 (its text logits, through Gated DeltaNet layers, 1.6e-4), GLM-4.1V 7.5e-4 (its
+# learned positions resized from 4 x 4 patches to 6 x 6, bicubic both)
 IMAGE_TOLERANCE = {
     "qwen2vl-fsdp2": 1e-3,
     "qwen25vl-fsdp2": 1e-2,
@@ -38,6 +48,8 @@ IMAGE_TOLERANCE = {
     "qwen3vlmoe-fsdp2": 1e-3,
     "qwen35vl-fsdp2": 1e-3,
     "qwen35moevl-fsdp2": 1e-3,
+    "glm4v-fsdp2": 2e-3,
+    "glm4vmoe-fsdp2": 2e-3,
 }
 # an image mtmd keeps at its size (84 pixels: 3 x 3 tokens of 28; Qwen3-VL's patches of 16: 96 pixels)
 IMAGE_SIDE = {
@@ -47,6 +59,15 @@ IMAGE_SIDE = {
     "qwen3vlmoe-fsdp2": 96,
     "qwen35vl-fsdp2": 96,
     "qwen35moevl-fsdp2": 96,
+    "glm4v-fsdp2": 84,
+    "glm4vmoe-fsdp2": 84,
+}
+# M-RoPE's sections, as the fixtures' configs state them (padded to 4)
+SECTIONS = {
+    "qwen35vl-fsdp2": [2, 1, 1, 0],
+    "qwen35moevl-fsdp2": [2, 1, 1, 0],
+    "glm4v-fsdp2": [2, 1, 1, 0],
+    "glm4vmoe-fsdp2": [2, 1, 1, 0],
 }
 # Qwen3-VL-MoE's fused experts as Qwen's release holds them, each expert transposed: the one layout the converter
 # reads (transformers 5 saves them as it holds them, and loads either)
@@ -91,7 +112,7 @@ def test_text_model_and_mmproj_as_the_converter_writes_them(case, converter, tmp
         assert_same_file(tmp_path / "released.gguf", tmp_path / "oracle-f16.gguf")
     fields, tensors = contents(tmp_path / "f16.gguf")
     architecture = fields["general.architecture"]
-    sections = [2, 1, 1, 0] if case.startswith("qwen35") else [2, 3, 3, 0]
+    sections = SECTIONS.get(case, [2, 3, 3, 0])
     assert fields[f"{architecture}.rope.dimension_sections"] == sections and not any("visual" in t[0] for t in tensors)
     types = {t[0]: t[1] for t in contents(tmp_path / "mmproj-f16.gguf")[1]}
     assert types["v.patch_embd.weight.1"] == "F16" and types["v.blk.0.ffn_up.weight"] == "F16"
@@ -145,3 +166,37 @@ def test_fused_experts_that_cannot_be_told_from_their_transpose_are_refused():
     assert qwen3vl_moe_experts(name, (4, 192, 64), {**hparams, "moe_intermediate_size": 96}, "config.json")
     with pytest.raises(ConfigMismatchError, match="cannot be told apart from its transpose"):
         qwen3vl_moe_experts(name, (4, 64, 64), {**hparams, "moe_intermediate_size": 32}, "config.json")
+
+
+@pytest.mark.parametrize(
+    "part, change, message",
+    [
+        (
+            "text_config",
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}},
+            "rope_parameters name no partial_rotary_factor: transformers' GLM-4.1V then rotates whole heads",
+        ),
+        ("vision_config", {"spatial_merge_size": 4}, "spatial_merge_size is 4, and llama.cpp's glm4v merges 2 x 2"),
+        ("vision_config", {"rope_parameters": {"rope_type": "axial", "rope_theta": 5e5}}, "rope_theta is 500000.0"),
+        ("vision_config", {"hidden_act": "gelu_pytorch_tanh"}, "hidden_act is 'gelu_pytorch_tanh'"),
+    ],
+)
+def test_what_llama_cpp_s_glm4v_computes_otherwise_is_one_line(part, change, message, tmp_path):
+    """A GLM-4.1V whose text or images llama.cpp would compute otherwise than transformers: refused while planning, in
+    one line naming the file, nothing written."""
+    src = SHIPPED / "glm4v-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config[part].update(change)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(unshard.ConfigMismatchError) as refused:
+        unshard.convert(
+            src,
+            tmp_path / "m.gguf",
+            config_from=tmp_path / "hf",
+            check=False,
+            output=unshard.OutputOptions(gguf="f32"),
+            progress=False,
+        )
+    assert message in str(refused.value) and "\n" not in str(refused.value), refused.value
+    assert "config.json" in str(refused.value) and not list(tmp_path.glob("*.gguf*"))

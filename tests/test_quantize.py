@@ -425,6 +425,8 @@ def test_vision_language_models_as_llm_compressor_writes_them(oracle, tmp_path):
         "qwen2vl": SHIPPED / "qwen2vl-fsdp2",
         "qwen25vl": SHIPPED / "qwen25vl-fsdp2",
         "qwen3vl": SHIPPED / "qwen3vl-fsdp2",  # (saved as `model.visual.*`, `model.language_model.*`)
+        "glm4v": SHIPPED / "glm4v-fsdp2",  # (so too)
+        "glm4vmoe": SHIPPED / "glm4vmoe-fsdp2",  # (its experts saved one by one, as transformers 5 saves them)
         "mllama": SHIPPED / "mllama-fsdp2",
     }
     from unshard.sinks.compressed_tensors import DEFAULT_IGNORE
@@ -442,27 +444,28 @@ def test_vision_language_models_as_llm_compressor_writes_them(oracle, tmp_path):
                 "ignore": list(DEFAULT_IGNORE),
             }
         )
-        loads += [
-            load_job(tmp_path / f"{name}-plain", tmp_path / folder, "W8A8") for folder in (name, f"oracle-{name}")
-        ]
+        if name != "glm4vmoe":  # (transformers 5.17 builds experts fused, which compressed-tensors does not take)
+            loads += [
+                load_job(tmp_path / f"{name}-plain", tmp_path / folder, "W8A8") for folder in (name, f"oracle-{name}")
+            ]
     oracle("quantize", jobs, tmp_path)
     for name in cases:
         assert_same_files(tmp_path / name, tmp_path / f"oracle-{name}")
         ignored = json.loads((tmp_path / name / "config.json").read_text())["quantization_config"]["ignore"]
-        assert ignored and all(
+        assert ignored and all(  # (the towers, the head and GLM-4.5V's router)
             m.startswith(("visual.", "model.visual.", "vision_model.", "multi_modal_projector"))
             for m in ignored
-            if "lm_head" not in m
+            if "lm_head" not in m and not m.endswith(".mlp.gate")
         )
     # transformers 5 cannot load either tool's Qwen2-VL, Qwen2.5-VL or Mllama folder whole: compressed-tensors matches
     # the ignore list (the checkpoint's names, as vLLM reads them) against the names transformers holds, so it expects
-    # scales for the vision tower (and for Mllama's head, left uninitialised); Qwen3-VL's saved names are the ones it
-    # holds, and it loads whole. It loads unshard's as it loads llm-compressor's, and the Qwen models' logits (a text
-    # prompt) are the same.
+    # scales for the vision tower (and for Mllama's head, left uninitialised); Qwen3-VL's and GLM-4.1V's saved names are
+    # the ones it holds, and they load whole. It loads unshard's as it loads llm-compressor's, and the Qwen models' and
+    # GLM-4.1V's logits (a text prompt) are the same.
     loaded = oracle("load", loads, tmp_path)
-    for name, ours, theirs in zip(cases, loaded[::2], loaded[1::2]):
+    for name, ours, theirs in zip([n for n in cases if n != "glm4vmoe"], loaded[::2], loaded[1::2]):
         assert (ours["missing"], ours["unexpected"]) == (theirs["missing"], theirs["unexpected"])
-        assert bool(ours["missing"]) == (name != "qwen3vl"), (name, ours["missing"])
+        assert bool(ours["missing"]) == (name not in ("qwen3vl", "glm4v")), (name, ours["missing"])
         if "lm_head.weight_scale" not in ours["missing"]:
             assert ours["max_abs"] == theirs["max_abs"] and ours["max_abs"] / ours["scale"] < 0.05
 

@@ -10,6 +10,11 @@ the config counts (llama.cpp loads a file without them: a trained checkpoint has
 GLM-4.7-Flash (`Glm4MoeLiteForCausalLM`): DeepSeek-V3's latent attention and MoE block with GLM's vocabulary and an MTP
 layer; llama.cpp's deepseek2 as for DeepSeek-V3, with room for the MTP layers as for GLM-4.5.
 
+GLM-4.1V (`Glm4vForConditionalGeneration`): GLM-4's text model with M-RoPE (the head's rotary half by time, height
+and width), which llama.cpp computes in NeoX's halves: q's and k's rotary rows reordered so, as the converter does; a
+tower of Qwen2-VL's patches with learned positions, merged 2 x 2 by a convolution into a SwiGLU projector, as the
+mmproj file of llama.cpp's glm4v.
+
 Solar Open (`SolarOpenForCausalLM`, Upstage's): GLM-4.5's MoE block in every layer, without q and k norms, rotary
 over whole heads; llama.cpp's glm4moe with Solar Open's special tokens, as the converter writes it."""
 
@@ -19,20 +24,33 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from ..errors import ConfigMismatchError
 from ..names import megatron_rules as m
 from .deepseek import MEGATRON_SIGMOID_MOE, deepseek2_hyperparameters, latent_kv, sigmoid_moe_config
-from .gguf_hooks import gguf_py, rope_parameters, text_hyperparameters, with_leading_dense_layers
+from .gguf_hooks import (
+    gguf_py,
+    mmproj_model_forced_type,
+    rope_parameters,
+    text_hyperparameters,
+    with_leading_dense_layers,
+)
 from .llama import TEXT_ONLY
 from .parts import (
+    DEFAULT_FUSED_SIBLINGS,
     NO_META_NAMES,
     NO_TABLE,
     NOT_A_MOE_INPUT,
     Family,
     GGUFPart,
     MegatronRules,
+    MmprojPart,
+    Rearrangement,
     Unsupported,
     no_trainer_model,
 )
+from .vlm import MEGATRON, NO_MOE, qwen2vl_sizes, qwen3vl_vision_name, qwen3vl_vision_split
 
 
 def _config(args: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +116,81 @@ def glm4moelite_hyperparameters(writer, hparams: dict, ftype, blocks: int, folde
         writer.add_nextn_predict_layers(hparams["num_nextn_predict_layers"])
 
 
+def glm4v_checked(hparams: dict, where: Path) -> None:
+    """transformers' GLM-4.1V rotates whole heads where the config names no partial rotary factor, the converter
+    (and so llama.cpp) half of each."""
+    if "partial_rotary_factor" not in rope_parameters(hparams)[1]:
+        raise ConfigMismatchError(
+            f"{where}: text_config's rope_parameters name no partial_rotary_factor: transformers' GLM-4.1V then "
+            "rotates whole heads and llama.cpp's converter half of each; state it (GLM-4.1V's is 0.5)"
+        )
+
+
+def glm4v_neox_rows(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """With M-RoPE, q's and k's rows (weight and bias) in each head's rotary part as NeoX's halves (the even rows,
+    then the odd), as the converter's Glm4Model reorders them: llama.cpp's M-RoPE turns halves, GLM's pairs."""
+    rope = rope_parameters(hparams)[1]
+    if "mrope_section" not in rope or not name.endswith(
+        ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")
+    ):
+        return None
+    head = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
+    rotary = int(head * rope["partial_rotary_factor"])
+    return Rearrangement({name: shape}, partial(neox_halves, head, rotary), rows_per_band=head)
+
+
+def neox_halves(head: int, rotary: int, band) -> tuple:
+    """A band of whole heads, each head's first `rotary` rows as their even rows, then their odd."""
+    heads = band.reshape(-1, head, *band.shape[1:])
+    turned = heads[:, :rotary]
+    return (np.concatenate([turned[:, 0::2], turned[:, 1::2], heads[:, rotary:]], axis=1).reshape(band.shape),)
+
+
+def glm4v_sizes(vision: dict, where: Path) -> dict:
+    """Qwen2-VL's sizes (the image as the config says), refusing what llama.cpp's glm4v takes otherwise: it merges
+    2 x 2 patches and turns the tower's rope at 10000, and knows SiLU and GELU only."""
+    merge, act = vision.get("spatial_merge_size", 2), vision.get("hidden_act", "silu")
+    theta = (vision.get("rope_parameters") or {}).get("rope_theta", 10000)
+    for wrong, why in (
+        (merge != 2, f"spatial_merge_size is {merge}, and llama.cpp's glm4v merges 2 x 2 patches"),
+        (theta != 10000, f"rope_theta is {theta}, and llama.cpp's glm4v turns the tower's rope at 10000"),
+        (act not in ("silu", "gelu"), f"hidden_act is {act!r}, and llama.cpp's glm4v runs SiLU or GELU"),
+    ):
+        if wrong:
+            raise ConfigMismatchError(
+                f"{where}: vision_config's {why}: it would compute other image features; serve this model with "
+                "transformers or vLLM"
+            )
+    return qwen2vl_sizes(vision, where)
+
+
+def glm4v_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The converter's Glm4VVisionModel's: the activation, the tower's norm epsilon."""
+    if vision.get("hidden_act", "silu") == "gelu":
+        writer.add_vision_use_gelu(True)
+    else:
+        writer.add_vision_use_silu(True)
+    writer.add_vision_attention_layernorm_eps(vision.get("rms_norm_eps", 1e-5))
+
+
+def glm4v_vision_split(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
+    """Qwen3-VL's tower (its Conv3D patch embedding as two 2-D ones, its bias, qkv fused); the patch merger as gguf-py
+    maps GLM-4.1V's names."""
+    return None if name.startswith("visual.merger.") else qwen3vl_vision_split(name, shape, vision)
+
+
+# GLM-4.1V's and GLM-4.5V's tower and projector, as the converter's Glm4VVisionModel writes them
+GLM4V_MMPROJ = MmprojPart(
+    "GLM4V",
+    r"^(?:model\.)?visual\.",
+    glm4v_sizes,
+    glm4v_projector_keys,
+    forced_type=mmproj_model_forced_type,
+    converter_name=qwen3vl_vision_name,
+    rearranged=glm4v_vision_split,
+)
+
+
 # the special tokens the converter's GLM vocabulary sets by their text (over tokenizer_config.json's)
 GLM_SPECIAL_TOKENS = (("bos", "[gMASK]"), ("eot", "<|user|>"), ("unk", "<|endoftext|>"), ("eom", "<|observation|>"))
 # and its Solar Open vocabulary
@@ -124,6 +217,25 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "GLM-4.1V",
+        "glm4v",
+        "Glm4vForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=MEGATRON,
+        **no_trainer_model("GLM-4.1V"),
+        fused_siblings=DEFAULT_FUSED_SIBLINGS,
+        gguf=GGUFPart(
+            "GLM4",
+            hyperparameters=glm4_hyperparameters,
+            check_config=glm4v_checked,
+            vocabulary="bpe",
+            special_tokens=GLM4_SPECIAL_TOKENS,
+            rearranged=glm4v_neox_rows,
+        ),
+        mmproj=GLM4V_MMPROJ,
+        moe_layout=NO_MOE,
     ),
     Family(
         "GLM-4.5",
@@ -157,6 +269,24 @@ FAMILIES = (
             "megatron_legacy": "partial rotary, dense first layers; MTP layers are left out",
             "megatron_dist": "partial rotary, dense first layers; MTP layers are left out",
         },
+    ),
+    Family(
+        "GLM-4.5V",
+        "glm4v_moe",
+        "Glm4vMoeForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=MEGATRON,
+        **no_trainer_model("GLM-4.5V"),
+        fused_siblings=DEFAULT_FUSED_SIBLINGS,
+        # (its M-RoPE turns NeoX's halves, as llama.cpp's: no rows reordered)
+        gguf=GGUFPart(
+            "GLM4_MOE",
+            hyperparameters=glm4moe_hyperparameters,
+            vocabulary="bpe",
+            special_tokens=GLM_SPECIAL_TOKENS,
+        ),
+        mmproj=GLM4V_MMPROJ,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
     ),
     Family(
         "Solar Open",
