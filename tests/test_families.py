@@ -274,6 +274,7 @@ TESTED = {
         "lfm2_moe": "lfm2moe-fsdp2",
         "glm4v": "glm4v-fsdp2",
         "glm4v_moe": "glm4vmoe-fsdp2",
+        "llama4": "llama4-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "gpt_bigcode": "starcoder-fsdp2",
         "olmoe": "olmoe-fsdp2",

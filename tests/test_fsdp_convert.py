@@ -84,6 +84,8 @@ def test_transformers_loads_it_and_logits_match(case, tmp_path):
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     original = model_class.from_pretrained(src / "reference")
     ids = torch.tensor([[1, 5, 17, 42, 99, 3, 7, 2]])
+    if case == "llama4-fsdp2":  # (transformers 5.24's Llama 4 runs no text without an image: its causal LM within does)
+        model, original = model.language_model, original.language_model
     with torch.no_grad():
         assert torch.equal(model(ids).logits, original(ids).logits)
 

@@ -79,12 +79,15 @@ def converter(tmp_path_factory):
 def for_the_converter(folder: Path) -> str | None:
     """The pre-tokenizer's name to give the converter for a folder's tokenizer: None for a SentencePiece model,
     GPT-2's for the fixtures' trained byte-level BPE, whose tokenizer_config.json then names the class transformers 4
-    (the converter's venv) knows for it."""
+    (the converter's venv) knows for it, without transformers 5's list of extra special tokens, which transformers 4
+    rejects (they are added tokens of tokenizer.json all the same)."""
     import json
 
     if (folder / "tokenizer.model").is_file():
         return None
     config = json.loads((folder / "tokenizer_config.json").read_text())
+    if isinstance(config.get("extra_special_tokens"), list):
+        config.pop("extra_special_tokens")
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "PreTrainedTokenizerFast"}))
     return "gpt-2"
 

@@ -864,6 +864,7 @@ DENSE = {
     "deepseekv2-fsdp2": "deepseek2",
     "ministral3-fsdp2": "mistral3",
     "lfm2moe-fsdp2": "lfm2moe",
+    "llama4-fsdp2": "llama4",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
@@ -933,10 +934,13 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
         assert fields["deepseek2.expert_gating_func"] == gguf.ExpertGatingFuncType.SIGMOID
         assert fields["tokenizer.ggml.tokens"][fields["tokenizer.ggml.eom_token_id"]] == "<|observation|>"
     # (a vision-language model transformers has no causal LM class for: its text alone)
-    auto = transformers.AutoModelForImageTextToText if case == "mistral3-fsdp2" else transformers.AutoModelForCausalLM
+    vision = case in ("mistral3-fsdp2", "llama4-fsdp2")
+    auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
     model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]
-    expected = model(torch.tensor([prompt])).logits[0].detach()
+    # (transformers 5.24's Llama 4 runs no text without an image: its causal LM within does)
+    forward = model.language_model if case == "llama4-fsdp2" else model
+    expected = forward(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(ours, prompt, 0, kv_cache="f32" if DENSE[case] == "gemma4" else "f16")
     distance = ((logits - expected).norm() / expected.norm()).item()
     tolerance = GEMMA4_F32_TOLERANCE if DENSE[case] == "gemma4" else LLAMA_CPP_TOLERANCE["f32"]
@@ -1021,3 +1025,30 @@ def test_fused_attention_in_the_k_quant_mixes_as_llama_quantize_chooses(
         (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **HUB_KEYS[case](config)}))
     converter(tmp_path / "hf", "f32", tmp_path / "oracle-f32.gguf", pre=for_the_converter(tmp_path / "hf"))
     assert_llama_quantize_mixes_it(tmp_path / "hf", ggml_library, monkeypatch, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"no_rope_layers": [1, 1, 1, 1]},
+            "no_rope_layers is [1, 1, 1, 1], and llama.cpp's llama4 computes [1, 1, 1, 0]",
+        ),
+        ({"attention_chunk_size": 4096}, "attention_chunk_size is 4096, and llama.cpp's llama4 computes 8192"),
+        ({"use_qk_norm": False}, "use_qk_norm is False, and llama.cpp's llama4 computes True (with 4 experts)"),
+        ({"attn_scale": 0.2}, "attn_scale is 0.2, and llama.cpp's llama4 computes 0.1"),
+    ],
+)
+def test_what_llama_cpp_s_llama4_computes_otherwise_is_one_line(change, message, tmp_path):
+    """A Llama 4 whose text llama.cpp's llama4 would compute otherwise (it fixes its layout in code, not by the file):
+    refused while planning, in one line naming the file, nothing written."""
+    src = SHIPPED / "llama4-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["text_config"].update(change)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    out = unshard.OutputOptions(gguf="f32")
+    with pytest.raises(unshard.ConfigMismatchError) as refused:
+        unshard.convert(src, tmp_path / "m.gguf", config_from=tmp_path / "hf", check=False, output=out, progress=False)
+    assert message in str(refused.value) and "\n" not in str(refused.value), refused.value
+    assert "config.json" in str(refused.value) and not (tmp_path / "m.gguf").exists()

@@ -36,6 +36,7 @@ from . import (
     jais,
     lfm2,
     llama,
+    llama4,
     minimax,
     mistral3,
     mixtral,
@@ -91,6 +92,7 @@ FAMILIES: tuple[Family, ...] = (
     *dots.FAMILIES,
     *minimax.FAMILIES,
     *gpt_oss.FAMILIES,
+    *llama4.FAMILIES,
     *vlm.FAMILIES,
 )
 _BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES}

@@ -1,0 +1,104 @@
+"""Llama 4 (`Llama4ForConditionalGeneration`: Scout's and Maverick's layout): a MoE layer every
+`interleave_moe_layer_step` layers (experts behind a sigmoid router that scales their input, a shared expert beside),
+the others an MLP of their own width (`intermediate_size_mlp`); q and k L2-normed, no rotary embeddings on every fourth
+layer and attention in chunks on the others, Llama 3's rope scaling. The text model as llama.cpp's llama4, which fixes
+much of that layout in code (the chunks' size, the layers without rope, the attention's temperature): what it fixes is
+checked against the config. The experts are held fused as Meta's release has them (gate and up side by side, each
+expert's matrices transposed): llama.cpp stacks them apart, llm-compressor makes a Linear layer of each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigMismatchError
+from .gguf_hooks import llama_hyperparameters
+from .llama import llama_computed
+from .parts import (
+    DEFAULT_FUSED_SIBLINGS,
+    NO_TABLE,
+    Family,
+    GGUFPart,
+    Rearrangement,
+    Unsupported,
+    transposed,
+)
+from .vlm import transposed_halves
+
+
+def llama4_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's Llama4Model's: Llama's with the dense layers' width as the model's, then the MoE layers' step
+    and the experts' width; no sliding window where every layer attends to all (MobileLLM's)."""
+    dense = {**hparams, "intermediate_size": hparams["intermediate_size_mlp"]}
+    llama_hyperparameters(writer, dense, ftype, blocks, folder)
+    writer.add_interleave_moe_layer_step(hparams["interleave_moe_layer_step"])
+    writer.add_expert_feed_forward_length(hparams["intermediate_size"])
+    if "layer_types" in hparams and all(kind == "full_attention" for kind in hparams["layer_types"]):
+        writer.add_sliding_window(0)
+
+
+def llama4_checked(hparams: dict, where: Path) -> None:
+    """What llama.cpp's llama4 computes whatever the file says: attention in chunks of 8192 tokens on three layers in
+    four and the fourth without rope, the attention's temperature over 8192 positions at 0.1, q and k normed but
+    with 128 experts, a MoE layer every `interleave_moe_layer_step` layers, SiLU."""
+    layers, step = hparams["num_hidden_layers"], hparams["interleave_moe_layer_step"]
+    experts = hparams["num_local_experts"]
+    every_fourth = [int((i + 1) % 4 != 0) for i in range(layers)]
+    chunked = ["chunked_attention" if rope else "full_attention" for rope in every_fourth]
+    runs = {
+        "no_rope_layers": (list(hparams.get("no_rope_layers") or every_fourth), every_fourth),
+        "layer_types": (list(hparams.get("layer_types") or chunked), chunked),
+        "attention_chunk_size": (hparams.get("attention_chunk_size"), 8192),
+        "attn_temperature_tuning": (hparams.get("attn_temperature_tuning", True), True),
+        "floor_scale": (hparams.get("floor_scale", 8192), 8192),
+        "attn_scale": (hparams.get("attn_scale", 0.1), 0.1),
+        "use_qk_norm": (hparams.get("use_qk_norm", True), experts != 128),
+        "moe_layers": (
+            list(hparams.get("moe_layers") or range(step - 1, layers, step)),
+            list(range(step - 1, layers, step)),
+        ),
+        "hidden_act": (hparams.get("hidden_act", "silu"), "silu"),
+    }
+    for key, (found, computed) in runs.items():
+        if found != computed:
+            raise ConfigMismatchError(
+                f"{where}: text_config's {key} is {found}, and llama.cpp's llama4 computes {computed} (with "
+                f"{experts} experts): it would compute another model; serve this one with transformers or vLLM"
+            )
+
+
+def llama4_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """The fused experts as llama.cpp stacks them (and llm-compressor makes Linear layers of them): gate_up_proj
+    (experts x hidden x gate's and up's columns) as gate's and up's stacks, each expert [intermediate, hidden], and
+    down_proj (experts x intermediate x hidden) each expert transposed."""
+    if name.endswith(".experts.gate_up_proj"):
+        stack, base = (shape[0], shape[2] // 2, shape[1]), name.removesuffix("gate_up_proj")
+        return Rearrangement({base + "gate_proj.weight": stack, base + "up_proj.weight": stack}, transposed_halves)
+    if name.endswith(".experts.down_proj"):
+        return Rearrangement({name + ".weight": (shape[0], shape[2], shape[1])}, transposed)
+    return None
+
+
+FAMILIES = (
+    Family(
+        "Llama 4",
+        "llama4",
+        "Llama4ForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Llama 4 layout is not mapped yet"),
+        meta_names=Unsupported("torchtitan's Llama 4 (an experiment in 0.3) is not mapped yet"),
+        fused_siblings=DEFAULT_FUSED_SIBLINGS,
+        gguf=GGUFPart(
+            "LLAMA4",
+            hyperparameters=llama4_hyperparameters,
+            computed=llama_computed,
+            check_config=llama4_checked,
+            vocabulary="bpe",
+            rearranged=llama4_experts,
+            towers=r"^(?:model\.)?(?:vision_model|multi_modal_projector)\.",
+        ),
+        mmproj=Unsupported("llama.cpp's llama4 projector is not written yet: the vision tower is left out"),
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        linearized=llama4_experts,
+        notes={"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
+    ),
+)
