@@ -1244,12 +1244,19 @@ def test_a_config_llama_cpp_would_run_otherwise_is_one_line(case, change, expect
     """Refused while planning, in one line naming the file, nothing written. Asked of the library (the CLI prints
     such an error as its one line: test_the_cli_says_a_refused_config_in_one_line), so that transformers, imported
     once, reads each changed config."""
+    assert_refused_in_one_line(case, lambda config: config.update(change), expected, tmp_path)
+
+
+def assert_refused_in_one_line(case: str, change, expected: str, tmp_path: Path) -> None:
+    """The fixture's GGUF output with its config.json as `change` (a function of it) leaves it: refused while planning
+    in one line holding `expected` and naming the file, nothing written."""
     import json
 
     src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **change}))
+    change(config)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     # (check=False: a dense layer the checkpoint lacks would fail the config check first; llama.cpp's checks stand)
     with pytest.raises(unshard.ConfigMismatchError) as refused:
         unshard.convert(
@@ -1261,7 +1268,8 @@ def test_a_config_llama_cpp_would_run_otherwise_is_one_line(case, change, expect
             progress=False,
         )
     assert expected in str(refused.value) and "\n" not in str(refused.value), refused.value
-    assert not (tmp_path / "m.gguf").exists() and not leftovers(tmp_path)
+    assert "config.json" in str(refused.value), refused.value
+    assert not list(tmp_path.glob("*.gguf*")) and not leftovers(tmp_path)
 
 
 def test_the_cli_says_a_refused_config_in_one_line(tmp_path):

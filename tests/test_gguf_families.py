@@ -19,6 +19,7 @@ from safetensors import safe_open
 from test_cli_and_errors import run_cli
 from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: the fixtures, used by name)
     LLAMA_CPP_TOLERANCE,
+    assert_refused_in_one_line,
     assert_same_file,
     contents,
     converter,
@@ -1042,13 +1043,4 @@ def test_fused_attention_in_the_k_quant_mixes_as_llama_quantize_chooses(
 def test_what_llama_cpp_s_llama4_computes_otherwise_is_one_line(change, message, tmp_path):
     """A Llama 4 whose text llama.cpp's llama4 would compute otherwise (it fixes its layout in code, not by the file):
     refused while planning, in one line naming the file, nothing written."""
-    src = SHIPPED / "llama4-fsdp2" / "global_step_1"
-    unshard.convert(src, tmp_path / "hf", progress=False)
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    config["text_config"].update(change)
-    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    out = unshard.OutputOptions(gguf="f32")
-    with pytest.raises(unshard.ConfigMismatchError) as refused:
-        unshard.convert(src, tmp_path / "m.gguf", config_from=tmp_path / "hf", check=False, output=out, progress=False)
-    assert message in str(refused.value) and "\n" not in str(refused.value), refused.value
-    assert "config.json" in str(refused.value) and not (tmp_path / "m.gguf").exists()
+    assert_refused_in_one_line("llama4-fsdp2", lambda config: config["text_config"].update(change), message, tmp_path)

@@ -17,6 +17,7 @@ import torch
 from conftest import SHIPPED
 from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, used by name)
     LLAMA_CPP_TOLERANCE,
+    assert_refused_in_one_line,
     assert_same_file,
     contents,
     converter,
@@ -181,19 +182,4 @@ def test_fused_experts_that_cannot_be_told_from_their_transpose_are_refused():
 def test_what_llama_cpp_s_glm4v_computes_otherwise_is_one_line(part, change, message, tmp_path):
     """A GLM-4.1V whose text or images llama.cpp would compute otherwise than transformers: refused while planning, in
     one line naming the file, nothing written."""
-    src = SHIPPED / "glm4v-fsdp2" / "global_step_1"
-    unshard.convert(src, tmp_path / "hf", progress=False)
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    config[part].update(change)
-    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(unshard.ConfigMismatchError) as refused:
-        unshard.convert(
-            src,
-            tmp_path / "m.gguf",
-            config_from=tmp_path / "hf",
-            check=False,
-            output=unshard.OutputOptions(gguf="f32"),
-            progress=False,
-        )
-    assert message in str(refused.value) and "\n" not in str(refused.value), refused.value
-    assert "config.json" in str(refused.value) and not list(tmp_path.glob("*.gguf*"))
+    assert_refused_in_one_line("glm4v-fsdp2", lambda config: config[part].update(change), message, tmp_path)
