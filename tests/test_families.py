@@ -275,6 +275,7 @@ TESTED = {
         "glm4v": "glm4v-fsdp2",
         "glm4v_moe": "glm4vmoe-fsdp2",
         "llama4": "llama4-fsdp2",
+        "mamba2": "mamba2-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "gpt_bigcode": "starcoder-fsdp2",
         "olmoe": "olmoe-fsdp2",

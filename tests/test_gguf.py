@@ -1163,6 +1163,12 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("afmoe-fsdp2", {"route_norm": False}, "route_norm is false, and transformers' AFMoE renormalises"),
         ("jais2-fsdp2", {"mlp_bias": False}, "mlp_bias is false, and llama.cpp's jais2 takes biases there"),
         ("lfm2-fsdp2", {"conv_bias": True}, "conv_bias is set, and llama.cpp's lfm2 convolution has no biases"),
+        ("mamba2-fsdp2", {"use_bias": True}, "use_bias is set, and llama.cpp's mamba2 has no biases"),
+        (
+            "mamba2-fsdp2",
+            {"vocab_size": 120},
+            "vocab_size is 120, which llama.cpp's converter pads to a multiple of 16",
+        ),
         # Granite 4.0's hybrids: rope, a clamped time step, all attention layers, a vocabulary the converter pads,
         # experts chosen where there are none
         ("granitehybrid-fsdp2", {"position_embedding_type": "rope"}, "position_embedding_type is rope, and llama.cpp"),

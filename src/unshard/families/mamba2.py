@@ -1,5 +1,6 @@
 """Mamba-2 layers as llama.cpp's converter writes them (its Mamba2Model, which its hybrid models build on: Granite
-4.0's, Nemotron-H's): the tensors it stores otherwise than as they are, and the header keys of their sizes."""
+4.0's, Nemotron-H's): the tensors it stores otherwise than as they are, and the header keys of their sizes. And Mamba-2
+itself (`Mamba2ForCausalLM`: Mamba-Codestral's layout, every layer Mamba-2's), llama.cpp's mamba2."""
 
 from __future__ import annotations
 
@@ -8,7 +9,19 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gguf_hooks import gguf_quiet
-from .parts import Rearrangement, middle_axis_dropped, negated_exp, renamed_only
+from .llama import TEXT_ONLY
+from .parts import (
+    NO_TABLE,
+    NOT_A_MOE_INPUT,
+    Family,
+    GGUFPart,
+    Rearrangement,
+    Unsupported,
+    middle_axis_dropped,
+    negated_exp,
+    no_trainer_model,
+    renamed_only,
+)
 
 
 def mamba2_tensors(name: str, shape: tuple[int, ...], mixer: str, groups: int) -> Rearrangement | None:
@@ -73,3 +86,66 @@ def mamba2_checked(hparams: dict, where: Path, arch: str) -> None:
             f"{where}: vocab_size is {hparams['vocab_size']}, which llama.cpp's converter pads to a multiple of 8 "
             f"tokens past the embedding's rows: llama.cpp would not load the file{other_model}"
         )
+
+
+def mamba2_inner(hparams: dict) -> int:
+    return hparams.get("intermediate_size") or hparams.get("expand", 2) * hparams["hidden_size"]
+
+
+def mamba2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's Mamba2Model's (not the TextModel's): a context of 2^20, no feed-forward width or heads, the
+    Mamba-2 sizes (its time-step rank the heads: the inner width over head_dim), the norms' epsilon."""
+    writer.add_context_length(2**20)
+    writer.add_embedding_length(hparams["hidden_size"])
+    writer.add_feed_forward_length(0)
+    writer.add_head_count(0)
+    writer.add_block_count(blocks)
+    writer.add_ssm_conv_kernel(hparams.get("conv_kernel") or 4)
+    writer.add_ssm_inner_size(mamba2_inner(hparams))
+    writer.add_ssm_state_size(hparams.get("state_size") or 128)
+    writer.add_ssm_time_step_rank(mamba2_inner(hparams) // (hparams.get("head_dim") or 64))
+    writer.add_ssm_group_count(hparams.get("n_groups") or 1)
+    writer.add_layer_norm_rms_eps(hparams.get("layer_norm_epsilon") or 1e-5)
+    writer.add_file_type(ftype)
+
+
+def mamba2_model_checked(hparams: dict, where: Path) -> None:
+    """Every hybrid's Mamba-2 checks, no biases on the projections (use_bias), and a vocabulary of whole sixteens:
+    the converter pads Mamba-2's to a multiple of 16 tokens, past the embedding's rows otherwise."""
+    mamba2_checked(hparams, where, "mamba2")
+    for wrong, why in (
+        (hparams.get("use_bias"), "use_bias is set, and llama.cpp's mamba2 has no biases on its projections"),
+        (
+            hparams["vocab_size"] % 16,
+            f"vocab_size is {hparams['vocab_size']}, which llama.cpp's converter pads to a multiple of 16 tokens past "
+            "the embedding's rows: llama.cpp would not load the file",
+        ),
+    ):
+        if wrong:
+            raise ConfigMismatchError(f"{where}: {why}; serve this model with transformers or vLLM")
+
+
+def mamba2_model_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    return mamba2_tensors(name, shape, ".mixer.", hparams.get("n_groups") or 1)
+
+
+FAMILIES = (
+    Family(
+        "Mamba-2",
+        "mamba2",
+        "Mamba2ForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Mamba layout is not mapped yet"),
+        **no_trainer_model("Mamba-2"),
+        fused_siblings=(),
+        gguf=GGUFPart(
+            "MAMBA2",
+            hyperparameters=mamba2_hyperparameters,
+            check_config=mamba2_model_checked,
+            vocabulary="bpe",
+            rearranged=mamba2_model_tensors,
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
+    ),
+)

@@ -134,10 +134,8 @@ def _plan_tensors(
     file_type = plan.file_type
     qtype = getattr(gguf.GGMLQuantizationType, kquants.MIXES.get(file_type, file_type).upper())
     names = gguf.get_tensor_name_map(arch, blocks)
-    heads, kv_heads = (
-        hparams["num_attention_heads"],
-        hparams.get("num_key_value_heads") or hparams["num_attention_heads"],
-    )
+    heads = hparams.get("num_attention_heads") or 0  # (none: Mamba-2's, which llama.cpp counts as 0)
+    kv_heads = hparams.get("num_key_value_heads") or heads
     ordered = sorted(outputs, key=lambda o: o.name)  # (the converter's order, from a one-file folder: sorted)
     llama_names, stacks, row_of, rearranged = [], {}, {}, {}
     for output in ordered:
