@@ -276,6 +276,8 @@ TESTED = {
         "glm4v_moe": "glm4vmoe-fsdp2",
         "llama4": "llama4-fsdp2",
         "mamba2": "mamba2-fsdp2",
+        "mamba": "mamba-fsdp2",
+        "falcon_mamba": "falconmamba-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "gpt_bigcode": "starcoder-fsdp2",
         "olmoe": "olmoe-fsdp2",

@@ -1164,6 +1164,8 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("jais2-fsdp2", {"mlp_bias": False}, "mlp_bias is false, and llama.cpp's jais2 takes biases there"),
         ("lfm2-fsdp2", {"conv_bias": True}, "conv_bias is set, and llama.cpp's lfm2 convolution has no biases"),
         ("mamba2-fsdp2", {"use_bias": True}, "use_bias is set, and llama.cpp's mamba2 has no biases"),
+        ("mamba-fsdp2", {"use_conv_bias": False}, "use_conv_bias is off, and llama.cpp's mamba reads the bias"),
+        ("falconmamba-fsdp2", {"use_bias": True}, "use_bias is set, and llama.cpp's mamba has no biases"),
         (
             "mamba2-fsdp2",
             {"vocab_size": 120},

@@ -867,6 +867,8 @@ DENSE = {
     "lfm2moe-fsdp2": "lfm2moe",
     "llama4-fsdp2": "llama4",
     "mamba2-fsdp2": "mamba2",
+    "mamba-fsdp2": "mamba",
+    "falconmamba-fsdp2": "mamba",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);

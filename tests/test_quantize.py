@@ -316,6 +316,8 @@ FAMILY_CASES = [
     "lfm2moe-fsdp2",
     "llama4-fsdp2",  # (its fused experts each a Linear layer, its vision tower left as it is)
     "mamba2-fsdp2",
+    "mamba-fsdp2",
+    "falconmamba-fsdp2",
 ]
 # transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's and DeepSeek-V2's routers in float32 when loading in
 # bf16, as save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did

@@ -94,7 +94,8 @@ def plan_gguf(
     experts = first_of(hparams, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts") or 0
     if part.check_config:
         part.check_config(hparams, where)
-    head_dim = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
+    heads = hparams.get("num_attention_heads")  # (none: a state-space model's, Mamba's)
+    head_dim = hparams.get("head_dim") or (heads and hparams["hidden_size"] // heads) or 0
     blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
     why = declined or getattr(family.mmproj, "reason", "")
     outputs = _without_layers_past(plan, _without_towers(plan, outputs, family.gguf.towers, why), blocks)
