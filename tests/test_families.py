@@ -278,6 +278,7 @@ TESTED = {
         "mamba2": "mamba2-fsdp2",
         "mamba": "mamba-fsdp2",
         "falcon_mamba": "falconmamba-fsdp2",
+        "jamba": "jamba-fsdp2-spm",
         "mistral3": "mistral3-fsdp2",
         "gpt_bigcode": "starcoder-fsdp2",
         "olmoe": "olmoe-fsdp2",

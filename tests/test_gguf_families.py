@@ -869,6 +869,7 @@ DENSE = {
     "mamba2-fsdp2": "mamba2",
     "mamba-fsdp2": "mamba",
     "falconmamba-fsdp2": "mamba",
+    "jamba-fsdp2-spm": "jamba",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
@@ -1047,3 +1048,15 @@ def test_what_llama_cpp_s_llama4_computes_otherwise_is_one_line(change, message,
     """A Llama 4 whose text llama.cpp's llama4 would compute otherwise (it fixes its layout in code, not by the file):
     refused while planning, in one line naming the file, nothing written."""
     assert_refused_in_one_line("llama4-fsdp2", lambda config: config["text_config"].update(change), message, tmp_path)
+
+
+def test_a_jamba_without_its_sentencepiece_model_is_one_line(tmp_path):
+    """The converter reads a Jamba's tokenizer.json alone as a Llama vocabulary unshard does not write: one line
+    naming the folder, nothing written."""
+    src = SHIPPED / "jamba-fsdp2-spm" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    (tmp_path / "hf" / "tokenizer.model").unlink()
+    out = unshard.OutputOptions(gguf="f32")
+    with pytest.raises(unshard.ConfigMismatchError, match="no tokenizer.model, and llama.cpp's converter reads") as e:
+        unshard.convert(src, tmp_path / "m.gguf", config_from=tmp_path / "hf", output=out, progress=False)
+    assert str(tmp_path / "hf") in str(e.value) and not (tmp_path / "m.gguf").exists()

@@ -67,10 +67,11 @@ def mamba_checked(hparams: dict, where: Path) -> None:
 
 
 def mamba_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
-    """A as -exp(A_log), the depthwise convolution's kernel 2-D; the others as they are."""
-    if name.endswith(".mixer.A_log"):
+    """A as -exp(A_log), the depthwise convolution's kernel 2-D; the others as they are (Mamba's layers and
+    Jamba's)."""
+    if name.endswith(".A_log"):
         return Rearrangement({name: shape}, partial(in_rows_of, width=shape[-1], negated=True))
-    if name.endswith(".mixer.conv1d.weight"):
+    if name.endswith(".conv1d.weight"):
         return Rearrangement({name: (shape[0], shape[-1])}, middle_axis_dropped)
     return None
 
