@@ -1167,6 +1167,7 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("mamba-fsdp2", {"use_conv_bias": False}, "use_conv_bias is off, and llama.cpp's mamba reads the bias"),
         ("falconmamba-fsdp2", {"use_bias": True}, "use_bias is set, and llama.cpp's mamba has no biases"),
         ("jamba-fsdp2-spm", {"mamba_proj_bias": True}, "mamba_proj_bias is set, and llama.cpp's jamba has no such"),
+        ("glm5-fsdp2", {"scoring_func": "softmax"}, "gating function is 'softmax', and transformers' GLM-5 routes by"),
         ("jamba-fsdp2-spm", {"sliding_window": 64}, "sliding_window is 64, which llama.cpp's jamba has not"),
         (
             "mamba2-fsdp2",

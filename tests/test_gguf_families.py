@@ -870,6 +870,7 @@ DENSE = {
     "mamba-fsdp2": "mamba",
     "falconmamba-fsdp2": "mamba",
     "jamba-fsdp2-spm": "jamba",
+    "glm5-fsdp2": "glm-dsa",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
@@ -880,6 +881,7 @@ HUB_KEYS = {
     "gpt2-fsdp2": lambda config: {"n_ctx": config["n_positions"]},
     # (GLM-4.7-Flash's dense first layer, which transformers reads from mlp_layer_types, and its sigmoid router)
     "glm47flash-fsdp2": lambda config: {"first_k_dense_replace": 1, "scoring_func": "sigmoid"},
+    "glm5-fsdp2": lambda config: {"first_k_dense_replace": 1},  # (GLM-5's dense first layer, as GLM-4.7-Flash's)
     # (MiniMax-M2's rotated part of a head, which transformers reads into partial_rotary_factor, and its sigmoid router)
     "minimax-m2-fsdp2": lambda config: {"rotary_dim": 8, "scoring_func": "sigmoid"},
     "cohere2-fsdp2": lambda config: {"rotary_pct": 1.0},  # (the Hub's Command R7B has it; transformers' class has none)

@@ -28,9 +28,18 @@ import numpy as np
 
 from ..errors import ConfigMismatchError
 from ..names import megatron_rules as m
-from .deepseek import MEGATRON_SIGMOID_MOE, deepseek2_hyperparameters, latent_kv, sigmoid_moe_config
+from .deepseek import (
+    MEGATRON_SIGMOID_MOE,
+    deepseek2_hyperparameters,
+    latent_kv,
+    latent_query_checked,
+    sigmoid_moe_config,
+)
 from .gguf_hooks import (
+    GATING_KEYS,
+    first_of,
     gguf_py,
+    gguf_quiet,
     mmproj_model_forced_type,
     rope_parameters,
     text_hyperparameters,
@@ -114,6 +123,39 @@ def glm4moelite_hyperparameters(writer, hparams: dict, ftype, blocks: int, folde
     deepseek2_hyperparameters(writer, hparams, ftype, blocks, folder)
     if hparams.get("num_nextn_predict_layers"):
         writer.add_nextn_predict_layers(hparams["num_nextn_predict_layers"])
+
+
+def glm_dsa_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's GlmMoeDsaModel's: DeepSeek-V2's (the dense first layers as transformers reads them, from
+    mlp_layer_types), the rotary part of the rope dimensions, the MTP layers' count where the config has one, then the
+    sparse attention's indexer: its heads, their width, how many tokens it keeps, which layers' indexers are full
+    (gguf-py 0.19 names no key for them: llama.cpp's name)."""
+    hparams = with_leading_dense_layers(hparams, folder / "config.json", "glm-dsa")
+    deepseek2_hyperparameters(writer, hparams, ftype, blocks, folder)
+    rotated = rope_parameters(hparams)[0].get("partial_rotary_factor", 1.0)
+    with gguf_quiet():  # (written again, as the converter does)
+        writer.add_rope_dimension_count(int(hparams["qk_rope_head_dim"] * rotated))
+    if hparams.get("num_nextn_predict_layers") is not None:
+        writer.add_nextn_predict_layers(hparams["num_nextn_predict_layers"])
+    writer.add_indexer_head_count(hparams["index_n_heads"])
+    writer.add_indexer_key_length(hparams["index_head_dim"])
+    writer.add_indexer_top_k(hparams["index_topk"])
+    if hparams.get("indexer_types") is not None:
+        writer.add_array(
+            f"{writer.arch}.attention.indexer.types", [kind == "full" for kind in hparams["indexer_types"]]
+        )
+
+
+def glm_dsa_checked(hparams: dict, where: Path) -> None:
+    """DeepSeek-V2's latent query, and the sigmoid routing transformers' GLM-5 computes whatever the config says (and
+    llama.cpp's glm-dsa where the config names no gating function)."""
+    latent_query_checked(hparams, where)
+    gating = first_of(hparams, *GATING_KEYS)
+    if gating not in (None, "sigmoid"):
+        raise ConfigMismatchError(
+            f"{where}: the experts' gating function is {gating!r}, and transformers' GLM-5 routes by a sigmoid "
+            "whatever the config says (llama.cpp would follow the config); fix or remove it"
+        )
 
 
 def glm4v_checked(hparams: dict, where: Path) -> None:
@@ -287,6 +329,30 @@ FAMILIES = (
         ),
         mmproj=GLM4V_MMPROJ,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+    ),
+    Family(
+        "GLM-5",
+        "glm_moe_dsa",
+        "GlmMoeDsaForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's GLM-5 layout (its sparse attention's indexer) is not mapped yet"),
+        **no_trainer_model("GLM-5"),
+        fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
+        gguf=GGUFPart(
+            "GLM_DSA",
+            hyperparameters=glm_dsa_hyperparameters,
+            check_config=glm_dsa_checked,
+            vocabulary="bpe",
+            rearranged=latent_kv,
+            one_kv_head=True,
+            special_tokens=GLM_SPECIAL_TOKENS,
+            extra_blocks="num_nextn_predict_layers",
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        notes={
+            "quantize": "not compared with llm-compressor, whose pinned transformers (5.17) cannot read GLM-5's config"
+        },
     ),
     Family(
         "Solar Open",

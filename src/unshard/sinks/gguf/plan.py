@@ -327,9 +327,9 @@ def _in_blocks(name: str) -> tuple[int, str]:
 
 
 # Parts of names llama.cpp keeps in f32 whatever the type (MoE routers, a recurrent layer's convolution kernel, LFM2's
-# short convolution's), and those llama-quantize alone leaves as the converter's f32 file has them (Gemma 4's
-# projection into the per-layer embeddings, "not too big")
-KEPT_IN_F32 = ("ffn_gate_inp", "ssm_conv1d", "shortconv.conv")
+# short convolution's, the sparse attention's indexer's head weights), and those llama-quantize alone leaves as the
+# converter's f32 file has them (Gemma 4's projection into the per-layer embeddings, "not too big")
+KEPT_IN_F32 = ("ffn_gate_inp", "ssm_conv1d", "shortconv.conv", "indexer.proj")
 NOT_REQUANTIZED = ("per_layer_model_proj",)
 
 
