@@ -280,6 +280,7 @@ TESTED = {
         "falcon_mamba": "falconmamba-fsdp2",
         "jamba": "jamba-fsdp2-spm",
         "glm_moe_dsa": "glm5-fsdp2",
+        "exaone4_5": "exaone45-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "gpt_bigcode": "starcoder-fsdp2",
         "olmoe": "olmoe-fsdp2",

@@ -6,7 +6,11 @@ EXAONE MoE (K-EXAONE): EXAONE 4's attention (q and k normed per head, rope on th
 norms before attention and the MLP, dense first layers, then DeepSeek-V3's experts (a sigmoid router choosing by a
 correction bias, a shared expert, the routing scaled and renormalised); llama.cpp's exaone-moe. The config counts MTP
 layers, which a trained checkpoint lacks (transformers drops them); the converter's file has blocks for them all the
-same, and llama.cpp's exaone-moe loads no file without their tensors, so unshard's file has no MTP layers."""
+same, and llama.cpp's exaone-moe loads no file without their tensors, so unshard's file has no MTP layers.
+
+EXAONE 4.5 (`Exaone4_5_ForConditionalGeneration`): EXAONE 4's text model (a block for each MTP layer its config counts)
+beside a Qwen2.5-VL-style vision tower, which the text model's file leaves out (gguf-py 0.19 has no projector type for
+its mmproj file)."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .gguf_hooks import gguf_py, rope_parameters, routed_by_sigmoid, text_hyperparameters, with_leading_dense_layers
 from .llama import SIBLINGS, TEXT_ONLY, llama_computed
-from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
+from .parts import DEFAULT_FUSED_SIBLINGS, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
 
 
 def sliding_pattern(hparams: dict) -> list[bool] | None:
@@ -42,6 +46,13 @@ def exaone4_hyperparameters(
         pattern = sliding_pattern(hparams)
         if pattern is not None and len(pattern) == hparams["num_hidden_layers"]:
             writer.add_sliding_window_pattern(pattern)
+
+
+def exaone45_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's Exaone4_5_TextModel's: EXAONE 4's, then the MTP layers' count where the config has some."""
+    exaone4_hyperparameters(writer, hparams, ftype, blocks, folder)
+    if int(hparams.get("num_nextn_predict_layers") or 0) > 0:
+        writer.add_nextn_predict_layers(hparams["num_nextn_predict_layers"])
 
 
 def exaone4_checked(hparams: dict, where: Path) -> None:
@@ -108,6 +119,26 @@ FAMILIES = (
             vocabulary="bpe",
         ),
         mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "EXAONE 4.5",
+        "exaone4_5",
+        "Exaone4_5_ForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's EXAONE 4.5 layout is not mapped yet"),
+        **no_trainer_model("EXAONE 4.5"),
+        fused_siblings=DEFAULT_FUSED_SIBLINGS,
+        gguf=GGUFPart(
+            "EXAONE4",
+            hyperparameters=exaone45_hyperparameters,
+            computed=llama_computed,
+            check_config=exaone4_checked,
+            vocabulary="bpe",
+            extra_blocks="num_nextn_predict_layers",
+            towers=r"^(?:model\.)?visual\.",
+        ),
+        mmproj=Unsupported("gguf-py 0.19 has no EXAONE 4.5 projector type: the vision tower is left out"),
         moe_layout=NOT_A_MOE_INPUT,
     ),
     Family(
