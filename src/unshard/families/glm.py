@@ -20,6 +20,7 @@ over whole heads; llama.cpp's glm4moe with Solar Open's special tokens, as the c
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -242,6 +243,16 @@ SOLAR_OPEN_SPECIAL_TOKENS = (
     ("unk", "<unk>"),
     ("bos", "<|startoftext|>"),
 )
+# GLM-4.7-Flash's text model, as llama.cpp's deepseek2 with GLM's vocabulary and room for the MTP layers (GLM-5's too)
+GLM_LATENT = GGUFPart(
+    "DEEPSEEK2",
+    hyperparameters=glm4moelite_hyperparameters,
+    vocabulary="bpe",
+    rearranged=latent_kv,
+    one_kv_head=True,
+    special_tokens=GLM_SPECIAL_TOKENS,
+    extra_blocks="num_nextn_predict_layers",
+)
 FAMILIES = (
     Family(
         "GLM-4",
@@ -338,16 +349,7 @@ FAMILIES = (
         megatron=Unsupported("Megatron's GLM-5 layout (its sparse attention's indexer) is not mapped yet"),
         **no_trainer_model("GLM-5"),
         fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
-        gguf=GGUFPart(
-            "GLM_DSA",
-            hyperparameters=glm_dsa_hyperparameters,
-            check_config=glm_dsa_checked,
-            vocabulary="bpe",
-            rearranged=latent_kv,
-            one_kv_head=True,
-            special_tokens=GLM_SPECIAL_TOKENS,
-            extra_blocks="num_nextn_predict_layers",
-        ),
+        gguf=replace(GLM_LATENT, arch="GLM_DSA", hyperparameters=glm_dsa_hyperparameters, check_config=glm_dsa_checked),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         notes={
@@ -380,15 +382,7 @@ FAMILIES = (
         megatron=Unsupported("Megatron's GLM-4.7-Flash (latent attention with GLM's MoE) is not mapped yet"),
         **no_trainer_model("GLM-4.7-Flash"),
         fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
-        gguf=GGUFPart(
-            "DEEPSEEK2",
-            hyperparameters=glm4moelite_hyperparameters,
-            vocabulary="bpe",
-            rearranged=latent_kv,
-            one_kv_head=True,
-            special_tokens=GLM_SPECIAL_TOKENS,
-            extra_blocks="num_nextn_predict_layers",
-        ),
+        gguf=GLM_LATENT,
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
     ),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .llama import TEXT_ONLY
-from .mamba2 import in_rows_of
+from .mamba2 import in_rows_of, state_space_header
 from .parts import (
     NO_TABLE,
     NOT_A_MOE_INPUT,
@@ -27,18 +27,10 @@ def mamba_inner(hparams: dict) -> int:
 
 
 def mamba_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
-    """The converter's MambaModel's (not the TextModel's): a context of 2^20, no feed-forward width or heads, the
-    state-space sizes (the time step's rank, a sixteenth of the width where the config names none), the norms'
-    epsilon, and whether the time step, B and C are normed (Falcon Mamba's)."""
-    writer.add_context_length(2**20)
-    writer.add_embedding_length(hparams["hidden_size"])
-    writer.add_feed_forward_length(0)
-    writer.add_head_count(0)
-    writer.add_block_count(blocks)
-    writer.add_ssm_conv_kernel(hparams.get("conv_kernel") or 4)
-    writer.add_ssm_inner_size(mamba_inner(hparams))
-    writer.add_ssm_state_size(hparams.get("state_size") or 16)
-    writer.add_ssm_time_step_rank(hparams.get("time_step_rank") or -(hparams["hidden_size"] // -16))
+    """The converter's MambaModel's: the state-space keys (the time step's rank a sixteenth of the width where the
+    config names none), the norms' epsilon, and whether the time step, B and C are normed (Falcon Mamba's)."""
+    rank = hparams.get("time_step_rank") or -(hparams["hidden_size"] // -16)
+    state_space_header(writer, hparams, blocks, mamba_inner(hparams), hparams.get("state_size") or 16, rank)
     writer.add_layer_norm_rms_eps(hparams.get("layer_norm_epsilon") or 1e-5)
     writer.add_ssm_dt_b_c_rms(hparams.get("model_type") == "falcon_mamba")
     writer.add_file_type(ftype)

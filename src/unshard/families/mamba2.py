@@ -92,18 +92,28 @@ def mamba2_inner(hparams: dict) -> int:
     return hparams.get("intermediate_size") or hparams.get("expand", 2) * hparams["hidden_size"]
 
 
-def mamba2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
-    """The converter's Mamba2Model's (not the TextModel's): a context of 2^20, no feed-forward width or heads, the
-    Mamba-2 sizes (its time-step rank the heads: the inner width over head_dim), the norms' epsilon."""
+def state_space_header(writer, hparams: dict, blocks: int, inner: int, state: int, rank: int) -> None:
+    """The head of the converter's MambaModel's and Mamba2Model's keys (not the TextModel's): a context of 2^20, no
+    feed-forward width or heads, the blocks, the convolution's taps, the inner width, the state, the time step's
+    rank."""
     writer.add_context_length(2**20)
     writer.add_embedding_length(hparams["hidden_size"])
     writer.add_feed_forward_length(0)
     writer.add_head_count(0)
     writer.add_block_count(blocks)
     writer.add_ssm_conv_kernel(hparams.get("conv_kernel") or 4)
-    writer.add_ssm_inner_size(mamba2_inner(hparams))
-    writer.add_ssm_state_size(hparams.get("state_size") or 128)
-    writer.add_ssm_time_step_rank(mamba2_inner(hparams) // (hparams.get("head_dim") or 64))
+    writer.add_ssm_inner_size(inner)
+    writer.add_ssm_state_size(state)
+    writer.add_ssm_time_step_rank(rank)
+
+
+def mamba2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's Mamba2Model's: the state-space keys (the time step's rank the heads: the inner width over
+    head_dim), the groups, the norms' epsilon."""
+    inner = mamba2_inner(hparams)
+    state_space_header(
+        writer, hparams, blocks, inner, hparams.get("state_size") or 128, inner // (hparams.get("head_dim") or 64)
+    )
     writer.add_ssm_group_count(hparams.get("n_groups") or 1)
     writer.add_layer_norm_rms_eps(hparams.get("layer_norm_epsilon") or 1e-5)
     writer.add_file_type(ftype)
