@@ -4,15 +4,17 @@ the others an MLP of their own width (`intermediate_size_mlp`); q and k L2-norme
 layer and attention in chunks on the others, Llama 3's rope scaling. The text model as llama.cpp's llama4, which fixes
 much of that layout in code (the chunks' size, the layers without rope, the attention's temperature): what it fixes is
 checked against the config. The experts are held fused as Meta's release has them (gate and up side by side, each
-expert's matrices transposed): llama.cpp stacks them apart, llm-compressor makes a Linear layer of each."""
+expert's matrices transposed): llama.cpp stacks them apart, llm-compressor makes a Linear layer of each. Its text model
+alone (`Llama4ForCausalLM`) is the same file without the tower."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gguf_hooks import llama_hyperparameters
-from .llama import llama_computed
+from .llama import TEXT_ONLY, llama_computed
 from .parts import (
     DEFAULT_FUSED_SIBLINGS,
     NO_TABLE,
@@ -78,6 +80,15 @@ def llama4_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path
     return None
 
 
+LLAMA4 = GGUFPart(
+    "LLAMA4",
+    hyperparameters=llama4_hyperparameters,
+    computed=llama_computed,
+    check_config=llama4_checked,
+    vocabulary="bpe",
+    rearranged=llama4_experts,
+)
+
 FAMILIES = (
     Family(
         "Llama 4",
@@ -87,18 +98,27 @@ FAMILIES = (
         megatron=Unsupported("Megatron's Llama 4 layout is not mapped yet"),
         meta_names=Unsupported("torchtitan's Llama 4 (an experiment in 0.3) is not mapped yet"),
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
-        gguf=GGUFPart(
-            "LLAMA4",
-            hyperparameters=llama4_hyperparameters,
-            computed=llama_computed,
-            check_config=llama4_checked,
-            vocabulary="bpe",
-            rearranged=llama4_experts,
-            towers=r"^(?:model\.)?(?:vision_model|multi_modal_projector)\.",
-        ),
+        gguf=replace(LLAMA4, towers=r"^(?:model\.)?(?:vision_model|multi_modal_projector)\."),
         mmproj=Unsupported("llama.cpp's llama4 projector is not written yet: the vision tower is left out"),
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         linearized=llama4_experts,
         notes={"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
+    ),
+    Family(  # (its text model alone, as Llama4ForCausalLM holds and saves it)
+        "Llama 4 (text)",
+        "llama4_text",
+        "Llama4ForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Llama 4 layout is not mapped yet"),
+        meta_names=Unsupported("torchtitan's Llama 4 (an experiment in 0.3) is not mapped yet"),
+        fused_siblings=DEFAULT_FUSED_SIBLINGS,
+        gguf=LLAMA4,
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        linearized=llama4_experts,
+        notes={
+            "quantize": "each expert's projections Linear layers, as for the whole model (not compared: "
+            "llm-compressor 0.14 quantizes no Llama4ForCausalLM, its Llama 4 code reads the whole model's config)"
+        },
     ),
 )
