@@ -276,6 +276,7 @@ TESTED = {
         "glm4v_moe": "glm4vmoe-fsdp2",
         "llama4": "llama4-fsdp2",
         "llama4_text": "llama4text-fsdp2",
+        "dbrx": "dbrx-fsdp2",
         "mamba2": "mamba2-fsdp2",
         "mamba": "mamba-fsdp2",
         "falcon_mamba": "falconmamba-fsdp2",

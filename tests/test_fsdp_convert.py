@@ -87,7 +87,12 @@ def test_transformers_loads_it_and_logits_match(case, tmp_path):
     if case == "llama4-fsdp2":  # (transformers 5.24's Llama 4 runs no text without an image: its causal LM within does)
         model, original = model.language_model, original.language_model
     with torch.no_grad():
-        assert torch.equal(model(ids).logits, original(ids).logits)
+        ours, theirs = model(ids).logits, original(ids).logits
+    if case == "dbrx-fsdp2":  # (DBRX's experts run as views of the loaded tensors, whose alignment in memory follows
+        # each file's offsets: the same bytes at other offsets change its sums in the last bit, 6e-8 here)
+        assert (ours - theirs).abs().max() <= 1e-6
+    else:
+        assert torch.equal(ours, theirs)
 
     tokenizer = AutoTokenizer.from_pretrained(out)
     prompt = tokenizer.apply_chat_template(

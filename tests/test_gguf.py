@@ -1168,6 +1168,12 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("falconmamba-fsdp2", {"use_bias": True}, "use_bias is set, and llama.cpp's mamba has no biases"),
         ("jamba-fsdp2-spm", {"mamba_proj_bias": True}, "mamba_proj_bias is set, and llama.cpp's jamba has no such"),
         ("glm5-fsdp2", {"scoring_func": "softmax"}, "gating function is 'softmax', and transformers' GLM-5 routes by"),
+        (
+            "dbrx-fsdp2",
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+            "attn_config's rope_theta is 500000.0, which llama.cpp's converter writes, and transformers turns rope at "
+            "10000.0",
+        ),
         ("jamba-fsdp2-spm", {"sliding_window": 64}, "sliding_window is 64, which llama.cpp's jamba has not"),
         (
             "mamba2-fsdp2",

@@ -873,6 +873,7 @@ DENSE = {
     "glm5-fsdp2": "glm-dsa",
     "exaone45-fsdp2": "exaone4",
     "llama4text-fsdp2": "llama4",
+    "dbrx-fsdp2": "dbrx",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);

@@ -19,6 +19,7 @@ from . import (
     arcee,
     bloom,
     cohere,
+    dbrx,
     deepseek,
     dots,
     ernie,
@@ -98,6 +99,7 @@ FAMILIES: tuple[Family, ...] = (
     *dots.FAMILIES,
     *minimax.FAMILIES,
     *gpt_oss.FAMILIES,
+    *dbrx.FAMILIES,
     *llama4.FAMILIES,
     *vlm.FAMILIES,
 )

@@ -125,6 +125,9 @@ class GGUFPart:
     # a regular expression matching a vision-language model's towers (by the output's names) where unshard writes no
     # mmproj file of them (Gemma 4's vision and audio towers): left out of the text model's file, as the converter does
     towers: str | None = None
+    # the MoE routers in the file's type where the converter writes them (it forces every matrix into it: DBRX's);
+    # llama-quantize's types keep them as its f32 input has them
+    routers_in_file_type: bool = False
     # A regular expression matching tensors whose values the converter writes into the header, not the file, and
     # (writer, {output name: its values as floats}, hparams, where) -> those key-values, added first (the converter
     # adds them while reading the tensors, before its other metadata): Apertus's xIELU parameters of each layer

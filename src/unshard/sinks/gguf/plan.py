@@ -91,6 +91,7 @@ def plan_gguf(
         gguf.LlamaFileType.ALL_F32 if file_type == "f32" else getattr(gguf.LlamaFileType, "MOSTLY_" + file_type.upper())
     )
     plan = GGUFPlan(file_type, gguf.MODEL_ARCH_NAMES[arch], gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[arch]))
+    plan.routers_in_file_type = part.routers_in_file_type and file_type not in QUANTIZED
     experts = first_of(hparams, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts") or 0
     if part.check_config:
         part.check_config(hparams, where)
@@ -355,7 +356,8 @@ def gguf_type(
     should tell (or None)."""
     gguf = gguf_py()
     legacy, tensor_type, note = plan.file_type in LEGACY, qtype, None
-    if not _quantized(name, shape, plan.file_type):  # (what llama.cpp keeps in f32: the routers too)
+    forced = plan.routers_in_file_type and "ffn_gate_inp" in name and len(shape) > 1
+    if not _quantized(name, shape, plan.file_type) and not forced:  # (what llama.cpp keeps in f32: the routers too)
         return gguf.GGMLQuantizationType.F32, None
     if mixed:
         return getattr(gguf.GGMLQuantizationType, mixed[0]), mixed[1]

@@ -154,6 +154,7 @@ class GGUFPlan:
     left_out: set[str] = field(default_factory=set)  # outputs the file has no place for (by output name)
     vocabulary: str = ""  # what the tokenizer became, as inspect says it
     made_header: tuple = ()  # (the tensors, header()'s answer for them): a large vocabulary takes a while to pack
+    routers_in_file_type: bool = False  # (GGUFPart's: DBRX's)
     mmproj: GGUFPlan | None = None  # a vision-language model's second file, its vision part (vision.py)
     # One file of a split (split.py): (its number from 0, the count of files, the tensors of all), and its tensors
     split: tuple[int, int, int] | tuple[()] = ()
