@@ -89,33 +89,30 @@ LLAMA4 = GGUFPart(
     rearranged=llama4_experts,
 )
 
+LLAMA4_FAMILY = Family(
+    "Llama 4",
+    "llama4",
+    "Llama4ForConditionalGeneration",
+    tensors=NO_TABLE,
+    megatron=Unsupported("Megatron's Llama 4 layout is not mapped yet"),
+    meta_names=Unsupported("torchtitan's Llama 4 (an experiment in 0.3) is not mapped yet"),
+    fused_siblings=DEFAULT_FUSED_SIBLINGS,
+    gguf=replace(LLAMA4, towers=r"^(?:model\.)?(?:vision_model|multi_modal_projector)\."),
+    mmproj=Unsupported("llama.cpp's llama4 projector is not written yet: the vision tower is left out"),
+    moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+    linearized=llama4_experts,
+    notes={"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
+)
+
 FAMILIES = (
-    Family(
-        "Llama 4",
-        "llama4",
-        "Llama4ForConditionalGeneration",
-        tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's Llama 4 layout is not mapped yet"),
-        meta_names=Unsupported("torchtitan's Llama 4 (an experiment in 0.3) is not mapped yet"),
-        fused_siblings=DEFAULT_FUSED_SIBLINGS,
-        gguf=replace(LLAMA4, towers=r"^(?:model\.)?(?:vision_model|multi_modal_projector)\."),
-        mmproj=Unsupported("llama.cpp's llama4 projector is not written yet: the vision tower is left out"),
-        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
-        linearized=llama4_experts,
-        notes={"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
-    ),
-    Family(  # (its text model alone, as Llama4ForCausalLM holds and saves it)
-        "Llama 4 (text)",
-        "llama4_text",
-        "Llama4ForCausalLM",
-        tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's Llama 4 layout is not mapped yet"),
-        meta_names=Unsupported("torchtitan's Llama 4 (an experiment in 0.3) is not mapped yet"),
-        fused_siblings=DEFAULT_FUSED_SIBLINGS,
+    LLAMA4_FAMILY,
+    replace(  # (its text model alone, as Llama4ForCausalLM holds and saves it)
+        LLAMA4_FAMILY,
+        name="Llama 4 (text)",
+        model_type="llama4_text",
+        architecture="Llama4ForCausalLM",
         gguf=LLAMA4,
         mmproj=TEXT_ONLY,
-        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
-        linearized=llama4_experts,
         notes={
             "quantize": "each expert's projections Linear layers, as for the whole model (not compared: "
             "llm-compressor 0.14 quantizes no Llama4ForCausalLM, its Llama 4 code reads the whole model's config)"
