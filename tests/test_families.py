@@ -365,19 +365,7 @@ def test_inspect_names_the_family_and_the_paths_it_takes():
     lines = out.splitlines()
     at = lines.index("family       Qwen3-VL-MoE (qwen3_vl_moe)")
     assert code == 0 and lines[at + 1].split(None, 1)[1] == "FSDP/DCP/DeepSpeed, --quantize, GGUF, GGUF mmproj"
-    assert lines[at + 2].startswith("  not yet         Megatron torch, Megatron torch_dist, torchtitan/torchtune")
+    assert lines[at + 2].startswith("  not yet         Megatron torch, Megatron torch_dist, to Megatron")
     code, out, _ = run_cli("inspect", "--json", SHIPPED / "llama-fsdp2" / "global_step_1")
     assert code == 0 and json.loads(out)["family"]["paths"]["gguf"] == "yes"
     assert family_paths("some_new_model") == {"name": None, "model_type": "some_new_model"}
-
-
-@pytest.mark.parametrize("part", ["meta_names", "torchtitan_names", "torchtune_names"])
-def test_what_a_trainer_s_names_are_not_mapped_for_lists_the_families_they_are(part):
-    """The one line a family without a trainer's names gives lists the families that have them, as the registry is."""
-    from unshard.families.parts import Unsupported
-
-    mapped = {f.name for f in families.FAMILIES if not isinstance(getattr(f, part), Unsupported)}
-    reasons = {getattr(f, part).reason for f in families.FAMILIES if isinstance(getattr(f, part), Unsupported)}
-    (reason,) = [r for r in reasons if r.endswith("so far")]
-    listed = reason.split(" for ", 1)[1].removesuffix(" so far").removesuffix(" only")
-    assert set(re.split(r", | and ", listed)) == mapped

@@ -9,6 +9,9 @@ names the other way round), and the folder's logits match its forward pass."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 from conftest import SHIPPED
@@ -92,10 +95,14 @@ RENAMED = {"torchtune-gemma2-fsdp2": mlp_norms_swapped}
 LAID_OUT = {"torchtitan-qwen35moe-fsdp2": experts_apart}
 # What unshard writes that the library's own converter leaves out: torchtitan 0.3's GptOssStateDictAdapter maps
 # `mlp1_weight` (not the model's `mlp1_weight_EGD`) to the Hub's MXFP4 `_blocks` names, so its to_hf has no experts
-BEYOND_REFERENCE = {"torchtitan-gptoss-fsdp2": ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")}
-# What the library's own converter writes that transformers' model has no place for (and unshard leaves out, saying
-# so): torchtitan's DeepSeekV3StateDictAdapter writes the MTP layer as a layer after the last (DeepSeek's release does)
-LEFT_OUT = {"torchtitan-deepseekv3mtp-fsdp2": "model.layers.3."}
+# (and DeepSeekV3StateDictAdapter writes the MTP layer as a layer after the model's, as DeepSeek's release holds it,
+# but without the release's copies of the embedding and head in it, which unshard writes, as vLLM reads them)
+BEYOND_REFERENCE = {
+    "torchtitan-gptoss-fsdp2": ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"),
+    "torchtitan-deepseekv3mtp-fsdp2": ("layers.3.embed_tokens.weight", "layers.3.shared_head.head.weight"),
+}
+# What transformers leaves unloaded in a folder (the MTP layer, which its model has none of)
+UNLOADED = {"torchtitan-deepseekv3mtp-fsdp2": "model.layers.3."}
 # Vision-language models, loaded as such; Qwen3.5's linear attention has flash-linear-attention's Triton kernels only,
 # which no CPU runs: torchtitan saved no logits of its own, and its adapter's tensors are the oracle
 VISION = {"torchtitan-qwen35-fsdp2", "torchtitan-qwen35moe-fsdp2"}
@@ -108,8 +115,7 @@ def check(name, fixture, out, src=None):
     )
     renamed = RENAMED.get(name, lambda tensor_name: tensor_name)
     reference = LAID_OUT.get(name, dict)(load_file(fixture / "reference" / "model.safetensors"))
-    left_out = LEFT_OUT.get(name)
-    expected = {renamed(n): t for n, t in reference.items() if not (left_out and n.startswith(left_out))}
+    expected = {renamed(n): t for n, t in reference.items()}
     written = load_file(out / "model.safetensors")
     beyond = [n for n in written if n.endswith(BEYOND_REFERENCE.get(name, ()))]
     assert sorted(set(written) - set(beyond)) == sorted(expected) and result.tensors == len(expected) + len(beyond)
@@ -117,7 +123,8 @@ def check(name, fixture, out, src=None):
         assert torch.equal(written[tensor_name], tensor), tensor_name
     loader = transformers.AutoModelForImageTextToText if name in VISION else transformers.AutoModelForCausalLM
     model, info = loader.from_pretrained(out, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"]
+    unexpected = [n for n in info["unexpected_keys"] if not n.startswith(UNLOADED.get(name, "-"))]
+    assert not info["missing_keys"] and not unexpected
     if not (fixture / "reference" / "logits.pt").exists():
         return
     oracle = torch.load(fixture / "reference" / "logits.pt")
@@ -194,25 +201,27 @@ def test_torchtunes_own_gemma2_converter_computes_another_model(tmp_path):
     assert found["ours"] < 1e-5 and found["theirs"] > 0.1, found
 
 
-def test_what_transformers_has_no_place_for_is_said():
-    """Qwen3 MoE's load-balancing bias is left out, and inspect says so; DeepSeek-V3's is its router's bias, but its
-    multi-token prediction layer is left out (and said)."""
+def test_what_transformers_has_no_place_for_is_said(tmp_path):
+    """Qwen3 MoE's load-balancing bias is left out, and inspect says so; DeepSeek-V3's is its router's bias. Its
+    multi-token prediction layer is the layer after the model's, as on the Hub (and said), where the config counts
+    it, and left out (and said) where the config counts none."""
     found = {}
     for name in ("torchtitan-qwen3moe-fsdp2", "torchtitan-deepseekv3-fsdp2", "torchtitan-deepseekv3mtp-fsdp2"):
         fixture = SHIPPED / name
-        found[name] = unshard.inspect(fixture / CASES[name].src, config_from=fixture / "hf")["skipped"]
+        found[name] = unshard.inspect(fixture / CASES[name].src, config_from=fixture / "hf")
     bias = families.by_model_type("qwen3_moe").meta_names["layers.{i}.moe.expert_bias_E"].why
+    skipped = {name: report["skipped"] for name, report in found.items()}
+    assert skipped["torchtitan-qwen3moe-fsdp2"][bias] == 2 and bias not in skipped["torchtitan-deepseekv3-fsdp2"]
     mtp = families.by_model_type("deepseek_v3").meta_names["mtp_layers."].why
-    assert found["torchtitan-qwen3moe-fsdp2"][bias] == 2 and bias not in found["torchtitan-deepseekv3-fsdp2"]
-    assert mtp not in found["torchtitan-deepseekv3-fsdp2"]
-    assert found["torchtitan-deepseekv3mtp-fsdp2"][mtp] == 21  # (the MTP block's own four, and a decoder layer's)
-    code, shown, _ = run_cli(
-        "inspect",
-        SHIPPED / "torchtitan-deepseekv3mtp-fsdp2" / "checkpoint" / "step-1",
-        "--config-from",
-        SHIPPED / "torchtitan-deepseekv3mtp-fsdp2" / "hf",
-    )
-    assert code == 0 and f"skipped      21 {mtp}" in shown
+    assert not any(why.startswith(mtp) for report in skipped.values() for why in report)
+    notes = " ".join(found["torchtitan-deepseekv3mtp-fsdp2"]["output"]["notes"])
+    assert "32 tensors of the multi-token prediction layer(s) config.json counts" in notes
+    fixture = SHIPPED / "torchtitan-deepseekv3mtp-fsdp2"
+    shutil.copytree(fixture / "hf", tmp_path / "hf")
+    config = json.loads((fixture / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
+    code, shown, _ = run_cli("inspect", fixture / "checkpoint" / "step-1", "--config-from", tmp_path / "hf")
+    assert code == 0 and f"skipped      21 {mtp}: the config counts 0" in shown
 
 
 @pytest.mark.parametrize("name, src", SINGLE_FILES)

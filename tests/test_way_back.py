@@ -129,15 +129,17 @@ def test_fsdp2_at_world_size_3_loads_it(hf_model, tmp_path, monkeypatch):
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), hf_logits(hf_model, TOKENS), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("model", ["llama3", "qwen3", "qwen3-moe", "deepseek-v3", "gpt-oss"])
+@pytest.mark.parametrize("model", ["llama3", "qwen3", "qwen3-moe", "deepseek-v3", "deepseek-v3-mtp", "gpt-oss"])
 def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
     """Each expert's chunks land at its index of torchtitan's grouped experts, Qwen3 MoE's expert bias as zeros.
     gpt-oss's experts, which transformers keeps in one tensor per layer (and torchtitan 0.3's own adapter leaves
-    out), are each turned back as torchtitan holds them: from unshard's conversion of torchtitan's own checkpoint, every
-    tensor torchtitan loads equals what it loads from that checkpoint."""
+    out), are each turned back as torchtitan holds them; DeepSeek-V3's MTP layer, the layer after the model's in the
+    Hugging Face folder (with the Hub's copies of the embedding and head, which torchtitan's shares), goes to its
+    `mtp_layers.0`. For these two, from unshard's conversion of torchtitan's own checkpoint, every tensor torchtitan
+    loads equals what it loads from that checkpoint, and converted back, the folder's bytes."""
     src, fixture = titan_source(tmp_path, model.replace("-", ""))
     compared = ["--hf", str(src)]
-    if model == "gpt-oss":
+    if model in ("gpt-oss", "deepseek-v3-mtp"):
         own = fixture / "checkpoint" / "step-1"
         shutil.rmtree(src)
         unshard.convert(own, src, config_from=fixture / "hf", progress=False)
@@ -152,8 +154,11 @@ def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
     expected = oracle["logits"].float()
     torch.testing.assert_close(logits.float(), expected, atol=GPT_OSS_ATOL if model == "gpt-oss" else 1e-5, rtol=0)
     # (torchtitan runs grouped experts in bf16: the MoE models agree with transformers to its rounding)
-    atol = {"qwen3-moe": 1e-3, "deepseek-v3": 2e-4, "gpt-oss": GPT_OSS_ATOL}.get(model, 1e-4)
+    atol = {"qwen3-moe": 1e-3, "deepseek-v3": 2e-4, "deepseek-v3-mtp": 2e-4, "gpt-oss": GPT_OSS_ATOL}.get(model, 1e-4)
     torch.testing.assert_close(logits.float(), hf_logits(src, oracle["tokens"]), atol=atol, rtol=0)
+    if model == "deepseek-v3-mtp":
+        unshard.convert(tmp_path / "dcp", tmp_path / "back", config_from=src, progress=False)
+        assert (tmp_path / "back" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
 
 
 @pytest.mark.parametrize("model", ["qwen3.5", "qwen3.5-moe"])
@@ -235,7 +240,7 @@ def test_refusals_are_one_line_and_write_nothing(hf_model, tmp_path):
         ((qwen2, "--to", "dcp", "--names", "torchtitan"), "--names torchtitan: Qwen2: "),
         (
             (SHIPPED / "qwen3-fsdp2-spm" / "global_step_1" / "actor", "--to", "dcp", "--names", "torchtune"),
-            "--names torchtune: Qwen3: torchtune's names are written for Llama, Qwen2, Gemma, Gemma 2 and Phi-3 so far",
+            "--names torchtune: Qwen3: torchtune (0.6.1, its last release) has no model of this family",
         ),
         ((hf_model, "--to", "dcp", "--quantize", "W4A16"), "leave out --quantize"),
     ]
@@ -266,6 +271,7 @@ MODEL_ARGS = (
     "qk_layernorm",
     "rotary_percent",
     "num_experts",
+    "mtp_num_layers",
 )
 MOE_ARGS = (
     "moe_router_topk",
@@ -329,8 +335,8 @@ MEGATRON = [
     # (GLM-4.5: partial rotary, a sigmoid router with an expert bias and expert groups, a dense first layer: each
     # layer keyed on its own)
     "megatron-glm45-tp2-ep2-dp2",
-    # (DeepSeek-V3: latent attention with YaRN, a dense first layer, shared experts; its MTP layer is not written, as
-    # transformers' model has none: megatron-core loads it built without one)
+    # (DeepSeek-V3: latent attention with YaRN, a dense first layer, shared experts; its MTP layer, which the Hugging
+    # Face folder holds as the Hub's DeepSeek-V3 does, back in megatron-core's MultiTokenPredictionBlock)
     "megatron-deepseekv3-tp2-pp2-ep2",
     # (gpt-oss: each expert a row of transformers' fused tensors, turned back into SequentialMLP's, with its biases;
     # the sinks, the window on every other layer, YaRN)
@@ -413,7 +419,7 @@ def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monke
     config = json.loads((src / "config.json").read_text())
     twice = norms_under_each_spec_name(dist)
     if config.get("kv_lora_rank"):
-        assert {name.rpartition("layers.")[2] for name in twice} == {
+        assert {name.rpartition("layers.")[2].removeprefix("transformer_layer.") for name in twice} == {
             "mlp.linear_fc1.layer_norm_weight",
             "pre_mlp_layernorm.weight",
             "self_attention.linear_q_up_proj.layer_norm_weight",
@@ -422,7 +428,7 @@ def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monke
             "self_attention.kv_layernorm.weight",
         }
     elif any(config.get(key) for key in ("num_local_experts", "num_experts", "n_routed_experts")):
-        assert {name.rpartition("layers.")[2] for name in twice} == {
+        assert {name.rpartition("layers.")[2].removeprefix("transformer_layer.") for name in twice} == {
             "mlp.linear_fc1.layer_norm_weight",
             "pre_mlp_layernorm.weight",
         }
@@ -445,12 +451,12 @@ def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monke
     torch.testing.assert_close(logits[..., : info["true_vocab"]], hf_logits(src, expected["tokens"]), atol=1e-4, rtol=0)
 
 
-def megatron_logits(dist, tokens, tmp_path):
+def megatron_logits(dist, tokens, tmp_path, *more):
     """megatron-core's logits on the Megatron-LM checkpoint in `dist`, its model built from the args written in it
-    (fixtures/dcp_loaders.py megatron-forward), in one process."""
+    (fixtures/dcp_loaders.py megatron-forward; `more`: its options), in one process."""
     torch.save(tokens, tmp_path / "tokens.pt")
     done = subprocess.run(
-        [sys.executable, "dcp_loaders.py", "megatron-forward", "--dcp", str(dist)]
+        [sys.executable, "dcp_loaders.py", "megatron-forward", "--dcp", str(dist), *more]
         + ["--tokens", str(tmp_path / "tokens.pt"), "--out", str(tmp_path / "logits.pt")],
         capture_output=True,
         text=True,
@@ -474,6 +480,64 @@ def test_latent_attention_with_plain_rope_runs_in_megatron_core(tmp_path):
     logits = megatron_logits(out / "release", TOKENS, tmp_path)
     vocab = json.loads((src / "config.json").read_text())["vocab_size"]
     torch.testing.assert_close(logits[..., :vocab], hf_logits(src, TOKENS), atol=1e-4, rtol=0)
+
+
+def hub_mtp_logits(folder, tokens):
+    """The first MTP layer's logits (position i predicting token i + 2) as the Hub's DeepSeek-V3 and GLM-4.5 mean
+    their layer model.layers.N (DeepSeek's and vLLM's MTP module): the model's normed last hidden state at i and token
+    i + 1's embedding, normed (hnorm, enorm), concatenated embedding first, projected (eh_proj), through the decoder
+    layer, normed (shared_head.norm) into the head (shared_head.head). Computed with transformers' own modules: its
+    decoder layers (the MTP one loaded as layer N of the model made one layer longer) and the model's RMSNorm."""
+    from safetensors.torch import load_file
+
+    config = json.loads((folder / "config.json").read_text())
+    n = config["num_hidden_layers"]
+    longer = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, num_hidden_layers=n + 1, dtype=torch.float32, attn_implementation="eager"
+    ).model.eval()
+    mtp = {k.removeprefix(f"model.layers.{n}."): t for k, t in load_file(folder / "model.safetensors").items()}
+
+    def norm(name):
+        module = type(longer.norm)(config["hidden_size"], eps=config["rms_norm_eps"])
+        module.weight.data = mtp[name]
+        return module
+
+    positions = torch.arange(tokens.shape[1])[None]
+    causal = torch.full((tokens.shape[1],) * 2, float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        hidden = longer.embed_tokens(tokens)
+        rope = longer.rotary_emb(hidden, positions)
+        run = dict(attention_mask=causal, position_ids=positions, position_embeddings=rope)
+        for layer in longer.layers[:n]:
+            hidden = layer(hidden, **run)
+        hidden = longer.norm(hidden)
+        following = longer.embed_tokens(tokens.roll(-1, dims=1))
+        joined = torch.cat((norm("enorm.weight")(following), norm("hnorm.weight")(hidden)), -1)
+        hidden = longer.layers[n](joined @ mtp["eh_proj.weight"].T, **run)
+        return norm("shared_head.norm.weight")(hidden) @ mtp["shared_head.head.weight"].T
+
+
+@pytest.mark.parametrize("case", ["megatron-deepseekv3-tp2-pp2-ep2", "megatron-glm45-tp2-ep2-dp2"])
+def test_mtp_layer_predicts_in_megatron_core_as_on_the_hub(case, tmp_path):
+    """megatron-core's DeepSeek-V3 and GLM-4.5 with an MTP layer (fixtures it trained) as Hugging Face folders, the
+    MTP layer as the Hub's checkpoints hold it (model.layers.N), written back into Megatron: megatron-core's MTP
+    layer, built from the args unshard wrote, predicts as that layer means on the Hub (hub_mtp_logits), so the names
+    are right both ways and not only consistent (test_megatron_core_loads_it_at_its_parallelism: every tensor equal
+    to megatron-core's own)."""
+    pytest.importorskip("megatron.core")
+    fixture = SHIPPED / case
+    info = json.loads((fixture / "fixture.json").read_text())
+    src, out = tmp_path / "hf", tmp_path / "megatron"
+    unshard.convert(fixture / "torch_dist", src, progress=False)
+    options = OutputOptions(to="megatron", tp=info["tp"], pp=info["pp"], ep=info["ep"])
+    unshard.convert(src, out, output=options, progress=False)
+    assert vars(torch.load(out / "release" / "common.pt", weights_only=False)["args"])["mtp_num_layers"] == 1
+    tokens = torch.load(fixture / "oracle.pt")["tokens"]
+    logits = megatron_logits(out / "release", tokens, tmp_path, "--mtp")
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    expected = hub_mtp_logits(src, tokens)
+    # (the last position's next token is past the sequence: megatron-core's and the roll above differ there)
+    torch.testing.assert_close(logits[:, :-1, :vocab], expected[:, :-1], atol=1e-4, rtol=0)
 
 
 def test_megatron_refusals(hf_model, tmp_path):

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import CheckpointError, ConfigMismatchError
 from ..names import megatron_rules as m
-from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS, Dropped
+from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS, AfterTheModel
 from .gguf_hooks import gguf_quiet, rope_parameters, routed_by_sigmoid, text_hyperparameters
 from .llama import TEXT_ONLY, TORCHTITAN_COMMON
 from .parts import NO_TABLE, Family, GGUFPart, MegatronRules, Rearrangement, Unsupported, no_trainer_model
@@ -74,7 +74,10 @@ TORCHTITAN = {
     },
     **TORCHTITAN_ROUTED_EXPERTS,
     T + "moe.expert_bias_E": (L + "mlp.gate.e_score_correction_bias", None),
-    "mtp_layers.": Dropped("DeepSeek-V3's multi-token prediction layers, which transformers' model has none of"),
+    # (its multi-token prediction layers, as its adapter maps them: the layers after the model's, as on the Hub)
+    "mtp_layers.": AfterTheModel("DeepSeek-V3's multi-token prediction layers"),
+    **{T + f"{own}.weight": (L + f"{own}.weight", None) for own in ("enorm", "hnorm", "eh_proj")},
+    T + "mtp_norm.weight": (L + "shared_head.norm.weight", None),
 }
 
 
@@ -318,7 +321,7 @@ FAMILIES = (
         "DeepseekV3ForCausalLM",
         tensors=NO_TABLE,
         megatron=MegatronRules(
-            {**MEGATRON_COMMON, **MEGATRON_LATENT_ATTENTION, **MEGATRON_SIGMOID_MOE},
+            {**MEGATRON_COMMON, **MEGATRON_LATENT_ATTENTION, **MEGATRON_SIGMOID_MOE, **m.MTP_LAYER},
             m.Signature(experts=True, shared_experts=True, sigmoid_router=True, latent_attention=True, qk_norm=None),
             _config,
             _args,
@@ -330,10 +333,10 @@ FAMILIES = (
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         notes={
-            "megatron_legacy": "multi-latent attention, dense first layers; MTP layers are left out",
-            "megatron_dist": "multi-latent attention, dense first layers; MTP layers are left out",
-            "to_megatron": "multi-latent attention, dense first layers; no MTP layers (transformers' model has none)",
-            "meta_names": "torchtitan's names; its MTP layers are left out with a note (transformers' model has none)",
+            "megatron_legacy": "multi-latent attention, dense first layers; MTP layers as the Hub holds them",
+            "megatron_dist": "multi-latent attention, dense first layers; MTP layers as the Hub holds them",
+            "to_megatron": "multi-latent attention, dense first layers; the Hub's MTP layers as megatron-core's",
+            "meta_names": "torchtitan's names; its MTP layers as the Hub holds them",
         },
     ),
     Family(

@@ -296,7 +296,7 @@ FAMILIES = (
         "Glm4MoeForCausalLM",
         tensors=NO_TABLE,
         megatron=MegatronRules(
-            {**m.COMMON, **MEGATRON_SIGMOID_MOE},
+            {**m.COMMON, **MEGATRON_SIGMOID_MOE, **m.MTP_LAYER},
             m.Signature(
                 qkv_bias=True,
                 qk_norm=None,
@@ -319,8 +319,9 @@ FAMILIES = (
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         notes={
-            "megatron_legacy": "partial rotary, dense first layers; MTP layers are left out",
-            "megatron_dist": "partial rotary, dense first layers; MTP layers are left out",
+            "megatron_legacy": "partial rotary, dense first layers; MTP layers as the Hub holds them",
+            "megatron_dist": "partial rotary, dense first layers; MTP layers as the Hub holds them",
+            "to_megatron": "partial rotary, dense first layers; the Hub's MTP layers as megatron-core's",
         },
     ),
     Family(

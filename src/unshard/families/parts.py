@@ -182,15 +182,14 @@ NO_TABLE = Unsupported("not written down: transformers is asked once per config 
 # Where a dense family is none of merge-moe's inputs (moe_layout)
 NOT_A_MOE_INPUT = Unsupported("a dense family merge-moe does not assemble from", applies=False)
 # Where a family has no torchtitan or torchtune names (`meta_names`) in its module
+# Where neither trainer's release has a model of the family (torchtitan 0.3: Llama 3, Qwen3, Qwen3-MoE, DeepSeek-V3,
+# gpt-oss, Qwen3.5, Qwen3.5-MoE, Kimi K2.5; torchtune 0.6.1: Llama, Mistral, Qwen2, Gemma, Gemma 2, Phi-3/Phi-4, Llama
+# 3.2 Vision), its names to read and write do not apply
 NO_META_NAMES = Unsupported(
-    "torchtitan's and torchtune's names are mapped for Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3, gpt-oss, "
-    "Qwen3.5, Qwen3.5-MoE, Gemma, Gemma 2 and Phi-3 only so far"
+    "torchtitan (0.3) and torchtune (0.6.1, its last release) have no model of this family", applies=False
 )
-
-# Where a family's module declares no torchtitan names to write (`torchtitan_names`)
-NO_TORCHTITAN_NAMES = Unsupported(
-    "torchtitan's names are written for Llama, Qwen3, Qwen3-MoE, DeepSeek-V3, gpt-oss, Qwen3.5 and Qwen3.5-MoE so far"
-)
+NO_TORCHTITAN_NAMES = Unsupported("torchtitan (0.3) has no model of this family", applies=False)
+NO_TORCHTUNE_MODEL = Unsupported("torchtune (0.6.1, its last release) has no model of this family", applies=False)
 
 
 def no_trainer_model(name: str) -> dict[str, Unsupported]:
@@ -241,10 +240,9 @@ class Family:
     # The names torchtitan's current state-dict adapter gives this family (what `--to dcp --names torchtitan` writes);
     # among meta_names, which also holds older torchtitan's and torchtune's for reading.
     torchtitan_names: dict[str, Any] | Unsupported = NO_TORCHTITAN_NAMES
-    # The names torchtune's model gives this family (what `--to dcp --names torchtune` writes), among meta_names
-    torchtune_names: dict[str, Any] | Unsupported = Unsupported(
-        "torchtune's names are written for Llama, Qwen2, Gemma, Gemma 2 and Phi-3 so far"
-    )
+    # The names torchtune's model gives this family (what `--to dcp --names torchtune` writes), among meta_names;
+    # torchtune's last release (0.6.1) has models of Llama, Mistral, Qwen2, Gemma, Gemma 2 and Phi-3/Phi-4 only
+    torchtune_names: dict[str, Any] | Unsupported = NO_TORCHTUNE_MODEL
     notes: dict[str, str] = field(default_factory=dict)  # path -> what to know where it says yes
     # --quantize: parameters transformers keeps fused on disk (gpt-oss's experts) that llm-compressor makes Linear
     # layers of before quantizing (linearize_moe): (name, shape, hparams, where) -> a Rearrangement into stacks of one

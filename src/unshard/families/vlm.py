@@ -377,7 +377,8 @@ FAMILIES = (
         "MllamaForConditionalGeneration",
         tensors=NO_TABLE,
         megatron=MEGATRON,
-        meta_names=NO_META_NAMES,
+        meta_names=Unsupported("torchtune's Llama 3.2 Vision names are not mapped yet"),
+        torchtune_names=Unsupported("torchtune's Llama 3.2 Vision names are not written yet"),
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
         # (the converter unshard's GGUF files are checked against, llama-cpp-python 0.3.36's, registers no
         # MllamaForConditionalGeneration: llama.cpp converts no Llama 3.2 Vision to compare with, or run it)

@@ -39,6 +39,7 @@ TP_DIM = {
     "linear_kv_down_proj.weight": 0,
     "linear_kv_up_proj.weight": 0,
     "core_attention.softmax_offset": 0,  # (a learned attention sink per head: gpt-oss's)
+    "eh_proj.weight": 0,  # (a multi-token prediction layer's projection: column-parallel)
 }
 # Split over the tensor-parallel ranks, or whole on each: these rows (as the args give them) when whole.
 DUPLICABLE = {
@@ -116,6 +117,43 @@ DENSE_MLP = {
 # A critic's or reward model's value head (verl's LinearForLastLayer, one output) in place of the output layer: the
 # `score` head of transformers' ...ForTokenClassification, as verl's FSDP critics save it.
 VALUE_HEAD = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}
+# A multi-token prediction layer's own tensors (DeepSeek-V3's), besides its decoder layer's: megatron-core's
+# MultiTokenPredictionLayer (mtp.layers.{k}) read as the layer after the model's (mtp_as_layer), as the Hub's
+# checkpoints hold it (names.mtp_layers)
+MTP_LAYER = {
+    "decoder.layers.{i}.enorm.weight": L + "enorm.weight",
+    "decoder.layers.{i}.hnorm.weight": L + "hnorm.weight",
+    "decoder.layers.{i}.eh_proj.weight": L + "eh_proj.weight",
+    "decoder.layers.{i}.final_layernorm.weight": L + "shared_head.norm.weight",
+}
+_MTP = re.compile(r"^mtp\.layers\.(\d+)\.(?:transformer_layer\.)?")
+_LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.")
+_MTP_OWN = tuple(key.removeprefix("decoder.layers.{i}.") for key in MTP_LAYER)
+
+
+def mtp_as_layer(name: str, layers: int) -> str:
+    """A Megatron name of an MTP layer's tensor as the layer after the model's `layers` would have it:
+    `mtp.layers.0.transformer_layer.mlp.router.weight` -> `decoder.layers.4.mlp.router.weight`,
+    `mtp.layers.0.enorm.weight` -> `decoder.layers.4.enorm.weight`; any other name as it is."""
+    return _MTP.sub(lambda m: f"decoder.layers.{layers + int(m.group(1))}.", name)
+
+
+def has_mtp_layers(rules: dict[str, Any]) -> bool:
+    """Whether a family's table maps MTP layers (the Hub's layout of them: MTP_LAYER)."""
+    return all(key in rules for key in MTP_LAYER)
+
+
+def layer_as_mtp(key: str, layers: int) -> str:
+    """mtp_as_layer's other way, on a dist key keyed on its own layer: a layer past the model's `layers` is an MTP
+    layer's (its own tensors under it, its decoder layer's under `transformer_layer`); any other key as it is."""
+    match = _LAYER_KEY.match(key)
+    if match is None or int(match.group(1)) < layers:
+        return key
+    rest = key[match.end() :]
+    inner = "" if rest in _MTP_OWN else "transformer_layer."
+    return f"mtp.layers.{int(match.group(1)) - layers}.{inner}{rest}"
+
+
 # A router and its experts, as transformers' Qwen MoE, DeepSeek-V3 and GLM-4.5 name them
 ROUTED_EXPERTS = {
     "decoder.layers.{i}.mlp.router.weight": L + "mlp.gate.weight",

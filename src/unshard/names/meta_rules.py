@@ -12,10 +12,10 @@ kinds more: a Hugging Face name with {e} is one tensor per index of the first ax
 experts, [experts, rows, columns]: expert e's is `[e]`); `Stacked` (names/stacked.py): the grouped experts as one
 Hugging Face tensor, each expert turned; `Fused`: rows of a Hugging Face tensor that fuses several (written as its
 parts, one tensor each); `Zeros`: the trainer's state that no Hugging Face tensor holds (a load-balancing buffer),
-skipped when read, zeros when written (the trainer loads every name it has); `Dropped`: a kind of layer the Hugging
-Face model has none of (DeepSeek-V3's MTP layers), skipped when read, not written; `Reshaped`: a Hugging Face tensor of
-more axes, row by row (written flat again). A layer's number is {i} in a trainer's `layers.N.`, wherever it is
-(torchtitan's vision tower's `vision_encoder.layers.N.` too).
+skipped when read, zeros when written (the trainer loads every name it has); `AfterTheModel`: the trainer's layers
+numbered apart from the model's (DeepSeek-V3's MTP layers), the Hugging Face layers after the model's; `Reshaped`: a
+Hugging Face tensor of more axes, row by row (written flat again). A layer's number is {i} in a trainer's
+`layers.N.`, wherever it is (torchtitan's vision tower's `vision_encoder.layers.N.` too).
 """
 
 from __future__ import annotations
@@ -47,9 +47,11 @@ class Zeros:
 
 
 @dataclass(frozen=True)
-class Dropped:
-    """A table's rule for every trainer's tensor whose name starts with its key (a kind of layer, as DeepSeek-V3's
-    `mtp_layers.`) that the Hugging Face model has no place for: skipped when read (`why`), none written."""
+class AfterTheModel:
+    """A table's rule for the trainer's layers numbered apart from the model's, under its key (DeepSeek-V3's
+    multi-token prediction layers, `mtp_layers.N.`): the Hugging Face layers after the model's (num_hidden_layers + N),
+    as the Hub's checkpoints hold them (names.mtp_layers), their tensors by the table's layer rules, where the config
+    counts them (num_nextn_predict_layers); else skipped when read (`why`)."""
 
     why: str
 
@@ -120,13 +122,18 @@ def rename(
     heads = text["num_attention_heads"]
     kv_heads = text.get("num_key_value_heads") or heads
     renamed, transforms, skipped, unknown = {}, {}, {}, []
-    dropped = {prefix: rule for prefix, rule in table.items() if isinstance(rule, Dropped)}
+    after = _layers_after_the_model(table, shapes, text)
     for name, shape in shapes.items():
-        if prefix := next((p for p in dropped if name.startswith(p)), None):
-            skipped[name] = dropped[prefix].why
-            continue
-        match = LAYER.search(name)
-        key = LAYER.sub("layers.{i}.", name, count=1) if match else name
+        if prefix := next((p for p in after if name.startswith(p)), None):
+            if isinstance(after[prefix], str):
+                skipped[name] = after[prefix]
+                continue
+            number, rest = name.removeprefix(prefix).split(".", 1)
+            looked_up = f"layers.{after[prefix] + int(number)}.{rest}"
+        else:
+            looked_up = name
+        match = LAYER.search(looked_up)
+        key = LAYER.sub("layers.{i}.", looked_up, count=1) if match else looked_up
         if key not in table:
             unknown.append(name)
             continue
@@ -160,6 +167,20 @@ def rename(
             "`unshard families` says which trainers' names it maps for each family; report the model if it should"
         )
     return renamed, transforms, skipped
+
+
+def _layers_after_the_model(
+    table: dict[str, Any], shapes: dict[str, tuple[int, ...]], config: dict[str, Any]
+) -> dict[str, int | str]:
+    """For each AfterTheModel rule's key: the number of the first Hugging Face layer its layers become, or why they
+    are skipped (the config counts another number of them)."""
+    found: dict[str, int | str] = {}
+    for prefix, rule in table.items():
+        if isinstance(rule, AfterTheModel):
+            count = len({name.removeprefix(prefix).split(".")[0] for name in shapes if name.startswith(prefix)})
+            said = config.get("num_nextn_predict_layers") or 0
+            found[prefix] = config["num_hidden_layers"] if said == count else f"{rule.why}: the config counts {said}"
+    return found
 
 
 @dataclass(frozen=True)
@@ -201,7 +222,7 @@ def to_meta(
         if isinstance(rule, Fused):
             fused.setdefault(rule.into, []).append((rule.part, meta))
             continue
-        if isinstance(rule, Dropped):  # (no Hugging Face tensor is one)
+        if isinstance(rule, AfterTheModel):  # (its layers by the layer rules: _numbered_apart)
             continue
         if isinstance(rule, Reshaped):
             flat.add(meta)
@@ -222,7 +243,7 @@ def to_meta(
                 parts = tuple((m.format(i=found.get("i")), n) for m, n in zip(meta, rows))
                 renamed[name] = MetaName(parts[0][0], parts=parts)
                 break
-            fqn = meta.format(i=found.get("i"))
+            fqn = _numbered_apart(meta.format(i=found.get("i")), table, text)
             zeros = tuple((z.format(i=found.get("i")), shape[0]) for z in zeros_of.get(hf, ()))
             stacked = (int(found["e"]),) if "e" in found else ()
             renamed[name] = MetaName(fqn, rotary_heads, stacked, zeros, turn, flat=meta in flat)
@@ -246,6 +267,17 @@ def to_meta(
             f"{unknown[0]}); --names hf writes the Hugging Face names"
         )
     return renamed, stacked_shapes
+
+
+def _numbered_apart(fqn: str, table: dict[str, Any], config: dict[str, Any]) -> str:
+    """A trainer's name of a layer past the model's, as its AfterTheModel rule numbers it (`layers.4.x` of a
+    4-layer model -> `mtp_layers.0.x`); any other name as it is."""
+    match = LAYER.match(fqn)
+    layers = config.get("num_hidden_layers")
+    if match is None or layers is None or int(match.group(1)) < layers:
+        return fqn
+    prefix = next((p for p, rule in table.items() if isinstance(rule, AfterTheModel)), None)
+    return fqn if prefix is None else f"{prefix}{int(match.group(1)) - layers}.{fqn[match.end() :]}"
 
 
 def _pattern(hf: str) -> re.Pattern:

@@ -33,7 +33,7 @@ from typing import Any
 from .. import dtypes, families
 from ..errors import UnshardError
 from ..families.parts import Unsupported
-from ..names import meta_rules
+from ..names import meta_rules, mtp_layers
 from ..names.stacked import Stacked
 from ..types import FormatRequest, Group, OutputTensor, Plan
 from .hf_folder import HFFolder, copy_model_files
@@ -56,8 +56,10 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
         )
     if request.separate_adapter:
         raise UnshardError(f"{request.where}: --to dcp writes the model's weights only: use --lora merge")
-    outputs = [o.name for g in request.groups.values() for o in g.outputs]
     config = model_config(request, f"--names {options.names}" if options.names != "hf" else None)
+    if options.names != "hf" and (text := config.get("text_config") or config).get("num_nextn_predict_layers"):
+        mtp_layers.drop_shared_copies(request.groups, text["num_hidden_layers"])  # (the trainer's MTP layers share)
+    outputs = [o.name for g in request.groups.values() for o in g.outputs]
     # (torchtune's tied head is the embedding's own weight: no name of its own)
     tied = tied_head(config, outputs) if options.names != "torchtune" else {}
     shapes = {o.name: o.shape for g in request.groups.values() for o in g.outputs}

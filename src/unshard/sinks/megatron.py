@@ -24,6 +24,7 @@ import io
 import itertools
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from .. import families
 from ..errors import CheckpointError, UnshardError
 from ..families.gguf_hooks import first_of, rope_parameters
 from ..families.parts import Unsupported
-from ..names import megatron_rules
+from ..names import megatron_rules, mtp_layers
 from ..types import FormatRequest, Plan
 from .dcp import DCPFolder, Piece, chunked, model_config, write_metadata
 from .hf_folder import copy_model_files
@@ -42,7 +43,8 @@ RELEASE = "release"
 TRACKER = "latest_checkpointed_iteration.txt"
 # The linear layers of megatron-core's GPT layer (attention's, the MLP's, each expert's and a shared expert's), each
 # saving an `_extra_state` (local spec: None; Transformer Engine's: its FP8 state, which it starts afresh from None)
-LINEAR_WEIGHT = re.compile(r"^(decoder\.layers\..*\.linear_[a-z0-9_]+)\.weight$")
+# (and an MTP layer's, its projection's too)
+LINEAR_WEIGHT = re.compile(r"^((?:decoder|mtp)\.layers\..*\.(?:linear_[a-z0-9_]+|eh_proj))\.weight$")
 
 
 def plan_sink(request: FormatRequest) -> MegatronFolder:
@@ -64,12 +66,9 @@ def plan_sink(request: FormatRequest) -> MegatronFolder:
     tp, divisible = options.tp, options.vocab_divisible
     dims = megatron_rules.shapes_from_config(config)
     padded = -(-dims.vocab // (divisible * tp)) * divisible * tp
-    # (layers alike are stacked; dense layers before MoE ones make megatron-core key each layer on its own)
-    layers = config["num_hidden_layers"] if moe.get("moe_layer_freq", 1) == 1 else None
     shapes = {o.name: o.shape for g in request.groups.values() for o in g.outputs}
-    placed = megatron_rules.to_megatron(
-        rules.rules, shapes, dims, padded, layers, request.where, latent=bool(signature.latent_attention)
-    )
+    mtp = _mtp_layers(request, rules.rules, config, shapes, flag)
+    placed = _placed(rules, config, moe, shapes, dims, padded, request.where)
     tied = "lm_head.weight" not in shapes
     dist_shapes, stacked = {}, {}
     for group in request.groups.values():
@@ -87,9 +86,44 @@ def plan_sink(request: FormatRequest) -> MegatronFolder:
     except CheckpointError as e:
         raise UnshardError(f"{request.where}: {flag}: {family.name}: {e}") from None
     args = {**moe, **megatron_args(config, shapes, options, padded, tied, request.dtype, request.where, own)}
+    args["mtp_num_layers"] = mtp or None
     if options.to == VERL:
         return VerlMegatronFolder(args, dist_shapes, stacked)
     return MegatronFolder(args, dist_shapes, stacked)
+
+
+def _mtp_layers(request: FormatRequest, rules: dict, config: dict, shapes: dict, flag: str) -> int:
+    """How many MTP layers the outputs hold (the layers past the model's, as the Hub's DeepSeek-V3 holds them:
+    names.mtp_layers); their copies of the embedding and head, which megatron-core's share with the model, dropped
+    from the plan, unread. A family whose table maps none: one line."""
+    layers = config["num_hidden_layers"]
+    found = mtp_layers.layers_past(shapes, layers)
+    if found and not megatron_rules.has_mtp_layers(rules):
+        raise UnshardError(
+            f"{request.where}: {flag}: the tensors of layers past num_hidden_layers ({layers}) have no place in "
+            "megatron-core's model of this family yet: convert a folder without them"
+        )
+    for name in mtp_layers.shared_copies(shapes, layers):
+        del shapes[name]
+    mtp_layers.drop_shared_copies(request.groups, layers)
+    return len(found)
+
+
+def _placed(rules, config: dict, moe: dict, shapes: dict, dims, padded: int, where: str) -> dict:
+    """Each output's place (names.megatron_rules.to_megatron): the model's layers stacked where they are alike (dense
+    layers before MoE ones make megatron-core key each layer on its own), MTP layers keyed on their own."""
+    layers = config["num_hidden_layers"]
+    alike = layers if moe.get("moe_layer_freq", 1) == 1 else None
+    latent = bool(rules.signature.latent_attention)
+    past = {name for name in shapes if (m := mtp_layers.LAYER.match(name)) and int(m.group(1)) >= layers}
+    model = {name: shape for name, shape in shapes.items() if name not in past}
+    placed = megatron_rules.to_megatron(rules.rules, model, dims, padded, alike, where, latent=latent)
+    if past:
+        mtp = megatron_rules.to_megatron(rules.rules, {n: shapes[n] for n in past}, dims, padded, None, where, latent)
+        for name, where_ in mtp.items():
+            keys = [megatron_rules.layer_as_mtp(key, layers) for key in (where_.key, *where_.also)]
+            placed[name] = replace(where_, key=keys[0], also=tuple(keys[1:]))
+    return placed
 
 
 def _check_parallelism(config: dict[str, Any], moe: dict[str, Any], options, where: str) -> None:
@@ -366,6 +400,7 @@ def transformer_config(args: dict[str, Any]) -> dict[str, Any]:
         "params_dtype": f"torch.{args['params_dtype']}",
         "bf16": args["bf16"],
         "fp16": args["fp16"],
+        "mtp_num_layers": args.get("mtp_num_layers"),
     }
 
 

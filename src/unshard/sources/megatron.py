@@ -40,6 +40,7 @@ TRACKER = "latest_checkpointed_iteration.txt"
 RANK_FOLDER = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")
 RANK_FILES = ("model_optim_rng.pt", "model_rng.pt", "model.pt")  # model.pt: verl before dist_ckpt
 LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+MTP_LEFT_OUT = "multi-token prediction layer tensors (mtp.*)"
 LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
 
@@ -104,12 +105,15 @@ def plain_args(args: Any, where: Path) -> dict[str, Any]:
 
 
 class MegatronCheckpoint(Checkpoint):
-    """Hugging Face tensors over Megatron files; re-cut when a config names another vocabulary size."""
+    """Hugging Face tensors over Megatron files; re-cut when a config names another vocabulary size or counts other
+    MTP layers."""
 
     megatron: dict[str, SourceTensor]
     model_type: str
     shapes: megatron_rules.Shapes
     _made_config_folder: weakref.finalize | None = None  # removes it; at exit, or at close when sooner
+    layers: int = 0  # the model's, after which its MTP layers are numbered
+    mtp_layers: int | None = None  # how many MTP layers the config counts, where the tensors hold some
 
     def close(self) -> None:
         if self._made_config_folder is not None:
@@ -121,10 +125,33 @@ class MegatronCheckpoint(Checkpoint):
             return
         model_type = config.get("model_type", self.model_type)
         vocab = config.get("vocab_size", self.shapes.vocab)
-        if (model_type, vocab) != (self.model_type, self.shapes.vocab):
+        mtp = config.get("num_nextn_predict_layers") if self.mtp_layers is not None else None
+        if (model_type, vocab, mtp) != (self.model_type, self.shapes.vocab, self.mtp_layers):
             self.model_type, self.shapes = model_type, dataclasses.replace(self.shapes, vocab=vocab)
-            self.tensors, self.stacks = megatron_hf.to_hf(self.megatron, model_type, self.shapes, str(self.path))
+            self.name_tensors(config)
             self.facts.update(architecture=model_type, vocab_size=vocab)
+
+    def name_tensors(self, config: dict[str, Any] | None) -> None:
+        """The Hugging Face tensors, by the family's rules; MTP layers (mtp.*, trained beside the model) as the layers
+        after the model's, as the Hub's checkpoints hold them (megatron_rules.MTP_LAYER), where the family maps them
+        and the config (None: the args') counts them; otherwise left out, with a note."""
+        where, megatron = str(self.path), self.megatron
+        mtp = [name for name in megatron if name.startswith("mtp.")]
+        count = len({name.split(".")[2] for name in mtp})
+        said = config.get("num_nextn_predict_layers") if config is not None else count
+        skipped = {k: v for k, v in self.facts.get("skipped", {}).items() if not k.startswith(MTP_LEFT_OUT)}
+        mapped = megatron_rules.has_mtp_layers(megatron_hf.family_of(self.model_type, where).megatron.rules)
+        if mtp and mapped and said == count:
+            megatron = {megatron_rules.mtp_as_layer(name, self.layers): tensor for name, tensor in megatron.items()}
+        elif mtp:
+            why = f"{self.model_type}'s transformers class has none"
+            if mapped:
+                why = f"the config counts {said} (num_nextn_predict_layers)"
+            megatron = {name: tensor for name, tensor in megatron.items() if name not in mtp}
+            skipped[f"{MTP_LEFT_OUT}: {why}"] = len(mtp)
+        self.mtp_layers = said if mtp else None
+        self.facts["skipped"] = skipped
+        self.tensors, self.stacks = megatron_hf.to_hf(megatron, self.model_type, self.shapes, where)
 
 
 def finish(
@@ -143,27 +170,24 @@ def finish(
     if padded is None:
         raise CheckpointError(f"{where}: no embedding or output layer found; a pipeline stage's files are missing")
     checkpoint.hf_folder = _hf_folder(checkpoint.path)
+    config = None
+    if checkpoint.hf_folder is not None:
+        config = read_json(checkpoint.hf_folder / "config.json", "restore it from the run")
     if args is not None:
         vocab = args.get("vocab_size") or padded.shape[0]
         model_type = megatron_hf.model_type_from_args(args, where)
         shapes = megatron_rules.shapes_from_args(args, vocab)
-    elif checkpoint.hf_folder is not None:
-        config = read_json(checkpoint.hf_folder / "config.json", "restore it from the run")
+    elif config is not None:
         model_type, shapes = config.get("model_type"), megatron_rules.shapes_from_config(config)
     else:
         raise CheckpointError(
             f"{where}: holds no Megatron-LM args and has no huggingface/config.json beside it; "
             "unshard needs one of them for the model's sizes"
         )
-    # Multi-token prediction layers (DeepSeek-V3's, trained beside the model) have no place in the transformers class
-    mtp = [name for name in megatron if name.startswith("mtp.")]
-    if mtp:
-        megatron = {name: tensor for name, tensor in megatron.items() if name not in mtp}
-        left_out = f"multi-token prediction layer tensors (mtp.*): {model_type}'s transformers class has none"
-        facts = {**facts, "skipped": {**facts.get("skipped", {}), left_out: len(mtp)}}
     checkpoint.megatron, checkpoint.model_type, checkpoint.shapes = megatron, model_type, shapes
-    checkpoint.tensors, checkpoint.stacks = megatron_hf.to_hf(megatron, model_type, shapes, where)
+    checkpoint.layers = (args or {}).get("num_layers") or (config or {}).get("num_hidden_layers", 0)
     checkpoint.facts.update(facts)
+    checkpoint.name_tensors(config)
     checkpoint.facts.update(architecture=model_type, vocab_size=shapes.vocab, padded_vocab_size=padded.shape[0])
     if checkpoint.hf_folder is None:
         dtype = "bfloat16" if args.get("bf16") else "float16" if args.get("fp16") else "float32"

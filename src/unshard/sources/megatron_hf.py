@@ -22,9 +22,11 @@ from ..names.megatron_rules import (
     VOCAB,
     Shapes,
     Signature,
+    has_mtp_layers,
     shapes_from_args,
     template,
 )
+from ..names.mtp_layers import with_shared_copies
 from ..names.stacked import Stacked
 from .base import Piece, SourceTensor, Stack
 from .placements import Block, compose
@@ -131,6 +133,7 @@ def to_hf(
         pieces = [piece for member in members for piece in member.pieces]
         out[hf_name] = SourceTensor(hf_name, rule.shape(len(members), members[0].shape), members[0].dtype, pieces)
         stacks[hf_name] = Stack(members, rule.band)
+    out = with_shared_copies(out)  # (an MTP layer's copies of the embedding and head, as the Hub's hold them)
     # In the order save_pretrained's files have them (safetensors sorts a file's tensors by name), not Megatron's
     # (each fused tensor's layers first): a model written into Megatron and read back is the same file.
     return dict(sorted(out.items())), stacks
@@ -190,6 +193,8 @@ def hf_config(args: dict[str, Any], model_type: str, vocab: int, dtype: str) -> 
     }
     family = family_of(model_type, "the args")
     config.update(family.megatron.config(args))
+    if args.get("mtp_num_layers") and has_mtp_layers(family.megatron.rules):
+        config["num_nextn_predict_layers"] = args["mtp_num_layers"]
     config["architectures"] = [family.architecture]
     return config
 

@@ -11,6 +11,7 @@ from collections import Counter
 from .. import families
 from ..errors import CheckpointError
 from ..names import meta_rules
+from ..names.mtp_layers import with_shared_copies
 from ..names.stacked import Stacked
 from .base import SourceTensor, Stack
 from .placements import Block
@@ -50,6 +51,7 @@ class MetaNamed:
             else:
                 tensors.update((hf, self._unstacked(tensor, index, hf)) for index, hf in enumerate(new))
         tensors.update((hf, _concatenated(hf, [parts[p] for p in sorted(parts)])) for hf, parts in fused.items())
+        tensors = with_shared_copies(tensors)  # (MTP layers' copies of the embedding and head, as the Hub's hold them)
         # The tensors keep the checkpoint's order, but grouped experts and fused tensors, whose places among the
         # others no order of the trainer's can give: then the order save_pretrained's files have (safetensors sorts
         # a file's tensors by name), so a Hugging Face model written with these names and read back is the same file
