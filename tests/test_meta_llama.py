@@ -37,6 +37,7 @@ CASES_HERE = [
     "torchtune-gemma-fsdp2",
     "torchtune-gemma2-fsdp2",
     "torchtune-phi3-fsdp2",
+    "torchtune-mistral-fsdp2",
 ]
 FRESH = [name for name in CASES_HERE if CASES[name].fresh]
 # torchtitan runs its grouped experts in bf16 (GroupedExperts casts the weights and tokens), transformers in fp32: the
@@ -60,6 +61,7 @@ SINGLE_FILES = [
     ("torchtune-gemma-fsdp2", "epoch_0"),
     ("torchtune-gemma2-fsdp2", "epoch_0"),
     ("torchtune-phi3-fsdp2", "epoch_0"),
+    ("torchtune-mistral-fsdp2", "epoch_0"),
 ]
 
 

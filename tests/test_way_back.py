@@ -184,7 +184,7 @@ def test_torchtitan_loads_qwen35_in_its_names(model, tmp_path, monkeypatch):
     assert (tmp_path / "back" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
 
 
-@pytest.mark.parametrize("model", ["llama3", "qwen2", "gemma", "gemma2", "phi3"])
+@pytest.mark.parametrize("model", ["llama3", "qwen2", "gemma", "gemma2", "phi3", "mistral"])
 def test_torchtune_loads_its_names(model, tmp_path, monkeypatch):
     """torchtune's checkpoint (its DistributedCheckpointer's, FSDP2 at two ranks) as a Hugging Face folder, written
     back with torchtune's names: torchtune's DistributedCheckpointer loads it into its own model, every tensor equal

@@ -169,7 +169,7 @@ FAMILIES = (
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family: merge-moe assembles Mixtral or Qwen MoE from it", applies=False),
         torchtitan_names=Unsupported("torchtitan has no Mistral model", applies=False),
-        torchtune_names=Unsupported("torchtune's Mistral names are not written yet"),
+        torchtune_names=TORCHTUNE_LLAMA,  # (torchtune's Mistral is its Llama, named alike)
         notes={
             "megatron_legacy": "with --config-from (the args describe a Llama)",
             "megatron_dist": "with --config-from (the args describe a Llama)",
