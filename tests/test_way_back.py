@@ -219,13 +219,22 @@ def test_a_fused_tensor_whose_rows_the_config_does_not_give_is_refused():
         meta_rules.to_meta(TORCHTUNE_PHI3, "Phi-3", {qkv: (96, 64)}, config, "src")
 
 
-@pytest.mark.parametrize("to, folder", [("dcp", ""), ("megatron", "release")])
-def test_workers_write_the_same_files(to, folder, hf_model, tmp_path):
-    """--workers deals the .distcp files out to processes: the same files, the same places in `.metadata`."""
+@pytest.mark.parametrize(
+    "to, folder, how", [("dcp", "", "workers"), ("megatron", "release", "workers"), ("megatron", "release", "torchrun")]
+)
+def test_workers_write_the_same_files(to, folder, how, hf_model, tmp_path):
+    """--workers deals the .distcp files out to processes, and so does --distributed under torchrun (each rank its
+    share, rank 0 the metadata): the same files, the same places in `.metadata`."""
     output = OutputOptions(to=to, max_shard_size="100KB")
     unshard.convert(hf_model, tmp_path / "one", output=output, progress=False)
-    result = unshard.convert(hf_model, tmp_path / "two", output=output, progress=False, workers=2, verify=True)
-    assert result.writers == 2
+    if how == "workers":
+        result = unshard.convert(hf_model, tmp_path / "two", output=output, progress=False, workers=2, verify=True)
+        assert result.writers == 2
+    else:
+        sizes = ("--to", to, "--max-shard-size", "100KB")
+        done = torchrun(2, "-m", "unshard", "convert", str(hf_model), str(tmp_path / "two"), *sizes, "--distributed")
+        assert done.returncode == 0 and "by 2 processes" in done.stdout, done.stderr[-2000:]
+        assert (tmp_path / "two" / "release" / "common.pt").is_file()
     one, two = tmp_path / "one" / folder, tmp_path / "two" / folder
     files = sorted(p.name for p in one.glob("*.distcp"))
     assert len(files) > 2 and files == sorted(p.name for p in two.glob("*.distcp"))
