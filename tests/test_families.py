@@ -281,6 +281,7 @@ TESTED = {
         "mamba": "mamba-fsdp2",
         "falcon_mamba": "falconmamba-fsdp2",
         "jamba": "jamba-fsdp2-spm",
+        "minicpm3": "minicpm3-fsdp2-spm",
         "glm_moe_dsa": "glm5-fsdp2",
         "exaone4_5": "exaone45-fsdp2",
         "mistral3": "mistral3-fsdp2",

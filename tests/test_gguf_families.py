@@ -870,6 +870,7 @@ DENSE = {
     "mamba-fsdp2": "mamba",
     "falconmamba-fsdp2": "mamba",
     "jamba-fsdp2-spm": "jamba",
+    "minicpm3-fsdp2-spm": "minicpm3",
     "glm5-fsdp2": "glm-dsa",
     "exaone45-fsdp2": "exaone4",
     "llama4text-fsdp2": "llama4",
@@ -1063,5 +1064,33 @@ def test_a_jamba_without_its_sentencepiece_model_is_one_line(tmp_path):
     (tmp_path / "hf" / "tokenizer.model").unlink()
     out = unshard.OutputOptions(gguf="f32")
     with pytest.raises(unshard.ConfigMismatchError, match="no tokenizer.model, and llama.cpp's converter reads") as e:
+        unshard.convert(src, tmp_path / "m.gguf", config_from=tmp_path / "hf", output=out, progress=False)
+    assert str(tmp_path / "hf") in str(e.value) and not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"scale_emb": 10}, "scale_emb is 10, and llama.cpp's minicpm3 takes 12"),
+        ({"dim_model_base": 128}, "dim_model_base is 128, and llama.cpp's minicpm3 takes 256"),
+        ({"q_lora_rank": None}, "q_lora_rank is null, and llama.cpp's minicpm3 takes a query down projection"),
+        ({"max_position_embeddings": 1024}, "LongRoPE past its trained context, whose attention factor the converter"),
+    ],
+)
+def test_what_llama_cpp_s_minicpm3_computes_otherwise_is_one_line(change, message, tmp_path):
+    """A MiniCPM3 llama.cpp's minicpm3 would compute otherwise (its muP scales are constants in its code, the rope
+    base one the converter does not write, LongRoPE's attention factor unwritten): refused while planning, in one
+    line naming the file, nothing written."""
+    assert_refused_in_one_line("minicpm3-fsdp2-spm", lambda config: config.update(change), message, tmp_path)
+
+
+def test_a_minicpm3_without_its_sentencepiece_model_is_one_line(tmp_path):
+    """The converter reads MiniCPM3's vocabulary from its SentencePiece model alone: without it, one line naming the
+    folder, nothing written."""
+    src = SHIPPED / "minicpm3-fsdp2-spm" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    (tmp_path / "hf" / "tokenizer.model").unlink()
+    out = unshard.OutputOptions(gguf="f32")
+    with pytest.raises(unshard.ConfigMismatchError, match="no tokenizer.model, the SentencePiece model") as e:
         unshard.convert(src, tmp_path / "m.gguf", config_from=tmp_path / "hf", output=out, progress=False)
     assert str(tmp_path / "hf") in str(e.value) and not (tmp_path / "m.gguf").exists()

@@ -320,6 +320,7 @@ FAMILY_CASES = [
     "falconmamba-fsdp2",
     "jamba-fsdp2-spm",
     "exaone45-fsdp2",  # (its vision tower left as it is)
+    "minicpm3-fsdp2-spm",
 ]
 # transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's and DeepSeek-V2's routers in float32 when loading in
 # bf16, as save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did
