@@ -1056,14 +1056,21 @@ def test_what_llama_cpp_s_llama4_computes_otherwise_is_one_line(change, message,
     assert_refused_in_one_line("llama4-fsdp2", lambda config: config["text_config"].update(change), message, tmp_path)
 
 
-def test_a_jamba_without_its_sentencepiece_model_is_one_line(tmp_path):
-    """The converter reads a Jamba's tokenizer.json alone as a Llama vocabulary unshard does not write: one line
-    naming the folder, nothing written."""
-    src = SHIPPED / "jamba-fsdp2-spm" / "global_step_1"
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        # (the converter would read a Jamba's tokenizer.json alone as a Llama vocabulary, which unshard does not write)
+        ("jamba-fsdp2-spm", "no tokenizer.model, and llama.cpp's converter reads"),
+        ("minicpm3-fsdp2-spm", "no tokenizer.model, the SentencePiece model"),  # (the converter's only source)
+    ],
+)
+def test_a_folder_without_the_sentencepiece_model_the_converter_reads_is_one_line(case, message, tmp_path):
+    """A Jamba or MiniCPM3 folder without its tokenizer.model: one line naming the folder, nothing written."""
+    src = SHIPPED / case / "global_step_1"
     unshard.convert(src, tmp_path / "hf", progress=False)
     (tmp_path / "hf" / "tokenizer.model").unlink()
     out = unshard.OutputOptions(gguf="f32")
-    with pytest.raises(unshard.ConfigMismatchError, match="no tokenizer.model, and llama.cpp's converter reads") as e:
+    with pytest.raises(unshard.ConfigMismatchError, match=message) as e:
         unshard.convert(src, tmp_path / "m.gguf", config_from=tmp_path / "hf", output=out, progress=False)
     assert str(tmp_path / "hf") in str(e.value) and not (tmp_path / "m.gguf").exists()
 
@@ -1082,15 +1089,3 @@ def test_what_llama_cpp_s_minicpm3_computes_otherwise_is_one_line(change, messag
     base one the converter does not write, LongRoPE's attention factor unwritten): refused while planning, in one
     line naming the file, nothing written."""
     assert_refused_in_one_line("minicpm3-fsdp2-spm", lambda config: config.update(change), message, tmp_path)
-
-
-def test_a_minicpm3_without_its_sentencepiece_model_is_one_line(tmp_path):
-    """The converter reads MiniCPM3's vocabulary from its SentencePiece model alone: without it, one line naming the
-    folder, nothing written."""
-    src = SHIPPED / "minicpm3-fsdp2-spm" / "global_step_1"
-    unshard.convert(src, tmp_path / "hf", progress=False)
-    (tmp_path / "hf" / "tokenizer.model").unlink()
-    out = unshard.OutputOptions(gguf="f32")
-    with pytest.raises(unshard.ConfigMismatchError, match="no tokenizer.model, the SentencePiece model") as e:
-        unshard.convert(src, tmp_path / "m.gguf", config_from=tmp_path / "hf", output=out, progress=False)
-    assert str(tmp_path / "hf") in str(e.value) and not (tmp_path / "m.gguf").exists()
