@@ -17,9 +17,14 @@ LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 T = TypeVar("T")
 
 
+def names_past(names, layers: int) -> set[str]:
+    """Those of these Hugging Face names that are of the layers past the model's `layers`."""
+    return {name for name in names if (m := LAYER.match(name)) and int(m.group(1)) >= layers}
+
+
 def layers_past(names, layers: int) -> set[int]:
     """The numbers of the layers past the model's `layers` among these Hugging Face names."""
-    return {int(m.group(1)) for name in names if (m := LAYER.match(name)) and int(m.group(1)) >= layers}
+    return {int(LAYER.match(name).group(1)) for name in names_past(names, layers)}
 
 
 def shared_copies(names, layers: int) -> set[str]:

@@ -115,14 +115,14 @@ def _placed(rules, config: dict, moe: dict, shapes: dict, dims, padded: int, whe
     layers = config["num_hidden_layers"]
     alike = layers if moe.get("moe_layer_freq", 1) == 1 else None
     latent = bool(rules.signature.latent_attention)
-    past = {name for name in shapes if (m := mtp_layers.LAYER.match(name)) and int(m.group(1)) >= layers}
+    past = mtp_layers.names_past(shapes, layers)
     model = {name: shape for name, shape in shapes.items() if name not in past}
     placed = megatron_rules.to_megatron(rules.rules, model, dims, padded, alike, where, latent=latent)
     if past:
         mtp = megatron_rules.to_megatron(rules.rules, {n: shapes[n] for n in past}, dims, padded, None, where, latent)
-        for name, where_ in mtp.items():
-            keys = [megatron_rules.layer_as_mtp(key, layers) for key in (where_.key, *where_.also)]
-            placed[name] = replace(where_, key=keys[0], also=tuple(keys[1:]))
+        for name, place in mtp.items():
+            keys = [megatron_rules.layer_as_mtp(key, layers) for key in (place.key, *place.also)]
+            placed[name] = replace(place, key=keys[0], also=tuple(keys[1:]))
     return placed
 
 
