@@ -383,9 +383,9 @@ def norms_under_each_spec_name(dist) -> set[str]:
 )
 def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monkeypatch):
     """The source: megatron-core's own checkpoint (a fixture) as a Hugging Face folder. Written back into Megatron
-    at the fixture's TP, PP and VPP (in Megatron-LM's layout, or verl's: the same tensors, other files around them),
-    megatron-core built at that parallelism loads every tensor its own checkpoint holds, and its forward pass gives
-    the fixture's logits."""
+    at the fixture's TP, PP and VPP, megatron-core built at that parallelism loads every tensor its own checkpoint
+    holds, and its forward pass gives the fixture's logits. In verl's layout: the same .distcp files, byte for byte,
+    other files around them, as verl's own."""
     pytest.importorskip("megatron.core")
     fixture = SHIPPED / case
     info = json.loads((fixture / "fixture.json").read_text())

@@ -181,7 +181,6 @@ INTERMEDIATE = object()
 NO_TABLE = Unsupported("not written down: transformers is asked once per config (then remembered)")
 # Where a dense family is none of merge-moe's inputs (moe_layout)
 NOT_A_MOE_INPUT = Unsupported("a dense family merge-moe does not assemble from", applies=False)
-# Where a family has no torchtitan or torchtune names (`meta_names`) in its module
 # Where neither trainer's release has a model of the family (torchtitan 0.3: Llama 3, Qwen3, Qwen3-MoE, DeepSeek-V3,
 # gpt-oss, Qwen3.5, Qwen3.5-MoE, Kimi K2.5; torchtune 0.6.1: Llama, Mistral, Qwen2, Gemma, Gemma 2, Phi-3/Phi-4, Llama
 # 3.2 Vision), its names to read and write do not apply

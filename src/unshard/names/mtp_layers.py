@@ -1,6 +1,6 @@
 """Multi-token prediction layers as the Hub's checkpoints hold them (DeepSeek-V3's and GLM-4.5's; config.json's
 num_nextn_predict_layers counts them): the layers after the model's own, `model.layers.{N+k}.`, each a decoder layer
-under the usual names, plus its own norms and projection (OWN) and copies of the model's embedding and head (SHARED),
+under the usual names, plus its own norms and projection and copies of the model's embedding and head (SHARED),
 which the trainers' MTP layers (megatron-core's, torchtitan's) share with the model. transformers loads none of them
 (names.hf_names keeps them as saved); vLLM and SGLang run them, reading the copies as the MTP layer's own."""
 
@@ -10,7 +10,6 @@ import dataclasses
 import re
 from typing import TypeVar
 
-OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
 SHARED = {"embed_tokens.weight": "model.embed_tokens.weight", "shared_head.head.weight": "lm_head.weight"}
 LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
