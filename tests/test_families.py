@@ -194,6 +194,7 @@ TESTED = {
         "gpt_oss": "torchtitan-gptoss-fsdp2",
         "qwen3_5": "torchtitan-qwen35-fsdp2",
         "qwen3_5_moe": "torchtitan-qwen35moe-fsdp2",
+        "muse_glimmer": "torchtitan-museglimmer-fsdp2",
         "qwen2": "torchtune-qwen2-fsdp2",
         "gemma": "torchtune-gemma-fsdp2",
         "gemma2": "torchtune-gemma2-fsdp2",
@@ -220,6 +221,7 @@ TESTED = {
         "gpt_oss": "torchtitan-gptoss-fsdp2",
         "qwen3_5": "torchtitan-qwen35-fsdp2",
         "qwen3_5_moe": "torchtitan-qwen35moe-fsdp2",
+        "muse_glimmer": "torchtitan-museglimmer-fsdp2",
     },
     # (test_way_back writes torchtune's names from these fixtures' models and loads them in torchtune)
     "to_torchtune": {

@@ -861,6 +861,7 @@ DENSE = {
     "gemma4vl-fsdp2": "gemma4",
     "mpt-fsdp2": "mpt",
     "mistral3-fsdp2": "mistral3",
+    "mistral4-fsdp2": "mistral4",
     "apertus-fsdp2": "apertus",
     "deepseekv2-fsdp2": "deepseek2",
     "ministral3-fsdp2": "mistral3",
@@ -945,7 +946,7 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
         assert fields["deepseek2.expert_gating_func"] == gguf.ExpertGatingFuncType.SIGMOID
         assert fields["tokenizer.ggml.tokens"][fields["tokenizer.ggml.eom_token_id"]] == "<|observation|>"
     # (a vision-language model transformers has no causal LM class for: its text alone)
-    vision = case in ("mistral3-fsdp2", "llama4-fsdp2", "exaone45-fsdp2")
+    vision = case in ("mistral3-fsdp2", "mistral4-fsdp2", "llama4-fsdp2", "exaone45-fsdp2")
     auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
     model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]

@@ -102,6 +102,19 @@ def test_the_mmproj_is_the_converter_s_with_the_image_break_embedding(kind, pixt
     assert BREAK not in text and text["token_embd.weight"][2] == [embedding.shape[1], embedding.shape[0]]
 
 
+def test_mistral4_s_mmproj_is_mistral3_s(converter, tmp_path_factory, tmp_path):
+    """Mistral Small 4's Pixtral tower beside its Mistral 4 text model (which llama.cpp runs as mistral4): the same
+    mmproj file as the converter's, but the [IMG_BREAK] embedding first, as for Mistral 3."""
+    src = SHIPPED / "mistral4-fsdp2" / "global_step_1"
+    folder = unsharded(src, tmp_path_factory)
+    unshard.convert(src, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(folder, "f32", tmp_path / "oracle.gguf", mmproj=True))
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0]) and ours[1][0][0] == BREAK
+    assert_same_tensors(ours[1][1:], theirs[1])
+    assert contents(tmp_path / "m.gguf")[0]["general.architecture"] == "mistral4"
+
+
 @pytest.mark.parametrize("kind", ["f32", "q8_0"])
 def test_llama_cpp_reads_images_as_transformers_does(kind, pixtral_folder, tmp_path):
     """mtmd encodes an image of 128 x 64 pixels (a size it keeps: 8 x 4 patches, merged 2 x 2 into 4 x 2 tokens)

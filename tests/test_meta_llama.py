@@ -2,7 +2,8 @@
 interleaved rotary; torchtitan's Qwen3, Qwen3 MoE, DeepSeek-V3 and gpt-oss, their experts grouped in one tensor per
 projection (gpt-oss's turned into transformers' fused ones, which torchtitan's own adapter leaves out); torchtitan's
 Qwen3.5 and Qwen3.5-MoE with their vision tower (fused projections and convolutions split, the patch embedding a
-Linear layer; Qwen3.5-MoE's experts, which its own adapter fuses otherwise than transformers, each as saved);
+Linear layer; Qwen3.5-MoE's experts, which its own adapter fuses otherwise than transformers, each as saved); its Muse
+Glimmer, the vision tower's q and k rows and biases reordered as the text model's;
 torchtune's Qwen2, Gemma, Gemma 2 and Phi-3, whose q, k and v are three tensors that transformers' Phi-3 fuses) convert
 to exactly what each library's own Hugging Face converter makes (but Gemma 2's MLP norms, which torchtune's converter
 names the other way round), and the folder's logits match its forward pass."""
@@ -33,6 +34,7 @@ CASES_HERE = [
     "torchtitan-gptoss-fsdp2",
     "torchtitan-qwen35-fsdp2",
     "torchtitan-qwen35moe-fsdp2",
+    "torchtitan-museglimmer-fsdp2",
     "torchtune-qwen2-fsdp2",
     "torchtune-gemma-fsdp2",
     "torchtune-gemma2-fsdp2",
@@ -106,8 +108,9 @@ BEYOND_REFERENCE = {
 # What transformers leaves unloaded in a folder (the MTP layer, which its model has none of)
 UNLOADED = {"torchtitan-deepseekv3mtp-fsdp2": "model.layers.3."}
 # Vision-language models, loaded as such; Qwen3.5's linear attention has flash-linear-attention's Triton kernels only,
-# which no CPU runs: torchtitan saved no logits of its own, and its adapter's tensors are the oracle
-VISION = {"torchtitan-qwen35-fsdp2", "torchtitan-qwen35moe-fsdp2"}
+# which no CPU runs: torchtitan saved no logits of its own, and its adapter's tensors are the oracle (Muse Glimmer's
+# logits are its text model's, its vision tower's tensors its adapter's)
+VISION = {"torchtitan-qwen35-fsdp2", "torchtitan-qwen35moe-fsdp2", "torchtitan-museglimmer-fsdp2"}
 
 
 def check(name, fixture, out, src=None):

@@ -21,6 +21,7 @@ import pytest
 import torch
 import yaml
 from conftest import SHIPPED
+from generate import CASES
 from safetensors import safe_open
 from test_cli_and_errors import run_cli
 
@@ -321,6 +322,8 @@ FAMILY_CASES = [
     "jamba-fsdp2-spm",
     "exaone45-fsdp2",  # (its vision tower left as it is)
     "minicpm3-fsdp2-spm",
+    "mistral4-fsdp2",  # (Mistral Small 4: its experts, fused 3-D parameters, each made Linear layers)
+    "torchtitan-museglimmer-fsdp2",  # (torchtitan's checkpoint; its vision tower, adapter, projection left out)
 ]
 # transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's and DeepSeek-V2's routers in float32 when loading in
 # bf16, as save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did
@@ -333,6 +336,9 @@ NEWER_FLOAT32 = {
     "exaonemoe-fsdp2": "mlp.gate.weight",
     "deepseekv2-fsdp2": "mlp.gate.weight",
 }
+# llm-compressor turns each 1 + weight norm into a plain one and back (its offset-norm calibration), which gives
+# (1 + w) - 1 in float32, where unshard writes w as trained: compared so rounded (Muse Glimmer's four norms a layer)
+OFFSET_NORMS = {"torchtitan-museglimmer-fsdp2": "layernorm.weight"}
 
 
 def test_families_as_llm_compressor_writes_them(oracle, tmp_path):
@@ -346,9 +352,12 @@ def test_families_as_llm_compressor_writes_them(oracle, tmp_path):
 
     jobs, loads = [], []
     for case in [*FAMILY_CASES, "falcon-fsdp2"]:
-        src = SHIPPED / case / "global_step_1"
-        unshard.convert(src, tmp_path / case / "plain", progress=False)
-        unshard.convert(src, tmp_path / case / "W8A8", quantize="W8A8", progress=False, verify=True)
+        src, config = SHIPPED / case / CASES[case].src, CASES[case].config_from
+        config_from = SHIPPED / case / config if config else None
+        unshard.convert(src, tmp_path / case / "plain", config_from=config_from, progress=False)
+        unshard.convert(
+            src, tmp_path / case / "W8A8", quantize="W8A8", config_from=config_from, progress=False, verify=True
+        )
         out = str(tmp_path / case / "oracle")
         ignore = [*DEFAULT_IGNORE, *NEWER_ROUTERS.get(case, ())]
         jobs.append({"src": str(tmp_path / case / "plain"), "out": out, "scheme": "W8A8", "ignore": ignore})
@@ -360,14 +369,17 @@ def test_families_as_llm_compressor_writes_them(oracle, tmp_path):
     oracle("quantize", jobs, tmp_path)
     for case in FAMILY_CASES:
         ours = as_llm_compressor_names(tmp_path / case / "W8A8")
-        if case in NEWER_FLOAT32:
+        if case in NEWER_FLOAT32 or case in OFFSET_NORMS:
             tensors = tensors_of(ours)
-            kept = [n for n in tensors if n.endswith(NEWER_FLOAT32[case])]
-            assert kept and all(tensors[n].dtype == torch.float32 for n in kept)
+            kept = [n for n in tensors if n.endswith(NEWER_FLOAT32.get(case, "-"))]
+            assert all(tensors[n].dtype == torch.float32 for n in kept)
             tensors.update({n: tensors[n].to(torch.bfloat16) for n in kept})
+            offset = [n for n in tensors if n.endswith(OFFSET_NORMS.get(case, "-"))]
+            assert kept or len(offset) == 16  # (four per layer)
+            tensors.update({n: (tensors[n] + 1) - 1 for n in offset})
             from safetensors.torch import save_file
 
-            ours = tmp_path / case / "as-bf16"
+            ours = tmp_path / case / "as-theirs"
             ours.mkdir()
             save_file(tensors, ours / "model.safetensors")
             shutil.copy(tmp_path / case / "W8A8" / "config.json", ours)

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,7 +91,9 @@ def trainer_loads(trainer: str, model: str, args: list[str]) -> None:
 
 
 def hf_logits(folder, tokens):
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    vision = "vision_config" in json.loads((Path(folder) / "config.json").read_text())
+    loader = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
+    model = loader.from_pretrained(folder, dtype=torch.float32)
     with torch.no_grad():
         return model.eval()(tokens).logits
 
@@ -130,17 +133,21 @@ def test_fsdp2_at_world_size_3_loads_it(hf_model, tmp_path, monkeypatch):
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), hf_logits(hf_model, TOKENS), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("model", ["llama3", "qwen3", "qwen3-moe", "deepseek-v3", "deepseek-v3-mtp", "gpt-oss"])
+@pytest.mark.parametrize(
+    "model", ["llama3", "qwen3", "qwen3-moe", "deepseek-v3", "deepseek-v3-mtp", "gpt-oss", "muse-glimmer"]
+)
 def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
     """Each expert's chunks land at its index of torchtitan's grouped experts, Qwen3 MoE's expert bias as zeros.
     gpt-oss's experts, which transformers keeps in one tensor per layer (and torchtitan 0.3's own adapter leaves
     out), are each turned back as torchtitan holds them; DeepSeek-V3's MTP layer, the layer after the model's in the
     Hugging Face folder (with the Hub's copies of the embedding and head, which torchtitan's shares), goes to its
-    `mtp_layers.0`. For these two, from unshard's conversion of torchtitan's own checkpoint, every tensor torchtitan
-    loads equals what it loads from that checkpoint, and converted back, the folder's bytes."""
+    `mtp_layers.0`; Muse Glimmer's vision tower's q and k rows and biases are reordered as its text model's. For these
+    three, from unshard's conversion of torchtitan's own checkpoint, every tensor torchtitan loads equals what it
+    loads from that checkpoint, and converted back, the folder's bytes."""
     src, fixture = titan_source(tmp_path, model.replace("-", ""))
     compared = ["--hf", str(src)]
-    if model in ("gpt-oss", "deepseek-v3-mtp"):
+    own_checkpoint = ("gpt-oss", "deepseek-v3-mtp", "muse-glimmer")
+    if model in own_checkpoint:
         own = fixture / "checkpoint" / "step-1"
         shutil.rmtree(src)
         unshard.convert(own, src, config_from=fixture / "hf", progress=False)
@@ -157,7 +164,7 @@ def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
     # (torchtitan runs grouped experts in bf16: the MoE models agree with transformers to its rounding)
     atol = {"qwen3-moe": 1e-3, "deepseek-v3": 2e-4, "deepseek-v3-mtp": 2e-4, "gpt-oss": GPT_OSS_ATOL}.get(model, 1e-4)
     torch.testing.assert_close(logits.float(), hf_logits(src, oracle["tokens"]), atol=atol, rtol=0)
-    if model == "deepseek-v3-mtp":
+    if model in own_checkpoint[1:]:
         unshard.convert(tmp_path / "dcp", tmp_path / "back", config_from=src, progress=False)
         assert (tmp_path / "back" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
 

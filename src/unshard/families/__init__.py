@@ -46,6 +46,7 @@ from . import (
     mistral3,
     mixtral,
     mpt,
+    muse_glimmer,
     nemotron,
     olmo,
     phi,
@@ -104,6 +105,7 @@ FAMILIES: tuple[Family, ...] = (
     *dbrx.FAMILIES,
     *llama4.FAMILIES,
     *vlm.FAMILIES,
+    *muse_glimmer.FAMILIES,
 )
 _BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES}
 _BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES}

@@ -20,9 +20,8 @@ from .parts import (
     GGUFPart,
     MmprojPart,
     Rearrangement,
-    gate_then_up,
+    fused_experts_as_linear,
     no_trainer_model,
-    renamed_only,
 )
 
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
@@ -127,19 +126,6 @@ def _gemma4_refusal(hparams: dict) -> str | None:
     return None
 
 
-def linear_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
-    """26B-A4B's fused experts as llm-compressor makes Linear layers of them before quantizing: each expert's gate_proj
-    and up_proj (gate_up_proj's rows: gate's, then up's) and its down_proj, stacked one expert after the other."""
-    if name.endswith(".experts.down_proj"):
-        return Rearrangement({name + ".weight": shape}, renamed_only)
-    if not name.endswith(".experts.gate_up_proj"):
-        return None
-    experts, both, hidden = shape
-    halves = (experts, both // 2, hidden)
-    stack = name.removesuffix("gate_up_proj")
-    return Rearrangement({stack + "gate_proj.weight": halves, stack + "up_proj.weight": halves}, gate_then_up)
-
-
 # the converter's renames: Gemma 4's names without `.weight` (the layer's scale, the fused experts) with it, and the
 # router's scales as llama.cpp's (of its input, and each expert's output as its down projection's)
 RENAMES = (
@@ -237,7 +223,7 @@ FAMILIES = (
         gguf=GEMMA4,
         mmproj=TEXT_ONLY,
         moe_layout=DENSE_ONLY,
-        linearized=linear_experts,
+        linearized=fused_experts_as_linear,
     ),
     Family(
         "Gemma 4",
@@ -250,7 +236,7 @@ FAMILIES = (
         gguf=GEMMA4,
         mmproj=GEMMA4_MMPROJ,
         moe_layout=DENSE_ONLY,
-        linearized=linear_experts,
+        linearized=fused_experts_as_linear,
         notes={"mmproj": "yes: the vision tower (26B-A4B's, 31B's); E2B's and E4B's, beside an audio tower, not yet"},
     ),
 )

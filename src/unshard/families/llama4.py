@@ -95,7 +95,10 @@ LLAMA4_FAMILY = Family(
     "Llama4ForConditionalGeneration",
     tensors=NO_TABLE,
     megatron=Unsupported("Megatron's Llama 4 layout is not mapped yet"),
-    meta_names=Unsupported("torchtitan's Llama 4 (an experiment in 0.3) is not mapped yet"),
+    meta_names=Unsupported(
+        "torchtitan 0.3 and torchtune 0.6.1 have no Llama 4 model (torchtitan's main branch has one, unreleased)",
+        applies=False,
+    ),
     fused_siblings=DEFAULT_FUSED_SIBLINGS,
     gguf=replace(LLAMA4, towers=r"^(?:model\.)?(?:vision_model|multi_modal_projector)\."),
     mmproj=Unsupported("llama.cpp's llama4 projector is not written yet: the vision tower is left out"),

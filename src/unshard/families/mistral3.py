@@ -1,17 +1,29 @@
 """Mistral Small 3.1 and 3.2 (Mistral3ForConditionalGeneration) and Ministral 3 (Ministral3ForCausalLM, or beside the
 tower): the text model as llama.cpp's `mistral3` (Llama's header, q and k reordered per head; Ministral 3's YaRN with
-its own keys), and the Pixtral vision tower with its patch merger and projector, the mmproj file of llama.cpp's
-`pixtral` projector: the tower's q and k reordered as the text model's (its 2-D rope turns halves, as llama.cpp's),
-and the [IMG_BREAK] token's embedding, which llama.cpp puts after each row of an image's tokens."""
+its own keys), Mistral Small 4's (a `mistral4` text model beside the same tower) as llama.cpp's `mistral4`, and the
+Pixtral vision tower with its patch merger and projector, the mmproj file of llama.cpp's `pixtral` projector: the
+tower's q and k reordered as the text model's (its 2-D rope turns halves, as llama.cpp's), and the [IMG_BREAK]
+token's embedding, which llama.cpp puts after each row of an image's tokens."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
+from .deepseek import DEEPSEEK2, latent_query_checked
 from .gguf_hooks import gguf_py, json_or_empty, llama_hyperparameters, mmproj_model_forced_type, rope_parameters
 from .llama import SIBLINGS, TEXT_ONLY, llama_computed
-from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, MmprojPart, Unsupported, no_trainer_model
+from .parts import (
+    NO_TABLE,
+    NOT_A_MOE_INPUT,
+    Family,
+    GGUFPart,
+    MmprojPart,
+    Unsupported,
+    fused_experts_as_linear,
+    no_trainer_model,
+)
 
 # The token whose embedding llama.cpp's pixtral projector puts after each row of an image's tokens but the last
 IMAGE_BREAK = "[IMG_BREAK]"
@@ -43,13 +55,13 @@ def ministral3_checked(hparams: dict, where: Path) -> None:
 
 def mistral3_checked(hparams: dict, where: Path) -> None:
     """Mistral Small 3's and Ministral 3's text models as llama.cpp's mistral3 computes them (Llama's, with no sliding
-    window; Ministral 3's YaRN), and the projector as llama.cpp's pixtral computes it; Mistral 4's text model, which
-    the converter writes otherwise, is one line."""
+    window; Ministral 3's YaRN), and the projector as llama.cpp's pixtral computes it (Mistral 4's text model, which
+    the converter writes otherwise: MISTRAL4_TEXT)."""
     if hparams.get("model_type") not in ("mistral", "ministral3"):
         raise ConfigMismatchError(
             f"{where}: text_config's model_type is {hparams.get('model_type')!r}, a Mistral 3 that unshard does not "
-            "write as GGUF yet (Mistral Small 3's and Ministral 3's text models it does); write a folder and use "
-            "llama.cpp's convert_hf_to_gguf.py"
+            "write as GGUF yet (Mistral Small 3's, Ministral 3's and Mistral 4's text models it does); write a folder "
+            "and use llama.cpp's convert_hf_to_gguf.py"
         )
     if hparams["model_type"] == "ministral3":
         ministral3_checked(hparams, where)
@@ -58,6 +70,19 @@ def mistral3_checked(hparams: dict, where: Path) -> None:
             f"{where}: sliding_window is {hparams['sliding_window']}, and llama.cpp's mistral3 has no sliding window: "
             "it would compute another model; serve this one with transformers or vLLM"
         )
+    pixtral_projector_checked(hparams, where)
+
+
+def mistral4_checked(hparams: dict, where: Path) -> None:
+    """Mistral 4's text model as llama.cpp's mistral4 computes it (deepseek2's latent attention, a query down
+    projection; its softmax router ranks expert groups by their best two, as llama.cpp), the projector as pixtral's."""
+    latent_query_checked(hparams, where)
+    pixtral_projector_checked(hparams, where)
+
+
+def pixtral_projector_checked(hparams: dict, where: Path) -> None:
+    """The projector as llama.cpp's pixtral computes it: the tower's last layer, GELU, the patch merger's norm at the
+    tower's epsilon."""
     projector = {
         # (llama.cpp's pixtral: the tower's last layer, a GELU projector, the patch merger's norm at the tower's eps)
         "vision_feature_layer": (hparams.get("vision_feature_layer", -1), -1),
@@ -139,6 +164,17 @@ PIXTRAL = MmprojPart(
     text_rows=image_break_row,
 )
 
+# llama.cpp's mistral4: Mistral 4's text model, as the converter writes it inside Mistral 3 (its DeepseekV2Model's
+# layout, the experts stacked as transformers holds them). llama.cpp's deepseek2 graph applies an attention temperature
+# only where the file has one, and the converter writes none of Mistral 4's (llama_4_scaling_beta): past the original
+# context (8192 tokens) the file computes another model than transformers, as the converter's does
+MISTRAL4_TEXT = replace(
+    DEEPSEEK2,
+    arch="MISTRAL4",
+    check_config=mistral4_checked,
+    renames=((r"\.experts\.(down_proj|gate_up_proj)$", r".experts.\1.weight"),),  # (named as weights, as it does)
+)
+
 # llama.cpp's mistral3: Mistral Small 3's and Ministral 3's text models (Llama's, q and k reordered per head)
 MISTRAL3 = GGUFPart(
     "MISTRAL3",
@@ -147,6 +183,7 @@ MISTRAL3 = GGUFPart(
     permute_qk=True,
     llama_vocabulary=True,
     check_config=mistral3_checked,
+    text_models=(("mistral4", MISTRAL4_TEXT),),
 )
 
 FAMILIES = (
@@ -161,6 +198,12 @@ FAMILIES = (
         gguf=MISTRAL3,
         mmproj=PIXTRAL,
         moe_layout=NOT_A_MOE_INPUT,
+        # (Mistral Small 4's experts, fused as transformers holds them, each made Linear layers as llm-compressor does)
+        linearized=fused_experts_as_linear,
+        notes={
+            "gguf": "Mistral Small 4's text model too, as llama.cpp's mistral4 (DeepSeek-V2's layout)",
+            "quantize": "Mistral Small 4's experts each Linear layers, as llm-compressor makes them",
+        },
     ),
     Family(
         "Ministral 3",

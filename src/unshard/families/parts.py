@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..names.megatron_rules import Signature
@@ -59,6 +60,20 @@ def gate_then_up(band) -> tuple:
     expert's rows as its gate's half and its up's."""
     half = band.shape[-2] // 2
     return band[..., :half, :], band[..., half:, :]
+
+
+def fused_experts_as_linear(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """A Family's `linearized` for transformers 5's fused experts (gate_up_proj [experts, 2 x width, dim], gate's rows
+    then up's; down_proj [experts, dim, width]: Gemma 4 26B-A4B's, Mistral 4's), as llm-compressor makes Linear
+    layers of them before quantizing: each expert's gate_proj, up_proj and down_proj, one expert after the other."""
+    if name.endswith(".experts.down_proj"):
+        return Rearrangement({name + ".weight": shape}, renamed_only)
+    if not name.endswith(".experts.gate_up_proj"):
+        return None
+    experts, both, hidden = shape
+    halves = (experts, both // 2, hidden)
+    stack = name.removesuffix("gate_up_proj")
+    return Rearrangement({stack + "gate_proj.weight": halves, stack + "up_proj.weight": halves}, gate_then_up)
 
 
 def middle_axis_dropped(band) -> tuple:
@@ -133,6 +148,13 @@ class GGUFPart:
     # adds them while reading the tensors, before its other metadata): Apertus's xIELU parameters of each layer
     header_tensors: str | None = None
     header_from_tensors: Callable[..., None] | None = None
+    # (text_config's model_type, the part): a vision-language model whose text model the converter writes as another
+    # layout by that type (Mistral 3 around Mistral 4's text model: DeepSeek-V2's, llama.cpp's mistral4)
+    text_models: tuple[tuple[str, GGUFPart], ...] = ()
+
+    def for_text_model(self, model_type: str | None) -> GGUFPart:
+        """The part that writes a text model of this type: its own, unless `text_models` names another."""
+        return dict(self.text_models).get(model_type, self)
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,15 @@ same weights serve both once the rows of each q and k head are reordered: HF row
 row (head, 2 i + half) here. The head counts come from the Hugging Face config (--config-from),
 which these checkpoints do not carry.
 
-A table maps each name (layer as {i}) to (Hugging Face name, which rotary permutation: "q", "k" or None), and
-kinds more: a Hugging Face name with {e} is one tensor per index of the first axis (torchtitan's grouped
-experts, [experts, rows, columns]: expert e's is `[e]`); `Stacked` (names/stacked.py): the grouped experts as one
-Hugging Face tensor, each expert turned; `Fused`: rows of a Hugging Face tensor that fuses several (written as its
-parts, one tensor each); `Zeros`: the trainer's state that no Hugging Face tensor holds (a load-balancing buffer),
-skipped when read, zeros when written (the trainer loads every name it has); `AfterTheModel`: the trainer's layers
-numbered apart from the model's (DeepSeek-V3's MTP layers), the Hugging Face layers after the model's; `Reshaped`: a
-Hugging Face tensor of more axes, row by row (written flat again). A layer's number is {i} in a trainer's
-`layers.N.`, wherever it is (torchtitan's vision tower's `vision_encoder.layers.N.` too).
+A table maps each name (layer as {i}) to (Hugging Face name, which rotary permutation: "q", "k", the config key of a
+vision tower's heads, or None), and kinds more: a Hugging Face name with {e} is one tensor per index of the first axis
+(torchtitan's grouped experts, [experts, rows, columns]: expert e's is `[e]`); `Stacked` (names/stacked.py): the
+grouped experts as one Hugging Face tensor, each expert turned; `Fused`: rows of a Hugging Face tensor that fuses
+several (written as its parts, one tensor each); `Zeros`: the trainer's state that no Hugging Face tensor holds (a
+load-balancing buffer), skipped when read, zeros when written (the trainer loads every name it has); `AfterTheModel`:
+the trainer's layers numbered apart from the model's (DeepSeek-V3's MTP layers), the Hugging Face layers after the
+model's; `Reshaped`: a Hugging Face tensor of more axes, row by row (written flat again). A layer's number is {i} in a
+trainer's `layers.N.`, wherever it is (torchtitan's vision tower's `vision_encoder.layers.N.` too).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ TORCHTITAN_ROUTED_EXPERTS = torchtitan_routed_experts()
 def trainer(names) -> str | None:
     """Whose names these are: "torchtune", "Meta" (Meta's own, as its `consolidated.00.pth`, torchtune's Meta
     checkpointer and torchtitan before 0.3 have them), "torchtitan", or None for names of neither."""
-    if "tok_embeddings.weight" not in names:
+    if "tok_embeddings.weight" not in names and "tok_embeddings.embedding.weight" not in names:  # (Muse Glimmer's)
         return None
     if any(TORCHTUNE_ATTENTION.search(n) for n in names):  # (torchtitan's Qwen3.5 has `attn.wq`, `attn.in_proj_q`)
         return "torchtune"
@@ -105,11 +105,25 @@ def trainer(names) -> str | None:
 
 
 def interleaved_to_halves(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """q or k rows (or their biases) from interleaved pairs to halves, head by head."""
+
     def permute(w: torch.Tensor) -> torch.Tensor:
-        rows, cols = w.shape
-        return w.view(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+        return w.view(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
     return permute
+
+
+def heads_turned(rotary: str | None, config: dict[str, Any], where: str) -> int:
+    """How many heads a rule's rotary permutation turns the rows in: the text model's heads ("q") or key-value heads
+    ("k"), or those of the config key it names (`vision_config.num_attention_heads`: a vision tower's); 0: none."""
+    if not rotary:
+        return 0
+    text = config.get("text_config") or config  # (a vision-language model's text model: its heads)
+    if rotary == "q":
+        return text["num_attention_heads"]
+    if rotary == "k":
+        return text.get("num_key_value_heads") or text["num_attention_heads"]
+    return _config_value(config, rotary, where)
 
 
 def rename(
@@ -118,9 +132,7 @@ def rename(
     """By the family's table: (trainer's name -> Hugging Face name, the list of names the first axis stacks, or the
     part of a fused one, or the Stacked rule of its experts, or the Reshaped tensor it is; Hugging Face name ->
     transform; trainer's name skipped -> why)."""
-    text = config.get("text_config") or config  # (a vision-language model's text model: its heads)
-    heads = text["num_attention_heads"]
-    kv_heads = text.get("num_key_value_heads") or heads
+    text = config.get("text_config") or config  # (a vision-language model's text model: its layers)
     renamed, transforms, skipped, unknown = {}, {}, {}, []
     after = _layers_after_the_model(table, shapes, text)
     for name, shape in shapes.items():
@@ -158,7 +170,7 @@ def rename(
         hf = hf.format(i=layer) if match else hf
         renamed[name] = hf
         if rotary:
-            transforms[hf] = interleaved_to_halves(heads if rotary == "q" else kv_heads)
+            transforms[hf] = interleaved_to_halves(heads_turned(rotary, config, where))
     if unknown:
         from ..errors import CheckpointError
 
@@ -212,8 +224,6 @@ def to_meta(
     """The other way (writing torchtitan's or torchtune's names): Hugging Face name -> MetaName; and each stacked
     tensor's shape (experts first). Every name must have a rule."""
     text = config.get("text_config") or config  # (a vision-language model's text model: its heads)
-    heads = text["num_attention_heads"]
-    kv_heads = text.get("num_key_value_heads") or heads
     rules, zeros_of, fused, flat = [], {}, {}, set()
     for meta, rule in table.items():
         if isinstance(rule, Zeros):
@@ -229,7 +239,7 @@ def to_meta(
             rules.append((_pattern(rule.into), rule.into, meta, 0, None))
             continue
         hf, rotary, turn = (rule.name, None, rule) if isinstance(rule, Stacked) else (*rule, None)
-        rules.append((_pattern(hf), hf, meta, {"q": heads, "k": kv_heads}.get(rotary or "", 0), turn))
+        rules.append((_pattern(hf), hf, meta, heads_turned(rotary, config, where), turn))
     for hf, parts in fused.items():
         rules.append((_pattern(hf), hf, tuple(meta for _, meta in sorted(parts)), 0, None))
     renamed, stacked_shapes, unknown = {}, {}, []

@@ -45,6 +45,8 @@ DEFAULT_IGNORE = (
     "re:(model\\.)?vision_tower\\..*",
     "re:(model\\.)?vision_model\\..*",
     "re:(model\\.)?multi_modal_projector\\..*",
+    "re:(model\\.)?vision_adapter\\..*",
+    "re:(model\\.)?vision_projection$",
 )
 
 ROUTER = "(a MoE router)"  # why a router no pattern names is left out

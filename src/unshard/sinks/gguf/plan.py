@@ -79,6 +79,7 @@ def plan_gguf(
         outputs = [o for o in outputs if not vision.is_vision(o.name, family.mmproj)]
     # (a vision-language model's text model, as the converter reads it; the vision_config stays, for the mmproj)
     hparams = {**hparams, **(hparams.get("text_config") or {})}
+    part = part.for_text_model(hparams.get("model_type"))
     sizes = {key: first_of(hparams, *names) for key, names in SIZE_NAMES.items()}
     hparams = {**{key: size for key, size in sizes.items() if size is not None}, **hparams}
     if part.as_the_converter_reads:
@@ -99,7 +100,7 @@ def plan_gguf(
     head_dim = hparams.get("head_dim") or (heads and hparams["hidden_size"] // heads) or 0
     blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
     why = declined or getattr(family.mmproj, "reason", "")
-    outputs = _without_layers_past(plan, _without_towers(plan, outputs, family.gguf.towers, why), blocks)
+    outputs = _without_layers_past(plan, _without_towers(plan, outputs, part.towers, why), blocks)
     if part.header_tensors:
         outputs = _into_header(plan, outputs, part, hparams, read, where)
     parameters = _plan_tensors(plan, outputs, hparams, part, arch, head_dim, experts, blocks, where)
