@@ -264,6 +264,7 @@ TESTED = {
         "olmo": "olmo-fsdp2",
         "nemotron": "nemotron-fsdp2-spm",
         "glm4": "glm4-fsdp2",
+        "glm": "glm-fsdp2",
         "gpt_neox": "gptneox-fsdp2",
         "falcon": "falcon-fsdp2",
         "phi": "phi2-fsdp2",

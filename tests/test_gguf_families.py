@@ -862,6 +862,7 @@ DENSE = {
     "mpt-fsdp2": "mpt",
     "mistral3-fsdp2": "mistral3",
     "mistral4-fsdp2": "mistral4",
+    "glm-fsdp2": "chatglm",
     "apertus-fsdp2": "apertus",
     "deepseekv2-fsdp2": "deepseek2",
     "ministral3-fsdp2": "mistral3",
@@ -912,6 +913,12 @@ HUB_KEYS = {
 }
 
 
+# The config as the converter's file computes it, where it writes another: GLM-4-9B-chat-hf's norms' epsilon, which it
+# takes from ChatGLM's own key alone (else 1e-5; measured on the fixture's small activations: 3.4e-3 from transformers
+# at the config's 1.5625e-07, 2.1e-4 at 1e-5; unshard notes it: test_a_glm_s_epsilon_is_noted_and_its_rope_base...)
+AS_THE_FILE = {"glm-fsdp2": {"rms_norm_eps": 1e-5}}
+
+
 # Gemma 4's attention scores are not scaled (its q and k are normed instead), and its logits magnify rounding: the tiny
 # models' logits in bf16 are 2e-2 to 1.4e-1 from f32's (f32's 2e-6 from f64's). llama.cpp's keys and values are cached
 # in f32 for it (f16's cache alone measures 1.5e-3 on a model f32's puts at 7.8e-4); llama.cpp's own arithmetic leaves
@@ -948,7 +955,7 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     # (a vision-language model transformers has no causal LM class for: its text alone)
     vision = case in ("mistral3-fsdp2", "mistral4-fsdp2", "llama4-fsdp2", "exaone45-fsdp2")
     auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
-    model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
+    model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32, **AS_THE_FILE.get(case, {}))
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]
     # (transformers 5.24's Llama 4 runs no text without an image: its causal LM within does)
     forward = model.language_model if case == "llama4-fsdp2" else model
@@ -957,6 +964,21 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     distance = ((logits - expected).norm() / expected.norm()).item()
     tolerance = GEMMA4_F32_TOLERANCE if DENSE[case] == "gemma4" else LLAMA_CPP_TOLERANCE["f32"]
     assert distance <= tolerance, distance
+
+
+def test_a_glm_s_epsilon_is_noted_and_its_rope_base_refused_in_one_line(tmp_path):
+    """GLM's norms' epsilon, which the converter writes 1e-5 whatever rms_norm_eps says, is noted; a rope base other
+    than the converter's (10000 times rope_ratio) is one line, nothing written."""
+    src = SHIPPED / "glm-fsdp2" / "global_step_1"
+    info = unshard.inspect(src, output=unshard.OutputOptions(gguf="f32"))
+    assert "llama.cpp's chatglm norms at epsilon 1e-05, as the converter writes it" in " ".join(info["output"]["notes"])
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["rope_parameters"]["rope_theta"] = 500000.0
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress")
+    assert code == 1 and "rope is default at base 500000.0, and llama.cpp's chatglm turns plain rope at 10000" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists()
 
 
 def test_a_gemma4_tokenizer_of_other_tokens_than_the_embedding_s_rows_is_one_line(tmp_path):

@@ -322,6 +322,7 @@ FAMILY_CASES = [
     "jamba-fsdp2-spm",
     "exaone45-fsdp2",  # (its vision tower left as it is)
     "minicpm3-fsdp2-spm",
+    "glm-fsdp2",
     "mistral4-fsdp2",  # (Mistral Small 4: its experts, fused 3-D parameters, each made Linear layers)
     "torchtitan-museglimmer-fsdp2",  # (torchtitan's checkpoint; its vision tower, adapter, projection left out)
 ]

@@ -2,6 +2,9 @@
 each head (GPT-J's pairs, as llama.cpp turns them), norms after attention and after the MLP, gate and up fused in one
 tensor; llama.cpp's glm4.
 
+GLM (`GlmForCausalLM`, GLM-4-9B-chat-hf): GLM-4's layout without the norms after attention and the MLP; llama.cpp's
+chatglm, whose header the converter writes from ChatGLM's own keys (its rope base 10000 times `rope_ratio`).
+
 GLM-4.5 and GLM-4.6 (`Glm4MoeForCausalLM`): grouped-query attention with q/k/v biases, optional q/k norms and
 rotary embeddings on part of each head, then DeepSeek-V3's MoE block (deepseek.py): dense first layers, a sigmoid
 router with an expert bias, routed and shared experts; llama.cpp's glm4moe, whose file has room for the MTP layers
@@ -91,6 +94,53 @@ def glm4_hyperparameters(
     text_hyperparameters(writer, hparams, ftype, blocks, folder, expert_groups=expert_groups)
     head = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
     writer.add_rope_dimension_count(int(head * rope_parameters(hparams)[0].get("partial_rotary_factor", rotated)))
+
+
+def chatglm_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's ChatGLMModel's, its own: the context as ChatGLM's `seq_length` says, else the embedding's width
+    (as it does); the widths, blocks and heads; the norms' epsilon as ChatGLM's `layernorm_epsilon` says, else 1e-5;
+    the rotary part of a head (half where the config says nothing), no BOS added, the rope base 10000 times
+    `rope_ratio`."""
+    width, heads = hparams["hidden_size"], hparams["num_attention_heads"]
+    writer.add_context_length(hparams.get("seq_length", width))
+    writer.add_embedding_length(width)
+    writer.add_feed_forward_length(hparams.get("ffn_hidden_size", hparams.get("intermediate_size", 4 * width)))
+    writer.add_block_count(blocks)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(hparams.get("multi_query_group_num", hparams.get("num_key_value_heads", heads)))
+    writer.add_layer_norm_rms_eps(hparams.get("layernorm_epsilon", 1e-5))
+    writer.add_file_type(ftype)
+    rotated = rope_parameters(hparams)[0].get("partial_rotary_factor", 0.5)
+    writer.add_rope_dimension_count(int(hparams.get("attention_dim", width // heads) * rotated))
+    writer.add_add_bos_token(False)
+    writer.add_rope_freq_base(10000 * hparams.get("rope_ratio", 1))
+
+
+def chatglm_checked(hparams: dict, where: Path) -> list[str]:
+    """GLM as llama.cpp's chatglm computes it: heads of the embedding's share (the converter writes no head width),
+    plain rope at the base the converter writes (10000 times `rope_ratio`, whatever rope_theta says). Its norms'
+    epsilon, which the converter takes from ChatGLM's `layernorm_epsilon` alone (else 1e-5), is noted where
+    transformers' differs: GLM-4-9B-chat-hf's 1.5625e-07 against 1e-5 changes little but small activations."""
+    heads, rope = hparams["hidden_size"] // hparams["num_attention_heads"], rope_parameters(hparams)[0]
+    if hparams.get("head_dim", heads) != heads:
+        raise ConfigMismatchError(
+            f"{where}: head_dim is {hparams['head_dim']}, not hidden_size / num_attention_heads ({heads}), which "
+            "llama.cpp's chatglm takes (the converter writes no head width); serve this model with transformers or vLLM"
+        )
+    base = 10000 * hparams.get("rope_ratio", 1)
+    if rope.get("rope_type", "default") != "default" or rope.get("rope_theta", 10000) != base:
+        raise ConfigMismatchError(
+            f"{where}: rope is {rope.get('rope_type', 'default')} at base {rope.get('rope_theta')}, and llama.cpp's "
+            f"chatglm turns plain rope at {base} (10000 times rope_ratio, as the converter writes it): it would "
+            "compute another model; serve this one with transformers or vLLM"
+        )
+    eps, written = hparams.get("rms_norm_eps"), hparams.get("layernorm_epsilon", 1e-5)
+    if eps is None or eps == written:
+        return []
+    return [
+        f"llama.cpp's chatglm norms at epsilon {written:g}, as the converter writes it (ChatGLM's layernorm_epsilon), "
+        f"and transformers at rms_norm_eps {eps:g}: they agree but where activations are small"
+    ]
 
 
 def glm4moe_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path, rotated: float = 0.5) -> None:
@@ -267,6 +317,24 @@ FAMILIES = (
             hyperparameters=glm4_hyperparameters,
             vocabulary="bpe",
             special_tokens=GLM4_SPECIAL_TOKENS,
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "GLM",
+        "glm",
+        "GlmForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's GLM layout (rope on half of each head, GPT-J's pairs) is not mapped yet"),
+        **no_trainer_model("GLM"),
+        fused_siblings=(("q_proj", "k_proj", "v_proj"),),  # (gate and up are one tensor already)
+        gguf=GGUFPart(
+            "CHATGLM",
+            hyperparameters=chatglm_hyperparameters,
+            check_config=chatglm_checked,
+            vocabulary="bpe",
+            special_tokens=(("eos", "<|endoftext|>"), ("eot", "<|user|>"), ("unk", "<|endoftext|>")),
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,

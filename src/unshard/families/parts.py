@@ -111,8 +111,8 @@ class GGUFPart:
     norm_shift: float = 0.0  # added to every norm weight (Gemma's 1 + weight, which llama.cpp applies as it is)
     unshifted_norms: tuple[str, ...] = ()  # the ends of norms' names the shift skips (those applied as they are)
     # (hparams, where): refuses a config llama.cpp would compute otherwise than transformers (Qwen MoE's routing,
-    # SmolLM3's layers without rotary embeddings)
-    check_config: Callable[..., None] | None = None
+    # SmolLM3's layers without rotary embeddings); returns what the conversion notes of a smaller difference, or None
+    check_config: Callable[..., list[str] | None] | None = None
     # auto: SentencePiece where there is a tokenizer.model, else BPE; bpe: tokenizer.json only; gemma4: Gemma 4's
     vocabulary: str = "auto"
     llama_vocabulary: bool = False  # the converter's LlamaModel's vocabulary: its space prefix

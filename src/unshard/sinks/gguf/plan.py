@@ -95,7 +95,7 @@ def plan_gguf(
     plan.routers_in_file_type = part.routers_in_file_type and file_type not in QUANTIZED
     experts = first_of(hparams, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts") or 0
     if part.check_config:
-        part.check_config(hparams, where)
+        plan.notes.extend(part.check_config(hparams, where) or ())
     heads = hparams.get("num_attention_heads")  # (none: a state-space model's, Mamba's)
     head_dim = hparams.get("head_dim") or (heads and hparams["hidden_size"] // heads) or 0
     blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
