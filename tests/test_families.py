@@ -281,6 +281,7 @@ TESTED = {
         "llama4_text": "llama4text-fsdp2",
         "dbrx": "dbrx-fsdp2",
         "mamba2": "mamba2-fsdp2",
+        "falcon_h1": "falconh1-fsdp2",
         "mamba": "mamba-fsdp2",
         "falcon_mamba": "falconmamba-fsdp2",
         "jamba": "jamba-fsdp2-spm",

@@ -863,6 +863,7 @@ DENSE = {
     "mistral3-fsdp2": "mistral3",
     "mistral4-fsdp2": "mistral4",
     "glm-fsdp2": "chatglm",
+    "falconh1-fsdp2": "falcon-h1",
     "apertus-fsdp2": "apertus",
     "deepseekv2-fsdp2": "deepseek2",
     "ministral3-fsdp2": "mistral3",
@@ -1096,6 +1097,20 @@ def test_a_folder_without_the_sentencepiece_model_the_converter_reads_is_one_lin
     with pytest.raises(unshard.ConfigMismatchError, match=message) as e:
         unshard.convert(src, tmp_path / "m.gguf", config_from=tmp_path / "hf", output=out, progress=False)
     assert str(tmp_path / "hf") in str(e.value) and not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"mamba_norm_before_gate": True}, "mamba_norm_before_gate is set, and llama.cpp's falcon-h1 norms the mixer"),
+        ({"time_step_limit": [0.0, 8.0]}, "time_step_limit is [0.0, 8.0], and llama.cpp's falcon-h1 clamps no time"),
+        ({"attention_bias": True}, "a projection has biases, which llama.cpp's falcon-h1 has none of"),
+    ],
+)
+def test_what_llama_cpp_s_falcon_h1_computes_otherwise_is_one_line(change, message, tmp_path):
+    """A Falcon-H1 llama.cpp's falcon-h1 would compute otherwise (its mixer's norm before the gate, a time step clamp,
+    biases): refused while planning, in one line naming the file, nothing written."""
+    assert_refused_in_one_line("falconh1-fsdp2", lambda config: config.update(change), message, tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -323,6 +323,7 @@ FAMILY_CASES = [
     "exaone45-fsdp2",  # (its vision tower left as it is)
     "minicpm3-fsdp2-spm",
     "glm-fsdp2",
+    "falconh1-fsdp2",  # (its muP multipliers left to the config, as transformers applies them)
     "mistral4-fsdp2",  # (Mistral Small 4: its experts, fused 3-D parameters, each made Linear layers)
     "torchtitan-museglimmer-fsdp2",  # (torchtitan's checkpoint; its vision tower, adapter, projection left out)
 ]

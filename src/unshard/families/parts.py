@@ -148,6 +148,10 @@ class GGUFPart:
     # adds them while reading the tensors, before its other metadata): Apertus's xIELU parameters of each layer
     header_tensors: str | None = None
     header_from_tensors: Callable[..., None] | None = None
+    # (name, shape, hparams) -> the converter's multiplications of that tensor by the config's numbers, in order:
+    # (first row, end row, factor) each, in the tensor's dtype as torch multiplies (Falcon-H1's muP multipliers, which
+    # it folds into the weights); () or None: none
+    scaled: Callable[..., tuple[tuple[int, int, float], ...]] | None = None
     # (text_config's model_type, the part): a vision-language model whose text model the converter writes as another
     # layout by that type (Mistral 3 around Mistral 4's text model: DeepSeek-V2's, llama.cpp's mistral4)
     text_models: tuple[tuple[str, GGUFPart], ...] = ()

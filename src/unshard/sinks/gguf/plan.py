@@ -203,7 +203,10 @@ def _plan_tensors(
         stored = OutputTensor(name if stack is None else f"{name}[{index}]", byte_shape, dtypes.BY_NAME["uint8"])
         shifted = output.name.endswith("norm.weight") and not output.name.endswith(part.unshifted_norms)
         shift = part.norm_shift if shifted else 0.0
-        plan.encoded[output.name] = GGUFTensor((stored,), tensor_type, output.dtype, permuted, max(1, permuted), shift)
+        scales = part.scaled(output.name, output.shape, hparams) if part.scaled else ()
+        plan.encoded[output.name] = GGUFTensor(
+            (stored,), tensor_type, output.dtype, permuted, max(1, permuted), shift, scales
+        )
         if file_type in QUANTIZED:
             plan.positions[name] = _in_blocks(name)
         elif name in last_head:

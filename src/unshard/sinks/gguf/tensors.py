@@ -45,6 +45,7 @@ class GGUFTensor:
     head_dim: int = 0  # q/k rows to reorder per head; 0: none
     rows_per_band: int = 1
     shift: float = 0.0  # added to every value first
+    scales: tuple[tuple[int, int, float], ...] = ()  # (first row, end row, factor): rows multiplied first, in order
     surveys = False  # (each band is encoded as it comes)
 
     def types(self) -> dict[str, Any]:
@@ -53,6 +54,8 @@ class GGUFTensor:
 
     def encode(self, band: np.ndarray, start: int) -> dict[str, np.ndarray]:
         band = _as_float(band, self.dtype)
+        if self.scales:
+            band = _scaled(band, start, self.scales)
         if self.shift:
             band = band + self.shift  # (in the band's dtype, as torch adds it)
         if self.head_dim:
@@ -123,6 +126,18 @@ def _as_float(band: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype.name == "bfloat16":
         return dtypes.cast(band.view(np.uint8).reshape(-1), dtype, dtypes.float32).view(np.float32).reshape(band.shape)
     return band.astype(np.float32)
+
+
+def _scaled(band: np.ndarray, start: int, scales: tuple[tuple[int, int, float], ...]) -> np.ndarray:
+    """A band (from row `start`) with rows multiplied as GGUFTensor.scales says, in the band's dtype as torch
+    multiplies a float16 or float32 tensor by a number: in float32, rounded to the band's dtype each time."""
+    import numpy as np
+
+    band = band.copy()
+    for first, end, factor in scales:
+        rows = slice(max(first - start, 0), max(min(end - start, band.shape[0]), 0))
+        band[rows] = (band[rows].astype(np.float32) * np.float32(factor)).astype(band.dtype)
+    return band
 
 
 def _quantized(values: np.ndarray, qtype) -> np.ndarray:
