@@ -62,13 +62,23 @@ def falcon_h1_scales(name: str, shape: tuple[int, ...], hparams: dict) -> tuple[
     ):
         if part not in name:
             continue
-        scales = [(0, rows, hparams[key] if at is None else hparams[key][at]) for key, at in keys]
+        scales = [(0, rows, _multiplier(hparams, key, at)) for key, at in keys]
         if part == "in_proj":  # (its rows z, x, B, C and dt, each part by its own multiplier)
-            inner, groups = hparams["mamba_d_ssm"], hparams["mamba_n_groups"] * hparams["mamba_d_state"]
+            inner = hparams.get("mamba_d_ssm") or hparams.get("mamba_expand", 2) * hparams["hidden_size"]
+            groups = (hparams.get("mamba_n_groups") or 1) * (hparams.get("mamba_d_state") or 128)
             ends = (inner, 2 * inner, 2 * inner + groups, 2 * inner + 2 * groups, rows)
-            scales += [(start, end, factor) for start, end, factor in zip((0, *ends), ends, hparams["ssm_multipliers"])]
+            factors = [_multiplier(hparams, "ssm_multipliers", at) for at in range(5)]
+            scales += [(start, end, factor) for start, end, factor in zip((0, *ends), ends, factors)]
         return tuple(scales)
     return ()
+
+
+def _multiplier(hparams: dict, key: str, at: int | None) -> float:
+    """A multiplier of the config (the `at`-th of a list of them); one where the config has none, as transformers."""
+    value = hparams.get(key)
+    if value is None:
+        return 1.0
+    return value if at is None else value[at]
 
 
 def falcon_h1_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:

@@ -223,7 +223,7 @@ def to_meta(
 ) -> tuple[dict[str, MetaName], dict[str, tuple[int, ...]]]:
     """The other way (writing torchtitan's or torchtune's names): Hugging Face name -> MetaName; and each stacked
     tensor's shape (experts first). Every name must have a rule."""
-    text = config.get("text_config") or config  # (a vision-language model's text model: its heads)
+    text = config.get("text_config") or config  # (a vision-language model's text model: its layers and heads)
     rules, zeros_of, fused, flat = [], {}, {}, set()
     for meta, rule in table.items():
         if isinstance(rule, Zeros):
