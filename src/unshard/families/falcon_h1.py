@@ -8,29 +8,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import gguf_quiet, rope_parameters
+from .gguf_hooks import first_of, gguf_quiet, rope_parameters
 from .llama import SIBLINGS, TEXT_ONLY
-from .mamba2 import mamba2_tensors
+from .mamba2 import mamba2_tensors, state_space_header
 from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Rearrangement, Unsupported, no_trainer_model
 
 
 def falcon_h1_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
-    """The converter's FalconH1Model's: its Mamba2Model's state-space keys (read under Falcon-H1's `mamba_` names),
-    then the vocabulary, the blocks, context and feed-forward width again (rewritten in their places, as gguf-py's
-    writer does), the attention's heads and widths and its rope base."""
-    inner = hparams.get("mamba_d_ssm") or hparams.get("mamba_expand", 2) * hparams["hidden_size"]
+    """The converter's FalconH1Model's: its Mamba2Model's state-space keys, each found by its find_hparam (Falcon-H1's
+    `mamba_` names after the plain ones), then the vocabulary, the blocks, context and feed-forward width again
+    (rewritten in their places, as gguf-py's writer does), the attention's heads and widths and its rope base."""
+    expand = first_of(hparams, "mamba_expand", "expand") or 2
+    inner = first_of(hparams, "mamba_d_ssm", "intermediate_size", "d_inner") or expand * hparams["hidden_size"]
+    state = first_of(hparams, "state_size", "d_state", "mamba_state_size", "mamba_d_state") or 128
+    head = first_of(hparams, "mamba_d_head", "head_dim") or 64
+    conv = first_of(hparams, "conv_kernel", "d_conv", "mamba_conv_kernel", "mamba_d_conv")
     with gguf_quiet():  # (gguf-py warns of each key written again)
-        writer.add_context_length(2**20)
-        writer.add_embedding_length(hparams["hidden_size"])
-        writer.add_feed_forward_length(0)
-        writer.add_head_count(0)
-        writer.add_block_count(blocks)
-        writer.add_ssm_conv_kernel(hparams.get("mamba_d_conv") or 4)
-        writer.add_ssm_inner_size(inner)
-        writer.add_ssm_state_size(hparams.get("mamba_d_state") or 128)
-        writer.add_ssm_time_step_rank(inner // (hparams.get("mamba_d_head") or hparams.get("head_dim") or 64))
-        writer.add_ssm_group_count(hparams.get("mamba_n_groups") or 1)
-        writer.add_layer_norm_rms_eps(hparams.get("rms_norm_eps") or 1e-5)
+        state_space_header(writer, {**hparams, "conv_kernel": conv}, blocks, inner, state, inner // head)
+        writer.add_ssm_group_count(first_of(hparams, "n_groups", "mamba_n_groups") or 1)
+        writer.add_layer_norm_rms_eps(first_of(hparams, "layer_norm_epsilon", "rms_norm_eps") or 1e-5)
         writer.add_file_type(ftype)
         writer.add_vocab_size(hparams["vocab_size"])
         writer.add_block_count(blocks)
