@@ -33,9 +33,9 @@ KINDS = {
 
 
 def test_every_family_declares_every_part():
-    # (besides the parts: what names the family, the notes, and `linearized`, a hook of the --quantize path, whose part
-    # is fused_siblings, that families with fused parameters on disk set)
-    besides = ("name", "model_type", "architecture", "notes", "linearized")
+    # (besides the parts: what names the family, the notes, `linearized`, a hook of the --quantize path, whose part
+    # is fused_siblings, that families with fused parameters on disk set, and `hub_names`, how its folder is named)
+    besides = ("name", "model_type", "architecture", "notes", "linearized", "hub_names")
     parts = [f.name for f in dataclasses.fields(Family) if f.name not in besides]
     assert set(parts) == set(KINDS), "a new part needs its kind here, and a column in families.PATHS if it is a path"
     derived = {name for name, value in vars(Family).items() if isinstance(value, property)}  # (megatron_out)
@@ -195,6 +195,7 @@ TESTED = {
         "qwen3_5": "torchtitan-qwen35-fsdp2",
         "qwen3_5_moe": "torchtitan-qwen35moe-fsdp2",
         "muse_glimmer": "torchtitan-museglimmer-fsdp2",
+        "kimi_k25": "torchtitan-kimik25-fsdp2",
         "qwen2": "torchtune-qwen2-fsdp2",
         "gemma": "torchtune-gemma-fsdp2",
         "gemma2": "torchtune-gemma2-fsdp2",
@@ -222,6 +223,7 @@ TESTED = {
         "qwen3_5": "torchtitan-qwen35-fsdp2",
         "qwen3_5_moe": "torchtitan-qwen35moe-fsdp2",
         "muse_glimmer": "torchtitan-museglimmer-fsdp2",
+        "kimi_k25": "torchtitan-kimik25-fsdp2",
     },
     # (test_way_back writes torchtune's names from these fixtures' models and loads them in torchtune)
     "to_torchtune": {

@@ -35,6 +35,7 @@ CASES_HERE = [
     "torchtitan-qwen35-fsdp2",
     "torchtitan-qwen35moe-fsdp2",
     "torchtitan-museglimmer-fsdp2",
+    "torchtitan-kimik25-fsdp2",
     "torchtune-qwen2-fsdp2",
     "torchtune-gemma-fsdp2",
     "torchtune-gemma2-fsdp2",
@@ -48,6 +49,7 @@ ATOL = {
     "torchtitan-qwen3moe-fsdp2": 1e-3,
     "torchtitan-deepseekv3-fsdp2": 2e-4,
     "torchtitan-deepseekv3mtp-fsdp2": 2e-4,
+    "torchtitan-kimik25-fsdp2": 2e-4,
     "torchtitan-gptoss-fsdp2": 0.1,
 }
 # (torchtitan's gpt-oss computes in bf16 only, as its trainer shards it: measured 0.064 on logits of up to 4.25; its
@@ -109,8 +111,13 @@ BEYOND_REFERENCE = {
 UNLOADED = {"torchtitan-deepseekv3mtp-fsdp2": "model.layers.3."}
 # Vision-language models, loaded as such; Qwen3.5's linear attention has flash-linear-attention's Triton kernels only,
 # which no CPU runs: torchtitan saved no logits of its own, and its adapter's tensors are the oracle (Muse Glimmer's
-# logits are its text model's, its vision tower's tensors its adapter's)
-VISION = {"torchtitan-qwen35-fsdp2", "torchtitan-qwen35moe-fsdp2", "torchtitan-museglimmer-fsdp2"}
+# and Kimi K2.5's logits are their text models', their vision towers' tensors their adapters')
+VISION = {
+    "torchtitan-qwen35-fsdp2",
+    "torchtitan-qwen35moe-fsdp2",
+    "torchtitan-museglimmer-fsdp2",
+    "torchtitan-kimik25-fsdp2",
+}
 
 
 def check(name, fixture, out, src=None):
@@ -136,6 +143,13 @@ def check(name, fixture, out, src=None):
     with torch.no_grad():
         logits = model.eval()(oracle["tokens"]).logits
     torch.testing.assert_close(logits, oracle["logits"].float(), atol=ATOL.get(name, 1e-5), rtol=0)
+    if "image_features" in oracle:  # (Kimi K2.5's tower and projector on an image; transformers takes its patches as
+        # Conv2d's input, the same pixels)
+        patches, grid = oracle["pixels"][0], oracle["grid_thw"]
+        pixels = patches.view(len(patches), 3, *[int((patches.shape[1] // 3) ** 0.5)] * 2)
+        with torch.no_grad():
+            (features,) = model.model.get_image_features(pixels, image_grid_thw=grid).pooler_output
+        torch.testing.assert_close(features, oracle["image_features"][0], atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("name", CASES_HERE)
@@ -143,6 +157,23 @@ def test_shipped_checkpoint(name, tmp_path):
     check(name, SHIPPED / name, tmp_path / "out")
     info = unshard.inspect(SHIPPED / name / CASES[name].src, config_from=SHIPPED / name / "hf")
     assert info["naming"].startswith(name.split("-")[0])
+
+
+def test_kimi_k25_keeps_the_hubs_names_whichever_class_its_config_names(tmp_path):
+    """Kimi K2.5's folder holds the Hub's names, which transformers renames as it loads: a config naming transformers'
+    own class (whose save_pretrained writes other names) gives the same file, not a mismatch, and says so."""
+    fixture = SHIPPED / "torchtitan-kimik25-fsdp2"
+    shutil.copytree(fixture / "hf", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["architectures"] = ["Kimi_K25ForConditionalGeneration"]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(
+        "convert", fixture / "checkpoint" / "step-1", tmp_path / "out", "--config-from", tmp_path / "hf"
+    )
+    assert code == 0 and "note: tensor names as the Hub's Kimi K2.5 checkpoints hold them" in err, err
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    reference = load_file(fixture / "reference" / "model.safetensors")
+    assert written.keys() == reference.keys() and all(torch.equal(written[n], t) for n, t in reference.items())
 
 
 def test_a_patch_embedding_the_config_does_not_shape_is_one_line(tmp_path):

@@ -134,24 +134,26 @@ def test_fsdp2_at_world_size_3_loads_it(hf_model, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "model", ["llama3", "qwen3", "qwen3-moe", "deepseek-v3", "deepseek-v3-mtp", "gpt-oss", "muse-glimmer"]
+    "model",
+    ["llama3", "qwen3", "qwen3-moe", "deepseek-v3", "deepseek-v3-mtp", "gpt-oss", "muse-glimmer", "kimi-k2.5"],
 )
 def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
     """Each expert's chunks land at its index of torchtitan's grouped experts, Qwen3 MoE's expert bias as zeros.
     gpt-oss's experts, which transformers keeps in one tensor per layer (and torchtitan 0.3's own adapter leaves
     out), are each turned back as torchtitan holds them; DeepSeek-V3's MTP layer, the layer after the model's in the
     Hugging Face folder (with the Hub's copies of the embedding and head, which torchtitan's shares), goes to its
-    `mtp_layers.0`; Muse Glimmer's vision tower's q and k rows and biases are reordered as its text model's. For these
-    three, from unshard's conversion of torchtitan's own checkpoint, every tensor torchtitan loads equals what it
-    loads from that checkpoint, and converted back, the folder's bytes."""
-    src, fixture = titan_source(tmp_path, model.replace("-", ""))
+    `mtp_layers.0`; Muse Glimmer's vision tower's q and k rows and biases are reordered as its text model's; Kimi
+    K2.5's tower's fused qkv is cut in three, its Conv2d patch embedding flat. For these four, from unshard's conversion
+    of torchtitan's own checkpoint, every tensor torchtitan loads equals what it loads from that checkpoint (and Kimi
+    K2.5's what its own adapter's from_hf makes of the Hub's names), and converted back, the folder's bytes."""
+    src, fixture = titan_source(tmp_path, model.replace("-", "").replace(".", ""))
     compared = ["--hf", str(src)]
-    own_checkpoint = ("gpt-oss", "deepseek-v3-mtp", "muse-glimmer")
+    own_checkpoint = ("gpt-oss", "deepseek-v3-mtp", "muse-glimmer", "kimi-k2.5")
     if model in own_checkpoint:
         own = fixture / "checkpoint" / "step-1"
         shutil.rmtree(src)
         unshard.convert(own, src, config_from=fixture / "hf", progress=False)
-        compared = ["--own", str(own)]
+        compared = ["--own", str(own), *(["--hf", str(src)] if model == "kimi-k2.5" else [])]
     monkeypatch.setattr(dcp_sink, "CHUNK_BYTES", 1024)
     to_dcp(src, tmp_path / "dcp", "torchtitan")
     oracle = torch.load(fixture / "reference" / "logits.pt")
@@ -162,7 +164,8 @@ def test_torchtitan_loads_its_names(model, tmp_path, monkeypatch):
     expected = oracle["logits"].float()
     torch.testing.assert_close(logits.float(), expected, atol=GPT_OSS_ATOL if model == "gpt-oss" else 1e-5, rtol=0)
     # (torchtitan runs grouped experts in bf16: the MoE models agree with transformers to its rounding)
-    atol = {"qwen3-moe": 1e-3, "deepseek-v3": 2e-4, "deepseek-v3-mtp": 2e-4, "gpt-oss": GPT_OSS_ATOL}.get(model, 1e-4)
+    atol = {"qwen3-moe": 1e-3, "deepseek-v3": 2e-4, "deepseek-v3-mtp": 2e-4, "kimi-k2.5": 2e-4, "gpt-oss": GPT_OSS_ATOL}
+    atol = atol.get(model, 1e-4)
     torch.testing.assert_close(logits.float(), hf_logits(src, oracle["tokens"]), atol=atol, rtol=0)
     if model in own_checkpoint[1:]:
         unshard.convert(tmp_path / "dcp", tmp_path / "back", config_from=src, progress=False)

@@ -37,6 +37,7 @@ from . import (
     hunyuan,
     jais,
     jamba,
+    kimi_k25,
     lfm2,
     llama,
     llama4,
@@ -108,6 +109,7 @@ FAMILIES: tuple[Family, ...] = (
     *llama4.FAMILIES,
     *vlm.FAMILIES,
     *muse_glimmer.FAMILIES,
+    *kimi_k25.FAMILIES,
 )
 _BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES}
 _BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES}

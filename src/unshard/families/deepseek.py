@@ -54,7 +54,7 @@ MEGATRON_SIGMOID_MOE = {
 # feed_forward, the MoE layers' grouped experts, shared experts and the router's bias. Its rotary turns interleaved
 # pairs, as DeepSeek's weights keep them (transformers' rope_interleave): no rows are permuted.
 T = "layers.{i}."
-TORCHTITAN = {
+TORCHTITAN_WITHOUT_MTP = {
     **TORCHTITAN_COMMON,
     T + "attention.wq.weight": (L + "self_attn.q_proj.weight", None),
     T + "attention.wq_a.weight": (L + "self_attn.q_a_proj.weight", None),
@@ -74,7 +74,10 @@ TORCHTITAN = {
     },
     **TORCHTITAN_ROUTED_EXPERTS,
     T + "moe.expert_bias_E": (L + "mlp.gate.e_score_correction_bias", None),
-    # (its multi-token prediction layers, as its adapter maps them: the layers after the model's, as on the Hub)
+}
+# (its multi-token prediction layers, as its adapter maps them: the layers after the model's, as on the Hub)
+TORCHTITAN = {
+    **TORCHTITAN_WITHOUT_MTP,
     "mtp_layers.": AfterTheModel("DeepSeek-V3's multi-token prediction layers"),
     **{T + f"{own}.weight": (L + f"{own}.weight", None) for own in ("enorm", "hnorm", "eh_proj")},
     T + "mtp_norm.weight": (L + "shared_head.norm.weight", None),

@@ -273,6 +273,10 @@ class Family:
     # layers of before quantizing (linearize_moe): (name, shape, hparams, where) -> a Rearrangement into stacks of one
     # tensor per expert (`<...>.experts.gate_proj.weight`: experts x out x in, each written `<...>.experts.E.gate_proj`)
     linearized: Callable[..., Rearrangement | None] | None = None
+    # Where the family's folder keeps the names of its Hub checkpoints, which transformers renames as it loads them
+    # (its classes hold other names, and its save_pretrained writes them): why. Its tables name them; transformers is
+    # not asked what to name them.
+    hub_names: str | None = None
 
     @property
     def megatron_out(self) -> MegatronRules | Unsupported:

@@ -190,9 +190,11 @@ def plan_names(
     updates: dict | None = None,
     ask_later: bool = False,
     table: Any = None,
+    as_saved: str | None = None,
 ) -> Naming:
     """Decide the output names for checkpoint tensors of the given shapes (after `renames`).
     table: the family's TensorTable (families.tensor_table), where it has one: transformers need not be asked.
+    as_saved: why the names are kept as saved, not asked of transformers (the family's `hub_names`).
     ask_later: if transformers must be asked (a config not seen before), name the tensors as saved now and
     ask on a thread; the naming's `question` then tells whether that holds."""
     renames = renames or {}
@@ -201,6 +203,10 @@ def plan_names(
         clash = next(c for c in renamed.values() if list(renamed.values()).count(c) > 1)
         raise ConfigMismatchError(f"two checkpoint tensors are both named {clash} once wrappers are removed")
     config = read_config(config_folder) or {}
+    if as_saved:
+        naming = _naming(None, renamed, shapes, config, config_folder, check, updates, note=False)
+        naming.notes.append(as_saved)
+        return naming
     naming = None if table is None else _named_by_table(table, renamed, shapes, config, config_folder, updates)
     if naming is not None:
         return naming

@@ -73,7 +73,8 @@ class Fused:
 class Reshaped:
     """A table's rule for a trainer's tensor whose columns are more axes of one Hugging Face tensor, row by row, the
     same bytes (torchtitan's vision towers' patch embedding, a Linear layer, of transformers' Conv3d): its name, and
-    the config keys (dotted: `vision_config.patch_size`) giving the axes after the first; once renamed, their sizes."""
+    the axes after the first, each a config key (dotted: `vision_config.patch_size`) or a size (a tower's 3 colour
+    channels, where its config has no key for them); once renamed, their sizes."""
 
     into: str
     axes: tuple[str | int, ...]
@@ -160,7 +161,7 @@ def rename(
             renamed[name] = dataclasses.replace(table[key], name=table[key].name.format(i=layer))
             continue
         if isinstance(table[key], Reshaped):
-            axes = tuple(_config_value(config, axis, where) for axis in table[key].axes)
+            axes = tuple(a if isinstance(a, int) else _config_value(config, a, where) for a in table[key].axes)
             renamed[name] = Reshaped(table[key].into.format(i=layer), axes)
             continue
         hf, rotary = table[key]

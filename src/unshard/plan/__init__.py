@@ -98,6 +98,7 @@ def build_plan(
         updates=updates,
         ask_later=ask_later and output.format == "safetensors",
         table=families.tensor_table((config or {}).get("model_type")),
+        as_saved=getattr(families.by_model_type((config or {}).get("model_type")), "hub_names", None),
     )
 
     groups: dict[str, Group] = {}
