@@ -200,6 +200,7 @@ TESTED = {
         "gemma": "torchtune-gemma-fsdp2",
         "gemma2": "torchtune-gemma2-fsdp2",
         "phi3": "torchtune-phi3-fsdp2",
+        "mllama": "torchtune-llama32vision-fsdp2",
     },
     # (test_way_back writes them back into Megatron and megatron-core loads them)
     "to_megatron": {

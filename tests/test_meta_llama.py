@@ -41,6 +41,7 @@ CASES_HERE = [
     "torchtune-gemma2-fsdp2",
     "torchtune-phi3-fsdp2",
     "torchtune-mistral-fsdp2",
+    "torchtune-llama32vision-fsdp2",
 ]
 FRESH = [name for name in CASES_HERE if CASES[name].fresh]
 # torchtitan runs its grouped experts in bf16 (GroupedExperts casts the weights and tokens), transformers in fp32: the
@@ -66,6 +67,7 @@ SINGLE_FILES = [
     ("torchtune-gemma2-fsdp2", "epoch_0"),
     ("torchtune-phi3-fsdp2", "epoch_0"),
     ("torchtune-mistral-fsdp2", "epoch_0"),
+    ("torchtune-llama32vision-fsdp2", "epoch_0"),
 ]
 
 
@@ -117,6 +119,7 @@ VISION = {
     "torchtitan-qwen35moe-fsdp2",
     "torchtitan-museglimmer-fsdp2",
     "torchtitan-kimik25-fsdp2",
+    "torchtune-llama32vision-fsdp2",
 }
 
 
@@ -174,6 +177,26 @@ def test_kimi_k25_keeps_the_hubs_names_whichever_class_its_config_names(tmp_path
     written = load_file(tmp_path / "out" / "model.safetensors")
     reference = load_file(fixture / "reference" / "model.safetensors")
     assert written.keys() == reference.keys() and all(torch.equal(written[n], t) for n, t in reference.items())
+
+
+@pytest.mark.parametrize(
+    "key, value, said",
+    [
+        ("cross_attention_layers", [1, 3], "the trainer's layer 3 holds a cross-attention layer, which the config's "),
+        ("supported_aspect_ratios", [[1, 1], [2, 2]], "not tiles x tiles of the aspect ratios [[1, 1], [2, 2]] "),
+    ],
+)
+def test_a_llama_vision_config_that_does_not_place_its_layers_or_tiles_is_one_line(key, value, said, tmp_path):
+    """torchtune's Llama 3.2 Vision numbers its cross-attention layers, and lays out its tile embeddings, by the
+    config: a config that places them otherwise is refused in one line naming what, nothing written."""
+    fixture = SHIPPED / "torchtune-llama32vision-fsdp2"
+    shutil.copytree(fixture / "hf", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["text_config" if key.startswith("cross") else "vision_config"][key] = value
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli("convert", fixture / "dist_epoch_0", tmp_path / "out", "--config-from", tmp_path / "hf")
+    assert code == 1 and len(err.strip().splitlines()) == 1 and said in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_patch_embedding_the_config_does_not_shape_is_one_line(tmp_path):

@@ -47,6 +47,7 @@ from . import (
     minimax,
     mistral3,
     mixtral,
+    mllama,
     mpt,
     muse_glimmer,
     nemotron,
@@ -108,6 +109,7 @@ FAMILIES: tuple[Family, ...] = (
     *dbrx.FAMILIES,
     *llama4.FAMILIES,
     *vlm.FAMILIES,
+    *mllama.FAMILIES,
     *muse_glimmer.FAMILIES,
     *kimi_k25.FAMILIES,
 )

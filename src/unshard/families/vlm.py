@@ -1,10 +1,10 @@
-"""The vision-language models verl trains with FSDP: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 (its text
-model Qwen3-Next's layers: qwen_next.py) and Llama 3.2 Vision (Mllama). They convert from rank files, DCP and DeepSpeed
-by transformers' own names (save_pretrained's `visual.*` / `model.*`), and quantize with their vision towers left as
-they are (Qwen3-VL-MoE's fused experts as llm-compressor makes Linear layers of them). The Qwen models go to GGUF too,
-as llama.cpp's converter writes them: the text model as llama.cpp's qwen2vl, qwen3vl, qwen3vlmoe or qwen35 (M-RoPE's
-sections in the header; the experts stacked), the vision tower and its patch merger as the mmproj file (q, k and v
-apart, the Conv3D patch embedding as two 2-D ones)."""
+"""The Qwen vision-language models verl trains with FSDP: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 (its
+text model Qwen3-Next's layers: qwen_next.py; Llama 3.2 Vision is mllama.py). They convert from rank files, DCP and
+DeepSpeed by transformers' own names (save_pretrained's `visual.*` / `model.*`), and quantize with their vision
+towers left as they are (Qwen3-VL-MoE's fused experts as llm-compressor makes Linear layers of them). The Qwen models
+go to GGUF too, as llama.cpp's converter writes them: the text model as llama.cpp's qwen2vl, qwen3vl, qwen3vlmoe or
+qwen35 (M-RoPE's sections in the header; the experts stacked), the vision tower and its patch merger as the mmproj
+file (q, k and v apart, the Conv3D patch embedding as two 2-D ones)."""
 
 from __future__ import annotations
 
@@ -370,20 +370,5 @@ FAMILIES = (
         torchtitan_names=TORCHTITAN_QWEN35_MOE,
         converter_name=qwen3vl_vision_name,
         rearranged=qwen3vl_vision_split,
-    ),
-    Family(
-        "Llama 3.2 Vision",
-        "mllama",
-        "MllamaForConditionalGeneration",
-        tensors=NO_TABLE,
-        megatron=MEGATRON,
-        meta_names=Unsupported("torchtune's Llama 3.2 Vision names are not mapped yet"),
-        torchtune_names=Unsupported("torchtune's Llama 3.2 Vision names are not written yet"),
-        fused_siblings=DEFAULT_FUSED_SIBLINGS,
-        # (the converter unshard's GGUF files are checked against, llama-cpp-python 0.3.36's, registers no
-        # MllamaForConditionalGeneration: llama.cpp converts no Llama 3.2 Vision to compare with, or run it)
-        gguf=Unsupported("llama.cpp's converter does not convert Llama 3.2 Vision", applies=False),
-        mmproj=Unsupported("llama.cpp's converter does not convert Llama 3.2 Vision", applies=False),
-        moe_layout=NO_MOE,
     ),
 )

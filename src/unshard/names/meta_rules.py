@@ -14,8 +14,10 @@ grouped experts as one Hugging Face tensor, each expert turned; `Fused`: rows of
 several (written as its parts, one tensor each); `Zeros`: the trainer's state that no Hugging Face tensor holds (a
 load-balancing buffer), skipped when read, zeros when written (the trainer loads every name it has); `AfterTheModel`:
 the trainer's layers numbered apart from the model's (DeepSeek-V3's MTP layers), the Hugging Face layers after the
-model's; `Reshaped`: a Hugging Face tensor of more axes, row by row (written flat again). A layer's number is {i} in a
-trainer's `layers.N.`, wherever it is (torchtitan's vision tower's `vision_encoder.layers.N.` too).
+model's; `Reshaped`: a Hugging Face tensor of more axes, row by row (written flat again); `CrossLayers`: cross-attention
+layers fused into the trainer's, which Hugging Face numbers apart (read only); `Tiled`: a tile embedding Hugging Face
+holds per aspect ratio (read only). A layer's number is {i} in a trainer's `layers.N.`, wherever it is (torchtitan's
+vision tower's `vision_encoder.layers.N.` too).
 """
 
 from __future__ import annotations
@@ -80,6 +82,53 @@ class Reshaped:
     axes: tuple[str | int, ...]
 
 
+@dataclass(frozen=True)
+class CrossLayers:
+    """A table's rule, under the key of the trainer's decoder layers (`decoder.layers.`), for cross-attention layers
+    it fuses into them under `fused` (torchtune's Llama 3.2 Vision: `decoder.layers.N.fusion_layer.`), which Hugging
+    Face numbers as layers of their own, each before the layer it is fused into, at the text config's `key`. The
+    table's rules number the decoder's layers as Hugging Face does."""
+
+    fused: str
+    key: str = "cross_attention_layers"
+
+    def hugging_face_layer(self, number: int, rest: str, config: dict[str, Any], where: str) -> int:
+        """The Hugging Face layer of the trainer's layer `number`'s tensor `rest` (its fused part, or its own)."""
+        cross = sorted(config.get(self.key) or [])
+        holding = [layer - k for k, layer in enumerate(cross)]  # (the trainer's layers holding one, in its numbers)
+        if not rest.startswith(self.fused):
+            return number + sum(held <= number for held in holding)
+        if number not in holding:
+            from ..errors import CheckpointError
+
+            raise CheckpointError(
+                f"{where}: the trainer's layer {number} holds a cross-attention layer, which the config's "
+                f"{self.key} {cross} does not place; pass --config-from the model's own config"
+            )
+        return cross[holding.index(number)]
+
+
+@dataclass(frozen=True)
+class Tiled:
+    """A table's rule for a trainer's embedding of image tiles, one per (row, column) of tiles [tiles, tiles, n, d],
+    that Hugging Face holds per aspect ratio the config supports (torchtune's Llama 3.2 Vision's tile and token
+    position embeddings): row 0 zeros, row r + 1 the tiles of ratio r's (h, w) in order, flattened and padded with
+    zeros to `tiles`, as torchtune's own converter builds them. `ratios`: the config key of the ratios; once renamed,
+    the ratios."""
+
+    into: str
+    ratios: str | tuple[tuple[int, int], ...]
+
+    def per_ratio(self, embedding: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        tiles, _, *each = embedding.shape
+        out = torch.zeros((len(self.ratios) + 1, tiles, *each), dtype=embedding.dtype)
+        for r, (h, w) in enumerate(self.ratios):
+            out[r + 1, : h * w] = embedding[:h, :w].reshape(h * w, *each)
+        return out.flatten(1)
+
+
 def torchtitan_routed_experts(mlp: str = "model.layers.{i}.mlp.") -> dict[str, tuple[str, None]]:
     """torchtitan's (0.3) MoE layer, as its MoE state-dict adapters map it: the routed experts' weights grouped on a
     first axis (the suffix names the axes: Experts, FFN width, model Dim), the router's gate; Qwen3-MoE, DeepSeek-V3
@@ -98,7 +147,8 @@ TORCHTITAN_ROUTED_EXPERTS = torchtitan_routed_experts()
 def trainer(names) -> str | None:
     """Whose names these are: "torchtune", "Meta" (Meta's own, as its `consolidated.00.pth`, torchtune's Meta
     checkpointer and torchtitan before 0.3 have them), "torchtitan", or None for names of neither."""
-    if "tok_embeddings.weight" not in names and "tok_embeddings.embedding.weight" not in names:  # (Muse Glimmer's)
+    embeddings = ("tok_embeddings.weight", "tok_embeddings.embedding.weight", "decoder.tok_embeddings.weight")
+    if not any(embedding in names for embedding in embeddings):  # (Muse Glimmer's; torchtune's fusion models')
         return None
     if any(TORCHTUNE_ATTENTION.search(n) for n in names):  # (torchtitan's Qwen3.5 has `attn.wq`, `attn.in_proj_q`)
         return "torchtune"
@@ -129,13 +179,14 @@ def heads_turned(rotary: str | None, config: dict[str, Any], where: str) -> int:
 
 def rename(
     table: dict[str, Any], family: str, shapes: dict[str, tuple[int, ...]], config: dict[str, Any], where: str
-) -> tuple[dict[str, str | list[str] | Fused | Stacked | Reshaped], dict[str, Callable], dict[str, str]]:
+) -> tuple[dict[str, str | list[str] | Fused | Stacked | Reshaped | Tiled], dict[str, Callable], dict[str, str]]:
     """By the family's table: (trainer's name -> Hugging Face name, the list of names the first axis stacks, or the
-    part of a fused one, or the Stacked rule of its experts, or the Reshaped tensor it is; Hugging Face name ->
+    part of a fused one, or the Stacked rule of its experts, or the Reshaped or Tiled tensor it is; Hugging Face name ->
     transform; trainer's name skipped -> why)."""
     text = config.get("text_config") or config  # (a vision-language model's text model: its layers)
     renamed, transforms, skipped, unknown = {}, {}, {}, []
     after = _layers_after_the_model(table, shapes, text)
+    crossed = {prefix: rule for prefix, rule in table.items() if isinstance(rule, CrossLayers)}
     for name, shape in shapes.items():
         if prefix := next((p for p in after if name.startswith(p)), None):
             if isinstance(after[prefix], str):
@@ -143,6 +194,9 @@ def rename(
                 continue
             number, rest = name.removeprefix(prefix).split(".", 1)
             looked_up = f"layers.{after[prefix] + int(number)}.{rest}"
+        elif prefix := next((p for p in crossed if name.startswith(p)), None):
+            number, rest = name.removeprefix(prefix).split(".", 1)
+            looked_up = f"{prefix}{crossed[prefix].hugging_face_layer(int(number), rest, text, where)}.{rest}"
         else:
             looked_up = name
         match = LAYER.search(looked_up)
@@ -159,6 +213,10 @@ def rename(
             continue
         if isinstance(table[key], Stacked):
             renamed[name] = dataclasses.replace(table[key], name=table[key].name.format(i=layer))
+            continue
+        if isinstance(table[key], Tiled):
+            ratios = tuple(tuple(r) for r in _config_value(config, table[key].ratios, where, list))
+            renamed[name] = Tiled(table[key].into.format(i=layer), ratios)
             continue
         if isinstance(table[key], Reshaped):
             axes = tuple(a if isinstance(a, int) else _config_value(config, a, where) for a in table[key].axes)
@@ -314,12 +372,12 @@ def _part_rows(parts: list[Fused], rows: int, config: dict[str, Any], where: str
     return sizes
 
 
-def _config_value(config: dict[str, Any], key: str, where: str) -> int:
-    """A config's value at a dotted key (`vision_config.patch_size`)."""
+def _config_value(config: dict[str, Any], key: str, where: str, kind: type = int) -> Any:
+    """A config's value at a dotted key (`vision_config.patch_size`), of `kind`."""
     value: Any = config
     for part in key.split("."):
         value = value.get(part) if isinstance(value, dict) else None
-    if not isinstance(value, int):
+    if not isinstance(value, kind):
         from ..errors import CheckpointError
 
         raise CheckpointError(f"{where}: the config has no {key}, which the trainer's names need; pass --config-from")

@@ -48,6 +48,8 @@ class MetaNamed:
                 tensors[new.name] = self._turned(tensor, new)
             elif isinstance(new, meta_rules.Reshaped):
                 tensors[new.into] = self._reshaped(tensor, new)
+            elif isinstance(new, meta_rules.Tiled):
+                tensors[new.into] = self._tiled(tensor, new)
             else:
                 tensors.update((hf, self._unstacked(tensor, index, hf)) for index, hf in enumerate(new))
         tensors.update((hf, _concatenated(hf, [parts[p] for p in sorted(parts)])) for hf, parts in fused.items())
@@ -82,6 +84,20 @@ class MetaNamed:
             )
         self.tiled_shapes[rule.into] = tensor.shape
         self.transforms[rule.into] = lambda whole: whole.reshape(shape)
+        return dataclasses.replace(tensor, name=rule.into, shape=shape)
+
+    def _tiled(self, tensor: SourceTensor, rule: meta_rules.Tiled) -> SourceTensor:
+        """A tile embedding as Hugging Face holds it, per aspect ratio: assembled as the trainer's, then laid out (read
+        whole: it is small)."""
+        tiles = tensor.shape[0]
+        if len(tensor.shape) != 4 or tensor.shape[1] != tiles or any(h * w > tiles for h, w in rule.ratios):
+            raise CheckpointError(
+                f"{self.path}: {tensor.name} is {list(tensor.shape)}, not tiles x tiles of the aspect ratios "
+                f"{[list(r) for r in rule.ratios]} its config supports; pass --config-from the model's own config"
+            )
+        self.tiled_shapes[rule.into] = tensor.shape
+        self.transforms[rule.into] = rule.per_ratio
+        shape = (len(rule.ratios) + 1, tiles * math.prod(tensor.shape[2:]))
         return dataclasses.replace(tensor, name=rule.into, shape=shape)
 
     def _unstacked(self, tensor: SourceTensor, index: int, name: str) -> SourceTensor:
