@@ -233,6 +233,7 @@ TESTED = {
         "gemma": "torchtune-gemma-fsdp2",
         "gemma2": "torchtune-gemma2-fsdp2",
         "phi3": "torchtune-phi3-fsdp2",
+        "mllama": "torchtune-llama32vision-fsdp2",
     },
     "gguf": {
         "llama": "llama-fsdp2-spm",

@@ -195,13 +195,17 @@ def test_torchtitan_loads_qwen35_in_its_names(model, tmp_path, monkeypatch):
     assert (tmp_path / "back" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
 
 
-@pytest.mark.parametrize("model", ["llama3", "qwen2", "gemma", "gemma2", "phi3", "mistral"])
+@pytest.mark.parametrize("model", ["llama3", "qwen2", "gemma", "gemma2", "phi3", "mistral", "llama3_2_vision"])
 def test_torchtune_loads_its_names(model, tmp_path, monkeypatch):
     """torchtune's checkpoint (its DistributedCheckpointer's, FSDP2 at two ranks) as a Hugging Face folder, written
     back with torchtune's names: torchtune's DistributedCheckpointer loads it into its own model, every tensor equal
     to torchtune's own single-file save of the model (Gemma's tied head no tensor of its own, Gemma 2's MLP norms by
-    what torchtune computes), and its logits are torchtune's before saving; converted back, the source's bytes."""
-    fixture = SHIPPED / f"torchtune-{model}-fsdp2"
+    what torchtune computes), and its logits are torchtune's before saving; converted back, the source's bytes.
+    Llama 3.2 Vision's cross-attention layers go back into the layers torchtune fuses them into, the special tokens'
+    rows of the embedding into its fusion embedding, its tile embeddings from the rows of the ratios of all tiles:
+    every tensor equals what torchtune's checkpointer makes of the folder (its own save holds the tiles of ratios of
+    more tiles than the model takes, which no Hugging Face folder has)."""
+    fixture = SHIPPED / f"torchtune-{model.replace('_', '')}-fsdp2"
     src, out = tmp_path / "hf", tmp_path / "dcp"
     unshard.convert(fixture / "dist_epoch_0", src, config_from=fixture / "hf", progress=False)
     monkeypatch.setattr(dcp_sink, "CHUNK_BYTES", 1024)
@@ -209,7 +213,8 @@ def test_torchtune_loads_its_names(model, tmp_path, monkeypatch):
     oracle = torch.load(fixture / "reference" / "logits.pt")
     torch.save(oracle["tokens"], tmp_path / "tokens.pt")
     tune = fixture / "epoch_0" / "model-00001-of-00001.bin"
-    logits = trainer_logits("torchtune", model, tmp_path, ["--tune", str(tune)])
+    compared = ["--hf", str(src)] if model == "llama3_2_vision" else ["--tune", str(tune)]
+    logits = trainer_logits("torchtune", model, tmp_path, compared)
     # (the fixture's logits were computed on another CPU, whose kernels sum in another order: Gemma 2's reach 66, where
     # float32's step is 8e-6, and two steps apart were seen; the tensors loaded are compared bit for bit above)
     torch.testing.assert_close(logits, oracle["logits"], atol=1e-5, rtol=1e-6)

@@ -6,7 +6,9 @@ torchtune 0.6.1 trains it (its DeepFusionModel) and its names are read as its ch
 (llama3_vision_tune_to_hf) maps them: each cross-attention layer is fused into the decoder layer after it
 (`decoder.layers.N.fusion_layer.`), which Hugging Face numbers as a layer of its own; the special tokens' embedding
 is apart (`fusion_embedding`); the tile embeddings are kept per (row, column) of tiles, which Hugging Face holds per
-aspect ratio; the text model's q and k rows turn interleaved pairs, as Llama's.
+aspect ratio; the text model's q and k rows turn interleaved pairs, as Llama's. Written back (`--names torchtune`)
+as its llama3_vision_hf_to_tune maps them: the tile embeddings from the rows of the ratios of all tiles (torchtune's
+model has no place for the rows of ratios of fewer tiles, which a Hugging Face model trains apart).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ _CLIP_LAYER = {
 _RATIOS = "vision_config.supported_aspect_ratios"
 TORCHTUNE_MLLAMA = {
     "decoder.layers.": CrossLayers("fusion_layer."),
-    "decoder.tok_embeddings.weight": Fused(_T + "model.embed_tokens.weight", 0),
+    "decoder.tok_embeddings.weight": Fused(_T + "model.embed_tokens.weight", 0, rows="vocab_size"),
     "decoder.tok_embeddings.fusion_embedding.weight": Fused(_T + "model.embed_tokens.weight", 1),
     "decoder.norm.scale": (_T + "model.norm.weight", None),
     "decoder.output.weight": (_T + "lm_head.weight", None),
@@ -97,13 +99,16 @@ FAMILIES = (
         tensors=NO_TABLE,
         megatron=MEGATRON,
         meta_names=TORCHTUNE_MLLAMA,
-        torchtune_names=Unsupported("torchtune's Llama 3.2 Vision names are not written yet"),
+        torchtune_names=TORCHTUNE_MLLAMA,
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
         # (the converter unshard's GGUF files are checked against, llama-cpp-python 0.3.36's, registers no
         # MllamaForConditionalGeneration: llama.cpp converts no Llama 3.2 Vision to compare with, or run it)
         gguf=Unsupported("llama.cpp's converter does not convert Llama 3.2 Vision", applies=False),
         mmproj=Unsupported("llama.cpp's converter does not convert Llama 3.2 Vision", applies=False),
         moe_layout=NO_MOE,
-        notes={"meta_names": "torchtune's names; its cross-attention layers numbered as Hugging Face's"},
+        notes={
+            "meta_names": "torchtune's names; its cross-attention layers numbered as Hugging Face's",
+            "to_torchtune": "the tile embeddings from the ratios of all tiles, as torchtune's converter takes them",
+        },
     ),
 )

@@ -15,8 +15,8 @@ several (written as its parts, one tensor each); `Zeros`: the trainer's state th
 load-balancing buffer), skipped when read, zeros when written (the trainer loads every name it has); `AfterTheModel`:
 the trainer's layers numbered apart from the model's (DeepSeek-V3's MTP layers), the Hugging Face layers after the
 model's; `Reshaped`: a Hugging Face tensor of more axes, row by row (written flat again); `CrossLayers`: cross-attention
-layers fused into the trainer's, which Hugging Face numbers apart (read only); `Tiled`: a tile embedding Hugging Face
-holds per aspect ratio (read only). A layer's number is {i} in a trainer's `layers.N.`, wherever it is (torchtitan's
+layers fused into the trainer's, which Hugging Face numbers apart; `Tiled`: a tile embedding Hugging Face holds per
+aspect ratio. A layer's number is {i} in a trainer's `layers.N.`, wherever it is (torchtitan's
 vision tower's `vision_encoder.layers.N.` too).
 """
 
@@ -63,12 +63,14 @@ class Fused:
     """A table's rule for a trainer's tensor that is rows of one Hugging Face tensor: its `part`-th, the parts
     one after another (torchtune's Phi-3: q, k and v of qkv_proj; gate and up of gate_up_proj). `heads`: the config
     key counting the part's heads, which gives its rows (times the head width: the config's `width` key, else its
-    head_dim); without it the parts share the rows equally."""
+    head_dim); `rows`: the config key of its rows (torchtune's fusion embedding: the text vocabulary's, the special
+    tokens' after it); without either the parts share the rows equally."""
 
     into: str
     part: int
     heads: str | None = None
     width: str | None = None
+    rows: str | None = None  # (the config key of its rows; a part without one then takes the rows left)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,10 @@ class CrossLayers:
             )
         return cross[holding.index(number)]
 
+    def trainer_layer(self, number: int, config: dict[str, Any]) -> int:
+        """The trainer's layer of Hugging Face's layer `number` (a cross-attention layer: the one it is fused into)."""
+        return number - sum(layer < number for layer in config.get(self.key) or [])
+
 
 @dataclass(frozen=True)
 class Tiled:
@@ -118,6 +124,25 @@ class Tiled:
 
     into: str
     ratios: str | tuple[tuple[int, int], ...]
+    tiles: str | int = "vision_config.max_num_tiles"
+    width: str | int = "vision_config.hidden_size"
+
+    def trainer_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The trainer's [tiles, tiles, n, d] of Hugging Face's [ratios + 1, tiles x n x d] (once renamed)."""
+        return (self.tiles, self.tiles, shape[1] // self.tiles // self.width, self.width)
+
+    def per_tile(self, rows):
+        """The other way, as torchtune's own converter goes (llama3_vision_hf_to_tune): from the rows of the ratios
+        of all tiles, in order (a later one's tiles over an earlier's), the tiles no such ratio covers zeros. (A
+        numpy array: rows of the ratios of fewer tiles, which torchtune's model has no place for, are left.)"""
+        import numpy as np
+
+        tiles, _, *each = self.trainer_shape(rows.shape)
+        out = np.zeros((tiles, tiles, *each), rows.dtype)
+        for r, (h, w) in enumerate(self.ratios):
+            if h * w == tiles:
+                out[:h, :w] = rows[r + 1].reshape(h, w, *each)
+        return out
 
     def per_ratio(self, embedding: torch.Tensor) -> torch.Tensor:
         import torch
@@ -215,8 +240,7 @@ def rename(
             renamed[name] = dataclasses.replace(table[key], name=table[key].name.format(i=layer))
             continue
         if isinstance(table[key], Tiled):
-            ratios = tuple(tuple(r) for r in _config_value(config, table[key].ratios, where, list))
-            renamed[name] = Tiled(table[key].into.format(i=layer), ratios)
+            renamed[name] = _tiled(table[key], config, where, layer)
             continue
         if isinstance(table[key], Reshaped):
             axes = tuple(a if isinstance(a, int) else _config_value(config, a, where) for a in table[key].axes)
@@ -240,6 +264,13 @@ def rename(
     return renamed, transforms, skipped
 
 
+def _tiled(rule: Tiled, config: dict[str, Any], where: str, layer: str | None = None) -> Tiled:
+    """A Tiled rule with its config keys' values."""
+    ratios = tuple(tuple(r) for r in _config_value(config, rule.ratios, where, list))
+    tiles, width = (_config_value(config, key, where) for key in (rule.tiles, rule.width))
+    return Tiled(rule.into.format(i=layer), ratios, tiles, width)
+
+
 def _layers_after_the_model(
     table: dict[str, Any], shapes: dict[str, tuple[int, ...]], config: dict[str, Any]
 ) -> dict[str, int | str]:
@@ -261,7 +292,7 @@ class MetaName:
     `rotary_heads` (0: none); `zeros`: (name, rows) of a tensor of zeros written beside it (see Zeros); `turn`: a
     tensor of a layer's experts, each turned back as the trainer holds it (gpt-oss's: names.stacked); `parts`:
     (name, rows) of the trainer's tensors its rows are, one after another (see Fused; then `fqn` is the first's);
-    `flat`: each row stored as one axis (see Reshaped)."""
+    `flat`: each row stored as one axis (see Reshaped); `tiled`: laid out per tile (see Tiled)."""
 
     fqn: str
     rotary_heads: int = 0
@@ -270,6 +301,7 @@ class MetaName:
     turn: Stacked | None = None
     parts: tuple[tuple[str, int], ...] = ()
     flat: bool = False
+    tiled: Tiled | None = None
 
 
 def to_meta(
@@ -283,7 +315,7 @@ def to_meta(
     """The other way (writing torchtitan's or torchtune's names): Hugging Face name -> MetaName; and each stacked
     tensor's shape (experts first). Every name must have a rule."""
     text = config.get("text_config") or config  # (a vision-language model's text model: its layers and heads)
-    rules, zeros_of, fused, flat = [], {}, {}, set()
+    rules, zeros_of, fused, flat, tiled = [], {}, {}, set(), {}
     for meta, rule in table.items():
         if isinstance(rule, Zeros):
             zeros_of.setdefault(rule.rows_of, []).append(meta)
@@ -291,10 +323,13 @@ def to_meta(
         if isinstance(rule, Fused):
             fused.setdefault(rule.into, []).append((rule.part, meta))
             continue
-        if isinstance(rule, AfterTheModel):  # (its layers by the layer rules: _numbered_apart)
+        if isinstance(rule, (AfterTheModel, CrossLayers)):  # (their layers by the layer rules: _numbered_apart)
             continue
-        if isinstance(rule, Reshaped):
-            flat.add(meta)
+        if isinstance(rule, (Reshaped, Tiled)):
+            if isinstance(rule, Tiled):
+                tiled[meta] = _tiled(rule, config, where)
+            else:
+                flat.add(meta)
             rules.append((_pattern(rule.into), rule.into, meta, 0, None))
             continue
         hf, rotary, turn = (rule.name, None, rule) if isinstance(rule, Stacked) else (*rule, None)
@@ -307,6 +342,8 @@ def to_meta(
             if not (match := pattern.match(name)):
                 continue
             found = match.groupdict()
+            if isinstance(meta, str) and not _of_its_kind(meta, found.get("i"), table, text):
+                continue  # (a rule of a cross-attention layer's tensor, on a layer of the other kind: or the reverse)
             if isinstance(meta, tuple):  # (a fused tensor, written as its parts)
                 rows = _part_rows([table[m] for m in meta], shape[0], text, f"{where}: {name}")
                 parts = tuple((m.format(i=found.get("i")), n) for m, n in zip(meta, rows))
@@ -315,7 +352,7 @@ def to_meta(
             fqn = _numbered_apart(meta.format(i=found.get("i")), table, text)
             zeros = tuple((z.format(i=found.get("i")), shape[0]) for z in zeros_of.get(hf, ()))
             stacked = (int(found["e"]),) if "e" in found else ()
-            renamed[name] = MetaName(fqn, rotary_heads, stacked, zeros, turn, flat=meta in flat)
+            renamed[name] = MetaName(fqn, rotary_heads, stacked, zeros, turn, flat=meta in flat, tiled=tiled.get(meta))
             if stacked:
                 experts = max(stacked_shapes.get(fqn, (0,))[0], stacked[0] + 1)
                 stacked_shapes[fqn] = (experts, *shape)
@@ -338,9 +375,25 @@ def to_meta(
     return renamed, stacked_shapes
 
 
+def _of_its_kind(meta: str, layer: str | None, table: dict[str, Any], config: dict[str, Any]) -> bool:
+    """Whether a rule's trainer name `meta` is of the kind of the Hugging Face layer it matched: a tensor of a
+    cross-attention layer (a CrossLayers rule's fused part) on a layer the config places one at, any other on any
+    other. Both kinds of layer name their norms and MLPs alike on the Hugging Face side."""
+    for prefix, rule in table.items():
+        if isinstance(rule, CrossLayers) and meta.startswith(prefix) and layer is not None:
+            fused = meta.removeprefix(prefix).split(".", 1)[1].startswith(rule.fused)
+            return fused == (int(layer) in (config.get(rule.key) or []))
+    return True
+
+
 def _numbered_apart(fqn: str, table: dict[str, Any], config: dict[str, Any]) -> str:
     """A trainer's name of a layer past the model's, as its AfterTheModel rule numbers it (`layers.4.x` of a
-    4-layer model -> `mtp_layers.0.x`); any other name as it is."""
+    4-layer model -> `mtp_layers.0.x`); of a layer a CrossLayers rule numbers apart, the trainer's number; any other
+    name as it is."""
+    for prefix, rule in table.items():
+        if isinstance(rule, CrossLayers) and fqn.startswith(prefix):
+            number, rest = fqn.removeprefix(prefix).split(".", 1)
+            return f"{prefix}{rule.trainer_layer(int(number), config)}.{rest}"
     match = LAYER.match(fqn)
     layers = config.get("num_hidden_layers")
     if match is None or layers is None or int(match.group(1)) < layers:
@@ -355,8 +408,12 @@ def _pattern(hf: str) -> re.Pattern:
 
 
 def _part_rows(parts: list[Fused], rows: int, config: dict[str, Any], where: str) -> list[int]:
-    """The rows of each part of a fused tensor of `rows` rows: by its heads (Fused.heads), or equal shares."""
-    if all(part.heads is None for part in parts):
+    """The rows of each part of a fused tensor of `rows` rows: by the config (Fused.rows; a part without, what is
+    left), by its heads (Fused.heads), or equal shares."""
+    if any(part.rows for part in parts):
+        given = [config.get(part.rows, 0) if part.rows else None for part in parts]
+        sizes = [rows - sum(g for g in given if g) if g is None else g for g in given]
+    elif all(part.heads is None for part in parts):
         sizes = [rows // len(parts)] * len(parts)
     else:
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]

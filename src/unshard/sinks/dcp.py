@@ -81,6 +81,10 @@ def plan_sink(request: FormatRequest) -> DCPFolder:
                     dcp_shapes[fqn], start = (rows, *output.shape[1:]), start + rows
                 chunked_outputs.append(chunked(output, pieces))
                 continue
+            if to.tiled:  # (laid out per tile, from the rows of its aspect ratios: one chunk, the whole tensor)
+                dcp_shapes[to.fqn] = to.tiled.trainer_shape(output.shape)
+                chunked_outputs.append(chunked(output, [Piece(to.fqn, 0, output.shape[0], (0,) * 4)], tiled=to.tiled))
+                continue
             if to.flat:  # (each row one axis: the trainer's Linear of transformers' Conv3d)
                 dcp_shapes[to.fqn] = (output.shape[0], math.prod(output.shape[1:]))
                 chunked_outputs.append(chunked(output, [Piece(to.fqn, 0, output.shape[0], (0, 0))], flat=True))
@@ -167,10 +171,14 @@ class Chunks:
     copies: int = 0  # times the chunks are stored again under other names (a tied weight's other name)
     turn: Stacked | None = None  # rows that are experts, turned back into the trainer's (gpt-oss's into Megatron's)
     flat: bool = False  # each row stored as one axis (the trainer's Linear of a Conv3d)
+    tiled: meta_rules.Tiled | None = None  # the whole tensor, one band, laid out per tile (a tile embedding)
     surveys = False
 
     def encode(self, band, start: int) -> dict[str, Any]:
         import numpy as np
+
+        if self.tiled is not None:
+            return {self.stored[0].name: self.tiled.per_tile(band)}
 
         if self.flat:
             band = band.reshape(band.shape[0], -1)
@@ -212,13 +220,19 @@ def chunked(
     also=(),
     turn: Stacked | None = None,
     flat: bool = False,
+    tiled: meta_rules.Tiled | None = None,
 ) -> OutputTensor:
     """The output with its encoding: each piece cut into chunks of whole rows, of CHUNK_BYTES at most where the
     rows allow (a scalar: itself, one chunk, no encoding); `zeros` (fqn, offsets, shape): boxes written as zeros;
     `also`: other DCP names the same chunks are stored under (a tied weight's); `turn`: each row an expert, stored
-    as the trainer holds it (names.stacked); `flat`: each row stored as one axis."""
+    as the trainer holds it (names.stacked); `flat`: each row stored as one axis; `tiled`: the whole tensor laid out
+    per tile, one chunk (a tile embedding: small)."""
     if not output.shape:
         return output
+    if tiled is not None:
+        (piece,) = pieces
+        stored = (OutputTensor(_chunk_name(piece.fqn, piece.offsets), tiled.trainer_shape(output.shape), output.dtype),)
+        return replace(output, encoding=Chunks(stored, output.shape[0], tiled=tiled))
     row_bytes = max(1, output.nbytes_as_is // max(1, output.shape[0]))
     multiple = head_dim or 1
     most = max(multiple, CHUNK_BYTES // row_bytes // multiple * multiple)
