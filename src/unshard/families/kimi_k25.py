@@ -67,7 +67,8 @@ FAMILIES = (
         gguf=Unsupported("llama.cpp's converter reads Kimi K2.5 by the keys of its remote-code config, not yet mapped"),
         mmproj=Unsupported("llama.cpp's converter reads MoonViT by the keys of its remote-code config, not yet mapped"),
         moe_layout=NOT_A_MOE_INPUT,
-        hub_names="tensor names as the Hub's Kimi K2.5 checkpoints hold them (transformers renames them as it loads)",
+        hub_names="tensor names kept as saved, not asked of transformers (its Kimi K2.5 renames the Hub's names as it "
+        "loads them, and its save_pretrained writes others)",
         notes={
             "meta_names": "torchtitan's names (kimi_k2_7), its vision tower's too; the Hub's names in the folder",
             "to_torchtitan": "its vision tower's q, k and v apart, its patch embedding flat",
