@@ -68,6 +68,7 @@ SINGLE_FILES = [
     ("torchtune-phi3-fsdp2", "epoch_0"),
     ("torchtune-mistral-fsdp2", "epoch_0"),
     ("torchtune-llama32vision-fsdp2", "epoch_0"),
+    ("torchtune-llama32vision-fsdp2", "meta/epoch_0"),
 ]
 
 

@@ -13,7 +13,7 @@ model has no place for the rows of ratios of fewer tiles, which a Hugging Face m
 
 from __future__ import annotations
 
-from ..names.meta_rules import CrossLayers, Fused, Tiled
+from ..names.meta_rules import CrossLayers, Fused, Reshaped, Tiled, Zeros
 from .llama import TORCHTUNE
 from .parts import DEFAULT_FUSED_SIBLINGS, NO_TABLE, Family, Unsupported
 from .vlm import MEGATRON, NO_MOE
@@ -91,6 +91,81 @@ TORCHTUNE_MLLAMA = {
     **{f"encoder.projection.output.{k}": (f"multi_modal_projector.{k}", None) for k in ("weight", "bias")},
 }
 
+# Meta's own names (its consolidated.00.pth, and torchtune's FullModelMetaCheckpointer's), as torchtune's
+# llama3_vision_meta_to_tune reads them: the cross-attention layers numbered on their own, the tower's layers
+# `resblocks`, its patch embedding a Linear layer (of transformers' Conv2d), the rotary frequencies kept (skipped)
+_M, _E = "text_model.", "vision_model.vision_encoder."
+_META_CLIP_LAYER = {
+    **{f"attn.w{p}.weight": f"self_attn.{p}_proj.weight" for p in "qkv"},
+    "attn.wo.weight": "self_attn.o_proj.weight",
+    **{
+        f"mlp.{own}.{k}": f"mlp.{hf}.{k}"
+        for own, hf in (("c_fc", "fc1"), ("c_proj", "fc2"))
+        for k in ("weight", "bias")
+    },
+    **{
+        f"{own}.{k}": f"{hf}.{k}"
+        for own, hf in (("ln_1", "input_layernorm"), ("ln_2", "post_attention_layernorm"))
+        for k in ("weight", "bias")
+    },
+}
+META_MLLAMA = {
+    _M + "layers.": CrossLayers(),
+    _M + "cross_attention_layers.": CrossLayers(apart=True),
+    _M + "rope.freqs": Zeros(_T + "model.norm.weight", "the rotary frequencies Meta's checkpoint keeps"),
+    _M + "tok_embeddings.weight": Fused(_T + "model.embed_tokens.weight", 0, rows="vocab_size"),
+    _M + "learnable_embedding.weight": Fused(_T + "model.embed_tokens.weight", 1),
+    _M + "norm.weight": (_T + "model.norm.weight", None),
+    _M + "output.weight": (_T + "lm_head.weight", None),
+    **{
+        _M + f"layers.{{i}}.{own}": (_X + hf, rotary)
+        for own, (hf, rotary) in {
+            **{f"attention.w{p}.weight": (f"self_attn.{p}_proj.weight", p if p != "v" else None) for p in "qkv"},
+            "attention.wo.weight": ("self_attn.o_proj.weight", None),
+            "attention_norm.weight": ("input_layernorm.weight", None),
+            "ffn_norm.weight": ("post_attention_layernorm.weight", None),
+            **{
+                f"feed_forward.w{n}.weight": (f"mlp.{p}_proj.weight", None)
+                for n, p in zip("123", ("gate", "down", "up"))
+            },
+        }.items()
+    },
+    **{
+        _M + f"cross_attention_layers.{{i}}.{own}": (_X + hf, None)
+        for own, hf in (
+            *((f"attention.w{p}.weight", f"cross_attn.{p}_proj.weight") for p in "qkv"),
+            ("attention.wo.weight", "cross_attn.o_proj.weight"),
+            ("attention.q_norm.weight", "cross_attn.q_norm.weight"),
+            ("attention.k_norm.weight", "cross_attn.k_norm.weight"),
+            *((f"feed_forward.w{n}.weight", f"mlp.{p}_proj.weight") for n, p in zip("123", ("gate", "down", "up"))),
+            ("attention_norm.weight", "input_layernorm.weight"),
+            ("ffn_norm.weight", "post_attention_layernorm.weight"),
+            ("gate_attn", "cross_attn_attn_gate"),
+            ("gate_ffwd", "cross_attn_mlp_gate"),
+        )
+    },
+    _E + "conv1._linear.weight": Reshaped(_V + "patch_embedding.weight", (3, *["vision_config.patch_size"] * 2)),
+    _E + "class_embedding": (_V + "class_embedding", None),
+    **{f"{_E}ln_{n}.{k}": (f"{_V}layernorm_{n}.{k}", None) for n in ("pre", "post") for k in ("weight", "bias")},
+    **{
+        f"{_E}{n}_tile_pos_embed.embedding": Tiled(f"{_V}{n}_tile_positional_embedding.embedding.weight", _RATIOS)
+        for n in ("pre", "post")
+    },
+    **{f"{_E}{n}_tile_pos_embed.gate": (f"{_V}{n}_tile_positional_embedding.gate", None) for n in ("pre", "post")},
+    _E + "positional_embedding": (_V + "gated_positional_embedding.embedding", None),
+    _E + "gated_positional_embedding": Tiled(_V + "gated_positional_embedding.tile_embedding.weight", _RATIOS),
+    _E + "gated_positional_embedding_gate": (_V + "gated_positional_embedding.gate", None),
+    **{
+        f"{_E}transformer.resblocks.{{i}}.{own}": (f"{_V}transformer.layers.{{i}}.{hf}", None)
+        for own, hf in _META_CLIP_LAYER.items()
+    },
+    **{
+        f"{_E}global_transformer.resblocks.{{i}}.{own}": (f"{_V}global_transformer.layers.{{i}}.{hf}", None)
+        for own, hf in (*_META_CLIP_LAYER.items(), ("gate_attn", "gate_attn"), ("gate_ffn", "gate_ffn"))
+    },
+    **{f"vision_model.vision_projection.{k}": (f"multi_modal_projector.{k}", None) for k in ("weight", "bias")},
+}
+
 FAMILIES = (
     Family(
         "Llama 3.2 Vision",
@@ -98,7 +173,7 @@ FAMILIES = (
         "MllamaForConditionalGeneration",
         tensors=NO_TABLE,
         megatron=MEGATRON,
-        meta_names=TORCHTUNE_MLLAMA,
+        meta_names={**TORCHTUNE_MLLAMA, **META_MLLAMA},  # (the name sets do not overlap)
         torchtune_names=TORCHTUNE_MLLAMA,
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
         # (the converter unshard's GGUF files are checked against, llama-cpp-python 0.3.36's, registers no
@@ -107,7 +182,7 @@ FAMILIES = (
         mmproj=Unsupported("llama.cpp's converter does not convert Llama 3.2 Vision", applies=False),
         moe_layout=NO_MOE,
         notes={
-            "meta_names": "torchtune's names; its cross-attention layers numbered as Hugging Face's",
+            "meta_names": "torchtune's names and Meta's; their cross-attention layers numbered as Hugging Face's",
             "to_torchtune": "the tile embeddings from the ratios of all tiles, as torchtune's converter takes them",
         },
     ),

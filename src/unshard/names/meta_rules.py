@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 
 TORCHTUNE_ATTENTION = re.compile(r"\.attn\.(?:q|k|v|output)_proj\.")
-LAYER = re.compile(r"(?:^|(?<=\.))layers\.(\d+)\.")
+# (a layer's number: `layers.N.`, and Meta's Llama 3.2 Vision's `resblocks.N.` and `cross_attention_layers.N.`)
+LAYER = re.compile(r"(?:^|(?<=\.))(?:layers|resblocks|cross_attention_layers)\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -88,24 +89,31 @@ class Reshaped:
 class CrossLayers:
     """A table's rule, under the key of the trainer's decoder layers (`decoder.layers.`), for cross-attention layers
     it fuses into them under `fused` (torchtune's Llama 3.2 Vision: `decoder.layers.N.fusion_layer.`), which Hugging
-    Face numbers as layers of their own, each before the layer it is fused into, at the text config's `key`. The
-    table's rules number the decoder's layers as Hugging Face does."""
+    Face numbers as layers of their own, each before the layer it is fused into, at the text config's `key`; or,
+    under the key of the trainer's cross-attention layers numbered `apart` (Meta's `cross_attention_layers.K.`), the
+    K-th of those. The table's rules number the layers as Hugging Face does."""
 
-    fused: str
+    fused: str | None = None
+    apart: bool = False  # (the cross-attention layers numbered on their own, the k-th being k: Meta's)
     key: str = "cross_attention_layers"
 
     def hugging_face_layer(self, number: int, rest: str, config: dict[str, Any], where: str) -> int:
         """The Hugging Face layer of the trainer's layer `number`'s tensor `rest` (its fused part, or its own)."""
         cross = sorted(config.get(self.key) or [])
         holding = [layer - k for k, layer in enumerate(cross)]  # (the trainer's layers holding one, in its numbers)
-        if not rest.startswith(self.fused):
+        if self.apart and number < len(cross):
+            return cross[number]
+        if not self.apart and (self.fused is None or not rest.startswith(self.fused)):
             return number + sum(held <= number for held in holding)
-        if number not in holding:
+        if self.apart or number not in holding:
             from ..errors import CheckpointError
 
+            which = (
+                f"cross-attention layer {number} is" if self.apart else f"layer {number} holds a cross-attention layer"
+            )
             raise CheckpointError(
-                f"{where}: the trainer's layer {number} holds a cross-attention layer, which the config's "
-                f"{self.key} {cross} does not place; pass --config-from the model's own config"
+                f"{where}: the trainer's {which}, which the config's {self.key} {cross} does not place; pass "
+                "--config-from the model's own config"
             )
         return cross[holding.index(number)]
 
@@ -173,7 +181,8 @@ def trainer(names) -> str | None:
     """Whose names these are: "torchtune", "Meta" (Meta's own, as its `consolidated.00.pth`, torchtune's Meta
     checkpointer and torchtitan before 0.3 have them), "torchtitan", or None for names of neither."""
     embeddings = ("tok_embeddings.weight", "tok_embeddings.embedding.weight", "decoder.tok_embeddings.weight")
-    if not any(embedding in names for embedding in embeddings):  # (Muse Glimmer's; torchtune's fusion models')
+    embeddings += ("text_model.tok_embeddings.weight",)  # (Muse Glimmer's; torchtune's fusion models'; Meta's)
+    if not any(embedding in names for embedding in embeddings):
         return None
     if any(TORCHTUNE_ATTENTION.search(n) for n in names):  # (torchtitan's Qwen3.5 has `attn.wq`, `attn.in_proj_q`)
         return "torchtune"
@@ -225,7 +234,7 @@ def rename(
         else:
             looked_up = name
         match = LAYER.search(looked_up)
-        key = LAYER.sub("layers.{i}.", looked_up, count=1) if match else looked_up
+        key = f"{looked_up[: match.start(1)]}{{i}}{looked_up[match.end(1) :]}" if match else looked_up
         if key not in table:
             unknown.append(name)
             continue
