@@ -101,21 +101,22 @@ class CrossLayers:
         """The Hugging Face layer of the trainer's layer `number`'s tensor `rest` (its fused part, or its own)."""
         cross = sorted(config.get(self.key) or [])
         holding = [layer - k for k, layer in enumerate(cross)]  # (the trainer's layers holding one, in its numbers)
-        if self.apart and number < len(cross):
-            return cross[number]
-        if not self.apart and (self.fused is None or not rest.startswith(self.fused)):
+        if self.apart:
+            if number < len(cross):
+                return cross[number]
+            which = f"cross-attention layer {number} is"
+        elif self.fused is None or not rest.startswith(self.fused):
             return number + sum(held <= number for held in holding)
-        if self.apart or number not in holding:
-            from ..errors import CheckpointError
+        elif number in holding:
+            return cross[holding.index(number)]
+        else:
+            which = f"layer {number} holds a cross-attention layer"
+        from ..errors import CheckpointError
 
-            which = (
-                f"cross-attention layer {number} is" if self.apart else f"layer {number} holds a cross-attention layer"
-            )
-            raise CheckpointError(
-                f"{where}: the trainer's {which}, which the config's {self.key} {cross} does not place; pass "
-                "--config-from the model's own config"
-            )
-        return cross[holding.index(number)]
+        raise CheckpointError(
+            f"{where}: the trainer's {which}, which the config's {self.key} {cross} does not place; pass "
+            "--config-from the model's own config"
+        )
 
     def trainer_layer(self, number: int, config: dict[str, Any]) -> int:
         """The trainer's layer of Hugging Face's layer `number` (a cross-attention layer: the one it is fused into)."""
@@ -180,8 +181,13 @@ TORCHTITAN_ROUTED_EXPERTS = torchtitan_routed_experts()
 def trainer(names) -> str | None:
     """Whose names these are: "torchtune", "Meta" (Meta's own, as its `consolidated.00.pth`, torchtune's Meta
     checkpointer and torchtitan before 0.3 have them), "torchtitan", or None for names of neither."""
-    embeddings = ("tok_embeddings.weight", "tok_embeddings.embedding.weight", "decoder.tok_embeddings.weight")
-    embeddings += ("text_model.tok_embeddings.weight",)  # (Muse Glimmer's; torchtune's fusion models'; Meta's)
+    # (torchtitan's and torchtune's; Muse Glimmer's; torchtune's fusion models'; Meta's Llama 3.2 Vision's)
+    embeddings = (
+        "tok_embeddings.weight",
+        "tok_embeddings.embedding.weight",
+        "decoder.tok_embeddings.weight",
+        "text_model.tok_embeddings.weight",
+    )
     if not any(embedding in names for embedding in embeddings):
         return None
     if any(TORCHTUNE_ATTENTION.search(n) for n in names):  # (torchtitan's Qwen3.5 has `attn.wq`, `attn.in_proj_q`)
