@@ -34,8 +34,9 @@ KINDS = {
 
 def test_every_family_declares_every_part():
     # (besides the parts: what names the family, the notes, `linearized`, a hook of the --quantize path, whose part
-    # is fused_siblings, that families with fused parameters on disk set, and `hub_names`, how its folder is named)
-    besides = ("name", "model_type", "architecture", "notes", "linearized", "hub_names")
+    # is fused_siblings, that families with fused parameters on disk set, and `hub_names` and `hub_renames`, how its
+    # folder is named)
+    besides = ("name", "model_type", "architecture", "notes", "linearized", "hub_names", "hub_renames")
     parts = [f.name for f in dataclasses.fields(Family) if f.name not in besides]
     assert set(parts) == set(KINDS), "a new part needs its kind here, and a column in families.PATHS if it is a path"
     derived = {name for name, value in vars(Family).items() if isinstance(value, property)}  # (megatron_out)
@@ -309,6 +310,7 @@ TESTED = {
         "afmoe": "afmoe-fsdp2",
         "jais2": "jais2-fsdp2",
         "lfm2": "lfm2-fsdp2",
+        "kimi_linear": "kimilinear-fsdp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",  # (and models transformers writes, in test_gguf)
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "qwen2_vl": "qwen2vl-fsdp2",

@@ -610,6 +610,53 @@ def test_qwen3_next_and_qwen35_as_the_converter_and_llama_quantize_write_them(
             deltanet_tensors("model.layers.0.linear_attn.in_proj_qkvz.weight", (160, 64), config, "config.json")
 
 
+def test_kimi_linear_as_the_converter_and_llama_quantize_write_it(
+    converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
+    """Kimi Linear (FSDP2 rank files of transformers' model): the folder in the Hub's names (the dense layer's MLP as
+    `mlp.`, where transformers' save_pretrained writes `block_sparse_moe.`, which the converter cannot map); llama.cpp's
+    kimi-linear, the file equal to the converter's in f32, bf16 and q8_0, written from the folder or straight from the
+    shards, and to llama-quantize's in the K-quant mixes: which layers are recurrent (0 key-value heads), the latent
+    attention as MQA (kv_b_proj as k_b and v_b), the convolutions' kernels 4-D and F32 in every type, A = -exp(A_log),
+    dt_bias as dt_proj's bias, the sigmoid routing. llama.cpp computes transformers' logits from it, the recurrent
+    state included."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    src = SHIPPED / "kimilinear-fsdp2" / "global_step_1"
+    folder = tmp_path / "hf"
+    unshard.convert(src, folder, progress=False)
+    weights = load_file(folder / "model.safetensors")
+    assert "model.layers.0.mlp.gate_proj.weight" in weights and not any(".0.block_sparse_moe." in n for n in weights)
+    fields, tensors = as_the_converter_writes_it(folder, converter, tmp_path)
+    assert fields["general.architecture"] == "kimi-linear"
+    assert fields["kimi-linear.attention.head_count_kv"] == [0, 1, 0, 1]
+    assert fields["kimi-linear.expert_gating_func"] == gguf.ExpertGatingFuncType.SIGMOID
+    stored = {t[0]: t for t in tensors}
+    assert stored["blk.0.ssm_conv1d_q.weight"][2] == [4, 1, 64, 1] and "blk.0.attn_kv_b.weight" not in stored
+    assert stored["blk.1.attn_k_b.weight"][2] == [16, 32, 2] and stored["blk.1.attn_v_b.weight"][2] == [32, 32, 2]
+    a = torch.frombuffer(bytearray(stored["blk.0.ssm_a"][3]), dtype=torch.float32)
+    assert a.equal(-torch.exp(weights["model.layers.0.self_attn.A_log"]).flatten())
+    assert {t[0]: t[1] for t in contents(tmp_path / "q8_0.gguf")[1]}["blk.0.ssm_conv1d_k.weight"] == "F32"
+    unshard.convert(src, tmp_path / "shards.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    assert contents(tmp_path / "shards.gguf") == (fields, tensors)
+    assert_llama_quantize_mixes_it(folder, ggml_library, monkeypatch, tmp_path)
+    # llama.cpp normalises the delta attention's q and k and the latent at rms_norm_eps (the Hub's 1e-5), transformers
+    # at 1e-6: noted, and 3.2e-3 apart here, where the weights' init leaves q and k short; at 1e-6 both compute alike
+    info = unshard.inspect(src, output=unshard.OutputOptions(gguf="f32"))
+    assert "kimi-linear normalises the delta attention's q and k and the latent at rms_norm_eps 1e-05" in " ".join(
+        info["output"]["notes"]
+    )
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-6}))
+    unshard.convert(folder, tmp_path / "eps.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    prompt = [1, 5, 20, 33, 41, 50, 60, 2]
+    expected = model(torch.tensor([prompt])).logits[0].detach()
+    logits, _ = llama_cpp(tmp_path / "eps.gguf", prompt, 0)
+    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
+
+
 def glm45_folder(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
     """A GLM-4.5 as transformers writes it, rows of 256 (K-quants' blocks): a dense first layer, then 4 routed
     experts behind a sigmoid router with its expert bias and a shared expert; q, k and v biases, q and k norms,
@@ -1127,3 +1174,23 @@ def test_what_llama_cpp_s_minicpm3_computes_otherwise_is_one_line(change, messag
     base one the converter does not write, LongRoPE's attention factor unwritten): refused while planning, in one
     line naming the file, nothing written."""
     assert_refused_in_one_line("minicpm3-fsdp2-spm", lambda config: config.update(change), message, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"linear_attn_config": {"kda_layers": [1, 3]}},
+            "it has no linear_attn_config.full_attn_layers, which the converter places",
+        ),
+        ({"num_key_value_heads": 1}, "num_key_value_heads is 1, and the converter splits kv_b_proj by it"),
+        ({"num_expert_group": 2}, "its experts are routed in groups, which llama.cpp's kimi-linear does not read"),
+        ({"moe_renormalize": False}, "its experts' weights are not renormalised, and llama.cpp's kimi-linear"),
+        ({"moe_router_activation_func": "softmax"}, "the experts' gating function is 'softmax', and transformers'"),
+    ],
+)
+def test_what_llama_cpp_s_kimi_linear_computes_otherwise_is_one_line(change, message, tmp_path):
+    """A Kimi Linear llama.cpp's kimi-linear would compute otherwise than transformers (experts in groups, weights not
+    renormalised, another gating than transformers' sigmoid), or the converter would not read (no layer placement,
+    a kv_b_proj it splits by other heads): refused while planning, in one line naming the file, nothing written."""
+    assert_refused_in_one_line("kimilinear-fsdp2", lambda config: config.update(change), message, tmp_path)

@@ -20,7 +20,7 @@ from ..names import megatron_rules as m
 from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS, AfterTheModel
 from .gguf_hooks import gguf_quiet, rope_parameters, routed_by_sigmoid, text_hyperparameters
 from .llama import TEXT_ONLY, TORCHTITAN_COMMON
-from .parts import NO_TABLE, Family, GGUFPart, MegatronRules, Rearrangement, Unsupported, no_trainer_model
+from .parts import NO_TABLE, Family, GGUFPart, MegatronRules, Rearrangement, Unsupported, no_trainer_model, one_kv_head
 
 L = m.L
 A = "decoder.layers.{i}.self_attention."
@@ -313,7 +313,7 @@ DEEPSEEK2 = GGUFPart(
     hyperparameters=deepseek2_hyperparameters,
     vocabulary="bpe",
     rearranged=latent_kv,
-    one_kv_head=True,
+    first_kv_heads=one_kv_head,
     check_config=latent_query_checked,
 )
 

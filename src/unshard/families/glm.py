@@ -62,6 +62,7 @@ from .parts import (
     Rearrangement,
     Unsupported,
     no_trainer_model,
+    one_kv_head,
 )
 from .vlm import MEGATRON, NO_MOE, qwen2vl_sizes, qwen3vl_vision_name, qwen3vl_vision_split
 
@@ -299,7 +300,7 @@ GLM_LATENT = GGUFPart(
     hyperparameters=glm4moelite_hyperparameters,
     vocabulary="bpe",
     rearranged=latent_kv,
-    one_kv_head=True,
+    first_kv_heads=one_kv_head,
     special_tokens=GLM_SPECIAL_TOKENS,
     extra_blocks="num_nextn_predict_layers",
 )

@@ -50,6 +50,11 @@ class Rearrangement:
     rows_per_band: int = 1
 
 
+def one_kv_head(hparams: dict) -> int:
+    """GGUFPart.first_kv_heads of latent attention computed as MQA (llama.cpp's deepseek2)."""
+    return 1
+
+
 def renamed_only(band) -> tuple:
     """A Rearrangement's pieces for a tensor stored as it is under another name (one piece: the band itself)."""
     return (band,)
@@ -125,7 +130,9 @@ class GGUFPart:
     # the order the converter writes a block's expert stacks in (by the experts' tensors' names: gate_proj, ...); ()
     # the order of their names
     expert_stack_order: tuple[str, ...] = ()
-    one_kv_head: bool = False  # the file's attention as MQA (llama.cpp's deepseek2 computes latent attention so)
+    # (hparams) -> the key-value heads of the file's first layer where not the config's, which llama-quantize's mixes
+    # choose by: 1 where llama.cpp computes latent attention as MQA (deepseek2), 0 for a recurrent layer (Kimi Linear)
+    first_kv_heads: Callable[[dict], int] | None = None
     # special tokens the converter sets by their text where tokenizer_config.json names none of that kind (GLM's)
     special_tokens: tuple[tuple[str, str], ...] = ()
     # the config's count of blocks after the model's own that the file has room for (GLM's MTP layers, which
@@ -277,6 +284,10 @@ class Family:
     # (its classes hold other names, and its save_pretrained writes them): why. Its tables name them; transformers is
     # not asked what to name them.
     hub_names: str | None = None
+    # Regular expressions over the names transformers' save_pretrained writes and what re.sub makes of them, where it
+    # writes other names than the Hub's for some tensors and loads both (Kimi Linear's dense layers): the folder holds
+    # the Hub's, which vLLM and llama.cpp's converter read
+    hub_renames: tuple[tuple[str, str], ...] = ()
 
     @property
     def megatron_out(self) -> MegatronRules | Unsupported:

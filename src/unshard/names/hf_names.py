@@ -18,7 +18,8 @@ import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -191,10 +192,12 @@ def plan_names(
     ask_later: bool = False,
     table: Any = None,
     as_saved: str | None = None,
+    hub_renames: tuple[tuple[str, str], ...] = (),
 ) -> Naming:
     """Decide the output names for checkpoint tensors of the given shapes (after `renames`).
     table: the family's TensorTable (families.tensor_table), where it has one: transformers need not be asked.
     as_saved: why the names are kept as saved, not asked of transformers (the family's `hub_names`).
+    hub_renames: the family's renames of the names save_pretrained writes into the Hub's (Family.hub_renames).
     ask_later: if transformers must be asked (a config not seen before), name the tensors as saved now and
     ask on a thread; the naming's `question` then tells whether that holds."""
     renames = renames or {}
@@ -203,6 +206,7 @@ def plan_names(
         clash = next(c for c in renamed.values() if list(renamed.values()).count(c) > 1)
         raise ConfigMismatchError(f"two checkpoint tensors are both named {clash} once wrappers are removed")
     config = read_config(config_folder) or {}
+    _naming = partial(_hub_naming, hub_renames=hub_renames) if hub_renames else _plain_naming
     if as_saved:
         naming = _naming(None, renamed, shapes, config, config_folder, check, updates, note=False)
         naming.notes.append(as_saved)
@@ -242,7 +246,7 @@ def _named_by_table(
         return None
     in_memory, tied = found
     try:  # (these families save the names they hold in memory)
-        naming = _naming(
+        naming = _plain_naming(
             ModelFacts(in_memory, tied, in_memory, LinearLayers(dense_tables.linear(in_memory))),
             renamed,
             shapes,
@@ -257,7 +261,28 @@ def _named_by_table(
     return naming
 
 
-def _naming(
+def _hub_naming(facts: ModelFacts | None, *args, hub_renames: tuple[tuple[str, str], ...], **kwargs) -> Naming:
+    """The naming of _plain_naming, in the Hub's names where the family's save_pretrained writes others: transformers
+    is told of the Hub's names as what it saves (a checkpoint of them is taken as saved), and its reverse conversion's
+    names are renamed so."""
+
+    def hub(name: str) -> str:
+        for pattern, replacement in hub_renames:
+            name = re.sub(pattern, replacement, name)
+        return name
+
+    if facts is not None:
+        facts = replace(facts, saved={hub(n): s for n, s in facts.saved.items()})
+    naming = _plain_naming(facts, *args, **kwargs)
+    naming.outputs = {n: [(hub(o), s) for o, s in outs] for n, outs in naming.outputs.items()}
+    naming.converters = {
+        n: lambda tensor, convert=convert: {hub(o): t for o, t in convert(tensor).items()}
+        for n, convert in naming.converters.items()
+    }
+    return naming
+
+
+def _plain_naming(
     facts: ModelFacts | None,
     renamed: dict[str, str],
     shapes: dict[str, tuple[int, ...]],
@@ -286,7 +311,7 @@ def _naming(
     live = {n: c for n, c in renamed.items() if n not in dropped}
     if mtp := {n: c for n, c in live.items() if _in_mtp_layer(c, config)}:
         # (the Hub's DeepSeek-V3 and GLM-4.5 hold them; transformers' classes load none, vLLM and llama.cpp do)
-        naming = _naming(
+        naming = _plain_naming(
             facts,
             {n: c for n, c in renamed.items() if n not in mtp},
             shapes,

@@ -90,6 +90,7 @@ def build_plan(
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
     head = hf_names.head_updates(set(shapes), shapes, config, architecture)
     updates = {**checkpoint.config_changes, **head}
+    family = families.by_model_type((config or {}).get("model_type"))
     naming = hf_names.plan_names(
         shapes,
         config_folder,
@@ -98,7 +99,8 @@ def build_plan(
         updates=updates,
         ask_later=ask_later and output.format == "safetensors",
         table=families.tensor_table((config or {}).get("model_type")),
-        as_saved=getattr(families.by_model_type((config or {}).get("model_type")), "hub_names", None),
+        as_saved=getattr(family, "hub_names", None),
+        hub_renames=getattr(family, "hub_renames", ()),
     )
 
     groups: dict[str, Group] = {}

@@ -174,8 +174,8 @@ def _plan_tensors(
         quantized = {
             name: shape[-1] for each in shapes for name, shape in each.items() if _quantized(name, shape, file_type)
         }
-        # (a file with one key-value head, as llama.cpp's deepseek2 computes latent attention: MQA)
-        model = kquants.Model(plan.architecture, blocks, heads, 1 if part.one_kv_head else kv_heads, experts)
+        first_kv_heads = part.first_kv_heads(hparams) if part.first_kv_heads else kv_heads
+        model = kquants.Model(plan.architecture, blocks, heads, first_kv_heads, experts)
         mixed = kquants.choose_types(file_type, model, sorted(quantized.items(), key=lambda t: _in_blocks(t[0])))
     file_shapes = {}  # (every tensor of the file, by llama.cpp's name: gguf-py counts the parameters from them)
     for output, name in zip(ordered, llama_names):
