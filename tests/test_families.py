@@ -244,6 +244,7 @@ TESTED = {
         "gemma2": "gemma2-fsdp2-spm",
         "gemma3_text": "gemma3-fsdp2-spm",
         "gemma3": "gemma3vl-fsdp2-spm",
+        "gemma3n_text": "gemma3n-fsdp2-spm",
         "gemma4_text": "gemma4-fsdp2",
         "gemma4": "gemma4vl-fsdp2",
         "phi3": "phi3-fsdp2-spm",

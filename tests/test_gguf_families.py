@@ -657,6 +657,73 @@ def test_kimi_linear_as_the_converter_and_llama_quantize_write_it(
     assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
 
 
+def test_gemma3n_as_the_converter_and_llama_quantize_write_it(
+    converter, llama_cpp, ggml_library, monkeypatch, tmp_path
+):
+    """Gemma 3n's text model (FSDP2 rank files, bf16): llama.cpp's gemma3n, the file the converter's in f32, bf16 and
+    q8_0, from the folder or straight from the shards, and llama-quantize's in the K-quant mixes: the 3 AltUp
+    projections in and out each stacked into one tensor, the per-layer embedding padded with zero rows to the
+    vocabulary's size, the norms as they are, AltUp's and the shared layers' keys, the sparsity as the normal's
+    quantiles. But for one difference, on purpose: transformers 5 builds no keys, values or keys' norm for the layers
+    that reuse earlier ones', which llama.cpp loads for every layer (the Hub's checkpoints hold them); the converter's
+    file lacks them and llama.cpp refuses it, unshard's holds them as zeros. llama.cpp computes transformers' logits
+    from it, the shared layers' keys and values included, once transformers cuts the sparse layers' activations as
+    llama.cpp does (noted)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    unused = {f"blk.{layer}.{kind}.weight" for layer in (20, 21) for kind in ("attn_k", "attn_v", "attn_k_norm")}
+
+    def as_the_converter_has_it(path: Path) -> tuple[dict, list]:  # (unshard's file but the zeros)
+        fields, tensors = contents(path)
+        assert {t[0] for t in tensors} >= unused and not any(any(t[3]) for t in tensors if t[0] in unused)
+        return fields, [t for t in tensors if t[0] not in unused]
+
+    src = SHIPPED / "gemma3n-fsdp2-spm" / "global_step_1"
+    folder = tmp_path / "hf"
+    unshard.convert(src, folder, progress=False)
+    for kind in ("f32", "bf16", "q8_0"):
+        unshard.convert(folder, tmp_path / f"{kind}.gguf", output=unshard.OutputOptions(gguf=kind), verify=True)
+        oracle = converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=None)
+        assert as_the_converter_has_it(tmp_path / f"{kind}.gguf") == contents(oracle)
+    fields, tensors = contents(tmp_path / "f32.gguf")
+    assert fields["general.architecture"] == "gemma3n" and fields["gemma3n.attention.shared_kv_layers"] == 2
+    assert fields["gemma3n.activation_sparsity_scale"][9:11] == [pytest.approx(1.6448536), -float("inf")]
+    stored = {t[0]: t for t in tensors}
+    assert stored["altup_proj.weight"][2] == [32, 32, 3] and stored["altup_unembd_proj.weight"][2] == [32, 32, 3]
+    per_layer = torch.frombuffer(bytearray(stored["per_layer_token_embd.weight"][3]), dtype=torch.float32)
+    own = load_file(folder / "model.safetensors")["model.embed_tokens_per_layer.weight"].float()
+    assert own.shape[0] == 80 and per_layer.view(103, -1)[:80].equal(own) and not per_layer.view(103, -1)[80:].any()
+    unshard.convert(src, tmp_path / "shards.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    assert contents(tmp_path / "shards.gguf") == (fields, tensors)
+    # llama.cpp's sparse layers cut their activations at a standard deviation over n - 1, transformers' over n: at the
+    # fixture's 64-wide MLP a factor of 1.0079 (noted), which makes the logits 3.5e-2 apart; at E2B's 8192, 1.00006.
+    # With transformers cutting as llama.cpp, llama.cpp computes its logits.
+    info = unshard.inspect(src, output=unshard.OutputOptions(gguf="f32"))
+    assert "over n - 1, transformers over n: 1.007905 times" in " ".join(info["output"]["notes"])
+    from transformers.models.gemma3n import modeling_gemma3n
+
+    def cut_as_llama_cpp(self, inputs):
+        quantile = torch.distributions.normal.Normal(0, 1).icdf(torch.tensor(self.activation_sparsity))
+        cutoff = inputs.mean(-1, keepdim=True) + inputs.std(-1, keepdim=True, unbiased=True) * quantile
+        return torch.nn.functional.relu(inputs - cutoff)
+
+    monkeypatch.setattr(modeling_gemma3n.Gemma3nTextMLP, "_gaussian_topk", cut_as_llama_cpp)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    prompt = [1, 5, 20, 33, 41, 50, 60, 2]
+    expected = model(torch.tensor([prompt])).logits[0].detach()
+    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
+    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
+    (tmp_path / "llama-quantize").mkdir()
+    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize", ",".join(kquants.MIXES))
+    monkeypatch.setenv(kquants.LIBRARY_VARIABLE, ggml_library)
+    for kind in kquants.MIXES:
+        unshard.convert(folder, tmp_path / f"{kind}.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+        assert as_the_converter_has_it(tmp_path / f"{kind}.gguf") == contents(
+            tmp_path / "llama-quantize" / f"{kind}.gguf"
+        )
+
+
 def glm45_folder(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
     """A GLM-4.5 as transformers writes it, rows of 256 (K-quants' blocks): a dense first layer, then 4 routed
     experts behind a sigmoid router with its expert bias and a shared expert; q, k and v biases, q and k norms,
@@ -1194,3 +1261,19 @@ def test_what_llama_cpp_s_kimi_linear_computes_otherwise_is_one_line(change, mes
     renormalised, another gating than transformers' sigmoid), or the converter would not read (no layer placement,
     a kv_b_proj it splits by other heads): refused while planning, in one line naming the file, nothing written."""
     assert_refused_in_one_line("kimilinear-fsdp2", lambda config: config.update(change), message, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"num_kv_shared_layers": 4}, "18 layers have keys and values of their own (num_kv_shared_layers 4 of 22)"),
+        ({"laurel_rank": 32}, "laurel_rank is 32, and llama.cpp's gemma3n takes 64"),
+        ({"hidden_activation": "silu"}, "hidden_activation is silu, and llama.cpp's gemma3n runs GELU (tanh)"),
+        ({"activation_sparsity_pattern": [0.95] * 22}, "activation_sparsity_pattern is not 0.95 in the first 10"),
+    ],
+)
+def test_what_llama_cpp_s_gemma3n_computes_otherwise_is_one_line(change, message, tmp_path):
+    """A Gemma 3n llama.cpp's gemma3n would compute otherwise than transformers, as it fixes in its code the layers with
+    keys and values of their own (20), LAuReL's rank, the activation and the sparse layers: refused while planning, in
+    one line naming the file, nothing written."""
+    assert_refused_in_one_line("gemma3n-fsdp2-spm", lambda config: config.update(change), message, tmp_path)

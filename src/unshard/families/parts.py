@@ -130,6 +130,16 @@ class GGUFPart:
     # the order the converter writes a block's expert stacks in (by the experts' tensors' names: gate_proj, ...); ()
     # the order of their names
     expert_stack_order: tuple[str, ...] = ()
+    # A regular expression matching the Hugging Face tensors the converter stacks into one of the file's tensors, in
+    # three groups: the stack's name before the index, the index, the rest (Gemma 3n's AltUp projections)
+    stacked: str | None = None
+    # (name, shape, hparams) -> the rows of the file's tensor where the converter pads it with zero rows after the
+    # tensor's own (Gemma 3n's embeddings, to the vocabulary's image and audio tokens), else None
+    padded_rows: Callable[..., int | None] | None = None
+    # (hparams) -> tensors llama.cpp loads that the model has none of and does not compute with, by llama.cpp's names
+    # and shapes: written as zeros in F32 where the model lacks them, with a note (Gemma 3n's shared layers' keys and
+    # values, which transformers 5 builds no weights for and the Hub's checkpoints hold)
+    unused: Callable[[dict], dict[str, tuple[int, ...]]] | None = None
     # (hparams) -> the key-value heads of the file's first layer where not the config's, which llama-quantize's mixes
     # choose by: 1 where llama.cpp computes latent attention as MQA (deepseek2), 0 for a recurrent layer (Kimi Linear)
     first_kv_heads: Callable[[dict], int] | None = None

@@ -16,7 +16,7 @@ from ...families.parts import GGUFPart, Rearrangement
 from ...types import OutputTensor
 from . import kquants, vision
 from .header import general_metadata, read_hparams
-from .tensors import EXPERT, HEAD_NORM, LAYER, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor, Rearranged
+from .tensors import EXPERT, HEAD_NORM, LAYER, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor, Rearranged, stacked
 from .vocabulary import write_vocabulary
 
 # The sizes under the names the converter also finds them by (find_hparam), as GPT-2's and MPT's configs keep them
@@ -140,7 +140,7 @@ def _plan_tensors(
     heads = hparams.get("num_attention_heads") or 0  # (none: Mamba-2's, which llama.cpp counts as 0)
     kv_heads = hparams.get("num_key_value_heads") or heads
     ordered = sorted(outputs, key=lambda o: o.name)  # (the converter's order, from a one-file folder: sorted)
-    llama_names, stacks, row_of, rearranged = [], {}, {}, {}
+    llama_names, stacks, row_of, rearranged, own_stacks = [], {}, {}, {}, set()
     for output in ordered:
         how = part.rearranged(output.name, output.shape, hparams, where) if part.rearranged else None
         if how is not None:  # (the file's tensors it becomes, by llama.cpp's names, in the converter's order)
@@ -148,13 +148,17 @@ def _plan_tensors(
             rearranged[output.name] = (how, made)
             llama_names.append(next(iter(made)))
             continue
-        member = EXPERT.match(output.name) or HEAD_NORM.match(output.name)
+        member = EXPERT.match(output.name) or HEAD_NORM.match(output.name) or _stacked(part, output.name)
         name = _llama_name(names, f"{member[1]}.{member[3]}" if member else output.name, plan, where, output.name, part)
         if member:
             stacks.setdefault(name, {})[int(member[2])] = output
+            if member.re.pattern == part.stacked:
+                own_stacks.add(name)
             row_of[output.name] = int(member[2])
         llama_names.append(name)
-    _check_stacks(stacks, {"attn_q_norm": heads, "attn_k_norm": kv_heads}, experts, where)
+    counts = {"attn_q_norm": (heads, "heads' norms"), "attn_k_norm": (kv_heads, "heads' norms")}
+    counts.update({name.split(".")[-2]: (max(stacks[name]) + 1, "tensors") for name in own_stacks})
+    _check_stacks(stacks, counts, experts, where)
     # The converter stacks a block's experts once it has read the last of them (in its order), then writes the
     # stacks in the order of their Hugging Face names (w1, w2, w3; down, gate, up); a norm's heads once it has read
     # the last of them.
@@ -185,7 +189,10 @@ def _plan_tensors(
             file_shapes.update(made)
             continue
         stack, index = stacks.get(name), row_of.get(output.name)
-        shape = (len(stack), *output.shape) if stack else output.shape
+        rows = part.padded_rows(output.name, output.shape, hparams) if part.padded_rows else None
+        padding = (output.shape[0], rows - output.shape[0]) if rows and rows > output.shape[0] else ()
+        own_shape = (rows, *output.shape[1:]) if padding else output.shape
+        shape = (len(stack), *own_shape) if stack else own_shape
         file_shapes[name] = shape
         tensor_type, note = gguf_type(plan, name, shape, qtype, name == output_layer, experts, mixed.get(name))
         if note and index in (None, 0):  # (a stack's note once)
@@ -197,7 +204,7 @@ def _plan_tensors(
                 raise ConfigMismatchError(
                     f"{where}: {output.name} has {output.shape[0]} rows, not a whole number of heads of {head_dim}"
                 )
-        byte_shape = tuple(gguf.quant_shape_to_byte_shape(output.shape, tensor_type))
+        byte_shape = tuple(gguf.quant_shape_to_byte_shape(own_shape, tensor_type))
         if file_type in QUANTIZED and not stack:
             byte_shape = _as_llama_quantize_stores(byte_shape)
         stored = OutputTensor(name if stack is None else f"{name}[{index}]", byte_shape, dtypes.BY_NAME["uint8"])
@@ -205,7 +212,7 @@ def _plan_tensors(
         shift = part.norm_shift if shifted else 0.0
         scales = part.scaled(output.name, output.shape, hparams) if part.scaled else ()
         plan.encoded[output.name] = GGUFTensor(
-            (stored,), tensor_type, output.dtype, permuted, max(1, permuted), shift, scales
+            (stored,), tensor_type, output.dtype, permuted, max(1, permuted), shift, scales, padding
         )
         if file_type in QUANTIZED:
             plan.positions[name] = _in_blocks(name)
@@ -332,10 +339,18 @@ def _in_blocks(name: str) -> tuple[int, str]:
 
 
 # Parts of names llama.cpp keeps in f32 whatever the type (MoE routers, a recurrent layer's convolution kernel, LFM2's
-# short convolution's, the sparse attention's indexer's head weights), and those llama-quantize alone leaves as the
-# converter's f32 file has them (Gemma 4's projection into the per-layer embeddings, "not too big")
-KEPT_IN_F32 = ("ffn_gate_inp", "ssm_conv1d", "shortconv.conv", "indexer.proj")
-NOT_REQUANTIZED = ("per_layer_model_proj",)
+# short convolution's, the sparse attention's indexer's head weights, Gemma 3n's AltUp coefficients), and those
+# llama-quantize alone leaves as the converter's f32 file has them (the projection into the per-layer embeddings,
+# "not too big"; Gemma 3n's AltUp and LAuReL tensors, "very small")
+KEPT_IN_F32 = (
+    "ffn_gate_inp",
+    "ssm_conv1d",
+    "shortconv.conv",
+    "indexer.proj",
+    "altup_correct_coef",
+    "altup_predict_coef",
+)
+NOT_REQUANTIZED = ("per_layer_model_proj", "altup", "laurel")
 
 
 def _quantized(name: str, shape: tuple[int, ...], file_type: str) -> bool:
@@ -384,12 +399,23 @@ def gguf_type(
 
 def _computed_tensors(plan: GGUFPlan, hparams: dict, part: GGUFPart, head_dim: int, where: Path) -> None:
     """The tensors the converter computes from the config, first in its file (plan.computed): the family's (Llama 3's
-    rope frequency factors, Phi-3's long and short ones)."""
+    rope frequency factors, Phi-3's long and short ones); and those llama.cpp loads that the model lacks, as zeros
+    (GGUFPart.unused)."""
     import numpy as np
 
     _, rope = rope_parameters(hparams)
     if part.computed:
         plan.computed.update(part.computed(plan.writer, hparams, rope, head_dim, where))
+    if part.unused:
+        held = {stacked(s.name)[0] for encoding in plan.encoded.values() for s in encoding.stored}
+        lacking = {name: shape for name, shape in part.unused(hparams).items() if name not in held}
+        if lacking:
+            plan.notes.append(
+                f"{len(lacking)} tensors llama.cpp loads and does not compute with, which the model has none of, "
+                f"written as zeros ({', '.join(list(lacking)[:3])}...): the converter's file without them does not load"
+            )
+        # (np.zeros' pages are the kernel's zero page until written: no memory held for them)
+        plan.computed.update({name: np.zeros(shape, np.float32) for name, shape in lacking.items()})
     rope_type = str(rope.get("rope_type")).lower()
     if rope_type in ROPE_BY_FACTORS and "rope_freqs.weight" not in plan.computed:
         raise ConfigMismatchError(
@@ -401,13 +427,19 @@ def _computed_tensors(plan: GGUFPlan, hparams: dict, part: GGUFPart, head_dim: i
     plan.computed = {name: np.asarray(values, dtype=np.float32) for name, values in plan.computed.items()}
 
 
-def _check_stacks(stacks: dict[str, dict[int, OutputTensor]], heads: dict[str, int], experts: int, where: Path) -> None:
-    """Every stack has the config's experts (or heads, a norm's), numbered from 0, all of one shape: llama.cpp's
-    tensor is whole."""
+def _stacked(part: GGUFPart, name: str) -> re.Match | None:
+    """The family's stack (GGUFPart.stacked) the Hugging Face tensor is a member of, as EXPERT's match."""
+    return re.match(part.stacked, name) if part.stacked else None
+
+
+def _check_stacks(
+    stacks: dict[str, dict[int, OutputTensor]], counts: dict[str, tuple[int, str]], experts: int, where: Path
+) -> None:
+    """Every stack has the config's experts (or as many of the kind as `counts` says: a norm's heads), numbered from
+    0, all of one shape: llama.cpp's tensor is whole."""
     for name, stack in stacks.items():
         shapes = {o.shape for o in stack.values()}
-        kind = name.split(".")[-2]
-        count, what = (heads[kind], "heads' norms") if kind in heads else (experts, "experts")
+        count, what = counts.get(name.split(".")[-2], (experts, "experts"))
         if sorted(stack) != list(range(count)) or len(shapes) != 1:
             found = f"{what} {sorted(stack)}" if len(shapes) == 1 else f"{what} of shapes {sorted(shapes)}"
             raise ConfigMismatchError(

@@ -46,6 +46,8 @@ class GGUFTensor:
     rows_per_band: int = 1
     shift: float = 0.0  # added to every value first
     scales: tuple[tuple[int, int, float], ...] = ()  # (first row, end row, factor): rows multiplied first, in order
+    # (the tensor's rows, zero rows after them in the file): the last band is stored with them (GGUFPart.padded_rows)
+    padding: tuple[int, int] = ()
     surveys = False  # (each band is encoded as it comes)
 
     def types(self) -> dict[str, Any]:
@@ -61,6 +63,10 @@ class GGUFTensor:
         if self.head_dim:
             half = self.head_dim // 2
             band = band.reshape(-1, 2, half, *band.shape[1:]).swapaxes(1, 2).reshape(band.shape)
+        if self.padding and start + band.shape[0] == self.padding[0]:
+            import numpy as np
+
+            band = np.concatenate([band, np.zeros((self.padding[1], *band.shape[1:]), band.dtype)])
         return {self.stored[0].name: _quantized(band, self.qtype)}
 
 
@@ -188,8 +194,11 @@ class GGUFPlan:
         return self.positions[next(name for name in held if name not in self.elsewhere)]
 
     def computed_stored(self) -> list[OutputTensor]:
-        """The computed tensors as the file stores them (their f32 bytes)."""
-        return [OutputTensor(name, (values.nbytes,), dtypes.BY_NAME["uint8"]) for name, values in self.computed.items()]
+        """The computed tensors as the file stores them (their f32 bytes, row by row)."""
+        return [
+            OutputTensor(name, (*values.shape[:-1], values.shape[-1] * values.itemsize), dtypes.BY_NAME["uint8"])
+            for name, values in self.computed.items()
+        ]
 
     def summary(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
