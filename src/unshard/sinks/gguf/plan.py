@@ -140,28 +140,10 @@ def _plan_tensors(
     heads = hparams.get("num_attention_heads") or 0  # (none: Mamba-2's, which llama.cpp counts as 0)
     kv_heads = hparams.get("num_key_value_heads") or heads
     ordered = sorted(outputs, key=lambda o: o.name)  # (the converter's order, from a one-file folder: sorted)
-    llama_names, stacks, row_of, rearranged, own_stacks = [], {}, {}, {}, set()
-    for output in ordered:
-        how = part.rearranged(output.name, output.shape, hparams, where) if part.rearranged else None
-        if how is not None:  # (the file's tensors it becomes, by llama.cpp's names, in the converter's order)
-            made = {_llama_name(names, n, plan, where, output.name, part): shape for n, shape in how.tensors.items()}
-            rearranged[output.name] = (how, made)
-            llama_names.append(next(iter(made)))
-            continue
-        member = EXPERT.match(output.name) or HEAD_NORM.match(output.name) or _stacked(part, output.name)
-        name = _llama_name(names, f"{member[1]}.{member[3]}" if member else output.name, plan, where, output.name, part)
-        if member:
-            stacks.setdefault(name, {})[int(member[2])] = output
-            if member.re.pattern == part.stacked:
-                own_stacks.add(name)
-            row_of[output.name] = int(member[2])
-        llama_names.append(name)
-    counts = {"attn_q_norm": (heads, "heads' norms"), "attn_k_norm": (kv_heads, "heads' norms")}
-    counts.update({name.split(".")[-2]: (max(stacks[name]) + 1, "tensors") for name in own_stacks})
-    _check_stacks(stacks, counts, experts, where)
+    llama_names, stacks, row_of, rearranged = _file_names(plan, ordered, hparams, part, names, experts, where)
     # The converter stacks a block's experts once it has read the last of them (in its order), then writes the
-    # stacks in the order of their Hugging Face names (w1, w2, w3; down, gate, up); a norm's heads once it has read
-    # the last of them.
+    # stacks in the order of their Hugging Face names (w1, w2, w3; down, gate, up); a norm's heads, and the family's
+    # stacks, once it has read the last of them.
     last_expert, last_head = {}, {}
     for output, name in zip(ordered, llama_names):
         if name in stacks and EXPERT.match(output.name):
@@ -225,6 +207,37 @@ def _plan_tensors(
         else:
             plan.positions[name] = (output.name,)
     return _parameter_counts(file_shapes)
+
+
+def _file_names(
+    plan: GGUFPlan, ordered: list[OutputTensor], hparams: dict, part: GGUFPart, names, experts: int, where: Path
+) -> tuple[list[str], dict[str, dict[int, OutputTensor]], dict[str, int], dict[str, tuple[Rearrangement, dict]]]:
+    """Each output's place in the file, in the converter's order: llama.cpp's name of the tensor it is (or the first
+    it becomes, where the converter rearranges it), the stacks of several outputs (experts, a norm's heads, the
+    family's stacks: GGUFPart.stacked) by name with each member's index, and the rearranged outputs with the tensors
+    they become."""
+    heads = hparams.get("num_attention_heads") or 0
+    kv_heads = hparams.get("num_key_value_heads") or heads
+    counts = {"attn_q_norm": (heads, "heads' norms"), "attn_k_norm": (kv_heads, "heads' norms")}
+    llama_names, stacks, row_of, rearranged = [], {}, {}, {}
+    for output in ordered:
+        how = part.rearranged(output.name, output.shape, hparams, where) if part.rearranged else None
+        if how is not None:  # (the file's tensors it becomes, by llama.cpp's names, in the converter's order)
+            made = {_llama_name(names, n, plan, where, output.name, part): shape for n, shape in how.tensors.items()}
+            rearranged[output.name] = (how, made)
+            llama_names.append(next(iter(made)))
+            continue
+        own = re.match(part.stacked, output.name) if part.stacked else None
+        member = EXPERT.match(output.name) or HEAD_NORM.match(output.name) or own
+        name = _llama_name(names, f"{member[1]}.{member[3]}" if member else output.name, plan, where, output.name, part)
+        if member:
+            stacks.setdefault(name, {})[int(member[2])] = output
+            row_of[output.name] = int(member[2])
+        if own:  # (as many as there are, numbered from 0)
+            counts[name.split(".")[-2]] = (max(stacks[name]) + 1, "tensors")
+        llama_names.append(name)
+    _check_stacks(stacks, counts, experts, where)
+    return llama_names, stacks, row_of, rearranged
 
 
 def _without_towers(plan: GGUFPlan, outputs: list[OutputTensor], pattern: str | None, why: str) -> list[OutputTensor]:
@@ -425,11 +438,6 @@ def _computed_tensors(plan: GGUFPlan, hparams: dict, part: GGUFPart, head_dim: i
     for i, name in enumerate(plan.computed):  # (before every other tensor; llama-quantize's order is by name)
         plan.positions[name] = _in_blocks(name) if plan.file_type in QUANTIZED else ("", i)
     plan.computed = {name: np.asarray(values, dtype=np.float32) for name, values in plan.computed.items()}
-
-
-def _stacked(part: GGUFPart, name: str) -> re.Match | None:
-    """The family's stack (GGUFPart.stacked) the Hugging Face tensor is a member of, as EXPERT's match."""
-    return re.match(part.stacked, name) if part.stacked else None
 
 
 def _check_stacks(
