@@ -216,16 +216,27 @@ def test_from_other_layouts_and_merges(oracle, tmp_path):
 MIXTRAL_EXPERTS = {".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj."}
 
 
+# transformers' save_pretrained (llm-compressor's) names Kimi Linear's dense layer's MLP as the experts' block, where
+# unshard's folder keeps the Hub's name (Family.hub_renames)
+SAVED_AS = {"kimi_linear": (r"^model\.layers\.(\d+)\.mlp\.", r"model.layers.\1.block_sparse_moe.")}
+
+
 def as_llm_compressor_names(folder: Path) -> Path:
-    """A folder of Mixtral's expert names (MiniMax-M2's too) with its experts renamed as llm-compressor names them
-    (other folders as they are)."""
+    """A folder of Mixtral's expert names (MiniMax-M2's too) with its experts renamed as llm-compressor names them,
+    and Kimi Linear's dense MLP as its save_pretrained names it (other folders as they are)."""
+    import re
+
     tensors = tensors_of(folder)
-    if not any(".experts." in name and ".w1." in name for name in tensors):  # (LFM2's MLP has w1, w2, w3 too)
+    saved_as = SAVED_AS.get(json.loads((folder / "config.json").read_text()).get("model_type"))
+    mixtral = any(".experts." in name and ".w1." in name for name in tensors)  # (LFM2's MLP has w1, w2, w3 too)
+    if not mixtral and not saved_as:
         return folder
     renamed = folder.with_name(folder.name + "-renamed")
     renamed.mkdir()
-    for old, new in MIXTRAL_EXPERTS.items():
+    for old, new in MIXTRAL_EXPERTS.items() if mixtral else ():
         tensors = {name.replace(old, new) if ".experts." in name else name: t for name, t in tensors.items()}
+    if saved_as:
+        tensors = {re.sub(*saved_as, name): t for name, t in tensors.items()}
     from safetensors.torch import save_file
 
     save_file(tensors, renamed / "model.safetensors")
@@ -326,6 +337,8 @@ FAMILY_CASES = [
     "falconh1-fsdp2",  # (its muP multipliers left to the config, as transformers applies them)
     "mistral4-fsdp2",  # (Mistral Small 4: its experts, fused 3-D parameters, each made Linear layers)
     "torchtitan-museglimmer-fsdp2",  # (torchtitan's checkpoint; its vision tower, adapter, projection left out)
+    "kimilinear-fsdp2",  # (its dense MLP compared under save_pretrained's name: SAVED_AS)
+    "gemma3n-fsdp2-spm",  # (AltUp's and LAuReL's Linear layers too)
 ]
 # transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's and DeepSeek-V2's routers in float32 when loading in
 # bf16, as save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gemma import DENSE_ONLY, MEGATRON, gemma3_after_vocabulary, gemma3_header
-from .llama import TEXT_ONLY
-from .parts import NO_TABLE, Family, GGUFPart, Unsupported, no_trainer_model
+from .llama import SIBLINGS, TEXT_ONLY
+from .parts import NO_TABLE, Family, GGUFPart, no_trainer_model
 
 # What llama.cpp's gemma3n fixes in its code whatever the file says, as E2B and E4B have it: the first 20 layers keys
 # and values of their own (E2B's 30 layers and E4B's 35 both share from there), AltUp's 4 streams (as the converter
@@ -117,7 +117,7 @@ FAMILIES = (
         tensors=NO_TABLE,
         megatron=MEGATRON,
         **no_trainer_model("Gemma 3n"),
-        fused_siblings=Unsupported("--quantize of Gemma 3n is not yet compared with llm-compressor"),
+        fused_siblings=SIBLINGS,
         gguf=GGUFPart(
             "GEMMA3N",
             hyperparameters=gemma3n_hyperparameters,

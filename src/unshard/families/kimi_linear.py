@@ -18,7 +18,16 @@ from ..errors import ConfigMismatchError
 from .deepseek import latent_kv
 from .gguf_hooks import gguf_quiet, routed_by_sigmoid, text_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import NO_TABLE, Family, GGUFPart, Rearrangement, Unsupported, negated_exp, no_trainer_model
+from .parts import (
+    DEFAULT_FUSED_SIBLINGS,
+    NO_TABLE,
+    Family,
+    GGUFPart,
+    Rearrangement,
+    Unsupported,
+    negated_exp,
+    no_trainer_model,
+)
 
 # transformers' save_pretrained names a dense layer's MLP as the experts' block; the Hub's names it mlp
 DENSE_MLP_AS_THE_HUB = (
@@ -123,7 +132,7 @@ FAMILIES = (
         tensors=NO_TABLE,
         megatron=Unsupported("Megatron's Kimi Delta Attention layers are not mapped"),
         **no_trainer_model("Kimi Linear"),
-        fused_siblings=Unsupported("--quantize of Kimi Linear is not yet compared with llm-compressor"),
+        fused_siblings=DEFAULT_FUSED_SIBLINGS,
         gguf=GGUFPart(
             "KIMI_LINEAR",
             hyperparameters=kimi_linear_hyperparameters,

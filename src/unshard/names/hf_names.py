@@ -272,7 +272,15 @@ def _hub_naming(facts: ModelFacts | None, *args, hub_renames: tuple[tuple[str, s
         return name
 
     if facts is not None:
-        facts = replace(facts, saved={hub(n): s for n, s in facts.saved.items()})
+        linear = facts.linear
+        linear = replace(
+            linear,
+            weights=[hub(n) for n in linear.weights],
+            held_as={hub(n): held for n, held in linear.held_as.items()},
+            routers=[hub(n) for n in linear.routers],
+            listed_as={hub(n): listed for n, listed in linear.listed_as.items()},
+        )
+        facts = replace(facts, saved={hub(n): s for n, s in facts.saved.items()}, linear=linear)
     naming = _plain_naming(facts, *args, **kwargs)
     naming.outputs = {n: [(hub(o), s) for o, s in outs] for n, outs in naming.outputs.items()}
     naming.converters = {
