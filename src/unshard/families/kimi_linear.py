@@ -51,8 +51,7 @@ def kimi_linear_hyperparameters(writer, hparams: dict, ftype, blocks: int, folde
     with gguf_quiet():  # (gguf-py warns of each key written again)
         text_hyperparameters(writer, routed_by_sigmoid(as_mqa, where), ftype, blocks, folder, expert_groups=True)
         writer.add_vocab_size(hparams["vocab_size"])
-        full = linear["full_attn_layers"]
-        writer.add_head_count_kv([1 if layer + 1 in full else 0 for layer in range(hparams["num_hidden_layers"])])
+        writer.add_head_count_kv(kv_heads_by_layer(hparams))
         if linear.get("short_conv_kernel_size") is not None:
             writer.add_ssm_conv_kernel(linear["short_conv_kernel_size"])
         if linear.get("head_dim") is not None:
@@ -111,9 +110,16 @@ def kimi_linear_tensors(name: str, shape: tuple[int, ...], hparams: dict, where:
     return latent_kv(name, shape, hparams, where)
 
 
+def kv_heads_by_layer(hparams: dict) -> list[int]:
+    """Each layer's key-value heads in the file: 1 for latent attention (as MQA), 0 for a recurrent layer (the config
+    counts the attention layers from 1)."""
+    full = hparams["linear_attn_config"]["full_attn_layers"]
+    return [1 if layer + 1 in full else 0 for layer in range(hparams["num_hidden_layers"])]
+
+
 def first_layer_kv_heads(hparams: dict) -> int:
-    """The first layer's key-value heads in the file: 1 for latent attention (as MQA), 0 for a recurrent layer."""
-    return 1 if 1 in hparams["linear_attn_config"]["full_attn_layers"] else 0
+    """GGUFPart.first_kv_heads: the first layer's, which llama-quantize's mixes choose by."""
+    return kv_heads_by_layer(hparams)[0]
 
 
 def kernel_4d(band, shape: tuple[int, ...]) -> tuple:
