@@ -327,6 +327,7 @@ TESTED = {
         "glm4v_moe": "glm4vmoe-fsdp2",
         "gemma4": "gemma4vl-fsdp2",
         "mistral3": "mistral3-fsdp2",
+        "llama4": "llama4-fsdp2",
         "qwen2_vl": "qwen2vl-fsdp2",
         "qwen2_5_vl": "qwen25vl-fsdp2",
         "qwen3_vl": "qwen3vl-fsdp2",
@@ -357,14 +358,15 @@ def test_every_yes_has_a_fixture_that_takes_it(path):
         assert (SHIPPED / fixture).is_dir(), fixture
 
 
-def test_readme_shows_the_matrix_as_it_is():
-    """The README's copy of `unshard families` is the table the registry makes now."""
+@pytest.mark.parametrize("page", ["README.md", "docs/families.md"])
+def test_the_docs_show_the_matrix_as_it_is(page):
+    """The README's and the docs' copies of `unshard families` are the table the registry makes now."""
     from conftest import ROOT
 
     from unshard.report import families_table
 
-    readme = (ROOT / "README.md").read_text()
-    shown = readme.split("## Model families", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    text = (ROOT / page).read_text()
+    shown = text.split("# Model families", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
     assert shown.rstrip("\n") == families_table(families.matrix(), families.PATHS).split("\n\n")[0]
 
 

@@ -8,7 +8,10 @@ image through it into transformers' image features of the same pixels.
   each row of the image's features.
 - Gemma 4's vision tower (llama.cpp's `gemma4v`), its linear layers clipped: the converter's file with one key more,
   `clip.use_gelu`, without which llama.cpp runs the tower's MLPs with its default quick GELU where Gemma 4 has GELU
-  (tanh)."""
+  (tanh).
+- Llama 4's vision tower (llama.cpp's `llama4`): the converter's file but each layer's norm before its MLP named
+  `ln2`, which the converter names as Gemma 4's norm after attention (gguf-py 0.19 maps that name for both), so that
+  llama.cpp would norm the attention's output and leave the MLP's input unnormed."""
 
 from __future__ import annotations
 
@@ -30,10 +33,12 @@ import unshard
 
 PIXTRAL = SHIPPED / "mistral3-fsdp2" / "global_step_1"
 GEMMA4 = SHIPPED / "gemma4vl-fsdp2" / "global_step_1"
+LLAMA4 = SHIPPED / "llama4-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
 IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] are 4, 5 and 6)
 # mtmd's image embeddings against transformers' image features (relative distance), measured: Pixtral f32 1.6e-4,
-# q8_0 5.1e-3; Gemma 4 f32 6.7e-5, q8_0 1.0e-2 (with the converter's file, its quick GELU: 3.9e-3)
+# q8_0 5.1e-3; Gemma 4 f32 6.7e-5, q8_0 1.0e-2 (with the converter's file, its quick GELU: 3.9e-3); Llama 4 f32
+# 4.9e-4, q8_0 1.6e-2
 IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
 
 
@@ -241,3 +246,64 @@ def test_a_gemma4_with_an_audio_tower_gets_the_text_model_alone(gemma4_folder, t
     plan = unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"), check=False)
     assert plan.summary()["gguf"]["mmproj"] is None
     assert any("no mmproj file of them (an mmproj file of Gemma 4's audio tower is not" in n for n in plan.notes)
+
+
+@pytest.fixture(scope="module")
+def llama4_folder(tmp_path_factory):
+    return unsharded(LLAMA4, tmp_path_factory)
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+def test_llama4_s_mmproj_is_the_converter_s(kind, llama4_folder, converter, tmp_path):
+    """Every field in order and every tensor's name, type, shape and bytes are the converter's (the patches' linear
+    embedding, the class token and the position embedding, the pixel shuffle's MLP and the projector's one linear
+    layer, mm.model.fc), but one name: each layer's norm before its MLP is `ln2`, where llama.cpp's llama4 graph
+    reads it, not Gemma 4's `attn_post_norm`, as gguf-py 0.19 maps the name for both."""
+    out = tmp_path / "m.gguf"
+    unshard.convert(LLAMA4, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(llama4_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    assert ours[0]["clip.projector_type"] == "llama4" and ours[0]["clip.vision.projector.scale_factor"] == 2
+    ln2 = [(n.replace(".attn_post_norm.", ".ln2."), *rest) for n, *rest in theirs[1]]
+    assert_same_tensors(ours[1], ln2)
+    named = {t[0] for t in ours[1]}
+    assert {"mm.model.fc.weight", "v.class_embd", "mm.model.mlp.2.weight", "v.blk.2.ln2.bias"} <= named
+    assert not any(t[0].startswith(("v.", "mm.")) for t in contents(out)[1])
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_llama_cpp_reads_llama4_images_as_transformers_does(kind, llama4_folder, tmp_path):
+    """mtmd encodes an image of one tile (56 x 56 pixels: 4 x 4 patches, shuffled 2 x 2 into 4 tokens) into
+    transformers' image features of the same pixels, projected to the text model's width, but column by column:
+    llama.cpp's pixel shuffle leaves out transformers' last transpose, in its graph, whatever the file (mtmd warns
+    that Llama 4's vision is degraded). The pixels are made as Llama 4's image processor makes one tile (which needs
+    torchvision, whose PyPI build is CUDA's): scaled to [0, 1], normalised by the folder's mean and std. With the
+    converter's file (each layer's MLP unnormed), the distance is 1.5."""
+    from transformers import AutoModelForImageTextToText
+
+    unshard.convert(LLAMA4, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+    model = AutoModelForImageTextToText.from_pretrained(llama4_folder, dtype=torch.float32)
+    image, embeddings = image_embeddings(tmp_path / "m.gguf", 56, 56, tmp_path)
+    processor = json.loads((llama4_folder / "preprocessor_config.json").read_text())
+    mean, std = (torch.tensor(processor[key])[:, None, None] for key in ("image_mean", "image_std"))
+    pixels = ((torch.from_numpy(image).permute(2, 0, 1).float() / 255 - mean) / std)[None]
+    with torch.no_grad():
+        features = model.get_image_features(pixel_values=pixels).last_hidden_state
+        rows = model.multi_modal_projector(features).reshape(2, 2, -1)
+    expected = rows.transpose(0, 1).reshape(4, -1)
+    assert embeddings.shape == (4, 64)
+    assert relative_distance(embeddings, expected) <= IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}, "rope_theta is 500000.0, and llama.cpp's"),
+        ({"pixel_shuffle_ratio": 0.4}, "pixel_shuffle_ratio is 0.4, and llama.cpp's llama4 projector merges n x n"),
+    ],
+)
+def test_what_llama_cpp_s_llama4_projector_computes_otherwise_is_one_line(change, message, llama4_folder, tmp_path):
+    changed = with_config(llama4_folder, tmp_path, lambda config: config["vision_config"].update(change))
+    with pytest.raises(unshard.ConfigMismatchError, match=message):
+        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))

@@ -4,22 +4,26 @@ the others an MLP of their own width (`intermediate_size_mlp`); q and k L2-norme
 layer and attention in chunks on the others, Llama 3's rope scaling. The text model as llama.cpp's llama4, which fixes
 much of that layout in code (the chunks' size, the layers without rope, the attention's temperature): what it fixes is
 checked against the config. The experts are held fused as Meta's release has them (gate and up side by side, each
-expert's matrices transposed): llama.cpp stacks them apart, llm-compressor makes a Linear layer of each. Its text model
-alone (`Llama4ForCausalLM`) is the same file without the tower."""
+expert's matrices transposed): llama.cpp stacks them apart, llm-compressor makes a Linear layer of each. The vision
+tower (patches embedded by one linear layer, a class token, rope in two dimensions, its patches shuffled 2 x 2 into an
+MLP) as the mmproj file of llama.cpp's llama4 projector. Its text model alone (`Llama4ForCausalLM`) is the same file
+without the tower."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import llama_hyperparameters
+from .gguf_hooks import gguf_py, llama_hyperparameters, mmproj_model_forced_type, rope_parameters
 from .llama import TEXT_ONLY, llama_computed
 from .parts import (
     DEFAULT_FUSED_SIBLINGS,
     NO_TABLE,
     Family,
     GGUFPart,
+    MmprojPart,
     Rearrangement,
     Unsupported,
     transposed,
@@ -80,6 +84,58 @@ def llama4_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path
     return None
 
 
+def llama4_vision_sizes(vision: dict, where: Path) -> dict:
+    """The tower as llama.cpp's llama4 projector runs it: rope at base 10000 whatever the file says, and the pixel
+    shuffle merging n x n patches, n a whole number (the converter writes 1 / pixel_shuffle_ratio rounded down). Its
+    MLPs run GELU whatever hidden_act says, as transformers' do (the converter asserts "gelu")."""
+    theta = rope_parameters(vision)[1].get("rope_theta", 10000)
+    if theta != 10000:
+        raise ConfigMismatchError(
+            f"{where}: the vision tower's rope_theta is {theta}, and llama.cpp's llama4 projector turns its rope at "
+            "10000; serve this model with transformers or vLLM"
+        )
+    ratio = vision.get("pixel_shuffle_ratio", 0.5)
+    if not ratio or (1 / ratio) != int(1 / ratio):
+        raise ConfigMismatchError(
+            f"{where}: the vision tower's pixel_shuffle_ratio is {ratio}, and llama.cpp's llama4 projector merges "
+            "n x n patches, 1 / ratio a whole number; serve this model with transformers or vLLM"
+        )
+    return vision
+
+
+def llama4_vision_name(name: str) -> str:
+    """The Hub's names as the converter maps them: the position embedding (a parameter) as a weight, the projector's
+    one linear layer as llama.cpp's `mm.model.fc`. But the norm before each layer's MLP: gguf-py 0.19 maps its name to
+    Gemma 4's norm after attention (`attn_post_norm`, its later entry for the same name), which llama.cpp's llama4
+    graph then applies to the attention's output, leaving the MLP's input unnormed: the converter's file computes
+    another tower. It is written where that graph reads it, `ln2`."""
+    gguf = gguf_py()
+    name = name.removeprefix("model.")
+    if name == "multi_modal_projector.linear_1.weight":
+        return gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.V_MMPROJ_FC] + ".weight"
+    found = re.fullmatch(r"vision_model\.model\.layers\.(\d+)\.post_attention_layernorm\.(weight|bias)", name)
+    if found:
+        block, kind = found.groups()
+        return gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.V_ENC_POST_ATTN_NORM].format(bid=block) + "." + kind
+    return name + ".weight" if name.endswith("positional_embedding_vlm") else name
+
+
+def llama4_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The tower's norm epsilon, the pixel shuffle's n, GELU."""
+    writer.add_vision_attention_layernorm_eps(vision.get("norm_eps", 1e-5))
+    writer.add_vision_projector_scale_factor(int(1 / vision.get("pixel_shuffle_ratio", 0.5)))
+    writer.add_vision_use_gelu(True)
+
+
+LLAMA4_MMPROJ = MmprojPart(
+    "LLAMA4",
+    r"^(?:model\.)?(?:vision_model|multi_modal_projector)\.",
+    llama4_vision_sizes,
+    llama4_projector_keys,
+    forced_type=mmproj_model_forced_type,
+    converter_name=llama4_vision_name,
+)
+
 LLAMA4 = GGUFPart(
     "LLAMA4",
     hyperparameters=llama4_hyperparameters,
@@ -100,11 +156,15 @@ LLAMA4_FAMILY = Family(
         applies=False,
     ),
     fused_siblings=DEFAULT_FUSED_SIBLINGS,
-    gguf=replace(LLAMA4, towers=r"^(?:model\.)?(?:vision_model|multi_modal_projector)\."),
-    mmproj=Unsupported("llama.cpp's llama4 projector is not written yet: the vision tower is left out"),
+    gguf=LLAMA4,
+    mmproj=LLAMA4_MMPROJ,
     moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
     linearized=llama4_experts,
-    notes={"quantize": "each expert's projections Linear layers, as llm-compressor makes them"},
+    notes={
+        "quantize": "each expert's projections Linear layers, as llm-compressor makes them",
+        "mmproj": "yes: the converter's file with each layer's norm before its MLP where llama.cpp reads it (ln2); "
+        "llama.cpp gives an image's tokens column by column, transformers row by row",
+    },
 )
 
 FAMILIES = (
@@ -114,7 +174,6 @@ FAMILIES = (
         name="Llama 4 (text)",
         model_type="llama4_text",
         architecture="Llama4ForCausalLM",
-        gguf=LLAMA4,
         mmproj=TEXT_ONLY,
         notes={
             "quantize": "each expert's projections Linear layers, as for the whole model (not compared: "
