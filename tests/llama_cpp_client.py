@@ -79,12 +79,17 @@ def image(model: str, mmproj: str, width: int, height: int, pixels: str, out: st
         sys.exit("mtmd_tokenize failed")
     images = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
     images = [chunk for chunk in images if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE]
-    if len(images) != 1 or mtmd.mtmd_encode_chunk(context, images[0]) != 0:
-        sys.exit(f"mtmd did not encode the image ({len(images)} image chunks)")
-    tokens = mtmd.mtmd_input_chunk_get_n_tokens(images[0])
     width = llama_cpp.llama_model_n_embd_inp(llm.model)  # (the text's width, and deepstack's features after it)
-    embeddings = np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(context), shape=(tokens * width,))
-    np.save(out, embeddings.reshape(tokens, width).copy())
+    encoded = []  # (each chunk's embeddings in turn: an image cut into tiles is a chunk for each, its overview first)
+    for chunk in images:
+        if mtmd.mtmd_encode_chunk(context, chunk) != 0:
+            sys.exit(f"mtmd did not encode the image ({len(images)} image chunks)")
+        tokens = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+        embeddings = np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(context), shape=(tokens * width,))
+        encoded.append(embeddings.reshape(tokens, width).copy())
+    if not encoded:
+        sys.exit("mtmd made no image chunk of the image")
+    np.save(out, np.concatenate(encoded))
     mtmd.mtmd_input_chunks_free(chunks)
     mtmd.mtmd_bitmap_free(bitmap)
     mtmd.mtmd_free(context)

@@ -238,6 +238,7 @@ TESTED = {
     },
     "gguf": {
         "llama": "llama-fsdp2-spm",
+        "smolvlm": "smolvlm-fsdp2",
         "qwen2": "qwen2-fsdp2-spm",
         "qwen3": "qwen3-fsdp2-spm",
         "gemma": "gemma-fsdp2-spm",
@@ -328,6 +329,7 @@ TESTED = {
         "gemma4": "gemma4vl-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "llama4": "llama4-fsdp2",
+        "smolvlm": "smolvlm-fsdp2",
         "qwen2_vl": "qwen2vl-fsdp2",
         "qwen2_5_vl": "qwen25vl-fsdp2",
         "qwen3_vl": "qwen3vl-fsdp2",
@@ -336,7 +338,7 @@ TESTED = {
         "qwen3_5_moe": "qwen35moevl-fsdp2",
     },
 }
-SHARED = {"mistral": "llama"}
+SHARED = {"mistral": "llama", "idefics3": "smolvlm"}
 
 
 def _declaration(family, part):

@@ -34,11 +34,12 @@ import unshard
 PIXTRAL = SHIPPED / "mistral3-fsdp2" / "global_step_1"
 GEMMA4 = SHIPPED / "gemma4vl-fsdp2" / "global_step_1"
 LLAMA4 = SHIPPED / "llama4-fsdp2" / "global_step_1"
+SMOLVLM = SHIPPED / "smolvlm-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
 IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] are 4, 5 and 6)
 # mtmd's image embeddings against transformers' image features (relative distance), measured: Pixtral f32 1.6e-4,
 # q8_0 5.1e-3; Gemma 4 f32 6.7e-5, q8_0 1.0e-2 (with the converter's file, its quick GELU: 3.9e-3); Llama 4 f32
-# 4.9e-4, q8_0 1.6e-2
+# 4.9e-4, q8_0 1.6e-2; SmolVLM f32 2.8e-4, q8_0 7.3e-3
 IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
 
 
@@ -305,5 +306,64 @@ def test_llama_cpp_reads_llama4_images_as_transformers_does(kind, llama4_folder,
 )
 def test_what_llama_cpp_s_llama4_projector_computes_otherwise_is_one_line(change, message, llama4_folder, tmp_path):
     changed = with_config(llama4_folder, tmp_path, lambda config: config["vision_config"].update(change))
+    with pytest.raises(unshard.ConfigMismatchError, match=message):
+        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
+
+
+@pytest.fixture(scope="module")
+def smolvlm_folder(tmp_path_factory):
+    return unsharded(SMOLVLM, tmp_path_factory)
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+def test_smolvlm_s_mmproj_is_the_converter_s(kind, smolvlm_folder, converter, tmp_path):
+    """Every field in order and every tensor's name, type, shape and bytes are the converter's: the SigLIP tower (its
+    embeddings in F32 whatever the type), the connector's linear layer, the shuffle's n and the image processor's
+    longest edge in the header."""
+    out = tmp_path / "m.gguf"
+    unshard.convert(SMOLVLM, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(smolvlm_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    assert ours[0]["clip.projector_type"] == "idefics3" and ours[0]["clip.vision.projector.scale_factor"] == 2
+    assert ours[0]["clip.vision.preproc_image_size"] == 64
+    assert_same_tensors(ours[1], theirs[1])
+    assert not any(t[0].startswith(("v.", "mm.")) for t in contents(out)[1])
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_llama_cpp_reads_smolvlm_images_as_transformers_does(kind, smolvlm_folder, tmp_path):
+    """mtmd encodes an image of one tile (64 x 64 pixels: 4 x 4 patches, shuffled 2 x 2 into 4 tokens) as the image's
+    overview and its one tile, each transformers' image features of the same pixels (SmolVLM's image processor, which
+    makes the one image of them)."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    unshard.convert(SMOLVLM, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+    model = AutoModelForImageTextToText.from_pretrained(smolvlm_folder, dtype=torch.float32)
+    image, embeddings = image_embeddings(tmp_path / "m.gguf", 64, 64, tmp_path)
+    pixels = AutoImageProcessor.from_pretrained(smolvlm_folder)(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], pixel_attention_mask=pixels["pixel_attention_mask"]
+        )
+    expected = torch.cat(list(features.pooler_output))
+    assert embeddings.shape == (8, 64) and expected.shape == (4, 64)
+    for tile in (embeddings[:4], embeddings[4:]):
+        assert relative_distance(tile, expected) <= IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"vision_config": {"hidden_act": "silu"}}, "the vision tower's hidden_act is 'silu', and llama.cpp's"),
+        ({"text_config": {"model_type": "mistral"}}, "text_config's model_type is 'mistral', and unshard writes"),
+    ],
+)
+def test_what_llama_cpp_s_idefics3_computes_otherwise_is_one_line(change, message, smolvlm_folder, tmp_path):
+    def changed_config(config: dict) -> None:
+        for key, value in change.items():
+            config[key] = {**config[key], **value}
+
+    changed = with_config(smolvlm_folder, tmp_path, changed_config)
     with pytest.raises(unshard.ConfigMismatchError, match=message):
         unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
