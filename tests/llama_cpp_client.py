@@ -62,6 +62,19 @@ def quantize(source: str, out: str, file_type: str, output_type: str | None) -> 
 
 
 def image(model: str, mmproj: str, width: int, height: int, pixels: str, out: str) -> None:
+    """The embeddings mtmd gives the text model for an image of width x height RGB pixels (a file of bytes)."""
+    data = (ctypes.c_uint8 * os.path.getsize(pixels)).from_buffer_copy(open(pixels, "rb").read())
+    media(model, mmproj, lambda mtmd: mtmd.mtmd_bitmap_init(width, height, data), out)
+
+
+def audio(model: str, mmproj: str, samples: str, out: str) -> None:
+    """The embeddings mtmd gives the text model for a sound (a file of float32 samples at 16 kHz)."""
+    data = np.fromfile(samples, dtype=np.float32)
+    pointer = data.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    media(model, mmproj, lambda mtmd: mtmd.mtmd_bitmap_init_from_audio(len(data), pointer), out)
+
+
+def media(model: str, mmproj: str, bitmap_of, out: str) -> None:
     from llama_cpp import mtmd_cpp as mtmd
 
     llm = llama_cpp.Llama(model_path=model, n_ctx=64, n_threads=1, verbose=False)
@@ -70,15 +83,15 @@ def image(model: str, mmproj: str, width: int, height: int, pixels: str, out: st
     context = mtmd.mtmd_init_from_file(mmproj.encode(), llm.model, params)
     if not context:
         sys.exit(f"mtmd_init_from_file failed on {mmproj}")
-    data = open(pixels, "rb").read()
-    bitmap = mtmd.mtmd_bitmap_init(width, height, (ctypes.c_uint8 * len(data)).from_buffer_copy(data))
+    bitmap = bitmap_of(mtmd)
     marker = mtmd.mtmd_default_marker()
     text = mtmd.mtmd_input_text(marker, len(marker), False, True)
     chunks = mtmd.mtmd_input_chunks_init()
     if mtmd.mtmd_tokenize(context, chunks, ctypes.byref(text), (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) != 0:
         sys.exit("mtmd_tokenize failed")
     images = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
-    images = [chunk for chunk in images if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE]
+    kinds = (mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE, mtmd.MTMD_INPUT_CHUNK_TYPE_AUDIO)
+    images = [chunk for chunk in images if mtmd.mtmd_input_chunk_get_type(chunk) in kinds]
     width = llama_cpp.llama_model_n_embd_inp(llm.model)  # (the text's width, and deepstack's features after it)
     encoded = []  # (each chunk's embeddings in turn: an image cut into tiles is a chunk for each, its overview first)
     for chunk in images:
@@ -109,6 +122,8 @@ elif sys.argv[1] == "run":
     run(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4], int(sys.argv[5]), *sys.argv[6:7])
 elif sys.argv[1] == "image":
     image(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7])
+elif sys.argv[1] == "audio":
+    audio(*sys.argv[2:6])
 elif "," in sys.argv[4]:
     for kind in sys.argv[4].split(","):
         quantize(sys.argv[2], f"{sys.argv[3]}/{kind}.gguf", kind, sys.argv[5] if len(sys.argv) > 5 else None)

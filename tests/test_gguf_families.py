@@ -973,6 +973,7 @@ DENSE = {
     "gemma4-fsdp2": "gemma4",
     "gemma4moe-fsdp2": "gemma4",
     "gemma4vl-fsdp2": "gemma4",
+    "gemma4av-fsdp2": "gemma4",
     "mpt-fsdp2": "mpt",
     "mistral3-fsdp2": "mistral3",
     "mistral4-fsdp2": "mistral4",

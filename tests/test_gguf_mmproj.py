@@ -8,7 +8,7 @@ image through it into transformers' image features of the same pixels.
   each row of the image's features.
 - Gemma 4's vision tower (llama.cpp's `gemma4v`), its linear layers clipped: the converter's file with one key more,
   `clip.use_gelu`, without which llama.cpp runs the tower's MLPs with its default quick GELU where Gemma 4 has GELU
-  (tanh).
+  (tanh); E2B's and E4B's audio tower beside it (`gemma4a`) in the same file, and mtmd hears a sound as transformers.
 - Llama 4's vision tower (llama.cpp's `llama4`): the converter's file but each layer's norm before its MLP named
   `ln2`, which the converter names as Gemma 4's norm after attention (gguf-py 0.19 maps that name for both), so that
   llama.cpp would norm the attention's output and leave the MLP's input unnormed."""
@@ -33,6 +33,7 @@ import unshard
 
 PIXTRAL = SHIPPED / "mistral3-fsdp2" / "global_step_1"
 GEMMA4 = SHIPPED / "gemma4vl-fsdp2" / "global_step_1"
+GEMMA4_AUDIO = SHIPPED / "gemma4av-fsdp2" / "global_step_1"
 LLAMA4 = SHIPPED / "llama4-fsdp2" / "global_step_1"
 SMOLVLM = SHIPPED / "smolvlm-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
@@ -41,6 +42,9 @@ IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] ar
 # q8_0 5.1e-3; Gemma 4 f32 6.7e-5, q8_0 1.0e-2 (with the converter's file, its quick GELU: 3.9e-3); Llama 4 f32
 # 4.9e-4, q8_0 1.6e-2; SmolVLM f32 2.8e-4, q8_0 7.3e-3
 IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
+# mtmd's sound embeddings against transformers' audio features, measured on Gemma 4's tower: f32 1.5e-3 (of the mel
+# spectrograms, which each computes its own way), f16 1.6e-3, bf16 4.1e-3, q8_0 1.7e-2
+AUDIO_TOLERANCE = {"f32": 3e-3, "q8_0": 3e-2}
 
 
 def image_embeddings(gguf: Path, width: int, height: int, tmp_path: Path) -> tuple[np.ndarray, torch.Tensor]:
@@ -239,14 +243,79 @@ def test_what_llama_cpp_s_gemma4v_computes_otherwise_is_one_line(change, message
         unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
 
 
-def test_a_gemma4_with_an_audio_tower_gets_the_text_model_alone(gemma4_folder, tmp_path):
-    """E2B's and E4B's audio tower, which the converter's mmproj holds beside the vision tower and unshard does not
-    write yet: no mmproj file, the towers left out of the text model's file with a note, as before."""
-    audio = {"model_type": "gemma4_audio", "hidden_size": 32}
-    changed = with_config(gemma4_folder, tmp_path, lambda config: config.update(audio_config=audio))
-    plan = unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"), check=False)
-    assert plan.summary()["gguf"]["mmproj"] is None
-    assert any("no mmproj file of them (an mmproj file of Gemma 4's audio tower is not" in n for n in plan.notes)
+@pytest.fixture(scope="module")
+def gemma4av_folder(tmp_path_factory):
+    return unsharded(GEMMA4_AUDIO, tmp_path_factory)
+
+
+def sound_embeddings(gguf: Path, tmp_path: Path) -> tuple[np.ndarray, torch.Tensor]:
+    """A second of sound at 16 kHz (a tone and noise), and its embeddings as mtmd gives them to the text model."""
+    rng = np.random.default_rng(0)
+    sound = 0.3 * np.sin(2 * np.pi * 440 * np.arange(16000) / 16000) + 0.05 * rng.standard_normal(16000)
+    sound.astype(np.float32).tofile(tmp_path / "sound.f32")
+    files, out = (gguf, gguf.with_name("mmproj-" + gguf.name)), tmp_path / "sound.npy"
+    llama_cpp_client("audio", *files, tmp_path / "sound.f32", out)
+    return sound.astype(np.float32), torch.from_numpy(np.load(out))
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+def test_gemma4_s_mmproj_with_its_audio_tower_is_the_converter_s(kind, gemma4av_folder, converter, tmp_path):
+    """E2B's and E4B's towers, vision and audio, in one file as the converter writes them: every tensor's name, type,
+    shape and bytes (the audio attention's per-dimension scales as softplus of them, the convolutions' kernels in F32,
+    the depthwise ones 2-D), every field in order, with clip.use_gelu after the vision tower's epsilon as above."""
+    out = tmp_path / "m.gguf"
+    unshard.convert(GEMMA4_AUDIO, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(gemma4av_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
+    keys = list(theirs[0])
+    at = keys.index("clip.vision.attention.layer_norm_epsilon") + 1
+    assert list(ours[0]) == [*keys[:at], "clip.use_gelu", *keys[at:]]
+    assert {k: v for k, v in ours[0].items() if k != "clip.use_gelu"} == theirs[0]
+    assert theirs[0]["clip.audio.projector_type"] == "gemma4a" and theirs[0]["clip.has_audio_encoder"] is True
+    assert_same_tensors(ours[1], theirs[1])
+    named = {t[0]: t for t in ours[1]}
+    assert named["a.blk.0.per_dim_scale.weight"][1] == "F32" and named["a.blk.0.conv_dw.weight"][2] == [5, 32]
+    assert not any(t[0].startswith(("v.", "a.", "mm.")) for t in contents(out)[1])
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_llama_cpp_hears_gemma4_s_sounds_as_transformers_does(kind, gemma4av_folder, tmp_path):
+    """mtmd makes a second of sound (100 mel frames, subsampled 4 times) into transformers' audio features of the same
+    samples, by Gemma 4's feature extractor (its settings, which mtmd's gemma4a fixes in code); and an image through
+    the same file into its image features, as for the tower alone."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+
+    unshard.convert(GEMMA4_AUDIO, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+    model = AutoModelForImageTextToText.from_pretrained(gemma4av_folder, dtype=torch.float32)
+    sound, embeddings = sound_embeddings(tmp_path / "m.gguf", tmp_path)
+    features = Gemma4AudioFeatureExtractor()([sound], sampling_rate=16000, return_tensors="pt")
+    with torch.no_grad():
+        heard = model.model.get_audio_features(features["input_features"], features["input_features_mask"])
+    expected = heard.pooler_output.reshape(-1, 64)
+    assert embeddings.shape == expected.shape == (25, 64)
+    assert relative_distance(embeddings, expected) <= AUDIO_TOLERANCE[kind]
+    image, seen = image_embeddings(tmp_path / "m.gguf", 480, 336, tmp_path)
+    pixels = AutoImageProcessor.from_pretrained(gemma4av_folder)(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], image_position_ids=pixels["image_position_ids"]
+        )
+    assert relative_distance(seen, torch.cat(list(features.pooler_output))) <= IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"attention_chunk_size": 8}, "the audio tower's attention_chunk_size is 8, and llama.cpp's gemma4a"),
+        ({"attention_context_left": 9}, "the audio tower's attention_context_left is 9, and llama.cpp's gemma4a"),
+        ({"hidden_act": "gelu"}, "the audio tower's hidden_act is gelu, and llama.cpp's gemma4a computes silu"),
+    ],
+)
+def test_what_llama_cpp_s_gemma4a_computes_otherwise_is_one_line(change, message, gemma4av_folder, tmp_path):
+    changed = with_config(gemma4av_folder, tmp_path, lambda config: config["audio_config"].update(change))
+    with pytest.raises(unshard.ConfigMismatchError, match=message):
+        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
 
 
 @pytest.fixture(scope="module")

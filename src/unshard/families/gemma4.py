@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gemma import DENSE_ONLY, MEGATRON, gemma3_header
-from .gguf_hooks import first_of, gguf_quiet, mmproj_model_forced_type, rope_parameters
+from .gguf_hooks import first_of, gguf_py, gguf_quiet, mmproj_model_forced_type, rope_parameters
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import (
     NO_TABLE,
@@ -21,7 +21,9 @@ from .parts import (
     MmprojPart,
     Rearrangement,
     fused_experts_as_linear,
+    middle_axis_dropped,
     no_trainer_model,
+    softplus,
 )
 
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
@@ -141,7 +143,6 @@ GEMMA4 = GGUFPart(
     check_config=gemma4_checked,
     vocabulary="gemma4",
     renames=RENAMES,
-    towers=r"^(?:model\.)?(?:vision_tower|embed_vision|audio_tower|embed_audio)\.",
 )
 
 
@@ -163,9 +164,13 @@ def gemma4_vision_sizes(vision: dict, where: Path) -> dict:
     return {**vision, "image_size": 224}
 
 
-def gemma4_vision_name(name: str) -> str:
-    """The name the converter maps: the tower's layers under gguf-py's Gemma 4 names, a clipped linear layer's weight
-    as the layer's, `.weight` after the layers' scales and the position embeddings."""
+def gemma4_tower_name(name: str) -> str:
+    """The name the converter maps. The vision tower's layers under gguf-py's Gemma 4 names, a clipped linear layer's
+    weight as the layer's, `.weight` after the layers' scales and the position embeddings; the audio tower's as the
+    conformer's, each linear layer's parts as the layer's, `.weight` after the attention's scales."""
+    if "audio_tower." in name or "embed_audio." in name:
+        name = name.replace("model.audio_tower.", "conformer.").replace(".linear.", ".")
+        return name + ".weight" if name.endswith(("per_dim_key_scale", "per_dim_scale")) else name
     name = name.replace("model.vision_tower.encoder.", "vision_model.model.").replace(".linear.weight", ".weight")
     return name + ".weight" if name.endswith(("layer_scalar", "position_embedding_table")) else name
 
@@ -176,38 +181,76 @@ def channels_first(patch: int, band):
     return (band.reshape(len(band), patch, patch, -1).transpose(0, 3, 1, 2),)
 
 
-def gemma4_patch_embedding(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
-    """The patch embedding, a linear layer over each patch's pixels, as the converter's 2-D convolution."""
-    if not name.endswith("patch_embedder.input_proj.weight"):
+def gemma4_rearranged(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
+    """The patch embedding, a linear layer over each patch's pixels, as the converter's 2-D convolution; the audio
+    attention's per-dimension scales as softplus of them, which llama.cpp multiplies by; the audio convolutions'
+    depthwise kernels without their middle axis of one."""
+    if name.endswith("patch_embedder.input_proj.weight"):
+        embedding, pixels = shape
+        patch = int((pixels // 3) ** 0.5)
+        return Rearrangement({name: (embedding, 3, patch, patch)}, partial(channels_first, patch))
+    if name.endswith(("per_dim_scale.weight", "per_dim_key_scale.weight")):
+        return Rearrangement({name: shape}, lambda band: (softplus(band),))
+    if "depthwise_conv1d" in name and name.endswith(".weight"):
+        return Rearrangement({name: (shape[0], shape[-1])}, middle_axis_dropped)
+    return None
+
+
+def gemma4_audio_sizes(config: dict, where: Path) -> dict | None:
+    """E2B's and E4B's audio tower as llama.cpp's gemma4a runs it, whose graph fixes in code what its config could
+    say otherwise: attention in chunks of 12 frames over the 12 before, its logits capped at 50, a causal depthwise
+    convolution of 5, half-step MLPs of SiLU, norms at 1e-6; the MLP's width the converter writes (4 x hidden)."""
+    audio = config.get("audio_config")
+    if not audio:
         return None
-    embedding, pixels = shape
-    patch = int((pixels // 3) ** 0.5)
-    return Rearrangement({name: (embedding, 3, patch, patch)}, partial(channels_first, patch))
+    runs = {
+        "attention_chunk_size": (audio.get("attention_chunk_size", 12), 12),
+        "attention_context_left": (audio.get("attention_context_left", 13), 13),
+        "attention_context_right": (audio.get("attention_context_right", 0), 0),
+        "attention_logit_cap": (audio.get("attention_logit_cap", 50.0), 50.0),
+        "conv_kernel_size": (audio.get("conv_kernel_size", 5), 5),
+        "residual_weight": (audio.get("residual_weight", 0.5), 0.5),
+        "rms_norm_eps": (audio.get("rms_norm_eps", 1e-6), 1e-6),
+        "hidden_act": (audio.get("hidden_act", "silu"), "silu"),
+    }
+    for key, (found, computed) in runs.items():
+        if found != computed:
+            raise ConfigMismatchError(
+                f"{where}: the audio tower's {key} is {found}, and llama.cpp's gemma4a computes {computed}; serve "
+                "this model with transformers or vLLM"
+            )
+    return {**audio, "intermediate_size": audio["hidden_size"] * 4}
 
 
 def gemma4_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
-    """The tower's norm epsilon, as the converter reads it (a key Gemma 4's config has not: 1e-6)."""
+    """The vision tower's norm epsilon, as the converter reads it (a key Gemma 4's config has not: 1e-6), and GELU;
+    the audio tower's projector, mel bins and norm epsilon (1e-6, a key it has not either)."""
     writer.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", 1e-6))
     writer.add_vision_use_gelu(True)
+    audio = hparams.get("audio_config")
+    if audio:
+        writer.add_clip_audio_projector_type(gguf_py().VisionProjectorType.GEMMA4A)
+        writer.add_audio_num_mel_bins(audio.get("input_feat_size", 128))
+        writer.add_audio_attention_layernorm_eps(audio.get("layer_norm_eps", 1e-6))
 
 
-def without_audio(config: dict) -> str | None:
-    """E2B's and E4B's audio tower: the converter's mmproj holds it beside the vision tower, and unshard does not write
-    it yet, so neither tower gets an mmproj file."""
-    if config.get("audio_config"):
-        return "an mmproj file of Gemma 4's audio tower is not written yet: E2B's and E4B's towers are left out"
-    return None
+def gemma4_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
+    """The converter's Gemma4VisionAudioModel's: the audio tower's convolutions in F32 (with every weight of a name
+    holding `_conv`, as its test reads: the subsampling's projection too), then MmprojModel's."""
+    if source.startswith("conformer.") and (".conv" in source or "_conv" in source and ".weight" in source):
+        return gguf.GGMLQuantizationType.F32
+    return mmproj_model_forced_type(gguf, source, name, shape, qtype, file_type)
 
 
 GEMMA4_MMPROJ = MmprojPart(
     "GEMMA4V",
-    r"^(?:model\.)?(?:vision_tower|embed_vision)\.",
+    r"^(?:model\.)?(?:vision_tower|embed_vision|audio_tower|embed_audio)\.",
     gemma4_vision_sizes,
     gemma4_projector_keys,
-    forced_type=mmproj_model_forced_type,
-    converter_name=gemma4_vision_name,
-    rearranged=gemma4_patch_embedding,
-    declines=without_audio,
+    forced_type=gemma4_forced_type,
+    converter_name=gemma4_tower_name,
+    rearranged=gemma4_rearranged,
+    audio_sizes=gemma4_audio_sizes,
     vision_projector_type=True,
 )
 
@@ -237,6 +280,5 @@ FAMILIES = (
         mmproj=GEMMA4_MMPROJ,
         moe_layout=DENSE_ONLY,
         linearized=fused_experts_as_linear,
-        notes={"mmproj": "yes: the vision tower (26B-A4B's, 31B's); E2B's and E4B's, beside an audio tower, not yet"},
     ),
 )

@@ -96,6 +96,14 @@ def negated_exp(band):
     return (-torch.exp(torch.from_numpy(np.ascontiguousarray(band)))).numpy()
 
 
+def softplus(band):
+    """softplus of a band, by torch's as the converter computes it: Gemma 4's audio attention's per-dimension scales."""
+    import numpy as np
+    import torch
+
+    return torch.nn.functional.softplus(torch.from_numpy(np.ascontiguousarray(band))).numpy()
+
+
 def transposed(band) -> tuple:
     """A Rearrangement's pieces for a stack of matrices stored transposed (one piece: each matrix's transpose)."""
     return (band.swapaxes(-1, -2),)
@@ -155,7 +163,7 @@ class GGUFPart:
     # None: `arch`
     arch_by_config: Callable[[dict], str | None] | None = None
     # a regular expression matching a vision-language model's towers (by the output's names) where unshard writes no
-    # mmproj file of them (Gemma 4's vision and audio towers): left out of the text model's file, as the converter does
+    # mmproj file of them (EXAONE 4.5's vision tower): left out of the text model's file, as the converter does
     towers: str | None = None
     # the MoE routers in the file's type where the converter writes them (it forces every matrix into it: DBRX's);
     # llama-quantize's types keep them as its f32 input has them
@@ -184,7 +192,7 @@ class MmprojPart:
     `--mmproj` (sinks/gguf/vision.py): which tensors, their names and types, the vision keys and the projector's."""
 
     projector: str  # gguf.VisionProjectorType's member
-    vision: str  # a regular expression matching the vision part's tensors (by the output's names)
+    vision: str  # a regular expression matching the towers' and projectors' tensors (by the output's names)
     # (vision_config, where) -> it as the converter's MmprojModel reads it: image_size, patch_size, hidden_size,
     # intermediate_size, num_hidden_layers, num_attention_heads (renamed, defaulted); refuses what llama.cpp lacks
     sizes: Callable[[dict, Any], dict]
@@ -201,9 +209,10 @@ class MmprojPart:
     # (hparams, folder) -> rows of the text model's tensors the mmproj file carries: {llama.cpp's name: (the text
     # file's tensor, its row)} (Pixtral's [IMG_BREAK] embedding)
     text_rows: Callable[[dict, Any], dict[str, tuple[str, int]]] | None = None
-    # (config) -> why this model's towers get no mmproj file, or None: they are then left out of the text model's file
-    # with a note, as GGUFPart.towers (Gemma 4's with an audio tower)
-    declines: Callable[[dict], str | None] | None = None
+    # (config, where) -> the audio tower's sizes as the converter's MmprojModel reads them (hidden_size,
+    # intermediate_size, num_hidden_layers, num_attention_heads), or None where the model has none; the file then holds
+    # both towers (Gemma 4's E2B and E4B). Refuses a tower llama.cpp computes otherwise
+    audio_sizes: Callable[[dict, Any], dict | None] | None = None
     # the projector's type under clip.vision (a file that may hold an audio part beside: Gemma 4's), not clip's
     vision_projector_type: bool = False
 

@@ -35,7 +35,7 @@ from .hf_folder import HFFolder
 SUMMARY_KEY = "quantize"
 
 # Left unquantized unless asked otherwise, as llm-compressor's examples leave them: the output head,
-# MoE routers (tiny, and routing is sensitive to them), vision towers and their projectors.
+# MoE routers (tiny, and routing is sensitive to them), vision and audio towers and their projectors.
 DEFAULT_IGNORE = (
     "lm_head",
     r"re:.*mlp\.gate$",
@@ -47,6 +47,7 @@ DEFAULT_IGNORE = (
     "re:(model\\.)?multi_modal_projector\\..*",
     "re:(model\\.)?vision_adapter\\..*",
     "re:(model\\.)?vision_projection$",
+    "re:(model\\.)?audio_tower\\..*",
 )
 
 ROUTER = "(a MoE router)"  # why a router no pattern names is left out

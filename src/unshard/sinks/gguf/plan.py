@@ -73,8 +73,7 @@ def plan_gguf(
         )
     part = family.gguf
     vision_outputs, config = [], hparams
-    declined = families.supports(family, "mmproj") and family.mmproj.declines and family.mmproj.declines(hparams)
-    if families.supports(family, "mmproj") and not declined:  # the text model here, the vision part in the mmproj file
+    if families.supports(family, "mmproj"):  # the text model here, the towers in the mmproj file
         vision_outputs = [o for o in outputs if vision.is_vision(o.name, family.mmproj)]
         outputs = [o for o in outputs if not vision.is_vision(o.name, family.mmproj)]
     # (a vision-language model's text model, as the converter reads it; the vision_config stays, for the mmproj)
@@ -99,7 +98,7 @@ def plan_gguf(
     heads = hparams.get("num_attention_heads")  # (none: a state-space model's, Mamba's)
     head_dim = hparams.get("head_dim") or (heads and hparams["hidden_size"] // heads) or 0
     blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
-    why = declined or getattr(family.mmproj, "reason", "")
+    why = getattr(family.mmproj, "reason", "")
     outputs = _without_layers_past(plan, _without_towers(plan, outputs, part.towers, why), blocks)
     if part.header_tensors:
         outputs = _into_header(plan, outputs, part, hparams, read, where)
@@ -241,7 +240,7 @@ def _file_names(
 
 
 def _without_towers(plan: GGUFPlan, outputs: list[OutputTensor], pattern: str | None, why: str) -> list[OutputTensor]:
-    """The outputs but a vision-language model's towers (matching GGUFPart.towers: Gemma 4's) where unshard writes
+    """The outputs but a vision-language model's towers (matching GGUFPart.towers: EXAONE 4.5's) where unshard writes
     no mmproj file of them (why), which the converter's text model leaves out too, in plan.left_out, with a note."""
     if not pattern:
         return outputs

@@ -6,7 +6,8 @@ names (v.blk.0.attn_q.weight, mm.input_projection.weight), the `clip` architectu
 (image and patch size, widths, heads, the image processor's mean and std, the projector's type). What differs
 between families (which tensors, their names and types, the projector's keys) each declares in its MmprojPart
 (families/<family>.py): Gemma 3 (4B and up), whose SigLIP tower's patches are averaged into the tokens the projector
-maps to the text model's width, and Qwen2-VL and Qwen2.5-VL, whose tower's patches are merged 2 x 2 by an MLP.
+maps to the text model's width, and Qwen2-VL and Qwen2.5-VL, whose tower's patches are merged 2 x 2 by an MLP. A
+model with an audio tower beside (Gemma 4's E2B and E4B) has both in the one file, as the converter writes them.
 """
 
 from __future__ import annotations
@@ -53,12 +54,14 @@ def plan_mmproj(
             f"{where}: vision_config lacks {', '.join(missing)}, which the mmproj file carries; "
             "pass --config-from the model's own folder"
         )
+    audio = part.audio_sizes(hparams, where) if part.audio_sizes else None
     mm_type = file_type if file_type in MMPROJ_TYPES else "f16"
     plan = GGUFPlan(mm_type, "clip", gguf.GGUFWriter(None, "clip"))
     if mm_type != file_type:
         plan.notes.append(f"the mmproj file is written in F16: llama-quantize makes {file_type} of the text model only")
     qtype = getattr(gguf.GGMLQuantizationType, mm_type.upper())
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, vision["num_hidden_layers"])
+    # (the converter's names of a file of two towers are those of 128 blocks, whatever either tower has)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, 128 if audio else vision["num_hidden_layers"])
 
     def llama_name(source: str, output: str) -> str:
         if source.startswith(("v.", "mm.")):  # (named by the family as the converter names it)
@@ -91,7 +94,7 @@ def plan_mmproj(
         permuted = head_dim if part.permute_qk and QK.search(source) else 0
         plan.encoded[output.name] = GGUFTensor((stored,), kind, output.dtype, permuted, max(1, permuted), shift)
         plan.positions[stored.name] = (output.name,)
-    _metadata(plan.writer, hparams, vision, folder, parameters, part, mm_type)
+    _metadata(plan.writer, hparams, (vision, audio), folder, parameters, part, mm_type)
     return plan
 
 
@@ -135,11 +138,18 @@ def _tensor_type(gguf, part: MmprojPart, source: str, name: str, shape: tuple[in
 
 
 def _metadata(
-    writer, hparams: dict, vision: dict, folder: Path, parameters: int, part: MmprojPart, mm_type: str
+    writer,
+    hparams: dict,
+    towers: tuple[dict, dict | None],
+    folder: Path,
+    parameters: int,
+    part: MmprojPart,
+    mm_type: str,
 ) -> None:
     """The converter's key-values for an mmproj, in its order: general ones, the file type, the vision tower's sizes
-    and the image processor's normalisation, then the projector's."""
+    and the image processor's normalisation, the audio tower's sizes where there is one, then the projectors'."""
     gguf = gguf_py()
+    vision, audio = towers
     writer.add_type(gguf.GGUFType.MMPROJ)
     general_metadata(writer, folder, (parameters, parameters, 0, 0))
     writer.add_file_type(
@@ -152,8 +162,9 @@ def _metadata(
             "or processor_config.json), which the mmproj file carries; pass --config-from the "
             "model's own folder"
         )
+    text_width = {**hparams, **(hparams.get("text_config") or {})}["hidden_size"]
     writer.add_clip_has_vision_encoder(True)
-    writer.add_vision_projection_dim({**hparams, **(hparams.get("text_config") or {})}["hidden_size"])  # (the text's)
+    writer.add_vision_projection_dim(text_width)
     writer.add_vision_image_size(vision["image_size"])
     writer.add_vision_patch_size(vision["patch_size"])
     writer.add_vision_embedding_length(vision["hidden_size"])
@@ -162,6 +173,13 @@ def _metadata(
     writer.add_vision_head_count(vision["num_attention_heads"])
     writer.add_vision_image_mean(processor["image_mean"])
     writer.add_vision_image_std(processor["image_std"])
+    if audio:
+        writer.add_clip_has_audio_encoder(True)
+        writer.add_audio_projection_dim(text_width)
+        writer.add_audio_embedding_length(audio["hidden_size"])
+        writer.add_audio_feed_forward_length(audio["intermediate_size"])
+        writer.add_audio_block_count(audio["num_hidden_layers"])
+        writer.add_audio_head_count(audio["num_attention_heads"])
     projector = getattr(gguf.VisionProjectorType, part.projector)
     if part.vision_projector_type:
         writer.add_clip_vision_projector_type(projector)
