@@ -239,6 +239,7 @@ TESTED = {
     "gguf": {
         "llama": "llama-fsdp2-spm",
         "smolvlm": "smolvlm-fsdp2",
+        "qwen2_audio": "qwen2audio-fsdp2",
         "qwen2": "qwen2-fsdp2-spm",
         "qwen3": "qwen3-fsdp2-spm",
         "gemma": "gemma-fsdp2-spm",
@@ -330,6 +331,7 @@ TESTED = {
         "mistral3": "mistral3-fsdp2",
         "llama4": "llama4-fsdp2",
         "smolvlm": "smolvlm-fsdp2",
+        "qwen2_audio": "qwen2audio-fsdp2",
         "qwen2_vl": "qwen2vl-fsdp2",
         "qwen2_5_vl": "qwen25vl-fsdp2",
         "qwen3_vl": "qwen3vl-fsdp2",

@@ -36,6 +36,7 @@ GEMMA4 = SHIPPED / "gemma4vl-fsdp2" / "global_step_1"
 GEMMA4_AUDIO = SHIPPED / "gemma4av-fsdp2" / "global_step_1"
 LLAMA4 = SHIPPED / "llama4-fsdp2" / "global_step_1"
 SMOLVLM = SHIPPED / "smolvlm-fsdp2" / "global_step_1"
+QWEN2_AUDIO = SHIPPED / "qwen2audio-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
 IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] are 4, 5 and 6)
 # mtmd's image embeddings against transformers' image features (relative distance), measured: Pixtral f32 1.6e-4,
@@ -43,7 +44,8 @@ IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] ar
 # 4.9e-4, q8_0 1.6e-2; SmolVLM f32 2.8e-4, q8_0 7.3e-3
 IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
 # mtmd's sound embeddings against transformers' audio features, measured on Gemma 4's tower: f32 1.5e-3 (of the mel
-# spectrograms, which each computes its own way), f16 1.6e-3, bf16 4.1e-3, q8_0 1.7e-2
+# spectrograms, which each computes its own way), f16 1.6e-3, bf16 4.1e-3, q8_0 1.7e-2; Qwen2-Audio's f32 1.5e-4, f16
+# 2.7e-4, q8_0 9.9e-3
 AUDIO_TOLERANCE = {"f32": 3e-3, "q8_0": 3e-2}
 
 
@@ -248,10 +250,10 @@ def gemma4av_folder(tmp_path_factory):
     return unsharded(GEMMA4_AUDIO, tmp_path_factory)
 
 
-def sound_embeddings(gguf: Path, tmp_path: Path) -> tuple[np.ndarray, torch.Tensor]:
-    """A second of sound at 16 kHz (a tone and noise), and its embeddings as mtmd gives them to the text model."""
-    rng = np.random.default_rng(0)
-    sound = 0.3 * np.sin(2 * np.pi * 440 * np.arange(16000) / 16000) + 0.05 * rng.standard_normal(16000)
+def sound_embeddings(gguf: Path, tmp_path: Path, seconds: int = 1) -> tuple[np.ndarray, torch.Tensor]:
+    """A sound at 16 kHz (a tone and noise), and its embeddings as mtmd gives them to the text model."""
+    rng, samples = np.random.default_rng(0), 16000 * seconds
+    sound = 0.3 * np.sin(2 * np.pi * 440 * np.arange(samples) / 16000) + 0.05 * rng.standard_normal(samples)
     sound.astype(np.float32).tofile(tmp_path / "sound.f32")
     files, out = (gguf, gguf.with_name("mmproj-" + gguf.name)), tmp_path / "sound.npy"
     llama_cpp_client("audio", *files, tmp_path / "sound.f32", out)
@@ -434,5 +436,60 @@ def test_what_llama_cpp_s_idefics3_computes_otherwise_is_one_line(change, messag
             config[key] = {**config[key], **value}
 
     changed = with_config(smolvlm_folder, tmp_path, changed_config)
+    with pytest.raises(unshard.ConfigMismatchError, match=message):
+        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
+
+
+@pytest.fixture(scope="module")
+def qwen2audio_folder(tmp_path_factory):
+    return unsharded(QWEN2_AUDIO, tmp_path_factory)
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+def test_qwen2_audio_s_mmproj_is_the_converter_s(kind, qwen2audio_folder, converter, tmp_path):
+    """An audio tower alone (no vision keys): every field in order and every tensor's name, type, shape and bytes are
+    the converter's, Whisper's convolutions in F16 whatever the type and their biases as columns, the projector as
+    `mm.a.fc`."""
+    out = tmp_path / "m.gguf"
+    unshard.convert(QWEN2_AUDIO, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(qwen2audio_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    assert ours[0]["clip.projector_type"] == "qwen2a" and "clip.has_vision_encoder" not in ours[0]
+    assert_same_tensors(ours[1], theirs[1])
+    named = {t[0]: t for t in ours[1]}
+    assert named["a.conv1d.1.weight"][1] == "F16" and named["a.conv1d.1.bias"][2] == [1, 32]
+    assert not any(t[0].startswith(("a.", "mm.")) for t in contents(out)[1])
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_llama_cpp_hears_qwen2_audio_s_sounds_as_transformers_does(kind, qwen2audio_folder, tmp_path):
+    """mtmd cuts a sound into Whisper's chunks of 30 seconds (the 3,000 mel frames of 30 seconds and one more: two
+    chunks here) and makes the first into transformers' audio features of the same samples (Qwen2-Audio's feature
+    extractor, the encoder over the chunk unmasked, 750 tokens after its pooling), projected to the text's width."""
+    from transformers import AutoFeatureExtractor, AutoModelForMultimodalLM
+
+    unshard.convert(QWEN2_AUDIO, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+    model = AutoModelForMultimodalLM.from_pretrained(qwen2audio_folder, dtype=torch.float32)
+    sound, embeddings = sound_embeddings(tmp_path / "m.gguf", tmp_path, seconds=30)
+    extract = AutoFeatureExtractor.from_pretrained(qwen2audio_folder)
+    features = extract(sound, sampling_rate=16000, return_attention_mask=True, return_tensors="pt")
+    assert bool(features["attention_mask"].all())
+    with torch.no_grad():
+        heard = model.model.audio_tower(features["input_features"]).last_hidden_state
+        expected = model.model.multi_modal_projector(heard)[0]
+    assert embeddings.shape == (1500, 64) and expected.shape == (750, 64)
+    assert relative_distance(embeddings[:750], expected) <= AUDIO_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"activation_function": "relu"}, "the audio tower's activation_function is relu, and llama.cpp's whisper"),
+        ({"scale_embedding": True}, "the audio tower's scale_embedding is True, and llama.cpp's whisper encoder"),
+    ],
+)
+def test_what_llama_cpp_s_whisper_encoder_computes_otherwise_is_one_line(change, message, qwen2audio_folder, tmp_path):
+    changed = with_config(qwen2audio_folder, tmp_path, lambda config: config["audio_config"].update(change))
     with pytest.raises(unshard.ConfigMismatchError, match=message):
         unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))

@@ -17,6 +17,7 @@ from typing import Any
 from . import (
     apertus,
     arcee,
+    audio,
     bloom,
     cohere,
     dbrx,
@@ -115,6 +116,7 @@ FAMILIES: tuple[Family, ...] = (
     *llama4.FAMILIES,
     *vlm.FAMILIES,
     *smolvlm.FAMILIES,
+    *audio.FAMILIES,
     *mllama.FAMILIES,
     *muse_glimmer.FAMILIES,
     *kimi_k25.FAMILIES,

@@ -194,9 +194,10 @@ class MmprojPart:
     projector: str  # gguf.VisionProjectorType's member
     vision: str  # a regular expression matching the towers' and projectors' tensors (by the output's names)
     # (vision_config, where) -> it as the converter's MmprojModel reads it: image_size, patch_size, hidden_size,
-    # intermediate_size, num_hidden_layers, num_attention_heads (renamed, defaulted); refuses what llama.cpp lacks
-    sizes: Callable[[dict, Any], dict]
-    # (writer, hparams, vision, processor): the projector's keys, after the image processor's mean and std
+    # intermediate_size, num_hidden_layers, num_attention_heads (renamed, defaulted); refuses what llama.cpp lacks.
+    # None: the model has no vision tower (an audio tower alone: Qwen2-Audio's)
+    sizes: Callable[[dict, Any], dict] | None
+    # (writer, hparams, vision sizes or None, processor): the projector's keys, after the towers' sizes
     projector_keys: Callable[..., None]
     # (gguf, the converter's name, llama.cpp's name, shape, the file's type, its name) -> the converter's type for
     # the tensor where the family forces one (patch embeddings, projections), else None

@@ -27,8 +27,9 @@ from .header import general_metadata
 from .tensors import GGUFPlan, GGUFTensor, Rearranged, WithRows
 
 MMPROJ_TYPES = ("f32", "f16", "bf16", "q8_0")  # (llama-quantize leaves an mmproj alone: others write it in f16)
-# The vision tower's sizes the mmproj file carries, as the converter's MmprojModel finds them (MmprojPart.sizes)
-SIZES = ("image_size", "patch_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+# The towers' sizes the mmproj file carries, as the converter's MmprojModel finds them (MmprojPart.sizes, .audio_sizes)
+AUDIO_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+VISION_SIZES = ("image_size", "patch_size", *AUDIO_SIZES)
 # the bounds of a clipped linear layer's input and output (Gemma 4's), which the converter names as suffixes
 CLIPPED = (".input_max", ".input_min", ".output_max", ".output_min")
 # q's and k's weights and biases, whose rows MmprojPart.permute_qk reorders within each head
@@ -44,24 +45,19 @@ def plan_mmproj(
     file_type: str, outputs: list[OutputTensor], hparams: dict[str, Any], folder: Path, part: MmprojPart
 ) -> GGUFPlan:
     """The mmproj file's tensors, types, order and metadata, as the converter's `--mmproj` writes them. hparams: the
-    config as the converter reads it (its text_config and vision_config within)."""
+    config as the converter reads it (its text_config, vision_config and audio_config within)."""
     gguf = gguf_py()
     where = folder / "config.json"
-    vision = part.sizes(dict(hparams.get("vision_config") or {}), where)
-    missing = [key for key in SIZES if vision.get(key) is None]
-    if missing:
-        raise ConfigMismatchError(
-            f"{where}: vision_config lacks {', '.join(missing)}, which the mmproj file carries; "
-            "pass --config-from the model's own folder"
-        )
-    audio = part.audio_sizes(hparams, where) if part.audio_sizes else None
+    vision, audio = _tower_sizes(part, hparams, where)
     mm_type = file_type if file_type in MMPROJ_TYPES else "f16"
     plan = GGUFPlan(mm_type, "clip", gguf.GGUFWriter(None, "clip"))
     if mm_type != file_type:
         plan.notes.append(f"the mmproj file is written in F16: llama-quantize makes {file_type} of the text model only")
     qtype = getattr(gguf.GGMLQuantizationType, mm_type.upper())
     # (the converter's names of a file of two towers are those of 128 blocks, whatever either tower has)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, 128 if audio else vision["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(
+        gguf.MODEL_ARCH.MMPROJ, 128 if vision and audio else (vision or audio)["num_hidden_layers"]
+    )
 
     def llama_name(source: str, output: str) -> str:
         if source.startswith(("v.", "mm.")):  # (named by the family as the converter names it)
@@ -77,10 +73,10 @@ def plan_mmproj(
         kind = _tensor_type(gguf, part, source, name, shape, qtype, mm_type)
         return OutputTensor(name, tuple(gguf.quant_shape_to_byte_shape(shape, kind)), dtypes.BY_NAME["uint8"]), kind
 
-    parameters, head_dim = 0, vision["hidden_size"] // vision["num_attention_heads"]
+    parameters, head_dim = 0, vision["hidden_size"] // vision["num_attention_heads"] if vision else 0
     for output in sorted(outputs, key=lambda o: o.name):  # (the converter's order, from a one-file folder: sorted)
         source = part.converter_name(output.name) if part.converter_name else output.name
-        how = part.rearranged(source, output.shape, vision) if part.rearranged else None
+        how = part.rearranged(source, output.shape, vision or audio) if part.rearranged else None
         parameters += math.prod(output.shape)
         if how is not None:  # (the file's tensors it becomes, in the converter's order)
             made = [stored_as(name, llama_name(name, output.name), shape) for name, shape in how.tensors.items()]
@@ -96,6 +92,21 @@ def plan_mmproj(
         plan.positions[stored.name] = (output.name,)
     _metadata(plan.writer, hparams, (vision, audio), folder, parameters, part, mm_type)
     return plan
+
+
+def _tower_sizes(part: MmprojPart, hparams: dict, where: Path) -> tuple[dict | None, dict | None]:
+    """The vision and the audio tower's sizes, as the converter's MmprojModel reads them (None: no such tower); one
+    line where the config lacks one the file carries."""
+    vision = part.sizes(dict(hparams.get("vision_config") or {}), where) if part.sizes else None
+    audio = part.audio_sizes(hparams, where) if part.audio_sizes else None
+    for kind, sizes, keys in (("vision", vision, VISION_SIZES), ("audio", audio, AUDIO_SIZES)):
+        missing = [key for key in keys if sizes is not None and sizes.get(key) is None]
+        if missing:
+            raise ConfigMismatchError(
+                f"{where}: {kind}_config lacks {', '.join(missing)}, which the mmproj file carries; pass --config-from "
+                "the model's own folder"
+            )
+    return vision, audio
 
 
 def carry_text_rows(plan: GGUFPlan, outputs: list[OutputTensor], rows: dict[str, tuple[str, int]], where: Path) -> None:
@@ -140,7 +151,7 @@ def _tensor_type(gguf, part: MmprojPart, source: str, name: str, shape: tuple[in
 def _metadata(
     writer,
     hparams: dict,
-    towers: tuple[dict, dict | None],
+    towers: tuple[dict | None, dict | None],
     folder: Path,
     parameters: int,
     part: MmprojPart,
@@ -156,23 +167,24 @@ def _metadata(
         gguf.LlamaFileType.ALL_F32 if mm_type == "f32" else getattr(gguf.LlamaFileType, "MOSTLY_" + mm_type.upper())
     )
     processor = processor_config(folder)
-    if "image_mean" not in processor or "image_std" not in processor:
-        raise ConfigMismatchError(
-            f"{folder}: no image processor's image_mean and image_std (preprocessor_config.json "
-            "or processor_config.json), which the mmproj file carries; pass --config-from the "
-            "model's own folder"
-        )
     text_width = {**hparams, **(hparams.get("text_config") or {})}["hidden_size"]
-    writer.add_clip_has_vision_encoder(True)
-    writer.add_vision_projection_dim(text_width)
-    writer.add_vision_image_size(vision["image_size"])
-    writer.add_vision_patch_size(vision["patch_size"])
-    writer.add_vision_embedding_length(vision["hidden_size"])
-    writer.add_vision_feed_forward_length(vision["intermediate_size"])
-    writer.add_vision_block_count(vision["num_hidden_layers"])
-    writer.add_vision_head_count(vision["num_attention_heads"])
-    writer.add_vision_image_mean(processor["image_mean"])
-    writer.add_vision_image_std(processor["image_std"])
+    if vision:
+        if "image_mean" not in processor or "image_std" not in processor:
+            raise ConfigMismatchError(
+                f"{folder}: no image processor's image_mean and image_std (preprocessor_config.json "
+                "or processor_config.json), which the mmproj file carries; pass --config-from the "
+                "model's own folder"
+            )
+        writer.add_clip_has_vision_encoder(True)
+        writer.add_vision_projection_dim(text_width)
+        writer.add_vision_image_size(vision["image_size"])
+        writer.add_vision_patch_size(vision["patch_size"])
+        writer.add_vision_embedding_length(vision["hidden_size"])
+        writer.add_vision_feed_forward_length(vision["intermediate_size"])
+        writer.add_vision_block_count(vision["num_hidden_layers"])
+        writer.add_vision_head_count(vision["num_attention_heads"])
+        writer.add_vision_image_mean(processor["image_mean"])
+        writer.add_vision_image_std(processor["image_std"])
     if audio:
         writer.add_clip_has_audio_encoder(True)
         writer.add_audio_projection_dim(text_width)

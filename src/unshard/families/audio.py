@@ -1,0 +1,108 @@
+"""Speech-language models whose audio tower is Whisper's encoder: Qwen2-Audio (`Qwen2AudioForConditionalGeneration`),
+a Qwen2 beside the encoder, its output pooled 2 to 1 and projected to the text model's width. The text model as
+llama.cpp's qwen2, the encoder and the projector as the mmproj file of llama.cpp's qwen2a projector (an audio tower
+alone: no vision keys)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigMismatchError
+from .gguf_hooks import mmproj_model_forced_type
+from .parts import (
+    DEFAULT_FUSED_SIBLINGS,
+    NO_TABLE,
+    NOT_A_MOE_INPUT,
+    Family,
+    GGUFPart,
+    MmprojPart,
+    Rearrangement,
+    Unsupported,
+    no_trainer_model,
+)
+
+
+def whisper_sizes(config: dict, where: Path) -> dict | None:
+    """Whisper's encoder as the converter's WhisperEncoderModel reads it (its sizes under Whisper's names), and as
+    llama.cpp's graph runs it: GELU (erf), its embeddings unscaled."""
+    audio = config.get("audio_config")
+    if not audio:
+        return None
+    runs = {
+        "activation_function": (audio.get("activation_function", "gelu"), "gelu"),
+        "scale_embedding": (audio.get("scale_embedding", False), False),
+    }
+    for key, (found, computed) in runs.items():
+        if found != computed:
+            raise ConfigMismatchError(
+                f"{where}: the audio tower's {key} is {found}, and llama.cpp's whisper encoder computes {computed}; "
+                "serve this model with transformers or vLLM"
+            )
+    if "hidden_size" in audio or "intermediate_size" in audio:
+        return audio
+    return {
+        **audio,
+        "hidden_size": audio.get("d_model"),
+        "intermediate_size": audio.get("encoder_ffn_dim"),
+        "num_attention_heads": audio.get("encoder_attention_heads"),
+        "num_hidden_layers": audio.get("encoder_layers"),
+    }
+
+
+def qwen2a_projector_keys(writer, hparams: dict, vision: dict | None, processor: dict) -> None:
+    """The mel bins the encoder reads and its norms' epsilon (Whisper's config has none: 1e-5)."""
+    audio = hparams["audio_config"]
+    writer.add_audio_num_mel_bins(audio["num_mel_bins"])
+    writer.add_audio_attention_layernorm_eps(audio.get("layer_norm_eps", 1e-5))
+
+
+def whisper_name(name: str) -> str:
+    """The name the converter maps: the projector's under `audio.`, as it renames it apart from a vision one."""
+    name = name.removeprefix("model.")
+    return "audio." + name if name.startswith("multi_modal_projector.") else name
+
+
+def whisper_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
+    """The converter's WhisperEncoderModel's: the convolutions' kernels in F16 whatever the file's type, then
+    MmprojModel's (the position embedding in F32)."""
+    if ".conv" in source and ".weight" in source:
+        return gguf.GGMLQuantizationType.F16
+    return mmproj_model_forced_type(gguf, source, name, shape, qtype, file_type)
+
+
+def as_column(band) -> tuple:
+    return (band.reshape(-1, 1),)
+
+
+def conv_bias_as_column(name: str, shape: tuple[int, ...], sizes: dict) -> Rearrangement | None:
+    """The convolutions' biases as columns, as the converter stores them (llama.cpp adds them to each frame)."""
+    if name.endswith(("conv1.bias", "conv2.bias")):
+        return Rearrangement({name: (shape[0], 1)}, as_column)
+    return None
+
+
+QWEN2A = MmprojPart(
+    "QWEN2A",
+    r"^(?:model\.)?(?:audio_tower|multi_modal_projector)\.",
+    None,
+    qwen2a_projector_keys,
+    forced_type=whisper_forced_type,
+    converter_name=whisper_name,
+    rearranged=conv_bias_as_column,
+    audio_sizes=whisper_sizes,
+)
+
+FAMILIES = (
+    Family(
+        "Qwen2-Audio",
+        "qwen2_audio",
+        "Qwen2AudioForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Qwen2-Audio layout (its Whisper encoder) is not mapped yet"),
+        **no_trainer_model("Qwen2-Audio"),
+        fused_siblings=DEFAULT_FUSED_SIBLINGS,
+        gguf=GGUFPart("QWEN2"),
+        mmproj=QWEN2A,
+        moe_layout=NOT_A_MOE_INPUT,
+    ),
+)
