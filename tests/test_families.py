@@ -240,6 +240,7 @@ TESTED = {
         "llama": "llama-fsdp2-spm",
         "smolvlm": "smolvlm-fsdp2",
         "qwen2_audio": "qwen2audio-fsdp2",
+        "voxtral": "voxtral-fsdp2",
         "qwen2": "qwen2-fsdp2-spm",
         "qwen3": "qwen3-fsdp2-spm",
         "gemma": "gemma-fsdp2-spm",

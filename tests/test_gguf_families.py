@@ -995,6 +995,7 @@ DENSE = {
     "dbrx-fsdp2": "dbrx",
     "smolvlm-fsdp2": "llama",
     "qwen2audio-fsdp2": "qwen2",
+    "voxtral-fsdp2": "llama",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
@@ -1073,7 +1074,7 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     # (a vision-language model transformers has no causal LM class for: its text alone)
     vision = case in ("mistral3-fsdp2", "mistral4-fsdp2", "llama4-fsdp2", "exaone45-fsdp2", "smolvlm-fsdp2")
     auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
-    auto = transformers.AutoModelForMultimodalLM if case == "qwen2audio-fsdp2" else auto
+    auto = transformers.AutoModelForMultimodalLM if case in ("qwen2audio-fsdp2", "voxtral-fsdp2") else auto
     model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32, **AS_THE_FILE.get(case, {}))
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]
     # (transformers 5.24's Llama 4 runs no text without an image: its causal LM within does)

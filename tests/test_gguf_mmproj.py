@@ -37,6 +37,7 @@ GEMMA4_AUDIO = SHIPPED / "gemma4av-fsdp2" / "global_step_1"
 LLAMA4 = SHIPPED / "llama4-fsdp2" / "global_step_1"
 SMOLVLM = SHIPPED / "smolvlm-fsdp2" / "global_step_1"
 QWEN2_AUDIO = SHIPPED / "qwen2audio-fsdp2" / "global_step_1"
+VOXTRAL = SHIPPED / "voxtral-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
 IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] are 4, 5 and 6)
 # mtmd's image embeddings against transformers' image features (relative distance), measured: Pixtral f32 1.6e-4,
@@ -493,3 +494,14 @@ def test_what_llama_cpp_s_whisper_encoder_computes_otherwise_is_one_line(change,
     changed = with_config(qwen2audio_folder, tmp_path, lambda config: config["audio_config"].update(change))
     with pytest.raises(unshard.ConfigMismatchError, match=message):
         unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
+
+
+def test_voxtral_s_audio_tower_is_left_out_with_the_reason(tmp_path):
+    """llama.cpp's voxtral pools the encoder's frames where Voxtral does not: no mmproj file, the tower left out of
+    the text model's file (as the converter leaves it out) with a note saying why; the text model is written."""
+    plan = unshard.plan(VOXTRAL, output=unshard.OutputOptions(gguf="f32"))
+    assert plan.summary()["gguf"]["mmproj"] is None
+    assert any("no mmproj file of them (llama.cpp's voxtral pools the encoder's frames 2 to 1" in n for n in plan.notes)
+    unshard.convert(VOXTRAL, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    assert not (tmp_path / "mmproj-m.gguf").exists()
+    assert not any(t[0].startswith(("a.", "mm.")) for t in contents(tmp_path / "m.gguf")[1])

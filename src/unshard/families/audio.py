@@ -1,14 +1,17 @@
 """Speech-language models whose audio tower is Whisper's encoder: Qwen2-Audio (`Qwen2AudioForConditionalGeneration`),
-a Qwen2 beside the encoder, its output pooled 2 to 1 and projected to the text model's width. The text model as
-llama.cpp's qwen2, the encoder and the projector as the mmproj file of llama.cpp's qwen2a projector (an audio tower
-alone: no vision keys)."""
+a Qwen2 beside the encoder, its output pooled 2 to 1 and projected to the text model's width; Voxtral
+(`VoxtralForConditionalGeneration`), a Llama beside it, 4 of its frames stacked into each token by an MLP. The text
+model as llama.cpp's qwen2 or llama, Qwen2-Audio's encoder and projector as the mmproj file of llama.cpp's qwen2a
+projector (an audio tower alone: no vision keys); Voxtral's, which llama.cpp's voxtral computes otherwise, left out."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gguf_hooks import mmproj_model_forced_type
+from .llama import GGUF as LLAMA
 from .parts import (
     DEFAULT_FUSED_SIBLINGS,
     NO_TABLE,
@@ -92,17 +95,38 @@ QWEN2A = MmprojPart(
     audio_sizes=whisper_sizes,
 )
 
-FAMILIES = (
-    Family(
-        "Qwen2-Audio",
-        "qwen2_audio",
-        "Qwen2AudioForConditionalGeneration",
+
+# llama.cpp's voxtral (llama-cpp-python 0.3.36's) averages the encoder's frames 2 to 1 before stacking 4 of them, where
+# Voxtral stacks them as they are (transformers 5.24 builds the pooling and does not use it): it gives half the tokens
+# of another model, and stops on the lengths it counts otherwise than its graph makes them (every 30-second chunk)
+VOXTRAL_MMPROJ = Unsupported(
+    "llama.cpp's voxtral pools the encoder's frames 2 to 1 where Voxtral does not (half the tokens of another model, "
+    "and it stops on most sounds): the audio tower is left out"
+)
+
+
+def _family(name: str, model_type: str, architecture: str, text: GGUFPart, mmproj: MmprojPart | Unsupported) -> Family:
+    return Family(
+        name,
+        model_type,
+        architecture,
         tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's Qwen2-Audio layout (its Whisper encoder) is not mapped yet"),
-        **no_trainer_model("Qwen2-Audio"),
+        megatron=Unsupported(f"Megatron's {name} layout (its Whisper encoder) is not mapped yet"),
+        **no_trainer_model(name),
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
-        gguf=GGUFPart("QWEN2"),
-        mmproj=QWEN2A,
+        gguf=text,
+        mmproj=mmproj,
         moe_layout=NOT_A_MOE_INPUT,
+    )
+
+
+FAMILIES = (
+    _family("Qwen2-Audio", "qwen2_audio", "Qwen2AudioForConditionalGeneration", GGUFPart("QWEN2"), QWEN2A),
+    _family(
+        "Voxtral",
+        "voxtral",
+        "VoxtralForConditionalGeneration",
+        replace(LLAMA, towers=r"^(?:model\.)?(?:audio_tower|multi_modal_projector)\."),
+        VOXTRAL_MMPROJ,
     ),
 )
