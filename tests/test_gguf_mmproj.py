@@ -38,11 +38,12 @@ LLAMA4 = SHIPPED / "llama4-fsdp2" / "global_step_1"
 SMOLVLM = SHIPPED / "smolvlm-fsdp2" / "global_step_1"
 QWEN2_AUDIO = SHIPPED / "qwen2audio-fsdp2" / "global_step_1"
 VOXTRAL = SHIPPED / "voxtral-fsdp2" / "global_step_1"
+LLAVA = SHIPPED / "llava-pixtral-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
 IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] are 4, 5 and 6)
 # mtmd's image embeddings against transformers' image features (relative distance), measured: Pixtral f32 1.6e-4,
 # q8_0 5.1e-3; Gemma 4 f32 6.7e-5, q8_0 1.0e-2 (with the converter's file, its quick GELU: 3.9e-3); Llama 4 f32
-# 4.9e-4, q8_0 1.6e-2; SmolVLM f32 2.8e-4, q8_0 7.3e-3
+# 4.9e-4, q8_0 1.6e-2; SmolVLM f32 2.8e-4, q8_0 7.3e-3; Pixtral-12B's layout f32 2.5e-4, q8_0 7.9e-3
 IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
 # mtmd's sound embeddings against transformers' audio features, measured on Gemma 4's tower: f32 1.5e-3 (of the mel
 # spectrograms, which each computes its own way), f16 1.6e-3, bf16 4.1e-3, q8_0 1.7e-2; Qwen2-Audio's f32 1.5e-4, f16
@@ -505,3 +506,54 @@ def test_voxtral_s_audio_tower_is_left_out_with_the_reason(tmp_path):
     unshard.convert(VOXTRAL, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
     assert not (tmp_path / "mmproj-m.gguf").exists()
     assert not any(t[0].startswith(("a.", "mm.")) for t in contents(tmp_path / "m.gguf")[1])
+
+
+@pytest.fixture(scope="module")
+def llava_folder(tmp_path_factory):
+    return unsharded(LLAVA, tmp_path_factory)
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_llava_s_pixtral_tower_is_mistral3_s_without_its_merger(kind, llava_folder, converter, tmp_path):
+    """Pixtral-12B's layout (LLaVA's classes): the converter's --mmproj file, the [IMG_BREAK] embedding first as for
+    Mistral 3; mtmd encodes an image of 128 x 64 pixels into transformers' image features of the same pixels, a token
+    for each patch (8 x 4), the [IMG_BREAK] embedding after each row of them but the last."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    out = tmp_path / "m.gguf"
+    unshard.convert(LLAVA, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(llava_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0]) and ours[1][0][0] == BREAK
+    assert ours[0]["clip.projector_type"] == "pixtral" and "clip.vision.spatial_merge_size" not in ours[0]
+    assert_same_tensors(ours[1][1:], theirs[1])
+    model = AutoModelForImageTextToText.from_pretrained(llava_folder, dtype=torch.float32)
+    image, embeddings = image_embeddings(out, 128, 64, tmp_path)
+    pixels = AutoImageProcessor.from_pretrained(llava_folder)(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], image_sizes=pixels["image_sizes"]
+        )
+    rows = torch.cat(list(features.pooler_output)).reshape(4, 8, -1)
+    image_break = model.get_input_embeddings().weight[IMAGE_BREAK_ID].detach()[None]
+    expected = torch.cat([torch.cat([row, image_break]) for row in rows[:3]] + [rows[3]])
+    assert embeddings.shape == (35, 64)
+    assert relative_distance(embeddings, expected) <= IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"vision_feature_select_strategy": "default"}, "vision_feature_select_strategy is 'default', and llama.cpp"),
+        ({"vision_feature_layer": -2}, "vision_feature_layer is -2, and llama.cpp's pixtral projector computes -1"),
+        ({"text_config": {"sliding_window": 4096}}, "sliding_window is 4096, and llama.cpp's llama has no sliding"),
+    ],
+)
+def test_what_llama_cpp_s_llava_computes_otherwise_is_one_line(change, message, llava_folder, tmp_path):
+    def changed_config(config: dict) -> None:
+        for key, value in change.items():
+            config[key] = {**config[key], **value} if isinstance(value, dict) else value
+
+    changed = with_config(llava_folder, tmp_path, changed_config)
+    with pytest.raises(unshard.ConfigMismatchError, match=message):
+        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"), check=False)

@@ -343,6 +343,7 @@ FAMILY_CASES = [
     "gemma4av-fsdp2",  # (E2B's: its audio tower left as it is too)
     "qwen2audio-fsdp2",  # (its audio tower left as it is)
     "voxtral-fsdp2",
+    "llava-pixtral-fsdp2",
 ]
 # transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's and DeepSeek-V2's routers in float32 when loading in
 # bf16, as save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did

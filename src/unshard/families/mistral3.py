@@ -80,15 +80,18 @@ def mistral4_checked(hparams: dict, where: Path) -> None:
     pixtral_projector_checked(hparams, where)
 
 
-def pixtral_projector_checked(hparams: dict, where: Path) -> None:
-    """The projector as llama.cpp's pixtral computes it: the tower's last layer, GELU, the patch merger's norm at the
-    tower's epsilon."""
+def pixtral_projector_checked(hparams: dict, where: Path, merger: bool = True) -> None:
+    """The projector as llama.cpp's pixtral computes it: the tower's last layer, GELU, the patch merger's norm (where
+    there is a merger: Mistral 3's, not Pixtral-12B's) at the tower's epsilon."""
     projector = {
-        # (llama.cpp's pixtral: the tower's last layer, a GELU projector, the patch merger's norm at the tower's eps)
         "vision_feature_layer": (hparams.get("vision_feature_layer", -1), -1),
         "projector_hidden_act": (hparams.get("projector_hidden_act", "gelu"), "gelu"),
-        "text_config's rms_norm_eps (the patch merger's norm's)": (hparams.get("rms_norm_eps"), PIXTRAL_NORM_EPS),
     }
+    if merger:
+        projector["text_config's rms_norm_eps (the patch merger's norm's)"] = (
+            hparams.get("rms_norm_eps"),
+            PIXTRAL_NORM_EPS,
+        )
     for key, (found, computed) in projector.items():
         if "vision_config" in hparams and found != computed:
             raise ConfigMismatchError(
@@ -103,7 +106,7 @@ def pixtral_sizes(vision: dict, where: Path) -> dict:
     if vision.get("model_type") != "pixtral":
         raise ConfigMismatchError(
             f"{where}: the vision tower is {vision.get('model_type')!r}, and llama.cpp's converter writes Mistral 3's "
-            "Pixtral tower alone; serve this model with transformers or vLLM"
+            "and LLaVA's Pixtral tower alone; serve this model with transformers or vLLM"
         )
     if vision.get("hidden_act", "gelu") not in ("gelu", "silu"):
         raise ConfigMismatchError(
