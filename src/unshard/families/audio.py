@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import ConfigMismatchError
-from .gguf_hooks import mmproj_model_forced_type
+from .gguf_hooks import fixed_in_code, mmproj_model_forced_type
 from .llama import GGUF as LLAMA
 from .parts import (
     DEFAULT_FUSED_SIBLINGS,
@@ -35,12 +34,7 @@ def whisper_sizes(config: dict, where: Path) -> dict | None:
         "activation_function": (audio.get("activation_function", "gelu"), "gelu"),
         "scale_embedding": (audio.get("scale_embedding", False), False),
     }
-    for key, (found, computed) in runs.items():
-        if found != computed:
-            raise ConfigMismatchError(
-                f"{where}: the audio tower's {key} is {found}, and llama.cpp's whisper encoder computes {computed}; "
-                "serve this model with transformers or vLLM"
-            )
+    fixed_in_code(where, "audio", "whisper encoder", runs)
     if "hidden_size" in audio or "intermediate_size" in audio:
         return audio
     return {

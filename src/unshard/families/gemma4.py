@@ -12,7 +12,14 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gemma import DENSE_ONLY, MEGATRON, gemma3_header
-from .gguf_hooks import first_of, gguf_py, gguf_quiet, mmproj_model_forced_type, rope_parameters
+from .gguf_hooks import (
+    first_of,
+    fixed_in_code,
+    gguf_py,
+    gguf_quiet,
+    mmproj_model_forced_type,
+    rope_parameters,
+)
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import (
     NO_TABLE,
@@ -155,12 +162,7 @@ def gemma4_vision_sizes(vision: dict, where: Path) -> dict:
         "rms_norm_eps": (vision.get("rms_norm_eps", 1e-6), 1e-6),
         "hidden_activation": (vision.get("hidden_activation", "gelu_pytorch_tanh"), "gelu_pytorch_tanh"),
     }
-    for key, (found, computed) in runs.items():
-        if found != computed:
-            raise ConfigMismatchError(
-                f"{where}: the vision tower's {key} is {found}, and llama.cpp's gemma4v computes {computed}; serve "
-                "this model with transformers or vLLM"
-            )
+    fixed_in_code(where, "vision", "gemma4v", runs)
     return {**vision, "image_size": 224}
 
 
@@ -213,12 +215,7 @@ def gemma4_audio_sizes(config: dict, where: Path) -> dict | None:
         "rms_norm_eps": (audio.get("rms_norm_eps", 1e-6), 1e-6),
         "hidden_act": (audio.get("hidden_act", "silu"), "silu"),
     }
-    for key, (found, computed) in runs.items():
-        if found != computed:
-            raise ConfigMismatchError(
-                f"{where}: the audio tower's {key} is {found}, and llama.cpp's gemma4a computes {computed}; serve "
-                "this model with transformers or vLLM"
-            )
+    fixed_in_code(where, "audio", "gemma4a", runs)
     return {**audio, "intermediate_size": audio["hidden_size"] * 4}
 
 

@@ -267,6 +267,17 @@ def json_or_empty(path: Path) -> dict:
     return read_json(path, "fix or remove it", ConfigMismatchError) if path.is_file() else {}
 
 
+def fixed_in_code(where: Path, tower: str, graph: str, runs: dict[str, tuple[Any, Any]]) -> None:
+    """One line where a tower's config says otherwise than llama.cpp's graph computes whatever the file says. runs:
+    each setting's (value in the config, value in the graph's code)."""
+    for key, (found, computed) in runs.items():
+        if found != computed:
+            raise ConfigMismatchError(
+                f"{where}: the {tower} tower's {key} is {found}, and llama.cpp's {graph} computes {computed}; serve "
+                "this model with transformers or vLLM"
+            )
+
+
 def mmproj_model_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
     """The converter's MmprojModel's types (families' MmprojPart.forced_type): the patch embedding and a patch merger
     in F16 in an f16 file, else F32; position embeddings in F32."""
