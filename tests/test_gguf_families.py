@@ -997,6 +997,7 @@ DENSE = {
     "qwen2audio-fsdp2": "qwen2",
     "voxtral-fsdp2": "llama",
     "llava-pixtral-fsdp2": "llama",
+    "lfm2vl-fsdp2": "lfm2",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
@@ -1074,7 +1075,7 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
         assert fields["tokenizer.ggml.tokens"][fields["tokenizer.ggml.eom_token_id"]] == "<|observation|>"
     # (a vision-language model transformers has no causal LM class for: its text alone)
     vision = case in ("mistral3-fsdp2", "mistral4-fsdp2", "llama4-fsdp2", "exaone45-fsdp2", "smolvlm-fsdp2")
-    vision = vision or case == "llava-pixtral-fsdp2"
+    vision = vision or case in ("llava-pixtral-fsdp2", "lfm2vl-fsdp2")
     auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
     auto = transformers.AutoModelForMultimodalLM if case in ("qwen2audio-fsdp2", "voxtral-fsdp2") else auto
     model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32, **AS_THE_FILE.get(case, {}))

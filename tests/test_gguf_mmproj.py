@@ -27,6 +27,7 @@ from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, u
     contents,
     converter,
     llama_cpp_client,
+    with_hub_vision_names,
 )
 
 import unshard
@@ -39,11 +40,13 @@ SMOLVLM = SHIPPED / "smolvlm-fsdp2" / "global_step_1"
 QWEN2_AUDIO = SHIPPED / "qwen2audio-fsdp2" / "global_step_1"
 VOXTRAL = SHIPPED / "voxtral-fsdp2" / "global_step_1"
 LLAVA = SHIPPED / "llava-pixtral-fsdp2" / "global_step_1"
+LFM2_VL = SHIPPED / "lfm2vl-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
 IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] are 4, 5 and 6)
 # mtmd's image embeddings against transformers' image features (relative distance), measured: Pixtral f32 1.6e-4,
 # q8_0 5.1e-3; Gemma 4 f32 6.7e-5, q8_0 1.0e-2 (with the converter's file, its quick GELU: 3.9e-3); Llama 4 f32
-# 4.9e-4, q8_0 1.6e-2; SmolVLM f32 2.8e-4, q8_0 7.3e-3; Pixtral-12B's layout f32 2.5e-4, q8_0 7.9e-3
+# 4.9e-4, q8_0 1.6e-2; SmolVLM f32 2.8e-4, q8_0 7.3e-3; Pixtral-12B's layout f32 2.5e-4, q8_0 7.9e-3;
+# LFM2-VL f32 4.3e-4, q8_0 1.1e-2
 IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
 # mtmd's sound embeddings against transformers' audio features, measured on Gemma 4's tower: f32 1.5e-3 (of the mel
 # spectrograms, which each computes its own way), f16 1.6e-3, bf16 4.1e-3, q8_0 1.7e-2; Qwen2-Audio's f32 1.5e-4, f16
@@ -557,3 +560,52 @@ def test_what_llama_cpp_s_llava_computes_otherwise_is_one_line(change, message, 
     changed = with_config(llava_folder, tmp_path, changed_config)
     with pytest.raises(unshard.ConfigMismatchError, match=message):
         unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"), check=False)
+
+
+@pytest.fixture(scope="module")
+def lfm2vl_folder(tmp_path_factory):
+    return unsharded(LFM2_VL, tmp_path_factory)
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_lfm2_vl_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind, lfm2vl_folder, converter, tmp_path):
+    """SigLIP2's tower and the projector as llama.cpp's lfm2 (the patch embedding, a linear layer over each patch's
+    pixels, as a 2-D convolution; the image size the converter writes, 256): every field and tensor is the
+    converter's, which reads the tower under the Hub's names (transformers 5 saves them without `vision_model.`).
+    mtmd encodes an image of 256 x 256 pixels (16 x 16 patches, the positions' grid as it is, shuffled 2 x 2 into 64
+    tokens, the fewest llama.cpp makes) into transformers' image features of the same pixels (SigLIP2's patches)."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    out = tmp_path / "m.gguf"
+    unshard.convert(LFM2_VL, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    hub = with_hub_vision_names(lfm2vl_folder, tmp_path / "hub")
+    ours, theirs = (
+        contents(tmp_path / "mmproj-m.gguf"),
+        contents(converter(hub, kind, tmp_path / "o.gguf", mmproj=True)),
+    )
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0]) and ours[0]["clip.projector_type"] == "lfm2"
+    assert_same_tensors(ours[1], theirs[1])
+    model = AutoModelForImageTextToText.from_pretrained(lfm2vl_folder, dtype=torch.float32)
+    image, embeddings = image_embeddings(out, 256, 256, tmp_path)
+    pixels = AutoImageProcessor.from_pretrained(lfm2vl_folder)(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"],
+            spatial_shapes=pixels["spatial_shapes"],
+            pixel_attention_mask=pixels["pixel_attention_mask"],
+        )
+    assert embeddings.shape == (64, 64)
+    assert relative_distance(embeddings, torch.cat(list(features.pooler_output))) <= IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"projector_hidden_act": "silu"}, "projector_hidden_act is 'silu', and llama.cpp's lfm2 projector runs GELU"),
+        ({"vision_feature_layer": -2}, "vision_feature_layer is -2, and unshard writes LFM2-VL's tower whole"),
+    ],
+)
+def test_what_llama_cpp_s_lfm2_projector_computes_otherwise_is_one_line(change, message, lfm2vl_folder, tmp_path):
+    changed = with_config(lfm2vl_folder, tmp_path, lambda config: config.update(change))
+    with pytest.raises(unshard.ConfigMismatchError, match=message):
+        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))

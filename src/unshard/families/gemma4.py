@@ -27,6 +27,7 @@ from .parts import (
     GGUFPart,
     MmprojPart,
     Rearrangement,
+    channels_first,
     fused_experts_as_linear,
     middle_axis_dropped,
     no_trainer_model,
@@ -175,12 +176,6 @@ def gemma4_tower_name(name: str) -> str:
         return name + ".weight" if name.endswith(("per_dim_key_scale", "per_dim_scale")) else name
     name = name.replace("model.vision_tower.encoder.", "vision_model.model.").replace(".linear.weight", ".weight")
     return name + ".weight" if name.endswith(("layer_scalar", "position_embedding_table")) else name
-
-
-def channels_first(patch: int, band):
-    """Rows of the patch embedding as the converter stores them: each (patch, patch, channels) as (channels, patch,
-    patch), a 2-D convolution's kernel."""
-    return (band.reshape(len(band), patch, patch, -1).transpose(0, 3, 1, 2),)
 
 
 def gemma4_rearranged(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:

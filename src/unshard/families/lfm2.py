@@ -3,22 +3,27 @@ convolution of a few taps, out_proj), the others grouped-query attention with q 
 with a SwiGLU MLP (w1, w3, w2) whose width the config derives; llama.cpp's lfm2, the convolution's kernel 2-D and the
 attention's key-value heads per layer (none on the convolution layers), as the converter writes them. LFM2-MoE
 (`Lfm2MoeForCausalLM`, llama.cpp's lfm2moe): after its dense first layers, experts behind a sigmoid router with a
-bias in place of the MLP."""
+bias in place of the MLP. LFM2-VL (`Lfm2VlForConditionalGeneration`): LFM2 beside SigLIP2's NaFlex tower, its patches
+shuffled 2 x 2 into a normed MLP: the tower as the mmproj file of llama.cpp's lfm2 projector."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import gguf_py, gguf_quiet, text_hyperparameters
+from .gguf_hooks import gguf_py, gguf_quiet, mmproj_model_forced_type, text_hyperparameters
 from .llama import TEXT_ONLY
 from .parts import (
     NO_TABLE,
     NOT_A_MOE_INPUT,
     Family,
     GGUFPart,
+    MmprojPart,
     Rearrangement,
     Unsupported,
+    channels_first,
     middle_axis_dropped,
     no_trainer_model,
 )
@@ -87,6 +92,64 @@ def lfm2_kernel(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -
     return Rearrangement({name: (shape[0], shape[-1])}, middle_axis_dropped)
 
 
+def lfm2vl_sizes(vision: dict, where: Path) -> dict:
+    """SigLIP2's tower as the converter reads it: the image size it writes, 256, whatever the positions' grid."""
+    return {**vision, "image_size": 256}
+
+
+def lfm2vl_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The tower's norm epsilon, the pixel unshuffle's n (downsample_factor), GELU."""
+    writer.add_vision_attention_layernorm_eps(vision["layer_norm_eps"])
+    writer.add_vision_projector_scale_factor(hparams.get("downsample_factor", 2))
+    writer.add_vision_use_gelu(True)
+
+
+def lfm2vl_tower_name(name: str) -> str:
+    """The Hub's names, as the converter maps them: the tower's under `vision_tower.vision_model.` (transformers 5
+    saves them without `vision_model.`), the projector's without `model.`."""
+    name = name.removeprefix("model.")
+    if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
+        return "vision_tower.vision_model." + name.removeprefix("vision_tower.")
+    return name
+
+
+def lfm2vl_patch_embedding(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
+    """SigLIP2's patch embedding, a linear layer over each patch's pixels, as the converter's 2-D convolution."""
+    if not name.endswith("embeddings.patch_embedding.weight"):
+        return None
+    patch = vision["patch_size"]
+    return Rearrangement({name: (shape[0], 3, patch, patch)}, partial(channels_first, patch))
+
+
+def lfm2vl_checked(hparams: dict, where: Path) -> None:
+    """LFM2's checks, and the projector as llama.cpp's lfm2 computes it: GELU, over the tower's last layer (the
+    converter's count of blocks for another is not followed here yet)."""
+    act = hparams.get("projector_hidden_act", "gelu")
+    if act != "gelu":
+        raise ConfigMismatchError(
+            f"{where}: projector_hidden_act is {act!r}, and llama.cpp's lfm2 projector runs GELU: its images would be "
+            "another model's; serve this one with transformers or vLLM"
+        )
+    layer = hparams.get("vision_feature_layer", -1)
+    if layer != -1:
+        raise ConfigMismatchError(
+            f"{where}: vision_feature_layer is {layer}, and unshard writes LFM2-VL's tower whole (its last layer's "
+            "features) so far; write a folder and use llama.cpp's convert_hf_to_gguf.py"
+        )
+    lfm2_checked(hparams, where)
+
+
+LFM2 = GGUFPart("LFM2", hyperparameters=lfm2_hyperparameters, check_config=lfm2_checked, rearranged=lfm2_kernel)
+LFM2VL_MMPROJ = MmprojPart(
+    "LFM2",
+    r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.",
+    lfm2vl_sizes,
+    lfm2vl_projector_keys,
+    forced_type=mmproj_model_forced_type,
+    converter_name=lfm2vl_tower_name,
+    rearranged=lfm2vl_patch_embedding,
+)
+
 FAMILIES = (
     Family(
         "LFM2",
@@ -96,8 +159,20 @@ FAMILIES = (
         megatron=Unsupported("Megatron's LFM2 layout (short convolutions) is not mapped yet"),
         **no_trainer_model("LFM2"),
         fused_siblings=(("q_proj", "k_proj", "v_proj"), ("w1", "w3")),
-        gguf=GGUFPart("LFM2", hyperparameters=lfm2_hyperparameters, check_config=lfm2_checked, rearranged=lfm2_kernel),
+        gguf=LFM2,
         mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "LFM2-VL",
+        "lfm2_vl",
+        "Lfm2VlForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's LFM2 layout (short convolutions) is not mapped yet"),
+        **no_trainer_model("LFM2-VL"),
+        fused_siblings=(("q_proj", "k_proj", "v_proj"), ("w1", "w3")),
+        gguf=replace(LFM2, check_config=lfm2vl_checked),
+        mmproj=LFM2VL_MMPROJ,
         moe_layout=NOT_A_MOE_INPUT,
     ),
     Family(

@@ -96,6 +96,12 @@ def negated_exp(band):
     return (-torch.exp(torch.from_numpy(np.ascontiguousarray(band)))).numpy()
 
 
+def channels_first(patch: int, band):
+    """Rows of a patch embedding (a linear layer over each patch's pixels, as (patch, patch, channels)) as the converter
+    stores them, (channels, patch, patch): a 2-D convolution's kernel (Gemma 4's, SigLIP2's)."""
+    return (band.reshape(len(band), patch, patch, -1).transpose(0, 3, 1, 2),)
+
+
 def softplus(band):
     """softplus of a band, by torch's as the converter computes it: Gemma 4's audio attention's per-dimension scales."""
     import numpy as np
