@@ -194,7 +194,7 @@ class GGUFPart:
 
 @dataclass(frozen=True)
 class MmprojPart:
-    """How llama.cpp's converter writes the family's vision part (tower and projector) as the mmproj file, with
+    """How llama.cpp's converter writes the family's towers (vision, audio) and projectors as the mmproj file, with
     `--mmproj` (sinks/gguf/vision.py): which tensors, their names and types, the vision keys and the projector's."""
 
     projector: str  # gguf.VisionProjectorType's member
@@ -293,7 +293,7 @@ class Family:
     meta_names: dict[str, Any] | Unsupported  # torchtitan's and torchtune's names (names.meta_rules: the rule kinds)
     fused_siblings: tuple[tuple[str, ...], ...] | Unsupported  # --quantize: Linear layers vLLM runs as one
     gguf: GGUFPart | Unsupported
-    mmproj: MmprojPart | Unsupported  # the vision part's file for llama.cpp (sinks/gguf/vision.py)
+    mmproj: MmprojPart | Unsupported  # the towers' file for llama.cpp (sinks/gguf/vision.py)
     moe_layout: MoELayout | Unsupported  # what merge-moe assembles as this family
     # The names torchtitan's current state-dict adapter gives this family (what `--to dcp --names torchtitan` writes);
     # among meta_names, which also holds older torchtitan's and torchtune's for reading.

@@ -29,7 +29,7 @@ LEGACY = ("q4_0", "q4_1", "q5_0", "q5_1")
 QUANTIZED = (*LEGACY, *kquants.MIXES)  # the types llama-quantize makes from the converter's file
 TYPES = ("f32", "f16", "bf16", "q8_0", *QUANTIZED)
 FILE_NAME = "model.gguf"  # inside the staging folder; committed as OUT itself
-MMPROJ_FILE_NAME = "mmproj.gguf"  # a vision-language model's vision part; committed beside OUT (mmproj_path)
+MMPROJ_FILE_NAME = "mmproj.gguf"  # a vision or speech model's towers; committed beside OUT (mmproj_path)
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ class GGUFPlan:
     vocabulary: str = ""  # what the tokenizer became, as inspect says it
     made_header: tuple = ()  # (the tensors, header()'s answer for them): a large vocabulary takes a while to pack
     routers_in_file_type: bool = False  # (GGUFPart's: DBRX's)
-    mmproj: GGUFPlan | None = None  # a vision-language model's second file, its vision part (vision.py)
+    mmproj: GGUFPlan | None = None  # a vision-language model's second file, its towers (vision.py)
     # One file of a split (split.py): (its number from 0, the count of files, the tensors of all), and its tensors
     split: tuple[int, int, int] | tuple[()] = ()
     tensors: set[str] | None = None  # (by llama.cpp's name; None: every tensor of the plan)
