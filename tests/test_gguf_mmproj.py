@@ -602,7 +602,7 @@ def test_lfm2_vl_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind, lfm2
     "change, message",
     [
         ({"projector_hidden_act": "silu"}, "projector_hidden_act is 'silu', and llama.cpp's lfm2 projector runs GELU"),
-        ({"vision_feature_layer": -2}, "vision_feature_layer is -2, and unshard writes LFM2-VL's tower whole"),
+        ({"vision_feature_layer": -2}, "vision_feature_layer is -2, which transformers ignores"),
     ],
 )
 def test_what_llama_cpp_s_lfm2_projector_computes_otherwise_is_one_line(change, message, lfm2vl_folder, tmp_path):

@@ -122,8 +122,9 @@ def lfm2vl_patch_embedding(name: str, shape: tuple[int, ...], vision: dict) -> R
 
 
 def lfm2vl_checked(hparams: dict, where: Path) -> None:
-    """LFM2's checks, and the projector as llama.cpp's lfm2 computes it: GELU, over the tower's last layer (the
-    converter's count of blocks for another is not followed here yet)."""
+    """LFM2's checks, and the projector as llama.cpp's lfm2 computes it: GELU, over the tower's last layer. (A
+    vision_feature_layer other than -1, which transformers ignores, running the whole tower, makes the converter write
+    fewer blocks: the two files would compute different models.)"""
     act = hparams.get("projector_hidden_act", "gelu")
     if act != "gelu":
         raise ConfigMismatchError(
@@ -133,8 +134,9 @@ def lfm2vl_checked(hparams: dict, where: Path) -> None:
     layer = hparams.get("vision_feature_layer", -1)
     if layer != -1:
         raise ConfigMismatchError(
-            f"{where}: vision_feature_layer is {layer}, and unshard writes LFM2-VL's tower whole (its last layer's "
-            "features) so far; write a folder and use llama.cpp's convert_hf_to_gguf.py"
+            f"{where}: vision_feature_layer is {layer}, which transformers ignores (it runs the whole tower) and "
+            "llama.cpp's converter follows (it writes fewer blocks); remove it from config.json to write the tower "
+            "as transformers runs it"
         )
     lfm2_checked(hparams, where)
 
