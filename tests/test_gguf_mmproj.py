@@ -346,6 +346,8 @@ def test_llama4_s_mmproj_is_the_converter_s(kind, llama4_folder, converter, tmp_
     assert_same_tensors(ours[1], ln2)
     named = {t[0] for t in ours[1]}
     assert {"mm.model.fc.weight", "v.class_embd", "mm.model.mlp.2.weight", "v.blk.2.ln2.bias"} <= named
+    notes = unshard.plan(LLAMA4, output=unshard.OutputOptions(gguf=kind)).notes
+    assert any("gives an image's tokens column by column" in note for note in notes)
     assert not any(t[0].startswith(("v.", "mm.")) for t in contents(out)[1])
 
 

@@ -134,6 +134,8 @@ LLAMA4_MMPROJ = MmprojPart(
     llama4_projector_keys,
     forced_type=mmproj_model_forced_type,
     converter_name=llama4_vision_name,
+    note="llama.cpp's llama4 projector gives an image's tokens column by column, where transformers gives them row by "
+    "row (its pixel shuffle lacks transformers' last transpose): the text model reads them in an order not trained on",
 )
 
 LLAMA4 = GGUFPart(

@@ -222,6 +222,9 @@ class MmprojPart:
     audio_sizes: Callable[[dict, Any], dict | None] | None = None
     # the projector's type under clip.vision (a file that may hold an audio part beside: Gemma 4's), not clip's
     vision_projector_type: bool = False
+    # what the conversion notes of the file: how llama.cpp's graph computes otherwise than transformers, whatever the
+    # file says (Llama 4's tokens, column by column), or None
+    note: str | None = None
 
 
 # Linear layers that vLLM runs as one, for a model of a family not listed (and the vision-language models, whose

@@ -53,6 +53,8 @@ def plan_mmproj(
     plan = GGUFPlan(mm_type, "clip", gguf.GGUFWriter(None, "clip"))
     if mm_type != file_type:
         plan.notes.append(f"the mmproj file is written in F16: llama-quantize makes {file_type} of the text model only")
+    if part.note:
+        plan.notes.append(part.note)
     qtype = getattr(gguf.GGMLQuantizationType, mm_type.upper())
     # (the converter's names of a file of two towers are those of 128 blocks, whatever either tower has)
     names = gguf.get_tensor_name_map(
