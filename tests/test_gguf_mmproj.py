@@ -92,6 +92,20 @@ def with_config(folder: Path, tmp_path: Path, change) -> Path:
     return changed
 
 
+def assert_refused(folder: Path, tmp_path: Path, change: dict, message: str, within: str = "", check: bool = True):
+    """A copy of the folder whose config (`within`: one of its sections) takes `change` (a dict in it merged into the
+    config's dict of that key): planning its GGUF files is one line matching message, before anything is written."""
+
+    def changed_config(config: dict) -> None:
+        target = config[within] if within else config
+        for key, value in change.items():
+            target[key] = {**target[key], **value} if isinstance(value, dict) else value
+
+    changed = with_config(folder, tmp_path, changed_config)
+    with pytest.raises(unshard.ConfigMismatchError, match=message):
+        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"), check=check)
+
+
 @pytest.fixture(scope="module")
 def pixtral_folder(tmp_path_factory):
     return unsharded(PIXTRAL, tmp_path_factory)
@@ -245,9 +259,7 @@ def test_llama_cpp_reads_gemma4_images_as_transformers_does(kind, gemma4_folder,
     ],
 )
 def test_what_llama_cpp_s_gemma4v_computes_otherwise_is_one_line(change, message, gemma4_folder, tmp_path):
-    changed = with_config(gemma4_folder, tmp_path, lambda config: config["vision_config"].update(change))
-    with pytest.raises(unshard.ConfigMismatchError, match=message):
-        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
+    assert_refused(gemma4_folder, tmp_path, change, message, within="vision_config")
 
 
 @pytest.fixture(scope="module")
@@ -320,9 +332,7 @@ def test_llama_cpp_hears_gemma4_s_sounds_as_transformers_does(kind, gemma4av_fol
     ],
 )
 def test_what_llama_cpp_s_gemma4a_computes_otherwise_is_one_line(change, message, gemma4av_folder, tmp_path):
-    changed = with_config(gemma4av_folder, tmp_path, lambda config: config["audio_config"].update(change))
-    with pytest.raises(unshard.ConfigMismatchError, match=message):
-        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
+    assert_refused(gemma4av_folder, tmp_path, change, message, within="audio_config")
 
 
 @pytest.fixture(scope="module")
@@ -383,9 +393,7 @@ def test_llama_cpp_reads_llama4_images_as_transformers_does(kind, llama4_folder,
     ],
 )
 def test_what_llama_cpp_s_llama4_projector_computes_otherwise_is_one_line(change, message, llama4_folder, tmp_path):
-    changed = with_config(llama4_folder, tmp_path, lambda config: config["vision_config"].update(change))
-    with pytest.raises(unshard.ConfigMismatchError, match=message):
-        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
+    assert_refused(llama4_folder, tmp_path, change, message, within="vision_config")
 
 
 @pytest.fixture(scope="module")
@@ -438,13 +446,7 @@ def test_llama_cpp_reads_smolvlm_images_as_transformers_does(kind, smolvlm_folde
     ],
 )
 def test_what_llama_cpp_s_idefics3_computes_otherwise_is_one_line(change, message, smolvlm_folder, tmp_path):
-    def changed_config(config: dict) -> None:
-        for key, value in change.items():
-            config[key] = {**config[key], **value}
-
-    changed = with_config(smolvlm_folder, tmp_path, changed_config)
-    with pytest.raises(unshard.ConfigMismatchError, match=message):
-        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
+    assert_refused(smolvlm_folder, tmp_path, change, message)
 
 
 @pytest.fixture(scope="module")
@@ -497,9 +499,7 @@ def test_llama_cpp_hears_qwen2_audio_s_sounds_as_transformers_does(kind, qwen2au
     ],
 )
 def test_what_llama_cpp_s_whisper_encoder_computes_otherwise_is_one_line(change, message, qwen2audio_folder, tmp_path):
-    changed = with_config(qwen2audio_folder, tmp_path, lambda config: config["audio_config"].update(change))
-    with pytest.raises(unshard.ConfigMismatchError, match=message):
-        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
+    assert_refused(qwen2audio_folder, tmp_path, change, message, within="audio_config")
 
 
 def test_voxtral_s_audio_tower_is_left_out_with_the_reason(tmp_path):
@@ -555,13 +555,7 @@ def test_llava_s_pixtral_tower_is_mistral3_s_without_its_merger(kind, llava_fold
     ],
 )
 def test_what_llama_cpp_s_llava_computes_otherwise_is_one_line(change, message, llava_folder, tmp_path):
-    def changed_config(config: dict) -> None:
-        for key, value in change.items():
-            config[key] = {**config[key], **value} if isinstance(value, dict) else value
-
-    changed = with_config(llava_folder, tmp_path, changed_config)
-    with pytest.raises(unshard.ConfigMismatchError, match=message):
-        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"), check=False)
+    assert_refused(llava_folder, tmp_path, change, message, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -608,6 +602,4 @@ def test_lfm2_vl_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind, lfm2
     ],
 )
 def test_what_llama_cpp_s_lfm2_projector_computes_otherwise_is_one_line(change, message, lfm2vl_folder, tmp_path):
-    changed = with_config(lfm2vl_folder, tmp_path, lambda config: config.update(change))
-    with pytest.raises(unshard.ConfigMismatchError, match=message):
-        unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"))
+    assert_refused(lfm2vl_folder, tmp_path, change, message)

@@ -11,17 +11,7 @@ from pathlib import Path
 
 from .gguf_hooks import fixed_in_code, mmproj_model_forced_type
 from .llama import GGUF as LLAMA
-from .parts import (
-    DEFAULT_FUSED_SIBLINGS,
-    NO_TABLE,
-    NOT_A_MOE_INPUT,
-    Family,
-    GGUFPart,
-    MmprojPart,
-    Rearrangement,
-    Unsupported,
-    no_trainer_model,
-)
+from .parts import GGUFPart, MmprojPart, Rearrangement, Unsupported, multimodal_family
 
 
 def whisper_sizes(config: dict, where: Path) -> dict | None:
@@ -99,28 +89,21 @@ VOXTRAL_MMPROJ = Unsupported(
 )
 
 
-def _family(name: str, model_type: str, architecture: str, text: GGUFPart, mmproj: MmprojPart | Unsupported) -> Family:
-    return Family(
-        name,
-        model_type,
-        architecture,
-        tensors=NO_TABLE,
-        megatron=Unsupported(f"Megatron's {name} layout (its Whisper encoder) is not mapped yet"),
-        **no_trainer_model(name),
-        fused_siblings=DEFAULT_FUSED_SIBLINGS,
-        gguf=text,
-        mmproj=mmproj,
-        moe_layout=NOT_A_MOE_INPUT,
-    )
-
-
 FAMILIES = (
-    _family("Qwen2-Audio", "qwen2_audio", "Qwen2AudioForConditionalGeneration", GGUFPart("QWEN2"), QWEN2A),
-    _family(
+    multimodal_family(
+        "Qwen2-Audio",
+        "qwen2_audio",
+        "Qwen2AudioForConditionalGeneration",
+        GGUFPart("QWEN2"),
+        QWEN2A,
+        "its Whisper encoder",
+    ),
+    multimodal_family(
         "Voxtral",
         "voxtral",
         "VoxtralForConditionalGeneration",
         replace(LLAMA, towers=r"^(?:model\.)?(?:audio_tower|multi_modal_projector)\."),
         VOXTRAL_MMPROJ,
+        "its Whisper encoder",
     ),
 )

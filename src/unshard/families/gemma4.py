@@ -7,7 +7,6 @@ factors, and the vocabulary as llama.cpp's gemma4 tokenizer."""
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
@@ -27,10 +26,10 @@ from .parts import (
     GGUFPart,
     MmprojPart,
     Rearrangement,
-    channels_first,
     fused_experts_as_linear,
     middle_axis_dropped,
     no_trainer_model,
+    patch_embedding_as_convolution,
     softplus,
 )
 
@@ -183,9 +182,7 @@ def gemma4_rearranged(name: str, shape: tuple[int, ...], vision: dict) -> Rearra
     attention's per-dimension scales as softplus of them, which llama.cpp multiplies by; the audio convolutions'
     depthwise kernels without their middle axis of one."""
     if name.endswith("patch_embedder.input_proj.weight"):
-        embedding, pixels = shape
-        patch = int((pixels // 3) ** 0.5)
-        return Rearrangement({name: (embedding, 3, patch, patch)}, partial(channels_first, patch))
+        return patch_embedding_as_convolution(name, shape)
     if name.endswith(("per_dim_scale.weight", "per_dim_key_scale.weight")):
         return Rearrangement({name: shape}, lambda band: (softplus(band),))
     if "depthwise_conv1d" in name and name.endswith(".weight"):

@@ -9,7 +9,6 @@ shuffled 2 x 2 into a normed MLP: the tower as the mmproj file of llama.cpp's lf
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
@@ -23,9 +22,9 @@ from .parts import (
     MmprojPart,
     Rearrangement,
     Unsupported,
-    channels_first,
     middle_axis_dropped,
     no_trainer_model,
+    patch_embedding_as_convolution,
 )
 
 
@@ -115,10 +114,7 @@ def lfm2vl_tower_name(name: str) -> str:
 
 def lfm2vl_patch_embedding(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
     """SigLIP2's patch embedding, a linear layer over each patch's pixels, as the converter's 2-D convolution."""
-    if not name.endswith("embeddings.patch_embedding.weight"):
-        return None
-    patch = vision["patch_size"]
-    return Rearrangement({name: (shape[0], 3, patch, patch)}, partial(channels_first, patch))
+    return patch_embedding_as_convolution(name, shape) if name.endswith("embeddings.patch_embedding.weight") else None
 
 
 def lfm2vl_checked(hparams: dict, where: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .llama import GGUF as LLAMA
 from .mistral3 import PIXTRAL, pixtral_projector_checked
-from .parts import DEFAULT_FUSED_SIBLINGS, NO_TABLE, NOT_A_MOE_INPUT, Family, Unsupported, no_trainer_model
+from .parts import multimodal_family
 
 
 def llava_checked(hparams: dict, where: Path) -> None:
@@ -39,16 +39,13 @@ def llava_checked(hparams: dict, where: Path) -> None:
 
 
 FAMILIES = (
-    Family(
+    multimodal_family(
         "LLaVA (Pixtral)",
         "llava",
         "LlavaForConditionalGeneration",
-        tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's LLaVA layout (its Pixtral tower) is not mapped yet"),
-        **no_trainer_model("LLaVA"),
-        fused_siblings=DEFAULT_FUSED_SIBLINGS,
-        gguf=replace(LLAMA, check_config=llava_checked),
-        mmproj=PIXTRAL,
-        moe_layout=NOT_A_MOE_INPUT,
+        replace(LLAMA, check_config=llava_checked),
+        PIXTRAL,
+        "its Pixtral tower",
+        says="LLaVA",
     ),
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,16 @@ def negated_exp(band):
 
 def channels_first(patch: int, band):
     """Rows of a patch embedding (a linear layer over each patch's pixels, as (patch, patch, channels)) as the converter
-    stores them, (channels, patch, patch): a 2-D convolution's kernel (Gemma 4's, SigLIP2's)."""
+    stores them, (channels, patch, patch): a 2-D convolution's kernel."""
     return (band.reshape(len(band), patch, patch, -1).transpose(0, 3, 1, 2),)
+
+
+def patch_embedding_as_convolution(name: str, shape: tuple[int, ...]) -> Rearrangement:
+    """A patch embedding that is a linear layer over each patch's RGB pixels (Gemma 4's, SigLIP2's), as the converter
+    stores it: a 2-D convolution's kernel, the patch's side from its width."""
+    embedding, pixels = shape
+    patch = int((pixels // 3) ** 0.5)
+    return Rearrangement({name: (embedding, 3, patch, patch)}, partial(channels_first, patch))
 
 
 def softplus(band):
@@ -329,3 +338,30 @@ class Family:
         if found is None:
             return Unsupported("Megatron-LM's args cannot say this family (they would describe a Llama)")
         return rules
+
+
+def multimodal_family(
+    name: str,
+    model_type: str,
+    architecture: str,
+    gguf: GGUFPart,
+    mmproj: MmprojPart | Unsupported,
+    tower: str,
+    says: str | None = None,
+) -> Family:
+    """A vision or speech model unshard knows for GGUF alone: a text model beside a tower (`tower`: what Megatron's
+    layout of it would have to map), its names asked of transformers, no trainer's model of it (`says`: its name in
+    those reasons, `name` where None), the common fused siblings for --quantize, no merge-moe input."""
+    says = says or name
+    return Family(
+        name,
+        model_type,
+        architecture,
+        tensors=NO_TABLE,
+        megatron=Unsupported(f"Megatron's {says} layout ({tower}) is not mapped yet"),
+        **no_trainer_model(says),
+        fused_siblings=DEFAULT_FUSED_SIBLINGS,
+        gguf=gguf,
+        mmproj=mmproj,
+        moe_layout=NOT_A_MOE_INPUT,
+    )

@@ -11,15 +11,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .gguf_hooks import mmproj_model_forced_type
 from .llama import GGUF as LLAMA
-from .parts import (
-    DEFAULT_FUSED_SIBLINGS,
-    NO_TABLE,
-    NOT_A_MOE_INPUT,
-    Family,
-    MmprojPart,
-    Unsupported,
-    no_trainer_model,
-)
+from .parts import MmprojPart, multimodal_family
 
 # SmolVLM 2's tower config (model_type smolvlm_vision) leaves out sizes transformers defaults: the converter fills them
 SMOLVLM_VISION_DEFAULTS = {"hidden_size": 1152, "num_attention_heads": 16, "intermediate_size": 3072}
@@ -76,22 +68,10 @@ IDEFICS3_MMPROJ = MmprojPart(
 IDEFICS3_TEXT = replace(LLAMA, renames=((r"text_model\.", ""),), check_config=idefics3_checked)
 
 
-def _family(name: str, model_type: str, architecture: str) -> Family:
-    return Family(
-        name,
-        model_type,
-        architecture,
-        tensors=NO_TABLE,
-        megatron=Unsupported(f"Megatron's {name} layout (its SigLIP tower) is not mapped yet"),
-        **no_trainer_model(name),
-        fused_siblings=DEFAULT_FUSED_SIBLINGS,
-        gguf=IDEFICS3_TEXT,
-        mmproj=IDEFICS3_MMPROJ,
-        moe_layout=NOT_A_MOE_INPUT,
+FAMILIES = tuple(
+    multimodal_family(name, model_type, architecture, IDEFICS3_TEXT, IDEFICS3_MMPROJ, "its SigLIP tower")
+    for name, model_type, architecture in (
+        ("SmolVLM", "smolvlm", "SmolVLMForConditionalGeneration"),
+        ("Idefics3", "idefics3", "Idefics3ForConditionalGeneration"),
     )
-
-
-FAMILIES = (
-    _family("SmolVLM", "smolvlm", "SmolVLMForConditionalGeneration"),
-    _family("Idefics3", "idefics3", "Idefics3ForConditionalGeneration"),
 )
