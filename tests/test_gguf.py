@@ -752,7 +752,7 @@ def test_gemma3_vision_model_writes_its_mmproj_beside_as_the_converter_does(conv
     ) == ("F16", "F32", "Q8_0", "F16")
     assert "vision_tower" not in str(contents(tmp_path / "f32.gguf")[1])  # (the text file holds no vision tensor)
     code, out, _ = run_cli("convert", src, tmp_path / "dry.gguf", "--gguf-type", "q8_0", "--dry-run")
-    assert code == 0 and "mmproj       the towers (vision, audio)" in out
+    assert code == 0 and "mmproj       the vision tower, for llama.cpp" in out
     assert "mmproj.gguf" in out and "type q8_0" in out
     (tmp_path / "mmproj-again.gguf").write_bytes(b"someone's")  # (an mmproj in the way is kept, as OUT would be)
     code, _, err = run_cli("convert", src, tmp_path / "again.gguf", "--no-progress")

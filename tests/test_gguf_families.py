@@ -995,6 +995,7 @@ DENSE = {
     "dbrx-fsdp2": "dbrx",
     "smolvlm-fsdp2": "llama",
     "qwen2audio-fsdp2": "qwen2",
+    "audioflamingo3-fsdp2": "qwen2",
     "voxtral-fsdp2": "llama",
     "llava-pixtral-fsdp2": "llama",
     "lfm2vl-fsdp2": "lfm2",
@@ -1078,6 +1079,7 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     vision = vision or case in ("llava-pixtral-fsdp2", "lfm2vl-fsdp2")
     auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
     auto = transformers.AutoModelForMultimodalLM if case in ("qwen2audio-fsdp2", "voxtral-fsdp2") else auto
+    auto = transformers.AutoModelForSeq2SeqLM if case == "audioflamingo3-fsdp2" else auto
     model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32, **AS_THE_FILE.get(case, {}))
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]
     # (transformers 5.24's Llama 4 runs no text without an image: its causal LM within does)

@@ -31,6 +31,7 @@ from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, u
 )
 
 import unshard
+from unshard import families
 
 PIXTRAL = SHIPPED / "mistral3-fsdp2" / "global_step_1"
 GEMMA4 = SHIPPED / "gemma4vl-fsdp2" / "global_step_1"
@@ -39,6 +40,7 @@ LLAMA4 = SHIPPED / "llama4-fsdp2" / "global_step_1"
 SMOLVLM = SHIPPED / "smolvlm-fsdp2" / "global_step_1"
 QWEN2_AUDIO = SHIPPED / "qwen2audio-fsdp2" / "global_step_1"
 VOXTRAL = SHIPPED / "voxtral-fsdp2" / "global_step_1"
+AUDIO_FLAMINGO = SHIPPED / "audioflamingo3-fsdp2" / "global_step_1"
 LLAVA = SHIPPED / "llava-pixtral-fsdp2" / "global_step_1"
 LFM2_VL = SHIPPED / "lfm2vl-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
@@ -295,6 +297,8 @@ def test_gemma4_s_mmproj_with_its_audio_tower_is_the_converter_s(kind, gemma4av_
     named = {t[0]: t for t in ours[1]}
     assert named["a.blk.0.per_dim_scale.weight"][1] == "F32" and named["a.blk.0.conv_dw.weight"][2] == [5, 32]
     assert not any(t[0].startswith(("v.", "a.", "mm.")) for t in contents(out)[1])
+    plan = unshard.plan(GEMMA4_AUDIO, output=unshard.OutputOptions(gguf=kind))
+    assert plan.summary()["gguf"]["mmproj"]["towers"] == ["vision", "audio"]
 
 
 @pytest.mark.parametrize("kind", ["f32", "q8_0"])
@@ -454,38 +458,60 @@ def qwen2audio_folder(tmp_path_factory):
     return unsharded(QWEN2_AUDIO, tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def flamingo_folder(tmp_path_factory):
+    return unsharded(AUDIO_FLAMINGO, tmp_path_factory)
+
+
+# Whisper's encoder beside a text model: (source, its folder's fixture, llama.cpp's projector, the convolutions'
+# kernels' type, a projector's tensor)
+WHISPER_ENCODERS = {
+    "qwen2-audio": (QWEN2_AUDIO, "qwen2audio_folder", "qwen2a", "F16", "mm.a.fc.weight"),
+    "audio-flamingo-3": (AUDIO_FLAMINGO, "flamingo_folder", "musicflamingo", "F32", "mm.a.mlp.2.bias"),
+}
+
+
+@pytest.mark.parametrize("model", WHISPER_ENCODERS)
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
-def test_qwen2_audio_s_mmproj_is_the_converter_s(kind, qwen2audio_folder, converter, tmp_path):
+def test_a_whisper_encoder_s_mmproj_is_the_converter_s(kind, model, converter, request, tmp_path):
     """An audio tower alone (no vision keys): every field in order and every tensor's name, type, shape and bytes are
-    the converter's, Whisper's convolutions in F16 whatever the type and their biases as columns, the projector as
-    `mm.a.fc`."""
+    the converter's, Whisper's convolutions' kernels in the type it forces whatever the file's (Qwen2-Audio's F16,
+    Audio Flamingo 3's F32) and their biases as columns, the projector under `mm.a.`."""
+    source, folder, projector, conv_type, projection = WHISPER_ENCODERS[model]
     out = tmp_path / "m.gguf"
-    unshard.convert(QWEN2_AUDIO, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    unshard.convert(source, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
     ours = contents(tmp_path / "mmproj-m.gguf")
-    theirs = contents(converter(qwen2audio_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
+    theirs = contents(converter(request.getfixturevalue(folder), kind, tmp_path / "oracle.gguf", mmproj=True))
     assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
-    assert ours[0]["clip.projector_type"] == "qwen2a" and "clip.has_vision_encoder" not in ours[0]
+    assert ours[0]["clip.projector_type"] == projector and "clip.has_vision_encoder" not in ours[0]
+    assert unshard.plan(source, output=unshard.OutputOptions(gguf=kind)).summary()["gguf"]["mmproj"]["towers"] == ["audio"]
     assert_same_tensors(ours[1], theirs[1])
     named = {t[0]: t for t in ours[1]}
-    assert named["a.conv1d.1.weight"][1] == "F16" and named["a.conv1d.1.bias"][2] == [1, 32]
+    assert named["a.conv1d.1.weight"][1] == conv_type and named["a.conv1d.1.bias"][2] == [1, 32]
+    assert projection in named
     assert not any(t[0].startswith(("a.", "mm.")) for t in contents(out)[1])
 
 
+@pytest.mark.parametrize("model", WHISPER_ENCODERS)
 @pytest.mark.parametrize("kind", ["f32", "q8_0"])
-def test_llama_cpp_hears_qwen2_audio_s_sounds_as_transformers_does(kind, qwen2audio_folder, tmp_path):
+def test_llama_cpp_hears_a_sound_as_transformers_does(kind, model, request, tmp_path):
     """mtmd cuts a sound into Whisper's chunks of 30 seconds (the 3,000 mel frames of 30 seconds and one more: two
-    chunks here) and makes the first into transformers' audio features of the same samples (Qwen2-Audio's feature
+    chunks here) and makes the first into transformers' audio features of the same samples (the model's feature
     extractor, the encoder over the chunk unmasked, 750 tokens after its pooling), projected to the text's width."""
-    from transformers import AutoFeatureExtractor, AutoModelForMultimodalLM
+    from transformers import AutoFeatureExtractor, AutoModelForMultimodalLM, AutoModelForSeq2SeqLM
 
-    unshard.convert(QWEN2_AUDIO, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
-    model = AutoModelForMultimodalLM.from_pretrained(qwen2audio_folder, dtype=torch.float32)
+    source, folder, *_ = WHISPER_ENCODERS[model]
+    folder = request.getfixturevalue(folder)
+    unshard.convert(source, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+    flamingo = model == "audio-flamingo-3"  # (its encoder asks for the frames' mask; Qwen2-Audio's takes none)
+    model = (AutoModelForSeq2SeqLM if flamingo else AutoModelForMultimodalLM).from_pretrained(folder, dtype=torch.float32)
     sound, embeddings = sound_embeddings(tmp_path / "m.gguf", tmp_path, seconds=30)
-    extract = AutoFeatureExtractor.from_pretrained(qwen2audio_folder)
+    extract = AutoFeatureExtractor.from_pretrained(folder)
     features = extract(sound, sampling_rate=16000, return_attention_mask=True, return_tensors="pt")
     assert bool(features["attention_mask"].all())
+    mask = {"input_features_mask": features["attention_mask"]} if flamingo else {}
     with torch.no_grad():
-        heard = model.model.audio_tower(features["input_features"]).last_hidden_state
+        heard = model.model.audio_tower(features["input_features"], **mask).last_hidden_state
         expected = model.model.multi_modal_projector(heard)[0]
     assert embeddings.shape == (1500, 64) and expected.shape == (750, 64)
     assert relative_distance(embeddings[:750], expected) <= AUDIO_TOLERANCE[kind]
@@ -500,6 +526,24 @@ def test_llama_cpp_hears_qwen2_audio_s_sounds_as_transformers_does(kind, qwen2au
 )
 def test_what_llama_cpp_s_whisper_encoder_computes_otherwise_is_one_line(change, message, qwen2audio_folder, tmp_path):
     assert_refused(qwen2audio_folder, tmp_path, change, message, within="audio_config")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"projector_hidden_act": "silu"}, "the audio tower's projector_hidden_act is silu, and llama.cpp's musicflamingo"),
+        ({"audio_config": {"scale_embedding": True}}, "the audio tower's scale_embedding is True, and llama.cpp's"),
+    ],
+)
+def test_what_llama_cpp_s_musicflamingo_computes_otherwise_is_one_line(change, message, flamingo_folder, tmp_path):
+    assert_refused(flamingo_folder, tmp_path, change, message)
+
+
+def test_a_flamingo_projector_without_biases_is_one_line(flamingo_folder):
+    """(A projector without biases has other tensors than the fixture's checkpoint: its config is asked alone.)"""
+    config = json.loads((flamingo_folder / "config.json").read_text())
+    with pytest.raises(unshard.ConfigMismatchError, match="projector_bias is False, and llama.cpp's musicflamingo"):
+        families.audio.flamingo_projector_checked({**config, "projector_bias": False}, flamingo_folder)
 
 
 def test_voxtral_s_audio_tower_is_left_out_with_the_reason(tmp_path):

@@ -342,6 +342,7 @@ FAMILY_CASES = [
     "smolvlm-fsdp2",  # (its vision tower and connector left as they are)
     "gemma4av-fsdp2",  # (E2B's: its audio tower left as it is too)
     "qwen2audio-fsdp2",  # (its audio tower left as it is)
+    "audioflamingo3-fsdp2",
     "voxtral-fsdp2",
     "llava-pixtral-fsdp2",
     "lfm2vl-fsdp2",  # (its vision tower and projector left as they are)

@@ -1,8 +1,10 @@
 """Speech-language models whose audio tower is Whisper's encoder: Qwen2-Audio (`Qwen2AudioForConditionalGeneration`),
-a Qwen2 beside the encoder, its output pooled 2 to 1 and projected to the text model's width; Voxtral
+a Qwen2 beside the encoder, its output pooled 2 to 1 and projected to the text model's width; Audio Flamingo 3
+(`AudioFlamingo3ForConditionalGeneration`), the same with a two-layer GELU projector; Voxtral
 (`VoxtralForConditionalGeneration`), a Llama beside it, 4 of its frames stacked into each token by an MLP. The text
-model as llama.cpp's qwen2 or llama, Qwen2-Audio's encoder and projector as the mmproj file of llama.cpp's qwen2a
-projector (an audio tower alone: no vision keys); Voxtral's, which llama.cpp's voxtral computes otherwise, left out."""
+model as llama.cpp's qwen2 or llama, the encoders and projectors as mmproj files of an audio tower alone (no vision
+keys): llama.cpp's qwen2a and musicflamingo projectors; Voxtral's, which llama.cpp's voxtral computes otherwise, left
+out."""
 
 from __future__ import annotations
 
@@ -80,6 +82,30 @@ QWEN2A = MmprojPart(
 )
 
 
+def flamingo_projector_checked(config: dict, where: Path) -> dict | None:
+    """Whisper's encoder (as Qwen2-Audio's), and the projector as llama.cpp's musicflamingo runs it: two linear layers
+    with biases, GELU (erf) between."""
+    runs = {
+        "projector_hidden_act": (config.get("projector_hidden_act", "gelu"), "gelu"),
+        "projector_bias": (config.get("projector_bias", True), True),
+    }
+    fixed_in_code(where, "audio", "musicflamingo projector", runs)
+    return whisper_sizes(config, where)
+
+
+def flamingo_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
+    """The converter's AudioFlamingo3WhisperEncoderModel's: the convolutions' kernels in F32 whatever the file's type
+    (the model was trained in bf16, which F16 may not hold), then MmprojModel's."""
+    if ".conv" in source and ".weight" in source:
+        return gguf.GGMLQuantizationType.F32
+    return mmproj_model_forced_type(gguf, source, name, shape, qtype, file_type)
+
+
+MUSIC_FLAMINGO = replace(
+    QWEN2A, projector="MUSIC_FLAMINGO", forced_type=flamingo_forced_type, audio_sizes=flamingo_projector_checked
+)
+
+
 # llama.cpp's voxtral (llama-cpp-python 0.3.36's) averages the encoder's frames 2 to 1 before stacking 4 of them, where
 # Voxtral stacks them as they are (transformers 5.24 builds the pooling and does not use it): it gives half the tokens
 # of another model, and stops on the lengths it counts otherwise than its graph makes them (every 30-second chunk)
@@ -96,6 +122,14 @@ FAMILIES = (
         "Qwen2AudioForConditionalGeneration",
         GGUFPart("QWEN2"),
         QWEN2A,
+        "its Whisper encoder",
+    ),
+    multimodal_family(
+        "Audio Flamingo 3",
+        "audioflamingo3",
+        "AudioFlamingo3ForConditionalGeneration",
+        GGUFPart("QWEN2"),
+        MUSIC_FLAMINGO,
         "its Whisper encoder",
     ),
     multimodal_family(

@@ -172,7 +172,8 @@ def summary_lines(gguf: dict[str, Any]) -> list[str]:
         )
     if mmproj:
         lines.append(
-            f"mmproj       the towers (vision, audio), for llama.cpp's multimodal library, in a second file beside OUT "
+            f"mmproj       the {' and '.join(mmproj['towers'])} tower{'s' * (len(mmproj['towers']) > 1)}, for llama.cpp's "
+            "multimodal library, in a second file beside OUT "
             f"(mmproj-OUT), type {mmproj['type']}: "
             + ", ".join(f"{n} tensor(s) in {t}" for t, n in mmproj["tensor_types"].items())
         )

@@ -177,6 +177,7 @@ class GGUFPlan:
     made_header: tuple = ()  # (the tensors, header()'s answer for them): a large vocabulary takes a while to pack
     routers_in_file_type: bool = False  # (GGUFPart's: DBRX's)
     mmproj: GGUFPlan | None = None  # a vision-language model's second file, its towers (vision.py)
+    towers: tuple[str, ...] = ()  # (an mmproj file's: the towers it holds, vision and audio, as inspect says them)
     # One file of a split (split.py): (its number from 0, the count of files, the tensors of all), and its tensors
     split: tuple[int, int, int] | tuple[()] = ()
     tensors: set[str] | None = None  # (by llama.cpp's name; None: every tensor of the plan)
@@ -219,6 +220,7 @@ class GGUFPlan:
             "tensor_types": counts,
             "vocabulary": self.vocabulary,
             "mmproj": self.mmproj.summary() if self.mmproj else None,
+            **({"towers": list(self.towers)} if self.towers else {}),
         }
 
 

@@ -51,6 +51,7 @@ def plan_mmproj(
     vision, audio = _tower_sizes(part, hparams, where)
     mm_type = file_type if file_type in MMPROJ_TYPES else "f16"
     plan = GGUFPlan(mm_type, "clip", gguf.GGUFWriter(None, "clip"))
+    plan.towers = tuple(kind for kind, sizes in (("vision", vision), ("audio", audio)) if sizes is not None)
     if mm_type != file_type:
         plan.notes.append(f"the mmproj file is written in F16: llama-quantize makes {file_type} of the text model only")
     if part.note:
