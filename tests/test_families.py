@@ -285,6 +285,7 @@ TESTED = {
         "mpt": "mpt-fsdp2",
         "apertus": "apertus-fsdp2",
         "deepseek_v2": "deepseekv2-fsdp2",
+        "youtu": "youtu-fsdp2",
         "ministral3": "ministral3-fsdp2",
         "lfm2_moe": "lfm2moe-fsdp2",
         "glm4v": "glm4v-fsdp2",

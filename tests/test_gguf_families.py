@@ -857,6 +857,17 @@ def test_a_latent_attention_without_a_query_down_projection_is_taken_as_llama_cp
         latent_query_checked({"q_lora_rank": None, "num_hidden_layers": 3}, "config.json")
 
 
+def test_a_rotary_part_turned_by_halves_is_one_line(tmp_path):
+    """llama.cpp's deepseek2 turns the latent attention's rotary part by interleaved pairs, as DeepSeek's and Youtu's
+    weights keep them: a config turning it by halves (rope_interleave false) is one line, before anything is written."""
+    src = SHIPPED / "youtu-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "rope_interleave": False}))
+    with pytest.raises(unshard.ConfigMismatchError, match="rope_interleave is false .the rotary part turned by halves"):
+        unshard.plan(tmp_path / "hf", output=unshard.OutputOptions(gguf="f32"))
+
+
 def test_deepseek_v3_s_multi_token_prediction_layer_kept_in_folders_and_left_out_of_gguf(converter, tmp_path):
     """A DeepSeek-V3 folder as the Hub's holds one: a layer past num_hidden_layers that num_nextn_predict_layers
     counts (the multi-token prediction layer; here a layer of a 4-layer model saved by transformers, its config then
@@ -981,6 +992,7 @@ DENSE = {
     "falconh1-fsdp2": "falcon-h1",
     "apertus-fsdp2": "apertus",
     "deepseekv2-fsdp2": "deepseek2",
+    "youtu-fsdp2": "deepseek2",
     "ministral3-fsdp2": "mistral3",
     "lfm2moe-fsdp2": "lfm2moe",
     "llama4-fsdp2": "llama4",

@@ -484,7 +484,8 @@ def test_a_whisper_encoder_s_mmproj_is_the_converter_s(kind, model, converter, r
     theirs = contents(converter(request.getfixturevalue(folder), kind, tmp_path / "oracle.gguf", mmproj=True))
     assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
     assert ours[0]["clip.projector_type"] == projector and "clip.has_vision_encoder" not in ours[0]
-    assert unshard.plan(source, output=unshard.OutputOptions(gguf=kind)).summary()["gguf"]["mmproj"]["towers"] == ["audio"]
+    plan = unshard.plan(source, output=unshard.OutputOptions(gguf=kind))
+    assert plan.summary()["gguf"]["mmproj"]["towers"] == ["audio"]
     assert_same_tensors(ours[1], theirs[1])
     named = {t[0]: t for t in ours[1]}
     assert named["a.conv1d.1.weight"][1] == conv_type and named["a.conv1d.1.bias"][2] == [1, 32]
@@ -504,7 +505,8 @@ def test_llama_cpp_hears_a_sound_as_transformers_does(kind, model, request, tmp_
     folder = request.getfixturevalue(folder)
     unshard.convert(source, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
     flamingo = model == "audio-flamingo-3"  # (its encoder asks for the frames' mask; Qwen2-Audio's takes none)
-    model = (AutoModelForSeq2SeqLM if flamingo else AutoModelForMultimodalLM).from_pretrained(folder, dtype=torch.float32)
+    auto = AutoModelForSeq2SeqLM if flamingo else AutoModelForMultimodalLM
+    model = auto.from_pretrained(folder, dtype=torch.float32)
     sound, embeddings = sound_embeddings(tmp_path / "m.gguf", tmp_path, seconds=30)
     extract = AutoFeatureExtractor.from_pretrained(folder)
     features = extract(sound, sampling_rate=16000, return_attention_mask=True, return_tensors="pt")
@@ -531,7 +533,7 @@ def test_what_llama_cpp_s_whisper_encoder_computes_otherwise_is_one_line(change,
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"projector_hidden_act": "silu"}, "the audio tower's projector_hidden_act is silu, and llama.cpp's musicflamingo"),
+        ({"projector_hidden_act": "silu"}, "the audio tower's projector_hidden_act is silu, and llama.cpp's music"),
         ({"audio_config": {"scale_embedding": True}}, "the audio tower's scale_embedding is True, and llama.cpp's"),
     ],
 )

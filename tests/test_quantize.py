@@ -324,6 +324,7 @@ FAMILY_CASES = [
     "mpt-fsdp2",
     "apertus-fsdp2",  # (its xIELU parameters left as they are)
     "deepseekv2-fsdp2",
+    "youtu-fsdp2",
     "ministral3-fsdp2",
     "lfm2moe-fsdp2",
     "llama4-fsdp2",  # (its fused experts each a Linear layer, its vision tower left as it is)

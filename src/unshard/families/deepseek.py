@@ -1,4 +1,5 @@
-"""DeepSeek-V3 (and Kimi K2, which is one), and DeepSeek-V2 (its router softmax, without the bias): multi-latent
+"""DeepSeek-V3 (and Kimi K2, which is one), DeepSeek-V2 (its router softmax, without the bias), and Youtu-LLM (the
+latent attention in a dense Llama, its embeddings tied): multi-latent
 attention (queries and keys/values each through a low-rank down projection, a norm and an up projection; a rotary
 part carried beside the latent), a few dense layers first, then MoE layers whose router scores experts (V3's by sigmoid
 plus a learned bias, `e_score_correction_bias`), in groups, with shared experts beside the routed ones. llama.cpp's
@@ -20,7 +21,17 @@ from ..names import megatron_rules as m
 from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS, AfterTheModel
 from .gguf_hooks import gguf_quiet, rope_parameters, routed_by_sigmoid, text_hyperparameters
 from .llama import TEXT_ONLY, TORCHTITAN_COMMON
-from .parts import NO_TABLE, Family, GGUFPart, MegatronRules, Rearrangement, Unsupported, no_trainer_model, one_kv_head
+from .parts import (
+    NO_TABLE,
+    NOT_A_MOE_INPUT,
+    Family,
+    GGUFPart,
+    MegatronRules,
+    Rearrangement,
+    Unsupported,
+    no_trainer_model,
+    one_kv_head,
+)
 
 L = m.L
 A = "decoder.layers.{i}.self_attention."
@@ -295,6 +306,17 @@ def latent_query_checked(hparams: dict, where: Path) -> None:
         )
 
 
+def interleaved_rope_checked(hparams: dict, where: Path) -> None:
+    """llama.cpp's deepseek2 turns the rotary part by interleaved pairs (transformers' rope_interleave), and the
+    converter leaves the rows as they are."""
+    latent_query_checked(hparams, where)
+    if hparams.get("rope_interleave") is False:
+        raise ConfigMismatchError(
+            f"{where}: rope_interleave is false (the rotary part turned by halves), and llama.cpp's deepseek2 turns it "
+            "by interleaved pairs: it would compute another model; serve this one with transformers or vLLM"
+        )
+
+
 def deepseek_v2_checked(hparams: dict, where: Path) -> None:
     """DeepSeek-V2's routing as llama.cpp's deepseek2 computes it: softmax over all experts (V2-Lite's `greedy`); V2's
     `group_limited_greedy` ranks groups by their best expert, llama.cpp by the sum of their best two (V3's rule)."""
@@ -314,7 +336,7 @@ DEEPSEEK2 = GGUFPart(
     vocabulary="bpe",
     rearranged=latent_kv,
     first_kv_heads=one_kv_head,
-    check_config=latent_query_checked,
+    check_config=interleaved_rope_checked,
 )
 
 FAMILIES = (
@@ -353,5 +375,17 @@ FAMILIES = (
         gguf=replace(DEEPSEEK2, check_config=deepseek_v2_checked),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+    ),
+    Family(
+        "Youtu-LLM",
+        "youtu",
+        "YoutuForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Youtu-LLM layout (latent attention in a dense model) is not mapped yet"),
+        **no_trainer_model("Youtu-LLM"),
+        fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
+        gguf=DEEPSEEK2,  # (every layer dense: no experts' keys, as the converter writes it)
+        mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
     ),
 )

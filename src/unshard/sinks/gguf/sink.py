@@ -171,9 +171,9 @@ def summary_lines(gguf: dict[str, Any]) -> list[str]:
             + ", ".join(f"{n} tensor(s) in {t}" for t, n in lora["tensor_types"].items())
         )
     if mmproj:
+        towers = " and ".join(mmproj["towers"]) + (" towers" if len(mmproj["towers"]) > 1 else " tower")
         lines.append(
-            f"mmproj       the {' and '.join(mmproj['towers'])} tower{'s' * (len(mmproj['towers']) > 1)}, for llama.cpp's "
-            "multimodal library, in a second file beside OUT "
+            f"mmproj       the {towers}, for llama.cpp's multimodal library, in a second file beside OUT "
             f"(mmproj-OUT), type {mmproj['type']}: "
             + ", ".join(f"{n} tensor(s) in {t}" for t, n in mmproj["tensor_types"].items())
         )
