@@ -289,6 +289,7 @@ TESTED = {
         "ministral3": "ministral3-fsdp2",
         "lfm2_moe": "lfm2moe-fsdp2",
         "glm4v": "glm4v-fsdp2",
+        "glm_ocr": "glmocr-fsdp2",
         "glm4v_moe": "glm4vmoe-fsdp2",
         "llama4": "llama4-fsdp2",
         "llama4_text": "llama4text-fsdp2",
@@ -331,6 +332,7 @@ TESTED = {
     "mmproj": {
         "gemma3": "gemma3vl-fsdp2-spm",
         "glm4v": "glm4v-fsdp2",
+        "glm_ocr": "glmocr-fsdp2",
         "glm4v_moe": "glm4vmoe-fsdp2",
         "gemma4": "gemma4vl-fsdp2",
         "mistral3": "mistral3-fsdp2",

@@ -1,10 +1,10 @@
 """Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE as GGUF, the vision-language models verl trains most: the text
 model as llama.cpp's qwen2vl, qwen3vl or qwen3vlmoe (M-RoPE's sections in the header; the fused experts as stacks of
 gate, up and down) and the vision tower with its patch merger (and Qwen3-VL's deepstack mergers) as the mmproj file
-beside it,
-each equal to what llama.cpp's converter writes (test_gguf.py's oracle) with and without `--mmproj`; llama.cpp runs
-the text model as transformers does, and its multimodal library (mtmd) encodes an image through the mmproj into
-transformers' own image features. (A file of its own, so that CI's two workers share the GGUF tests.)"""
+beside it; GLM-4.1V, GLM-4.5V and GLM-OCR the same way (llama.cpp's glm4 and glm4moe, its glm4v projector). Each file
+equals what llama.cpp's converter writes (test_gguf.py's oracle) with and without `--mmproj`; llama.cpp runs the text
+model as transformers does, and its multimodal library (mtmd) encodes an image through the mmproj into transformers'
+own image features. (A file of its own, so that CI's two workers share the GGUF tests.)"""
 
 from __future__ import annotations
 
@@ -37,11 +37,12 @@ CASES = [
     "qwen35moevl-fsdp2",
     "glm4v-fsdp2",
     "glm4vmoe-fsdp2",
+    "glmocr-fsdp2",
 ]
 # llama.cpp's image features against transformers' (relative distance, f32), measured: Qwen2-VL 4e-4, Qwen2.5-VL
 # 6.7e-3 (its windowed attention), Qwen3-VL 4.2e-4 (with its deepstack features), Qwen3-VL-MoE 4.3e-4 (its text
 # logits 3.2e-4), Qwen3.5 4.0e-4 (its text logits, through Gated DeltaNet layers, 1.6e-4), GLM-4.1V 7.5e-4 (its
-# learned positions resized from 4 x 4 patches to 6 x 6, bicubic both)
+# learned positions resized from 4 x 4 patches to 6 x 6, bicubic both), GLM-OCR 4.5e-4 (no learned positions)
 IMAGE_TOLERANCE = {
     "qwen2vl-fsdp2": 1e-3,
     "qwen25vl-fsdp2": 1e-2,
@@ -51,6 +52,7 @@ IMAGE_TOLERANCE = {
     "qwen35moevl-fsdp2": 1e-3,
     "glm4v-fsdp2": 2e-3,
     "glm4vmoe-fsdp2": 2e-3,
+    "glmocr-fsdp2": 1e-3,
 }
 # an image mtmd keeps at its size (84 pixels: 3 x 3 tokens of 28; Qwen3-VL's patches of 16: 96 pixels)
 IMAGE_SIDE = {
@@ -62,6 +64,7 @@ IMAGE_SIDE = {
     "qwen35moevl-fsdp2": 96,
     "glm4v-fsdp2": 84,
     "glm4vmoe-fsdp2": 84,
+    "glmocr-fsdp2": 84,
 }
 # M-RoPE's sections, as the fixtures' configs state them (padded to 4)
 SECTIONS = {
@@ -69,6 +72,7 @@ SECTIONS = {
     "qwen35moevl-fsdp2": [2, 1, 1, 0],
     "glm4v-fsdp2": [2, 1, 1, 0],
     "glm4vmoe-fsdp2": [2, 1, 1, 0],
+    "glmocr-fsdp2": [2, 1, 1, 0],
 }
 # Qwen3-VL-MoE's fused experts as Qwen's release holds them, each expert transposed: the one layout the converter
 # reads (transformers 5 saves them as it holds them, and loads either)

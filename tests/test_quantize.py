@@ -325,6 +325,7 @@ FAMILY_CASES = [
     "apertus-fsdp2",  # (its xIELU parameters left as they are)
     "deepseekv2-fsdp2",
     "youtu-fsdp2",
+    "glmocr-fsdp2",  # (its vision tower and projector left as they are)
     "ministral3-fsdp2",
     "lfm2moe-fsdp2",
     "llama4-fsdp2",  # (its fused experts each a Linear layer, its vision tower left as it is)

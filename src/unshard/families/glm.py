@@ -61,6 +61,7 @@ from .parts import (
     MmprojPart,
     Rearrangement,
     Unsupported,
+    multimodal_family,
     no_trainer_model,
     one_kv_head,
 )
@@ -304,6 +305,15 @@ GLM_LATENT = GGUFPart(
     special_tokens=GLM_SPECIAL_TOKENS,
     extra_blocks="num_nextn_predict_layers",
 )
+# GLM-4.1V's text model (GLM-OCR's too): GLM-4's, M-RoPE's rows as the converter reorders them
+GLM4V_TEXT = GGUFPart(
+    "GLM4",
+    hyperparameters=glm4_hyperparameters,
+    check_config=glm4v_checked,
+    vocabulary="bpe",
+    special_tokens=GLM4_SPECIAL_TOKENS,
+    rearranged=glm4v_neox_rows,
+)
 FAMILIES = (
     Family(
         "GLM-4",
@@ -348,16 +358,17 @@ FAMILIES = (
         megatron=MEGATRON,
         **no_trainer_model("GLM-4.1V"),
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
-        gguf=GGUFPart(
-            "GLM4",
-            hyperparameters=glm4_hyperparameters,
-            check_config=glm4v_checked,
-            vocabulary="bpe",
-            special_tokens=GLM4_SPECIAL_TOKENS,
-            rearranged=glm4v_neox_rows,
-        ),
+        gguf=GLM4V_TEXT,
         mmproj=GLM4V_MMPROJ,
         moe_layout=NO_MOE,
+    ),
+    multimodal_family(
+        "GLM-OCR",
+        "glm_ocr",
+        "GlmOcrForConditionalGeneration",
+        GLM4V_TEXT,
+        GLM4V_MMPROJ,
+        "GLM-4.1V's tower without learned positions, q and k normed",
     ),
     Family(
         "GLM-4.5",
