@@ -41,6 +41,7 @@ SMOLVLM = SHIPPED / "smolvlm-fsdp2" / "global_step_1"
 QWEN2_AUDIO = SHIPPED / "qwen2audio-fsdp2" / "global_step_1"
 VOXTRAL = SHIPPED / "voxtral-fsdp2" / "global_step_1"
 AUDIO_FLAMINGO = SHIPPED / "audioflamingo3-fsdp2" / "global_step_1"
+JANUS = SHIPPED / "janus-fsdp2" / "global_step_1"
 LLAVA = SHIPPED / "llava-pixtral-fsdp2" / "global_step_1"
 LFM2_VL = SHIPPED / "lfm2vl-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
@@ -649,3 +650,47 @@ def test_lfm2_vl_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind, lfm2
 )
 def test_what_llama_cpp_s_lfm2_projector_computes_otherwise_is_one_line(change, message, lfm2vl_folder, tmp_path):
     assert_refused(lfm2vl_folder, tmp_path, change, message)
+
+
+@pytest.fixture(scope="module")
+def janus_folder(tmp_path_factory):
+    return unsharded(JANUS, tmp_path_factory)
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_janus_pro_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind, janus_folder, converter, tmp_path):
+    """Janus-Pro's SigLIP tower and aligner as llama.cpp's janus_pro (the aligner's layers as mm.0 and mm.1): every
+    field and tensor is the converter's, its image generator in neither file (with a note), and mtmd encodes an
+    image of the tower's size (64 pixels: 4 x 4 patches) into transformers' image features of the same pixels."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    out = tmp_path / "m.gguf"
+    plan = unshard.plan(JANUS, output=unshard.OutputOptions(gguf=kind))
+    assert any("(the image generator's: llama.cpp runs no image generation)" in n for n in plan.notes)
+    unshard.convert(JANUS, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(janus_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    assert ours[0]["clip.projector_type"] == "janus_pro"
+    assert_same_tensors(ours[1], theirs[1])
+    assert {"mm.0.weight", "mm.1.bias"} <= {t[0] for t in ours[1]}
+    assert not any("gen" in t[0] or "vq" in t[0] for t in ours[1] + contents(out)[1])
+    model = AutoModelForImageTextToText.from_pretrained(janus_folder, dtype=torch.float32)
+    image, embeddings = image_embeddings(out, 64, 64, tmp_path)
+    pixels = AutoImageProcessor.from_pretrained(janus_folder)(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        expected = model.model.get_image_features(pixel_values=pixels["pixel_values"]).pooler_output[0]
+    assert embeddings.shape == (16, 64)
+    assert relative_distance(embeddings, expected) <= IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"depth": 3}, "the vision tower's depth is 3, and llama.cpp's janus_pro projector computes 2"),
+        ({"use_qk_norm": True}, "the vision tower's use_qk_norm is True, and llama.cpp's janus_pro projector"),
+        ({"hidden_act": "relu"}, "the vision tower's hidden_act is relu, and llama.cpp's janus_pro projector computes"),
+    ],
+)
+def test_what_llama_cpp_s_janus_pro_computes_otherwise_is_one_line(change, message, janus_folder, tmp_path):
+    assert_refused(janus_folder, tmp_path, change, message, within="vision_config", check=False)

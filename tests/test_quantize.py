@@ -326,6 +326,7 @@ FAMILY_CASES = [
     "deepseekv2-fsdp2",
     "youtu-fsdp2",
     "glmocr-fsdp2",  # (its vision tower and projector left as they are)
+    "janus-fsdp2",  # (its vision tower, aligner and image generator left as they are)
     "ministral3-fsdp2",
     "lfm2moe-fsdp2",
     "llama4-fsdp2",  # (its fused experts each a Linear layer, its vision tower left as it is)

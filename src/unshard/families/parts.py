@@ -180,6 +180,9 @@ class GGUFPart:
     # a regular expression matching a vision-language model's towers (by the output's names) where unshard writes no
     # mmproj file of them (EXAONE 4.5's vision tower): left out of the text model's file, as the converter does
     towers: str | None = None
+    # why no file holds them where the mmproj file holds the rest (Janus-Pro's image generator); else the mmproj
+    # part's reason
+    towers_left_out: str = ""
     # the MoE routers in the file's type where the converter writes them (it forces every matrix into it: DBRX's);
     # llama-quantize's types keep them as its f32 input has them
     routers_in_file_type: bool = False

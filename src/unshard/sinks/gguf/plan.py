@@ -98,7 +98,7 @@ def plan_gguf(
     heads = hparams.get("num_attention_heads")  # (none: a state-space model's, Mamba's)
     head_dim = hparams.get("head_dim") or (heads and hparams["hidden_size"] // heads) or 0
     blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
-    why = getattr(family.mmproj, "reason", "")
+    why = part.towers_left_out or getattr(family.mmproj, "reason", "")
     outputs = _without_layers_past(plan, _without_towers(plan, outputs, part.towers, why), blocks)
     if part.header_tensors:
         outputs = _into_header(plan, outputs, part, hparams, read, where)
@@ -248,8 +248,8 @@ def _without_towers(plan: GGUFPlan, outputs: list[OutputTensor], pattern: str | 
     if towers:
         plan.left_out.update(towers)
         plan.notes.append(
-            f"{len(towers)} tensors of the towers beside the text model (vision, audio) left out, as llama.cpp's "
-            f"converter leaves them out of the text model's file; no mmproj file of them ({why})"
+            f"{len(towers)} tensors beside the text model left out, as llama.cpp's converter leaves them out of the "
+            f"text model's file; no mmproj file of them ({why})"
         )
     return [o for o in outputs if o.name not in towers]
 
