@@ -26,6 +26,7 @@ from conftest import SHIPPED
 from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, used by name)
     contents,
     converter,
+    for_the_converter,
     llama_cpp_client,
     with_hub_vision_names,
 )
@@ -42,6 +43,7 @@ QWEN2_AUDIO = SHIPPED / "qwen2audio-fsdp2" / "global_step_1"
 VOXTRAL = SHIPPED / "voxtral-fsdp2" / "global_step_1"
 AUDIO_FLAMINGO = SHIPPED / "audioflamingo3-fsdp2" / "global_step_1"
 JANUS = SHIPPED / "janus-fsdp2" / "global_step_1"
+HUNYUAN_OCR = SHIPPED / "hunyuanocr-fsdp2" / "global_step_1"
 LLAVA = SHIPPED / "llava-pixtral-fsdp2" / "global_step_1"
 LFM2_VL = SHIPPED / "lfm2vl-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
@@ -694,3 +696,71 @@ def test_janus_pro_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind, ja
 )
 def test_what_llama_cpp_s_janus_pro_computes_otherwise_is_one_line(change, message, janus_folder, tmp_path):
     assert_refused(janus_folder, tmp_path, change, message, within="vision_config", check=False)
+
+
+# llama.cpp samples HunyuanOCR's learned positions bilinearly at a scale of (grid + 0.1) / grid (Tencent's code's scale
+# factor), off the grid's points even at the tower's own size, where torch (transformers 5.24, and Tencent's code)
+# takes the grid as it is: measured 1.8e-3 in f32 (q8_0 4.6e-3); transformers with llama.cpp's sampling, 1.7e-4
+HUNYUAN_OCR_IMAGE_TOLERANCE = {"f32": 3e-3, "q8_0": 3e-2}
+
+
+@pytest.fixture(scope="module")
+def hunyuanocr_folder(tmp_path_factory):
+    """The folder with the image processor's pixel bounds as the Hub's preprocessor_config.json has them (min_pixels,
+    max_pixels), which the converter reads; transformers 5 saves them as the size's shortest and longest edge."""
+    folder = unsharded(HUNYUAN_OCR, tmp_path_factory)
+    processor = json.loads((folder / "preprocessor_config.json").read_text())
+    bounds = {"min_pixels": processor["size"]["shortest_edge"], "max_pixels": processor["size"]["longest_edge"]}
+    (folder / "preprocessor_config.json").write_text(json.dumps({**processor, **bounds}))
+    assert for_the_converter(folder) == "gpt-2"  # (the tokenizer's class as the converter's transformers knows it)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_hunyuan_ocr_s_files_are_the_converter_s_and_see_as_transformers(kind, hunyuanocr_folder, converter, tmp_path):
+    """HunyuanOCR's text model as llama.cpp's hunyuan_vl (XD-RoPE's alpha and sections in the header, the text
+    config's end of text) and its tower as the hunyuanvl projector (the position embeddings without the class token's
+    row, the merging convolutions' kernels in F32): both files are the converter's, field for field and byte for byte;
+    mtmd encodes an image of the tower's size (128 x 128 pixels: 8 x 8 patches, merged into 4 x 4 tokens) into
+    transformers' image features of the same pixels: the image's begin, each row of tokens and its newline, the
+    image's end."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    out = tmp_path / "m.gguf"
+    unshard.convert(HUNYUAN_OCR, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    assert contents(out) == contents(converter(hunyuanocr_folder, kind, tmp_path / "oracle.gguf", pre="gpt-2"))
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(hunyuanocr_folder, kind, tmp_path / "oracle-mmproj.gguf", mmproj=True))
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    assert ours[0]["clip.projector_type"] == "hunyuanvl" and ours[0]["clip.vision.image_max_pixels"] == 128 * 128
+    notes = unshard.plan(HUNYUAN_OCR, output=unshard.OutputOptions(gguf=kind)).notes
+    assert any("samples the tower's learned positions off their grid" in n for n in notes)
+    assert_same_tensors(ours[1], theirs[1])
+    named = {t[0]: t for t in ours[1]}
+    assert named["v.position_embd.weight"][2] == [32, 64] and named["mm.0.weight"][1] == "F32"
+    fields = contents(out)[0]
+    assert fields["hunyuan_vl.rope.scaling.alpha"] == 1000.0 and fields["hunyuan_vl.rope.freq_base"] == 10000.0
+    model = AutoModelForImageTextToText.from_pretrained(hunyuanocr_folder, dtype=torch.float32)
+    image, embeddings = image_embeddings(out, 128, 128, tmp_path)
+    pixels = AutoImageProcessor.from_pretrained(hunyuanocr_folder)(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"]
+        ).pooler_output[0]
+    assert embeddings.shape == features.shape == (2 + 4 * 5, 64)
+    assert relative_distance(embeddings, features) <= HUNYUAN_OCR_IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"vision_config": {"hidden_act": "silu"}}, "the vision tower's hidden_act is silu, and llama.cpp's hunyuanvl"),
+        ({"vision_config": {"spatial_merge_size": 4}}, "spatial_merge_size is 4, and llama.cpp's hunyuanvl projector"),
+        (
+            {"text_config": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}},
+            "rope type 'linear' without XD-RoPE's alpha and sections",
+        ),
+    ],
+)
+def test_what_llama_cpp_s_hunyuan_vl_computes_otherwise_is_one_line(change, message, hunyuanocr_folder, tmp_path):
+    assert_refused(hunyuanocr_folder, tmp_path, change, message, check=False)

@@ -1,7 +1,12 @@
 """Hunyuan dense (Tencent's `HunYuanDenseV1ForCausalLM`): Llama's layout with q and k normed per head after rotary,
 whose rope the checkpoints label "dynamic" with a fixed NTK `alpha` that stretches the base (transformers turns it
 as ntk_alpha); llama.cpp's hunyuan-dense, the converter writing the stretched base with rope unscaled, the context
-it takes the model to reach with it (256k), and the first of generation_config.json's ends as the end of turn."""
+it takes the model to reach with it (256k), and the first of generation_config.json's ends as the end of turn.
+
+HunyuanOCR (`HunYuanVLForConditionalGeneration`): that text model with XD-RoPE (the alpha's rope, its frequencies in
+sections by the axes of an image's positions), as llama.cpp's hunyuan_vl, which stretches the base by alpha itself;
+its tower (learned positions after a class token's row, patches merged 2 x 2 by a convolution, the image's begin, end,
+newline and separator embeddings) as the mmproj file of llama.cpp's hunyuanvl projector."""
 
 from __future__ import annotations
 
@@ -9,9 +14,26 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import gguf_py, gguf_quiet, rope_parameters, text_hyperparameters
+from .gguf_hooks import (
+    fixed_in_code,
+    gguf_py,
+    gguf_quiet,
+    mmproj_model_forced_type,
+    rope_parameters,
+    text_hyperparameters,
+)
 from .llama import SIBLINGS, TEXT_ONLY
-from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
+from .parts import (
+    NO_TABLE,
+    NOT_A_MOE_INPUT,
+    Family,
+    GGUFPart,
+    MmprojPart,
+    Rearrangement,
+    Unsupported,
+    multimodal_family,
+    no_trainer_model,
+)
 
 NTK_ALPHA = ("dynamic", "xdrope")  # (the rope types the converter takes as a fixed alpha's stretched base)
 LONG_CONTEXT = 256 * 1024
@@ -73,6 +95,94 @@ def hunyuan_end_tokens(writer, hparams: dict, folder: Path) -> None:
             writer.add_eot_token_id(ends[0])
 
 
+def hunyuan_vl_end_tokens(writer, hparams: dict, folder: Path) -> None:
+    """The converter's fix of the end tokens, with the end of text as the text config's eod_token_id, which it reads
+    of HunyuanOCR's config (its pinned transformers does not know the model, and keeps every key)."""
+    if hparams.get("eod_token_id") is not None:
+        with gguf_quiet():  # (written again over the tokenizer's, in its place, as the converter does)
+            writer.add_eos_token_id(hparams["eod_token_id"])
+    hunyuan_end_tokens(writer, hparams, folder)
+
+
+def hunyuan_vl_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's HunyuanVLTextModel's: the TextModel's (M-RoPE's sections, the base as the config says it,
+    unstretched), then XD-RoPE's alpha, which llama.cpp's hunyuan_vl stretches the base by, rope unscaled, and the
+    config's context as the one it was trained at."""
+    _, rope = rope_parameters(hparams)
+    plain = {k: v for k, v in rope.items() if k != "rope_type"}
+    text_hyperparameters(writer, {**hparams, "rope_parameters": plain}, ftype, blocks, folder)
+    if rope.get("rope_type") not in NTK_ALPHA or "mrope_section" not in rope:
+        return
+    writer.add_rope_scaling_type(gguf_py().RopeScalingType.NONE)
+    writer.add_rope_scaling_factor(float(rope.get("factor", 1)))
+    writer.add_rope_scaling_alpha(float(rope["alpha"]))
+    writer.add_rope_scaling_orig_ctx_len(int(hparams["max_position_embeddings"]))
+
+
+def hunyuan_vl_checked(hparams: dict, where: Path) -> None:
+    """XD-RoPE as llama.cpp's hunyuan_vl computes it: the fixed alpha's rope in sections (or none at all)."""
+    _, rope = rope_parameters(hparams)
+    kind = rope.get("rope_type")
+    if kind not in (None, "default") and not (kind in NTK_ALPHA and rope.get("alpha") and "mrope_section" in rope):
+        raise ConfigMismatchError(
+            f"{where}: rope type {kind!r} without XD-RoPE's alpha and sections, which llama.cpp's hunyuan_vl does not "
+            "compute; serve this model with transformers or vLLM"
+        )
+
+
+def hunyuan_vl_sizes(vision: dict, where: Path) -> dict:
+    """The tower as the converter's HunyuanVLVisionModel reads it (its largest image as the image size), refusing what
+    llama.cpp's hunyuanvl computes otherwise: GELU, 2 x 2 merges."""
+    runs = {
+        "hidden_act": (vision.get("hidden_act", "gelu"), "gelu"),
+        "spatial_merge_size": (vision.get("spatial_merge_size", 2), 2),
+    }
+    fixed_in_code(where, "vision", "hunyuanvl projector", runs)
+    return {"image_size": vision.get("max_image_size", 2048), **vision}
+
+
+def hunyuan_vl_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """GELU, the tower's norms' epsilon, the merge, and the image processor's smallest and largest images in pixels
+    (the Hub's min_pixels and max_pixels, which transformers 5 saves as the size's shortest and longest edge)."""
+    writer.add_vision_use_gelu(True)
+    writer.add_vision_attention_layernorm_eps(vision.get("rms_norm_eps", 1e-5))
+    writer.add_vision_spatial_merge_size(vision.get("spatial_merge_size", 2))
+    size = processor.get("size") or {}
+    writer.add_vision_min_pixels(int(processor.get("min_pixels", size.get("shortest_edge", 512 * 512))))
+    writer.add_vision_max_pixels(int(processor.get("max_pixels", size.get("longest_edge", 2048 * 2048))))
+
+
+def without_class_row(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
+    """The position embeddings without the class token's row (the first), as the converter stores them: llama.cpp
+    resizes the patches' grid alone."""
+    if name.endswith("position_embedding.weight"):
+        return Rearrangement({name: (shape[0] - 1, *shape[1:])}, lambda band: (band[1:],), rows_per_band=shape[0])
+    return None
+
+
+def projection_convolutions_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
+    """The converter's: the merging convolution's and the projection's kernels (mm.0, mm.2) in F16 in an f16 file,
+    else F32; then MmprojModel's."""
+    if name.startswith(("mm.0.", "mm.2.")) and name.endswith(".weight"):
+        return gguf.GGMLQuantizationType.F16 if file_type == "f16" else gguf.GGMLQuantizationType.F32
+    return mmproj_model_forced_type(gguf, source, name, shape, qtype, file_type)
+
+
+HUNYUANVL_MMPROJ = MmprojPart(
+    "HUNYUANVL",
+    r"^(?:model\.)?vit\.",
+    hunyuan_vl_sizes,
+    hunyuan_vl_projector_keys,
+    forced_type=projection_convolutions_forced_type,
+    rearranged=without_class_row,
+    note=(
+        "llama.cpp's hunyuanvl samples the tower's learned positions off their grid (bilinearly, at a scale of "
+        "(grid + 0.1) / grid, as Tencent's code asks of torch), where transformers takes them as they are at the "
+        "tower's own size: its image features are about 2e-3 from transformers'"
+    ),
+)
+
+
 FAMILIES = (
     Family(
         "Hunyuan (dense)",
@@ -91,5 +201,19 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+    ),
+    multimodal_family(
+        "HunyuanOCR",
+        "hunyuan_vl",
+        "HunYuanVLForConditionalGeneration",
+        GGUFPart(
+            "HUNYUAN_VL",
+            hyperparameters=hunyuan_vl_hyperparameters,
+            check_config=hunyuan_vl_checked,
+            vocabulary="bpe",
+            after_vocabulary=hunyuan_vl_end_tokens,
+        ),
+        HUNYUANVL_MMPROJ,
+        "its ViT and perceiver",
     ),
 )
