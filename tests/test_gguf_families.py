@@ -1013,6 +1013,7 @@ DENSE = {
     "lfm2vl-fsdp2": "lfm2",
     "janus-fsdp2": "llama",
     "hunyuanocr-fsdp2": "hunyuan_vl",
+    "paddleocr-fsdp2-spm": "paddleocr",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
@@ -1091,6 +1092,7 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     # (a vision-language model transformers has no causal LM class for: its text alone)
     vision = case in ("mistral3-fsdp2", "mistral4-fsdp2", "llama4-fsdp2", "exaone45-fsdp2", "smolvlm-fsdp2")
     vision = vision or case in ("llava-pixtral-fsdp2", "lfm2vl-fsdp2", "janus-fsdp2", "hunyuanocr-fsdp2")
+    vision = vision or case == "paddleocr-fsdp2-spm"
     auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
     auto = transformers.AutoModelForMultimodalLM if case in ("qwen2audio-fsdp2", "voxtral-fsdp2") else auto
     auto = transformers.AutoModelForSeq2SeqLM if case == "audioflamingo3-fsdp2" else auto

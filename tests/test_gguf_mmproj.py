@@ -44,6 +44,7 @@ VOXTRAL = SHIPPED / "voxtral-fsdp2" / "global_step_1"
 AUDIO_FLAMINGO = SHIPPED / "audioflamingo3-fsdp2" / "global_step_1"
 JANUS = SHIPPED / "janus-fsdp2" / "global_step_1"
 HUNYUAN_OCR = SHIPPED / "hunyuanocr-fsdp2" / "global_step_1"
+PADDLE_OCR = SHIPPED / "paddleocr-fsdp2-spm" / "global_step_1"
 LLAVA = SHIPPED / "llava-pixtral-fsdp2" / "global_step_1"
 LFM2_VL = SHIPPED / "lfm2vl-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
@@ -764,3 +765,55 @@ def test_hunyuan_ocr_s_files_are_the_converter_s_and_see_as_transformers(kind, h
 )
 def test_what_llama_cpp_s_hunyuan_vl_computes_otherwise_is_one_line(change, message, hunyuanocr_folder, tmp_path):
     assert_refused(hunyuanocr_folder, tmp_path, change, message, check=False)
+
+
+@pytest.fixture(scope="module")
+def paddleocr_folder(tmp_path_factory):
+    """The folder with what the Hub's PaddleOCR-VL has and transformers 5 saves otherwise, which the converter reads:
+    the tower's class in vision_config (by which its --mmproj finds its class), the image processor's min_pixels and
+    max_pixels (saved as the size's shortest and longest edge)."""
+    folder = unsharded(PADDLE_OCR, tmp_path_factory)
+    processor = json.loads((folder / "preprocessor_config.json").read_text())
+    bounds = {"min_pixels": processor["size"]["shortest_edge"], "max_pixels": processor["size"]["longest_edge"]}
+    (folder / "preprocessor_config.json").write_text(json.dumps({**processor, **bounds}))
+    config = json.loads((folder / "config.json").read_text())
+    config["vision_config"]["architectures"] = ["PaddleOCRVisionModel"]
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_paddleocr_vl_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind, paddleocr_folder, converter, tmp_path):
+    """PaddleOCR-VL's SigLIP tower and mlp_AR projector as llama.cpp's paddleocr (the image size the side of the
+    largest image the processor makes): every field and tensor is the converter's, and mtmd encodes an image of 56 x
+    56 pixels (4 x 4 patches, merged 2 x 2 by the projector) into transformers' image features of the same pixels."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    out = tmp_path / "m.gguf"
+    unshard.convert(PADDLE_OCR, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(paddleocr_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    assert ours[0]["clip.projector_type"] == "paddleocr" and ours[0]["clip.vision.image_size"] == 56
+    assert_same_tensors(ours[1], theirs[1])
+    model = AutoModelForImageTextToText.from_pretrained(paddleocr_folder, dtype=torch.float32)
+    image, embeddings = image_embeddings(out, 56, 56, tmp_path)
+    pixels = AutoImageProcessor.from_pretrained(paddleocr_folder)(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"]
+        ).pooler_output
+    features = torch.cat(list(features)) if isinstance(features, (list, tuple)) else features
+    assert embeddings.shape == features.shape == (4, 64)
+    assert relative_distance(embeddings, features) <= IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"spatial_merge_size": 4}, "the vision tower's spatial_merge_size is 4, and llama.cpp's paddleocr projector"),
+        ({"hidden_act": "silu"}, "the vision tower's hidden_act is silu, and llama.cpp's paddleocr projector computes"),
+    ],
+)
+def test_what_llama_cpp_s_paddleocr_computes_otherwise_is_one_line(change, message, paddleocr_folder, tmp_path):
+    assert_refused(paddleocr_folder, tmp_path, change, message, within="vision_config", check=False)

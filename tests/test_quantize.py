@@ -328,6 +328,7 @@ FAMILY_CASES = [
     "glmocr-fsdp2",  # (its vision tower and projector left as they are)
     "janus-fsdp2",  # (its vision tower, aligner and image generator left as they are)
     "hunyuanocr-fsdp2",
+    "paddleocr-fsdp2-spm",
     "ministral3-fsdp2",
     "lfm2moe-fsdp2",
     "llama4-fsdp2",  # (its fused experts each a Linear layer, its vision tower left as it is)

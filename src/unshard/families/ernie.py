@@ -1,16 +1,29 @@
 """ERNIE 4.5 (Baidu's dense models): Llama's layout whose rotary turns interleaved pairs, a SentencePiece vocabulary;
 llama.cpp's ernie4_5, the converter's TextModel header and the tokenizer's space prefix after the vocabulary. ERNIE 4.5
 MoE: dense first layers, then experts and shared ones behind a softmax router that chooses by a correction bias;
-llama.cpp's ernie4_5-moe, the experts stacked gate, up, down."""
+llama.cpp's ernie4_5-moe, the experts stacked gate, up, down.
+
+PaddleOCR-VL (`PaddleOCRVLForConditionalGeneration`): ERNIE 4.5's text model with M-RoPE, as llama.cpp's paddleocr,
+beside a SigLIP tower with learned positions and 2-D rotary whose patches the projector (`mlp_AR`) merges 2 x 2: the
+mmproj file of llama.cpp's paddleocr projector."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import json_or_empty, text_hyperparameters
+from .gguf_hooks import fixed_in_code, json_or_empty, mmproj_model_forced_type, pixel_bounds, text_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY
-from .parts import NO_META_NAMES, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported
+from .parts import (
+    NO_META_NAMES,
+    NO_TABLE,
+    NOT_A_MOE_INPUT,
+    Family,
+    GGUFPart,
+    MmprojPart,
+    Unsupported,
+    multimodal_family,
+)
 
 
 def ernie_space_prefix(writer, hparams: dict, folder: Path) -> None:
@@ -55,6 +68,44 @@ def ernie_moe_checked(hparams: dict, where: Path) -> None:
         )
 
 
+def paddleocr_sizes(vision: dict, where: Path) -> dict:
+    """The tower as the converter's PaddleOCRVisionModel reads it (its image size the side of the largest image the
+    processor makes), refusing what llama.cpp's paddleocr computes otherwise: 2 x 2 merges, 2-D rotary at 10000,
+    GELU (as the tanh approximation, which SigLIP's gelu_pytorch_tanh is)."""
+    runs = {
+        "spatial_merge_size": (vision.get("spatial_merge_size", 2), 2),
+        "rope_theta": ((vision.get("rope_parameters") or {}).get("rope_theta", 10000.0), 10000.0),
+        "hidden_act": (vision.get("hidden_act", "gelu_pytorch_tanh"), "gelu_pytorch_tanh"),
+    }
+    fixed_in_code(where, "vision", "paddleocr projector", runs)
+    processor = where.parent / "preprocessor_config.json"
+    return {**vision, "image_size": int(pixel_bounds(json_or_empty(processor), processor)[1] ** 0.5)}
+
+
+def paddleocr_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The largest and smallest images in pixels, GELU, the tower's norms' epsilon."""
+    smallest, largest = pixel_bounds(processor, Path("preprocessor_config.json"))
+    writer.add_vision_max_pixels(largest)
+    writer.add_vision_min_pixels(smallest)
+    writer.add_vision_use_gelu(True)
+    writer.add_vision_attention_layernorm_eps(vision.get("rms_norm_eps", 1e-6))
+
+
+def paddleocr_name(name: str) -> str:
+    """The tower under the name the converter maps it by (`visual.` as `model.`)."""
+    return name.replace("visual.", "model.", 1) if name.startswith("visual.") else name
+
+
+PADDLEOCR_MMPROJ = MmprojPart(
+    "PADDLEOCR",
+    r"^(?:model\.)?(?:visual|mlp_AR)\.",
+    paddleocr_sizes,
+    paddleocr_projector_keys,
+    forced_type=mmproj_model_forced_type,
+    converter_name=paddleocr_name,
+)
+
+
 FAMILIES = (
     Family(
         "ERNIE 4.5",
@@ -85,5 +136,13 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+    ),
+    multimodal_family(
+        "PaddleOCR-VL",
+        "paddleocr_vl",
+        "PaddleOCRVLForConditionalGeneration",
+        GGUFPart("PADDLEOCR", after_vocabulary=ernie_space_prefix),
+        PADDLEOCR_MMPROJ,
+        "its SigLIP tower and mlp_AR projector",
     ),
 )

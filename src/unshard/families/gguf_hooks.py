@@ -267,6 +267,20 @@ def json_or_empty(path: Path) -> dict:
     return read_json(path, "fix or remove it", ConfigMismatchError) if path.is_file() else {}
 
 
+def pixel_bounds(processor: dict, where: Path) -> tuple[int, int]:
+    """The image processor's smallest and largest images in pixels, which the converter writes into the mmproj file:
+    the Hub's min_pixels and max_pixels, which transformers 5 saves as the size's shortest and longest edge."""
+    size = processor.get("size") or {}
+    smallest = processor.get("min_pixels", size.get("shortest_edge"))
+    largest = processor.get("max_pixels", size.get("longest_edge"))
+    if smallest is None or largest is None:
+        raise ConfigMismatchError(
+            f"{where}: the image processor names no min_pixels and max_pixels (nor the size's shortest and longest "
+            "edge), which the mmproj file carries; pass --config-from the model's own folder"
+        )
+    return int(smallest), int(largest)
+
+
 def fixed_in_code(where: Path, tower: str, graph: str, runs: dict[str, tuple[Any, Any]]) -> None:
     """One line where a tower's config says otherwise than llama.cpp's graph computes whatever the file says. runs:
     each setting's (value in the config, value in the graph's code)."""

@@ -19,6 +19,7 @@ from .gguf_hooks import (
     gguf_py,
     gguf_quiet,
     mmproj_model_forced_type,
+    pixel_bounds,
     rope_parameters,
     text_hyperparameters,
 )
@@ -147,9 +148,9 @@ def hunyuan_vl_projector_keys(writer, hparams: dict, vision: dict, processor: di
     writer.add_vision_use_gelu(True)
     writer.add_vision_attention_layernorm_eps(vision.get("rms_norm_eps", 1e-5))
     writer.add_vision_spatial_merge_size(vision.get("spatial_merge_size", 2))
-    size = processor.get("size") or {}
-    writer.add_vision_min_pixels(int(processor.get("min_pixels", size.get("shortest_edge", 512 * 512))))
-    writer.add_vision_max_pixels(int(processor.get("max_pixels", size.get("longest_edge", 2048 * 2048))))
+    smallest, largest = pixel_bounds(processor, Path("preprocessor_config.json"))
+    writer.add_vision_min_pixels(smallest)
+    writer.add_vision_max_pixels(largest)
 
 
 def without_class_row(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
