@@ -45,6 +45,7 @@ AUDIO_FLAMINGO = SHIPPED / "audioflamingo3-fsdp2" / "global_step_1"
 JANUS = SHIPPED / "janus-fsdp2" / "global_step_1"
 HUNYUAN_OCR = SHIPPED / "hunyuanocr-fsdp2" / "global_step_1"
 PADDLE_OCR = SHIPPED / "paddleocr-fsdp2-spm" / "global_step_1"
+INTERNVL = SHIPPED / "internvl-fsdp2" / "global_step_1"
 LLAVA = SHIPPED / "llava-pixtral-fsdp2" / "global_step_1"
 LFM2_VL = SHIPPED / "lfm2vl-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
@@ -58,6 +59,10 @@ IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
 # spectrograms, which each computes its own way), f16 1.6e-3, bf16 4.1e-3, q8_0 1.7e-2; Qwen2-Audio's f32 1.5e-4, f16
 # 2.7e-4, q8_0 9.9e-3
 AUDIO_TOLERANCE = {"f32": 3e-3, "q8_0": 3e-2}
+
+
+def out_options(kind: str) -> unshard.OutputOptions:
+    return unshard.OutputOptions(gguf=kind)
 
 
 def image_embeddings(gguf: Path, width: int, height: int, tmp_path: Path) -> tuple[np.ndarray, torch.Tensor]:
@@ -817,3 +822,100 @@ def test_paddleocr_vl_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind,
 )
 def test_what_llama_cpp_s_paddleocr_computes_otherwise_is_one_line(change, message, paddleocr_folder, tmp_path):
     assert_refused(paddleocr_folder, tmp_path, change, message, within="vision_config", check=False)
+
+
+@pytest.fixture(scope="module")
+def internvl_folder(tmp_path_factory):
+    """The folder and a copy as the converter maps it: the tower's and the text model's classes in their configs, as
+    the Hub's configs name them and transformers 5 does not, and in the copy, the tower and the projector under
+    Intern-S1's names (`model.vision_tower.`, `model.multi_modal_projector.`), the only ones the converter's
+    InternVisionModel keeps: of transformers 5's names it writes an mmproj file without a tensor."""
+    from safetensors.torch import load_file, save_file
+
+    folder = unsharded(INTERNVL, tmp_path_factory)
+    assert for_the_converter(folder) == "gpt-2"
+    config = json.loads((folder / "config.json").read_text())
+    config["vision_config"]["architectures"] = ["InternVisionModel"]
+    config["text_config"]["architectures"] = ["Qwen2ForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(config))
+    hub = folder.with_name("hub")
+    shutil.copytree(folder, hub)
+    tensors = load_file(hub / "model.safetensors")
+    towers = ("vision_tower.", "multi_modal_projector.")
+    renamed = {("model." if name.startswith(towers) else "") + name: t for name, t in tensors.items()}
+    save_file(renamed, hub / "model.safetensors", metadata={"format": "pt"})
+    return folder, hub
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_internvl_s_files_are_the_converter_s_and_see_as_transformers(kind, internvl_folder, converter, tmp_path):
+    """InternVL3's layout: the text model as llama.cpp's qwen2 and InternViT with its projector as the internvl
+    projector (the projector's layers as mlp1.0, mlp1.1 and mlp1.3, the layer scales and positions named as the
+    converter names them), each file the converter's; mtmd encodes an image of one tile (56 pixels: 4 x 4 patches,
+    shuffled into 2 x 2 tokens) into transformers' image features of the same pixels, but for the positions: llama.cpp
+    puts the class token after the patches and adds the learned positions in their order, so that each patch takes
+    the row before its own (the class token's, for the first), as the conversion notes; transformers' tower is run so
+    for the comparison (as llama.cpp runs it, 3.3e-2 from transformers' own features in f32)."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    folder, hub = internvl_folder
+    out = tmp_path / "m.gguf"
+    unshard.convert(INTERNVL, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    assert contents(out) == contents(converter(folder, kind, tmp_path / "oracle.gguf", pre="gpt-2"))
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(hub, kind, tmp_path / "oracle-mmproj.gguf", mmproj=True))
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    assert ours[0]["clip.projector_type"] == "internvl" and ours[0]["clip.vision.projector.scale_factor"] == 2
+    assert_same_tensors(ours[1], theirs[1])
+    assert {"mm.model.mlp.0.weight", "mm.model.mlp.3.bias", "v.class_embd", "v.blk.0.ls1.weight"} <= {
+        t[0] for t in ours[1]
+    }
+    assert any(
+        "puts the class token after the patches" in n for n in unshard.plan(INTERNVL, output=out_options(kind)).notes
+    )
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    image, embeddings = image_embeddings(out, 56, 56, tmp_path)
+    pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], return_tensors="pt")
+    embedded = model.model.vision_tower.embeddings
+
+    def as_llama_cpp_pairs_them(pixel_values, bool_masked_pos=None):
+        patches = embedded.patch_embeddings(pixel_values)
+        cls = embedded.cls_token.expand(patches.shape[0], -1, -1)
+        tokens = torch.cat([patches, cls], dim=1) + embedded.position_embeddings
+        return torch.cat([tokens[:, -1:], tokens[:, :-1]], dim=1)  # (the class token first again, as transformers)
+
+    embedded.forward = as_llama_cpp_pairs_them
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], vision_feature_layer=-1, vision_feature_select_strategy="default"
+        ).pooler_output
+    features = features.reshape(-1, features.shape[-1])
+    assert embeddings.shape == features.shape == (4, 64)
+    assert relative_distance(embeddings, features) <= IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"vision_feature_layer": -2}, "the vision tower's vision_feature_layer is -2, and llama.cpp's internvl"),
+        ({"projector_hidden_act": "silu"}, "projector_hidden_act is silu, and llama.cpp's internvl projector computes"),
+        ({"text_config": {"model_type": "llama"}}, "text_config's model_type is 'llama', and unshard writes InternVL"),
+    ],
+)
+def test_what_llama_cpp_s_internvl_computes_otherwise_is_one_line(change, message, internvl_folder, tmp_path):
+    assert_refused(internvl_folder[0], tmp_path, change, message, check=False)
+
+
+def test_an_intern_vit_normed_otherwise_than_llama_cpp_s_is_one_line(internvl_folder):
+    """llama.cpp's internvl norms InternViT-6B (3200 wide, 45 layers) by RMS with q and k normed, every smaller tower
+    by LayerNorm without. (Another tower has other tensors than the fixture's checkpoint: its config is asked alone.)"""
+    vision = json.loads((internvl_folder[0] / "config.json").read_text())["vision_config"]
+    where = internvl_folder[0] / "config.json"
+    with pytest.raises(unshard.ConfigMismatchError, match="norm_type is rms_norm, and llama.cpp's internvl projector"):
+        families.internvl.internvl_sizes({**vision, "norm_type": "rms_norm"}, where)
+    six_b = {**vision, "hidden_size": 3200, "num_hidden_layers": 45}
+    with pytest.raises(
+        unshard.ConfigMismatchError, match="norm_type is layer_norm, and llama.cpp's internvl projector"
+    ):
+        families.internvl.internvl_sizes(six_b, where)
+    assert families.internvl.internvl_sizes({**six_b, "norm_type": "rms_norm", "use_qk_norm": True}, where)
