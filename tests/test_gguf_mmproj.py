@@ -61,10 +61,6 @@ IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
 AUDIO_TOLERANCE = {"f32": 3e-3, "q8_0": 3e-2}
 
 
-def out_options(kind: str) -> unshard.OutputOptions:
-    return unshard.OutputOptions(gguf=kind)
-
-
 def image_embeddings(gguf: Path, width: int, height: int, tmp_path: Path) -> tuple[np.ndarray, torch.Tensor]:
     """A random image's pixels, and its embeddings as mtmd gives them to the text model from GGUF and mmproj-GGUF."""
     image = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
@@ -84,6 +80,18 @@ def assert_same_tensors(ours: list, theirs: list) -> None:
     assert [t[:3] for t in ours] == [t[:3] for t in theirs]
     for a, b in zip(ours, theirs):
         assert a[3] == b[3], a[0]
+
+
+def mmproj_as_the_converter_writes(src: Path, folder: Path, kind: str, converter, tmp_path: Path) -> tuple[Path, tuple]:
+    """The fixture's files of `kind` as unshard writes them (read back), its mmproj file the converter's of the folder:
+    every field in order and every tensor's name, type, shape and bytes. (OUT, the mmproj file's contents)"""
+    out = tmp_path / "m.gguf"
+    unshard.convert(src, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(folder, kind, tmp_path / "oracle-mmproj.gguf", mmproj=True))
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    assert_same_tensors(ours[1], theirs[1])
+    return out, ours
 
 
 def unsharded(case: Path, tmp_path_factory) -> Path:
@@ -419,14 +427,9 @@ def test_smolvlm_s_mmproj_is_the_converter_s(kind, smolvlm_folder, converter, tm
     """Every field in order and every tensor's name, type, shape and bytes are the converter's: the SigLIP tower (its
     embeddings in F32 whatever the type), the connector's linear layer, the shuffle's n and the image processor's
     longest edge in the header."""
-    out = tmp_path / "m.gguf"
-    unshard.convert(SMOLVLM, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
-    ours = contents(tmp_path / "mmproj-m.gguf")
-    theirs = contents(converter(smolvlm_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
-    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    out, ours = mmproj_as_the_converter_writes(SMOLVLM, smolvlm_folder, kind, converter, tmp_path)
     assert ours[0]["clip.projector_type"] == "idefics3" and ours[0]["clip.vision.projector.scale_factor"] == 2
     assert ours[0]["clip.vision.preproc_image_size"] == 64
-    assert_same_tensors(ours[1], theirs[1])
     assert not any(t[0].startswith(("v.", "mm.")) for t in contents(out)[1])
 
 
@@ -487,15 +490,10 @@ def test_a_whisper_encoder_s_mmproj_is_the_converter_s(kind, model, converter, r
     the converter's, Whisper's convolutions' kernels in the type it forces whatever the file's (Qwen2-Audio's F16,
     Audio Flamingo 3's F32) and their biases as columns, the projector under `mm.a.`."""
     source, folder, projector, conv_type, projection = WHISPER_ENCODERS[model]
-    out = tmp_path / "m.gguf"
-    unshard.convert(source, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
-    ours = contents(tmp_path / "mmproj-m.gguf")
-    theirs = contents(converter(request.getfixturevalue(folder), kind, tmp_path / "oracle.gguf", mmproj=True))
-    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    out, ours = mmproj_as_the_converter_writes(source, request.getfixturevalue(folder), kind, converter, tmp_path)
     assert ours[0]["clip.projector_type"] == projector and "clip.has_vision_encoder" not in ours[0]
     plan = unshard.plan(source, output=unshard.OutputOptions(gguf=kind))
     assert plan.summary()["gguf"]["mmproj"]["towers"] == ["audio"]
-    assert_same_tensors(ours[1], theirs[1])
     named = {t[0]: t for t in ours[1]}
     assert named["a.conv1d.1.weight"][1] == conv_type and named["a.conv1d.1.bias"][2] == [1, 32]
     assert projection in named
@@ -627,15 +625,9 @@ def test_lfm2_vl_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind, lfm2
     tokens, the fewest llama.cpp makes) into transformers' image features of the same pixels (SigLIP2's patches)."""
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
-    out = tmp_path / "m.gguf"
-    unshard.convert(LFM2_VL, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
     hub = with_hub_vision_names(lfm2vl_folder, tmp_path / "hub")
-    ours, theirs = (
-        contents(tmp_path / "mmproj-m.gguf"),
-        contents(converter(hub, kind, tmp_path / "o.gguf", mmproj=True)),
-    )
-    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0]) and ours[0]["clip.projector_type"] == "lfm2"
-    assert_same_tensors(ours[1], theirs[1])
+    out, ours = mmproj_as_the_converter_writes(LFM2_VL, hub, kind, converter, tmp_path)
+    assert ours[0]["clip.projector_type"] == "lfm2"
     model = AutoModelForImageTextToText.from_pretrained(lfm2vl_folder, dtype=torch.float32)
     image, embeddings = image_embeddings(out, 256, 256, tmp_path)
     pixels = AutoImageProcessor.from_pretrained(lfm2vl_folder)(images=[image], return_tensors="pt")
@@ -675,12 +667,8 @@ def test_janus_pro_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind, ja
     out = tmp_path / "m.gguf"
     plan = unshard.plan(JANUS, output=unshard.OutputOptions(gguf=kind))
     assert any("(the image generator's: llama.cpp runs no image generation)" in n for n in plan.notes)
-    unshard.convert(JANUS, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
-    ours = contents(tmp_path / "mmproj-m.gguf")
-    theirs = contents(converter(janus_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
-    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    out, ours = mmproj_as_the_converter_writes(JANUS, janus_folder, kind, converter, tmp_path)
     assert ours[0]["clip.projector_type"] == "janus_pro"
-    assert_same_tensors(ours[1], theirs[1])
     assert {"mm.0.weight", "mm.1.bias"} <= {t[0] for t in ours[1]}
     assert not any("gen" in t[0] or "vq" in t[0] for t in ours[1] + contents(out)[1])
     model = AutoModelForImageTextToText.from_pretrained(janus_folder, dtype=torch.float32)
@@ -732,16 +720,11 @@ def test_hunyuan_ocr_s_files_are_the_converter_s_and_see_as_transformers(kind, h
     image's end."""
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
-    out = tmp_path / "m.gguf"
-    unshard.convert(HUNYUAN_OCR, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    out, ours = mmproj_as_the_converter_writes(HUNYUAN_OCR, hunyuanocr_folder, kind, converter, tmp_path)
     assert contents(out) == contents(converter(hunyuanocr_folder, kind, tmp_path / "oracle.gguf", pre="gpt-2"))
-    ours = contents(tmp_path / "mmproj-m.gguf")
-    theirs = contents(converter(hunyuanocr_folder, kind, tmp_path / "oracle-mmproj.gguf", mmproj=True))
-    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
     assert ours[0]["clip.projector_type"] == "hunyuanvl" and ours[0]["clip.vision.image_max_pixels"] == 128 * 128
     notes = unshard.plan(HUNYUAN_OCR, output=unshard.OutputOptions(gguf=kind)).notes
     assert any("samples the tower's learned positions off their grid" in n for n in notes)
-    assert_same_tensors(ours[1], theirs[1])
     named = {t[0]: t for t in ours[1]}
     assert named["v.position_embd.weight"][2] == [32, 64] and named["mm.0.weight"][1] == "F32"
     fields = contents(out)[0]
@@ -794,13 +777,8 @@ def test_paddleocr_vl_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind,
     56 pixels (4 x 4 patches, merged 2 x 2 by the projector) into transformers' image features of the same pixels."""
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
-    out = tmp_path / "m.gguf"
-    unshard.convert(PADDLE_OCR, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
-    ours = contents(tmp_path / "mmproj-m.gguf")
-    theirs = contents(converter(paddleocr_folder, kind, tmp_path / "oracle.gguf", mmproj=True))
-    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    out, ours = mmproj_as_the_converter_writes(PADDLE_OCR, paddleocr_folder, kind, converter, tmp_path)
     assert ours[0]["clip.projector_type"] == "paddleocr" and ours[0]["clip.vision.image_size"] == 56
-    assert_same_tensors(ours[1], theirs[1])
     model = AutoModelForImageTextToText.from_pretrained(paddleocr_folder, dtype=torch.float32)
     image, embeddings = image_embeddings(out, 56, 56, tmp_path)
     pixels = AutoImageProcessor.from_pretrained(paddleocr_folder)(images=[image], return_tensors="pt")
@@ -818,6 +796,7 @@ def test_paddleocr_vl_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind,
     [
         ({"spatial_merge_size": 4}, "the vision tower's spatial_merge_size is 4, and llama.cpp's paddleocr projector"),
         ({"hidden_act": "silu"}, "the vision tower's hidden_act is silu, and llama.cpp's paddleocr projector computes"),
+        ({"layer_norm_eps": 1e-5}, "the vision tower's layer_norm_eps is 1e-05, and llama.cpp's paddleocr projector"),
     ],
 )
 def test_what_llama_cpp_s_paddleocr_computes_otherwise_is_one_line(change, message, paddleocr_folder, tmp_path):
@@ -859,20 +838,14 @@ def test_internvl_s_files_are_the_converter_s_and_see_as_transformers(kind, inte
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
     folder, hub = internvl_folder
-    out = tmp_path / "m.gguf"
-    unshard.convert(INTERNVL, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    out, ours = mmproj_as_the_converter_writes(INTERNVL, hub, kind, converter, tmp_path)
     assert contents(out) == contents(converter(folder, kind, tmp_path / "oracle.gguf", pre="gpt-2"))
-    ours = contents(tmp_path / "mmproj-m.gguf")
-    theirs = contents(converter(hub, kind, tmp_path / "oracle-mmproj.gguf", mmproj=True))
-    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
     assert ours[0]["clip.projector_type"] == "internvl" and ours[0]["clip.vision.projector.scale_factor"] == 2
-    assert_same_tensors(ours[1], theirs[1])
     assert {"mm.model.mlp.0.weight", "mm.model.mlp.3.bias", "v.class_embd", "v.blk.0.ls1.weight"} <= {
         t[0] for t in ours[1]
     }
-    assert any(
-        "puts the class token after the patches" in n for n in unshard.plan(INTERNVL, output=out_options(kind)).notes
-    )
+    notes = unshard.plan(INTERNVL, output=unshard.OutputOptions(gguf=kind)).notes
+    assert any("puts the class token after the patches" in n for n in notes)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
     image, embeddings = image_embeddings(out, 56, 56, tmp_path)
     pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], return_tensors="pt")

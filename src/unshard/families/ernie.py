@@ -71,11 +71,13 @@ def ernie_moe_checked(hparams: dict, where: Path) -> None:
 def paddleocr_sizes(vision: dict, where: Path) -> dict:
     """The tower as the converter's PaddleOCRVisionModel reads it (its image size the side of the largest image the
     processor makes), refusing what llama.cpp's paddleocr computes otherwise: 2 x 2 merges, 2-D rotary at 10000,
-    GELU (as the tanh approximation, which SigLIP's gelu_pytorch_tanh is)."""
+    GELU (as the tanh approximation, which SigLIP's gelu_pytorch_tanh is), norms at the epsilon the converter writes
+    (rms_norm_eps, which SigLIP's config lacks, else 1e-6: not its layer_norm_eps)."""
     runs = {
         "spatial_merge_size": (vision.get("spatial_merge_size", 2), 2),
         "rope_theta": ((vision.get("rope_parameters") or {}).get("rope_theta", 10000.0), 10000.0),
         "hidden_act": (vision.get("hidden_act", "gelu_pytorch_tanh"), "gelu_pytorch_tanh"),
+        "layer_norm_eps": (vision.get("layer_norm_eps", 1e-6), vision.get("rms_norm_eps", 1e-6)),
     }
     fixed_in_code(where, "vision", "paddleocr projector", runs)
     processor = where.parent / "preprocessor_config.json"
