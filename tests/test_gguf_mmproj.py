@@ -892,3 +892,15 @@ def test_an_intern_vit_normed_otherwise_than_llama_cpp_s_is_one_line(internvl_fo
     ):
         families.internvl.internvl_sizes(six_b, where)
     assert families.internvl.internvl_sizes({**six_b, "norm_type": "rms_norm", "use_qk_norm": True}, where)
+
+
+def test_a_folder_transformers_saved_with_its_head_tied_converts(tmp_path):
+    """InternVL's head tied to its embedding is `lm_head` in memory and `language_model.lm_head` as saved: the folder
+    save_pretrained writes (the fixture's reference, the Hub's -hf releases) holds neither, and is whole."""
+    from safetensors import safe_open
+
+    reference = INTERNVL.parent / "reference"
+    with safe_open(reference / "model.safetensors", "pt") as saved:
+        assert not any("lm_head" in name for name in saved.keys())
+    result = unshard.convert(reference, tmp_path / "hf", verify=True, progress=False)
+    assert result.tensors == 108

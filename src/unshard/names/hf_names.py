@@ -78,7 +78,7 @@ _answers: dict[str, ModelFacts | None] = {}
 
 # Raised when the way a config's model is built for the question changes (meta_model), so that answers
 # remembered by an earlier unshard are asked again.
-FACTS_REVISION = 7
+FACTS_REVISION = 8
 
 
 def _facts_entry(config_folder: Path, config: dict, updates: dict | None) -> str | None:
@@ -341,7 +341,10 @@ def _plain_naming(
         # Already the names save_pretrained writes (a reader that names tensors itself, as for Megatron).
         if check:
             _check_against_model(
-                {n: s for n, s in saved.items() if n not in tied}, live_shapes, config_folder, config.get("model_type")
+                {n: s for n, s in saved.items() if n not in tied | facts.tied_as_saved},
+                live_shapes,
+                config_folder,
+                config.get("model_type"),
             )
         return Naming(
             {n: [(c, shapes[n])] for n, c in live.items()},

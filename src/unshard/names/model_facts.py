@@ -121,6 +121,9 @@ class ModelFacts:
     saved: dict[str, tuple[int, ...]]
     linear: LinearLayers
     float32: dict[str, list[str]] = field(default_factory=dict)  # dtype name -> in-memory names kept in float32
+    # the tied weights under the names save_pretrained would give them (InternVL's head, `lm_head` in memory, as
+    # `language_model.lm_head`): a checkpoint under saved names may lack them
+    tied_as_saved: set[str] = field(default_factory=set)
 
     @classmethod
     def of(cls, model) -> ModelFacts:
@@ -129,7 +132,9 @@ class ModelFacts:
         kept = {name for name, _ in model.named_parameters()}
         tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - kept
         in_memory = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-        return cls(in_memory, tied, _saved_shapes(model, in_memory), _linear_layers(model), _kept_in_float32(model))
+        tied_as_saved = set(_saved_shapes(model, {name: in_memory[name] for name in tied if name in in_memory}))
+        saved, linear, float32 = _saved_shapes(model, in_memory), _linear_layers(model), _kept_in_float32(model)
+        return cls(in_memory, tied, saved, linear, float32, tied_as_saved)
 
     def to_json(self) -> dict:
         return {
@@ -138,6 +143,7 @@ class ModelFacts:
             "saved": self.saved,
             "linear": self.linear.to_json(),
             "float32": self.float32,
+            "tied_as_saved": sorted(self.tied_as_saved),
         }
 
     @classmethod
@@ -149,6 +155,7 @@ class ModelFacts:
             shapes(data["saved"]),
             LinearLayers.from_json(data["linear"]),
             {dtype: list(names) for dtype, names in data["float32"].items()},
+            set(data["tied_as_saved"]),
         )
 
 
