@@ -1015,6 +1015,7 @@ DENSE = {
     "hunyuanocr-fsdp2": "hunyuan_vl",
     "paddleocr-fsdp2-spm": "paddleocr",
     "internvl-fsdp2": "qwen2",
+    "internvl35-fsdp2": "qwen3",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
@@ -1034,6 +1035,7 @@ HUB_KEYS = {
     "afmoe-fsdp2": lambda config: {"route_norm": True},  # (AFMoE's routing, which transformers always renormalises)
     # (InternVL's text model by its class, which the converter finds it by: transformers 5 writes none)
     "internvl-fsdp2": lambda config: {"text_config": {**config["text_config"], "architectures": ["Qwen2ForCausalLM"]}},
+    "internvl35-fsdp2": lambda c: {"text_config": {**c["text_config"], "architectures": ["Qwen3ForCausalLM"]}},
     # (EXAONE MoE's sigmoid router, which transformers routes by whatever the config says: without it the converter
     # writes no gating function; and no MTP layers, which the checkpoint lacks: the converter's file would have blocks
     # for them all the same. llama.cpp's exaone-moe loads neither file)
@@ -1095,7 +1097,7 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     # (a vision-language model transformers has no causal LM class for: its text alone)
     vision = case in ("mistral3-fsdp2", "mistral4-fsdp2", "llama4-fsdp2", "exaone45-fsdp2", "smolvlm-fsdp2")
     vision = vision or case in ("llava-pixtral-fsdp2", "lfm2vl-fsdp2", "janus-fsdp2", "hunyuanocr-fsdp2")
-    vision = vision or case in ("paddleocr-fsdp2-spm", "internvl-fsdp2")
+    vision = vision or case in ("paddleocr-fsdp2-spm", "internvl-fsdp2", "internvl35-fsdp2")
     auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
     auto = transformers.AutoModelForMultimodalLM if case in ("qwen2audio-fsdp2", "voxtral-fsdp2") else auto
     auto = transformers.AutoModelForSeq2SeqLM if case == "audioflamingo3-fsdp2" else auto

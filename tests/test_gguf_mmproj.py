@@ -46,6 +46,8 @@ JANUS = SHIPPED / "janus-fsdp2" / "global_step_1"
 HUNYUAN_OCR = SHIPPED / "hunyuanocr-fsdp2" / "global_step_1"
 PADDLE_OCR = SHIPPED / "paddleocr-fsdp2-spm" / "global_step_1"
 INTERNVL = SHIPPED / "internvl-fsdp2" / "global_step_1"
+# InternVL3's text model and InternVL3.5's, by the class the Hub's configs name
+INTERNVL_TEXT = {"internvl-fsdp2": "Qwen2ForCausalLM", "internvl35-fsdp2": "Qwen3ForCausalLM"}
 LLAVA = SHIPPED / "llava-pixtral-fsdp2" / "global_step_1"
 LFM2_VL = SHIPPED / "lfm2vl-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
@@ -803,19 +805,20 @@ def test_what_llama_cpp_s_paddleocr_computes_otherwise_is_one_line(change, messa
     assert_refused(paddleocr_folder, tmp_path, change, message, within="vision_config", check=False)
 
 
-@pytest.fixture(scope="module")
-def internvl_folder(tmp_path_factory):
+@pytest.fixture(scope="module", params=sorted(INTERNVL_TEXT))
+def internvl_folder(request, tmp_path_factory):
     """The folder and a copy as the converter maps it: the tower's and the text model's classes in their configs, as
     the Hub's configs name them and transformers 5 does not, and in the copy, the tower and the projector under
     Intern-S1's names (`model.vision_tower.`, `model.multi_modal_projector.`), the only ones the converter's
     InternVisionModel keeps: of transformers 5's names it writes an mmproj file without a tensor."""
     from safetensors.torch import load_file, save_file
 
-    folder = unsharded(INTERNVL, tmp_path_factory)
+    src = SHIPPED / request.param / "global_step_1"
+    folder = unsharded(src, tmp_path_factory)
     assert for_the_converter(folder) == "gpt-2"
     config = json.loads((folder / "config.json").read_text())
     config["vision_config"]["architectures"] = ["InternVisionModel"]
-    config["text_config"]["architectures"] = ["Qwen2ForCausalLM"]
+    config["text_config"]["architectures"] = [INTERNVL_TEXT[request.param]]
     (folder / "config.json").write_text(json.dumps(config))
     hub = folder.with_name("hub")
     shutil.copytree(folder, hub)
@@ -823,12 +826,13 @@ def internvl_folder(tmp_path_factory):
     towers = ("vision_tower.", "multi_modal_projector.")
     renamed = {("model." if name.startswith(towers) else "") + name: t for name, t in tensors.items()}
     save_file(renamed, hub / "model.safetensors", metadata={"format": "pt"})
-    return folder, hub
+    return src, folder, hub
 
 
 @pytest.mark.parametrize("kind", ["f32", "q8_0"])
 def test_internvl_s_files_are_the_converter_s_and_see_as_transformers(kind, internvl_folder, converter, tmp_path):
-    """InternVL3's layout: the text model as llama.cpp's qwen2 and InternViT with its projector as the internvl
+    """InternVL3's layout and InternVL3.5's: the text model as llama.cpp's qwen2 or qwen3, and InternViT with its
+    projector as the internvl
     projector (the projector's layers as mlp1.0, mlp1.1 and mlp1.3, the layer scales and positions named as the
     converter names them), each file the converter's; mtmd encodes an image of one tile (56 pixels: 4 x 4 patches,
     shuffled into 2 x 2 tokens) into transformers' image features of the same pixels, but for the positions: llama.cpp
@@ -837,14 +841,15 @@ def test_internvl_s_files_are_the_converter_s_and_see_as_transformers(kind, inte
     for the comparison (as llama.cpp runs it, 3.3e-2 from transformers' own features in f32)."""
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
-    folder, hub = internvl_folder
-    out, ours = mmproj_as_the_converter_writes(INTERNVL, hub, kind, converter, tmp_path)
+    src, folder, hub = internvl_folder
+    out, ours = mmproj_as_the_converter_writes(src, hub, kind, converter, tmp_path)
     assert contents(out) == contents(converter(folder, kind, tmp_path / "oracle.gguf", pre="gpt-2"))
     assert ours[0]["clip.projector_type"] == "internvl" and ours[0]["clip.vision.projector.scale_factor"] == 2
     assert {"mm.model.mlp.0.weight", "mm.model.mlp.3.bias", "v.class_embd", "v.blk.0.ls1.weight"} <= {
         t[0] for t in ours[1]
     }
-    notes = unshard.plan(INTERNVL, output=unshard.OutputOptions(gguf=kind)).notes
+    assert contents(out)[0]["general.architecture"] == INTERNVL_TEXT[src.parent.name][:5].lower()
+    notes = unshard.plan(src, output=unshard.OutputOptions(gguf=kind)).notes
     assert any("puts the class token after the patches" in n for n in notes)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
     image, embeddings = image_embeddings(out, 56, 56, tmp_path)
@@ -876,14 +881,14 @@ def test_internvl_s_files_are_the_converter_s_and_see_as_transformers(kind, inte
     ],
 )
 def test_what_llama_cpp_s_internvl_computes_otherwise_is_one_line(change, message, internvl_folder, tmp_path):
-    assert_refused(internvl_folder[0], tmp_path, change, message, check=False)
+    assert_refused(internvl_folder[1], tmp_path, change, message, check=False)
 
 
 def test_an_intern_vit_normed_otherwise_than_llama_cpp_s_is_one_line(internvl_folder):
     """llama.cpp's internvl norms InternViT-6B (3200 wide, 45 layers) by RMS with q and k normed, every smaller tower
     by LayerNorm without. (Another tower has other tensors than the fixture's checkpoint: its config is asked alone.)"""
-    vision = json.loads((internvl_folder[0] / "config.json").read_text())["vision_config"]
-    where = internvl_folder[0] / "config.json"
+    vision = json.loads((internvl_folder[1] / "config.json").read_text())["vision_config"]
+    where = internvl_folder[1] / "config.json"
     with pytest.raises(unshard.ConfigMismatchError, match="norm_type is rms_norm, and llama.cpp's internvl projector"):
         families.internvl.internvl_sizes({**vision, "norm_type": "rms_norm"}, where)
     six_b = {**vision, "hidden_size": 3200, "num_hidden_layers": 45}
