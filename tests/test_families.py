@@ -175,6 +175,19 @@ def test_unshard_families_prints_the_matrix():
 
 # Each "yes" of the matrix, and the shipped fixture that takes the family down that path in the tests
 # (test_megatron, test_meta_llama, test_gguf). Mistral goes down them by Llama's own declarations (SHARED).
+# The families unshard knows for GGUF alone (parts.multimodal_family) whose text model and towers both files take
+GGUF_MULTIMODAL = {
+    "smolvlm": "smolvlm-fsdp2",
+    "glm_ocr": "glmocr-fsdp2",
+    "qwen2_audio": "qwen2audio-fsdp2",
+    "audioflamingo3": "audioflamingo3-fsdp2",
+    "llava": "llava-pixtral-fsdp2",
+    "janus": "janus-fsdp2",
+    "hunyuan_vl": "hunyuanocr-fsdp2",
+    "paddleocr_vl": "paddleocr-fsdp2-spm",
+    "internvl": "internvl-fsdp2",
+    "lfm2_vl": "lfm2vl-fsdp2",
+}
 TESTED = {
     "megatron_legacy": {
         "llama": "megatron-llama-tp2-pp2-vpp2",
@@ -238,16 +251,8 @@ TESTED = {
     },
     "gguf": {
         "llama": "llama-fsdp2-spm",
-        "smolvlm": "smolvlm-fsdp2",
-        "qwen2_audio": "qwen2audio-fsdp2",
-        "audioflamingo3": "audioflamingo3-fsdp2",
-        "voxtral": "voxtral-fsdp2",
-        "llava": "llava-pixtral-fsdp2",
-        "janus": "janus-fsdp2",
-        "hunyuan_vl": "hunyuanocr-fsdp2",
-        "paddleocr_vl": "paddleocr-fsdp2-spm",
-        "internvl": "internvl-fsdp2",
-        "lfm2_vl": "lfm2vl-fsdp2",
+        **GGUF_MULTIMODAL,
+        "voxtral": "voxtral-fsdp2",  # (its text model's file alone: no mmproj)
         "qwen2": "qwen2-fsdp2-spm",
         "qwen3": "qwen3-fsdp2-spm",
         "gemma": "gemma-fsdp2-spm",
@@ -293,7 +298,6 @@ TESTED = {
         "ministral3": "ministral3-fsdp2",
         "lfm2_moe": "lfm2moe-fsdp2",
         "glm4v": "glm4v-fsdp2",
-        "glm_ocr": "glmocr-fsdp2",
         "glm4v_moe": "glm4vmoe-fsdp2",
         "llama4": "llama4-fsdp2",
         "llama4_text": "llama4text-fsdp2",
@@ -336,20 +340,11 @@ TESTED = {
     "mmproj": {
         "gemma3": "gemma3vl-fsdp2-spm",
         "glm4v": "glm4v-fsdp2",
-        "glm_ocr": "glmocr-fsdp2",
         "glm4v_moe": "glm4vmoe-fsdp2",
         "gemma4": "gemma4vl-fsdp2",
         "mistral3": "mistral3-fsdp2",
         "llama4": "llama4-fsdp2",
-        "smolvlm": "smolvlm-fsdp2",
-        "qwen2_audio": "qwen2audio-fsdp2",
-        "audioflamingo3": "audioflamingo3-fsdp2",
-        "llava": "llava-pixtral-fsdp2",
-        "janus": "janus-fsdp2",
-        "hunyuan_vl": "hunyuanocr-fsdp2",
-        "paddleocr_vl": "paddleocr-fsdp2-spm",
-        "internvl": "internvl-fsdp2",
-        "lfm2_vl": "lfm2vl-fsdp2",
+        **GGUF_MULTIMODAL,
         "qwen2_vl": "qwen2vl-fsdp2",
         "qwen2_5_vl": "qwen25vl-fsdp2",
         "qwen3_vl": "qwen3vl-fsdp2",
