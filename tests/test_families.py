@@ -181,6 +181,7 @@ GGUF_MULTIMODAL = {
     "glm_ocr": "glmocr-fsdp2",
     "qwen2_audio": "qwen2audio-fsdp2",
     "audioflamingo3": "audioflamingo3-fsdp2",
+    "qwen3_asr": "qwen3asr-fsdp2",
     "llava": "llava-pixtral-fsdp2",
     "janus": "janus-fsdp2",
     "hunyuan_vl": "hunyuanocr-fsdp2",

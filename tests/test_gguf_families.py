@@ -1008,6 +1008,7 @@ DENSE = {
     "smolvlm-fsdp2": "llama",
     "qwen2audio-fsdp2": "qwen2",
     "audioflamingo3-fsdp2": "qwen2",
+    "qwen3asr-fsdp2": "qwen3vl",
     "voxtral-fsdp2": "llama",
     "llava-pixtral-fsdp2": "llama",
     "lfm2vl-fsdp2": "lfm2",
@@ -1021,6 +1022,7 @@ DENSE = {
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
 # DROPPED: a key transformers 5 writes and the Hub's config lacks
 DROPPED = object()
+QWEN3_ASR_THINKER = ("audio_config", "text_config", "audio_token_id")  # (what Qwen's release keeps in thinker_config)
 HUB_KEYS = {
     "gptneox-fsdp2": lambda config: {"rotary_pct": config["rope_parameters"]["partial_rotary_factor"]},
     "gpt2-fsdp2": lambda config: {"n_ctx": config["n_positions"]},
@@ -1036,6 +1038,11 @@ HUB_KEYS = {
     # (InternVL's text model by its class, which the converter finds it by: transformers 5 writes none)
     "internvl-fsdp2": lambda config: {"text_config": {**config["text_config"], "architectures": ["Qwen2ForCausalLM"]}},
     "internvl35-fsdp2": lambda c: {"text_config": {**c["text_config"], "architectures": ["Qwen3ForCausalLM"]}},
+    # (Qwen3-ASR's configs as Qwen's release has them, within thinker_config, which the converter reads them from)
+    "qwen3asr-fsdp2": lambda config: {
+        "thinker_config": {key: config[key] for key in QWEN3_ASR_THINKER},
+        **dict.fromkeys(QWEN3_ASR_THINKER, DROPPED),
+    },
     # (EXAONE MoE's sigmoid router, which transformers routes by whatever the config says: without it the converter
     # writes no gating function; and no MTP layers, which the checkpoint lacks: the converter's file would have blocks
     # for them all the same. llama.cpp's exaone-moe loads neither file)
@@ -1099,7 +1106,8 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     vision = vision or case in ("llava-pixtral-fsdp2", "lfm2vl-fsdp2", "janus-fsdp2", "hunyuanocr-fsdp2")
     vision = vision or case in ("paddleocr-fsdp2-spm", "internvl-fsdp2", "internvl35-fsdp2")
     auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
-    auto = transformers.AutoModelForMultimodalLM if case in ("qwen2audio-fsdp2", "voxtral-fsdp2") else auto
+    speech = ("qwen2audio-fsdp2", "voxtral-fsdp2", "qwen3asr-fsdp2")
+    auto = transformers.AutoModelForMultimodalLM if case in speech else auto
     auto = transformers.AutoModelForSeq2SeqLM if case == "audioflamingo3-fsdp2" else auto
     model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32, **AS_THE_FILE.get(case, {}))
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]
@@ -1110,6 +1118,32 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     distance = ((logits - expected).norm() / expected.norm()).item()
     tolerance = GEMMA4_F32_TOLERANCE if DENSE[case] == "gemma4" else LLAMA_CPP_TOLERANCE["f32"]
     assert distance <= tolerance, distance
+
+
+def test_qwen3_asr_without_m_rope_sections_is_written_as_llama_cpp_loads_it(llama_cpp, tmp_path):
+    """A Qwen3-ASR whose text config names no M-RoPE sections (transformers' Qwen3 turns the rotary by the sequence
+    alone, and the converter writes a file llama.cpp's qwen3vl does not load): sections that turn every pair by the
+    sequence, with a note, and llama.cpp computes transformers' logits."""
+    import transformers
+
+    src = tmp_path / "src"
+    shutil.copytree(SHIPPED / "qwen3asr-fsdp2", src)
+    config_file = src / "global_step_1" / "actor" / "huggingface" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["text_config"]["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+    config_file.write_text(json.dumps(config))
+    ours = tmp_path / "f32.gguf"
+    plan = unshard.plan(src / "global_step_1", output=unshard.OutputOptions(gguf="f32"))
+    # (a head of 16: 8 pairs, taken in turn by the three axes the sequence's position turns)
+    assert any(n.startswith("no M-RoPE sections in the text config: written as [3, 3, 2, 0]") for n in plan.notes)
+    unshard.convert(src / "global_step_1", ours, output=unshard.OutputOptions(gguf="f32"), progress=False)
+    assert contents(ours)[0]["qwen3vl.rope.dimension_sections"] == [3, 3, 2, 0]
+    reference = SHIPPED / "qwen3asr-fsdp2" / "reference"
+    model = transformers.AutoModelForMultimodalLM.from_pretrained(reference, dtype=torch.float32)
+    prompt = [1, 5, 20, 33, 41, 50, 60, 2]
+    expected = model(torch.tensor([prompt])).logits[0].detach()
+    logits, _ = llama_cpp(ours, prompt, 0)
+    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
 
 
 def test_a_glm_s_epsilon_is_noted_and_its_rope_base_refused_in_one_line(tmp_path):

@@ -24,12 +24,14 @@ import pytest
 import torch
 from conftest import SHIPPED
 from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, used by name)
+    assert_same_file,
     contents,
     converter,
     for_the_converter,
     llama_cpp_client,
     with_hub_vision_names,
 )
+from test_gguf_families import QWEN3_ASR_THINKER
 
 import unshard
 from unshard import families
@@ -42,6 +44,7 @@ SMOLVLM = SHIPPED / "smolvlm-fsdp2" / "global_step_1"
 QWEN2_AUDIO = SHIPPED / "qwen2audio-fsdp2" / "global_step_1"
 VOXTRAL = SHIPPED / "voxtral-fsdp2" / "global_step_1"
 AUDIO_FLAMINGO = SHIPPED / "audioflamingo3-fsdp2" / "global_step_1"
+QWEN3_ASR = SHIPPED / "qwen3asr-fsdp2" / "global_step_1"
 JANUS = SHIPPED / "janus-fsdp2" / "global_step_1"
 HUNYUAN_OCR = SHIPPED / "hunyuanocr-fsdp2" / "global_step_1"
 PADDLE_OCR = SHIPPED / "paddleocr-fsdp2-spm" / "global_step_1"
@@ -59,7 +62,7 @@ IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] ar
 IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
 # mtmd's sound embeddings against transformers' audio features, measured on Gemma 4's tower: f32 1.5e-3 (of the mel
 # spectrograms, which each computes its own way), f16 1.6e-3, bf16 4.1e-3, q8_0 1.7e-2; Qwen2-Audio's f32 1.5e-4, f16
-# 2.7e-4, q8_0 9.9e-3
+# 2.7e-4, q8_0 9.9e-3; Qwen3-ASR's f32 2.3e-5, q8_0 5.0e-3
 AUDIO_TOLERANCE = {"f32": 3e-3, "q8_0": 3e-2}
 
 
@@ -555,6 +558,112 @@ def test_a_flamingo_projector_without_biases_is_one_line(flamingo_folder):
     config = json.loads((flamingo_folder / "config.json").read_text())
     with pytest.raises(unshard.ConfigMismatchError, match="projector_bias is False, and llama.cpp's musicflamingo"):
         families.audio.flamingo_projector_checked({**config, "projector_bias": False}, flamingo_folder)
+
+
+@pytest.fixture(scope="module")
+def qwen3asr_folder(tmp_path_factory):
+    return unsharded(QWEN3_ASR, tmp_path_factory)
+
+
+def as_qwen_releases_qwen3_asr(folder: Path, out: Path) -> Path:
+    """A copy of Qwen3-ASR's folder in the layout of Qwen's release, which the converter reads (it cannot read
+    transformers 5's): the configs within thinker_config, the names under `thinker.`, the projector within the
+    encoder (proj1, proj2)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, out)
+    config = json.loads((folder / "config.json").read_text())
+    config["thinker_config"] = {key: config.pop(key) for key in QWEN3_ASR_THINKER}
+    (out / "config.json").write_text(json.dumps(config))
+    renames = {
+        "model.multi_modal_projector.linear_": "thinker.audio_tower.proj",
+        "model.audio_tower.": "thinker.audio_tower.",
+        "model.language_model.": "thinker.model.",
+        "lm_head.": "thinker.lm_head.",
+    }
+
+    def renamed(name: str) -> str:
+        ours = next(ours for ours in [*renames, ""] if name.startswith(ours))
+        return renames[ours] + name.removeprefix(ours) if ours else name
+
+    tensors = load_file(folder / "model.safetensors")
+    save_file({renamed(k): v for k, v in tensors.items()}, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+def test_qwen3_asr_s_files_are_the_converter_s_of_qwen_s_layout(kind, qwen3asr_folder, converter, tmp_path):
+    """Both files of transformers 5's Qwen3-ASR are the converter's of the same weights in Qwen's layout, every field
+    in order and every tensor's name, type, shape and bytes: the text model as llama.cpp's qwen3vl with ChatML and
+    `<|im_end|>` as its start and end (the tokenizer's added tokens listed in tokenizer_config.json, as on the Hub);
+    the encoder as qwen3a, its convolutions' kernels in F16 whatever the file's type, their biases [channels, 1, 1],
+    the projector under `mm.a.mlp.`, and the positions the converter computes (1500 of them, first)."""
+    folder = tmp_path / "hf"
+    shutil.copytree(qwen3asr_folder, folder)
+    pre = for_the_converter(folder)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    listed = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in tokenizer["added_tokens"]}
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "added_tokens_decoder": listed}))
+    out = tmp_path / "m.gguf"
+    unshard.convert(folder, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    release = as_qwen_releases_qwen3_asr(folder, tmp_path / "release")
+    theirs = converter(release, kind, tmp_path / "oracle.gguf", pre=pre)
+    assert_same_file(out, theirs)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    assert_same_file(tmp_path / "mmproj-m.gguf", converter(release, kind, tmp_path / "o-mmproj.gguf", mmproj=True))
+    fields = contents(out)[0]
+    end = fields["tokenizer.ggml.tokens"].index("<|im_end|>")
+    assert fields["tokenizer.ggml.bos_token_id"] == fields["tokenizer.ggml.eos_token_id"] == end
+    assert fields["tokenizer.chat_template"] == families.audio.CHATML
+    named = {t[0]: t for t in ours[1]}
+    assert ours[0]["clip.audio.projector_type"] == "qwen3a" and "clip.projector_type" not in ours[0]
+    assert ours[1][0][0] == "a.position_embd.weight" and named["a.position_embd.weight"][1:3] == ("F32", [32, 1500])
+    assert named["a.conv2d.1.weight"][1] == "F16" and named["a.conv2d.1.bias"][2] == [1, 1, 8]
+    assert "mm.a.mlp.2.weight" in named
+
+
+def qwen3_asr_sound(seconds: float) -> np.ndarray:
+    """A tone and noise at 16 kHz, of as many samples as make whole chunks of 100 mel frames for both: mtmd's frames
+    (one a hop, and one more) and Qwen3-ASR's feature extractor's (Whisper's, its last frame dropped) are then the
+    same."""
+    rng, samples = np.random.default_rng(0), int(16000 * seconds) - 160
+    return (0.3 * np.sin(2 * np.pi * 440 * np.arange(samples) / 16000) + 0.05 * rng.standard_normal(samples)).astype(
+        np.float32
+    )
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_llama_cpp_hears_a_sound_as_qwen3_asr_does(kind, qwen3asr_folder, tmp_path):
+    """mtmd cuts 12 seconds into windows of 800 frames (8 s) and each into chunks of 100 frames, 13 tokens a chunk:
+    Qwen3-ASR's audio features in transformers of the same samples (its feature extractor, the encoder attending
+    within each window), projected to the text's width."""
+    from transformers import AutoModelForMultimodalLM, Qwen3ASRFeatureExtractor
+
+    unshard.convert(QWEN3_ASR, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+    sound = qwen3_asr_sound(12)
+    sound.tofile(tmp_path / "sound.f32")
+    files, out = (tmp_path / "m.gguf", tmp_path / "mmproj-m.gguf"), tmp_path / "sound.npy"
+    llama_cpp_client("audio", *files, tmp_path / "sound.f32", out)
+    embeddings = torch.from_numpy(np.load(out))
+    model = AutoModelForMultimodalLM.from_pretrained(qwen3asr_folder, dtype=torch.float32)
+    features = Qwen3ASRFeatureExtractor()(sound, sampling_rate=16000, return_attention_mask=True, return_tensors="pt")
+    with torch.no_grad():  # (the projector's output: pooler_output)
+        expected = model.get_audio_features(features["input_features"], features["attention_mask"]).pooler_output
+    assert embeddings.shape == expected.shape == (12 * 13, 64)  # (12 chunks of 13 tokens)
+    assert relative_distance(embeddings, expected) <= AUDIO_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"n_window": 25}, "the audio tower's n_window is 25, and llama.cpp's qwen3a encoder computes 50"),
+        ({"n_window_infer": 400}, "the audio tower's n_window_infer is 400, and llama.cpp's qwen3a encoder"),
+        ({"activation_function": "relu"}, "the audio tower's activation_function is relu, and llama.cpp's whisper"),
+    ],
+)
+def test_what_llama_cpp_s_qwen3a_computes_otherwise_is_one_line(change, message, qwen3asr_folder, tmp_path):
+    assert_refused(qwen3asr_folder, tmp_path, change, message, within="audio_config")
 
 
 def test_voxtral_s_audio_tower_is_left_out_with_the_reason(tmp_path):

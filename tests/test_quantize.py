@@ -354,6 +354,7 @@ FAMILY_CASES = [
     "gemma4av-fsdp2",  # (E2B's: its audio tower left as it is too)
     "qwen2audio-fsdp2",  # (its audio tower left as it is)
     "audioflamingo3-fsdp2",
+    "qwen3asr-fsdp2",
     "voxtral-fsdp2",
     "llava-pixtral-fsdp2",
     "lfm2vl-fsdp2",  # (its vision tower and projector left as they are)

@@ -240,7 +240,7 @@ GEMMA4_MMPROJ = MmprojPart(
     converter_name=gemma4_tower_name,
     rearranged=gemma4_rearranged,
     audio_sizes=gemma4_audio_sizes,
-    vision_projector_type=True,
+    projector_type_key="clip.vision",
 )
 
 FAMILIES = (

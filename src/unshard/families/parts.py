@@ -232,8 +232,12 @@ class MmprojPart:
     # intermediate_size, num_hidden_layers, num_attention_heads), or None where the model has none; the file then holds
     # both towers (Gemma 4's E2B and E4B). Refuses a tower llama.cpp computes otherwise
     audio_sizes: Callable[[dict, Any], dict | None] | None = None
-    # the projector's type under clip.vision (a file that may hold an audio part beside: Gemma 4's), not clip's
-    vision_projector_type: bool = False
+    # where the projector's type goes: clip's key; clip.vision's (a file that may hold an audio part beside: Gemma
+    # 4's); clip.audio's, after the projector's keys (an audio tower the converter writes as one of a pair: Qwen3-ASR's)
+    projector_type_key: str = "clip"
+    # (the towers' sizes) -> tensors the converter computes rather than reads, by llama.cpp's names, first in the file
+    # (Qwen3-ASR's sinusoidal positions), or None
+    computed: Callable[[dict], dict[str, Any]] | None = None
     # what the conversion notes of the file: how llama.cpp's graph computes otherwise than transformers, whatever the
     # file says (Llama 4's tokens, column by column), or None
     note: str | None = None

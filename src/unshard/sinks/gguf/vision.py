@@ -93,6 +93,13 @@ def plan_mmproj(
         permuted = head_dim if part.permute_qk and QK.search(source) else 0
         plan.encoded[output.name] = GGUFTensor((stored,), kind, output.dtype, permuted, max(1, permuted), shift)
         plan.positions[stored.name] = (output.name,)
+    if part.computed:  # (first in the file, as the converter writes the tensors it makes before those it reads)
+        import numpy as np
+
+        computed = part.computed(vision or audio)
+        plan.computed = {name: np.asarray(values, np.float32) for name, values in computed.items()}
+        plan.positions.update((name, ("", i)) for i, name in enumerate(plan.computed))
+        parameters += sum(values.size for values in plan.computed.values())
     _metadata(plan.writer, hparams, (vision, audio), folder, parameters, part, mm_type)
     return plan
 
@@ -196,11 +203,13 @@ def _metadata(
         writer.add_audio_block_count(audio["num_hidden_layers"])
         writer.add_audio_head_count(audio["num_attention_heads"])
     projector = getattr(gguf.VisionProjectorType, part.projector)
-    if part.vision_projector_type:
+    if part.projector_type_key == "clip.vision":
         writer.add_clip_vision_projector_type(projector)
-    else:
+    elif part.projector_type_key == "clip":
         writer.add_clip_projector_type(projector)
     part.projector_keys(writer, hparams, vision, processor)
+    if part.projector_type_key == "clip.audio":
+        writer.add_clip_audio_projector_type(projector)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
