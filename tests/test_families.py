@@ -182,6 +182,7 @@ GGUF_MULTIMODAL = {
     "qwen2_audio": "qwen2audio-fsdp2",
     "audioflamingo3": "audioflamingo3-fsdp2",
     "qwen3_asr": "qwen3asr-fsdp2",
+    "qwen3_omni_moe": "qwen3omni-fsdp2",
     "llava": "llava-pixtral-fsdp2",
     "janus": "janus-fsdp2",
     "hunyuan_vl": "hunyuanocr-fsdp2",

@@ -1009,6 +1009,7 @@ DENSE = {
     "qwen2audio-fsdp2": "qwen2",
     "audioflamingo3-fsdp2": "qwen2",
     "qwen3asr-fsdp2": "qwen3vl",
+    "qwen3omni-fsdp2": "qwen3vlmoe",
     "voxtral-fsdp2": "llama",
     "llava-pixtral-fsdp2": "llama",
     "lfm2vl-fsdp2": "lfm2",
@@ -1106,13 +1107,14 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     vision = vision or case in ("llava-pixtral-fsdp2", "lfm2vl-fsdp2", "janus-fsdp2", "hunyuanocr-fsdp2")
     vision = vision or case in ("paddleocr-fsdp2-spm", "internvl-fsdp2", "internvl35-fsdp2")
     auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
-    speech = ("qwen2audio-fsdp2", "voxtral-fsdp2", "qwen3asr-fsdp2")
+    speech = ("qwen2audio-fsdp2", "voxtral-fsdp2", "qwen3asr-fsdp2", "qwen3omni-fsdp2")
     auto = transformers.AutoModelForMultimodalLM if case in speech else auto
     auto = transformers.AutoModelForSeq2SeqLM if case == "audioflamingo3-fsdp2" else auto
     model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32, **AS_THE_FILE.get(case, {}))
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]
     # (transformers 5.24's Llama 4 runs no text without an image: its causal LM within does)
     forward = model.language_model if case == "llama4-fsdp2" else model
+    forward = model.thinker if case == "qwen3omni-fsdp2" else forward  # (Qwen3-Omni's text: its thinker's)
     expected = forward(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(ours, prompt, 0, kv_cache="f32" if DENSE[case] == "gemma4" else "f16")
     distance = ((logits - expected).norm() / expected.norm()).item()

@@ -45,6 +45,7 @@ QWEN2_AUDIO = SHIPPED / "qwen2audio-fsdp2" / "global_step_1"
 VOXTRAL = SHIPPED / "voxtral-fsdp2" / "global_step_1"
 AUDIO_FLAMINGO = SHIPPED / "audioflamingo3-fsdp2" / "global_step_1"
 QWEN3_ASR = SHIPPED / "qwen3asr-fsdp2" / "global_step_1"
+QWEN3_OMNI = SHIPPED / "qwen3omni-fsdp2" / "global_step_1"
 JANUS = SHIPPED / "janus-fsdp2" / "global_step_1"
 HUNYUAN_OCR = SHIPPED / "hunyuanocr-fsdp2" / "global_step_1"
 PADDLE_OCR = SHIPPED / "paddleocr-fsdp2-spm" / "global_step_1"
@@ -62,7 +63,7 @@ IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] ar
 IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
 # mtmd's sound embeddings against transformers' audio features, measured on Gemma 4's tower: f32 1.5e-3 (of the mel
 # spectrograms, which each computes its own way), f16 1.6e-3, bf16 4.1e-3, q8_0 1.7e-2; Qwen2-Audio's f32 1.5e-4, f16
-# 2.7e-4, q8_0 9.9e-3; Qwen3-ASR's f32 2.3e-5, q8_0 5.0e-3
+# 2.7e-4, q8_0 9.9e-3; Qwen3-ASR's f32 2.3e-5, q8_0 5.0e-3; Qwen3-Omni's f32 2.8e-5, q8_0 6.0e-3
 AUDIO_TOLERANCE = {"f32": 3e-3, "q8_0": 3e-2}
 
 
@@ -633,25 +634,76 @@ def qwen3_asr_sound(seconds: float) -> np.ndarray:
     )
 
 
+def qwen3_asr_heard(model, features) -> torch.Tensor:
+    return model.get_audio_features(features["input_features"], features["attention_mask"]).pooler_output
+
+
+def qwen3_omni_heard(model, features) -> torch.Tensor:
+    """(The thinker's encoder, its projector within: its last hidden state.)"""
+    return model.thinker.get_audio_features(features["input_features"], features["attention_mask"]).last_hidden_state
+
+
+# Qwen3-ASR's audio encoder, alone and as Qwen3-Omni's thinker's: (source, its folder's fixture, its features)
+QWEN3_AUDIO = {
+    "qwen3-asr": (QWEN3_ASR, "qwen3asr_folder", qwen3_asr_heard),
+    "qwen3-omni": (QWEN3_OMNI, "omni_folder", qwen3_omni_heard),
+}
+
+
+@pytest.mark.parametrize("model", QWEN3_AUDIO)
 @pytest.mark.parametrize("kind", ["f32", "q8_0"])
-def test_llama_cpp_hears_a_sound_as_qwen3_asr_does(kind, qwen3asr_folder, tmp_path):
+def test_llama_cpp_hears_a_sound_as_qwen3_asr_does(kind, model, request, tmp_path):
     """mtmd cuts 12 seconds into windows of 800 frames (8 s) and each into chunks of 100 frames, 13 tokens a chunk:
-    Qwen3-ASR's audio features in transformers of the same samples (its feature extractor, the encoder attending
+    the audio features in transformers of the same samples (Qwen3-ASR's feature extractor, the encoder attending
     within each window), projected to the text's width."""
     from transformers import AutoModelForMultimodalLM, Qwen3ASRFeatureExtractor
 
-    unshard.convert(QWEN3_ASR, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+    source, folder, heard = QWEN3_AUDIO[model]
+    unshard.convert(source, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
     sound = qwen3_asr_sound(12)
     sound.tofile(tmp_path / "sound.f32")
     files, out = (tmp_path / "m.gguf", tmp_path / "mmproj-m.gguf"), tmp_path / "sound.npy"
     llama_cpp_client("audio", *files, tmp_path / "sound.f32", out)
     embeddings = torch.from_numpy(np.load(out))
-    model = AutoModelForMultimodalLM.from_pretrained(qwen3asr_folder, dtype=torch.float32)
+    model = AutoModelForMultimodalLM.from_pretrained(request.getfixturevalue(folder), dtype=torch.float32)
     features = Qwen3ASRFeatureExtractor()(sound, sampling_rate=16000, return_attention_mask=True, return_tensors="pt")
-    with torch.no_grad():  # (the projector's output: pooler_output)
-        expected = model.get_audio_features(features["input_features"], features["attention_mask"]).pooler_output
+    with torch.no_grad():
+        expected = heard(model, features)
     assert embeddings.shape == expected.shape == (12 * 13, 64)  # (12 chunks of 13 tokens)
     assert relative_distance(embeddings, expected) <= AUDIO_TOLERANCE[kind]
+
+
+@pytest.fixture(scope="module")
+def omni_folder(tmp_path_factory):
+    return unsharded(QWEN3_OMNI, tmp_path_factory)
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+def test_qwen3_omni_s_audio_encoder_is_the_converter_s_qwen3_asr_file(kind, omni_folder, converter, tmp_path):
+    """Qwen3-Omni's thinker hears through Qwen3-ASR's encoder: its mmproj file is the one the converter writes of
+    Qwen3-ASR in Qwen's layout with the same encoder (the converter's own Qwen3-Omni file holds the vision tower too,
+    which mtmd does not load beside the audio encoder); the text model's file holds no tower, and the dry run says
+    what is left out and why."""
+    out = tmp_path / "m.gguf"
+    unshard.convert(QWEN3_OMNI, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    release = tmp_path / "asr"
+    shutil.copytree(omni_folder, release)
+    pre = for_the_converter(release)
+    config = json.loads((release / "config.json").read_text())
+    thinker = {key: config["thinker_config"][key] for key in ("audio_config", "text_config")}
+    asr = {"architectures": ["Qwen3ASRForConditionalGeneration"], "model_type": "qwen3_asr", "thinker_config": thinker}
+    (release / "config.json").write_text(json.dumps(asr))
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(release / "model.safetensors")  # (the encoder's: its Qwen3-ASR class takes no vision tower)
+    encoder = {name: t for name, t in tensors.items() if name.startswith("thinker.audio_tower.")}
+    save_file(encoder, release / "model.safetensors", metadata={"format": "pt"})
+    theirs = converter(release, kind, tmp_path / "o-mmproj.gguf", pre=pre, mmproj=True)
+    assert_same_file(tmp_path / "mmproj-m.gguf", theirs)
+    assert not any(t[0].startswith(("v.", "a.", "mm.")) for t in contents(out)[1])
+    plan = unshard.plan(QWEN3_OMNI, output=unshard.OutputOptions(gguf=kind))
+    assert plan.summary()["gguf"]["mmproj"]["towers"] == ["audio"]
+    assert any("no mmproj file of them (the vision tower's, whose deepstack features" in n for n in plan.notes)
 
 
 @pytest.mark.parametrize(

@@ -355,6 +355,7 @@ FAMILY_CASES = [
     "qwen2audio-fsdp2",  # (its audio tower left as it is)
     "audioflamingo3-fsdp2",
     "qwen3asr-fsdp2",
+    "qwen3omni-fsdp2",  # (its thinker's experts each a Linear layer as saved; its towers, talker and decoder too)
     "voxtral-fsdp2",
     "llava-pixtral-fsdp2",
     "lfm2vl-fsdp2",  # (its vision tower and projector left as they are)

@@ -154,7 +154,7 @@ def as_image(band) -> tuple:
     return (band.reshape(-1, 1, 1),)
 
 
-def sinusoid_positions(audio: dict) -> dict:
+def sinusoid_positions(vision: dict | None, audio: dict) -> dict:
     """The positions of Whisper's 1500 frames as the converter computes them (torch, in its order of operations),
     of which llama.cpp adds the first 13 to each chunk's tokens, as transformers computes them."""
     import numpy as np

@@ -235,9 +235,9 @@ class MmprojPart:
     # where the projector's type goes: clip's key; clip.vision's (a file that may hold an audio part beside: Gemma
     # 4's); clip.audio's, after the projector's keys (an audio tower the converter writes as one of a pair: Qwen3-ASR's)
     projector_type_key: str = "clip"
-    # (the towers' sizes) -> tensors the converter computes rather than reads, by llama.cpp's names, first in the file
-    # (Qwen3-ASR's sinusoidal positions), or None
-    computed: Callable[[dict], dict[str, Any]] | None = None
+    # (the vision and the audio tower's sizes, None where there is none) -> tensors the converter computes rather than
+    # reads, by llama.cpp's names, first in the file (Qwen3-ASR's sinusoidal positions), or None
+    computed: Callable[[dict | None, dict | None], dict[str, Any]] | None = None
     # what the conversion notes of the file: how llama.cpp's graph computes otherwise than transformers, whatever the
     # file says (Llama 4's tokens, column by column), or None
     note: str | None = None

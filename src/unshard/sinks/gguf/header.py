@@ -10,6 +10,18 @@ from ...errors import ConfigMismatchError, read_json
 from ...families.gguf_hooks import gguf_py, json_or_empty
 from ...names import known
 
+# The configs Qwen's omni models keep within thinker_config, which the converter reads there (its text_config as the
+# text model's; its MmprojModel the towers' from the thinker's)
+THINKER_CONFIGS = ("text_config", "vision_config", "audio_config")
+
+
+def as_the_converter_nests(config: dict[str, Any]) -> dict[str, Any]:
+    """The config with a thinker's text and towers' configs at the top, where the other models keep theirs."""
+    thinker = config.get("thinker_config")
+    if not isinstance(thinker, dict):
+        return config
+    return {**config, **{key: thinker[key] for key in THINKER_CONFIGS if isinstance(thinker.get(key), dict)}}
+
 
 def read_hparams(folder: Path) -> dict[str, Any]:
     """config.json with the defaults its config class fills in, as the converter reads it (AutoConfig's to_dict,

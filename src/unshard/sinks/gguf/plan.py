@@ -15,7 +15,7 @@ from ...families.gguf_hooks import ROPE_BY_FACTORS, first_of, gguf_py, rope_para
 from ...families.parts import GGUFPart, Rearrangement
 from ...types import OutputTensor
 from . import kquants, vision
-from .header import general_metadata, read_hparams
+from .header import as_the_converter_nests, general_metadata, read_hparams
 from .tensors import EXPERT, HEAD_NORM, LAYER, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor, Rearranged, stacked
 from .vocabulary import write_vocabulary
 
@@ -54,7 +54,7 @@ def plan_gguf(
         )
     if config_folder is None or not (config_folder / "config.json").is_file():
         raise UnshardError("GGUF output needs the model's config.json and tokenizer: pass --config-from DIR")
-    hparams = {**read_hparams(config_folder), **(config_changes or {})}
+    hparams = {**as_the_converter_nests(read_hparams(config_folder)), **(config_changes or {})}
     where = config_folder / "config.json"
     architecture = (hparams.get("architectures") or [None])[0]
     if architecture is None:

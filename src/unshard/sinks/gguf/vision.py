@@ -96,7 +96,7 @@ def plan_mmproj(
     if part.computed:  # (first in the file, as the converter writes the tensors it makes before those it reads)
         import numpy as np
 
-        computed = part.computed(vision or audio)
+        computed = part.computed(vision, audio)
         plan.computed = {name: np.asarray(values, np.float32) for name, values in computed.items()}
         plan.positions.update((name, ("", i)) for i, name in enumerate(plan.computed))
         parameters += sum(values.size for values in plan.computed.values())

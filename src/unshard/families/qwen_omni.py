@@ -1,0 +1,71 @@
+"""Qwen3-Omni (`Qwen3OmniMoeForConditionalGeneration`): a thinker, which hears, sees and writes text (Qwen3-VL-MoE's
+text model and vision tower, Qwen3-ASR's audio encoder with its projector within), and a talker with a
+code-to-waveform decoder, which speak. Its checkpoints convert by transformers' own names (save_pretrained's
+`thinker.*`, `talker.*`, `code2wav.*`, each expert a Linear layer). To GGUF: the thinker's text model as llama.cpp's
+converter writes it (llama.cpp's qwen3vlmoe), and its audio encoder as the mmproj file the converter writes of
+Qwen3-ASR's (qwen3a), which llama.cpp runs. The vision tower is in neither file: llama.cpp adds none of its deepstack
+features to the text model (the converter writes Qwen3-Omni's text model without them), and mtmd does not load the
+converter's file of both towers (its images' embeddings, deepstack's included, are wider than its sounds'). Nor are
+the talker and the decoder: llama.cpp generates no speech of them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from .audio import QWEN3A
+from .gguf_hooks import gguf_quiet, json_or_empty
+from .parts import GGUFPart, multimodal_family
+from .qwen_moe import routing_checked
+from .vlm import qwen3vl_moe_hyperparameters
+
+
+def thinker_audio_name(name: str) -> str:
+    """The name the converter maps: the encoder's, its projector within (proj1, proj2), as in Qwen's Qwen3-ASR."""
+    return name.removeprefix("thinker.")
+
+
+# The thinker's audio encoder as the converter writes Qwen3-ASR's: the same encoder and projector
+THINKER_AUDIO = replace(QWEN3A, vision=r"^thinker\.audio_tower\.", converter_name=thinker_audio_name)
+
+
+def omni_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """Qwen3-VL-MoE's, and no deepstack layers, as the converter writes Qwen3-Omni's whatever its tower's config
+    says."""
+    qwen3vl_moe_hyperparameters(writer, hparams, ftype, blocks, folder)
+    with gguf_quiet():  # (written again in its place, as the converter does)
+        writer.add_num_deepstack_layers(0)
+
+
+def im_end_tokens(writer, hparams: dict, folder: Path) -> None:
+    """The converter's fix of Qwen3-Omni's tokens: `<|im_end|>` as both the start and the end of text where
+    tokenizer_config.json lists it among its added tokens (the Hub's files do; transformers 5 saves them in
+    tokenizer.json alone, and then the converter keeps the tokenizer's)."""
+    added = json_or_empty(folder / "tokenizer_config.json").get("added_tokens_decoder") or {}
+    end = next((int(i) for i, token in added.items() if token.get("content") == "<|im_end|>"), None)
+    if end is not None:
+        with gguf_quiet():  # (written again over the tokenizer's, in their places, as the converter does)
+            writer.add_bos_token_id(end)
+            writer.add_eos_token_id(end)
+
+
+FAMILIES = (
+    multimodal_family(
+        "Qwen3-Omni",
+        "qwen3_omni_moe",
+        "Qwen3OmniMoeForConditionalGeneration",
+        GGUFPart(
+            "QWEN3VLMOE",
+            hyperparameters=omni_hyperparameters,
+            after_vocabulary=im_end_tokens,
+            check_config=routing_checked("qwen3vlmoe", True),
+            vocabulary="bpe",
+            dropped_prefix="thinker.",
+            towers=r"^(?:thinker\.visual|talker|code2wav)\.",
+            towers_left_out="the vision tower's, whose deepstack features llama.cpp adds none of to Qwen3-Omni's text "
+            "model, and the talker's and its decoder's, of which llama.cpp generates no speech",
+        ),
+        THINKER_AUDIO,
+        "its thinker's towers and its talker",
+    ),
+)
