@@ -1148,6 +1148,42 @@ def test_qwen3_asr_without_m_rope_sections_is_written_as_llama_cpp_loads_it(llam
     assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
 
 
+def test_chameleon_as_the_converter_writes_it_with_each_head_s_own_norms(converter, llama_cpp, tmp_path):
+    """Chameleon's text model is the converter's file, but for q's and k's norms: the converter writes head 0's for
+    every head, unshard each head's own. Where the heads share one norm (Meta's release, repeated by transformers'
+    conversion) the two files are the same, field for field and byte for byte; where each head has its own (the
+    fixture's, as training leaves them), llama.cpp computes transformers' logits from unshard's file and not from the
+    converter's. The image tokenizer is in neither."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    folder, ours, theirs = tmp_path / "hf", tmp_path / "f32.gguf", tmp_path / "oracle.gguf"
+    unshard.convert(SHIPPED / "chameleon-fsdp2" / "global_step_1", folder, progress=False)
+    pre = for_the_converter(folder)
+    unshard.convert(folder, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    converter(folder, "f32", theirs, pre=pre)
+    mine, expected = contents(ours), contents(theirs)
+    norms = {t[0] for t in mine[1] if "_q_norm." in t[0] or "_k_norm." in t[0]}
+    assert len(norms) == 8 and mine[0] == expected[0]
+    assert [t for t in mine[1] if t[0] not in norms] == [t for t in expected[1] if t[0] not in norms]
+    assert not any("vq" in t[0] for t in mine[1])
+    model = transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    prompt = [1, 5, 20, 33, 41, 50, 60, 2]
+    text = [*range(4), *range(8196, 8300)]  # (the text tokens' logits: llama.cpp sets the image tokens' to -inf)
+    logits = model(torch.tensor([prompt])).logits[0].detach()[:, text]
+    got = [llama_cpp(f, prompt, 0)[0][:, text] for f in (ours, theirs)]
+    distances = [((g - logits).norm() / logits.norm()).item() for g in got]
+    assert distances[0] <= LLAMA_CPP_TOLERANCE["f32"] < distances[1], distances
+
+    shared = tmp_path / "shared"  # (every head's norm head 0's, as in Meta's release)
+    shutil.copytree(folder, shared)
+    tensors = load_file(folder / "model.safetensors")
+    tensors.update({n: t[:1].expand_as(t).contiguous() for n, t in tensors.items() if "_norm." in n and t.ndim == 2})
+    save_file(tensors, shared / "model.safetensors", metadata={"format": "pt"})
+    unshard.convert(shared, tmp_path / "shared.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    assert_same_file(tmp_path / "shared.gguf", converter(shared, "f32", tmp_path / "oracle-shared.gguf", pre=pre))
+
+
 def test_a_glm_s_epsilon_is_noted_and_its_rope_base_refused_in_one_line(tmp_path):
     """GLM's norms' epsilon, which the converter writes 1e-5 whatever rms_norm_eps says, is noted; a rope base other
     than the converter's (10000 times rope_ratio) is one line, nothing written."""
