@@ -42,8 +42,10 @@ CASES = [
 # llama.cpp's image features against transformers' (relative distance, f32), measured: Qwen2-VL 4e-4, Qwen2.5-VL
 # 6.7e-3 (its windowed attention), Qwen3-VL 4.2e-4 (with its deepstack features), Qwen3-VL-MoE 4.3e-4 (its text
 # logits 3.2e-4), Qwen3.5 4.0e-4 (its text logits, through Gated DeltaNet layers, 1.6e-4), GLM-4.1V 7.5e-4 (its
-# learned positions resized from 4 x 4 patches to 6 x 6, bicubic both), GLM-OCR 4.5e-4 (no learned positions)
+# learned positions resized from 4 x 4 patches to 6 x 6, bicubic both), GLM-OCR 4.5e-4 (no learned positions),
+# Qwen2.5-Omni 9.5e-3 (Qwen2.5-VL's tower)
 IMAGE_TOLERANCE = {
+    "qwen25omni-fsdp2": 1.5e-2,
     "qwen2vl-fsdp2": 1e-3,
     "qwen25vl-fsdp2": 1e-2,
     "qwen3vl-fsdp2": 1e-3,
@@ -187,3 +189,60 @@ def test_what_llama_cpp_s_glm4v_computes_otherwise_is_one_line(part, change, mes
     """A GLM-4.1V whose text or images llama.cpp would compute otherwise than transformers: refused while planning, in
     one line naming the file, nothing written."""
     assert_refused_in_one_line("glm4v-fsdp2", lambda config: config[part].update(change), message, tmp_path)
+
+
+OMNI = SHIPPED / "qwen25omni-fsdp2" / "global_step_1"
+
+
+def test_qwen25_omni_s_thinker_as_the_converter_writes_it_and_sees_as_transformers(converter, llama_cpp, tmp_path):
+    """Qwen2.5-Omni's thinker: its text model is the converter's file (given the class the Hub's config names,
+    Qwen2_5OmniModel, which the converter knows it by), its vision tower the converter's mmproj file of Qwen2.5-VL
+    with the same tower (its own file of Qwen2.5-Omni holds the audio encoder too, which llama.cpp runs as
+    Qwen2-Audio's: left out, with the reason), each in f16 and q8_0; llama.cpp computes the thinker's logits and mtmd
+    its image features. (The folder unshard writes carries the model's voices, spk_dict.pt, without which transformers
+    does not load it.)"""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoImageProcessor, AutoModelForMultimodalLM
+
+    unshard.convert(OMNI, tmp_path / "hf", progress=False)
+    hub, tower = tmp_path / "hub", tmp_path / "qwen25vl"
+    for folder in (hub, tower):
+        shutil.copytree(tmp_path / "hf", folder)
+    pre = for_the_converter(hub) and for_the_converter(tower)
+    config = json.loads((hub / "config.json").read_text())
+    (hub / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen2_5OmniModel"]}))
+    thinker = config["thinker_config"]
+    vl = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl"}
+    vl.update({key: thinker[key] for key in ("vision_config", "text_config")})
+    (tower / "config.json").write_text(json.dumps(vl))
+    weights = load_file(tower / "model.safetensors")
+    visual = {n.removeprefix("thinker."): t for n, t in weights.items() if n.startswith("thinker.visual.")}
+    save_file(visual, tower / "model.safetensors", metadata={"format": "pt"})
+    for kind in ("f16", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        unshard.convert(OMNI, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        assert_same_file(ours, converter(hub, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+        mmproj = converter(tower, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
+        assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
+    plan = unshard.plan(OMNI, output=unshard.OutputOptions(gguf="f32"))
+    left_out = "no mmproj file of them (the audio encoder's, which llama.cpp runs as Qwen2-Audio's"
+    assert any(left_out in note for note in plan.notes)
+
+    unshard.convert(OMNI, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    model = AutoModelForMultimodalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).thinker
+    prompt = [1, 5, 20, 33, 64, 70, 90, 2]
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([prompt])).logits[0]
+    logits, _ = llama_cpp(tmp_path / "m.gguf", prompt, 0)
+    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
+    image = np.random.default_rng(0).integers(0, 256, (84, 84, 3), dtype=np.uint8)
+    image.tofile(tmp_path / "image.rgb")
+    pixels = AutoImageProcessor.from_pretrained(tmp_path / "hf")(images=[image], do_resize=False, return_tensors="pt")
+    with torch.no_grad():
+        features = model.get_image_features(**{key: pixels[key] for key in ("pixel_values", "image_grid_thw")})
+    expected = torch.cat(list(features.pooler_output))
+    args = (tmp_path / "m.gguf", tmp_path / "mmproj-m.gguf", 84, 84, tmp_path / "image.rgb", tmp_path / "image.npy")
+    llama_cpp_client("image", *args)
+    embeddings = torch.from_numpy(np.load(tmp_path / "image.npy"))
+    distance = ((embeddings - expected).norm() / expected.norm()).item()
+    assert embeddings.shape == expected.shape == (9, 64) and distance <= IMAGE_TOLERANCE["qwen25omni-fsdp2"], distance

@@ -357,6 +357,7 @@ FAMILY_CASES = [
     "qwen3asr-fsdp2",
     "qwen3omni-fsdp2",  # (its thinker's experts each a Linear layer as saved; its towers, talker and decoder too)
     "chameleon-fsdp2",  # (its image tokenizer left as it is)
+    "qwen25omni-fsdp2",  # (its thinker's towers left as they are)
     "voxtral-fsdp2",
     "llava-pixtral-fsdp2",
     "lfm2vl-fsdp2",  # (its vision tower and projector left as they are)

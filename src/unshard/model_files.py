@@ -27,6 +27,7 @@ MODEL_FILE_PATTERNS = (
     "video_preprocessor_config.json",
     "image_processor_config.json",
     "feature_extractor_config.json",
+    "spk_dict.pt",  # (Qwen2.5-Omni's voices, which transformers loads beside the model; copied, never read here)
     "*.py",
 )
 

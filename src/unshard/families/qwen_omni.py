@@ -1,4 +1,14 @@
-"""Qwen3-Omni (`Qwen3OmniMoeForConditionalGeneration`): a thinker, which hears, sees and writes text (Qwen3-VL-MoE's
+"""Qwen's omni models: a thinker, which hears, sees and writes text, and a talker with a decoder to waveforms, which
+speak; their checkpoints convert by transformers' own names (save_pretrained's `thinker.*`, `talker.*`, ...). To GGUF,
+the thinker's text model as llama.cpp's converter writes it, and of its towers those llama.cpp computes as
+transformers does, as the mmproj file the converter writes of the model they come from; the talker and its decoder in
+neither file, as llama.cpp generates no speech of them.
+
+Qwen2.5-Omni (`Qwen2_5OmniForConditionalGeneration`): a Qwen2 with M-RoPE (llama.cpp's qwen2vl), Qwen2.5-VL's vision
+tower (its mmproj file as the converter writes Qwen2.5-VL's), and a Whisper-like audio encoder that attends within
+chunks of 2 seconds, which llama.cpp runs as Qwen2-Audio's (across 30 seconds, padding included): left out.
+
+Qwen3-Omni (`Qwen3OmniMoeForConditionalGeneration`): a thinker, which hears, sees and writes text (Qwen3-VL-MoE's
 text model and vision tower, Qwen3-ASR's audio encoder with its projector within), and a talker with a
 code-to-waveform decoder, which speak. Its checkpoints convert by transformers' own names (save_pretrained's
 `thinker.*`, `talker.*`, `code2wav.*`, each expert a Linear layer). To GGUF: the thinker's text model as llama.cpp's
@@ -14,19 +24,30 @@ from dataclasses import replace
 from pathlib import Path
 
 from .audio import QWEN3A
-from .gguf_hooks import gguf_quiet, json_or_empty
-from .parts import GGUFPart, multimodal_family
+from .gguf_hooks import gguf_quiet, json_or_empty, mmproj_model_forced_type
+from .parts import GGUFPart, MmprojPart, multimodal_family
 from .qwen_moe import routing_checked
-from .vlm import qwen3vl_moe_hyperparameters
+from .vlm import qwen3vl_moe_hyperparameters, qwen25vl_projector_keys, qwen25vl_sizes, qwen_vision_split
 
 
-def thinker_audio_name(name: str) -> str:
-    """The name the converter maps: the encoder's, its projector within (proj1, proj2), as in Qwen's Qwen3-ASR."""
+def thinker_tower_name(name: str) -> str:
+    """The name the converter maps: the tower's own, as the model it comes from names it (Qwen2.5-VL's vision tower,
+    Qwen3-ASR's audio encoder with its projector within: proj1, proj2)."""
     return name.removeprefix("thinker.")
 
 
-# The thinker's audio encoder as the converter writes Qwen3-ASR's: the same encoder and projector
-THINKER_AUDIO = replace(QWEN3A, vision=r"^thinker\.audio_tower\.", converter_name=thinker_audio_name)
+# Qwen2.5-Omni's vision tower as the converter writes Qwen2.5-VL's
+QWEN25_OMNI_VISION = MmprojPart(
+    "QWEN25VL",
+    r"^thinker\.visual\.",
+    qwen25vl_sizes,
+    qwen25vl_projector_keys,
+    forced_type=mmproj_model_forced_type,
+    converter_name=thinker_tower_name,
+    rearranged=qwen_vision_split,
+)
+# Qwen3-Omni's audio encoder as the converter writes Qwen3-ASR's: the same encoder and projector
+THINKER_AUDIO = replace(QWEN3A, vision=r"^thinker\.audio_tower\.", converter_name=thinker_tower_name)
 
 
 def omni_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -50,6 +71,21 @@ def im_end_tokens(writer, hparams: dict, folder: Path) -> None:
 
 
 FAMILIES = (
+    multimodal_family(
+        "Qwen2.5-Omni",
+        "qwen2_5_omni",
+        "Qwen2_5OmniForConditionalGeneration",
+        GGUFPart(
+            "QWEN2VL",
+            dropped_prefix="thinker.",
+            towers=r"^(?:thinker\.audio_tower|talker|token2wav)\.",
+            towers_left_out="the audio encoder's, which llama.cpp runs as Qwen2-Audio's, attending across 30 seconds "
+            "where Qwen2.5-Omni attends within chunks of 2; and the talker's and its decoder's, of which llama.cpp "
+            "generates no speech",
+        ),
+        QWEN25_OMNI_VISION,
+        "its thinker's towers and its talker",
+    ),
     multimodal_family(
         "Qwen3-Omni",
         "qwen3_omni_moe",
