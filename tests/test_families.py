@@ -184,6 +184,7 @@ GGUF_MULTIMODAL = {
     "qwen3_asr": "qwen3asr-fsdp2",
     "qwen3_omni_moe": "qwen3omni-fsdp2",
     "qwen2_5_omni": "qwen25omni-fsdp2",
+    "granite_speech": "granitespeech-fsdp2",
     "llava": "llava-pixtral-fsdp2",
     "janus": "janus-fsdp2",
     "hunyuan_vl": "hunyuanocr-fsdp2",

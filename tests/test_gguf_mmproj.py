@@ -46,6 +46,7 @@ VOXTRAL = SHIPPED / "voxtral-fsdp2" / "global_step_1"
 AUDIO_FLAMINGO = SHIPPED / "audioflamingo3-fsdp2" / "global_step_1"
 QWEN3_ASR = SHIPPED / "qwen3asr-fsdp2" / "global_step_1"
 QWEN3_OMNI = SHIPPED / "qwen3omni-fsdp2" / "global_step_1"
+GRANITE_SPEECH = SHIPPED / "granitespeech-fsdp2" / "global_step_1"
 JANUS = SHIPPED / "janus-fsdp2" / "global_step_1"
 HUNYUAN_OCR = SHIPPED / "hunyuanocr-fsdp2" / "global_step_1"
 PADDLE_OCR = SHIPPED / "paddleocr-fsdp2-spm" / "global_step_1"
@@ -63,7 +64,8 @@ IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] ar
 IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
 # mtmd's sound embeddings against transformers' audio features, measured on Gemma 4's tower: f32 1.5e-3 (of the mel
 # spectrograms, which each computes its own way), f16 1.6e-3, bf16 4.1e-3, q8_0 1.7e-2; Qwen2-Audio's f32 1.5e-4, f16
-# 2.7e-4, q8_0 9.9e-3; Qwen3-ASR's f32 2.3e-5, q8_0 5.0e-3; Qwen3-Omni's f32 2.8e-5, q8_0 6.0e-3
+# 2.7e-4, q8_0 9.9e-3; Qwen3-ASR's f32 2.3e-5, q8_0 5.0e-3; Qwen3-Omni's f32 2.8e-5, q8_0 6.0e-3; Granite Speech's f32
+# 2.0e-5, q8_0 7.3e-3
 AUDIO_TOLERANCE = {"f32": 3e-3, "q8_0": 3e-2}
 
 
@@ -716,6 +718,93 @@ def test_qwen3_omni_s_audio_encoder_is_the_converter_s_qwen3_asr_file(kind, omni
 )
 def test_what_llama_cpp_s_qwen3a_computes_otherwise_is_one_line(change, message, qwen3asr_folder, tmp_path):
     assert_refused(qwen3asr_folder, tmp_path, change, message, within="audio_config")
+
+
+@pytest.fixture(scope="module")
+def granite_speech_folder(tmp_path_factory):
+    return unsharded(GRANITE_SPEECH, tmp_path_factory)
+
+
+# The converter's name of each folded batch norm (its gguf-py's), which llama.cpp's granite_speech does not load: it
+# reads conv_norm, the name gguf-py 0.19 gives
+CONV_NORM = ("conv_norm_var.", "conv_norm.")
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+def test_granite_speech_s_mmproj_is_the_converter_s_under_the_names_llama_cpp_loads(
+    kind, granite_speech_folder, converter, tmp_path
+):
+    """Granite Speech's encoder and Q-Former: every field in order and every tensor's type, shape and bytes are the
+    converter's (each batch norm folded from its running statistics into a scale and a shift, keys and values apart,
+    the convolutions' kernels 2-D and in F32), each tensor under the converter's name but the folded norms', which
+    llama.cpp loads as conv_norm where the converter writes conv_norm_var (mtmd does not load its file); the text
+    model's file holds neither."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "m.gguf"
+    unshard.convert(GRANITE_SPEECH, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    ours = contents(tmp_path / "mmproj-m.gguf")
+    theirs = contents(converter(granite_speech_folder, kind, tmp_path / "oracle-mmproj.gguf", mmproj=True))
+    assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+    assert_same_tensors(ours[1], [(t[0].replace(*CONV_NORM), *t[1:]) for t in theirs[1]])
+    assert ours[0]["clip.projector_type"] == "granite_speech"
+    assert not any(t[0].startswith("a.") for t in contents(out)[1])
+    named = {t[0]: t for t in ours[1]}
+    weights = load_file(granite_speech_folder / "model.safetensors")
+    norm = {k.rsplit(".", 1)[1]: t for k, t in weights.items() if k.startswith("encoder.layers.1.conv.batch_norm.")}
+    scale = norm["weight"] / torch.sqrt(norm["running_var"] + 1e-5)
+    shift = norm["bias"] - norm["running_mean"] * scale
+    for values, stored in ((scale, "weight"), (shift, "bias")):
+        name, qtype, shape, data = named[f"a.blk.1.conv_norm.{stored}"]
+        assert qtype == "F32" and np.array_equal(np.frombuffer(data, np.float32), values.float().numpy())
+    assert named["a.blk.0.conv_dw.weight"][1:3] == ("F32", [15, 64]) and "a.blk.0.attn_k.weight" in named
+
+
+def granite_speech_features(sound: np.ndarray) -> torch.Tensor:
+    """Granite Speech's feature extractor's (torchaudio's mel spectrogram of 80 bins, its log scaled as Whisper's, two
+    frames stacked into one of 160), computed as torchaudio computes it: torch's STFT of a periodic Hann window, the
+    HTK mel filters (transformers' own, which its extractor's torchaudio is not installed for)."""
+    from transformers.audio_utils import mel_filter_bank
+
+    window = torch.hann_window(400)
+    spectrum = torch.stft(torch.from_numpy(sound), 512, 160, 400, window, return_complex=True).abs() ** 2
+    filters = mel_filter_bank(257, 80, 0.0, 8000.0, 16000, norm=None, mel_scale="htk")
+    mel = (torch.from_numpy(filters).float().T @ spectrum).T.clip(min=1e-10).log10()
+    mel = torch.maximum(mel, mel.max() - 8.0) / 4 + 1
+    return mel[: len(mel) // 2 * 2].reshape(1, -1, 160)
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_llama_cpp_hears_a_sound_as_granite_speech_does(kind, granite_speech_folder, tmp_path):
+    """mtmd's embeddings of 2 seconds (100 stacked frames, 7 windows of 15 for the Q-Former, 3 queries each) are
+    transformers' audio features of the same samples: the Conformer's chunks of 20 frames, its mid-layer CTC
+    feedback, the batch norms with their running statistics."""
+    from transformers import AutoModelForMultimodalLM
+
+    unshard.convert(GRANITE_SPEECH, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+    sound, embeddings = sound_embeddings(tmp_path / "m.gguf", tmp_path, seconds=2)
+    model = AutoModelForMultimodalLM.from_pretrained(granite_speech_folder, dtype=torch.float32)
+    with torch.no_grad():
+        expected = model.get_audio_features(granite_speech_features(sound)).pooler_output[0]
+    assert embeddings.shape == expected.shape == (21, 64)
+    assert relative_distance(embeddings, expected) <= AUDIO_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "part, change, message",
+    [
+        ("encoder_config", {"dim_head": 8}, "the encoder's heads are 8 wide, and llama.cpp's granite_speech takes"),
+        ("projector_config", {"num_hidden_layers": 3}, "the audio tower's projector's num_hidden_layers is 3"),
+        ("projector_config", {"cross_attention_frequency": 2}, "projector's cross_attention_frequency is 2"),
+        ("projector_config", {"layer_norm_eps": 1e-5}, "projector's layer_norm_eps is 1e-05, and llama.cpp's"),
+    ],
+)
+def test_what_llama_cpp_s_granite_speech_computes_otherwise_is_one_line(part, change, message, granite_speech_folder):
+    """(Such configs have other tensors than the fixture's checkpoint: the config is asked alone.)"""
+    config = json.loads((granite_speech_folder / "config.json").read_text())
+    config[part] = {**config[part], **change}
+    with pytest.raises(unshard.ConfigMismatchError, match=message):
+        families.granite_speech.granite_speech_sizes(config, granite_speech_folder / "config.json")
 
 
 def test_voxtral_s_audio_tower_is_left_out_with_the_reason(tmp_path):

@@ -358,6 +358,7 @@ FAMILY_CASES = [
     "qwen3omni-fsdp2",  # (its thinker's experts each a Linear layer as saved; its towers, talker and decoder too)
     "chameleon-fsdp2",  # (its image tokenizer left as it is)
     "qwen25omni-fsdp2",  # (its thinker's towers left as they are)
+    "granitespeech-fsdp2",  # (its encoder and Q-Former left as they are)
     "voxtral-fsdp2",
     "llava-pixtral-fsdp2",
     "lfm2vl-fsdp2",  # (its vision tower and projector left as they are)
@@ -369,8 +370,12 @@ FAMILY_CASES = [
 # out; llm-compressor's pinned 5.17 held a plain Linear layer there and quantized it: it is told to leave it out too
 NEWER_ROUTERS = {"jamba-fsdp2-spm": (r"re:.*feed_forward\.router$",)}
 # compressed-tensors lists a module in the ignore list under its name as saved (transformers' reverted conversion):
-# transformers 5.24 reverts InternVL's head to `language_model.lm_head`, llm-compressor's pinned 5.17 leaves `lm_head`
-NEWER_LISTED = {"internvl-fsdp2": {"language_model.lm_head": "lm_head"}}
+# transformers 5.24 reverts InternVL's and Granite Speech's heads to `language_model.lm_head`, llm-compressor's pinned
+# 5.17 leaves `lm_head`
+NEWER_LISTED = {
+    "internvl-fsdp2": {"language_model.lm_head": "lm_head"},
+    "granitespeech-fsdp2": {"language_model.lm_head": "lm_head"},
+}
 NEWER_FLOAT32 = {
     "afmoe-fsdp2": "mlp.expert_bias",
     "exaonemoe-fsdp2": "mlp.gate.weight",

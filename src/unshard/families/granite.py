@@ -207,6 +207,14 @@ GRANITE_MOE_GGUF = GGUFPart(
     check_config=granite_checked,
     rearranged=gate_and_up_apart,
 )
+GRANITE_GGUF = GGUFPart(
+    "GRANITE",
+    hyperparameters=granite_hyperparameters,
+    computed=llama_computed,
+    permute_qk=True,
+    llama_vocabulary=True,
+    check_config=granite_checked,
+)
 FAMILIES = (
     Family(
         "Granite",
@@ -216,14 +224,7 @@ FAMILIES = (
         megatron=Unsupported("Megatron's Granite layout (its multipliers) is not mapped yet"),
         **no_trainer_model("Granite"),
         fused_siblings=SIBLINGS,
-        gguf=GGUFPart(
-            "GRANITE",
-            hyperparameters=granite_hyperparameters,
-            computed=llama_computed,
-            permute_qk=True,
-            llama_vocabulary=True,
-            check_config=granite_checked,
-        ),
+        gguf=GRANITE_GGUF,
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
     ),

@@ -238,6 +238,11 @@ class MmprojPart:
     # (the vision and the audio tower's sizes, None where there is none) -> tensors the converter computes rather than
     # reads, by llama.cpp's names, first in the file (Qwen3-ASR's sinusoidal positions), or None
     computed: Callable[[dict | None, dict | None], dict[str, Any]] | None = None
+    # A regular expression matching the tensors the converter folds several into one (Granite Speech's batch norms:
+    # weight, bias and running statistics), and {their output name: values} -> {each tensor it makes, by a name it
+    # maps: (its values, the input after which the converter writes it)}
+    folds: str | None = None
+    fold: Callable[[dict[str, Any]], dict[str, tuple[Any, str]]] | None = None
     # what the conversion notes of the file: how llama.cpp's graph computes otherwise than transformers, whatever the
     # file says (Llama 4's tokens, column by column), or None
     note: str | None = None

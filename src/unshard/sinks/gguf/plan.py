@@ -112,7 +112,8 @@ def plan_gguf(
         for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
             fields[key] = fields.pop(key)
     if vision_outputs:
-        plan.mmproj = vision.plan_mmproj(file_type, vision_outputs, config, config_folder, family.mmproj)
+        plan.mmproj = vision.plan_mmproj(file_type, vision_outputs, config, config_folder, family.mmproj, read)
+        plan.left_out |= plan.mmproj.left_out  # (the inputs it folds into others)
         plan.notes.extend(plan.mmproj.notes)
         if family.mmproj.text_rows:
             vision.carry_text_rows(plan, outputs, family.mmproj.text_rows(config, config_folder), where)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,10 +43,16 @@ def is_vision(name: str, part: MmprojPart) -> bool:
 
 
 def plan_mmproj(
-    file_type: str, outputs: list[OutputTensor], hparams: dict[str, Any], folder: Path, part: MmprojPart
+    file_type: str,
+    outputs: list[OutputTensor],
+    hparams: dict[str, Any],
+    folder: Path,
+    part: MmprojPart,
+    read: Callable[[str], Any] | None = None,
 ) -> GGUFPlan:
     """The mmproj file's tensors, types, order and metadata, as the converter's `--mmproj` writes them. hparams: the
-    config as the converter reads it (its text_config, vision_config and audio_config within)."""
+    config as the converter reads it (its text_config, vision_config and audio_config within); read: an output's
+    values, for the few the converter folds into others (MmprojPart.fold)."""
     gguf = gguf_py()
     where = folder / "config.json"
     vision, audio = _tower_sizes(part, hparams, where)
@@ -77,6 +84,10 @@ def plan_mmproj(
         return OutputTensor(name, tuple(gguf.quant_shape_to_byte_shape(shape, kind)), dtypes.BY_NAME["uint8"]), kind
 
     parameters, head_dim = 0, vision["hidden_size"] // vision["num_attention_heads"] if vision else 0
+    folded = [o for o in outputs if part.folds and re.search(part.folds, o.name)]
+    if folded:
+        parameters += _folded(plan, folded, part, read, llama_name)
+        outputs = [o for o in outputs if o not in folded]
     for output in sorted(outputs, key=lambda o: o.name):  # (the converter's order, from a one-file folder: sorted)
         source = part.converter_name(output.name) if part.converter_name else output.name
         how = part.rearranged(source, output.shape, vision or audio) if part.rearranged else None
@@ -96,12 +107,27 @@ def plan_mmproj(
     if part.computed:  # (first in the file, as the converter writes the tensors it makes before those it reads)
         import numpy as np
 
-        computed = part.computed(vision, audio)
-        plan.computed = {name: np.asarray(values, np.float32) for name, values in computed.items()}
-        plan.positions.update((name, ("", i)) for i, name in enumerate(plan.computed))
-        parameters += sum(values.size for values in plan.computed.values())
+        computed = {name: np.asarray(values, np.float32) for name, values in part.computed(vision, audio).items()}
+        plan.computed.update(computed)
+        plan.positions.update((name, ("", i)) for i, name in enumerate(computed))
+        parameters += sum(values.size for values in computed.values())
     _metadata(plan.writer, hparams, (vision, audio), folder, parameters, part, mm_type)
     return plan
+
+
+def _folded(plan: GGUFPlan, folded: list[OutputTensor], part: MmprojPart, read, llama_name) -> int:
+    """The tensors the converter folds from several (MmprojPart.fold), computed now from the few values each input
+    holds, in F32 as it stores vectors, each where it writes it: after the last input it reads, in its order (by name).
+    The inputs are left out of the file. Returns the file's parameters they make."""
+    import numpy as np
+
+    made = part.fold({o.name: read(o.name) for o in folded})
+    for i, (source, (values, after)) in enumerate(made.items()):
+        name = llama_name(part.converter_name(source) if part.converter_name else source, after)
+        plan.computed[name] = np.asarray(values.float(), np.float32)
+        plan.positions[name] = (after, i)
+    plan.left_out.update(o.name for o in folded)
+    return sum(values.numel() for values, _ in made.values())
 
 
 def _tower_sizes(part: MmprojPart, hparams: dict, where: Path) -> tuple[dict | None, dict | None]:
