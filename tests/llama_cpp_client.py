@@ -16,6 +16,10 @@ llama-mtmd-cli does, with MMPROJ.gguf beside the text model: OUT.npy gets the im
 of the image, as mtmd gives them to the text model (with a deepstack model's features of its tower's blocks after
 the embedding, in the same row).
 
+    python llama_cpp_client.py embed MODEL.gguf 2,5,20,3 OUT.npy
+runs an embedding model's file (BERT's) over the tokens, its pooling none: OUT.npy gets each token's embedding, one row
+per token, as llama.cpp's llama_get_embeddings_ith gives them.
+
     python llama_cpp_client.py tokenize MODEL.gguf TEXTS.json OUT.json
 tokenizes each text of TEXTS.json (a list) with the file's vocabulary, as llama.cpp does (no BOS, special tokens as
 text): OUT.json gets a list of token id lists.
@@ -49,6 +53,27 @@ def run(path: str, prompt: list[int], out: str, new: int, lora: str | None = Non
         greedy.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
         llm.eval(greedy[-1:])
     np.savez(out, logits=logits, greedy=np.array(greedy, dtype=np.int64))
+
+
+def embed(path: str, tokens: list[int], out: str) -> None:
+    llm = llama_cpp.Llama(
+        model_path=path,
+        embedding=True,
+        pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE,
+        n_ctx=len(tokens),
+        n_batch=len(tokens),
+        n_ubatch=len(tokens),
+        n_threads=1,
+        verbose=False,
+    )
+    llm._batch.set_batch(tokens, n_past=0, logits_all=True)
+    llm._ctx.decode(llm._batch)
+    width = llm.n_embd()
+    rows = [
+        np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_ith(llm.ctx, i), shape=(width,))
+        for i in range(len(tokens))
+    ]
+    np.save(out, np.stack(rows).astype(np.float32))
 
 
 def quantize(source: str, out: str, file_type: str, output_type: str | None) -> None:
@@ -124,6 +149,8 @@ elif sys.argv[1] == "image":
     image(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7])
 elif sys.argv[1] == "audio":
     audio(*sys.argv[2:6])
+elif sys.argv[1] == "embed":
+    embed(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4])
 elif "," in sys.argv[4]:
     for kind in sys.argv[4].split(","):
         quantize(sys.argv[2], f"{sys.argv[3]}/{kind}.gguf", kind, sys.argv[5] if len(sys.argv) > 5 else None)

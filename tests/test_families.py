@@ -258,6 +258,7 @@ TESTED = {
         **GGUF_MULTIMODAL,
         "voxtral": "voxtral-fsdp2",  # (its text model's file alone: no mmproj)
         "chameleon": "chameleon-fsdp2",  # (its text model's file alone: no mmproj)
+        "bert": "bert-fsdp2",
         "qwen2": "qwen2-fsdp2-spm",
         "qwen3": "qwen3-fsdp2-spm",
         "gemma": "gemma-fsdp2-spm",

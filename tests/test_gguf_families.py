@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 import torch
 from conftest import SHIPPED
@@ -1185,6 +1186,75 @@ def test_chameleon_as_the_converter_writes_it_with_each_head_s_own_norms(convert
     save_file(tensors, shared / "model.safetensors", metadata={"format": "pt"})
     unshard.convert(shared, tmp_path / "shared.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
     assert_same_file(tmp_path / "shared.gguf", converter(shared, "f32", tmp_path / "oracle-shared.gguf", pre=pre))
+
+
+def test_bert_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(converter, tmp_path):
+    """BERT (BertModel, as embedding models are) from FSDP2's rank files: each file, in f32, f16 and q8_0, is the
+    converter's, field for field and byte for byte: attention over every token, the WordPiece vocabulary after
+    llama.cpp's phantom space with the normalizer's settings, the pooler left out. A sentence-transformers folder's
+    pooling and a cased tokenizer are the converter's too; llama.cpp embeds each token as transformers does (f32)."""
+    import transformers
+
+    folder = tmp_path / "hf"
+    unshard.convert(SHIPPED / "bert-fsdp2" / "global_step_1", folder, progress=False)
+    for kind in ("f32", "f16", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        unshard.convert(folder, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        assert_same_file(ours, converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre="default"))
+    fields, tensors = contents(tmp_path / "f32.gguf")
+    assert fields["tokenizer.ggml.model"] == "bert" and fields["bert.attention.causal"] is False
+    assert fields["tokenizer.ggml.tokens"][5].startswith("\u2581") and not any("pooler" in t[0] for t in tensors)
+    prompt = [2, 5, 20, 33, 41, 50, 60, 3]
+    llama_cpp_client("embed", tmp_path / "f32.gguf", ",".join(map(str, prompt)), tmp_path / "embeddings.npy")
+    got = torch.from_numpy(np.load(tmp_path / "embeddings.npy"))
+    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32)
+    expected = model(torch.tensor([prompt])).last_hidden_state[0].detach()
+    assert got.shape == expected.shape and ((got - expected).norm() / expected.norm()).item() <= 1e-4
+
+    pooled = tmp_path / "sentence-transformers"  # (mean pooling named by its modules; a cased tokenizer)
+    shutil.copytree(folder, pooled)
+    (pooled / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            ]
+        )
+    )
+    (pooled / "1_Pooling").mkdir()
+    (pooled / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    tokenizer = json.loads((pooled / "tokenizer.json").read_text())
+    tokenizer["normalizer"]["lowercase"] = False
+    (pooled / "tokenizer.json").write_text(json.dumps(tokenizer))
+    unshard.convert(pooled, tmp_path / "pooled.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    assert_same_file(tmp_path / "pooled.gguf", converter(pooled, "f32", tmp_path / "oracle-pooled.gguf", pre="default"))
+    fields, _ = contents(tmp_path / "pooled.gguf")
+    assert (
+        fields["bert.pooling_type"] == gguf.PoolingType.MEAN and fields["tokenizer.ggml.normalizer.lowercase"] is False
+    )
+
+
+def test_a_pooling_llama_cpp_has_none_of_is_one_line(tmp_path):
+    (tmp_path / "modules.json").write_text(json.dumps([{"path": "1_Pooling", "type": "x.Pooling"}]))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
+    with pytest.raises(unshard.ConfigMismatchError, match="pooling None, and llama.cpp pools by the mean"):
+        families.bert.pooling_type(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["f16", "q8_0"])
+def test_learned_positions_stay_f32_in_every_type_as_the_converter_keeps_them(kind, converter, tmp_path):
+    """GPT-2's learned positions (llama.cpp's position_embd) in F32 whatever the file's type, as the converter and
+    llama-quantize keep them (and BERT's segment types): the file is the converter's."""
+    src = SHIPPED / "gpt2-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    pre = for_the_converter(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, **HUB_KEYS["gpt2-fsdp2"](config)}))
+    ours = tmp_path / f"{kind}.gguf"
+    unshard.convert(src, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    assert_same_file(ours, converter(tmp_path / "hf", kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+    assert {t[0]: t[1] for t in contents(ours)[1]}["position_embd.weight"] == "F32"
 
 
 def test_a_glm_s_epsilon_is_noted_and_its_rope_base_refused_in_one_line(tmp_path):

@@ -99,6 +99,8 @@ def plan_gguf(
     head_dim = hparams.get("head_dim") or (heads and hparams["hidden_size"] // heads) or 0
     blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
     why = part.towers_left_out or getattr(family.mmproj, "reason", "")
+    if getattr(family.mmproj, "applies", True):  # (a model with towers: none of their tensors in an mmproj file)
+        why = f"no mmproj file of them ({why})"
     outputs = _without_layers_past(plan, _without_towers(plan, outputs, part.towers, why), blocks)
     if part.header_tensors:
         outputs = _into_header(plan, outputs, part, hparams, read, where)
@@ -250,7 +252,7 @@ def _without_towers(plan: GGUFPlan, outputs: list[OutputTensor], pattern: str | 
         plan.left_out.update(towers)
         plan.notes.append(
             f"{len(towers)} tensors beside the text model left out, as llama.cpp's converter leaves them out of the "
-            f"text model's file; no mmproj file of them ({why})"
+            f"text model's file; {why}"
         )
     return [o for o in outputs if o.name not in towers]
 
@@ -352,7 +354,8 @@ def _in_blocks(name: str) -> tuple[int, str]:
 
 
 # Parts of names llama.cpp keeps in f32 whatever the type (MoE routers, a recurrent layer's convolution kernel, LFM2's
-# short convolution's, the sparse attention's indexer's head weights, Gemma 3n's AltUp coefficients), and those
+# short convolution's, the sparse attention's indexer's head weights, Gemma 3n's AltUp coefficients, learned positions
+# and BERT's segment types), and those
 # llama-quantize alone leaves as the converter's f32 file has them (the projection into the per-layer embeddings,
 # "not too big"; Gemma 3n's AltUp and LAuReL tensors, "very small")
 KEPT_IN_F32 = (
@@ -362,6 +365,8 @@ KEPT_IN_F32 = (
     "indexer.proj",
     "altup_correct_coef",
     "altup_predict_coef",
+    "position_embd.weight",
+    "token_types.weight",
 )
 NOT_REQUANTIZED = ("per_layer_model_proj", "altup", "laurel")
 

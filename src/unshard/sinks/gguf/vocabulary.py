@@ -31,6 +31,9 @@ def write_vocabulary(
     if kind == "gemma4":
         size = _gemma4_vocabulary(writer, hparams, folder)
         return f"{size} tokens from tokenizer.json (Gemma 4's BPE with byte fallback)"
+    if kind == "wordpiece":
+        size = _wordpiece_vocabulary(writer, hparams, folder)
+        return f"{size} tokens from tokenizer.json (WordPiece)"
     # (Phi-4's tokenizer, as the converter reads it; Qwen's MoE models, whose converter reads no other)
     if kind == "bpe" or phi3 and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer":
         size, pre = _bpe_vocabulary(writer, hparams, folder, special_tokens)
@@ -122,7 +125,7 @@ def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_con
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(kinds)
-    special_vocab(folder, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
+    _add_special_vocab(special_vocab(folder, n_vocab=len(tokens)), writer, folder)
     return size
 
 
@@ -174,7 +177,7 @@ def _gemma4_vocabulary(writer, hparams: dict, folder: Path) -> int:
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(kinds)
-    special_vocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
+    _add_special_vocab(special_vocab(folder, load_merges=True), writer, folder)
     writer.add_add_space_prefix(False)
     writer.add_add_bos_token(True)
     return len(tokens)
@@ -234,7 +237,6 @@ def _bpe_vocabulary(
     it refuses a tokenizer trained anew; unshard names it by that table where the user has it
     (pre_tokenizer_hashes.py), else by the split tokenizer.json declares, which is what llama.cpp reproduces, so a
     new vocabulary over a known split is taken too."""
-    gguf = gguf_py()
     path = folder / "tokenizer.json"
     described = read_json(path, "fix it or pass --config-from a folder with the model's tokenizer", ConfigMismatchError)
     model = described.get("model") or {}
@@ -250,19 +252,6 @@ def _bpe_vocabulary(
             f"{path}: a BPE tokenizer without {'merges' if model.get('vocab') else 'a vocabulary'}; "
             "pass --config-from a folder with the model's own tokenizer"
         )
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise UnshardError(
-            "a GGUF file's BPE vocabulary is read by transformers: pip install 'unshard[gguf]'"
-        ) from None
-    try:
-        with known.transformers_quiet():
-            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-    except Exception as e:  # (transformers raises many kinds on a broken tokenizer folder)
-        raise ConfigMismatchError(
-            f"{path}: transformers cannot read the tokenizer ({type(e).__name__}: {str(e)[:120]}); restore it"
-        ) from None
     # (the converter's name where its table is at hand and lists this tokenizer; else the split's)
     pre = converter_name(path) or _pre_tokenizer_name(described.get("pre_tokenizer"), model)
     if pre is None:
@@ -272,6 +261,107 @@ def _bpe_vocabulary(
             f"converter's table, read where {CHECKOUT_VARIABLE} names a llama.cpp checkout); write a folder and use "
             "llama.cpp's convert_hf_to_gguf.py"
         )
+    tokenizer = _transformers_tokenizer(folder)
+    size, tokens, kinds, added = _tokens_and_types(tokenizer, hparams, path)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(kinds)
+    special = special_vocab(folder, load_merges=True)
+    for kind, text in special_tokens:
+        if text not in added:  # (the converter fails on a KeyError)
+            raise ConfigMismatchError(
+                f"{path}: has no added token {text}, which llama.cpp's {kind} token of this family is; "
+                "pass --config-from a folder with the model's own tokenizer"
+            )
+        special.special_token_ids.setdefault(kind, added[text])  # (as the converter's _set_special_token)
+    _add_special_vocab(special, writer, folder)
+    return size, pre
+
+
+def _wordpiece_vocabulary(writer, hparams: dict, folder: Path) -> int:
+    """A WordPiece vocabulary (BERT's tokenizer.json) as the converter writes it (llama.cpp's `bert` tokenizer model):
+    the segment types' count, then every id's token as get_vocab_base lists them, each word's first piece after a
+    phantom space and the pieces after it without their `##` (control tokens as they are), then gguf-py's
+    SpecialVocab. llama.cpp's WordPiece splits words its own way whatever the pre-tokenizer's name: the converter's
+    table's where it lists this tokenizer, else `default`."""
+    gguf = gguf_py()
+    path = folder / "tokenizer.json"
+    described = read_json(path, "fix it or pass --config-from a folder with the model's tokenizer", ConfigMismatchError)
+    if (described.get("model") or {}).get("type") != "WordPiece":
+        raise ConfigMismatchError(
+            f"{path}: a {(described.get('model') or {}).get('type')} tokenizer, not the WordPiece one this family's "
+            "GGUF file holds; pass --config-from a folder with the model's own tokenizer"
+        )
+    size, tokens, kinds, _ = _tokens_and_types(_transformers_tokenizer(folder), hparams, path)
+    control = gguf.TokenType.CONTROL
+    phantom = [t if k == control else t[2:] if t.startswith("##") else "\u2581" + t for t, k in zip(tokens, kinds)]
+    writer.add_token_type_count(hparams.get("type_vocab_size", 1))
+    writer.add_tokenizer_model("bert")
+    writer.add_tokenizer_pre(converter_name(path) or "default")
+    writer.add_token_list(phantom)
+    writer.add_token_types(kinds)
+    _add_special_vocab(special_vocab(folder, n_vocab=len(phantom)), writer, folder)
+    return size
+
+
+# tokenizer.json's normalizer settings that llama.cpp's WordPiece tokenizer reads (it lowercases and strips accents
+# where the file says nothing), by their keys
+NORMALIZER_KEYS = {
+    "lowercase": "tokenizer.ggml.normalizer.lowercase",
+    "strip_accents": "tokenizer.ggml.normalizer.strip_accents",
+}
+
+
+def _add_special_vocab(special, writer, folder: Path) -> None:
+    """gguf-py's SpecialVocab into the header, then the normalizer's settings as the converter's newer SpecialVocab
+    writes them after it (gguf-py 0.19's reads none): tokenizer.json's Lowercase and StripAccents steps, or its
+    BertNormalizer's settings, within a Sequence too."""
+    special.add_to_gguf(writer, quiet=True)
+    found: dict[str, bool] = {}
+
+    def read(normalizer: dict) -> None:
+        kind = normalizer.get("type")
+        if kind == "Lowercase":
+            found["lowercase"] = True
+        elif kind == "StripAccents":
+            found["strip_accents"] = True
+        elif kind == "BertNormalizer":
+            found.update({key: normalizer[key] for key in NORMALIZER_KEYS if key in normalizer})
+        elif kind == "Sequence":
+            for step in normalizer.get("normalizers") or []:
+                read(step)
+
+    read(json_or_empty(folder / "tokenizer.json").get("normalizer") or {})
+    with gguf_quiet():  # (in their places where the installed gguf-py wrote them already)
+        for key, value in found.items():
+            if value is not None:
+                writer.add_bool(NORMALIZER_KEYS[key], bool(value))
+
+
+def _transformers_tokenizer(folder: Path):
+    """The folder's tokenizer as transformers reads it (the converter's way to its vocabulary), no remote code."""
+    path = folder / "tokenizer.json"
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise UnshardError(
+            "a GGUF file's vocabulary of tokenizer.json is read by transformers: pip install 'unshard[gguf]'"
+        ) from None
+    try:
+        with known.transformers_quiet():
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except Exception as e:  # (transformers raises many kinds on a broken tokenizer folder)
+        raise ConfigMismatchError(
+            f"{path}: transformers cannot read the tokenizer ({type(e).__name__}: {str(e)[:120]}); restore it"
+        ) from None
+    return tokenizer
+
+
+def _tokens_and_types(tokenizer, hparams: dict, path: Path) -> tuple[int, list[str], list, dict]:
+    """Every id up to the config's vocab_size with its token and type, as the converter's get_vocab_base lists them
+    (ids the tokenizer lacks as [PADn], added tokens as control or user-defined): (size, tokens, types, added)."""
+    gguf = gguf_py()
     vocab = tokenizer.get_vocab()
     size, top = hparams.get("vocab_size") or len(vocab), max(vocab.values(), default=-1)
     if top >= size:
@@ -297,20 +387,7 @@ def _bpe_vocabulary(
                 token, kind = token.replace("\u2581", " "), types.USER_DEFINED
         tokens.append(token)
         kinds.append(kind)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types(kinds)
-    special = special_vocab(folder, load_merges=True)
-    for kind, text in special_tokens:
-        if text not in added:  # (the converter fails on a KeyError)
-            raise ConfigMismatchError(
-                f"{path}: has no added token {text}, which llama.cpp's {kind} token of this family is; "
-                "pass --config-from a folder with the model's own tokenizer"
-            )
-        special.special_token_ids.setdefault(kind, added[text])  # (as the converter's _set_special_token)
-    special.add_to_gguf(writer, quiet=True)
-    return size, pre
+    return size, tokens, kinds, added
 
 
 def _pre_tokenizer_name(pre_tokenizer: dict | None, model: dict) -> str | None:
