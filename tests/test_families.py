@@ -33,10 +33,10 @@ KINDS = {
 
 
 def test_every_family_declares_every_part():
-    # (besides the parts: what names the family, the notes, `linearized`, a hook of the --quantize path, whose part
-    # is fused_siblings, that families with fused parameters on disk set, and `hub_names` and `hub_renames`, how its
-    # folder is named)
-    besides = ("name", "model_type", "architecture", "notes", "linearized", "hub_names", "hub_renames")
+    # (besides the parts: what names the family (`also`: its other classes), the notes, `linearized`, a hook of the
+    # --quantize path, whose part is fused_siblings, that families with fused parameters on disk set, and `hub_names`
+    # and `hub_renames`, how its folder is named)
+    besides = ("name", "model_type", "architecture", "also", "notes", "linearized", "hub_names", "hub_renames")
     parts = [f.name for f in dataclasses.fields(Family) if f.name not in besides]
     assert set(parts) == set(KINDS), "a new part needs its kind here, and a column in families.PATHS if it is a path"
     derived = {name for name, value in vars(Family).items() if isinstance(value, property)}  # (megatron_out)
@@ -49,7 +49,8 @@ def test_every_family_declares_every_part():
                 assert value.reason and "\n" not in value.reason, (family.name, part)
         assert set(family.notes) <= set(families.PATHS), family.name
     assert len({f.model_type for f in families.FAMILIES}) == len(families.FAMILIES)
-    assert len({f.architecture for f in families.FAMILIES}) == len(families.FAMILIES)
+    named = [name for f in families.FAMILIES for name in (f.architecture, *f.also)]
+    assert len(set(named)) == len(named)
 
 
 def test_tables_name_the_family_class():
@@ -259,6 +260,7 @@ TESTED = {
         "voxtral": "voxtral-fsdp2",  # (its text model's file alone: no mmproj)
         "chameleon": "chameleon-fsdp2",  # (its text model's file alone: no mmproj)
         "bert": "bert-fsdp2",
+        "roberta": "roberta-fsdp2",
         "qwen2": "qwen2-fsdp2-spm",
         "qwen3": "qwen3-fsdp2-spm",
         "gemma": "gemma-fsdp2-spm",

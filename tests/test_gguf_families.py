@@ -1234,6 +1234,57 @@ def test_bert_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(co
     )
 
 
+def test_bert_for_masked_lm_s_encoder_as_the_converter_writes_it(converter, tmp_path):
+    """A BERT saved with its masked-LM head (BertForMaskedLM, as bert-base and its fine-tunes are): the file holds the
+    encoder alone, the converter's, and llama.cpp embeds each token as the model's encoder does."""
+    import transformers
+
+    unshard.convert(SHIPPED / "bert-fsdp2" / "global_step_1", tmp_path / "hf", progress=False)
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    model.save_pretrained(tmp_path / "mlm")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tmp_path / "hf" / name, tmp_path / "mlm" / name)
+    ours = tmp_path / "f32.gguf"
+    plan = unshard.plan(tmp_path / "mlm", output=unshard.OutputOptions(gguf="f32"))
+    assert any("the pooler's and a masked-LM head's" in note for note in plan.notes)
+    unshard.convert(tmp_path / "mlm", ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    assert_same_file(ours, converter(tmp_path / "mlm", "f32", tmp_path / "oracle.gguf", pre="default"))
+    prompt = [2, 5, 20, 33, 41, 50, 60, 3]
+    llama_cpp_client("embed", ours, ",".join(map(str, prompt)), tmp_path / "embeddings.npy")
+    got = torch.from_numpy(np.load(tmp_path / "embeddings.npy"))
+    expected = model.bert(torch.tensor([prompt])).last_hidden_state[0].detach()
+    assert ((got - expected).norm() / expected.norm()).item() <= 1e-4
+
+
+def test_roberta_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(converter, tmp_path):
+    """RoBERTa (RobertaModel) from FSDP2's rank files, in f32, f16 and q8_0, is the converter's file: BERT's, its
+    position table from the padding token's id + 1 on (the context that many fewer), its byte-level BPE named
+    `roberta-bpe` as the converter's table names RoBERTa's (llama.cpp then ends a sequence with its separator), the
+    segment types' count after the vocabulary; llama.cpp embeds each token as transformers does, whose positions
+    start there."""
+    import transformers
+
+    folder = tmp_path / "hf"
+    unshard.convert(SHIPPED / "roberta-fsdp2" / "global_step_1", folder, progress=False)
+    theirs = tmp_path / "for-the-converter"
+    shutil.copytree(folder, theirs)
+    pre = for_the_converter(theirs) and "roberta-bpe"
+    for kind in ("f32", "f16", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        unshard.convert(folder, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        assert_same_file(ours, converter(theirs, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+    fields, tensors = contents(tmp_path / "f32.gguf")
+    assert fields["tokenizer.ggml.pre"] == "roberta-bpe" and fields["bert.context_length"] == 128
+    assert {t[0]: t[2] for t in tensors}["position_embd.weight"] == [64, 128]
+    prompt = [1, 5, 20, 33, 41, 50, 60, 2]
+    llama_cpp_client("embed", tmp_path / "f32.gguf", ",".join(map(str, prompt)), tmp_path / "embeddings.npy")
+    got = torch.from_numpy(np.load(tmp_path / "embeddings.npy"))
+    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32)
+    expected = model(torch.tensor([prompt])).last_hidden_state[0].detach()
+    assert ((got - expected).norm() / expected.norm()).item() <= 1e-4
+
+
 def test_a_pooling_llama_cpp_has_none_of_is_one_line(tmp_path):
     (tmp_path / "modules.json").write_text(json.dumps([{"path": "1_Pooling", "type": "x.Pooling"}]))
     (tmp_path / "1_Pooling").mkdir()

@@ -136,7 +136,7 @@ FAMILIES: tuple[Family, ...] = (
     *kimi_k25.FAMILIES,
 )
 _BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES}
-_BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES}
+_BY_ARCHITECTURE = {name: f for f in FAMILIES for name in (f.architecture, *f.also)}
 # The tensor tables by model type: the tests and the bench clear it to take the path of every other model.
 TENSOR_TABLES = {f.model_type: f.tensors for f in FAMILIES if not isinstance(f.tensors, Unsupported)}
 

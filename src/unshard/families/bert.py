@@ -1,17 +1,20 @@
-"""BERT (`BertModel`): an encoder whose every token attends to every other, its output the tokens' embeddings, as the
-embedding models people fine-tune (sentence-transformers') have it; position and segment-type embeddings learned, each
-layer LayerNormed after its attention and its MLP. To GGUF as llama.cpp's converter writes it (llama.cpp's bert, which
-llama-embedding and llama-server's embeddings read): non-causal, pooled as the model's sentence-transformers config
-says, its WordPiece vocabulary (llama.cpp's `bert` tokenizer); the pooler left out, as the converter leaves it."""
+"""BERT (`BertModel`, and `BertForMaskedLM` around it): an encoder whose every token attends to every other, its
+output the tokens' embeddings, as the embedding models people fine-tune (sentence-transformers') have it; position
+and segment-type embeddings learned, each layer LayerNormed after its attention and its MLP. To GGUF as llama.cpp's
+converter writes it (llama.cpp's bert, which llama-embedding and llama-server's embeddings read): non-causal, pooled
+as the model's sentence-transformers config says, its WordPiece vocabulary (llama.cpp's `bert` tokenizer); the pooler
+and a masked-LM head left out, as the converter leaves them. RoBERTa (`RobertaModel`): BERT's layers, its positions
+counted from the padding token's id + 1, a byte-level BPE vocabulary."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gguf_hooks import gguf_py, json_or_empty, text_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
+from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Rearrangement, Unsupported, no_trainer_model
 
 # sentence-transformers' pooling settings, and llama.cpp's pooling types by its modes' names
 POOLING_FLAGS = (
@@ -48,6 +51,37 @@ def bert_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
         writer.add_pooling_type(pooling)
 
 
+def position_offset(hparams: dict) -> int:
+    """RoBERTa's positions start after the padding token's id (transformers numbers them from it + 1): the rows of
+    the table before them, which the converter drops (0: none)."""
+    pad = hparams.get("pad_token_id")
+    return 0 if pad is None else pad + 1
+
+
+def roberta_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """BERT's, the context as the positions the table has after the offset."""
+    if "max_position_embeddings" in hparams:
+        hparams = {**hparams, "max_position_embeddings": hparams["max_position_embeddings"] - position_offset(hparams)}
+    bert_hyperparameters(writer, hparams, ftype, blocks, folder)
+
+
+def roberta_positions(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """The position table from the offset on, as the converter writes it (llama.cpp counts positions from 0)."""
+    offset = position_offset(hparams)
+    if name.endswith("embeddings.position_embeddings.weight") and offset:
+        return Rearrangement({name: (shape[0] - offset, *shape[1:])}, partial(rows_from, offset), shape[0])
+    return None
+
+
+def rows_from(first: int, band) -> tuple:
+    return (band[first:],)
+
+
+def segment_types_count(writer, hparams: dict, folder: Path) -> None:
+    """The segment types' count, which the converter writes after RoBERTa's byte-level BPE vocabulary."""
+    writer.add_token_type_count(hparams.get("type_vocab_size", 1))
+
+
 FAMILIES = (
     Family(
         "BERT",
@@ -62,8 +96,32 @@ FAMILIES = (
             hyperparameters=bert_hyperparameters,
             vocabulary="wordpiece",
             dropped_prefix="bert.",
-            towers=r"^(?:bert\.)?pooler\.",
-            towers_left_out="the pooler's: llama.cpp pools the tokens' embeddings as sentence-transformers does",
+            towers=r"^(?:bert\.)?(?:pooler|cls)\.",
+            towers_left_out="the pooler's and a masked-LM head's: llama.cpp computes the tokens' embeddings, pooled as "
+            "sentence-transformers says",
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
+        also=("BertForMaskedLM",),
+    ),
+    Family(
+        "RoBERTa",
+        "roberta",
+        "RobertaModel",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's RoBERTa layout is not mapped yet"),
+        **no_trainer_model("RoBERTa"),
+        fused_siblings=(("query", "key", "value"),),
+        gguf=GGUFPart(
+            "BERT",
+            hyperparameters=roberta_hyperparameters,
+            after_vocabulary=segment_types_count,
+            gpt2_split_as="roberta-bpe",
+            rearranged=roberta_positions,
+            dropped_prefix="roberta.",
+            towers=r"^(?:roberta\.)?pooler\.",
+            towers_left_out="the pooler's: llama.cpp computes the tokens' embeddings, pooled as sentence-transformers "
+            "says",
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,

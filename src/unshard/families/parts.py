@@ -141,8 +141,12 @@ class GGUFPart:
     # (hparams, where): refuses a config llama.cpp would compute otherwise than transformers (Qwen MoE's routing,
     # SmolLM3's layers without rotary embeddings); returns what the conversion notes of a smaller difference, or None
     check_config: Callable[..., list[str] | None] | None = None
-    # auto: SentencePiece where there is a tokenizer.model, else BPE; bpe: tokenizer.json only; gemma4: Gemma 4's
+    # auto: SentencePiece where there is a tokenizer.model, else BPE; bpe: tokenizer.json only; gemma4: Gemma 4's;
+    # wordpiece: BERT's
     vocabulary: str = "auto"
+    # the converter's name of this family's byte-level BPE where its split is GPT-2's (RoBERTa's `roberta-bpe`, by
+    # which llama.cpp ends a sequence with its separator), by the hash its table lists for the family's tokenizers
+    gpt2_split_as: str | None = None
     llama_vocabulary: bool = False  # the converter's LlamaModel's vocabulary: its space prefix
     phi3_tokens: bool = False  # (Phi-3's tokenizer, as the converter reads it)
     # (name, shape, hparams, where) -> how the converter stores that tensor otherwise than as it is, or None
@@ -334,6 +338,9 @@ class Family:
     # (its classes hold other names, and its save_pretrained writes them): why. Its tables name them; transformers is
     # not asked what to name them.
     hub_names: str | None = None
+    # Other classes config.json may name for the same model, whose files hold it and a head the paths that need the
+    # family's knowledge leave out or keep as it is (BERT's masked-LM head)
+    also: tuple[str, ...] = ()
     # Regular expressions over the names transformers' save_pretrained writes and what re.sub makes of them, where it
     # writes other names than the Hub's for some tensors and loads both (Kimi Linear's dense layers): the folder holds
     # the Hub's, which vLLM and llama.cpp's converter read

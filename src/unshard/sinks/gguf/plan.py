@@ -486,6 +486,7 @@ def _metadata(
         phi3=part.phi3_tokens,
         kind=part.vocabulary,
         special_tokens=part.special_tokens,
+        gpt2_split_as=part.gpt2_split_as,
     )
     if part.after_vocabulary:
         part.after_vocabulary(writer, hparams, folder)

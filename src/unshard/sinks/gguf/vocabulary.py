@@ -20,6 +20,7 @@ def write_vocabulary(
     phi3: bool = False,
     kind: str = "auto",
     special_tokens: tuple[tuple[str, str], ...] = (),
+    gpt2_split_as: str | None = None,
 ) -> str:
     """The vocabulary as the converter writes it: from a SentencePiece model (tokenizer.model) where there is
     one, else from a byte-level BPE tokenizer.json; a `bpe` kind's (Qwen's MoE models', GLM's) from tokenizer.json
@@ -42,7 +43,7 @@ def write_vocabulary(
         size = _sentencepiece_vocabulary(writer, hparams, folder, tokenizer_config, phi3)
         said = f"{size} tokens from tokenizer.model (SentencePiece)"
     elif (folder / "tokenizer.json").is_file():
-        size, pre = _bpe_vocabulary(writer, hparams, folder)
+        size, pre = _bpe_vocabulary(writer, hparams, folder, gpt2_split_as=gpt2_split_as)
         said = f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
     else:
         raise ConfigMismatchError(
@@ -226,7 +227,11 @@ PRE_TOKENIZER_SPLITS = {
 
 
 def _bpe_vocabulary(
-    writer, hparams: dict, folder: Path, special_tokens: tuple[tuple[str, str], ...] = ()
+    writer,
+    hparams: dict,
+    folder: Path,
+    special_tokens: tuple[tuple[str, str], ...] = (),
+    gpt2_split_as: str | None = None,
 ) -> tuple[int, str]:
     """A byte-level BPE vocabulary (tokenizer.json) as the converter writes it (its `gpt2` tokenizer model):
     every id up to the config's vocab_size, read through transformers' tokenizer; added tokens as control or
@@ -254,6 +259,8 @@ def _bpe_vocabulary(
         )
     # (the converter's name where its table is at hand and lists this tokenizer; else the split's)
     pre = converter_name(path) or _pre_tokenizer_name(described.get("pre_tokenizer"), model)
+    if pre == GPT2_PRE and gpt2_split_as:  # (the family's tokenizers' name in the converter's table)
+        pre = gpt2_split_as
     if pre is None:
         raise ConfigMismatchError(
             f"{path}: its pre-tokenizer is not one unshard can name for llama.cpp (the splits "
