@@ -82,37 +82,47 @@ def segment_types_count(writer, hparams: dict, folder: Path) -> None:
     writer.add_token_type_count(hparams.get("type_vocab_size", 1))
 
 
+def encoder_family(name: str, model_type: str, architecture: str, gguf: GGUFPart, also: tuple[str, ...] = ()) -> Family:
+    """An encoder unshard knows for GGUF: its names asked of transformers, no trainer's model of it, q, k and v run as
+    one by vLLM, no merge-moe input, no towers."""
+    return Family(
+        name,
+        model_type,
+        architecture,
+        tensors=NO_TABLE,
+        megatron=Unsupported(f"Megatron's {name} layout is not mapped yet"),
+        **no_trainer_model(name),
+        fused_siblings=(("query", "key", "value"),),
+        gguf=gguf,
+        mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
+        also=also,
+    )
+
+
+# What the file has no place for: llama.cpp computes the tokens' embeddings (and pools them itself)
+POOLED_BY_LLAMA_CPP = "llama.cpp computes the tokens' embeddings, pooled as sentence-transformers says"
+
 FAMILIES = (
-    Family(
+    encoder_family(
         "BERT",
         "bert",
         "BertModel",
-        tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's BERT layout is not mapped yet"),
-        **no_trainer_model("BERT"),
-        fused_siblings=(("query", "key", "value"),),
-        gguf=GGUFPart(
+        GGUFPart(
             "BERT",
             hyperparameters=bert_hyperparameters,
             vocabulary="wordpiece",
             dropped_prefix="bert.",
             towers=r"^(?:bert\.)?(?:pooler|cls)\.",
-            towers_left_out="the pooler's and a masked-LM head's: llama.cpp computes the tokens' embeddings, pooled as "
-            "sentence-transformers says",
+            towers_left_out=f"the pooler's and a masked-LM head's: {POOLED_BY_LLAMA_CPP}",
         ),
-        mmproj=TEXT_ONLY,
-        moe_layout=NOT_A_MOE_INPUT,
         also=("BertForMaskedLM",),
     ),
-    Family(
+    encoder_family(
         "RoBERTa",
         "roberta",
         "RobertaModel",
-        tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's RoBERTa layout is not mapped yet"),
-        **no_trainer_model("RoBERTa"),
-        fused_siblings=(("query", "key", "value"),),
-        gguf=GGUFPart(
+        GGUFPart(
             "BERT",
             hyperparameters=roberta_hyperparameters,
             after_vocabulary=segment_types_count,
@@ -120,10 +130,7 @@ FAMILIES = (
             rearranged=roberta_positions,
             dropped_prefix="roberta.",
             towers=r"^(?:roberta\.)?pooler\.",
-            towers_left_out="the pooler's: llama.cpp computes the tokens' embeddings, pooled as sentence-transformers "
-            "says",
+            towers_left_out=f"the pooler's: {POOLED_BY_LLAMA_CPP}",
         ),
-        mmproj=TEXT_ONLY,
-        moe_layout=NOT_A_MOE_INPUT,
     ),
 )
