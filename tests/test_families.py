@@ -261,6 +261,7 @@ TESTED = {
         "chameleon": "chameleon-fsdp2",  # (its text model's file alone: no mmproj)
         "bert": "bert-fsdp2",
         "roberta": "roberta-fsdp2",
+        "distilbert": "distilbert-fsdp2",
         "qwen2": "qwen2-fsdp2-spm",
         "qwen3": "qwen3-fsdp2-spm",
         "gemma": "gemma-fsdp2-spm",

@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 # Cases whose oracle is a `reference/` folder written by save_pretrained (Megatron's is its own forward
 # pass, torchtitan's its own adapter: tests/test_megatron.py, tests/test_torchtitan.py).
 REFERENCE_CASES = [name for name, case in CASES.items() if not case.oracle and case.venv is None and case.hf]
+ENCODERS = ("bert-fsdp2", "roberta-fsdp2", "distilbert-fsdp2")  # (their output the tokens' embeddings: no logits)
 
 
 def load_folder_tensors(folder):
@@ -111,7 +112,7 @@ def test_transformers_loads_it_and_logits_match(case, tmp_path):
     if omni:  # (the thinker writes the text; the model around it only generates)
         model, original = model.thinker, original.thinker
     with torch.no_grad():
-        if case in ("bert-fsdp2", "roberta-fsdp2"):  # (an encoder: its output the tokens' embeddings)
+        if case in ENCODERS:  # (an encoder: its output the tokens' embeddings)
             ours, theirs = model(ids).last_hidden_state, original(ids).last_hidden_state
         else:
             ours, theirs = model(ids).logits, original(ids).logits
@@ -121,7 +122,8 @@ def test_transformers_loads_it_and_logits_match(case, tmp_path):
     else:
         assert torch.equal(ours, theirs)
 
-    if case == "bert-fsdp2":  # (no chat template and no generation settings: an encoder's folder)
+    if case in ("bert-fsdp2", "distilbert-fsdp2"):  # (no chat template and no generation settings: a WordPiece
+        # encoder's folder)
         return
     tokenizer = AutoTokenizer.from_pretrained(out)
     prompt = tokenizer.apply_chat_template(

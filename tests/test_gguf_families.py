@@ -1188,15 +1188,35 @@ def test_chameleon_as_the_converter_writes_it_with_each_head_s_own_norms(convert
     assert_same_file(tmp_path / "shared.gguf", converter(shared, "f32", tmp_path / "oracle-shared.gguf", pre=pre))
 
 
-def test_bert_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(converter, tmp_path):
-    """BERT (BertModel, as embedding models are) from FSDP2's rank files: each file, in f32, f16 and q8_0, is the
-    converter's, field for field and byte for byte: attention over every token, the WordPiece vocabulary after
-    llama.cpp's phantom space with the normalizer's settings, the pooler left out. A sentence-transformers folder's
-    pooling and a cased tokenizer are the converter's too; llama.cpp embeds each token as transformers does (f32)."""
+# The WordPiece encoders, by their fixtures, with the class that holds them under a masked-LM head and its name for them
+WORDPIECE_ENCODERS = {
+    "bert-fsdp2": ("BertForMaskedLM", "bert"),
+    "distilbert-fsdp2": ("DistilBertForMaskedLM", "distilbert"),
+}
+
+
+def embedded_as_transformers(gguf_file: Path, encoder, tmp_path: Path) -> float:
+    """llama.cpp's embedding of each of a prompt's tokens (no pooling) against the encoder's last hidden state in
+    transformers: their relative distance."""
+    prompt = [2, 5, 20, 33, 41, 50, 60, 3]
+    llama_cpp_client("embed", gguf_file, ",".join(map(str, prompt)), tmp_path / "embeddings.npy")
+    got = torch.from_numpy(np.load(tmp_path / "embeddings.npy"))
+    expected = encoder(torch.tensor([prompt])).last_hidden_state[0].detach()
+    assert got.shape == expected.shape
+    return ((got - expected).norm() / expected.norm()).item()
+
+
+@pytest.mark.parametrize("case", WORDPIECE_ENCODERS)
+def test_bert_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(case, converter, tmp_path):
+    """BERT (BertModel, as embedding models are) and DistilBERT (its sizes under its own names, no segment types) from
+    FSDP2's rank files: each file, in f32, f16 and q8_0, is the converter's, field for field and byte for byte:
+    attention over every token, the WordPiece vocabulary after llama.cpp's phantom space with the normalizer's
+    settings, the pooler left out; llama.cpp embeds each token as transformers does (f32). A sentence-transformers
+    folder's pooling and a cased tokenizer are the converter's too (BERT's)."""
     import transformers
 
     folder = tmp_path / "hf"
-    unshard.convert(SHIPPED / "bert-fsdp2" / "global_step_1", folder, progress=False)
+    unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
     for kind in ("f32", "f16", "q8_0"):
         ours = tmp_path / f"{kind}.gguf"
         unshard.convert(folder, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
@@ -1204,12 +1224,10 @@ def test_bert_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(co
     fields, tensors = contents(tmp_path / "f32.gguf")
     assert fields["tokenizer.ggml.model"] == "bert" and fields["bert.attention.causal"] is False
     assert fields["tokenizer.ggml.tokens"][5].startswith("\u2581") and not any("pooler" in t[0] for t in tensors)
-    prompt = [2, 5, 20, 33, 41, 50, 60, 3]
-    llama_cpp_client("embed", tmp_path / "f32.gguf", ",".join(map(str, prompt)), tmp_path / "embeddings.npy")
-    got = torch.from_numpy(np.load(tmp_path / "embeddings.npy"))
     model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32)
-    expected = model(torch.tensor([prompt])).last_hidden_state[0].detach()
-    assert got.shape == expected.shape and ((got - expected).norm() / expected.norm()).item() <= 1e-4
+    assert embedded_as_transformers(tmp_path / "f32.gguf", model, tmp_path) <= 1e-4
+    if case != "bert-fsdp2":
+        return
 
     pooled = tmp_path / "sentence-transformers"  # (mean pooling named by its modules; a cased tokenizer)
     shutil.copytree(folder, pooled)
@@ -1234,27 +1252,25 @@ def test_bert_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(co
     )
 
 
-def test_bert_for_masked_lm_s_encoder_as_the_converter_writes_it(converter, tmp_path):
-    """A BERT saved with its masked-LM head (BertForMaskedLM, as bert-base and its fine-tunes are): the file holds the
-    encoder alone, the converter's, and llama.cpp embeds each token as the model's encoder does."""
+@pytest.mark.parametrize("case", WORDPIECE_ENCODERS)
+def test_bert_for_masked_lm_s_encoder_as_the_converter_writes_it(case, converter, tmp_path):
+    """A BERT (or DistilBERT) saved with its masked-LM head (as bert-base and distilbert-base and their fine-tunes
+    are): the file holds the encoder alone, the converter's, and llama.cpp embeds each token as the encoder does."""
     import transformers
 
-    unshard.convert(SHIPPED / "bert-fsdp2" / "global_step_1", tmp_path / "hf", progress=False)
+    head_class, encoder = WORDPIECE_ENCODERS[case]
+    unshard.convert(SHIPPED / case / "global_step_1", tmp_path / "hf", progress=False)
     torch.manual_seed(0)
-    model = transformers.BertForMaskedLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    model = getattr(transformers, head_class).from_pretrained(tmp_path / "hf", dtype=torch.float32)
     model.save_pretrained(tmp_path / "mlm")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tmp_path / "hf" / name, tmp_path / "mlm" / name)
     ours = tmp_path / "f32.gguf"
     plan = unshard.plan(tmp_path / "mlm", output=unshard.OutputOptions(gguf="f32"))
-    assert any("the pooler's and a masked-LM head's" in note for note in plan.notes)
+    assert any("masked-LM head's" in note for note in plan.notes)
     unshard.convert(tmp_path / "mlm", ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
     assert_same_file(ours, converter(tmp_path / "mlm", "f32", tmp_path / "oracle.gguf", pre="default"))
-    prompt = [2, 5, 20, 33, 41, 50, 60, 3]
-    llama_cpp_client("embed", ours, ",".join(map(str, prompt)), tmp_path / "embeddings.npy")
-    got = torch.from_numpy(np.load(tmp_path / "embeddings.npy"))
-    expected = model.bert(torch.tensor([prompt])).last_hidden_state[0].detach()
-    assert ((got - expected).norm() / expected.norm()).item() <= 1e-4
+    assert embedded_as_transformers(ours, getattr(model, encoder), tmp_path) <= 1e-4
 
 
 def test_roberta_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(converter, tmp_path):

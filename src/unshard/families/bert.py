@@ -4,7 +4,8 @@ and segment-type embeddings learned, each layer LayerNormed after its attention 
 converter writes it (llama.cpp's bert, which llama-embedding and llama-server's embeddings read): non-causal, pooled
 as the model's sentence-transformers config says, its WordPiece vocabulary (llama.cpp's `bert` tokenizer); the pooler
 and a masked-LM head left out, as the converter leaves them. RoBERTa (`RobertaModel`): BERT's layers, its positions
-counted from the padding token's id + 1, a byte-level BPE vocabulary."""
+counted from the padding token's id + 1, a byte-level BPE vocabulary. DistilBERT (`DistilBertModel`): BERT's halved,
+no segment types, its sizes under names of its own."""
 
 from __future__ import annotations
 
@@ -82,6 +83,20 @@ def segment_types_count(writer, hparams: dict, folder: Path) -> None:
     writer.add_token_type_count(hparams.get("type_vocab_size", 1))
 
 
+# DistilBERT's sizes under the names the converter finds them by (its find_hparam's lists), which BERT's hooks read
+DISTILBERT_SIZES = {"dim": "hidden_size", "hidden_dim": "intermediate_size", "n_heads": "num_attention_heads"}
+
+
+def distilbert_sizes(hparams: dict, where: Path) -> dict:
+    return {**{ours: hparams[theirs] for theirs, ours in DISTILBERT_SIZES.items() if theirs in hparams}, **hparams}
+
+
+def distilbert_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """BERT's, after the LayerNorms' epsilon, which DistilBERT's config does not say (transformers' is 1e-12)."""
+    writer.add_layer_norm_eps(1e-12)
+    bert_hyperparameters(writer, hparams, ftype, blocks, folder)
+
+
 def encoder_family(name: str, model_type: str, architecture: str, gguf: GGUFPart, also: tuple[str, ...] = ()) -> Family:
     """An encoder unshard knows for GGUF: its names asked of transformers, no trainer's model of it, q, k and v run as
     one by vLLM, no merge-moe input, no towers."""
@@ -132,5 +147,20 @@ FAMILIES = (
             towers=r"^(?:roberta\.)?pooler\.",
             towers_left_out=f"the pooler's: {POOLED_BY_LLAMA_CPP}",
         ),
+    ),
+    encoder_family(
+        "DistilBERT",
+        "distilbert",
+        "DistilBertModel",
+        GGUFPart(
+            "BERT",
+            hyperparameters=distilbert_hyperparameters,
+            as_the_converter_reads=distilbert_sizes,
+            vocabulary="wordpiece",
+            dropped_prefix="distilbert.",
+            towers=r"^(?:distilbert\.)?vocab_",
+            towers_left_out=f"a masked-LM head's: {POOLED_BY_LLAMA_CPP}",
+        ),
+        also=("DistilBertForMaskedLM",),
     ),
 )
