@@ -222,6 +222,9 @@ def test_qwen25_omni_s_thinker_as_the_converter_writes_it_and_sees_as_transforme
         ours = tmp_path / f"{kind}.gguf"
         unshard.convert(OMNI, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
         assert_same_file(ours, converter(hub, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+        # (the same folder as the Hub's config names the class: unshard writes the same file of it)
+        unshard.convert(hub, tmp_path / f"hub-{kind}.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+        assert_same_file(tmp_path / f"hub-{kind}.gguf", tmp_path / f"oracle-{kind}.gguf")
         mmproj = converter(tower, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
         assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
     plan = unshard.plan(OMNI, output=unshard.OutputOptions(gguf="f32"))

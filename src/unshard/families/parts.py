@@ -367,10 +367,12 @@ def multimodal_family(
     mmproj: MmprojPart | Unsupported,
     tower: str,
     says: str | None = None,
+    also: tuple[str, ...] = (),
 ) -> Family:
     """A vision or speech model unshard knows for GGUF alone: a text model beside a tower (`tower`: what Megatron's
     layout of it would have to map), its names asked of transformers, no trainer's model of it (`says`: its name in
-    those reasons, `name` where None), the common fused siblings for --quantize, no merge-moe input."""
+    those reasons, `name` where None), the common fused siblings for --quantize, no merge-moe input (`also`: the
+    other classes config.json may name for it)."""
     says = says or name
     return Family(
         name,
@@ -383,4 +385,5 @@ def multimodal_family(
         gguf=gguf,
         mmproj=mmproj,
         moe_layout=NOT_A_MOE_INPUT,
+        also=also,
     )

@@ -85,6 +85,7 @@ FAMILIES = (
         ),
         QWEN25_OMNI_VISION,
         "its thinker's towers and its talker",
+        also=("Qwen2_5OmniModel",),  # (the class the Hub's config names, no class of transformers')
     ),
     multimodal_family(
         "Qwen3-Omni",
