@@ -1302,11 +1302,25 @@ def test_roberta_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers
 
 
 def test_a_pooling_llama_cpp_has_none_of_is_one_line(tmp_path):
+    """A sentence-transformers pooling llama.cpp has none of (the maximum), or a modules.json that is not a list of
+    modules: one line naming the file."""
     (tmp_path / "modules.json").write_text(json.dumps([{"path": "1_Pooling", "type": "x.Pooling"}]))
     (tmp_path / "1_Pooling").mkdir()
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
     with pytest.raises(unshard.ConfigMismatchError, match="pooling None, and llama.cpp pools by the mean"):
         families.bert.pooling_type(tmp_path)
+    (tmp_path / "modules.json").write_text(json.dumps({"0": "Transformer"}))
+    with pytest.raises(unshard.ConfigMismatchError, match="modules.json: not sentence-transformers' list of modules"):
+        families.bert.pooling_type(tmp_path)
+
+
+def test_a_granite_speech_batch_norm_without_its_statistics_is_one_line():
+    import torch
+
+    norm = "encoder.layers.0.conv.batch_norm."
+    values = {norm + part: torch.ones(4) for part in ("weight", "bias", "running_mean")}
+    with pytest.raises(unshard.ConfigMismatchError, match="the checkpoint has no running_var of this batch norm"):
+        families.granite_speech.batch_norms_folded(values)
 
 
 @pytest.mark.parametrize("kind", ["f16", "q8_0"])

@@ -29,8 +29,12 @@ POOLING = {"mean": "MEAN", "cls": "CLS", "lasttoken": "LAST"}
 def pooling_type(folder: Path):
     """The pooling the model's sentence-transformers modules name (modules.json, its Pooling module's config.json),
     as the converter reads it, or None where there is none."""
-    modules = json_or_empty(folder / "modules.json")
-    path = next((m.get("path") for m in modules or () if str(m.get("type", "")).endswith("Pooling")), None)
+    modules = json_or_empty(folder / "modules.json") or []
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ConfigMismatchError(
+            f"{folder / 'modules.json'}: not sentence-transformers' list of modules; fix or remove it"
+        )
+    path = next((m.get("path") for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
     if path is None:
         return None
     where = folder / path / "config.json"

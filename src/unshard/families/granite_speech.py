@@ -109,6 +109,12 @@ def batch_norms_folded(values: dict) -> dict:
         norms.setdefault(prefix, {})[part] = tensor
     folded = {}
     for prefix, norm in norms.items():
+        lacking = [part for part in ("weight", "bias", "running_mean", "running_var") if part not in norm]
+        if lacking:  # (a checkpoint saved without the buffers: the statistics the scale and shift are made of)
+            raise ConfigMismatchError(
+                f"{prefix}: the checkpoint has no {', '.join(lacking)} of this batch norm, which llama.cpp's "
+                "granite_speech takes folded into a scale and a shift; convert a checkpoint saved with its buffers"
+            )
         scale = norm["weight"] / torch.sqrt(norm["running_var"] + EPSILON)
         shift = norm["bias"] - norm["running_mean"] * scale
         after = f"{prefix}.weight"
