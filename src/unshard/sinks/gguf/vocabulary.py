@@ -257,10 +257,12 @@ def _bpe_vocabulary(
             f"{path}: a BPE tokenizer without {'merges' if model.get('vocab') else 'a vocabulary'}; "
             "pass --config-from a folder with the model's own tokenizer"
         )
-    # (the converter's name where its table is at hand and lists this tokenizer; else the split's)
-    pre = converter_name(path) or _pre_tokenizer_name(described.get("pre_tokenizer"), model)
-    if pre == GPT2_PRE and gpt2_split_as:  # (the family's tokenizers' name in the converter's table)
-        pre = gpt2_split_as
+    # (the converter's name where its table is at hand and lists this tokenizer; else the split's, GPT-2's as the
+    # family's tokenizers are named in that table where it names them otherwise)
+    pre = converter_name(path)
+    if pre is None:
+        pre = _pre_tokenizer_name(described.get("pre_tokenizer"), model)
+        pre = gpt2_split_as if pre == GPT2_PRE and gpt2_split_as else pre
     if pre is None:
         raise ConfigMismatchError(
             f"{path}: its pre-tokenizer is not one unshard can name for llama.cpp (the splits "
@@ -327,8 +329,8 @@ def _add_special_vocab(special, writer, folder: Path) -> None:
     special.add_to_gguf(writer, quiet=True)
     found: dict[str, bool] = {}
 
-    def read(normalizer: dict) -> None:
-        kind = normalizer.get("type")
+    def read(normalizer) -> None:
+        kind = normalizer.get("type") if isinstance(normalizer, dict) else None  # (a damaged file: as none)
         if kind == "Lowercase":
             found["lowercase"] = True
         elif kind == "StripAccents":
