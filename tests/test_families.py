@@ -262,6 +262,7 @@ TESTED = {
         "bert": "bert-fsdp2",
         "roberta": "roberta-fsdp2",
         "distilbert": "distilbert-fsdp2",
+        "modernbert": "modernbert-fsdp2",
         "qwen2": "qwen2-fsdp2-spm",
         "qwen3": "qwen3-fsdp2-spm",
         "gemma": "gemma-fsdp2-spm",

@@ -17,7 +17,8 @@ transformers = pytest.importorskip("transformers")
 # Cases whose oracle is a `reference/` folder written by save_pretrained (Megatron's is its own forward
 # pass, torchtitan's its own adapter: tests/test_megatron.py, tests/test_torchtitan.py).
 REFERENCE_CASES = [name for name, case in CASES.items() if not case.oracle and case.venv is None and case.hf]
-ENCODERS = ("bert-fsdp2", "roberta-fsdp2", "distilbert-fsdp2")  # (their output the tokens' embeddings: no logits)
+# (their output the tokens' embeddings: no logits)
+ENCODERS = ("bert-fsdp2", "roberta-fsdp2", "distilbert-fsdp2", "modernbert-fsdp2")
 
 
 def load_folder_tensors(folder):

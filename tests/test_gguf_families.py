@@ -1301,6 +1301,33 @@ def test_roberta_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers
     assert ((got - expected).norm() / expected.norm()).item() <= 1e-4
 
 
+def test_modernbert_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(converter, tmp_path):
+    """ModernBERT (ModernBertModel) from FSDP2's rank files, in f32, f16 and q8_0, is the converter's file (llama.cpp's
+    modern-bert) with one key more, the norms' epsilon as a LayerNorm's, without which llama.cpp does not load it (the
+    converter writes it as an RMS norm's alone): rotary bases for the global and the windowed layers, the window and
+    which layers attend globally, the GeGLU's activation, the pooling before a classifier, a start, an end and a
+    separator around each sequence; llama.cpp embeds each token as transformers does, through its windowed layers."""
+    import transformers
+
+    folder = tmp_path / "hf"
+    unshard.convert(SHIPPED / "modernbert-fsdp2" / "global_step_1", folder, progress=False)
+    theirs = tmp_path / "for-the-converter"
+    shutil.copytree(folder, theirs)
+    pre = for_the_converter(theirs)
+    for kind in ("f32", "f16", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        unshard.convert(folder, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        mine, expected = contents(ours), contents(converter(theirs, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+        assert mine[0].pop("modern-bert.attention.layer_norm_epsilon") == pytest.approx(1e-5)
+        assert mine[0] == expected[0] and list(mine[0]) == list(expected[0]) and mine[1] == expected[1]
+    fields, _ = contents(tmp_path / "f32.gguf")
+    assert fields["modern-bert.attention.sliding_window"] == 8 and fields["modern-bert.rope.freq_base_swa"] == 10000
+    with pytest.raises(AssertionError, match="Failed to load model from file"):  # (the converter's own)
+        llama_cpp_client("embed", tmp_path / "oracle-f32.gguf", "1,2", tmp_path / "theirs.npy")
+    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32)
+    assert embedded_as_transformers(tmp_path / "f32.gguf", model, tmp_path) <= 1e-4
+
+
 def test_a_pooling_llama_cpp_has_none_of_is_one_line(tmp_path):
     """A sentence-transformers pooling llama.cpp has none of (the maximum), or a modules.json that is not a list of
     modules: one line naming the file."""

@@ -362,6 +362,7 @@ FAMILY_CASES = [
     "bert-fsdp2",  # (an encoder: its pooler quantized too, as llm-compressor's Linear targets take it)
     "roberta-fsdp2",
     "distilbert-fsdp2",
+    "modernbert-fsdp2",
     "voxtral-fsdp2",
     "llava-pixtral-fsdp2",
     "lfm2vl-fsdp2",  # (its vision tower and projector left as they are)

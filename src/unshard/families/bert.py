@@ -5,7 +5,8 @@ converter writes it (llama.cpp's bert, which llama-embedding and llama-server's 
 as the model's sentence-transformers config says, its WordPiece vocabulary (llama.cpp's `bert` tokenizer); the pooler
 and a masked-LM head left out, as the converter leaves them. RoBERTa (`RobertaModel`): BERT's layers, its positions
 counted from the padding token's id + 1, a byte-level BPE vocabulary. DistilBERT (`DistilBertModel`): BERT's halved,
-no segment types, its sizes under names of its own."""
+no segment types, its sizes under names of its own. ModernBERT (`ModernBertModel`): rotary positions, a GeGLU MLP,
+layers attending within a window but every n-th, norms without biases (llama.cpp's modern-bert)."""
 
 from __future__ import annotations
 
@@ -49,11 +50,20 @@ def pooling_type(folder: Path):
 
 
 def bert_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
-    """The TextModel's, then attention over every token, and the pooling sentence-transformers' config names."""
+    """The TextModel's, then attention over every token, the pooling sentence-transformers' config names, and the
+    pooling before a classification head the model's config names (ModernBERT's)."""
     text_hyperparameters(writer, hparams, ftype, blocks, folder)
     writer.add_causal_attention(False)
     if (pooling := pooling_type(folder)) is not None:
         writer.add_pooling_type(pooling)
+    if (classifier := hparams.get("classifier_pooling")) is not None:
+        if classifier not in ("cls", "mean"):
+            raise ConfigMismatchError(
+                f"{folder / 'config.json'}: classifier_pooling {classifier!r}, and llama.cpp pools by the first token "
+                "or the mean before a classifier; serve this model with transformers"
+            )
+        # (gguf-py 0.19's writer has no method for the key)
+        writer.add_uint32(f"{writer.arch}.classifier.pooling_type", getattr(gguf_py().PoolingType, POOLING[classifier]))
 
 
 def position_offset(hparams: dict) -> int:
@@ -99,6 +109,33 @@ def distilbert_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder
     """BERT's, after the LayerNorms' epsilon, which DistilBERT's config does not say (transformers' is 1e-12)."""
     writer.add_layer_norm_eps(1e-12)
     bert_hyperparameters(writer, hparams, ftype, blocks, folder)
+
+
+def modernbert_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """BERT's, then the sliding window and which layers attend globally, no rope scaling, the vocabulary's size, the
+    MLP's activation (GELU's GeGLU, or SiLU's SwiGLU in derivatives)."""
+    bert_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_sliding_window(hparams["local_attention"])
+    if (pattern := hparams.get("global_attn_every_n_layers")) is not None:
+        writer.add_sliding_window_pattern(pattern)
+    writer.add_rope_scaling_type(gguf_py().RopeScalingType.NONE)
+    writer.add_vocab_size(hparams["vocab_size"])
+    if activation := hparams.get("hidden_activation"):
+        writer.add_string(f"{writer.arch}.hidden_activation", activation)  # (gguf-py 0.19 has no method for it)
+
+
+def modernbert_norms(hparams: dict, where: Path) -> dict:
+    """ModernBERT's norms' epsilon also as a LayerNorm's, which its norms are and llama.cpp's modern-bert loads (the
+    converter writes it as an RMS norm's alone, from norm_eps, and llama.cpp does not load its file)."""
+    return {**hparams, "layer_norm_eps": hparams["norm_eps"]} if "norm_eps" in hparams else hparams
+
+
+def sequence_ends(writer, hparams: dict, folder: Path) -> None:
+    """ModernBERT's: a start, an end and a separator around every sequence, as the converter says before its
+    vocabulary (the tokenizer's own settings written over them, in their places)."""
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(True)
+    writer.add_add_sep_token(True)
 
 
 def encoder_family(name: str, model_type: str, architecture: str, gguf: GGUFPart, also: tuple[str, ...] = ()) -> Family:
@@ -166,5 +203,17 @@ FAMILIES = (
             towers_left_out=f"a masked-LM head's: {POOLED_BY_LLAMA_CPP}",
         ),
         also=("DistilBertForMaskedLM",),
+    ),
+    encoder_family(
+        "ModernBERT",
+        "modernbert",
+        "ModernBertModel",
+        GGUFPart(
+            "MODERN_BERT",
+            hyperparameters=modernbert_hyperparameters,
+            as_the_converter_reads=modernbert_norms,
+            before_vocabulary=sequence_ends,
+            dropped_prefix="model.",
+        ),
     ),
 )

@@ -131,7 +131,9 @@ class GGUFPart:
     arch: str  # gguf.MODEL_ARCH's member
     # (writer, hparams, ftype, blocks, folder): the hyper-parameters in the converter's order; None: its TextModel's
     hyperparameters: Callable[..., None] | None = None
-    # (writer, hparams, folder): what the converter writes after the vocabulary (special tokens, the space prefix)
+    # (writer, hparams, folder): what the converter writes before the vocabulary (ModernBERT's start, end and separator
+    # flags) and after it (special tokens, the space prefix)
+    before_vocabulary: Callable[..., None] | None = None
     after_vocabulary: Callable[..., None] | None = None
     # (writer, hparams, rope, head_dim, where) -> tensors the converter computes from the config (rope factors)
     computed: Callable[..., dict[str, list[float]]] | None = None

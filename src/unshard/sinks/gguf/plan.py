@@ -478,6 +478,8 @@ def _metadata(
     general_metadata(writer, folder, parameters)
     (part.hyperparameters or text_hyperparameters)(writer, hparams, ftype, blocks, folder)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if part.before_vocabulary:
+        part.before_vocabulary(writer, hparams, folder)
     vocabulary = write_vocabulary(
         writer,
         hparams,
