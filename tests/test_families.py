@@ -263,6 +263,7 @@ TESTED = {
         "roberta": "roberta-fsdp2",
         "distilbert": "distilbert-fsdp2",
         "modernbert": "modernbert-fsdp2",
+        "eurobert": "eurobert-fsdp2",
         "qwen2": "qwen2-fsdp2-spm",
         "qwen3": "qwen3-fsdp2-spm",
         "gemma": "gemma-fsdp2-spm",

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 # pass, torchtitan's its own adapter: tests/test_megatron.py, tests/test_torchtitan.py).
 REFERENCE_CASES = [name for name, case in CASES.items() if not case.oracle and case.venv is None and case.hf]
 # (their output the tokens' embeddings: no logits)
-ENCODERS = ("bert-fsdp2", "roberta-fsdp2", "distilbert-fsdp2", "modernbert-fsdp2")
+ENCODERS = ("bert-fsdp2", "roberta-fsdp2", "distilbert-fsdp2", "modernbert-fsdp2", "eurobert-fsdp2")
 
 
 def load_folder_tensors(folder):

@@ -1328,6 +1328,27 @@ def test_modernbert_as_the_converter_writes_it_and_llama_cpp_embeds_as_transform
     assert embedded_as_transformers(tmp_path / "f32.gguf", model, tmp_path) <= 1e-4
 
 
+def test_eurobert_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(converter, tmp_path):
+    """EuroBERT (EuroBertModel) from FSDP2's rank files, in f32, f16 and q8_0, is the converter's file (llama.cpp's
+    eurobert: a Llama's layers attending both ways, grouped keys and values, no start token added, the pooling before a
+    classifier); llama.cpp embeds each token as transformers does."""
+    import transformers
+
+    folder = tmp_path / "hf"
+    unshard.convert(SHIPPED / "eurobert-fsdp2" / "global_step_1", folder, progress=False)
+    theirs = tmp_path / "for-the-converter"
+    shutil.copytree(folder, theirs)
+    pre = for_the_converter(theirs)
+    for kind in ("f32", "f16", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        unshard.convert(folder, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        assert_same_file(ours, converter(theirs, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+    fields, _ = contents(tmp_path / "f32.gguf")
+    assert fields["eurobert.attention.causal"] is False and fields["eurobert.classifier.pooling_type"] == 1
+    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32)
+    assert embedded_as_transformers(tmp_path / "f32.gguf", model, tmp_path) <= 1e-4
+
+
 def test_a_pooling_llama_cpp_has_none_of_is_one_line(tmp_path):
     """A sentence-transformers pooling llama.cpp has none of (the maximum), or a modules.json that is not a list of
     modules: one line naming the file."""

@@ -363,6 +363,7 @@ FAMILY_CASES = [
     "roberta-fsdp2",
     "distilbert-fsdp2",
     "modernbert-fsdp2",
+    "eurobert-fsdp2",
     "voxtral-fsdp2",
     "llava-pixtral-fsdp2",
     "lfm2vl-fsdp2",  # (its vision tower and projector left as they are)

@@ -6,7 +6,8 @@ as the model's sentence-transformers config says, its WordPiece vocabulary (llam
 and a masked-LM head left out, as the converter leaves them. RoBERTa (`RobertaModel`): BERT's layers, its positions
 counted from the padding token's id + 1, a byte-level BPE vocabulary. DistilBERT (`DistilBertModel`): BERT's halved,
 no segment types, its sizes under names of its own. ModernBERT (`ModernBertModel`): rotary positions, a GeGLU MLP,
-layers attending within a window but every n-th, norms without biases (llama.cpp's modern-bert)."""
+layers attending within a window but every n-th, norms without biases (llama.cpp's modern-bert). EuroBERT
+(`EuroBertModel`): a Llama's layers attending both ways (llama.cpp's eurobert)."""
 
 from __future__ import annotations
 
@@ -50,10 +51,15 @@ def pooling_type(folder: Path):
 
 
 def bert_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
-    """The TextModel's, then attention over every token, the pooling sentence-transformers' config names, and the
-    pooling before a classification head the model's config names (ModernBERT's)."""
+    """The TextModel's, then attention over every token, and how the tokens are pooled."""
     text_hyperparameters(writer, hparams, ftype, blocks, folder)
     writer.add_causal_attention(False)
+    pooled(writer, hparams, folder)
+
+
+def pooled(writer, hparams: dict, folder: Path) -> None:
+    """The pooling sentence-transformers' config names, and the pooling before a classification head the model's
+    config names (ModernBERT's, EuroBERT's), as the converter's _try_set_pooling_type writes them."""
     if (pooling := pooling_type(folder)) is not None:
         writer.add_pooling_type(pooling)
     if (classifier := hparams.get("classifier_pooling")) is not None:
@@ -138,6 +144,20 @@ def sequence_ends(writer, hparams: dict, folder: Path) -> None:
     writer.add_add_sep_token(True)
 
 
+def eurobert_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The TextModel's (a Llama's sizes and rotary), then attention over every token, no rope scaling, the pooling."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_causal_attention(False)
+    writer.add_rope_scaling_type(gguf_py().RopeScalingType.NONE)
+    pooled(writer, hparams, folder)
+
+
+def no_start_token(writer, hparams: dict, folder: Path) -> None:
+    """EuroBERT's: no start token added, as the converter says before its vocabulary (the tokenizer's own setting
+    written over it, in its place)."""
+    writer.add_add_bos_token(False)
+
+
 def encoder_family(name: str, model_type: str, architecture: str, gguf: GGUFPart, also: tuple[str, ...] = ()) -> Family:
     """An encoder unshard knows for GGUF: its names asked of transformers, no trainer's model of it, q, k and v run as
     one by vLLM, no merge-moe input, no towers."""
@@ -213,6 +233,17 @@ FAMILIES = (
             hyperparameters=modernbert_hyperparameters,
             as_the_converter_reads=modernbert_norms,
             before_vocabulary=sequence_ends,
+            dropped_prefix="model.",
+        ),
+    ),
+    encoder_family(
+        "EuroBERT",
+        "eurobert",
+        "EuroBertModel",
+        GGUFPart(
+            "EUROBERT",
+            hyperparameters=eurobert_hyperparameters,
+            before_vocabulary=no_start_token,
             dropped_prefix="model.",
         ),
     ),
