@@ -186,6 +186,7 @@ GGUF_MULTIMODAL = {
     "qwen3_omni_moe": "qwen3omni-fsdp2",
     "qwen2_5_omni": "qwen25omni-fsdp2",
     "granite_speech": "granitespeech-fsdp2",
+    "granite_speech_plus": "granitespeechplus-fsdp2",
     "llava": "llava-pixtral-fsdp2",
     "janus": "janus-fsdp2",
     "hunyuan_vl": "hunyuanocr-fsdp2",

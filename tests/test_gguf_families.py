@@ -1012,6 +1012,7 @@ DENSE = {
     "qwen3asr-fsdp2": "qwen3vl",
     "qwen3omni-fsdp2": "qwen3vlmoe",
     "granitespeech-fsdp2": "granite",
+    "granitespeechplus-fsdp2": "granite",
     "voxtral-fsdp2": "llama",
     "llava-pixtral-fsdp2": "llama",
     "lfm2vl-fsdp2": "lfm2",
@@ -1043,6 +1044,7 @@ HUB_KEYS = {
     "internvl35-fsdp2": lambda c: {"text_config": {**c["text_config"], "architectures": ["Qwen3ForCausalLM"]}},
     # (Granite Speech's text model by its class, which the converter finds it by: transformers 5 writes none)
     "granitespeech-fsdp2": lambda c: {"text_config": {**c["text_config"], "architectures": ["GraniteForCausalLM"]}},
+    "granitespeechplus-fsdp2": lambda c: {"text_config": {**c["text_config"], "architectures": ["GraniteForCausalLM"]}},
     # (Qwen3-ASR's configs as Qwen's release has them, within thinker_config, which the converter reads them from)
     "qwen3asr-fsdp2": lambda config: {
         "thinker_config": {key: config[key] for key in QWEN3_ASR_THINKER},
@@ -1112,6 +1114,7 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     vision = vision or case in ("paddleocr-fsdp2-spm", "internvl-fsdp2", "internvl35-fsdp2")
     auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
     speech = ("qwen2audio-fsdp2", "voxtral-fsdp2", "qwen3asr-fsdp2", "qwen3omni-fsdp2", "granitespeech-fsdp2")
+    speech += ("granitespeechplus-fsdp2",)
     auto = transformers.AutoModelForMultimodalLM if case in speech else auto
     auto = transformers.AutoModelForSeq2SeqLM if case == "audioflamingo3-fsdp2" else auto
     model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32, **AS_THE_FILE.get(case, {}))

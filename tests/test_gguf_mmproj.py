@@ -47,6 +47,7 @@ AUDIO_FLAMINGO = SHIPPED / "audioflamingo3-fsdp2" / "global_step_1"
 QWEN3_ASR = SHIPPED / "qwen3asr-fsdp2" / "global_step_1"
 QWEN3_OMNI = SHIPPED / "qwen3omni-fsdp2" / "global_step_1"
 GRANITE_SPEECH = SHIPPED / "granitespeech-fsdp2" / "global_step_1"
+GRANITE_SPEECH_PLUS = SHIPPED / "granitespeechplus-fsdp2" / "global_step_1"
 JANUS = SHIPPED / "janus-fsdp2" / "global_step_1"
 HUNYUAN_OCR = SHIPPED / "hunyuanocr-fsdp2" / "global_step_1"
 PADDLE_OCR = SHIPPED / "paddleocr-fsdp2-spm" / "global_step_1"
@@ -725,26 +726,43 @@ def granite_speech_folder(tmp_path_factory):
     return unsharded(GRANITE_SPEECH, tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def granite_speech_plus_folder(tmp_path_factory):
+    return unsharded(GRANITE_SPEECH_PLUS, tmp_path_factory)
+
+
+# Granite Speech, and Granite Speech Plus (its projector reading the encoder's first layer beside its last): (source,
+# its folder's fixture)
+GRANITE_SPEECHES = {
+    "granite-speech": (GRANITE_SPEECH, "granite_speech_folder"),
+    "granite-speech-plus": (GRANITE_SPEECH_PLUS, "granite_speech_plus_folder"),
+}
+
+
 # The converter's name of each folded batch norm (its gguf-py's), which llama.cpp's granite_speech does not load: it
 # reads conv_norm, the name gguf-py 0.19 gives
 CONV_NORM = ("conv_norm_var.", "conv_norm.")
 
 
+@pytest.mark.parametrize("model", GRANITE_SPEECHES)
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
 def test_granite_speech_s_mmproj_is_the_converter_s_under_the_names_llama_cpp_loads(
-    kind, granite_speech_folder, converter, tmp_path
+    kind, model, converter, request, tmp_path
 ):
     """Granite Speech's encoder and Q-Former: every field in order and every tensor's type, shape and bytes are the
     converter's (each batch norm folded from its running statistics into a scale and a shift, keys and values apart,
-    the convolutions' kernels 2-D and in F32), each tensor under the converter's name but the folded norms', which
-    llama.cpp loads as conv_norm where the converter writes conv_norm_var (mtmd does not load its file); the text
-    model's file holds neither."""
+    the convolutions' kernels 2-D and in F32; Granite Speech Plus's feature layers), each tensor under the converter's
+    name but the folded norms', which llama.cpp loads as conv_norm where the converter writes conv_norm_var (mtmd does
+    not load its file); the text model's file holds neither."""
     from safetensors.torch import load_file
 
+    source, folder = GRANITE_SPEECHES[model]
+    granite_speech_folder = request.getfixturevalue(folder)
     out = tmp_path / "m.gguf"
-    unshard.convert(GRANITE_SPEECH, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+    unshard.convert(source, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
     ours = contents(tmp_path / "mmproj-m.gguf")
     theirs = contents(converter(granite_speech_folder, kind, tmp_path / "oracle-mmproj.gguf", mmproj=True))
+    assert ours[0].get("clip.audio.feature_layer") == ([1] if model == "granite-speech-plus" else None)
     assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
     assert_same_tensors(ours[1], [(t[0].replace(*CONV_NORM), *t[1:]) for t in theirs[1]])
     assert ours[0]["clip.projector_type"] == "granite_speech"
@@ -774,16 +792,19 @@ def granite_speech_features(sound: np.ndarray) -> torch.Tensor:
     return mel[: len(mel) // 2 * 2].reshape(1, -1, 160)
 
 
+@pytest.mark.parametrize("model", GRANITE_SPEECHES)
 @pytest.mark.parametrize("kind", ["f32", "q8_0"])
-def test_llama_cpp_hears_a_sound_as_granite_speech_does(kind, granite_speech_folder, tmp_path):
+def test_llama_cpp_hears_a_sound_as_granite_speech_does(kind, model, request, tmp_path):
     """mtmd's embeddings of 2 seconds (100 stacked frames, 7 windows of 15 for the Q-Former, 3 queries each) are
     transformers' audio features of the same samples: the Conformer's chunks of 20 frames, its mid-layer CTC
-    feedback, the batch norms with their running statistics."""
+    feedback, the batch norms with their running statistics (Granite Speech Plus's first layer's output beside the
+    last)."""
     from transformers import AutoModelForMultimodalLM
 
-    unshard.convert(GRANITE_SPEECH, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
+    source, folder = GRANITE_SPEECHES[model]
+    unshard.convert(source, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
     sound, embeddings = sound_embeddings(tmp_path / "m.gguf", tmp_path, seconds=2)
-    model = AutoModelForMultimodalLM.from_pretrained(granite_speech_folder, dtype=torch.float32)
+    model = AutoModelForMultimodalLM.from_pretrained(request.getfixturevalue(folder), dtype=torch.float32)
     with torch.no_grad():
         expected = model.get_audio_features(granite_speech_features(sound)).pooler_output[0]
     assert embeddings.shape == expected.shape == (21, 64)

@@ -359,6 +359,7 @@ FAMILY_CASES = [
     "chameleon-fsdp2",  # (its image tokenizer left as it is)
     "qwen25omni-fsdp2",  # (its thinker's towers left as they are)
     "granitespeech-fsdp2",  # (its encoder and Q-Former left as they are)
+    "granitespeechplus-fsdp2",
     "bert-fsdp2",  # (an encoder: its pooler quantized too, as llm-compressor's Linear targets take it)
     "roberta-fsdp2",
     "distilbert-fsdp2",
@@ -380,6 +381,7 @@ NEWER_ROUTERS = {"jamba-fsdp2-spm": (r"re:.*feed_forward\.router$",)}
 NEWER_LISTED = {
     "internvl-fsdp2": {"language_model.lm_head": "lm_head"},
     "granitespeech-fsdp2": {"language_model.lm_head": "lm_head"},
+    "granitespeechplus-fsdp2": {"language_model.lm_head": "lm_head"},
 }
 NEWER_FLOAT32 = {
     "afmoe-fsdp2": "mlp.expert_bias",

@@ -3,11 +3,13 @@ a convolution module batch-normed in each layer) and a Q-Former projector that r
 To GGUF as llama.cpp's converter writes it: the text model as Granite's (llama.cpp's granite), the encoder and the
 projector as the mmproj file of llama.cpp's granite_speech projector: each batch norm folded into a scale and a shift
 (its running statistics, weight and bias, as llama.cpp applies them), keys and values apart, the convolutions' kernels
-as 2-D tensors in F32."""
+as 2-D tensors in F32. Granite Speech Plus (`GraniteSpeechPlusForConditionalGeneration`): the same, its projector
+reading some of the encoder's layers beside its last (llama.cpp's feature layers)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
@@ -135,6 +137,29 @@ GRANITE_SPEECH_MMPROJ = MmprojPart(
     fold=batch_norms_folded,
 )
 
+
+def granite_speech_plus_sizes(config: dict, where: Path) -> dict | None:
+    """Granite Speech's, and a projector as wide as the encoder's layers it reads concatenated (cat_hidden_layers and
+    the last), as llama.cpp's graph feeds it."""
+    sizes = granite_speech_sizes(config, where)
+    layers = (config.get("encoder_config") or {}).get("cat_hidden_layers") or []
+    wide = (config.get("projector_config") or {}).get("encoder_hidden_size")
+    if sizes is not None and layers and wide != sizes["hidden_size"] * (len(layers) + 1):
+        raise ConfigMismatchError(
+            f"{where}: the projector reads {wide} features, and the encoder's layers {layers} and its last make "
+            f"{sizes['hidden_size'] * (len(layers) + 1)}; pass --config-from the model's own folder"
+        )
+    return sizes
+
+
+def granite_speech_plus_keys(writer, hparams: dict, vision: dict | None, processor: dict) -> None:
+    """Granite Speech's keys, then which of the encoder's layers the projector also reads (gguf-py 0.19's writer has
+    no method for the key)."""
+    granite_speech_keys(writer, hparams, vision, processor)
+    if layers := hparams["encoder_config"].get("cat_hidden_layers"):
+        writer.add_array("clip.audio.feature_layer", layers)
+
+
 FAMILIES = (
     multimodal_family(
         "Granite Speech",
@@ -142,6 +167,14 @@ FAMILIES = (
         "GraniteSpeechForConditionalGeneration",
         GRANITE_GGUF,
         GRANITE_SPEECH_MMPROJ,
+        "its Conformer encoder and Q-Former projector",
+    ),
+    multimodal_family(
+        "Granite Speech Plus",
+        "granite_speech_plus",
+        "GraniteSpeechPlusForConditionalGeneration",
+        GRANITE_GGUF,
+        replace(GRANITE_SPEECH_MMPROJ, projector_keys=granite_speech_plus_keys, audio_sizes=granite_speech_plus_sizes),
         "its Conformer encoder and Q-Former projector",
     ),
 )
