@@ -188,17 +188,22 @@ CHATML = (
 
 
 def chatml_tokens(writer, hparams: dict, folder: Path) -> None:
-    """The converter's fix of Qwen3-ASR's tokens: ChatML as the chat template, and `<|im_end|>` as both the start and
-    the end of text where tokenizer_config.json lists it among its added tokens (the Hub's files do; transformers 5
-    saves them in tokenizer.json alone, and then the converter keeps the tokenizer's)."""
-    added = json_or_empty(folder / "tokenizer_config.json").get("added_tokens_decoder") or {}
-    with gguf_quiet():  # (written again over the tokenizer's, in their places, as the converter does)
+    """The converter's fix of Qwen3-ASR's tokens: ChatML as the chat template, then im_end_tokens'."""
+    with gguf_quiet():  # (written again over the tokenizer's, in its place, as the converter does)
         writer.add_chat_template(CHATML)
-        for token_id, token in added.items():
-            if token.get("content") == "<|im_end|>":
-                writer.add_bos_token_id(int(token_id))
-                writer.add_eos_token_id(int(token_id))
-                break
+    im_end_tokens(writer, hparams, folder)
+
+
+def im_end_tokens(writer, hparams: dict, folder: Path) -> None:
+    """The converter's fix of Qwen3-ASR's and Qwen3-Omni's tokens: `<|im_end|>` as both the start and the end of text
+    where tokenizer_config.json lists it among its added tokens (the Hub's files do; transformers 5 saves them in
+    tokenizer.json alone, and then the converter keeps the tokenizer's)."""
+    added = json_or_empty(folder / "tokenizer_config.json").get("added_tokens_decoder") or {}
+    end = next((int(i) for i, token in added.items() if token.get("content") == "<|im_end|>"), None)
+    if end is not None:
+        with gguf_quiet():  # (written again over the tokenizer's, in their places, as the converter does)
+            writer.add_bos_token_id(end)
+            writer.add_eos_token_id(end)
 
 
 def sequence_sections(hparams: dict) -> list[int]:

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from .audio import QWEN3A
-from .gguf_hooks import gguf_quiet, json_or_empty, mmproj_model_forced_type
+from .audio import QWEN3A, im_end_tokens
+from .gguf_hooks import gguf_quiet, mmproj_model_forced_type
 from .parts import GGUFPart, MmprojPart, multimodal_family
 from .qwen_moe import routing_checked
 from .vlm import qwen3vl_moe_hyperparameters, qwen25vl_projector_keys, qwen25vl_sizes, qwen_vision_split
@@ -56,18 +56,6 @@ def omni_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
     qwen3vl_moe_hyperparameters(writer, hparams, ftype, blocks, folder)
     with gguf_quiet():  # (written again in its place, as the converter does)
         writer.add_num_deepstack_layers(0)
-
-
-def im_end_tokens(writer, hparams: dict, folder: Path) -> None:
-    """The converter's fix of Qwen3-Omni's tokens: `<|im_end|>` as both the start and the end of text where
-    tokenizer_config.json lists it among its added tokens (the Hub's files do; transformers 5 saves them in
-    tokenizer.json alone, and then the converter keeps the tokenizer's)."""
-    added = json_or_empty(folder / "tokenizer_config.json").get("added_tokens_decoder") or {}
-    end = next((int(i) for i, token in added.items() if token.get("content") == "<|im_end|>"), None)
-    if end is not None:
-        with gguf_quiet():  # (written again over the tokenizer's, in their places, as the converter does)
-            writer.add_bos_token_id(end)
-            writer.add_eos_token_id(end)
 
 
 FAMILIES = (
