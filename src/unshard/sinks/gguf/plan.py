@@ -59,17 +59,17 @@ def plan_gguf(
     architecture = (hparams.get("architectures") or [None])[0]
     if architecture is None:
         raise ConfigMismatchError(
-            f"{where}: names no architecture (no `architectures`), which a GGUF file's is "
-            f"made from; pass --architecture (one of "
-            f"{', '.join(f.architecture for f in families.with_part('gguf'))})"
+            f"{where}: names no architecture (no `architectures`), which a GGUF file's is made from; pass "
+            f"--architecture, one of the {len(families.with_part('gguf'))} classes `unshard families --json` lists "
+            "with gguf yes"
         )
     family = families.by_architecture(architecture)
     if family is None or not families.supports(family, "gguf"):
         why = family.gguf.reason if family else "not a family unshard knows"
-        known = ", ".join(f.architecture for f in families.with_part("gguf"))
         raise ConfigMismatchError(
-            f"{where}: {architecture} is not an architecture unshard writes as GGUF yet ({why}; "
-            f"it writes {known}); write a folder and use llama.cpp's convert_hf_to_gguf.py"
+            f"{where}: {architecture} is not an architecture unshard writes as GGUF yet ({why}; `unshard families` "
+            f"lists the {len(families.with_part('gguf'))} families it writes); write a folder and use llama.cpp's "
+            "convert_hf_to_gguf.py"
         )
     part = family.gguf
     vision_outputs, config = [], hparams
