@@ -778,6 +778,18 @@ def test_granite_speech_s_mmproj_is_the_converter_s_under_the_names_llama_cpp_lo
     assert named["a.blk.0.conv_dw.weight"][1:3] == ("F32", [15, 64]) and "a.blk.0.attn_k.weight" in named
 
 
+def test_granite_speech_s_tensors_in_bands_of_a_few_rows_are_the_same(monkeypatch, tmp_path):
+    """Each tensor handed to its encoding a few rows at a time (as a large model's are, in bands of a few MB): the
+    same mmproj file, keys and values cut apart from the whole fused tensor, not from each band."""
+    from unshard.write import assemble
+
+    whole, banded = tmp_path / "whole.gguf", tmp_path / "banded.gguf"
+    unshard.convert(GRANITE_SPEECH, whole, output=unshard.OutputOptions(gguf="f32"), progress=False)
+    monkeypatch.setattr(assemble, "ENCODING_BAND_BYTES", 4 * 32 * 4)  # (4 rows of 32 f32 columns)
+    unshard.convert(GRANITE_SPEECH, banded, output=unshard.OutputOptions(gguf="f32"), progress=False, verify=True)
+    assert_same_tensors(contents(tmp_path / "mmproj-banded.gguf")[1], contents(tmp_path / "mmproj-whole.gguf")[1])
+
+
 def granite_speech_features(sound: np.ndarray) -> torch.Tensor:
     """Granite Speech's feature extractor's (torchaudio's mel spectrogram of 80 bins, its log scaled as Whisper's, two
     frames stacked into one of 160), computed as torchaudio computes it: torch's STFT of a periodic Hann window, the

@@ -82,7 +82,8 @@ def granite_speech_split(name: str, shape: tuple[int, ...], sizes: dict) -> Rear
     pointwise ones) and the depthwise one's single input channel as 2-D tensors."""
     if name.endswith(".attn.to_kv.weight"):
         half = (shape[0] // 2, *shape[1:])
-        return Rearrangement({name.replace("to_kv", "to_k"): half, name.replace("to_kv", "to_v"): half}, halves)
+        halves_of_it = {name.replace("to_kv", "to_k"): half, name.replace("to_kv", "to_v"): half}
+        return Rearrangement(halves_of_it, halves, shape[0])  # (one band: the whole tensor's halves, not a band's)
     if name.endswith(("up_conv.weight", "down_conv.weight")) and len(shape) == 3 and shape[2] == 1:
         return Rearrangement({name: shape[:2]}, squeezed)
     if "depth_conv" in name and name.endswith(".weight") and len(shape) == 3 and shape[1] == 1:
