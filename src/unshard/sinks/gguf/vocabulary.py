@@ -178,7 +178,7 @@ def _gemma4_vocabulary(writer, hparams: dict, folder: Path) -> int:
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(kinds)
-    _add_special_vocab(special_vocab(folder, load_merges=True), writer, folder)
+    _add_special_vocab(special_vocab(folder, load_merges=True), writer, folder, described)
     writer.add_add_space_prefix(False)
     writer.add_add_bos_token(True)
     return len(tokens)
@@ -284,7 +284,7 @@ def _bpe_vocabulary(
                 "pass --config-from a folder with the model's own tokenizer"
             )
         special.special_token_ids.setdefault(kind, added[text])  # (as the converter's _set_special_token)
-    _add_special_vocab(special, writer, folder)
+    _add_special_vocab(special, writer, folder, described)
     return size, pre
 
 
@@ -310,7 +310,7 @@ def _wordpiece_vocabulary(writer, hparams: dict, folder: Path) -> int:
     writer.add_tokenizer_pre(converter_name(path) or "default")
     writer.add_token_list(phantom)
     writer.add_token_types(kinds)
-    _add_special_vocab(special_vocab(folder, n_vocab=len(phantom)), writer, folder)
+    _add_special_vocab(special_vocab(folder, n_vocab=len(phantom)), writer, folder, described)
     return size
 
 
@@ -322,7 +322,7 @@ NORMALIZER_KEYS = {
 }
 
 
-def _add_special_vocab(special, writer, folder: Path) -> None:
+def _add_special_vocab(special, writer, folder: Path, described: dict | None = None) -> None:
     """gguf-py's SpecialVocab into the header, then the normalizer's settings as the converter's newer SpecialVocab
     writes them after it (gguf-py 0.19's reads none): tokenizer.json's Lowercase and StripAccents steps, or its
     BertNormalizer's settings, within a Sequence too."""
@@ -341,7 +341,8 @@ def _add_special_vocab(special, writer, folder: Path) -> None:
             for step in normalizer.get("normalizers") or []:
                 read(step)
 
-    read(json_or_empty(folder / "tokenizer.json").get("normalizer") or {})
+    # (tokenizer.json as the vocabulary's reader parsed it, where it did: a large file is not parsed again)
+    read(((described if described is not None else json_or_empty(folder / "tokenizer.json")) or {}).get("normalizer"))
     with gguf_quiet():  # (in their places where the installed gguf-py wrote them already)
         for key, value in found.items():
             if value is not None:
