@@ -20,6 +20,10 @@ the embedding, in the same row).
 runs an embedding model's file (BERT's) over the tokens, its pooling none: OUT.npy gets each token's embedding, one row
 per token, as llama.cpp's llama_get_embeddings_ith gives them.
 
+    python llama_cpp_client.py rank MODEL.gguf 0,5,20,2 OUT.npy
+runs a reranker's file (a sequence classifier's: XLM-RoBERTa's) over the tokens, its pooling llama.cpp's rank: OUT.npy
+gets the classifier's scores of the sequence, as llama-server's rerank reads them.
+
     python llama_cpp_client.py tokenize MODEL.gguf TEXTS.json OUT.json
 tokenizes each text of TEXTS.json (a list) with the file's vocabulary, as llama.cpp does (no BOS, special tokens as
 text): OUT.json gets a list of token id lists.
@@ -55,11 +59,12 @@ def run(path: str, prompt: list[int], out: str, new: int, lora: str | None = Non
     np.savez(out, logits=logits, greedy=np.array(greedy, dtype=np.int64))
 
 
-def embed(path: str, tokens: list[int], out: str) -> None:
+def encoded(path: str, tokens: list[int], pooling: int):
+    """The file's model after one pass over the tokens as one sequence, its embeddings pooled so."""
     llm = llama_cpp.Llama(
         model_path=path,
         embedding=True,
-        pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE,
+        pooling_type=pooling,
         n_ctx=len(tokens),
         n_batch=len(tokens),
         n_ubatch=len(tokens),
@@ -68,12 +73,25 @@ def embed(path: str, tokens: list[int], out: str) -> None:
     )
     llm._batch.set_batch(tokens, n_past=0, logits_all=True)
     llm._ctx.decode(llm._batch)
+    return llm
+
+
+def embed(path: str, tokens: list[int], out: str) -> None:
+    llm = encoded(path, tokens, llama_cpp.LLAMA_POOLING_TYPE_NONE)
     width = llm.n_embd()
     rows = [
         np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_ith(llm.ctx, i), shape=(width,))
         for i in range(len(tokens))
     ]
     np.save(out, np.stack(rows).astype(np.float32))
+
+
+def rank(path: str, tokens: list[int], out: str) -> None:
+    """A reranker's scores of one sequence, as llama-server's rerank pools it (the classifier head on the first
+    token)."""
+    llm = encoded(path, tokens, llama_cpp.LLAMA_POOLING_TYPE_RANK)
+    scores = llama_cpp.llama_model_n_cls_out(llm.model)
+    np.save(out, np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(llm.ctx, 0), shape=(scores,)).copy())
 
 
 def quantize(source: str, out: str, file_type: str, output_type: str | None) -> None:
@@ -151,6 +169,8 @@ elif sys.argv[1] == "audio":
     audio(*sys.argv[2:6])
 elif sys.argv[1] == "embed":
     embed(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4])
+elif sys.argv[1] == "rank":
+    rank(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4])
 elif "," in sys.argv[4]:
     for kind in sys.argv[4].split(","):
         quantize(sys.argv[2], f"{sys.argv[3]}/{kind}.gguf", kind, sys.argv[5] if len(sys.argv) > 5 else None)

@@ -262,6 +262,7 @@ TESTED = {
         "chameleon": "chameleon-fsdp2",  # (its text model's file alone: no mmproj)
         "bert": "bert-fsdp2",
         "roberta": "roberta-fsdp2",
+        "xlm-roberta": "xlmroberta-fsdp2",
         "distilbert": "distilbert-fsdp2",
         "modernbert": "modernbert-fsdp2",
         "eurobert": "eurobert-fsdp2",

@@ -1328,6 +1328,136 @@ def test_bpe_encoders_as_the_converter_writes_them_and_llama_cpp_embeds_as_trans
     )
 
 
+# Text llama.cpp's unigram tokenizer normalizes by the file's character map as SentencePiece does: accents, German's ß,
+# full-width letters and digits, runs of spaces, and words the tokenizer never saw
+XLM_ROBERTA_TEXTS = [
+    "hello world",
+    "Grüße aus Köln, ¡hola señor!",
+    "１２３ full-width ｄｉｇｉｔｓ",
+    "naïve  café   façade",
+    "Sylter Deich: zwölf Boxkämpfer",
+    "never seen: 東京 Ωμέγα",
+]
+
+
+@pytest.mark.parametrize("tokenizer", ["sentencepiece.bpe.model", "tokenizer.json"])
+def test_xlm_roberta_as_the_converter_writes_it_and_llama_cpp_tokenizes_and_embeds_as_transformers(
+    tokenizer, converter, tmp_path
+):
+    """XLM-RoBERTa (bge-m3's, multilingual-e5's layout) from FSDP2's rank files, its vocabulary from the release's
+    SentencePiece model (a Hub download's, fairseq's four ids first) or from tokenizer.json alone (what transformers 5
+    saves): in f32, f16 and q8_0 the converter's file, field for field and byte for byte (llama.cpp's t5 tokenizer,
+    the normalizer's character map, the position table from the padding token's id + 1 on); llama.cpp splits text
+    into transformers' tokens and embeds each token as transformers does. From tokenizer.json, one field differs:
+    runs of spaces read as one, as transformers' tokenizer reads them (the converter writes the tokenizer's
+    clean_up_tokenization_spaces there, and llama.cpp splits its file's runs of spaces otherwise)."""
+    import transformers
+
+    folder = tmp_path / "hf"
+    unshard.convert(SHIPPED / "xlmroberta-fsdp2" / "global_step_1", folder, progress=False)
+    json_alone = tokenizer == "tokenizer.json"
+    if json_alone:
+        (folder / "sentencepiece.bpe.model").unlink()
+    for kind in ("f32", "f16", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        unshard.convert(folder, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        mine, expected = (
+            contents(ours),
+            contents(converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre="default")),
+        )
+        whitespace = "tokenizer.ggml.remove_extra_whitespaces"
+        assert mine[0][whitespace] is True and expected[0][whitespace] is not json_alone
+        expected[0][whitespace] = True
+        assert mine[0] == expected[0] and list(mine[0]) == list(expected[0]) and mine[1] == expected[1]
+    fields, _ = contents(tmp_path / "f32.gguf")
+    assert fields["tokenizer.ggml.model"] == "t5" and len(fields["tokenizer.ggml.precompiled_charsmap"]) > 1000
+    (tmp_path / "texts.json").write_text(json.dumps(XLM_ROBERTA_TEXTS))
+    fast = transformers.AutoTokenizer.from_pretrained(folder)
+    expected = [fast.encode(t, add_special_tokens=False) for t in XLM_ROBERTA_TEXTS]
+    for name in ("f32", "oracle-f32"):
+        llama_cpp_client("tokenize", tmp_path / f"{name}.gguf", tmp_path / "texts.json", tmp_path / f"{name}.json")
+    assert json.loads((tmp_path / "f32.json").read_text()) == expected and 3 in expected[-1]  # (<unk>)
+    # (the converter's file of tokenizer.json alone: a run of spaces is pieces of its own)
+    assert (json.loads((tmp_path / "oracle-f32.json").read_text()) == expected) is not json_alone
+    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32)
+    assert (
+        embedded_as_transformers(tmp_path / "f32.gguf", model, tmp_path, prompt=[0, 5, 20, 33, 41, 50, 60, 2]) <= 1e-4
+    )
+
+
+# The rerankers: an encoder of RoBERTa's under a sequence classifier's head (a dense layer, tanh, a projection, on the
+# first token), by their fixtures: the head's class, the pre-tokenizer the converter is given, and a query and a passage
+# as the tokenizer joins a pair (XLM-RoBERTa's start and end 0 and 2, the RoBERTa fixture's 1 and 2)
+RERANKERS = {
+    "xlmroberta-fsdp2": ("XLMRobertaForSequenceClassification", "default", [0, 5, 20, 33, 2, 2, 41, 50, 60, 2]),
+    "roberta-fsdp2": ("RobertaForSequenceClassification", "roberta-bpe", [1, 5, 20, 33, 2, 2, 41, 50, 60, 2]),
+}
+
+
+@pytest.mark.parametrize("case", RERANKERS)
+def test_a_reranker_as_the_converter_writes_it_and_llama_cpp_scores_as_transformers(case, converter, tmp_path):
+    """An XLM-RoBERTa or a RoBERTa under a classifier's head of one score (a reranker, bge-reranker-v2-m3's layout),
+    saved by transformers from the fixture's encoder: the file is the converter's (the head as llama.cpp's cls and
+    cls.output, its one label), and llama.cpp's rank pooling scores a pair as transformers does."""
+    import transformers
+
+    head_class, pre, pair = RERANKERS[case]
+    unshard.convert(SHIPPED / case / "global_step_1", tmp_path / "hf", progress=False)
+    torch.manual_seed(0)
+    model = getattr(transformers, head_class).from_pretrained(tmp_path / "hf", num_labels=1, dtype=torch.float32)
+    with torch.no_grad():  # (the head as after training: its score of the order of 1, not transformers' 1e-3)
+        for parameter in model.classifier.parameters():
+            parameter.normal_(std=0.3)
+    model.save_pretrained(tmp_path / "reranker")
+    for path in (tmp_path / "hf").iterdir():
+        if path.name not in ("config.json", "model.safetensors", "README.md"):
+            shutil.copy(path, tmp_path / "reranker" / path.name)
+    ours = tmp_path / "f32.gguf"
+    unshard.convert(tmp_path / "reranker", ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    theirs = tmp_path / "for-the-converter"
+    shutil.copytree(tmp_path / "reranker", theirs)
+    if case == "roberta-fsdp2":
+        for_the_converter(theirs)
+    assert_same_file(ours, converter(theirs, "f32", tmp_path / "oracle.gguf", pre=pre))
+    fields, tensors = contents(ours)
+    assert fields["bert.classifier.output_labels"] == ["LABEL_0"]
+    assert {"cls.weight", "cls.output.weight"} <= {t[0] for t in tensors}
+    llama_cpp_client("rank", ours, ",".join(map(str, pair)), tmp_path / "score.npy")
+    expected = model(torch.tensor([pair])).logits[0].detach()
+    got = torch.from_numpy(np.load(tmp_path / "score.npy"))
+    assert got.shape == expected.shape and expected.abs().item() > 0.1
+    assert ((got - expected).abs() / expected.abs()).item() <= 1e-4, (got, expected)
+
+
+def test_a_classifier_s_labels_are_the_converter_s_and_damaged_ones_one_line(tmp_path):
+    """A classifier's labels in their ids' order; transformers' two placeholders, or none, written as none; labels not
+    by their ids: one line naming config.json."""
+    labels = families.bert.classifier_labels
+    assert labels({"id2label": {"1": "relevant", "0": "irrelevant"}}, tmp_path) == ["irrelevant", "relevant"]
+    assert labels({"id2label": {"0": "LABEL_0", "1": "LABEL_1"}}, tmp_path) == labels({}, tmp_path) == []
+    with pytest.raises(unshard.ConfigMismatchError, match="config.json: id2label is not labels by their ids"):
+        labels({"id2label": {"first": "LABEL_0"}}, tmp_path)
+
+
+def test_an_xlm_roberta_tokenizer_not_a_unigram_is_one_line(tmp_path):
+    """A damaged sentencepiece.bpe.model, a BPE one, or (without one) a tokenizer.json that is not a Unigram: one line
+    naming the file, nothing written."""
+    src = SHIPPED / "xlmroberta-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    model = tmp_path / "hf" / "sentencepiece.bpe.model"
+    bpe = SHIPPED / "llama-fsdp2-spm" / "global_step_1" / "actor" / "huggingface" / "tokenizer.model"
+    other_json = SHIPPED / "qwen3moe-fsdp2" / "global_step_1" / "actor" / "huggingface" / "tokenizer.json"
+    for change, message in (
+        (lambda: model.write_bytes(model.read_bytes()[:5000]), "sentencepiece.bpe.model: not a SentencePiece model"),
+        (lambda: shutil.copy(bpe, model), "sentencepiece.bpe.model: a BPE SentencePiece model, and XLM-RoBERTa's"),
+        (lambda: (model.unlink(), shutil.copy(other_json, model.parent)), "tokenizer.json: a BPE tokenizer, not the"),
+    ):
+        change()
+        code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress")
+        assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "m.gguf").exists()
+
+
 def test_a_pooling_llama_cpp_has_none_of_is_one_line(tmp_path):
     """A sentence-transformers pooling llama.cpp has none of (the maximum), or a modules.json that is not a list of
     modules: one line naming the file."""

@@ -362,6 +362,7 @@ FAMILY_CASES = [
     "granitespeechplus-fsdp2",
     "bert-fsdp2",  # (an encoder: its pooler quantized too, as llm-compressor's Linear targets take it)
     "roberta-fsdp2",
+    "xlmroberta-fsdp2",
     "distilbert-fsdp2",
     "modernbert-fsdp2",
     "eurobert-fsdp2",

@@ -1,13 +1,16 @@
-"""BERT (`BertModel`, and `BertForMaskedLM` around it): an encoder whose every token attends to every other, its
-output the tokens' embeddings, as the embedding models people fine-tune (sentence-transformers') have it; position
-and segment-type embeddings learned, each layer LayerNormed after its attention and its MLP. To GGUF as llama.cpp's
+"""BERT (`BertModel`, and `BertForMaskedLM` around it): an encoder whose every token attends to every other, its output
+the tokens' embeddings, as the embedding models people fine-tune (sentence-transformers') have it; position and
+segment-type embeddings learned, each layer LayerNormed after its attention and its MLP. To GGUF as llama.cpp's
 converter writes it (llama.cpp's bert, which llama-embedding and llama-server's embeddings read): non-causal, pooled
-as the model's sentence-transformers config says, its WordPiece vocabulary (llama.cpp's `bert` tokenizer); the pooler
-and a masked-LM head left out, as the converter leaves them. RoBERTa (`RobertaModel`): BERT's layers, its positions
-counted from the padding token's id + 1, a byte-level BPE vocabulary. DistilBERT (`DistilBertModel`): BERT's halved,
-no segment types, its sizes under names of its own. ModernBERT (`ModernBertModel`): rotary positions, a GeGLU MLP,
-layers attending within a window but every n-th, norms without biases (llama.cpp's modern-bert). EuroBERT
-(`EuroBertModel`): a Llama's layers attending both ways (llama.cpp's eurobert)."""
+as the model's sentence-transformers config says, its WordPiece vocabulary (llama.cpp's `bert` tokenizer); the
+pooler and a masked-LM head left out, as the converter leaves them. RoBERTa (`RobertaModel`): BERT's layers, its
+positions counted from the padding token's id + 1, a byte-level BPE vocabulary. XLM-RoBERTa (`XLMRobertaModel`:
+bge-m3's, multilingual-e5's): RoBERTa's layers, a SentencePiece unigram vocabulary (llama.cpp's `t5` tokenizer).
+Either under a sequence classifier's head (a reranker's) keeps the head, as llama.cpp's rank pooling reads it.
+DistilBERT (`DistilBertModel`): BERT's halved, no segment types, its sizes under names of its own. ModernBERT
+(`ModernBertModel`): rotary positions, a GeGLU MLP, layers attending within a window but every n-th, norms without
+biases (llama.cpp's modern-bert). EuroBERT (`EuroBertModel`): a Llama's layers attending both ways (llama.cpp's
+eurobert)."""
 
 from __future__ import annotations
 
@@ -51,10 +54,26 @@ def pooling_type(folder: Path):
 
 
 def bert_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
-    """The TextModel's, then attention over every token, and how the tokens are pooled."""
+    """The TextModel's, then attention over every token, how the tokens are pooled, a classifier's labels."""
     text_hyperparameters(writer, hparams, ftype, blocks, folder)
     writer.add_causal_attention(False)
     pooled(writer, hparams, folder)
+    if labels := classifier_labels(hparams, folder):
+        writer.add_classifier_output_labels(labels)
+
+
+def classifier_labels(hparams: dict, folder: Path) -> list[str]:
+    """A classifier's labels in their order (a reranker's one score, LABEL_0), as the converter writes them: none where
+    the config names transformers' two placeholder labels or none at all."""
+    named = hparams.get("id2label") or {}
+    try:
+        labels = [label for _, label in sorted((int(i), label) for i, label in named.items())]
+    except (AttributeError, TypeError, ValueError):
+        raise ConfigMismatchError(
+            f"{folder / 'config.json'}: id2label is not labels by their ids; fix it or pass --config-from the "
+            "model's own folder"
+        ) from None
+    return [] if len(labels) == 2 and labels[0] == "LABEL_0" else [str(label) for label in labels]
 
 
 def pooled(writer, hparams: dict, folder: Path) -> None:
@@ -208,6 +227,22 @@ FAMILIES = (
             towers=r"^(?:roberta\.)?pooler\.",
             towers_left_out=f"the pooler's: {POOLED_BY_LLAMA_CPP}",
         ),
+        also=("RobertaForSequenceClassification",),  # (a reranker: its head llama.cpp's cls and cls.output)
+    ),
+    encoder_family(
+        "XLM-RoBERTa",
+        "xlm-roberta",
+        "XLMRobertaModel",
+        GGUFPart(
+            "BERT",
+            hyperparameters=roberta_hyperparameters,
+            vocabulary="unigram",
+            rearranged=roberta_positions,
+            dropped_prefix="roberta.",
+            towers=r"^(?:roberta\.)?pooler\.",
+            towers_left_out=f"the pooler's: {POOLED_BY_LLAMA_CPP}",
+        ),
+        also=("XLMRobertaForSequenceClassification",),  # (a reranker: bge-reranker-v2-m3's, its head llama.cpp's cls)
     ),
     encoder_family(
         "DistilBERT",

@@ -17,6 +17,7 @@ from ...types import OutputTensor
 from . import kquants, vision
 from .header import as_the_converter_nests, general_metadata, read_hparams
 from .tensors import EXPERT, HEAD_NORM, LAYER, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor, Rearranged, stacked
+from .unigram import write_unigram_vocabulary
 from .vocabulary import write_vocabulary
 
 # The sizes under the names the converter also finds them by (find_hparam), as GPT-2's and MPT's configs keep them
@@ -480,16 +481,19 @@ def _metadata(
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     if part.before_vocabulary:
         part.before_vocabulary(writer, hparams, folder)
-    vocabulary = write_vocabulary(
-        writer,
-        hparams,
-        folder,
-        part.llama_vocabulary,
-        phi3=part.phi3_tokens,
-        kind=part.vocabulary,
-        special_tokens=part.special_tokens,
-        gpt2_split_as=part.gpt2_split_as,
-    )
+    if part.vocabulary == "unigram":
+        vocabulary = write_unigram_vocabulary(writer, hparams, folder)
+    else:
+        vocabulary = write_vocabulary(
+            writer,
+            hparams,
+            folder,
+            part.llama_vocabulary,
+            phi3=part.phi3_tokens,
+            kind=part.vocabulary,
+            special_tokens=part.special_tokens,
+            gpt2_split_as=part.gpt2_split_as,
+        )
     if part.after_vocabulary:
         part.after_vocabulary(writer, hparams, folder)
     return vocabulary

@@ -72,36 +72,11 @@ def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_con
     tokenizer_config.json over them; then gguf-py's SpecialVocab (special ids, add_bos/eos, chat template).
     Phi-3's converter takes the added tokens as they are written, control tokens where marked special, and
     tokenizer.json's added tokens after them."""
-    gguf = gguf_py()
     model = folder / "tokenizer.model"
-    from sentencepiece import SentencePieceProcessor
-
-    processor = SentencePieceProcessor()
-    try:
-        processor.LoadFromFile(str(model))
-    except (OSError, RuntimeError) as e:
-        raise ConfigMismatchError(f"{model}: not a SentencePiece model ({str(e)[:120]}); restore it") from None
+    processor = sentencepiece_processor(model)
     size = hparams.get("vocab_size") or processor.vocab_size()
-    types = gguf.TokenType
-    tokens = [f"[PAD{i}]".encode() for i in range(size)]
-    scores, kinds = [-10000.0] * size, [types.UNUSED] * size
-    for i in range(min(size, processor.vocab_size())):
-        kind = (
-            types.UNKNOWN
-            if processor.IsUnknown(i)
-            else types.CONTROL
-            if processor.IsControl(i)
-            else types.UNUSED
-            if processor.IsUnused(i)
-            else types.BYTE
-            if processor.IsByte(i)
-            else types.NORMAL
-        )
-        try:
-            piece = processor.IdToPiece(i)
-        except UnicodeDecodeError:  # (SentencePiece writes its pieces as UTF-8: this file was damaged since)
-            raise ConfigMismatchError(f"{model}: token {i}'s piece is not UTF-8 text; restore the file") from None
-        tokens[i], scores[i], kinds[i] = piece.encode(), processor.GetScore(i), kind
+    types = gguf_py().TokenType
+    tokens, scores, kinds = sentencepiece_pieces(processor, size, model)
     for text, i in json_or_empty(folder / "added_tokens.json").items():
         if i < size:
             tokens[i], scores[i], kinds[i] = text.encode(), -1000.0, types.USER_DEFINED
@@ -126,8 +101,46 @@ def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_con
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(kinds)
-    _add_special_vocab(special_vocab(folder, n_vocab=len(tokens)), writer, folder)
+    add_special_vocab(special_vocab(folder, n_vocab=len(tokens)), writer, folder)
     return size
+
+
+def sentencepiece_processor(model: Path):
+    """The SentencePiece model at that path, loaded; one line where it is not one."""
+    from sentencepiece import SentencePieceProcessor
+
+    processor = SentencePieceProcessor()
+    try:
+        processor.LoadFromFile(str(model))
+    except (OSError, RuntimeError) as e:
+        raise ConfigMismatchError(f"{model}: not a SentencePiece model ({str(e)[:120]}); restore it") from None
+    return processor
+
+
+def sentencepiece_pieces(processor, size: int, path: Path) -> tuple[list[bytes], list[float], list]:
+    """Every id up to size with its piece, score and type as the converter lists a SentencePiece model's (ids past
+    the model's as unused [PADn])."""
+    types = gguf_py().TokenType
+    tokens = [f"[PAD{i}]".encode() for i in range(size)]
+    scores, kinds = [-10000.0] * size, [types.UNUSED] * size
+    for i in range(min(size, processor.vocab_size())):
+        kind = (
+            types.UNKNOWN
+            if processor.IsUnknown(i)
+            else types.CONTROL
+            if processor.IsControl(i)
+            else types.UNUSED
+            if processor.IsUnused(i)
+            else types.BYTE
+            if processor.IsByte(i)
+            else types.NORMAL
+        )
+        try:
+            piece = processor.IdToPiece(i)
+        except UnicodeDecodeError:  # (SentencePiece writes its pieces as UTF-8: this file was damaged since)
+            raise ConfigMismatchError(f"{path}: token {i}'s piece is not UTF-8 text; restore the file") from None
+        tokens[i], scores[i], kinds[i] = piece.encode(), processor.GetScore(i), kind
+    return tokens, scores, kinds
 
 
 # Gemma 4's tokens of its chat format that llama.cpp shows as text (the converter marks them user-defined), so that a
@@ -178,7 +191,7 @@ def _gemma4_vocabulary(writer, hparams: dict, folder: Path) -> int:
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(kinds)
-    _add_special_vocab(special_vocab(folder, load_merges=True), writer, folder, described)
+    add_special_vocab(special_vocab(folder, load_merges=True), writer, folder, described)
     writer.add_add_space_prefix(False)
     writer.add_add_bos_token(True)
     return len(tokens)
@@ -270,7 +283,7 @@ def _bpe_vocabulary(
             f"converter's table, read where {CHECKOUT_VARIABLE} names a llama.cpp checkout); write a folder and use "
             "llama.cpp's convert_hf_to_gguf.py"
         )
-    tokenizer = _transformers_tokenizer(folder)
+    tokenizer = transformers_tokenizer(folder)
     size, tokens, kinds, added = _tokens_and_types(tokenizer, hparams, path)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
@@ -284,7 +297,7 @@ def _bpe_vocabulary(
                 "pass --config-from a folder with the model's own tokenizer"
             )
         special.special_token_ids.setdefault(kind, added[text])  # (as the converter's _set_special_token)
-    _add_special_vocab(special, writer, folder, described)
+    add_special_vocab(special, writer, folder, described)
     return size, pre
 
 
@@ -302,7 +315,7 @@ def _wordpiece_vocabulary(writer, hparams: dict, folder: Path) -> int:
             f"{path}: a {(described.get('model') or {}).get('type')} tokenizer, not the WordPiece one this family's "
             "GGUF file holds; pass --config-from a folder with the model's own tokenizer"
         )
-    size, tokens, kinds, _ = _tokens_and_types(_transformers_tokenizer(folder), hparams, path)
+    size, tokens, kinds, _ = _tokens_and_types(transformers_tokenizer(folder), hparams, path)
     control = gguf.TokenType.CONTROL
     phantom = [t if k == control else t[2:] if t.startswith("##") else "\u2581" + t for t, k in zip(tokens, kinds)]
     writer.add_token_type_count(hparams.get("type_vocab_size", 1))
@@ -310,7 +323,7 @@ def _wordpiece_vocabulary(writer, hparams: dict, folder: Path) -> int:
     writer.add_tokenizer_pre(converter_name(path) or "default")
     writer.add_token_list(phantom)
     writer.add_token_types(kinds)
-    _add_special_vocab(special_vocab(folder, n_vocab=len(phantom)), writer, folder, described)
+    add_special_vocab(special_vocab(folder, n_vocab=len(phantom)), writer, folder, described)
     return size
 
 
@@ -322,11 +335,12 @@ NORMALIZER_KEYS = {
 }
 
 
-def _add_special_vocab(special, writer, folder: Path, described: dict | None = None) -> None:
+def add_special_vocab(special, writer, folder: Path, described: dict | None = None) -> None:
     """gguf-py's SpecialVocab into the header, then the normalizer's settings as the converter's newer SpecialVocab
     writes them after it (gguf-py 0.19's reads none): tokenizer.json's Lowercase and StripAccents steps, or its
     BertNormalizer's settings, within a Sequence too."""
-    special.add_to_gguf(writer, quiet=True)
+    with gguf_quiet():  # (a special token the installed gguf-py has no key for: left out, as the converter leaves it)
+        special.add_to_gguf(writer, quiet=True)
     found: dict[str, bool] = {}
 
     def read(normalizer) -> None:
@@ -349,7 +363,7 @@ def _add_special_vocab(special, writer, folder: Path, described: dict | None = N
                 writer.add_bool(NORMALIZER_KEYS[key], bool(value))
 
 
-def _transformers_tokenizer(folder: Path):
+def transformers_tokenizer(folder: Path):
     """The folder's tokenizer as transformers reads it (the converter's way to its vocabulary), no remote code."""
     path = folder / "tokenizer.json"
     try:
