@@ -20,6 +20,10 @@ the embedding, in the same row).
 runs an embedding model's file (BERT's) over the tokens, its pooling none: OUT.npy gets each token's embedding, one row
 per token, as llama.cpp's llama_get_embeddings_ith gives them.
 
+    python llama_cpp_client.py seq2seq MODEL.gguf 5,20,33,1 7,9 OUT.npy
+runs an encoder-decoder's file (T5's) as llama-cli does: the prompt encoded, then the decoder's start token and the
+tokens given after it decoded: OUT.npy gets the logits at each decoder position (keys and values cached in f32).
+
     python llama_cpp_client.py rank MODEL.gguf 0,5,20,2 OUT.npy
 runs a reranker's file (a sequence classifier's: XLM-RoBERTa's) over the tokens, its pooling llama.cpp's rank: OUT.npy
 gets the classifier's scores of the sequence, as llama-server's rerank reads them.
@@ -59,6 +63,32 @@ def run(path: str, prompt: list[int], out: str, new: int, lora: str | None = Non
     np.savez(out, logits=logits, greedy=np.array(greedy, dtype=np.int64))
 
 
+def seq2seq(path: str, prompt: list[int], decoded: list[int], out: str) -> None:
+    """An encoder-decoder's file (T5's) as llama-cli runs it: the prompt encoded, then the decoder's start token and
+    the tokens given after it decoded; OUT.npy gets the logits at each of those, in f32 keys and values."""
+    llm = llama_cpp.Llama(
+        model_path=path,
+        logits_all=True,
+        n_ctx=max(len(prompt), len(decoded) + 1),
+        n_batch=max(len(prompt), len(decoded) + 1),
+        n_threads=1,
+        verbose=False,
+        type_k=llama_cpp.GGML_TYPE_F32,
+        type_v=llama_cpp.GGML_TYPE_F32,
+    )
+    llm._batch.set_batch(prompt, n_past=0, logits_all=False)
+    if llama_cpp.llama_encode(llm.ctx, llm._batch.batch) != 0:
+        sys.exit(f"llama_encode failed on {path}")
+    tokens = [llama_cpp.llama_model_decoder_start_token(llm.model), *decoded]
+    llm._batch.set_batch(tokens, n_past=0, logits_all=True)
+    llm._ctx.decode(llm._batch)
+    width = llm.n_vocab()
+    rows = [
+        np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, i), shape=(width,)) for i in range(len(tokens))
+    ]
+    np.save(out, np.stack(rows).astype(np.float32))
+
+
 def encoded(path: str, tokens: list[int], pooling: int):
     """The file's model after one pass over the tokens as one sequence, its embeddings pooled so."""
     llm = llama_cpp.Llama(
@@ -72,7 +102,11 @@ def encoded(path: str, tokens: list[int], pooling: int):
         verbose=False,
     )
     llm._batch.set_batch(tokens, n_past=0, logits_all=True)
-    llm._ctx.decode(llm._batch)
+    if llama_cpp.llama_model_has_encoder(llm.model):  # (T5's encoder alone: run as llama-embedding runs it)
+        if llama_cpp.llama_encode(llm.ctx, llm._batch.batch) != 0:
+            sys.exit(f"llama_encode failed on {path}")
+    else:
+        llm._ctx.decode(llm._batch)
     return llm
 
 
@@ -169,6 +203,10 @@ elif sys.argv[1] == "audio":
     audio(*sys.argv[2:6])
 elif sys.argv[1] == "embed":
     embed(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4])
+elif sys.argv[1] == "seq2seq":
+    seq2seq(
+        sys.argv[2], [int(i) for i in sys.argv[3].split(",")], [int(i) for i in sys.argv[4].split(",")], sys.argv[5]
+    )
 elif sys.argv[1] == "rank":
     rank(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4])
 elif "," in sys.argv[4]:

@@ -115,6 +115,8 @@ def test_transformers_loads_it_and_logits_match(case, tmp_path):
     with torch.no_grad():
         if case in ENCODERS:  # (an encoder: its output the tokens' embeddings)
             ours, theirs = model(ids).last_hidden_state, original(ids).last_hidden_state
+        elif case == "t5-fsdp2":  # (an encoder-decoder: the decoder's logits over the encoded prompt)
+            ours, theirs = (m(ids, decoder_input_ids=ids[:, :3]).logits for m in (model, original))
         else:
             ours, theirs = model(ids).logits, original(ids).logits
     if case == "dbrx-fsdp2":  # (DBRX's experts run as views of the loaded tensors, whose alignment in memory follows
@@ -123,8 +125,8 @@ def test_transformers_loads_it_and_logits_match(case, tmp_path):
     else:
         assert torch.equal(ours, theirs)
 
-    if case in ("bert-fsdp2", "distilbert-fsdp2", "xlmroberta-fsdp2"):  # (no chat template and no generation
-        # settings: a WordPiece or SentencePiece encoder's folder)
+    if case in ("bert-fsdp2", "distilbert-fsdp2", "xlmroberta-fsdp2", "t5-fsdp2"):  # (no chat template and no
+        # generation settings: a WordPiece or SentencePiece model's folder)
         return
     tokenizer = AutoTokenizer.from_pretrained(out)
     prompt = tokenizer.apply_chat_template(

@@ -1449,13 +1449,133 @@ def test_an_xlm_roberta_tokenizer_not_a_unigram_is_one_line(tmp_path):
     other_json = SHIPPED / "qwen3moe-fsdp2" / "global_step_1" / "actor" / "huggingface" / "tokenizer.json"
     for change, message in (
         (lambda: model.write_bytes(model.read_bytes()[:5000]), "sentencepiece.bpe.model: not a SentencePiece model"),
-        (lambda: shutil.copy(bpe, model), "sentencepiece.bpe.model: a BPE SentencePiece model, and XLM-RoBERTa's"),
+        (lambda: shutil.copy(bpe, model), "sentencepiece.bpe.model: a BPE SentencePiece model, and this family's"),
         (lambda: (model.unlink(), shutil.copy(other_json, model.parent)), "tokenizer.json: a BPE tokenizer, not the"),
     ):
         change()
         code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress")
         assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "m.gguf").exists()
+
+
+# Text T5's tokenizer normalizes (the fixture's SentencePiece model is trained on XLM-RoBERTa's text too)
+T5_TEXTS = XLM_ROBERTA_TEXTS
+
+
+def t5_folder(tmp_path: Path, encoder_alone: bool = False) -> Path:
+    """The T5 fixture's folder, or (encoder_alone) its encoder as transformers saves a T5EncoderModel of it with the
+    tokenizer's files beside."""
+    import transformers
+
+    unshard.convert(SHIPPED / "t5-fsdp2" / "global_step_1", tmp_path / "hf", progress=False)
+    if not encoder_alone:
+        return tmp_path / "hf"
+    transformers.T5EncoderModel.from_pretrained(tmp_path / "hf").save_pretrained(tmp_path / "encoder")
+    for path in (tmp_path / "hf").iterdir():
+        if path.name not in ("config.json", "model.safetensors", "README.md"):
+            shutil.copy(path, tmp_path / "encoder" / path.name)
+    return tmp_path / "encoder"
+
+
+def tokenized_as_transformers(gguf_file: Path, folder: Path, texts: list[str], tmp_path: Path) -> list[list[int]]:
+    """llama.cpp's tokens of each text, asserted equal to transformers' of the folder's tokenizer."""
+    import transformers
+
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    llama_cpp_client("tokenize", gguf_file, tmp_path / "texts.json", tmp_path / "ids.json")
+    fast = transformers.AutoTokenizer.from_pretrained(folder)
+    expected = [fast.encode(t, add_special_tokens=False) for t in texts]
+    assert json.loads((tmp_path / "ids.json").read_text()) == expected
+    return expected
+
+
+@pytest.mark.parametrize("tokenizer", ["spiece.model", "tokenizer.json"])
+def test_t5_as_the_converter_writes_it_and_llama_cpp_runs_it_as_transformers(tokenizer, converter, tmp_path):
+    """T5 (Flan-T5's layout: a gated GELU, the head apart) from FSDP2's rank files, its vocabulary from the release's
+    spiece.model (T5's sentinels past its pieces padding, as the converter reads them): in f32, f16 and q8_0 the
+    converter's file, field for field and byte for byte (llama.cpp's t5, the encoder's and the decoder's blocks, the
+    decoder's start token); from tokenizer.json alone (what transformers 5 saves, which the converter does not read),
+    the same tensors and the tokenizer's pieces. llama.cpp encodes the prompt and decodes as transformers does, and
+    splits text into transformers' tokens."""
+    import transformers
+
+    folder = t5_folder(tmp_path)
+    json_alone = tokenizer == "tokenizer.json"
+    if json_alone:
+        (folder / "spiece.model").unlink()
+    kinds = ("f32",) if json_alone else ("f32", "f16", "q8_0")
+    for kind in kinds:
+        ours = tmp_path / f"{kind}.gguf"
+        unshard.convert(folder, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        if not json_alone:
+            assert_same_file(ours, converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre="default"))
+    fields, tensors = contents(tmp_path / "f32.gguf")
+    assert fields["general.architecture"] == "t5" and fields["t5.decoder_block_count"] == 2
+    assert fields["tokenizer.ggml.model"] == "t5" and fields["t5.decoder_start_token_id"] == 0
+    assert {"enc.blk.0.attn_rel_b.weight", "dec.blk.0.cross_attn_q.weight", "output.weight"} <= {t[0] for t in tensors}
+    # (the sentinels: control tokens of tokenizer.json; padding past spiece.model's pieces, as the converter has them)
+    assert (fields["tokenizer.ggml.tokens"][97] == "<extra_id_0>") is json_alone
+    tokenized_as_transformers(tmp_path / "f32.gguf", folder, T5_TEXTS, tmp_path)
+    model = transformers.T5ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    prompt, decoded = [5, 20, 33, 41, 50, 60, 1], [7, 9, 11]
+    llama_cpp_client(
+        "seq2seq", tmp_path / "f32.gguf", *(",".join(map(str, t)) for t in (prompt, decoded)), tmp_path / "l.npy"
+    )
+    got = torch.from_numpy(np.load(tmp_path / "l.npy"))
+    expected = model(torch.tensor([prompt]), decoder_input_ids=torch.tensor([[0, *decoded]])).logits[0].detach()
+    assert ((got - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
+
+
+def test_t5_s_encoder_alone_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(converter, tmp_path):
+    """A T5EncoderModel (an image model's text encoder, sentence-t5's): llama.cpp's t5encoder, the converter's file in
+    f32 and q8_0, and llama.cpp (as llama-embedding runs an encoder) embeds each token as transformers does."""
+    import transformers
+
+    folder = t5_folder(tmp_path, encoder_alone=True)
+    for kind in ("f32", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        unshard.convert(folder, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        assert_same_file(ours, converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre="default"))
+    fields, tensors = contents(tmp_path / "f32.gguf")
+    assert fields["general.architecture"] == "t5encoder" and not any(t[0].startswith("dec.") for t in tensors)
+    model = transformers.T5EncoderModel.from_pretrained(folder, dtype=torch.float32)
+    distance = embedded_as_transformers(tmp_path / "f32.gguf", model, tmp_path, prompt=[5, 20, 33, 41, 50, 60, 1])
+    assert distance <= LLAMA_CPP_TOLERANCE["f32"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"relative_attention_max_distance": 64}, "relative_attention_max_distance 64, and llama.cpp's t5 buckets"),
+        ({"feed_forward_proj": "gated-silu"}, "feed_forward_proj 'gated-silu', and llama.cpp's t5 computes a ReLU"),
+        ({"decoder_start_token_id": None}, "no decoder_start_token_id, which llama.cpp's t5 starts decoding from"),
+    ],
+)
+def test_what_llama_cpp_s_t5_computes_otherwise_is_one_line(change, message, tmp_path):
+    """A T5 whose buckets or MLP llama.cpp computes otherwise than transformers, or without the decoder's start: one
+    line naming config.json, nothing written."""
+    src = SHIPPED / "t5-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config.update(change)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    code, _, err = run_cli("convert", src, tmp_path / "m.gguf", "--config-from", tmp_path / "hf", "--no-progress")
+    assert code == 1 and message in err and "config.json" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_t5_with_its_head_tied_is_noted(tmp_path):
+    """T5's own (not Flan-T5's) head is the embedding, which transformers applies after scaling the decoder's output
+    and llama.cpp without: the plan says so."""
+    src = SHIPPED / "t5-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config.pop("scale_decoder_outputs")  # (a config before transformers 5: T5's own, tied)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    info = unshard.inspect(src, config_from=tmp_path / "hf", output=unshard.OutputOptions(gguf="f32"))
+    assert "llama.cpp's t5 does not scale the decoder's output by d_model ** -0.5" in " ".join(info["output"]["notes"])
+    plain = unshard.inspect(src, output=unshard.OutputOptions(gguf="f32"))  # (the fixture's: Flan-T5's, not scaled)
+    assert "scale the decoder's output" not in " ".join(plain["output"]["notes"])
 
 
 def test_a_pooling_llama_cpp_has_none_of_is_one_line(tmp_path):

@@ -71,6 +71,7 @@ from . import (
     smolvlm,
     stablelm,
     starcoder2,
+    t5,
     vlm,
 )
 from .parts import DEFAULT_FUSED_SIBLINGS, Family, MoELayout, Unsupported
@@ -131,6 +132,7 @@ FAMILIES: tuple[Family, ...] = (
     *chameleon.FAMILIES,
     *granite_speech.FAMILIES,
     *bert.FAMILIES,
+    *t5.FAMILIES,
     *mllama.FAMILIES,
     *muse_glimmer.FAMILIES,
     *kimi_k25.FAMILIES,

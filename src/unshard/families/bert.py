@@ -236,7 +236,7 @@ FAMILIES = (
         GGUFPart(
             "BERT",
             hyperparameters=roberta_hyperparameters,
-            vocabulary="unigram",
+            vocabulary="xlm-roberta",
             rearranged=roberta_positions,
             dropped_prefix="roberta.",
             towers=r"^(?:roberta\.)?pooler\.",

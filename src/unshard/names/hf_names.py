@@ -193,8 +193,11 @@ def plan_names(
     table: Any = None,
     as_saved: str | None = None,
     hub_renames: tuple[tuple[str, str], ...] = (),
+    copies: Callable[[set[str]], set[str]] | None = None,
 ) -> Naming:
     """Decide the output names for checkpoint tensors of the given shapes (after `renames`).
+    copies: of some checkpoint tensors, those that are another's bytes (Checkpoint.copies): a weight the model ties
+    to another is dropped as saved once only where the checkpoint's is such a copy (None: always).
     table: the family's TensorTable (families.tensor_table), where it has one: transformers need not be asked.
     as_saved: why the names are kept as saved, not asked of transformers (the family's `hub_names`).
     hub_renames: the family's renames of the names save_pretrained writes into the Hub's (Family.hub_renames).
@@ -207,11 +210,12 @@ def plan_names(
         raise ConfigMismatchError(f"two checkpoint tensors are both named {clash} once wrappers are removed")
     config = read_config(config_folder) or {}
     _naming = partial(_hub_naming, hub_renames=hub_renames) if hub_renames else _plain_naming
+    _naming = partial(_naming, copies=copies)
     if as_saved:
         naming = _naming(None, renamed, shapes, config, config_folder, check, updates, note=False)
         naming.notes.append(as_saved)
         return naming
-    naming = None if table is None else _named_by_table(table, renamed, shapes, config, config_folder, updates)
+    naming = None if table is None else _named_by_table(table, renamed, shapes, config, config_folder, updates, copies)
     if naming is not None:
         return naming
     entry = _facts_entry(config_folder, config, updates) if config else None
@@ -238,6 +242,7 @@ def _named_by_table(
     config: dict,
     config_folder: Path | None,
     updates: dict | None,
+    copies: Callable[[set[str]], set[str]] | None = None,
 ) -> Naming | None:
     """The naming the family's tensor table gives, if it covers the config and the checkpoint fits its
     answer exactly (checked even under --no-check); None otherwise, and transformers has the last word."""
@@ -254,6 +259,7 @@ def _named_by_table(
             config_folder,
             True,
             updates,
+            copies=copies,
         )
     except ConfigMismatchError:
         return None
@@ -299,8 +305,10 @@ def _plain_naming(
     check: bool,
     updates: dict | None,
     note: bool = True,
+    copies: Callable[[set[str]], set[str]] | None = None,
 ) -> Naming:
-    """The naming the model's facts give (None: names as saved, a tied head dropped as the config says)."""
+    """The naming the model's facts give (None: names as saved, a tied head dropped as the config says); a tied
+    weight the checkpoint stores apart (not among `copies`) kept, as transformers 5 loads it untied."""
     notes: list[str] = []
     if facts is None:
         if config and note:
@@ -314,8 +322,16 @@ def _plain_naming(
         outputs = {n: [(c, shapes[n])] for n, c in renamed.items() if n not in dropped}
         return Naming(outputs, {}, dropped, notes)
 
-    tied, in_memory, saved = facts.tied, facts.in_memory, facts.saved
-    dropped = {n: "tied weight, saved once" for n, c in renamed.items() if c in tied}
+    in_memory, saved = facts.in_memory, facts.saved
+    held = {n for n, c in renamed.items() if c in facts.tied}
+    apart = held - (copies(held) if copies and held else held)
+    if apart:  # (the model as transformers loads this checkpoint: those weights not tied)
+        notes.append(
+            f"{', '.join(sorted(renamed[n] for n in apart))} kept: the checkpoint holds its own values, which "
+            "transformers loads apart from the weight the config ties them to"
+        )
+    tied = facts.tied - {renamed[n] for n in apart}
+    dropped = {n: "tied weight, saved once" for n in held - apart}
     live = {n: c for n, c in renamed.items() if n not in dropped}
     if mtp := {n: c for n, c in live.items() if _in_mtp_layer(c, config)}:
         # (the Hub's DeepSeek-V3 and GLM-4.5 hold them; transformers' classes load none, vLLM and llama.cpp do)
@@ -328,6 +344,7 @@ def _plain_naming(
             check,
             updates,
             note,
+            copies,
         )
         naming.outputs.update({n: [(c, shapes[n])] for n, c in mtp.items()})
         naming.notes.append(
@@ -341,7 +358,7 @@ def _plain_naming(
         # Already the names save_pretrained writes (a reader that names tensors itself, as for Megatron).
         if check:
             _check_against_model(
-                {n: s for n, s in saved.items() if n not in tied | facts.tied_as_saved},
+                {n: s for n, s in saved.items() if n not in tied | (facts.tied_as_saved - set(live.values()))},
                 live_shapes,
                 config_folder,
                 config.get("model_type"),

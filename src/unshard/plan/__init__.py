@@ -101,6 +101,7 @@ def build_plan(
         table=families.tensor_table((config or {}).get("model_type")),
         as_saved=getattr(family, "hub_names", None),
         hub_renames=getattr(family, "hub_renames", ()),
+        copies=checkpoint.copies,
     )
 
     groups: dict[str, Group] = {}

@@ -307,6 +307,29 @@ class Checkpoint:
         inside = 0 <= offset and offset + view.numel() * view.element_size() <= mapped.nbytes()
         return offset if view.numel() and view.is_contiguous() and inside else None
 
+    def copies(self, names: set[str]) -> set[str]:
+        """Of these tensors, those whose bytes lie where another tensor of the same shape's do, or where this reader
+        cannot tell: a weight tied to another, which torch.save writes once under both names. The others are stored
+        apart (a head a trainer kept apart from the embedding its config ties it to: transformers 5 loads it so)."""
+        places: dict[str, tuple | None] = {}
+
+        def place(name: str) -> tuple | None:
+            if name not in places:
+                pieces = self.tensors[name].pieces
+                found = [(piece.file, piece.block, self.file_offset(piece)) for piece in pieces]
+                places[name] = tuple(found) if found and all(at is not None for *_, at in found) else None
+            return places[name]
+
+        return {
+            name
+            for name in names
+            if place(name) is None
+            or any(
+                other != name and tensor.shape == self.tensors[name].shape and place(other) == place(name)
+                for other, tensor in self.tensors.items()
+            )
+        }
+
     def archive_of(self, piece: Piece) -> tuple[int, int | None]:
         """(start, length) of the torch.save archive holding the piece in its file: the whole file, unless
         the reader knows better (a DCP file holds an archive per chunk)."""

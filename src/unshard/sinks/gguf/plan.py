@@ -17,7 +17,7 @@ from ...types import OutputTensor
 from . import kquants, vision
 from .header import as_the_converter_nests, general_metadata, read_hparams
 from .tensors import EXPERT, HEAD_NORM, LAYER, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor, Rearranged, stacked
-from .unigram import write_unigram_vocabulary
+from .unigram import UNIGRAM_KINDS, write_unigram_vocabulary
 from .vocabulary import write_vocabulary
 
 # The sizes under the names the converter also finds them by (find_hparam), as GPT-2's and MPT's configs keep them
@@ -481,8 +481,8 @@ def _metadata(
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     if part.before_vocabulary:
         part.before_vocabulary(writer, hparams, folder)
-    if part.vocabulary == "unigram":
-        vocabulary = write_unigram_vocabulary(writer, hparams, folder)
+    if part.vocabulary in UNIGRAM_KINDS:
+        vocabulary = write_unigram_vocabulary(writer, hparams, folder, part.vocabulary)
     else:
         vocabulary = write_vocabulary(
             writer,

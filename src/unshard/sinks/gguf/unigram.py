@@ -1,7 +1,8 @@
-"""A unigram vocabulary (llama.cpp's `t5` tokenizer) as llama.cpp's converter writes XLM-RoBERTa's: from the release's
-SentencePiece model (sentencepiece.bpe.model) where the folder has one, as a Hub download does, else from
-tokenizer.json's Unigram as transformers reads it, which is all a tokenizer saved by transformers 5 leaves. Either way
-with the normalizer's precompiled character map, by which llama.cpp normalizes text as SentencePiece does."""
+"""A SentencePiece unigram vocabulary (llama.cpp's `t5` tokenizer) as llama.cpp's converter writes XLM-RoBERTa's and
+T5's: from the release's SentencePiece model (XLM-RoBERTa's sentencepiece.bpe.model, T5's spiece.model or
+tokenizer.model) where the folder has one, as a Hub download does, else from tokenizer.json's Unigram as transformers
+reads it, which is all a tokenizer saved by transformers 5 leaves. Either way with the normalizer's precompiled
+character map, by which llama.cpp normalizes text as SentencePiece does."""
 
 from __future__ import annotations
 
@@ -11,7 +12,17 @@ from pathlib import Path
 
 from ...errors import ConfigMismatchError, read_json
 from ...families.gguf_hooks import gguf_py, json_or_empty, special_vocab
-from .vocabulary import add_special_vocab, sentencepiece_pieces, sentencepiece_processor, transformers_tokenizer
+from .vocabulary import (
+    add_special_vocab,
+    sentencepiece_pieces,
+    sentencepiece_processor,
+    transformers_tokenizer,
+    with_added_tokens_json,
+)
+
+# The families' unigram vocabularies (GGUFPart.vocabulary), by the SentencePiece model files the converter reads
+# each from, in the order it looks for them
+UNIGRAM_KINDS = {"xlm-roberta": ("sentencepiece.bpe.model",), "t5": ("tokenizer.model", "spiece.model")}
 
 # fairseq's first four ids, which XLM-RoBERTa's tokenizer puts before the SentencePiece model's pieces (its own first
 # three, <unk> <s> </s>, moved one on), by their text and the converter's type names for them
@@ -28,14 +39,15 @@ class Unigram:
     charsmap: bytes | None
 
 
-def write_unigram_vocabulary(writer, hparams: dict, folder: Path) -> str:
+def write_unigram_vocabulary(writer, hparams: dict, folder: Path, kind: str) -> str:
     """The vocabulary in the converter's order: the tokenizer's kind, its pieces with their scores and types, its
-    normalizer's settings with the segment types' count among them, then gguf-py's SpecialVocab. Says which file
-    it came from."""
-    model = folder / "sentencepiece.bpe.model"
+    normalizer's settings (XLM-RoBERTa's segment types' count among them), then gguf-py's SpecialVocab. Says which
+    file it came from."""
+    model = next((folder / name for name in UNIGRAM_KINDS[kind] if (folder / name).is_file()), None)
     described = None
-    if model.is_file():
-        vocabulary, said = _from_sentencepiece(model, hparams), "sentencepiece.bpe.model (SentencePiece's unigram)"
+    if model is not None:
+        vocabulary = _from_sentencepiece(model, hparams, kind)
+        said = f"{model.name} (SentencePiece's unigram)"
     elif (folder / "tokenizer.json").is_file():
         described = read_json(
             folder / "tokenizer.json",
@@ -45,8 +57,8 @@ def write_unigram_vocabulary(writer, hparams: dict, folder: Path) -> str:
         vocabulary, said = _from_tokenizer_json(folder, described, hparams), "tokenizer.json (a Unigram)"
     else:
         raise ConfigMismatchError(
-            f"{folder}: no sentencepiece.bpe.model or tokenizer.json; a GGUF file holds the vocabulary: pass "
-            "--config-from a folder with the model's tokenizer"
+            f"{folder}: no {' or '.join(UNIGRAM_KINDS[kind])} or tokenizer.json; a GGUF file holds the vocabulary: "
+            "pass --config-from a folder with the model's tokenizer"
         )
     writer.add_tokenizer_model("t5")
     writer.add_tokenizer_pre("default")
@@ -54,7 +66,8 @@ def write_unigram_vocabulary(writer, hparams: dict, folder: Path) -> str:
     writer.add_token_scores(vocabulary.scores)
     writer.add_token_types(vocabulary.kinds)
     writer.add_add_space_prefix(vocabulary.add_space_prefix)
-    writer.add_token_type_count(hparams.get("type_vocab_size", 1))
+    if kind == "xlm-roberta":
+        writer.add_token_type_count(hparams.get("type_vocab_size", 1))
     writer.add_remove_extra_whitespaces(vocabulary.remove_extra_whitespaces)
     if vocabulary.charsmap:
         writer.add_precompiled_charsmap(vocabulary.charsmap)
@@ -62,9 +75,11 @@ def write_unigram_vocabulary(writer, hparams: dict, folder: Path) -> str:
     return f"{len(vocabulary.tokens)} tokens from {said}"
 
 
-def _from_sentencepiece(path: Path, hparams: dict) -> Unigram:
-    """The model's pieces, as many as the larger of its own and the config's vocab_size, after fairseq's four (the
-    last id's left out, as the converter realigns them: XLM-RoBERTa's <mask> is the padding past the model's)."""
+def _from_sentencepiece(path: Path, hparams: dict, kind: str) -> Unigram:
+    """The model's pieces, as the converter lists them: XLM-RoBERTa's as many as the larger of the model's and the
+    config's vocab_size, after fairseq's four (the last id's left out, as the converter realigns them: its <mask> is
+    the padding past the model's); T5's as many as the config's vocab_size, added_tokens.json's over them (T5's
+    sentinels, which its tokenizer adds past the model's pieces, are padding there)."""
     from google.protobuf.message import DecodeError
     from sentencepiece import sentencepiece_model_pb2
 
@@ -76,29 +91,38 @@ def _from_sentencepiece(path: Path, hparams: dict) -> Unigram:
     if proto.trainer_spec.model_type != proto.trainer_spec.UNIGRAM:
         raise ConfigMismatchError(
             f"{path}: a {proto.trainer_spec.ModelType.Name(proto.trainer_spec.model_type)} SentencePiece model, and "
-            "XLM-RoBERTa's GGUF vocabulary is a unigram one (llama.cpp's t5 tokenizer); restore the model's own"
+            "this family's GGUF vocabulary is a unigram one (llama.cpp's t5 tokenizer); restore the model's own"
         )
     processor = sentencepiece_processor(path)
+    normalizer = proto.normalizer_spec
+    settings = (normalizer.add_dummy_prefix, normalizer.remove_extra_whitespaces, normalizer.precompiled_charsmap)
+    if kind == "t5":
+        size = hparams.get("vocab_size") or processor.vocab_size()
+        if size < processor.vocab_size():
+            raise ConfigMismatchError(
+                f"{path}: {processor.vocab_size()} pieces for a vocabulary of {size} (the config's vocab_size); pass "
+                "--config-from the folder the model was trained with"
+            )
+        tokens, scores, kinds = sentencepiece_pieces(processor, size, path)
+        with_added_tokens_json(path.parent, tokens, scores, kinds)
+        return Unigram(tokens, scores, kinds, *settings)
     size = max(hparams.get("vocab_size") or 0, processor.vocab_size())
     tokens, scores, kinds = sentencepiece_pieces(processor, size, path)
     types = gguf_py().TokenType
     specials = [text.encode() for text, _ in FAIRSEQ_SPECIALS]
-    normalizer = proto.normalizer_spec
     return Unigram(
         specials + tokens[3:-1],
         [0.0] * len(specials) + scores[3:-1],
         [getattr(types, kind) for _, kind in FAIRSEQ_SPECIALS] + kinds[3:-1],
-        normalizer.add_dummy_prefix,
-        normalizer.remove_extra_whitespaces,
-        normalizer.precompiled_charsmap,
+        *settings,
     )
 
 
 def _from_tokenizer_json(folder: Path, described: dict, hparams: dict) -> Unigram:
     """tokenizer.json's pieces and scores as transformers lists them, each id's type as the converter reads it
     (unknown, control where the tokenizer names it special, user-defined where added, else normal); the space prefix
-    as tokenizer_config.json says (transformers' default: none); runs of spaces read as one where the tokenizer reads
-    them so; the normalizer's character map, bare or within a Sequence (the converter reads only a bare one)."""
+    and runs of spaces read as one where the tokenizer does so; the normalizer's character map, bare or within a
+    Sequence (the converter reads only a bare one)."""
     path = folder / "tokenizer.json"
     model = described.get("model") or {}
     pieces = model.get("vocab")
@@ -134,7 +158,7 @@ def _from_tokenizer_json(folder: Path, described: dict, hparams: dict) -> Unigra
         tokens,
         scores,
         kinds,
-        bool(config.get("add_prefix_space", False)),
+        _adds_space_prefix(described, config),
         _collapses_whitespace(described),
         _precompiled_charsmap(described.get("normalizer")),
     )
@@ -145,6 +169,18 @@ def _steps(node, key: str) -> list[dict]:
     if not isinstance(node, dict):
         return []
     return [node] + [step for child in node.get(key) or [] for step in _steps(child, key)]
+
+
+def _adds_space_prefix(described: dict, config: dict) -> bool:
+    """Whether the tokenizer puts a space before the text: its Metaspace's prepend scheme where it has one (T5's
+    tokenizer_config.json says nothing, and the converter's reading of its add_prefix_space, absent, as none would
+    have llama.cpp split the first word otherwise than transformers), else tokenizer_config.json's add_prefix_space."""
+    spaces = [
+        step for step in _steps(described.get("pre_tokenizer"), "pretokenizers") if step.get("type") == "Metaspace"
+    ]
+    if spaces and "prepend_scheme" in spaces[0]:
+        return spaces[0]["prepend_scheme"] in ("always", "first")
+    return bool(config.get("add_prefix_space", False))
 
 
 def _collapses_whitespace(described: dict) -> bool:

@@ -77,9 +77,7 @@ def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_con
     size = hparams.get("vocab_size") or processor.vocab_size()
     types = gguf_py().TokenType
     tokens, scores, kinds = sentencepiece_pieces(processor, size, model)
-    for text, i in json_or_empty(folder / "added_tokens.json").items():
-        if i < size:
-            tokens[i], scores[i], kinds[i] = text.encode(), -1000.0, types.USER_DEFINED
+    with_added_tokens_json(folder, tokens, scores, kinds)
     added_tokens = [(int(key), added) for key, added in tokenizer_config.get("added_tokens_decoder", {}).items()]
     if phi3:
         added_tokens += [
@@ -103,6 +101,15 @@ def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_con
     writer.add_token_types(kinds)
     add_special_vocab(special_vocab(folder, n_vocab=len(tokens)), writer, folder)
     return size
+
+
+def with_added_tokens_json(folder: Path, tokens: list, scores: list[float], kinds: list) -> None:
+    """added_tokens.json's tokens over the model's at their ids, user-defined (ids past the vocabulary's left out), as
+    the converter reads a SentencePiece vocabulary's."""
+    user_defined = gguf_py().TokenType.USER_DEFINED
+    for text, i in json_or_empty(folder / "added_tokens.json").items():
+        if isinstance(i, int) and 0 <= i < len(tokens):
+            tokens[i], scores[i], kinds[i] = text.encode(), -1000.0, user_defined
 
 
 def sentencepiece_processor(model: Path):
