@@ -367,7 +367,7 @@ TESTED = {
         "qwen3_5_moe": "qwen35moevl-fsdp2",
     },
 }
-SHARED = {"mistral": "llama", "idefics3": "smolvlm"}
+SHARED = {"mistral": "llama", "idefics3": "smolvlm", "mt5": "t5", "umt5": "t5"}
 
 
 def _declaration(family, part):

@@ -1439,6 +1439,46 @@ def test_a_classifier_s_labels_are_the_converter_s_and_damaged_ones_one_line(tmp
         labels({"id2label": {"first": "LABEL_0"}}, tmp_path)
 
 
+# The decoders' layers alone, as embedding models have them, by their fixtures: the class, and the pooling their
+# sentence-transformers folder names (Qwen3-Embedding's last token, gte-Qwen2's mean) with llama.cpp's number for it
+DECODER_EMBEDDINGS = {
+    "qwen3-fsdp2-spm": ("Qwen3Model", "pooling_mode_lasttoken", gguf.PoolingType.LAST),
+    "qwen2-fsdp2-spm": ("Qwen2Model", "pooling_mode_mean_tokens", gguf.PoolingType.MEAN),
+}
+
+
+@pytest.mark.parametrize("case", DECODER_EMBEDDINGS)
+def test_a_decoder_s_layers_alone_embed_as_the_converter_writes_them(case, converter, tmp_path):
+    """A Qwen3Model or Qwen2Model (an embedding model: the layers without the head, no `model.` before their names)
+    saved by transformers from the fixture's, in a sentence-transformers folder: the converter's file, the pooling
+    its modules name; llama.cpp embeds each token as transformers does."""
+    import transformers
+
+    model_class, flag, pooling = DECODER_EMBEDDINGS[case]
+    unshard.convert(SHIPPED / case / "global_step_1", tmp_path / "hf", progress=False)
+    model = getattr(transformers, model_class).from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    folder = tmp_path / "embedding"
+    model.save_pretrained(folder)
+    for path in (tmp_path / "hf").iterdir():
+        if path.name not in ("config.json", "model.safetensors", "README.md"):
+            shutil.copy(path, folder / path.name)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, flag: True}))
+    ours = tmp_path / "f32.gguf"
+    unshard.convert(folder, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    assert_same_file(ours, converter(folder, "f32", tmp_path / "oracle.gguf", pre=None))
+    fields, tensors = contents(ours)
+    assert fields[f"{fields['general.architecture']}.pooling_type"] == pooling and "output.weight" not in tensors
+    # (within f32's tolerance: llama.cpp caches a decoder's keys and values in f16)
+    distance = embedded_as_transformers(ours, model, tmp_path, prompt=[1, 5, 20, 33, 41, 50, 60, 2])
+    assert distance <= LLAMA_CPP_TOLERANCE["f32"]
+
+
 def test_an_xlm_roberta_tokenizer_not_a_unigram_is_one_line(tmp_path):
     """A damaged sentencepiece.bpe.model, a BPE one, or (without one) a tokenizer.json that is not a Unigram: one line
     naming the file, nothing written."""
@@ -1543,6 +1583,38 @@ def test_t5_s_encoder_alone_as_the_converter_writes_it_and_llama_cpp_embeds_as_t
     assert distance <= LLAMA_CPP_TOLERANCE["f32"]
 
 
+@pytest.mark.parametrize("kind", ["MT5", "UMT5"])
+def test_mt5_and_umt5_as_the_converter_writes_them_and_llama_cpp_runs_them_as_transformers(kind, converter, tmp_path):
+    """mT5 (T5 v1.1's layout under its own class) and UMT5 (each layer with buckets' biases of its own), saved by
+    transformers with the T5 fixture's weights (UMT5's further biases as transformers initialises them) and tokenizer:
+    the converter's file in f32, and llama.cpp decodes as transformers does."""
+    import transformers
+
+    folder = t5_folder(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "transformers_version")}
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{kind}ForConditionalGeneration")(getattr(transformers, f"{kind}Config")(**config))
+    t5 = transformers.T5ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    missing = model.load_state_dict(t5.state_dict(), strict=False).missing_keys
+    assert all("relative_attention_bias" in name for name in missing) and bool(missing) is (kind == "UMT5")
+    model.save_pretrained(tmp_path / kind)
+    for path in folder.iterdir():
+        if path.name not in ("config.json", "model.safetensors", "README.md", "generation_config.json"):
+            shutil.copy(path, tmp_path / kind / path.name)
+    ours = tmp_path / "f32.gguf"
+    unshard.convert(tmp_path / kind, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    assert_same_file(ours, converter(tmp_path / kind, "f32", tmp_path / "oracle.gguf", pre="default"))
+    biases = [t[0] for t in contents(ours)[1] if "attn_rel_b" in t[0]]
+    assert len(biases) == (4 if kind == "UMT5" else 2)  # (each stack's layers' own, or each stack's first layer's)
+    prompt, decoded = [5, 20, 33, 41, 50, 60, 1], [7, 9, 11]
+    llama_cpp_client("seq2seq", ours, *(",".join(map(str, t)) for t in (prompt, decoded)), tmp_path / "l.npy")
+    got = torch.from_numpy(np.load(tmp_path / "l.npy"))
+    model = type(model).from_pretrained(tmp_path / kind, dtype=torch.float32)
+    expected = model(torch.tensor([prompt]), decoder_input_ids=torch.tensor([[0, *decoded]])).logits[0].detach()
+    assert ((got - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -1585,10 +1657,10 @@ def test_a_pooling_llama_cpp_has_none_of_is_one_line(tmp_path):
     (tmp_path / "1_Pooling").mkdir()
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
     with pytest.raises(unshard.ConfigMismatchError, match="pooling None, and llama.cpp pools by the mean"):
-        families.bert.pooling_type(tmp_path)
+        families.gguf_hooks.pooling_type(tmp_path)
     (tmp_path / "modules.json").write_text(json.dumps({"0": "Transformer"}))
     with pytest.raises(unshard.ConfigMismatchError, match="modules.json: not sentence-transformers' list of modules"):
-        families.bert.pooling_type(tmp_path)
+        families.gguf_hooks.pooling_type(tmp_path)
 
 
 def test_a_granite_speech_batch_norm_without_its_statistics_is_one_line():

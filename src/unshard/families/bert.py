@@ -18,39 +18,9 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import gguf_py, json_or_empty, text_hyperparameters
+from .gguf_hooks import gguf_py, pooled, text_hyperparameters
 from .llama import TEXT_ONLY
 from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Rearrangement, Unsupported, no_trainer_model
-
-# sentence-transformers' pooling settings, and llama.cpp's pooling types by its modes' names
-POOLING_FLAGS = (
-    ("pooling_mode_mean_tokens", "mean"),
-    ("pooling_mode_cls_token", "cls"),
-    ("pooling_mode_lasttoken", "lasttoken"),
-)
-POOLING = {"mean": "MEAN", "cls": "CLS", "lasttoken": "LAST"}
-
-
-def pooling_type(folder: Path):
-    """The pooling the model's sentence-transformers modules name (modules.json, its Pooling module's config.json),
-    as the converter reads it, or None where there is none."""
-    modules = json_or_empty(folder / "modules.json") or []
-    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
-        raise ConfigMismatchError(
-            f"{folder / 'modules.json'}: not sentence-transformers' list of modules; fix or remove it"
-        )
-    path = next((m.get("path") for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
-    if path is None:
-        return None
-    where = folder / path / "config.json"
-    pooling = json_or_empty(where)
-    mode = next((mode for flag, mode in POOLING_FLAGS if pooling.get(flag)), pooling.get("pooling_mode"))
-    if mode not in POOLING:
-        raise ConfigMismatchError(
-            f"{where}: pooling {mode!r}, and llama.cpp pools by the mean, the first token or the last; serve this "
-            "model with sentence-transformers"
-        )
-    return getattr(gguf_py().PoolingType, POOLING[mode])
 
 
 def bert_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -74,21 +44,6 @@ def classifier_labels(hparams: dict, folder: Path) -> list[str]:
             "model's own folder"
         ) from None
     return [] if len(labels) == 2 and labels[0] == "LABEL_0" else [str(label) for label in labels]
-
-
-def pooled(writer, hparams: dict, folder: Path) -> None:
-    """The pooling sentence-transformers' config names, and the pooling before a classification head the model's
-    config names (ModernBERT's, EuroBERT's), as the converter's _try_set_pooling_type writes them."""
-    if (pooling := pooling_type(folder)) is not None:
-        writer.add_pooling_type(pooling)
-    if (classifier := hparams.get("classifier_pooling")) is not None:
-        if classifier not in ("cls", "mean"):
-            raise ConfigMismatchError(
-                f"{folder / 'config.json'}: classifier_pooling {classifier!r}, and llama.cpp pools by the first token "
-                "or the mean before a classifier; serve this model with transformers"
-            )
-        # (gguf-py 0.19's writer has no method for the key)
-        writer.add_uint32(f"{writer.arch}.classifier.pooling_type", getattr(gguf_py().PoolingType, POOLING[classifier]))
 
 
 def position_offset(hparams: dict) -> int:

@@ -1,10 +1,15 @@
 """Qwen2 (and Qwen2.5) and Qwen3: Llama's layout with biases on q, k and v (Qwen2) or q and k norms (Qwen3);
-llama.cpp's qwen2 and qwen3, which rotate halves of each head as transformers does; torchtitan's Qwen3 names."""
+llama.cpp's qwen2 and qwen3, which rotate halves of each head as transformers does; torchtitan's Qwen3 names. Their
+layers alone (`Qwen2Model`, `Qwen3Model`: embedding models, Qwen3-Embedding's and gte-Qwen2's) too, pooled in
+llama.cpp as their sentence-transformers folder says."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..names import dense_tables as t
 from ..names import megatron_rules as m
+from .gguf_hooks import pooled, text_hyperparameters
 from .llama import (
     MEGATRON_RULES,
     SIBLINGS,
@@ -32,6 +37,13 @@ TORCHTUNE_QWEN2 = {
     **{f"layers.{{i}}.attn.{p}_proj.bias": (L + f"self_attn.{p}_proj.bias", None) for p in "qkv"},
 }
 
+def qwen_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The TextModel's, then the pooling a sentence-transformers folder names (an embedding model's: Qwen3-Embedding's
+    last token, gte-Qwen2's mean), as the converter's Qwen2Model writes them."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    pooled(writer, hparams, folder)
+
+
 FAMILIES = (
     Family(
         "Qwen2",
@@ -45,10 +57,11 @@ FAMILIES = (
         torchtune_names=TORCHTUNE_QWEN2,
         torchtitan_names=Unsupported("torchtitan has no Qwen2 model", applies=False),
         fused_siblings=SIBLINGS,
-        gguf=GGUFPart("QWEN2"),
+        gguf=GGUFPart("QWEN2", hyperparameters=qwen_hyperparameters),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family: merge-moe assembles Qwen MoE from it", applies=False),
         notes={"meta_names": "torchtune's names (torchtitan has no Qwen2)"},
+        also=("Qwen2Model",),  # (its layers alone, as embedding models have them: gte-Qwen2's)
     ),
     Family(
         "Qwen3",
@@ -64,9 +77,10 @@ FAMILIES = (
         meta_names={**TORCHTITAN_QWEN3, **TORCHTITAN_QWEN3_BEFORE_0_3},
         torchtitan_names=TORCHTITAN_QWEN3,
         fused_siblings=SIBLINGS,
-        gguf=GGUFPart("QWEN3"),
+        gguf=GGUFPart("QWEN3", hyperparameters=qwen_hyperparameters),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family: merge-moe assembles Qwen3 MoE from it", applies=False),
         notes={"meta_names": "torchtitan's names (torchtune's last release, 0.6.1, has no Qwen3)"},
+        also=("Qwen3Model",),  # (its layers alone, as embedding models have them: Qwen3-Embedding's)
     ),
 )

@@ -1,9 +1,10 @@
-"""T5 (`T5ForConditionalGeneration`: T5's, Flan-T5's): an encoder and a decoder, each layer RMS-normed before its
-attention and its MLP, positions as buckets of relative distance whose biases each stack's first layer holds (the
-layers after it reuse them), the decoder attending to the encoder's output too, a ReLU MLP (T5's) or a gated GELU one
-(T5 v1.1's and Flan-T5's). To GGUF as llama.cpp's converter writes it (llama.cpp's t5, which encodes the prompt and
-decodes from the decoder's start token), and its encoder alone (`T5EncoderModel`: image models' text encoders,
-sentence-t5's) as llama.cpp's t5encoder. The vocabulary is T5's SentencePiece unigram (llama.cpp's `t5` tokenizer)."""
+"""T5 (`T5ForConditionalGeneration`: T5's, Flan-T5's; mT5's and UMT5's alike): an encoder and a decoder, each layer
+RMS-normed before its attention and its MLP, positions as buckets of relative distance whose biases each stack's
+first layer holds (the layers after it reuse them; UMT5's each its own), the decoder attending to the encoder's
+output too, a ReLU MLP (T5's) or a gated GELU one (T5 v1.1's and Flan-T5's). To GGUF as llama.cpp's converter writes
+it (llama.cpp's t5, which encodes the prompt and decodes from the decoder's start token), and its encoder alone
+(`T5EncoderModel`: image models' text encoders, sentence-t5's) as llama.cpp's t5encoder. The vocabulary is T5's
+SentencePiece unigram (llama.cpp's `t5` tokenizer)."""
 
 from __future__ import annotations
 
@@ -80,8 +81,10 @@ def t5_notes(hparams: dict, where: Path) -> list[str] | None:
     the -1/2 first (T5's, whose head is its embedding; not Flan-T5's): the same tokens greedily, logits times the
     square root of the width."""
     t5_checked(hparams, where)
-    # (transformers 5 writes whether it scales; a config before it says so by tying the head, T5's and not Flan-T5's)
-    scaled = hparams.get("scale_decoder_outputs", hparams.get("tie_word_embeddings", True) is not False)
+    # (transformers 5 writes whether it scales; a config before it says so by tying the head, T5's and not Flan-T5's;
+    # its mT5 scales none)
+    tied = hparams.get("tie_word_embeddings", True) is not False and hparams.get("model_type") != "mt5"
+    scaled = hparams.get("scale_decoder_outputs", tied)
     if not encoder_alone(hparams) and scaled:
         return [
             "llama.cpp's t5 does not scale the decoder's output by d_model ** -0.5 before the head as transformers "
@@ -91,24 +94,38 @@ def t5_notes(hparams: dict, where: Path) -> list[str] | None:
     return None
 
 
-FAMILIES = (
-    Family(
-        "T5",
-        "t5",
-        "T5ForConditionalGeneration",
+# (one for the three: the converter's T5Model writes each of them)
+T5_GGUF = GGUFPart(
+    "T5",
+    hyperparameters=t5_hyperparameters,
+    arch_by_config=t5_architecture,
+    check_config=t5_notes,
+    vocabulary="t5",
+)
+
+
+def t5_family(name: str, model_type: str, architecture: str, also: tuple[str, ...] = ()) -> Family:
+    """A T5 unshard writes as GGUF, as the converter's T5Model writes each of them: no trainer's model, no merge-moe
+    input, no towers, no --quantize."""
+    return Family(
+        name,
+        model_type,
+        architecture,
         tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's T5 layout is not mapped yet"),
-        **no_trainer_model("T5"),
-        fused_siblings=Unsupported("vLLM, which reads compressed-tensors' folders, serves no T5"),
-        gguf=GGUFPart(
-            "T5",
-            hyperparameters=t5_hyperparameters,
-            arch_by_config=t5_architecture,
-            check_config=t5_notes,
-            vocabulary="t5",
-        ),
+        megatron=Unsupported(f"Megatron's {name} layout is not mapped yet"),
+        **no_trainer_model(name),
+        fused_siblings=Unsupported(f"vLLM, which reads compressed-tensors' folders, serves no {name}"),
+        gguf=T5_GGUF,
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
-        also=("T5EncoderModel",),
-    ),
+        also=also,
+    )
+
+
+FAMILIES = (
+    t5_family("T5", "t5", "T5ForConditionalGeneration", also=("T5EncoderModel",)),
+    # (T5 v1.1's layout, multilingual: its head apart)
+    t5_family("mT5", "mt5", "MT5ForConditionalGeneration"),
+    # (mT5's, each layer with buckets' biases of its own, as llama.cpp's t5 reads them where the file has them)
+    t5_family("UMT5", "umt5", "UMT5ForConditionalGeneration"),
 )
