@@ -153,6 +153,7 @@ FAMILIES = (
         moe_layout=Unsupported("a dense family: merge-moe assembles Mixtral or Qwen MoE from it", applies=False),
         torchtitan_names=TORCHTITAN,
         torchtune_names=TORCHTUNE_LLAMA,
+        also=("LlamaModel",),  # (its layers alone, as embedding models have them: LLM2Vec's)
     ),
     Family(
         "Mistral",
