@@ -37,6 +37,7 @@ TORCHTUNE_QWEN2 = {
     **{f"layers.{{i}}.attn.{p}_proj.bias": (L + f"self_attn.{p}_proj.bias", None) for p in "qkv"},
 }
 
+
 def qwen_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
     """The TextModel's, then the pooling a sentence-transformers folder names (an embedding model's: Qwen3-Embedding's
     last token, gte-Qwen2's mean), as the converter's Qwen2Model writes them."""
