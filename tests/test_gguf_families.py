@@ -1391,14 +1391,17 @@ def test_xlm_roberta_as_the_converter_writes_it_and_llama_cpp_tokenizes_and_embe
 RERANKERS = {
     "xlmroberta-fsdp2": ("XLMRobertaForSequenceClassification", "default", [0, 5, 20, 33, 2, 2, 41, 50, 60, 2]),
     "roberta-fsdp2": ("RobertaForSequenceClassification", "roberta-bpe", [1, 5, 20, 33, 2, 2, 41, 50, 60, 2]),
+    # (its head a dense layer, a GELU and a LayerNorm before the projection, on the first token)
+    "modernbert-fsdp2": ("ModernBertForSequenceClassification", "gpt-2", [1, 5, 20, 33, 2, 41, 50, 60, 2]),
 }
 
 
 @pytest.mark.parametrize("case", RERANKERS)
 def test_a_reranker_as_the_converter_writes_it_and_llama_cpp_scores_as_transformers(case, converter, tmp_path):
-    """An XLM-RoBERTa or a RoBERTa under a classifier's head of one score (a reranker, bge-reranker-v2-m3's layout),
-    saved by transformers from the fixture's encoder: the file is the converter's (the head as llama.cpp's cls and
-    cls.output, its one label), and llama.cpp's rank pooling scores a pair as transformers does."""
+    """An XLM-RoBERTa, a RoBERTa or a ModernBERT under a classifier's head of one score (a reranker:
+    bge-reranker-v2-m3's, gte-reranker-modernbert's layout), saved by transformers from the fixture's encoder: the file
+    is the converter's (the head as llama.cpp's cls, ModernBERT's cls.norm, and cls.output, its one label; ModernBERT's
+    with its one key more), and llama.cpp's rank pooling scores a pair as transformers does."""
     import transformers
 
     head_class, pre, pair = RERANKERS[case]
@@ -1406,8 +1409,9 @@ def test_a_reranker_as_the_converter_writes_it_and_llama_cpp_scores_as_transform
     torch.manual_seed(0)
     model = getattr(transformers, head_class).from_pretrained(tmp_path / "hf", num_labels=1, dtype=torch.float32)
     with torch.no_grad():  # (the head as after training: its score of the order of 1, not transformers' 1e-3)
-        for parameter in model.classifier.parameters():
-            parameter.normal_(std=0.3)
+        for name, parameter in model.named_parameters():
+            if not name.startswith(model.base_model_prefix + "."):
+                parameter.normal_(std=0.3)
     model.save_pretrained(tmp_path / "reranker")
     for path in (tmp_path / "hf").iterdir():
         if path.name not in ("config.json", "model.safetensors", "README.md"):
@@ -1416,17 +1420,23 @@ def test_a_reranker_as_the_converter_writes_it_and_llama_cpp_scores_as_transform
     unshard.convert(tmp_path / "reranker", ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
     theirs = tmp_path / "for-the-converter"
     shutil.copytree(tmp_path / "reranker", theirs)
-    if case == "roberta-fsdp2":
+    if case != "xlmroberta-fsdp2":
         for_the_converter(theirs)
-    assert_same_file(ours, converter(theirs, "f32", tmp_path / "oracle.gguf", pre=pre))
-    fields, tensors = contents(ours)
-    assert fields["bert.classifier.output_labels"] == ["LABEL_0"]
+    mine, expected = contents(ours), contents(converter(theirs, "f32", tmp_path / "oracle.gguf", pre=pre))
+    arch = mine[0]["general.architecture"]
+    if case == "modernbert-fsdp2":  # (the key without which llama.cpp loads no ModernBERT: see the encoders' test)
+        assert mine[0].pop(f"{arch}.attention.layer_norm_epsilon") == pytest.approx(1e-5)
+    assert mine[0] == expected[0] and list(mine[0]) == list(expected[0]) and mine[1] == expected[1]
+    fields, tensors = mine
+    assert fields[f"{arch}.classifier.output_labels"] == ["LABEL_0"]
     assert {"cls.weight", "cls.output.weight"} <= {t[0] for t in tensors}
     llama_cpp_client("rank", ours, ",".join(map(str, pair)), tmp_path / "score.npy")
     expected = model(torch.tensor([pair])).logits[0].detach()
     got = torch.from_numpy(np.load(tmp_path / "score.npy"))
     assert got.shape == expected.shape and expected.abs().item() > 0.1
-    assert ((got - expected).abs() / expected.abs()).item() <= 1e-4, (got, expected)
+    # (ModernBERT's head: llama.cpp's GELU is tanh's approximation, transformers' the exact one: f32's tolerance)
+    tolerance = LLAMA_CPP_TOLERANCE["f32"] if case == "modernbert-fsdp2" else 1e-4
+    assert ((got - expected).abs() / expected.abs()).item() <= tolerance, (got, expected)
 
 
 def test_a_classifier_s_labels_are_the_converter_s_and_damaged_ones_one_line(tmp_path):

@@ -224,7 +224,11 @@ FAMILIES = (
             as_the_converter_reads=modernbert_norms,
             before_vocabulary=sequence_ends,
             dropped_prefix="model.",
+            # (a classifier's projection, as the converter names it where the config labels the classifier's scores)
+            renames=((r"^classifier\.(weight|bias)$", r"classifier.out_proj.\1"),),
         ),
+        # (a reranker, gte-reranker-modernbert's: its head llama.cpp's cls, cls.norm and cls.output)
+        also=("ModernBertForSequenceClassification",),
     ),
     encoder_family(
         "EuroBERT",
