@@ -1473,13 +1473,7 @@ def test_a_decoder_s_layers_alone_embed_as_the_converter_writes_them(case, conve
     for path in (tmp_path / "hf").iterdir():
         if path.name not in ("config.json", "model.safetensors", "README.md"):
             shutil.copy(path, folder / path.name)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    ]
-    (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, flag: True}))
+    sentence_transformers_folder(folder, flag)
     ours = tmp_path / "f32.gguf"
     unshard.convert(folder, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
     assert_same_file(ours, converter(folder, "f32", tmp_path / "oracle.gguf", pre=None))
@@ -1488,6 +1482,45 @@ def test_a_decoder_s_layers_alone_embed_as_the_converter_writes_them(case, conve
     # (within f32's tolerance: llama.cpp caches a decoder's keys and values in f16)
     distance = embedded_as_transformers(ours, model, tmp_path, prompt=[1, 5, 20, 33, 41, 50, 60, 2])
     assert distance <= LLAMA_CPP_TOLERANCE["f32"]
+
+
+def sentence_transformers_folder(folder: Path, flag: str) -> None:
+    """A sentence-transformers folder's modules beside the model: the model, then pooling by that flag."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, flag: True}))
+
+
+def test_embedding_gemma_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(converter, tmp_path):
+    """EmbeddingGemma's layout (Gemma3TextModel: Gemma 3's layers alone, attending both ways, within a window either
+    side) saved by transformers from the Gemma 3 fixture's, in a sentence-transformers folder: llama.cpp's
+    gemma-embedding, the converter's file (the window as config.json says it, which transformers halves in memory);
+    llama.cpp embeds each token of a prompt longer than the window as transformers does."""
+    import transformers
+
+    unshard.convert(SHIPPED / "gemma3-fsdp2-spm" / "global_step_1", tmp_path / "hf", progress=False)
+    config = transformers.Gemma3TextConfig.from_pretrained(tmp_path / "hf")
+    config.use_bidirectional_attention, config.architectures = True, ["Gemma3TextModel"]
+    folder = tmp_path / "embedding"
+    transformers.Gemma3TextModel.from_pretrained(tmp_path / "hf", config=config).save_pretrained(folder)
+    for path in (tmp_path / "hf").iterdir():
+        if path.name not in ("config.json", "model.safetensors", "README.md"):
+            shutil.copy(path, folder / path.name)
+    sentence_transformers_folder(folder, "pooling_mode_mean_tokens")
+    ours = tmp_path / "f32.gguf"
+    unshard.convert(folder, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    assert_same_file(ours, converter(folder, "f32", tmp_path / "oracle.gguf", pre=None))
+    fields, _ = contents(ours)
+    window = json.loads((folder / "config.json").read_text())["sliding_window"]
+    assert fields["general.architecture"] == "gemma-embedding" and fields["gemma-embedding.pooling_type"] == 1
+    assert fields["gemma-embedding.attention.sliding_window"] == window
+    model = transformers.Gemma3TextModel.from_pretrained(folder, dtype=torch.float32)
+    prompt = [2] + [(7 * i) % 90 + 5 for i in range(window // 2 + 14)]  # (past the window either side)
+    assert embedded_as_transformers(ours, model, tmp_path, prompt=prompt) <= LLAMA_CPP_TOLERANCE["f32"]
 
 
 def test_an_xlm_roberta_tokenizer_not_a_unigram_is_one_line(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
-from .gguf_hooks import check_query_scale, gguf_quiet, json_or_empty, special_vocab, text_hyperparameters
+from .gguf_hooks import check_query_scale, gguf_quiet, json_or_empty, pooled, special_vocab, text_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY, TORCHTUNE, TORCHTUNE_ENDS, TORCHTUNE_LLAMA, L
 from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, MmprojPart, Unsupported
 
@@ -110,12 +110,24 @@ def gemma3_header(writer, hparams: dict, ftype, blocks: int, folder: Path) -> No
         writer.add_sliding_window(hparams["sliding_window"])
 
 
+def embedding_gemma(hparams: dict) -> bool:
+    """Gemma 3's layers alone (`Gemma3TextModel`): EmbeddingGemma's, llama.cpp's gemma-embedding."""
+    return (hparams.get("architectures") or [None])[0] == "Gemma3TextModel"
+
+
+def gemma3_architecture(hparams: dict) -> str | None:
+    return "GEMMA_EMBEDDING" if embedding_gemma(hparams) else None
+
+
 def gemma3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
     """Gemma 3's header. llama.cpp makes every sixth layer global and scales queries by head width: a config
-    otherwise is one line."""
+    otherwise is one line. EmbeddingGemma's then the pooling its sentence-transformers folder names (its window as
+    config.json says it, as the converter writes it over transformers' halving of a bidirectional model's)."""
     where = folder / "config.json"
     check_query_scale(_with_gemma3_defaults(hparams), "gemma3", 62, where)
     gemma3_header(writer, hparams, ftype, blocks, folder)
+    if embedding_gemma(hparams):
+        pooled(writer, hparams, folder)
     if hparams.get("sliding_window_pattern") != 1:
         global_every_sixth = ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(blocks)]
         if hparams.get("layer_types") not in (None, global_every_sixth):
@@ -164,7 +176,11 @@ def gemma3_after_vocabulary(writer, hparams: dict, folder: Path) -> None:
 MEGATRON = Unsupported("Megatron's Gemma layout (GeGLU, the embedding's scale, 1 + weight norms) is not mapped yet")
 DENSE_ONLY = Unsupported("a dense family; merge-moe assembles no MoE from Gemma models", applies=False)
 GEMMA3 = GGUFPart(
-    "GEMMA3", hyperparameters=gemma3_hyperparameters, after_vocabulary=gemma3_after_vocabulary, norm_shift=1.0
+    "GEMMA3",
+    hyperparameters=gemma3_hyperparameters,
+    after_vocabulary=gemma3_after_vocabulary,
+    norm_shift=1.0,
+    arch_by_config=gemma3_architecture,
 )
 GEMMA3_TABLE = t.TensorTable(
     "Gemma3ForCausalLM",
@@ -288,6 +304,7 @@ FAMILIES = (
         gguf=GEMMA3,
         mmproj=TEXT_ONLY,
         moe_layout=DENSE_ONLY,
+        also=("Gemma3TextModel",),  # (its layers alone: EmbeddingGemma's, llama.cpp's gemma-embedding)
     ),
     Family(
         "Gemma 3",
