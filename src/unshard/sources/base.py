@@ -308,9 +308,12 @@ class Checkpoint:
         return offset if view.numel() and view.is_contiguous() and inside else None
 
     def copies(self, names: set[str]) -> set[str]:
-        """Of these tensors, those whose bytes lie where another tensor of the same shape's do, or where this reader
-        cannot tell: a weight tied to another, which torch.save writes once under both names. The others are stored
-        apart (a head a trainer kept apart from the embedding its config ties it to: transformers 5 loads it so)."""
+        """Of these tensors, those that are another tensor of the same shape and dtype: its bytes where they lie
+        in the same place (a weight tied to another, which torch.save writes once under both names), or else the
+        same values (DCP writes a tied weight under each name); where this reader cannot say where the bytes lie,
+        all of them. The others hold values of their own (a head a trainer kept apart from the embedding its config
+        ties it to, as transformers 5 loads a Flan-T5's). Values are compared a band of rows at a time, while
+        planning: a tied weight's few tensors, read once more."""
         places: dict[str, tuple | None] = {}
 
         def place(name: str) -> tuple | None:
@@ -320,15 +323,54 @@ class Checkpoint:
                 places[name] = tuple(found) if found and all(at is not None for *_, at in found) else None
             return places[name]
 
+        def twins(name: str) -> list[str]:
+            tensor = self.tensors[name]
+            return [
+                other
+                for other, each in self.tensors.items()
+                if other != name and each.shape == tensor.shape and each.dtype == tensor.dtype
+            ]
+
         return {
             name
             for name in names
             if place(name) is None
-            or any(
-                other != name and tensor.shape == self.tensors[name].shape and place(other) == place(name)
-                for other, tensor in self.tensors.items()
-            )
+            or any(place(other) == place(name) for other in twins(name))
+            or any(self.same_values(name, other) for other in twins(name))
         }
+
+    def same_values(self, a: str, b: str) -> bool:
+        """Whether two tensors of one shape and dtype hold the same bytes: compared a band of rows at a time where
+        both are read in bands, else whole."""
+        import numpy as np
+        import torch
+
+        rows = [self.band_rows(a), self.band_rows(b)]
+        if None in rows:
+            return bool(
+                torch.equal(
+                    self.read(a).contiguous().view(-1).view(torch.uint8),
+                    self.read(b).contiguous().view(-1).view(torch.uint8),
+                )
+            )
+        count = self.tensors[a].shape[0]
+        for start in range(0, count, min(rows)):
+            stop = min(start + min(rows), count)
+            if not np.array_equal(self._band_bytes(a, start, stop), self._band_bytes(b, start, stop)):
+                return False
+        return True
+
+    def _band_bytes(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of a tensor read in bands, as bytes of their own."""
+        import numpy as np
+        import torch
+
+        source = self.tensors[name]
+        out = np.empty(self._band(source, start, stop).numel * source.dtype.itemsize, dtype=np.uint8)
+        if (rows := self.read_rows_as_bytes(name, start, stop, out)) is not None:
+            return rows
+        band = self.read_rows(name, start, stop, self.local_tensor).contiguous()
+        return band.view(-1).view(torch.uint8).numpy().copy()
 
     def archive_of(self, piece: Piece) -> tuple[int, int | None]:
         """(start, length) of the torch.save archive holding the piece in its file: the whole file, unless
