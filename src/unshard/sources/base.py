@@ -310,10 +310,10 @@ class Checkpoint:
     def copies(self, names: set[str]) -> set[str]:
         """Of these tensors, those that are another tensor of the same shape and dtype: its bytes where they lie
         in the same place (a weight tied to another, which torch.save writes once under both names), or else the
-        same values (DCP writes a tied weight under each name); where this reader cannot say where the bytes lie,
-        all of them. The others hold values of their own (a head a trainer kept apart from the embedding its config
-        ties it to, as transformers 5 loads a Flan-T5's). Values are compared a band of rows at a time, while
-        planning: a tied weight's few tensors, read once more."""
+        same values (DCP writes a tied weight under each name). The others hold values of their own (a head a
+        trainer kept apart from the embedding its config ties it to, as transformers 5 loads a Flan-T5's). Values
+        are compared while planning, a band of rows at a time where the reader reads bands: a tied weight's few
+        tensors, read once more."""
         places: dict[str, tuple | None] = {}
 
         def place(name: str) -> tuple | None:
@@ -334,8 +334,7 @@ class Checkpoint:
         return {
             name
             for name in names
-            if place(name) is None
-            or any(place(other) == place(name) for other in twins(name))
+            if any(place(name) is not None and place(other) == place(name) for other in twins(name))
             or any(self.same_values(name, other) for other in twins(name))
         }
 
