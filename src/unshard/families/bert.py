@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .gguf_hooks import gguf_py, pooled, text_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Rearrangement, Unsupported, no_trainer_model
+from .parts import Family, GGUFPart, Rearrangement, gguf_family
 
 
 def bert_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -133,21 +133,8 @@ def no_start_token(writer, hparams: dict, folder: Path) -> None:
 
 
 def encoder_family(name: str, model_type: str, architecture: str, gguf: GGUFPart, also: tuple[str, ...] = ()) -> Family:
-    """An encoder unshard knows for GGUF: its names asked of transformers, no trainer's model of it, q, k and v run as
-    one by vLLM, no merge-moe input, no towers."""
-    return Family(
-        name,
-        model_type,
-        architecture,
-        tensors=NO_TABLE,
-        megatron=Unsupported(f"Megatron's {name} layout is not mapped yet"),
-        **no_trainer_model(name),
-        fused_siblings=(("query", "key", "value"),),
-        gguf=gguf,
-        mmproj=TEXT_ONLY,
-        moe_layout=NOT_A_MOE_INPUT,
-        also=also,
-    )
+    """An encoder unshard knows for GGUF, its q, k and v run as one by vLLM."""
+    return gguf_family(name, model_type, architecture, gguf, (("query", "key", "value"),), TEXT_ONLY, also)
 
 
 # What the file has no place for: llama.cpp computes the tokens' embeddings (and pools them itself)

@@ -372,18 +372,35 @@ def multimodal_family(
     also: tuple[str, ...] = (),
 ) -> Family:
     """A vision or speech model unshard knows for GGUF alone: a text model beside a tower (`tower`: what Megatron's
-    layout of it would have to map), its names asked of transformers, no trainer's model of it (`says`: its name in
-    those reasons, `name` where None), the common fused siblings for --quantize, no merge-moe input (`also`: the
-    other classes config.json may name for it)."""
+    layout of it would have to map), no trainer's model of it (`says`: its name in those reasons, `name` where None),
+    the common fused siblings for --quantize."""
+    return gguf_family(name, model_type, architecture, gguf, DEFAULT_FUSED_SIBLINGS, mmproj, also, says, tower)
+
+
+def gguf_family(
+    name: str,
+    model_type: str,
+    architecture: str,
+    gguf: GGUFPart,
+    fused_siblings: tuple[tuple[str, ...], ...] | Unsupported,
+    mmproj: MmprojPart | Unsupported,
+    also: tuple[str, ...] = (),
+    says: str | None = None,
+    tower: str | None = None,
+) -> Family:
+    """A family unshard knows for GGUF alone (an encoder's, T5's, a vision or speech model's): its names asked of
+    transformers, no trainer's model of it and no Megatron layout (`says`: its name in those reasons, `name` where
+    None; `tower`: what Megatron's layout would also have to map), no merge-moe input (`also`: the other classes
+    config.json may name for it)."""
     says = says or name
     return Family(
         name,
         model_type,
         architecture,
         tensors=NO_TABLE,
-        megatron=Unsupported(f"Megatron's {says} layout ({tower}) is not mapped yet"),
+        megatron=Unsupported(f"Megatron's {says} layout{f' ({tower})' if tower else ''} is not mapped yet"),
         **no_trainer_model(says),
-        fused_siblings=DEFAULT_FUSED_SIBLINGS,
+        fused_siblings=fused_siblings,
         gguf=gguf,
         mmproj=mmproj,
         moe_layout=NOT_A_MOE_INPUT,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .llama import TEXT_ONLY
-from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
+from .parts import Family, GGUFPart, Unsupported, gguf_family
 
 # llama.cpp's t5 computes the buckets of distances up to this many tokens (its relative_position_bucket's constant)
 LLAMA_CPP_MAX_DISTANCE = 128
@@ -105,21 +105,9 @@ T5_GGUF = GGUFPart(
 
 
 def t5_family(name: str, model_type: str, architecture: str, also: tuple[str, ...] = ()) -> Family:
-    """A T5 unshard writes as GGUF, as the converter's T5Model writes each of them: no trainer's model, no merge-moe
-    input, no towers, no --quantize."""
-    return Family(
-        name,
-        model_type,
-        architecture,
-        tensors=NO_TABLE,
-        megatron=Unsupported(f"Megatron's {name} layout is not mapped yet"),
-        **no_trainer_model(name),
-        fused_siblings=Unsupported(f"vLLM, which reads compressed-tensors' folders, serves no {name}"),
-        gguf=T5_GGUF,
-        mmproj=TEXT_ONLY,
-        moe_layout=NOT_A_MOE_INPUT,
-        also=also,
-    )
+    """A T5 unshard writes as GGUF, as the converter's T5Model writes each of them: no --quantize."""
+    no_vllm = Unsupported(f"vLLM, which reads compressed-tensors' folders, serves no {name}")
+    return gguf_family(name, model_type, architecture, T5_GGUF, no_vllm, TEXT_ONLY, also)
 
 
 FAMILIES = (
