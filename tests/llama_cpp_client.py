@@ -28,6 +28,11 @@ tokens given after it decoded: OUT.npy gets the logits at each decoder position 
 runs a reranker's file (a sequence classifier's: XLM-RoBERTa's) over the tokens, its pooling llama.cpp's rank: OUT.npy
 gets the classifier's scores of the sequence, as llama-server's rerank reads them.
 
+    python llama_cpp_client.py pool MODEL.gguf 2,5,20,1 OUT.npy
+runs an embedding model's file over the tokens, pooled as the file says (and projected after, where it has a
+sentence-transformers model's Dense projections): OUT.npy gets the sequence's embedding, as llama-embedding gives it
+before it normalizes.
+
     python llama_cpp_client.py tokenize MODEL.gguf TEXTS.json OUT.json
 tokenizes each text of TEXTS.json (a list) with the file's vocabulary, as llama.cpp does (no BOS, special tokens as
 text): OUT.json gets a list of token id lists.
@@ -112,7 +117,7 @@ def encoded(path: str, tokens: list[int], pooling: int):
 
 def embed(path: str, tokens: list[int], out: str) -> None:
     llm = encoded(path, tokens, llama_cpp.LLAMA_POOLING_TYPE_NONE)
-    width = llm.n_embd()
+    width = llama_cpp.llama_model_n_embd_out(llm.model)  # (the model's, or its Dense projection's: LFM2 ColBERT's)
     rows = [
         np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_ith(llm.ctx, i), shape=(width,))
         for i in range(len(tokens))
@@ -126,6 +131,12 @@ def rank(path: str, tokens: list[int], out: str) -> None:
     llm = encoded(path, tokens, llama_cpp.LLAMA_POOLING_TYPE_RANK)
     scores = llama_cpp.llama_model_n_cls_out(llm.model)
     np.save(out, np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(llm.ctx, 0), shape=(scores,)).copy())
+
+
+def pool(path: str, tokens: list[int], out: str) -> None:
+    llm = encoded(path, tokens, llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED)
+    width = llama_cpp.llama_model_n_embd_out(llm.model)
+    np.save(out, np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(llm.ctx, 0), shape=(width,)).copy())
 
 
 def quantize(source: str, out: str, file_type: str, output_type: str | None) -> None:
@@ -207,8 +218,8 @@ elif sys.argv[1] == "seq2seq":
     seq2seq(
         sys.argv[2], [int(i) for i in sys.argv[3].split(",")], [int(i) for i in sys.argv[4].split(",")], sys.argv[5]
     )
-elif sys.argv[1] == "rank":
-    rank(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4])
+elif sys.argv[1] in ("rank", "pool"):
+    (rank if sys.argv[1] == "rank" else pool)(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4])
 elif "," in sys.argv[4]:
     for kind in sys.argv[4].split(","):
         quantize(sys.argv[2], f"{sys.argv[3]}/{kind}.gguf", kind, sys.argv[5] if len(sys.argv) > 5 else None)

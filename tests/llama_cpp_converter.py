@@ -6,7 +6,8 @@ them. The rest of the vocabulary (tokens, types, merges, special tokens) is the 
 
 One bug of the pinned converter is mended, as its code means it: StableLMModel.modify_tensors `return`s the generator of
 a layer's stacked q and k norms (StableLM 2 12B's LayerNorm per head) from inside a generator, which drops it; the
-converter then stops on "Unprocessed norms". Its stacks are yielded here.
+converter then stops on "Unprocessed norms". Its stacks are yielded here. And EmbeddingGemma keeps the Dense modules it
+reads in lists of its class, which a run in a process of its own starts empty: they are emptied before each job.
 
     python llama_cpp_converter.py CONVERTER_FOLDER < jobs
     job, one JSON line:   {"pre": PRE_NAME or null, "args": [the converter's arguments...]}
@@ -23,6 +24,7 @@ import traceback
 root = sys.argv[1]
 sys.path.insert(0, root)
 from conversion.base import TextModel  # noqa: E402  (the converter's own package, found in its folder)
+from conversion.gemma import EmbeddingGemma  # noqa: E402
 from conversion.stablelm import StableLMModel  # noqa: E402
 
 stablelm_own = StableLMModel.modify_tensors
@@ -42,6 +44,7 @@ os.dup2(2, 1)  # (what the converter prints goes to standard error, and the repl
 sys.stdout = sys.stderr
 for line in sys.stdin:
     job = json.loads(line)
+    EmbeddingGemma.module_paths, EmbeddingGemma.dense_features_dims = [], {}
     TextModel.get_vocab_base_pre = (lambda self, tokenizer, pre=job["pre"]: pre) if job["pre"] else own_pre
     sys.argv = [os.path.join(root, "convert_hf_to_gguf.py"), *job["args"]]
     try:

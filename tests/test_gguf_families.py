@@ -1701,10 +1701,10 @@ def test_a_pooling_llama_cpp_has_none_of_is_one_line(tmp_path):
     (tmp_path / "1_Pooling").mkdir()
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
     with pytest.raises(unshard.ConfigMismatchError, match="pooling None, and llama.cpp pools by the mean"):
-        families.gguf_hooks.pooling_type(tmp_path)
+        families.sentence_transformers.pooling_type(tmp_path)
     (tmp_path / "modules.json").write_text(json.dumps({"0": "Transformer"}))
     with pytest.raises(unshard.ConfigMismatchError, match="modules.json: not sentence-transformers' list of modules"):
-        families.gguf_hooks.pooling_type(tmp_path)
+        families.sentence_transformers.pooling_type(tmp_path)
 
 
 def test_a_granite_speech_batch_norm_without_its_statistics_is_one_line():

@@ -18,9 +18,10 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import gguf_py, pooled, text_hyperparameters
+from .gguf_hooks import gguf_py, text_hyperparameters
 from .llama import TEXT_ONLY
 from .parts import Family, GGUFPart, Rearrangement, gguf_family
+from .sentence_transformers import pooled
 
 
 def bert_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:

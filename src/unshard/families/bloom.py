@@ -53,5 +53,6 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+        also=("BloomModel",),  # (its layers alone, the head tied to the embedding)
     ),
 )

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from ..names import dense_tables as t
-from .gguf_hooks import check_query_scale, gguf_quiet, json_or_empty, pooled, special_vocab, text_hyperparameters
+from .gguf_hooks import check_query_scale, gguf_quiet, json_or_empty, special_vocab, text_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY, TORCHTUNE, TORCHTUNE_ENDS, TORCHTUNE_LLAMA, L
 from .parts import NO_META_NAMES, NO_TABLE, Family, GGUFPart, MmprojPart, Unsupported
+from .sentence_transformers import dense_modules, dense_weight, pooled
 
 # torchtune's Gemma 2: Gemma's names, its final norm inside a module that also caps, and a layer's four norms by what
 # torchtune computes with them (TransformerSelfAttentionLayer: sa_norm before the attention, sa_scale after it,
@@ -115,6 +116,35 @@ def embedding_gemma(hparams: dict) -> bool:
     return (hparams.get("architectures") or [None])[0] == "Gemma3TextModel"
 
 
+def embedding_gemma_dense(writer, hparams: dict, folder: Path) -> dict:
+    """EmbeddingGemma's projections after pooling, its sentence-transformers Dense modules (2_Dense, 3_Dense), as the
+    converter writes them with --sentence-transformers-dense-modules: without them llama.cpp's embedding is another.
+    Modules llama.cpp would not run as sentence-transformers does: one line."""
+    if not embedding_gemma(hparams):
+        return {}
+    modules = [path for path, _ in dense_modules(folder)]
+    weights = {f"{_dense_name(path)}.weight": dense_weight(folder, path) for path in modules}
+    width, where = hparams["hidden_size"], folder / "modules.json"
+    if len(weights) < len(modules):
+        raise ConfigMismatchError(
+            f"{where}: Dense modules {modules}, and llama.cpp's gemma-embedding runs two, 2_Dense then one other; "
+            "serve this model with sentence-transformers"
+        )
+    ends = {"dense_2.weight": ("takes", 1), "dense_3.weight": ("gives", 0)}  # (llama.cpp asserts both widths)
+    for name, (what, axis) in ends.items():
+        if name in weights and weights[name].shape[axis] != width:
+            raise ConfigMismatchError(
+                f"{where}: its {name.split('.')[0]} projection {what} {weights[name].shape[axis]} features, and "
+                f"llama.cpp's gemma-embedding {what} the model's {width}; serve this model with sentence-transformers"
+            )
+    return weights
+
+
+def _dense_name(path: str) -> str:
+    """The converter's name of a Dense module's projection: dense_2 for 2_Dense, dense_3 for any other."""
+    return "dense_2" if path == "2_Dense" else "dense_3"
+
+
 def gemma3_architecture(hparams: dict) -> str | None:
     return "GEMMA_EMBEDDING" if embedding_gemma(hparams) else None
 
@@ -127,6 +157,9 @@ def gemma3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Pa
     check_query_scale(_with_gemma3_defaults(hparams), "gemma3", 62, where)
     gemma3_header(writer, hparams, ftype, blocks, folder)
     if embedding_gemma(hparams):
+        for path, config in dense_modules(folder):
+            if config.get("in_features") is not None and config.get("out_features") is not None:
+                writer.add_dense_features_dims(_dense_name(path), config["in_features"], config["out_features"])
         pooled(writer, hparams, folder)
     if hparams.get("sliding_window_pattern") != 1:
         global_every_sixth = ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(blocks)]
@@ -181,6 +214,7 @@ GEMMA3 = GGUFPart(
     after_vocabulary=gemma3_after_vocabulary,
     norm_shift=1.0,
     arch_by_config=gemma3_architecture,
+    beside_model=embedding_gemma_dense,
 )
 GEMMA3_TABLE = t.TensorTable(
     "Gemma3ForCausalLM",

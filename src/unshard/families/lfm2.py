@@ -26,6 +26,7 @@ from .parts import (
     no_trainer_model,
     patch_embedding_as_convolution,
 )
+from .sentence_transformers import dense_weight, pooled
 
 
 def lfm2_layer_kinds(hparams: dict) -> list[str]:
@@ -61,6 +62,23 @@ def lfm2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
     with gguf_quiet():
         writer.add_layer_norm_rms_eps(hparams["norm_eps"])
         writer.add_feed_forward_length(lfm2_ffn_width(hparams))
+    if lfm2_layers_alone(hparams):
+        pooled(writer, hparams, folder)
+
+
+def lfm2_layers_alone(hparams: dict) -> bool:
+    """LFM2's layers without the head (`Lfm2Model`): LFM2.5's embedding and ColBERT models'."""
+    return (hparams.get("architectures") or [None])[0] == "Lfm2Model"
+
+
+def lfm2_dense(writer, hparams: dict, folder: Path) -> dict:
+    """The layers-alone model's projection after them, which the converter reads from 1_Dense/model.safetensors
+    (whatever modules.json says) as dense_2, its width first in the header."""
+    if not lfm2_layers_alone(hparams) or not (folder / "1_Dense" / "model.safetensors").is_file():
+        return {}
+    weight = dense_weight(folder, "1_Dense")
+    writer.add_embedding_length_out(weight.shape[0])
+    return {"dense_2.weight": weight}
 
 
 def lfm2moe_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -137,7 +155,14 @@ def lfm2vl_checked(hparams: dict, where: Path) -> None:
     lfm2_checked(hparams, where)
 
 
-LFM2 = GGUFPart("LFM2", hyperparameters=lfm2_hyperparameters, check_config=lfm2_checked, rearranged=lfm2_kernel)
+LFM2 = GGUFPart(
+    "LFM2",
+    hyperparameters=lfm2_hyperparameters,
+    check_config=lfm2_checked,
+    rearranged=lfm2_kernel,
+    beside_model=lfm2_dense,
+    renames=((r"^(embed_tokens|embedding_norm|layers)\.", r"model.\1."),),  # (Lfm2Model's, as the converter names them)
+)
 LFM2VL_MMPROJ = MmprojPart(
     "LFM2",
     r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.",
@@ -160,6 +185,7 @@ FAMILIES = (
         gguf=LFM2,
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+        also=("Lfm2Model",),  # (its layers alone: LFM2.5's embedding and ColBERT models)
     ),
     Family(
         "LFM2-VL",

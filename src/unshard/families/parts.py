@@ -137,6 +137,10 @@ class GGUFPart:
     after_vocabulary: Callable[..., None] | None = None
     # (writer, hparams, rope, head_dim, where) -> tensors the converter computes from the config (rope factors)
     computed: Callable[..., dict[str, list[float]]] | None = None
+    # (writer, hparams, folder) -> tensors the converter reads from beside the model, by llama.cpp's names, as float32
+    # arrays (sentence-transformers' Dense modules: EmbeddingGemma's, LFM2's), first in the file, each in the type the
+    # file gives a matrix; the keys it writes with them, first in the header where the converter writes them so
+    beside_model: Callable[..., dict[str, Any]] | None = None
     permute_qk: bool = False  # q and k rows reordered per head (llama.cpp's llama rotates pairs, as Meta's code)
     norm_shift: float = 0.0  # added to every norm weight (Gemma's 1 + weight, which llama.cpp applies as it is)
     unshifted_norms: tuple[str, ...] = ()  # the ends of norms' names the shift skips (those applied as they are)

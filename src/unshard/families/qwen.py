@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..names import dense_tables as t
 from ..names import megatron_rules as m
-from .gguf_hooks import pooled, text_hyperparameters
+from .gguf_hooks import text_hyperparameters
 from .llama import (
     MEGATRON_RULES,
     SIBLINGS,
@@ -21,6 +21,7 @@ from .llama import (
     L,
 )
 from .parts import Family, GGUFPart, MegatronRules, Unsupported
+from .sentence_transformers import pooled
 
 # torchtitan's Qwen3 (the names its Qwen3StateDictAdapter maps): Llama's, with q and k norms; its rotary already
 # turns halves of each head, as transformers' does, so no rows are permuted

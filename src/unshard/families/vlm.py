@@ -275,6 +275,7 @@ def _qwen_vl(
     notes=None,
     meta_names=NO_META_NAMES,
     torchtitan_names=NO_TORCHTITAN_NAMES,
+    also: tuple[str, ...] = (),
     **names,
 ) -> Family:
     return Family(
@@ -298,12 +299,19 @@ def _qwen_vl(
         moe_layout=moe_layout,
         linearized=linearized,
         notes=notes or {},
+        also=also,
     )
 
 
 FAMILIES = (
     _qwen_vl(
-        "Qwen2-VL", "qwen2_vl", "Qwen2VLForConditionalGeneration", "QWEN2VL", qwen2vl_sizes, qwen2vl_projector_keys
+        "Qwen2-VL",
+        "qwen2_vl",
+        "Qwen2VLForConditionalGeneration",
+        "QWEN2VL",
+        qwen2vl_sizes,
+        qwen2vl_projector_keys,
+        also=("Qwen2VLModel",),  # (without the head)
     ),
     _qwen_vl(
         "Qwen2.5-VL",

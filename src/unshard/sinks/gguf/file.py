@@ -28,7 +28,7 @@ def header(plan: GGUFPlan, tensors: list[OutputTensor]):
     writer = plan.writer
     writer.tensors = [{}]  # (one writer makes every header of the plan: --dry-run's, the file's)
     qtypes = {name: qtype for e in plan.encoded.values() for name, qtype in e.types().items()}
-    qtypes.update(dict.fromkeys(plan.computed, gguf.GGMLQuantizationType.F32))
+    qtypes.update({name: plan.computed_type(name) for name in plan.computed})
     parts: dict[str, dict[int | None, OutputTensor]] = {}  # the file's tensors: their experts, or themselves (None)
     for tensor in [*tensors, *plan.computed_stored()]:
         name, expert = stacked(tensor.name)

@@ -16,7 +16,19 @@ from ...families.parts import GGUFPart, Rearrangement
 from ...types import OutputTensor
 from . import kquants, vision
 from .header import as_the_converter_nests, general_metadata, read_hparams
-from .tensors import EXPERT, HEAD_NORM, LAYER, LEGACY, QUANTIZED, TYPES, GGUFPlan, GGUFTensor, Rearranged, stacked
+from .tensors import (
+    EXPERT,
+    HEAD_NORM,
+    LAYER,
+    LEGACY,
+    QUANTIZED,
+    TYPES,
+    GGUFPlan,
+    GGUFTensor,
+    Rearranged,
+    in_file_type,
+    stacked,
+)
 from .unigram import UNIGRAM_KINDS, write_unigram_vocabulary
 from .vocabulary import write_vocabulary
 
@@ -105,7 +117,13 @@ def plan_gguf(
     outputs = _without_layers_past(plan, _without_towers(plan, outputs, part.towers, why), blocks)
     if part.header_tensors:
         outputs = _into_header(plan, outputs, part, hparams, read, where)
-    parameters = _plan_tensors(plan, outputs, hparams, part, arch, head_dim, experts, blocks, where)
+    beside = part.beside_model(plan.writer, hparams, config_folder) if part.beside_model else {}
+    if beside:
+        plan.notes.append(
+            f"{', '.join(beside)}: the sentence-transformers projections after the model, from {config_folder}, "
+            "which llama.cpp applies to its embeddings as sentence-transformers does"
+        )
+    parameters = _plan_tensors(plan, outputs, hparams, part, arch, head_dim, experts, blocks, where, beside)
     _computed_tensors(plan, hparams, part, head_dim, where)
     plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, blocks, part)
     if file_type in QUANTIZED:  # llama-quantize sets these two over what it copies, which puts them last
@@ -133,9 +151,11 @@ def _plan_tensors(
     experts: int,
     blocks: int,
     where: Path,
+    beside: dict[str, Any],
 ) -> tuple[int, int, int, int]:
-    """Each output's name, type and place in the file (plan.encoded, plan.positions); the parameters as gguf-py
-    counts them for the size label: (all, those outside the experts, one expert's, experts)."""
+    """Each output's name, type and place in the file (plan.encoded, plan.positions), and the tensors from beside the
+    model's (GGUFPart.beside_model: llama.cpp's name -> float32 values) in their types (plan.computed); the parameters
+    as gguf-py counts them for the size label: (all, those outside the experts, one expert's, experts)."""
     gguf = gguf_py()
     file_type = plan.file_type
     qtype = getattr(gguf.GGMLQuantizationType, kquants.MIXES.get(file_type, file_type).upper())
@@ -160,6 +180,7 @@ def _plan_tensors(
         shapes = [
             rearranged[o.name][1] if o.name in rearranged else {name: o.shape} for o, name in zip(ordered, llama_names)
         ]
+        shapes.append({name: values.shape for name, values in beside.items()})
         quantized = {
             name: shape[-1] for each in shapes for name, shape in each.items() if _quantized(name, shape, file_type)
         }
@@ -209,6 +230,11 @@ def _plan_tensors(
             plan.positions[name] = (last_expert[name.split(".")[1]], order.index(kind) if order else kind)
         else:
             plan.positions[name] = (output.name,)
+    for name, values in beside.items():  # (the converter's first tensors: plan.computed's, placed with them)
+        tensor_type, _ = gguf_type(plan, name, values.shape, qtype, False, experts, mixed.get(name))
+        plan.computed[name] = in_file_type(values, tensor_type)
+        plan.computed_types[name] = tensor_type
+        file_shapes[name] = values.shape
     return _parameter_counts(file_shapes)
 
 
@@ -424,7 +450,8 @@ def _computed_tensors(plan: GGUFPlan, hparams: dict, part: GGUFPart, head_dim: i
 
     _, rope = rope_parameters(hparams)
     if part.computed:
-        plan.computed.update(part.computed(plan.writer, hparams, rope, head_dim, where))
+        computed = part.computed(plan.writer, hparams, rope, head_dim, where)
+        plan.computed.update({name: np.asarray(values, dtype=np.float32) for name, values in computed.items()})
     if part.unused:
         held = {stacked(s.name)[0] for encoding in plan.encoded.values() for s in encoding.stored}
         lacking = {name: shape for name, shape in part.unused(hparams).items() if name not in held}
@@ -443,7 +470,6 @@ def _computed_tensors(plan: GGUFPlan, hparams: dict, part: GGUFPart, head_dim: i
         )
     for i, name in enumerate(plan.computed):  # (before every other tensor; llama-quantize's order is by name)
         plan.positions[name] = _in_blocks(name) if plan.file_type in QUANTIZED else ("", i)
-    plan.computed = {name: np.asarray(values, dtype=np.float32) for name, values in plan.computed.items()}
 
 
 def _check_stacks(

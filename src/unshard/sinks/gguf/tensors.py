@@ -158,6 +158,15 @@ def _quantized(values: np.ndarray, qtype) -> np.ndarray:
     return data.reshape(-1).view(np.uint8)
 
 
+def in_file_type(values: np.ndarray, qtype) -> np.ndarray:
+    """A whole tensor's values as the file stores them in that type: float32 as they are, else rows of its bytes."""
+    import numpy as np
+
+    if qtype == gguf_py().GGMLQuantizationType.F32:
+        return np.ascontiguousarray(values, dtype=np.float32)
+    return _quantized(values, qtype).reshape(gguf_py().quant_shape_to_byte_shape(values.shape, qtype))
+
+
 @dataclass
 class GGUFPlan:
     """The file's metadata and tensor types, decided with the plan."""
@@ -169,8 +178,10 @@ class GGUFPlan:
     # Where each tensor of the file goes, by llama.cpp's name: the converter's order, or for llama-quantize's types,
     # the order it writes (llama.cpp's loader's: the tensors outside the blocks, then block by block, by name).
     positions: dict[str, tuple] = field(default_factory=dict)
-    # Tensors the converter computes from the config (Llama 3's rope frequencies...): llama.cpp's name -> f32 values
+    # Tensors the converter computes from the config (Llama 3's rope frequencies...) or reads from beside the model
+    # (GGUFPart.beside_model): llama.cpp's name -> its values as the file stores them (in_file_type), written whole
     computed: dict[str, Any] = field(default_factory=dict)
+    computed_types: dict[str, Any] = field(default_factory=dict)  # (those not in F32, by name: the GGUF type)
     notes: list[str] = field(default_factory=list)
     left_out: set[str] = field(default_factory=set)  # outputs the file has no place for (by output name)
     vocabulary: str = ""  # what the tokenizer became, as inspect says it
@@ -194,8 +205,11 @@ class GGUFPlan:
         held = (stacked(s.name)[0] for s in self.encoded[output.name].stored)
         return self.positions[next(name for name in held if name not in self.elsewhere)]
 
+    def computed_type(self, name: str):
+        return self.computed_types.get(name, gguf_py().GGMLQuantizationType.F32)
+
     def computed_stored(self) -> list[OutputTensor]:
-        """The computed tensors as the file stores them (their f32 bytes, row by row)."""
+        """The computed tensors as the file stores them (their bytes, row by row)."""
         return [
             OutputTensor(name, (*values.shape[:-1], values.shape[-1] * values.itemsize), dtypes.BY_NAME["uint8"])
             for name, values in self.computed.items()
@@ -210,7 +224,7 @@ class GGUFPlan:
                 for name, qtype in e.types().items()
                 if name not in self.elsewhere
             },
-            **dict.fromkeys(self.computed, "F32"),
+            **{name: self.computed_type(name).name for name in self.computed},
         }
         for qtype in types.values():
             counts[qtype] = counts.get(qtype, 0) + 1
