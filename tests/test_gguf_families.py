@@ -1927,3 +1927,31 @@ def test_what_llama_cpp_s_gemma3n_computes_otherwise_is_one_line(change, message
     keys and values of their own (20), LAuReL's rank, the activation and the sparse layers: refused while planning, in
     one line naming the file, nothing written."""
     assert_refused_in_one_line("gemma3n-fsdp2-spm", lambda config: config.update(change), message, tmp_path)
+
+
+# Classes a family's makers name in their releases' configs (their own code's), which the converter reads as the class
+# transformers names: by the fixture of the family
+MAKERS_CLASSES = {
+    "ernie45-fsdp2-spm": "Ernie4_5_ForCausalLM",
+    "exaonemoe-fsdp2": "ExaoneMoEForCausalLM",
+    "lfm2-fsdp2": "LFM2ForCausalLM",
+    "llama-fsdp2-spm": "LLaMAForCausalLM",
+}
+
+
+@pytest.mark.parametrize("case", MAKERS_CLASSES)
+def test_a_family_under_its_makers_class_name_is_the_converter_s_file(case, converter, tmp_path):
+    """A folder whose config.json names the class as its makers' code does (ERNIE 4.5's Ernie4_5_ForCausalLM, EXAONE
+    MoE's ExaoneMoEForCausalLM, ...): the family's file, the converter's."""
+    folder = tmp_path / "hf"
+    unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": [MAKERS_CLASSES[case]]}))
+    pre = for_the_converter(folder)
+    ours = tmp_path / "f32.gguf"
+    unshard.convert(folder, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    if case in HUB_KEYS:  # (the config as the Hub's release holds it, which the converter reads)
+        config = json.loads((folder / "config.json").read_text())
+        hub = {key: value for key, value in {**config, **HUB_KEYS[case](config)}.items() if value is not DROPPED}
+        (folder / "config.json").write_text(json.dumps(hub))
+    assert_same_file(ours, converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre))

@@ -120,6 +120,7 @@ FAMILIES = (
         gguf=GGUFPart("ERNIE4_5", after_vocabulary=ernie_space_prefix),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+        also=("Ernie4_5_ForCausalLM",),  # (Baidu's own class, as its releases' configs name it)
     ),
     Family(
         "ERNIE 4.5 MoE",

@@ -158,5 +158,6 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        also=("ExaoneMoEForCausalLM",),  # (LG's own class, as its releases' configs name it)
     ),
 )

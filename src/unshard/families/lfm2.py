@@ -185,7 +185,8 @@ FAMILIES = (
         gguf=LFM2,
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
-        also=("Lfm2Model",),  # (its layers alone: LFM2.5's embedding and ColBERT models)
+        # (its layers alone: LFM2.5's embedding and ColBERT models; the class Liquid's own code names)
+        also=("Lfm2Model", "LFM2ForCausalLM"),
     ),
     Family(
         "LFM2-VL",

@@ -153,7 +153,8 @@ FAMILIES = (
         moe_layout=Unsupported("a dense family: merge-moe assembles Mixtral or Qwen MoE from it", applies=False),
         torchtitan_names=TORCHTITAN,
         torchtune_names=TORCHTUNE_LLAMA,
-        also=("LlamaModel",),  # (its layers alone, as embedding models have them: LLM2Vec's)
+        # (its layers alone, as embedding models have them: LLM2Vec's; the class's first name, as early configs name it)
+        also=("LlamaModel", "LLaMAForCausalLM"),
     ),
     Family(
         "Mistral",
