@@ -260,6 +260,7 @@ TESTED = {
         **GGUF_MULTIMODAL,
         "voxtral": "voxtral-fsdp2",  # (its text model's file alone: no mmproj)
         "chameleon": "chameleon-fsdp2",  # (its text model's file alone: no mmproj)
+        "muse_glimmer": "torchtitan-museglimmer-fsdp2",  # (its text model's file alone, with llama.cpp's gguf-py)
         "bert": "bert-fsdp2",
         "roberta": "roberta-fsdp2",
         "xlm-roberta": "xlmroberta-fsdp2",

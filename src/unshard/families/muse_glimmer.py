@@ -6,7 +6,12 @@ reordered per head."""
 
 from __future__ import annotations
 
-from .parts import DEFAULT_FUSED_SIBLINGS, NO_TABLE, NOT_A_MOE_INPUT, Family, Unsupported
+from functools import partial
+from pathlib import Path
+
+from ..errors import ConfigMismatchError
+from .gguf_hooks import json_or_empty, text_hyperparameters
+from .parts import DEFAULT_FUSED_SIBLINGS, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Rearrangement, Unsupported
 
 _T, _V = "model.language_model.layers.{i}.", "model.vision_tower.layers.{i}."
 _P = "model.vision_tower.patch_embedder."
@@ -58,6 +63,83 @@ TORCHTITAN_MUSE_GLIMMER = {
     "vision_projection.weight": ("model.vision_projection.weight", None),
 }
 
+# what llama.cpp's muse-glimmer fixes in its code: the epsilon of the norms after attention and the MLP
+POST_NORM_EPS = 1e-8
+
+
+def muse_glimmer_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's TextModel's, then the final soft cap, the logits' scale (output_multiplier) and which layers
+    attend within the window."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_final_logit_softcapping(hparams["final_logit_softcapping"])
+    writer.add_logit_scale(hparams["output_multiplier"])
+    writer.add_sliding_window(hparams["sliding_window"])
+    writer.add_sliding_window_pattern([kind == "sliding_attention" for kind in hparams["layer_types"]])
+
+
+def muse_glimmer_end_of_turn(writer, hparams: dict, folder: Path) -> None:
+    """`<|eot|>`'s id as the end of turn, as the converter names it after the vocabulary: transformers' id of that
+    token, which is the unknown token's where the tokenizer lacks it (and none without one either)."""
+    tokenizer = json_or_empty(folder / "tokenizer.json")
+    ids = {t["content"]: t["id"] for t in tokenizer.get("added_tokens", [])}
+    ids = {**tokenizer.get("model", {}).get("vocab", {}), **ids}
+    unknown = json_or_empty(folder / "tokenizer_config.json").get("unk_token")
+    unknown = unknown.get("content") if isinstance(unknown, dict) else unknown
+    eot = ids.get("<|eot|>", ids.get(unknown) if isinstance(unknown, str) else None)
+    if eot is not None:
+        writer.add_eot_token_id(eot)
+
+
+def muse_glimmer_checked(hparams: dict, where: Path) -> None:
+    """What llama.cpp's muse-glimmer computes: SwiGLU, rope on the sliding layers alone (at the config's base) and
+    none on the global ones, its own epsilon after attention and the MLP. Another config is one line."""
+    theta = hparams.get("rope_parameters", {}).get("rope_theta")
+    turns = [
+        t if kind == "sliding_attention" else 0
+        for t, kind in zip([theta] * len(hparams["layer_types"]), hparams["layer_types"])
+    ]
+    why = None
+    if hparams.get("hidden_activation", "silu") != "silu":
+        why = f"hidden_activation is {hparams['hidden_activation']!r}, and llama.cpp's muse-glimmer runs SiLU"
+    elif hparams.get("layer_rope_theta", turns) != turns:
+        why = (
+            "layer_rope_theta is not the rope base on the sliding layers and none on the global ones, as llama.cpp's "
+            "muse-glimmer turns them"
+        )
+    elif hparams.get("post_norm_eps", POST_NORM_EPS) != POST_NORM_EPS:
+        why = f"post_norm_eps is {hparams['post_norm_eps']}, and llama.cpp's muse-glimmer fixes {POST_NORM_EPS}"
+    if why:
+        raise ConfigMismatchError(
+            f"{where}: {why}: it would compute another model; serve this one with transformers or vLLM"
+        )
+
+
+def muse_glimmer_queries(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """A layer's q_proj as the converter writes it: after the norms it makes for q and k (transformers' norms have no
+    weight; q's takes qk_scale_factor, k's ones), its rows reordered per head for llama.cpp's rotary (the whole
+    tensor one band, the norms made once)."""
+    if not name.endswith(".self_attn.q_proj.weight") or ".language_model." not in name:
+        return None
+    head_dim, heads = hparams["head_dim"], hparams["num_attention_heads"]
+    if shape[0] != heads * head_dim:
+        raise ConfigMismatchError(
+            f"{where}: {name} has {shape[0]} rows, not {heads} heads of {head_dim}; pass --config-from the model's "
+            "own folder"
+        )
+    layer = name.removesuffix("q_proj.weight")
+    made = {layer + "q_norm.weight": (head_dim,), layer + "k_norm.weight": (head_dim,), name: shape}
+    return Rearrangement(
+        made, partial(norms_then_queries, head_dim=head_dim, scale=hparams["qk_scale_factor"]), shape[0]
+    )
+
+
+def norms_then_queries(band, head_dim: int, scale: float) -> tuple:
+    import numpy as np
+
+    turned = band.reshape(-1, 2, head_dim // 2, band.shape[-1]).swapaxes(1, 2).reshape(band.shape)
+    return np.full(head_dim, scale, np.float32), np.ones(head_dim, np.float32), turned
+
+
 FAMILIES = (
     Family(
         "Muse Glimmer",
@@ -68,12 +150,25 @@ FAMILIES = (
         meta_names=TORCHTITAN_MUSE_GLIMMER,
         torchtitan_names=TORCHTITAN_MUSE_GLIMMER,
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
-        gguf=Unsupported("llama.cpp's converter writes it as muse-glimmer, which gguf-py 0.19 (PyPI's newest) lacks"),
-        mmproj=Unsupported("llama.cpp's converter writes its projector as one gguf-py 0.19 (PyPI's newest) lacks"),
+        gguf=GGUFPart(
+            "MUSE_GLIMMER",
+            hyperparameters=muse_glimmer_hyperparameters,
+            check_config=muse_glimmer_checked,
+            vocabulary="bpe",
+            after_vocabulary=muse_glimmer_end_of_turn,
+            rearranged=muse_glimmer_queries,
+            permute_qk=True,  # (k's rows; q's, rearranged above)
+            norm_shift=1.0,
+            unshifted_norms=("language_model.norm.weight",),
+            towers=r"^model\.vision_(?:tower|adapter|projection)\.",
+            towers_left_out="its projector (llama.cpp's muse_glimmer) is not written yet",
+        ),
+        mmproj=Unsupported("its projector (llama.cpp's muse_glimmer) is not written yet"),
         moe_layout=NOT_A_MOE_INPUT,
         notes={
             "meta_names": "torchtitan's names, its vision tower's too",
             "to_torchtitan": "its vision tower's q and k biases reordered with their rows",
+            "gguf": "with llama.cpp's own gguf-py (PyPI's 0.19 lacks muse-glimmer): pip install <llama.cpp>/gguf-py",
         },
     ),
 )

@@ -98,7 +98,7 @@ def plan_gguf(
         hparams = part.as_the_converter_reads(hparams, where)
     if requested in kquants.MIXES:  # (a one-line error before anything is written, where no library computes them)
         kquants.library_path(requested)
-    arch = getattr(gguf.MODEL_ARCH, (part.arch_by_config and part.arch_by_config(hparams)) or part.arch)
+    arch = _architecture(gguf, (part.arch_by_config and part.arch_by_config(hparams)) or part.arch, architecture, where)
     file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
     ftype = (
         gguf.LlamaFileType.ALL_F32 if file_type == "f32" else getattr(gguf.LlamaFileType, "MOSTLY_" + file_type.upper())
@@ -139,6 +139,21 @@ def plan_gguf(
         if family.mmproj.text_rows:
             vision.carry_text_rows(plan, outputs, family.mmproj.text_rows(config, config_folder), where)
     return plan
+
+
+def _architecture(gguf, member: str, architecture: str, where: Path):
+    """gguf-py's member for llama.cpp's architecture; where this gguf-py lacks it (PyPI's 0.19 lacks those llama.cpp
+    added since: Muse Glimmer's), one line saying how to get llama.cpp's own."""
+    arch = getattr(gguf.MODEL_ARCH, member, None)
+    if arch is None:
+        from importlib.metadata import version
+
+        raise ConfigMismatchError(
+            f"{where}: {architecture} is llama.cpp's {member.lower().replace('_', '-')}, which the installed gguf-py "
+            f"({version('gguf')}, PyPI's newest) lacks; install llama.cpp's own, which knows it: pip install "
+            "<llama.cpp>/gguf-py (in a llama.cpp checkout, or in llama-cpp-python's source package under vendor/)"
+        )
+    return arch
 
 
 def _plan_tensors(

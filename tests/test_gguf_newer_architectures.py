@@ -1,0 +1,124 @@
+"""GGUF of the families whose llama.cpp architecture PyPI's gguf-py (0.19) lacks, written with llama.cpp's own gguf-py:
+the one llama-cpp-python's source package vendors beside the converter, put before PyPI's as a user's
+`pip install <llama.cpp>/gguf-py` would. Each file is the converter's (which reads the same gguf-py) and
+llama-quantize's; llama.cpp, compiled from the same source, computes transformers' logits from it. With PyPI's
+gguf-py, one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import generate
+import pytest
+import torch
+from conftest import SHIPPED
+from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: the fixtures, used by name)
+    LLAMA_CPP_TOLERANCE,
+    assert_same_file,
+    converter,
+    for_the_converter,
+    ggml_library,
+    llama_cpp,
+    llama_cpp_client,
+)
+
+import unshard
+from unshard.sinks.gguf import kquants
+
+MUSE_GLIMMER = SHIPPED / "torchtitan-museglimmer-fsdp2"
+# (the suite's byte-level BPE, trained for the fixtures: the Muse Glimmer fixture ships a config alone)
+TOKENIZER = SHIPPED / "olmo2-fsdp2" / "global_step_1" / "actor" / "huggingface"
+
+
+def unshard_with_llama_cpp_gguf_py(*args, **env) -> subprocess.CompletedProcess:
+    """unshard's command line in an interpreter that finds llama.cpp's own gguf-py before PyPI's."""
+    gguf_py = generate.llama_cpp_source() / "gguf-py"
+    return subprocess.run(
+        [sys.executable, "-m", "unshard", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(gguf_py), **env),
+    )
+
+
+def muse_glimmer_folder(tmp_path: Path) -> Path:
+    """unshard's folder of the torchtitan fixture's Muse Glimmer, with the suite's tokenizer: the converter's input,
+    transformers', and the config unshard reads the checkpoint by."""
+    folder = tmp_path / "hf"
+    unshard.convert(MUSE_GLIMMER / "checkpoint" / "step-1", folder, config_from=MUSE_GLIMMER / "hf", progress=False)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZER / name, folder)
+    return folder
+
+
+def test_muse_glimmer_from_torchtitan_s_checkpoint_as_the_converter_and_llama_quantize_write_it(
+    converter, llama_cpp, ggml_library, tmp_path
+):
+    """Muse Glimmer (gated attention, q and k norms the converter makes from qk_scale_factor, four norms a layer as
+    1 + weight, rope on the sliding layers alone) straight from torchtitan's checkpoint: in f32 and q8_0 the
+    converter's file of unshard's folder, in q4_k_m llama-quantize's of the converter's f32 file; llama.cpp computes
+    transformers' logits from the f32 file (over a prompt past the window)."""
+    import transformers
+
+    folder = muse_glimmer_folder(tmp_path)
+    pre = for_the_converter(folder)
+    checkpoint = MUSE_GLIMMER / "checkpoint" / "step-1"
+    library = {kquants.LIBRARY_VARIABLE: ggml_library}
+    for kind in ("f32", "q8_0", "q4_k_m"):
+        done = unshard_with_llama_cpp_gguf_py(
+            "convert",
+            checkpoint,
+            tmp_path / f"{kind}.gguf",
+            "--config-from",
+            folder,
+            "--gguf-type",
+            kind,
+            "--no-progress",
+            **library,
+        )
+        assert done.returncode == 0, done.stderr
+    assert "no mmproj file of them" in done.stderr  # (its towers, left out as the converter's text model leaves them)
+    for kind in ("f32", "q8_0"):
+        assert_same_file(tmp_path / f"{kind}.gguf", converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    window = json.loads((folder / "config.json").read_text())["text_config"]["sliding_window"]
+    prompt = [1] + [(7 * i) % 60 + 4 for i in range(2 * window + 3)]
+    model = transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    expected = model(torch.tensor([prompt])).logits[0].detach()
+    # (keys and values cached in f32: q's norm scales its scores by qk_scale_factor, past f16's precision here)
+    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
+    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 2.7e-6)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({}, "which the installed gguf-py \\(0.19.0, PyPI's newest\\) lacks; install llama.cpp's own"),
+        ({"post_norm_eps": 1e-6}, "post_norm_eps is 1e-06, and llama.cpp's muse-glimmer fixes 1e-08"),
+        ({"layer_rope_theta": [10000.0] * 4}, "layer_rope_theta is not the rope base on the sliding layers"),
+        ({"hidden_activation": "gelu"}, "hidden_activation is 'gelu', and llama.cpp's muse-glimmer runs SiLU"),
+    ],
+)
+def test_muse_glimmer_llama_cpp_would_not_compute_or_gguf_py_cannot_write_is_one_line(change, message, tmp_path):
+    """Without llama.cpp's gguf-py (PyPI's), or a config llama.cpp's muse-glimmer would compute otherwise: one line
+    naming config.json, nothing written."""
+    folder = muse_glimmer_folder(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"].update(change)
+    (folder / "config.json").write_text(json.dumps(config))
+    args = ("convert", folder, tmp_path / "m.gguf", "--no-progress")
+    if change:
+        done = unshard_with_llama_cpp_gguf_py(*args)
+    else:  # (PyPI's gguf-py, this venv's)
+        done = subprocess.run([sys.executable, "-m", "unshard", *map(str, args)], capture_output=True, text=True)
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "config.json: " in done.stderr and re.search(message, done.stderr), done.stderr
+    assert not (tmp_path / "m.gguf").exists()
