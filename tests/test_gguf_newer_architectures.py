@@ -21,6 +21,7 @@ from conftest import SHIPPED
 from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: the fixtures, used by name)
     LLAMA_CPP_TOLERANCE,
     assert_same_file,
+    contents,
     converter,
     for_the_converter,
     ggml_library,
@@ -98,10 +99,52 @@ def test_muse_glimmer_from_torchtitan_s_checkpoint_as_the_converter_and_llama_qu
     assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 2.7e-6)
 
 
+# The FSDP2 fixtures of those families, by llama.cpp's architecture
+NEWER = {"graniteswa-fsdp2": "granite_swa"}
+
+
+@pytest.mark.parametrize("case", NEWER)
+def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_write_it(
+    case, converter, llama_cpp, ggml_library, tmp_path
+):
+    """Granite SWA (Granite's multipliers, attention sinks, a window on three layers in four): unshard's folder is the
+    fixture's model tensor for tensor; its GGUF file from the rank files is the converter's of that folder in f32 and
+    q8_0 and llama-quantize's of the converter's in q4_k_m; llama.cpp computes transformers' logits over a prompt
+    past the window."""
+    import transformers
+    from safetensors.torch import load_file
+
+    src, folder = SHIPPED / case / "global_step_1", tmp_path / "hf"
+    unshard.convert(src, folder, progress=False)
+    written, reference = (
+        load_file(folder / "model.safetensors"),
+        load_file(SHIPPED / case / "reference" / "model.safetensors"),
+    )
+    assert sorted(written) == sorted(reference) and all(torch.equal(written[n], t) for n, t in reference.items())
+    pre = for_the_converter(folder)
+    for kind in ("f32", "q8_0", "q4_k_m"):
+        out = tmp_path / f"{kind}.gguf"
+        done = unshard_with_llama_cpp_gguf_py(
+            "convert", src, out, "--gguf-type", kind, "--no-progress", **{kquants.LIBRARY_VARIABLE: ggml_library}
+        )
+        assert done.returncode == 0, done.stderr
+    for kind in ("f32", "q8_0"):
+        assert_same_file(tmp_path / f"{kind}.gguf", converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    assert contents(tmp_path / "f32.gguf")[0]["general.architecture"] == NEWER[case]
+    window = json.loads((folder / "config.json").read_text())["sliding_window"]
+    prompt = [1] + [(7 * i) % 90 + 5 for i in range(3 * window + 2)]
+    model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
+    expected = model(torch.tensor([prompt])).logits[0].detach()
+    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
+    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 1.7e-7)
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({}, "which the installed gguf-py \\(0.19.0, PyPI's newest\\) lacks; install llama.cpp's own"),
+        ({}, "MODEL_ARCH.MUSE_GLIMMER, which the installed gguf-py \\(0.19.0, PyPI's newest\\) lacks"),
         ({"post_norm_eps": 1e-6}, "post_norm_eps is 1e-06, and llama.cpp's muse-glimmer fixes 1e-08"),
         ({"layer_rope_theta": [10000.0] * 4}, "layer_rope_theta is not the rope base on the sliding layers"),
         ({"hidden_activation": "gelu"}, "hidden_activation is 'gelu', and llama.cpp's muse-glimmer runs SiLU"),

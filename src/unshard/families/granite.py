@@ -14,6 +14,7 @@ on."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
@@ -21,6 +22,7 @@ from .gguf_hooks import first_of, llama_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY, llama_computed
 from .mamba2 import add_mamba2_sizes, mamba2_checked, mamba2_tensors
 from .parts import (
+    LLAMA_CPP_GGUF_PY,
     NO_TABLE,
     NOT_A_MOE_INPUT,
     Family,
@@ -61,6 +63,20 @@ def granite_checked(hparams: dict, where: Path) -> None:
             f"{where}: head_dim is {hparams['head_dim']}, and llama.cpp's granite takes heads of hidden_size / "
             f"num_attention_heads = {width}: it would compute another model; serve this one with transformers or vLLM"
         )
+
+
+def granite_swa_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's GraniteSWAModel's: Granite's, then the window, the layers that attend within it (by
+    layer_types, else three in four as transformers' default) and the layers turning rope, where the config names
+    some without (no_rope_layers)."""
+    granite_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_sliding_window(hparams.get("sliding_window", 128))
+    kinds = hparams.get("layer_types")
+    writer.add_sliding_window_pattern(
+        [kind == "sliding_attention" for kind in kinds] if kinds else [i % 4 != 0 for i in range(blocks)]
+    )
+    if hparams.get("no_rope_layers"):
+        writer.add_rope_pattern([bool(turns) for turns in hparams["no_rope_layers"]])
 
 
 def granitemoe_hyperparameters(
@@ -215,6 +231,12 @@ GRANITE_GGUF = GGUFPart(
     llama_vocabulary=True,
     check_config=granite_checked,
 )
+GRANITE_SWA_GGUF = replace(
+    GRANITE_GGUF,
+    arch="GRANITE_SWA",
+    hyperparameters=granite_swa_hyperparameters,
+    renames=((r"\.self_attn\.sinks$", ".self_attn.sinks.weight"),),  # (as the converter names a layer's sinks)
+)
 FAMILIES = (
     Family(
         "Granite",
@@ -227,6 +249,19 @@ FAMILIES = (
         gguf=GRANITE_GGUF,
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "Granite SWA",
+        "granite_swa",
+        "GraniteSWAForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Granite layout (its multipliers) is not mapped yet"),
+        **no_trainer_model("Granite SWA"),
+        fused_siblings=SIBLINGS,
+        gguf=GRANITE_SWA_GGUF,
+        mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="granite_swa")},
     ),
     Family(
         "Granite MoE",

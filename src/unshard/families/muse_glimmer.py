@@ -11,7 +11,16 @@ from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gguf_hooks import json_or_empty, text_hyperparameters
-from .parts import DEFAULT_FUSED_SIBLINGS, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Rearrangement, Unsupported
+from .parts import (
+    DEFAULT_FUSED_SIBLINGS,
+    LLAMA_CPP_GGUF_PY,
+    NO_TABLE,
+    NOT_A_MOE_INPUT,
+    Family,
+    GGUFPart,
+    Rearrangement,
+    Unsupported,
+)
 
 _T, _V = "model.language_model.layers.{i}.", "model.vision_tower.layers.{i}."
 _P = "model.vision_tower.patch_embedder."
@@ -168,7 +177,7 @@ FAMILIES = (
         notes={
             "meta_names": "torchtitan's names, its vision tower's too",
             "to_torchtitan": "its vision tower's q and k biases reordered with their rows",
-            "gguf": "with llama.cpp's own gguf-py (PyPI's 0.19 lacks muse-glimmer): pip install <llama.cpp>/gguf-py",
+            "gguf": LLAMA_CPP_GGUF_PY.format(arch="muse-glimmer"),
         },
     ),
 )

@@ -258,6 +258,9 @@ class MmprojPart:
     note: str | None = None
 
 
+# (a family's GGUF note where llama.cpp's architecture is newer than PyPI's gguf-py)
+LLAMA_CPP_GGUF_PY = "with llama.cpp's own gguf-py (PyPI's 0.19 lacks {arch}): pip install <llama.cpp>/gguf-py"
+
 # Linear layers that vLLM runs as one, for a model of a family not listed (and the vision-language models, whose
 # towers name theirs otherwise): the common names, as llm-compressor's FUSED_LAYER_NAMES (q, k and v; gate and up,
 # as Mixtral's w1 and w3; DeepSeek's q_a and kv_a).

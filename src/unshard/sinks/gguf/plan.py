@@ -149,8 +149,8 @@ def _architecture(gguf, member: str, architecture: str, where: Path):
         from importlib.metadata import version
 
         raise ConfigMismatchError(
-            f"{where}: {architecture} is llama.cpp's {member.lower().replace('_', '-')}, which the installed gguf-py "
-            f"({version('gguf')}, PyPI's newest) lacks; install llama.cpp's own, which knows it: pip install "
+            f"{where}: llama.cpp writes {architecture} as gguf-py's MODEL_ARCH.{member}, which the installed gguf-py "
+            f"({version('gguf')}, PyPI's newest) lacks; install llama.cpp's own, which has it: pip install "
             "<llama.cpp>/gguf-py (in a llama.cpp checkout, or in llama-cpp-python's source package under vendor/)"
         )
     return arch
