@@ -292,6 +292,7 @@ TESTED = {
         "ernie4_5": "ernie45-fsdp2-spm",
         "granite": "granite-fsdp2",
         "granite_swa": "graniteswa-fsdp2",  # (with llama.cpp's gguf-py)
+        "mellum": "mellum-fsdp2",  # (with llama.cpp's gguf-py)
         "arcee": "arcee-fsdp2",
         "exaone4": "exaone4-fsdp2",
         "exaone_moe": "exaonemoe-fsdp2",

@@ -100,17 +100,17 @@ def test_muse_glimmer_from_torchtitan_s_checkpoint_as_the_converter_and_llama_qu
 
 
 # The FSDP2 fixtures of those families, by llama.cpp's architecture
-NEWER = {"graniteswa-fsdp2": "granite_swa"}
+NEWER = {"graniteswa-fsdp2": "granite_swa", "mellum-fsdp2": "mellum"}
 
 
 @pytest.mark.parametrize("case", NEWER)
 def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_write_it(
     case, converter, llama_cpp, ggml_library, tmp_path
 ):
-    """Granite SWA (Granite's multipliers, attention sinks, a window on three layers in four): unshard's folder is the
-    fixture's model tensor for tensor; its GGUF file from the rank files is the converter's of that folder in f32 and
-    q8_0 and llama-quantize's of the converter's in q4_k_m; llama.cpp computes transformers' logits over a prompt
-    past the window."""
+    """Granite SWA (Granite's multipliers, attention sinks, a window on three layers in four) and Mellum (experts in
+    every layer, a window on every second): unshard's folder is the fixture's model tensor for tensor; its GGUF file
+    from the rank files is the converter's of that folder in f32 and q8_0 and llama-quantize's of the converter's in
+    q4_k_m; llama.cpp computes transformers' logits over a prompt past the window."""
     import transformers
     from safetensors.torch import load_file
 
@@ -138,7 +138,37 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
     expected = model(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
-    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 1.7e-7)
+    distance = ((logits - expected).norm() / expected.norm()).item()
+    assert distance <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 1.7e-7, 3.7e-7)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"rope_parameters": {"full_attention": {"rope_theta": 5e5}, "sliding_attention": {"rope_theta": 1e4}}},
+            "the sliding layers turn rope at 10000.0 and the others at 500000.0, and llama.cpp's mellum turns",
+        ),
+        (
+            {"mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+            "llama.cpp's mellum runs experts in every layer",
+        ),
+        ({"norm_topk_prob": False}, "norm_topk_prob is off, and llama.cpp's mellum renormalises"),
+    ],
+)
+def test_mellum_llama_cpp_would_compute_otherwise_is_one_line(change, message, tmp_path):
+    """A Mellum llama.cpp's mellum would compute otherwise (rope on its sliding layers at their own base, which it
+    turns at the global layers', a dense layer, the chosen experts' weights as they are): one line naming config.json,
+    nothing written."""
+    folder = tmp_path / "hf"
+    unshard.convert(SHIPPED / "mellum-fsdp2" / "global_step_1", folder, progress=False)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    # (--no-check: the config's dense layer would not fit the checkpoint's experts; the file's own check says why)
+    done = unshard_with_llama_cpp_gguf_py("convert", folder, tmp_path / "m.gguf", "--no-progress", "--no-check")
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "config.json: " in done.stderr and message in done.stderr, done.stderr
+    assert not (tmp_path / "m.gguf").exists()
 
 
 @pytest.mark.parametrize(
