@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import generate
+import numpy as np
 import pytest
 import torch
 from conftest import SHIPPED
@@ -28,6 +29,7 @@ from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: t
     llama_cpp,
     llama_cpp_client,
 )
+from test_gguf_mmproj import IMAGE_TOLERANCE, assert_same_tensors
 
 import unshard
 from unshard.sinks.gguf import kquants
@@ -174,7 +176,7 @@ def test_mellum_llama_cpp_would_compute_otherwise_is_one_line(change, message, t
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({}, "MODEL_ARCH.MUSE_GLIMMER, which the installed gguf-py \\(0.19.0, PyPI's newest\\) lacks"),
+        ({}, "MODEL_ARCH.MUSE_GLIMMER, which the installed gguf-py \\(0.19.0\\) lacks"),
         ({"post_norm_eps": 1e-6}, "post_norm_eps is 1e-06, and llama.cpp's muse-glimmer fixes 1e-08"),
         ({"layer_rope_theta": [10000.0] * 4}, "layer_rope_theta is not the rope base on the sliding layers"),
         ({"hidden_activation": "gelu"}, "hidden_activation is 'gelu', and llama.cpp's muse-glimmer runs SiLU"),
@@ -195,3 +197,49 @@ def test_muse_glimmer_llama_cpp_would_not_compute_or_gguf_py_cannot_write_is_one
     assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "config.json: " in done.stderr and re.search(message, done.stderr), done.stderr
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_exaone_4_5_s_vision_tower_as_the_converter_writes_it_and_sees_as_transformers(converter, tmp_path):
+    """EXAONE 4.5's tower (Qwen2-VL's with grouped attention, its qkv whole, Qwen2.5-VL's windows) as the mmproj file
+    of llama.cpp's exaone4_5 projector, which PyPI's gguf-py lacks: with llama.cpp's own, the converter's `--mmproj`
+    file in f32 and q8_0, and mtmd's embeddings of an image transformers' image features; with PyPI's, the same text
+    model's file and the towers left out, with a note saying how to write them."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    src, folder = SHIPPED / "exaone45-fsdp2" / "global_step_1", tmp_path / "hf"
+    unshard.convert(src, folder, progress=False)
+    processor = json.loads((folder / "preprocessor_config.json").read_text())
+    # (the Hub's pixel bounds, which the converter reads; transformers 5 saves them as the size's edges)
+    bounds = {"min_pixels": processor["size"]["shortest_edge"], "max_pixels": processor["size"]["longest_edge"]}
+    (folder / "preprocessor_config.json").write_text(json.dumps({**processor, **bounds}))
+    pre = for_the_converter(folder)
+    for kind in ("f32", "q8_0"):
+        done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind)
+        assert done.returncode == 0, done.stderr
+        theirs = contents(converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre, mmproj=True))
+        ours = contents(tmp_path / f"mmproj-{kind}.gguf")
+        assert list(ours[0].items()) == list(theirs[0].items()) and ours[0]["clip.projector_type"] == "exaone4_5"
+        assert_same_tensors(ours[1], theirs[1])
+    done = subprocess.run(
+        [sys.executable, "-m", "unshard", "convert", src, tmp_path / "pypi" / "f32.gguf", "--gguf-type", "f32"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and "lacks llama.cpp's EXAONE4_5 projector" in done.stderr, done.stderr
+    assert_same_file(tmp_path / "pypi" / "f32.gguf", tmp_path / "f32.gguf")
+    assert not (tmp_path / "pypi" / "mmproj-f32.gguf").exists()
+    side = 56  # (the processor's bounds: 4 x 4 patches, 4 tokens after the 2 x 2 merger)
+    image = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    image.tofile(tmp_path / "image.rgb")
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], do_resize=False, return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"]
+        )
+    expected = torch.cat(list(features.pooler_output))
+    files = (tmp_path / "f32.gguf", tmp_path / "mmproj-f32.gguf")
+    llama_cpp_client("image", *files, side, side, tmp_path / "image.rgb", tmp_path / "image.npy")
+    embeddings = torch.from_numpy(np.load(tmp_path / "image.npy"))
+    assert embeddings.shape == expected.shape == (4, 64), (embeddings.shape, expected.shape)
+    assert ((embeddings - expected).norm() / expected.norm()).item() <= IMAGE_TOLERANCE["f32"]  # (measured 3.7e-4)

@@ -17,9 +17,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import gguf_py, rope_parameters, routed_by_sigmoid, text_hyperparameters, with_leading_dense_layers
+from .gguf_hooks import (
+    gguf_py,
+    mmproj_model_forced_type,
+    pixel_bounds,
+    rope_parameters,
+    routed_by_sigmoid,
+    text_hyperparameters,
+    with_leading_dense_layers,
+)
 from .llama import SIBLINGS, TEXT_ONLY, llama_computed
-from .parts import DEFAULT_FUSED_SIBLINGS, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
+from .parts import (
+    DEFAULT_FUSED_SIBLINGS,
+    LLAMA_CPP_GGUF_PY,
+    NO_TABLE,
+    NOT_A_MOE_INPUT,
+    Family,
+    GGUFPart,
+    MmprojPart,
+    Rearrangement,
+    Unsupported,
+    no_trainer_model,
+)
+from .vlm import qwen2vl_sizes, qwen25vl_sizes, qwen_vision_split
 
 
 def sliding_pattern(hparams: dict) -> list[bool] | None:
@@ -102,6 +122,47 @@ def exaone_moe_checked(hparams: dict, where: Path) -> None:
         )
 
 
+def exaone45_sizes(vision: dict, where: Path) -> dict:
+    """Qwen2-VL's tower's sizes, and Qwen2.5-VL's window pattern (every n-th block whole) where it has one."""
+    return (qwen25vl_sizes if vision.get("fullatt_block_indexes") else qwen2vl_sizes)(vision, where)
+
+
+def exaone45_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The converter's Exaone4_5VisionModel's: SiLU, the image processor's pixel bounds, the tower's key-value heads
+    (its attention is grouped), its norms' epsilon, the window and its pattern."""
+    writer.add_vision_use_silu(True)
+    smallest, largest = pixel_bounds(processor, Path("preprocessor_config.json"))
+    writer.add_vision_min_pixels(smallest)
+    writer.add_vision_max_pixels(largest)
+    if vision.get("num_key_value_heads") is not None:
+        writer.add_vision_head_count_kv(vision["num_key_value_heads"])
+    writer.add_vision_attention_layernorm_eps(vision.get("rms_norm_eps", hparams.get("rms_norm_eps", 1e-6)))
+    if vision.get("window_size") is not None:
+        writer.add_vision_window_size(vision["window_size"])
+    if vision.get("fullatt_block_indexes"):
+        writer.add_vision_n_wa_pattern(vision["fullatt_block_indexes"][0] + 1)
+
+
+def exaone45_patches(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
+    """Qwen2-VL's Conv3D patch embedding as one 2-D convolution per frame; each block's qkv kept whole (its
+    attention grouped, as llama.cpp's exaone4_5 reads it)."""
+    return None if ".attn.qkv." in name else qwen_vision_split(name, shape, vision)
+
+
+def exaone45_tower_name(name: str) -> str:
+    """The tower's names as the converter maps them: without `model.`."""
+    return name.replace("model.visual.", "visual.", 1)
+
+
+EXAONE45_MMPROJ = MmprojPart(
+    "EXAONE4_5",
+    r"^(?:model\.)?visual\.",
+    exaone45_sizes,
+    exaone45_projector_keys,
+    forced_type=mmproj_model_forced_type,
+    converter_name=exaone45_tower_name,
+    rearranged=exaone45_patches,
+)
 FAMILIES = (
     Family(
         "EXAONE 4",
@@ -129,6 +190,7 @@ FAMILIES = (
         megatron=Unsupported("Megatron's EXAONE 4.5 layout is not mapped yet"),
         **no_trainer_model("EXAONE 4.5"),
         fused_siblings=DEFAULT_FUSED_SIBLINGS,
+        notes={"mmproj": LLAMA_CPP_GGUF_PY.format(arch="its exaone4_5 projector")},
         gguf=GGUFPart(
             "EXAONE4",
             hyperparameters=exaone45_hyperparameters,
@@ -136,9 +198,8 @@ FAMILIES = (
             check_config=exaone4_checked,
             vocabulary="bpe",
             extra_blocks="num_nextn_predict_layers",
-            towers=r"^(?:model\.)?visual\.",
         ),
-        mmproj=Unsupported("gguf-py 0.19 has no EXAONE 4.5 projector type: the vision tower is left out"),
+        mmproj=EXAONE45_MMPROJ,
         moe_layout=NOT_A_MOE_INPUT,
     ),
     Family(

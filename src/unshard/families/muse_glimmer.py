@@ -103,10 +103,7 @@ def muse_glimmer_checked(hparams: dict, where: Path) -> None:
     """What llama.cpp's muse-glimmer computes: SwiGLU, rope on the sliding layers alone (at the config's base) and
     none on the global ones, its own epsilon after attention and the MLP. Another config is one line."""
     theta = hparams.get("rope_parameters", {}).get("rope_theta")
-    turns = [
-        t if kind == "sliding_attention" else 0
-        for t, kind in zip([theta] * len(hparams["layer_types"]), hparams["layer_types"])
-    ]
+    turns = [theta if kind == "sliding_attention" else 0 for kind in hparams["layer_types"]]
     why = None
     if hparams.get("hidden_activation", "silu") != "silu":
         why = f"hidden_activation is {hparams['hidden_activation']!r}, and llama.cpp's muse-glimmer runs SiLU"

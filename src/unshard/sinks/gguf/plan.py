@@ -86,7 +86,11 @@ def plan_gguf(
         )
     part = family.gguf
     vision_outputs, config = [], hparams
-    if families.supports(family, "mmproj"):  # the text model here, the towers in the mmproj file
+    # (a projector newer than the installed gguf-py, which llama.cpp's own has: its towers left out, with a note)
+    unknown_projector = families.supports(family, "mmproj") and not hasattr(
+        gguf.VisionProjectorType, family.mmproj.projector
+    )
+    if families.supports(family, "mmproj") and not unknown_projector:  # the text model here, the towers in the mmproj
         vision_outputs = [o for o in outputs if vision.is_vision(o.name, family.mmproj)]
         outputs = [o for o in outputs if not vision.is_vision(o.name, family.mmproj)]
     # (a vision-language model's text model, as the converter reads it; the vision_config stays, for the mmproj)
@@ -112,9 +116,15 @@ def plan_gguf(
     head_dim = hparams.get("head_dim") or (heads and hparams["hidden_size"] // heads) or 0
     blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
     why = part.towers_left_out or getattr(family.mmproj, "reason", "")
+    towers = family.mmproj.vision if unknown_projector else part.towers
+    if unknown_projector:
+        why = (
+            f"the installed gguf-py lacks llama.cpp's {family.mmproj.projector} projector; to write them too, install "
+            "llama.cpp's own: pip install <llama.cpp>/gguf-py"
+        )
     if getattr(family.mmproj, "applies", True):  # (a model with towers: none of their tensors in an mmproj file)
         why = f"no mmproj file of them ({why})"
-    outputs = _without_layers_past(plan, _without_towers(plan, outputs, part.towers, why), blocks)
+    outputs = _without_layers_past(plan, _without_towers(plan, outputs, towers, why), blocks)
     if part.header_tensors:
         outputs = _into_header(plan, outputs, part, hparams, read, where)
     beside = part.beside_model(plan.writer, hparams, config_folder) if part.beside_model else {}
@@ -150,8 +160,9 @@ def _architecture(gguf, member: str, architecture: str, where: Path):
 
         raise ConfigMismatchError(
             f"{where}: llama.cpp writes {architecture} as gguf-py's MODEL_ARCH.{member}, which the installed gguf-py "
-            f"({version('gguf')}, PyPI's newest) lacks; install llama.cpp's own, which has it: pip install "
-            "<llama.cpp>/gguf-py (in a llama.cpp checkout, or in llama-cpp-python's source package under vendor/)"
+            f"({version('gguf')}) lacks (PyPI's names fewer architectures than llama.cpp's own); install llama.cpp's: "
+            "pip install <llama.cpp>/gguf-py (in a llama.cpp checkout, or in llama-cpp-python's source package under "
+            "vendor/)"
         )
     return arch
 
