@@ -102,15 +102,16 @@ def test_muse_glimmer_from_torchtitan_s_checkpoint_as_the_converter_and_llama_qu
 
 
 # The FSDP2 fixtures of those families, by llama.cpp's architecture
-NEWER = {"graniteswa-fsdp2": "granite_swa", "mellum-fsdp2": "mellum"}
+NEWER = {"graniteswa-fsdp2": "granite_swa", "mellum-fsdp2": "mellum", "cohere2moe-fsdp2": "cohere2moe"}
 
 
 @pytest.mark.parametrize("case", NEWER)
 def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_write_it(
     case, converter, llama_cpp, ggml_library, tmp_path
 ):
-    """Granite SWA (Granite's multipliers, attention sinks, a window on three layers in four) and Mellum (experts in
-    every layer, a window on every second): unshard's folder is the fixture's model tensor for tensor; its GGUF file
+    """Granite SWA (Granite's multipliers, attention sinks, a window on three layers in four), Mellum (experts in
+    every layer, a window on every second) and Command R MoE (Command R7B's layout, experts behind a sigmoid router in
+    every layer): unshard's folder is the fixture's model tensor for tensor; its GGUF file
     from the rank files is the converter's of that folder in f32 and q8_0 and llama-quantize's of the converter's in
     q4_k_m; llama.cpp computes transformers' logits over a prompt past the window."""
     import transformers
@@ -141,29 +142,34 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     expected = model(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
     distance = ((logits - expected).norm() / expected.norm()).item()
-    assert distance <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 1.7e-7, 3.7e-7)
+    assert distance <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 1.7e-7, 3.7e-7, 3.0e-7)
 
 
 @pytest.mark.parametrize(
-    "change, message",
+    "case, change, message",
     [
         (
+            "mellum-fsdp2",
             {"rope_parameters": {"full_attention": {"rope_theta": 5e5}, "sliding_attention": {"rope_theta": 1e4}}},
             "the sliding layers turn rope at 10000.0 and the others at 500000.0, and llama.cpp's mellum turns",
         ),
         (
+            "mellum-fsdp2",
             {"mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
             "llama.cpp's mellum runs experts in every layer",
         ),
-        ({"norm_topk_prob": False}, "norm_topk_prob is off, and llama.cpp's mellum renormalises"),
+        ("mellum-fsdp2", {"norm_topk_prob": False}, "norm_topk_prob is off, and llama.cpp's mellum renormalises"),
+        ("cohere2moe-fsdp2", {"num_shared_experts": 1}, "num_shared_experts is set: shared experts, which unshard"),
+        ("cohere2moe-fsdp2", {"expert_selection_fn": "softplus"}, "the experts' gating function 'softplus' is not"),
     ],
 )
-def test_mellum_llama_cpp_would_compute_otherwise_is_one_line(change, message, tmp_path):
+def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case, change, message, tmp_path):
     """A Mellum llama.cpp's mellum would compute otherwise (rope on its sliding layers at their own base, which it
-    turns at the global layers', a dense layer, the chosen experts' weights as they are): one line naming config.json,
-    nothing written."""
+    turns at the global layers', a dense layer, the chosen experts' weights as they are), a Command R MoE with what
+    unshard has not compared with llama.cpp (shared experts) or a router llama.cpp lacks: one line naming
+    config.json, nothing written."""
     folder = tmp_path / "hf"
-    unshard.convert(SHIPPED / "mellum-fsdp2" / "global_step_1", folder, progress=False)
+    unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **change}))
     # (--no-check: the config's dense layer would not fit the checkpoint's experts; the file's own check says why)

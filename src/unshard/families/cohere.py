@@ -12,7 +12,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .gguf_hooks import first_of, gguf_py, rope_parameters, sliding_three_in_four, text_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY
-from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
+from .parts import LLAMA_CPP_GGUF_PY, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
 
 
 def cohere_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -67,6 +67,41 @@ def cohere2_checked(hparams: dict, where: Path) -> None:
             )
 
 
+def cohere2moe_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's Cohere2MoeModel's: the TextModel's (the router's function among them), the logit scale, the
+    window and its layers, the vocabulary's size, the experts' width (intermediate_size), no dense layers first
+    (cohere2moe_checked), whether the chosen experts' weights are renormalised, the rotated head, rope unscaled."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder, expert_groups=True)
+    writer.add_logit_scale(hparams["logit_scale"])
+    writer.add_sliding_window(hparams["sliding_window"])
+    writer.add_sliding_window_pattern([kind == "sliding_attention" for kind in hparams["layer_types"]])
+    writer.add_vocab_size(hparams["vocab_size"])
+    writer.add_expert_feed_forward_length(hparams["intermediate_size"])
+    writer.add_leading_dense_block_count(0)
+    writer.add_expert_weights_norm(hparams.get("norm_topk_prob", False))
+    writer.add_rope_dimension_count(hparams["head_dim"])
+    writer.add_rope_scaling_type(gguf_py().RopeScalingType.NONE)
+
+
+def cohere2moe_checked(hparams: dict, where: Path) -> None:
+    """What unshard has checked against llama.cpp's cohere2moe: experts in every layer, without shared experts,
+    MTP layers or biases (the converter drops those it finds zeros). Another config is one line."""
+    for refused, what in (
+        (
+            any(kind != "sparse" for kind in hparams.get("mlp_layer_types") or ()),
+            f"mlp_layer_types is {hparams.get('mlp_layer_types')}: dense layers",
+        ),
+        (hparams.get("num_shared_experts"), "num_shared_experts is set: shared experts"),
+        (hparams.get("num_nextn_predict_layers"), "num_nextn_predict_layers is set: MTP layers"),
+        (hparams.get("attention_bias"), "attention_bias is set: biases"),
+    ):
+        if refused:
+            raise ConfigMismatchError(
+                f"{where}: {what}, which unshard does not write for llama.cpp's cohere2moe yet; write a folder and use "
+                "llama.cpp's convert_hf_to_gguf.py"
+            )
+
+
 FAMILIES = (
     Family(
         "Command R",
@@ -95,5 +130,20 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "Command R MoE",
+        "cohere2_moe",
+        "Cohere2MoeForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Command R layout (attention and MLP in parallel) is not mapped yet"),
+        **no_trainer_model("Command R MoE"),
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "COHERE2MOE", hyperparameters=cohere2moe_hyperparameters, check_config=cohere2moe_checked, vocabulary="bpe"
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="cohere2moe")},
     ),
 )

@@ -78,6 +78,16 @@ def rotary_dimensions(hparams: dict, rope: dict) -> int:
 ROPE_BY_FACTORS = ("llama3", "proportional")
 
 
+# The keys the converter's TextModel finds the MLP's width by, in its order (Command R MoE's dense layers' first)
+MLP_WIDTH_KEYS = (
+    "prefix_dense_intermediate_size",
+    "dense_intermediate_size",
+    "intermediate_size",
+    "n_inner",
+    "hidden_dim",
+)
+
+
 def text_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path, expert_groups: bool = False) -> None:
     """The converter's TextModel's: sizes, heads, rope (linear and YaRN scaling), norm epsilon, head width.
     expert_groups: the family routes as llama.cpp does by the config's expert groups and gating function (DeepSeek's
@@ -85,15 +95,17 @@ def text_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
     gguf = gguf_py()
     where = folder / "config.json"
     writer.add_block_count(blocks)
-    for key, add in (
-        ("max_position_embeddings", writer.add_context_length),
-        ("hidden_size", writer.add_embedding_length),
-        ("intermediate_size", writer.add_feed_forward_length),
-        ("num_attention_heads", writer.add_head_count),
-        ("num_key_value_heads", writer.add_head_count_kv),
+    # (the MLP's width: the first of these keys the config has, as the converter finds it, though its value be none)
+    width = first_of(hparams, *MLP_WIDTH_KEYS)
+    for value, add in (
+        (hparams.get("max_position_embeddings"), writer.add_context_length),
+        (hparams.get("hidden_size"), writer.add_embedding_length),
+        (width, writer.add_feed_forward_length),
+        (hparams.get("num_attention_heads"), writer.add_head_count),
+        (hparams.get("num_key_value_heads"), writer.add_head_count_kv),
     ):
-        if hparams.get(key) is not None:
-            add(hparams[key])
+        if value is not None:
+            add(value)
     if hparams.get("is_causal") is False:
         writer.add_causal_attention(False)
     rope_by_layer, rope = rope_parameters(hparams)
