@@ -1955,3 +1955,24 @@ def test_a_family_under_its_makers_class_name_is_the_converter_s_file(case, conv
         hub = {key: value for key, value in {**config, **HUB_KEYS[case](config)}.items() if value is not DROPPED}
         (folder / "config.json").write_text(json.dumps(hub))
     assert_same_file(ours, converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre))
+
+
+def test_glm5_s_indexer_head_weights_are_quantized_as_llama_quantize_quantizes_them(
+    converter, ggml_library, monkeypatch, tmp_path
+):
+    """The sparse attention's indexer's head weights (indexer.proj), which the converter keeps in f32 and llama-quantize
+    quantizes as any matrix (but for glm5-next's): GLM-5's q4_k_m file is llama-quantize's of the converter's f32 file
+    (unshard kept them in f32 before)."""
+    src, folder = SHIPPED / "glm5-fsdp2" / "global_step_1", tmp_path / "hf"
+    unshard.convert(src, folder, progress=False)
+    pre = for_the_converter(folder)
+    monkeypatch.setenv(kquants.LIBRARY_VARIABLE, ggml_library)
+    unshard.convert(src, tmp_path / "q4_k_m.gguf", output=unshard.OutputOptions(gguf="q4_k_m"), progress=False)
+    config = json.loads((folder / "config.json").read_text())
+    hub = {key: value for key, value in {**config, **HUB_KEYS["glm5-fsdp2"](config)}.items() if value is not DROPPED}
+    (folder / "config.json").write_text(json.dumps(hub))
+    converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre)
+    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    types = {t[0]: t[1] for t in contents(tmp_path / "q4_k_m.gguf")[1]}
+    assert types["blk.0.indexer.proj.weight"] not in ("F32", "F16")

@@ -102,7 +102,30 @@ def test_muse_glimmer_from_torchtitan_s_checkpoint_as_the_converter_and_llama_qu
 
 
 # The FSDP2 fixtures of those families, by llama.cpp's architecture
-NEWER = {"graniteswa-fsdp2": "granite_swa", "mellum-fsdp2": "mellum", "cohere2moe-fsdp2": "cohere2moe"}
+NEWER = {
+    "graniteswa-fsdp2": "granite_swa",
+    "mellum-fsdp2": "mellum",
+    "cohere2moe-fsdp2": "cohere2moe",
+    "deepseekv32-fsdp2": "deepseek32",
+}
+# What a release's folder says that transformers' save does not, by fixture and file: DeepSeek-V3.2's tokenizer adds
+# its start token
+AS_RELEASED = {"deepseekv32-fsdp2": {"tokenizer_config.json": {"add_bos_token": True}}}
+# What the converter (with transformers 4) reads otherwise, by fixture and file: DeepSeek-V3.2's routing as the Hub's
+# config names it (transformers 5 routes by sigmoid and saves no word of it; unshard writes it, as llama.cpp's
+# deepseek32 needs), and the tokenizer's class by which transformers 4 reads add_bos_token
+FOR_THE_CONVERTER = {
+    "deepseekv32-fsdp2": {
+        "config.json": {"scoring_func": "sigmoid"},
+        "tokenizer_config.json": {"tokenizer_class": "LlamaTokenizerFast"},
+    }
+}
+
+
+def updated(folder: Path, changes: dict[str, dict]) -> None:
+    """Each JSON file of the folder with the keys given."""
+    for name, change in changes.items():
+        (folder / name).write_text(json.dumps({**json.loads((folder / name).read_text()), **change}))
 
 
 @pytest.mark.parametrize("case", NEWER)
@@ -110,10 +133,11 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     case, converter, llama_cpp, ggml_library, tmp_path
 ):
     """Granite SWA (Granite's multipliers, attention sinks, a window on three layers in four), Mellum (experts in
-    every layer, a window on every second) and Command R MoE (Command R7B's layout, experts behind a sigmoid router in
-    every layer): unshard's folder is the fixture's model tensor for tensor; its GGUF file
-    from the rank files is the converter's of that folder in f32 and q8_0 and llama-quantize's of the converter's in
-    q4_k_m; llama.cpp computes transformers' logits over a prompt past the window."""
+    every layer, a window on every second), Command R MoE (Command R7B's layout, experts behind a sigmoid router in
+    every layer) and DeepSeek-V3.2 (DeepSeek-V3's with the sparse attention's indexer): unshard's folder is the
+    fixture's model tensor for tensor; its GGUF file from the rank files (with that folder's tokenizer) is the
+    converter's of that folder in f32 and q8_0 and llama-quantize's of the converter's in q4_k_m; llama.cpp computes
+    transformers' logits over a prompt past the window."""
     import transformers
     from safetensors.torch import load_file
 
@@ -124,25 +148,25 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
         load_file(SHIPPED / case / "reference" / "model.safetensors"),
     )
     assert sorted(written) == sorted(reference) and all(torch.equal(written[n], t) for n, t in reference.items())
+    updated(folder, AS_RELEASED.get(case, {}))
     pre = for_the_converter(folder)
     for kind in ("f32", "q8_0", "q4_k_m"):
-        out = tmp_path / f"{kind}.gguf"
-        done = unshard_with_llama_cpp_gguf_py(
-            "convert", src, out, "--gguf-type", kind, "--no-progress", **{kquants.LIBRARY_VARIABLE: ggml_library}
-        )
+        args = ("convert", src, tmp_path / f"{kind}.gguf", "--config-from", folder, "--gguf-type", kind)
+        done = unshard_with_llama_cpp_gguf_py(*args, "--no-progress", **{kquants.LIBRARY_VARIABLE: ggml_library})
         assert done.returncode == 0, done.stderr
+    updated(folder, FOR_THE_CONVERTER.get(case, {}))
     for kind in ("f32", "q8_0"):
         assert_same_file(tmp_path / f"{kind}.gguf", converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
     llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
     assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
     assert contents(tmp_path / "f32.gguf")[0]["general.architecture"] == NEWER[case]
-    window = json.loads((folder / "config.json").read_text())["sliding_window"]
+    window = json.loads((folder / "config.json").read_text()).get("sliding_window") or 4
     prompt = [1] + [(7 * i) % 90 + 5 for i in range(3 * window + 2)]
     model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
     expected = model(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
     distance = ((logits - expected).norm() / expected.norm()).item()
-    assert distance <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 1.7e-7, 3.7e-7, 3.0e-7)
+    assert distance <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7)
 
 
 @pytest.mark.parametrize(
@@ -161,6 +185,7 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
         ("mellum-fsdp2", {"norm_topk_prob": False}, "norm_topk_prob is off, and llama.cpp's mellum renormalises"),
         ("cohere2moe-fsdp2", {"num_shared_experts": 1}, "num_shared_experts is set: shared experts, which unshard"),
         ("cohere2moe-fsdp2", {"expert_selection_fn": "softplus"}, "the experts' gating function 'softplus' is not"),
+        ("deepseekv32-fsdp2", {}, "tokenizer_config.json: add_bos_token is not true, and DeepSeek-V3.2 reads"),
     ],
 )
 def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case, change, message, tmp_path):

@@ -19,9 +19,10 @@ from typing import Any
 from ..errors import CheckpointError, ConfigMismatchError
 from ..names import megatron_rules as m
 from ..names.meta_rules import TORCHTITAN_ROUTED_EXPERTS, AfterTheModel
-from .gguf_hooks import gguf_quiet, rope_parameters, routed_by_sigmoid, text_hyperparameters
+from .gguf_hooks import gguf_quiet, json_or_empty, rope_parameters, routed_by_sigmoid, text_hyperparameters
 from .llama import TEXT_ONLY, TORCHTITAN_COMMON
 from .parts import (
+    LLAMA_CPP_GGUF_PY,
     NO_TABLE,
     NOT_A_MOE_INPUT,
     Family,
@@ -225,7 +226,7 @@ def _args(config: dict[str, Any]) -> dict[str, Any]:
 
 
 # the families llama.cpp's deepseek2 runs that route by a sigmoid whatever their config.json says
-SIGMOID_ROUTED = ("deepseek_v3", "glm4_moe_lite")
+SIGMOID_ROUTED = ("deepseek_v3", "deepseek_v32", "glm4_moe_lite")
 
 
 def deepseek2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -329,6 +330,29 @@ def deepseek_v2_checked(hparams: dict, where: Path) -> None:
         )
 
 
+def deepseek32_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's DeepseekV32Model's: DeepSeek-V2's, the MTP layers' count where the config has one, then the
+    sparse attention's indexer: its heads, their width, how many tokens it keeps."""
+    deepseek2_hyperparameters(writer, hparams, ftype, blocks, folder)
+    if hparams.get("num_nextn_predict_layers") is not None:
+        writer.add_nextn_predict_layers(hparams["num_nextn_predict_layers"])
+    writer.add_indexer_head_count(hparams["index_n_heads"])
+    writer.add_indexer_key_length(hparams["index_head_dim"])
+    writer.add_indexer_top_k(hparams["index_topk"])
+
+
+def deepseek32_checked(hparams: dict, where: Path) -> None:
+    """DeepSeek-V3's checks; and the converter stops on a DeepSeek-V3.2 whose tokenizer adds no start token, which
+    the model needs: one line."""
+    interleaved_rope_checked(hparams, where)
+    tokenizer_config = where.parent / "tokenizer_config.json"
+    if json_or_empty(tokenizer_config).get("add_bos_token") is not True:
+        raise ConfigMismatchError(
+            f"{tokenizer_config}: add_bos_token is not true, and DeepSeek-V3.2 reads every prompt after "
+            "its start token (llama.cpp's converter stops here too); set it to true, as DeepSeek's release has it"
+        )
+
+
 # llama.cpp's deepseek2 (DeepSeek-V3's and V2's): the latent attention absorbed
 DEEPSEEK2 = GGUFPart(
     "DEEPSEEK2",
@@ -363,6 +387,25 @@ FAMILIES = (
             "to_megatron": "multi-latent attention, dense first layers; the Hub's MTP layers as megatron-core's",
             "meta_names": "torchtitan's names; its MTP layers as the Hub holds them",
         },
+    ),
+    Family(
+        "DeepSeek-V3.2",
+        "deepseek_v32",
+        "DeepseekV32ForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's DeepSeek-V3.2 layout (its sparse attention's indexer) is not mapped yet"),
+        **no_trainer_model("DeepSeek-V3.2"),
+        fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
+        gguf=replace(
+            DEEPSEEK2,
+            arch="DEEPSEEK32",
+            hyperparameters=deepseek32_hyperparameters,
+            check_config=deepseek32_checked,
+            extra_blocks="num_nextn_predict_layers",
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="deepseek32")},
     ),
     Family(
         "DeepSeek-V2",

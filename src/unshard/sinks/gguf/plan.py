@@ -407,28 +407,28 @@ def _in_blocks(name: str) -> tuple[int, str]:
 
 
 # Parts of names llama.cpp keeps in f32 whatever the type (MoE routers, a recurrent layer's convolution kernel, LFM2's
-# short convolution's, the sparse attention's indexer's head weights, Gemma 3n's AltUp coefficients, learned positions
-# and BERT's segment types), and those
-# llama-quantize alone leaves as the converter's f32 file has them (the projection into the per-layer embeddings,
-# "not too big"; Gemma 3n's AltUp and LAuReL tensors, "very small")
+# short convolution's, Gemma 3n's AltUp coefficients, learned positions and BERT's segment types); those the converter
+# alone keeps so (the sparse attention's indexer's head weights, which llama-quantize quantizes as any matrix); and
+# those llama-quantize alone leaves as the converter's f32 file has them (the projection into the per-layer
+# embeddings, "not too big"; Gemma 3n's AltUp and LAuReL tensors, "very small")
 KEPT_IN_F32 = (
     "ffn_gate_inp",
     "ssm_conv1d",
     "shortconv.conv",
-    "indexer.proj",
     "altup_correct_coef",
     "altup_predict_coef",
     "position_embd.weight",
     "token_types.weight",
 )
+KEPT_BY_THE_CONVERTER = ("indexer.proj",)
 NOT_REQUANTIZED = ("per_layer_model_proj", "altup", "laurel")
 
 
 def _quantized(name: str, shape: tuple[int, ...], file_type: str) -> bool:
     """Whether llama.cpp quantizes a tensor of this name and shape into a file of this type: not vectors, norms or
-    KEPT_IN_F32 (nor NOT_REQUANTIZED, into llama-quantize's types)."""
+    KEPT_IN_F32 (nor KEPT_BY_THE_CONVERTER into the converter's types, nor NOT_REQUANTIZED into llama-quantize's)."""
     vector_or_norm = len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
-    kept = (*KEPT_IN_F32, *(NOT_REQUANTIZED if file_type in QUANTIZED else ()))
+    kept = (*KEPT_IN_F32, *(NOT_REQUANTIZED if file_type in QUANTIZED else KEPT_BY_THE_CONVERTER))
     return not vector_or_norm and not any(part in name for part in kept)
 
 
