@@ -107,6 +107,7 @@ NEWER = {
     "mellum-fsdp2": "mellum",
     "cohere2moe-fsdp2": "cohere2moe",
     "deepseekv32-fsdp2": "deepseek32",
+    "hyv3-fsdp2": "hy_v3",
 }
 # What a release's folder says that transformers' save does not, by fixture and file: DeepSeek-V3.2's tokenizer adds
 # its start token
@@ -134,7 +135,8 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
 ):
     """Granite SWA (Granite's multipliers, attention sinks, a window on three layers in four), Mellum (experts in
     every layer, a window on every second), Command R MoE (Command R7B's layout, experts behind a sigmoid router in
-    every layer) and DeepSeek-V3.2 (DeepSeek-V3's with the sparse attention's indexer): unshard's folder is the
+    every layer), DeepSeek-V3.2 (DeepSeek-V3's with the sparse attention's indexer) and Hy3 (a dense first layer, then
+    experts behind a sigmoid router with its correction bias and a shared expert): unshard's folder is the
     fixture's model tensor for tensor; its GGUF file from the rank files (with that folder's tokenizer) is the
     converter's of that folder in f32 and q8_0 and llama-quantize's of the converter's in q4_k_m; llama.cpp computes
     transformers' logits over a prompt past the window."""
@@ -166,7 +168,7 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     expected = model(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
     distance = ((logits - expected).norm() / expected.norm()).item()
-    assert distance <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7)
+    assert distance <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7, 3.3e-7)
 
 
 @pytest.mark.parametrize(

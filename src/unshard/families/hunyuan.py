@@ -25,6 +25,7 @@ from .gguf_hooks import (
 )
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import (
+    LLAMA_CPP_GGUF_PY,
     NO_TABLE,
     NOT_A_MOE_INPUT,
     Family,
@@ -184,6 +185,21 @@ HUNYUANVL_MMPROJ = MmprojPart(
 )
 
 
+def hy_v3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's HYV3Model's: the TextModel's, the experts' and the shared experts' widths, the routing's
+    renormalisation and scale, the sigmoid router, the MTP layers' count where the config has some. (llama.cpp tells
+    the dense layers by their tensors.)"""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    width = hparams["moe_intermediate_size"]
+    writer.add_expert_feed_forward_length(width)
+    writer.add_expert_shared_feed_forward_length(width * hparams.get("num_shared_experts", 1))
+    writer.add_expert_weights_norm(hparams.get("route_norm", True))
+    writer.add_expert_weights_scale(float(hparams.get("router_scaling_factor", 1.0)))
+    writer.add_expert_gating_func(gguf_py().ExpertGatingFuncType.SIGMOID)
+    if int(hparams.get("num_nextn_predict_layers", 0)) > 0:
+        writer.add_nextn_predict_layers(int(hparams["num_nextn_predict_layers"]))
+
+
 FAMILIES = (
     Family(
         "Hunyuan (dense)",
@@ -202,6 +218,21 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "Hy3",
+        "hy_v3",
+        "HYV3ForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Hy3 layout is not mapped yet"),
+        **no_trainer_model("Hy3"),
+        fused_siblings=SIBLINGS,
+        gguf=GGUFPart(
+            "HY_V3", hyperparameters=hy_v3_hyperparameters, vocabulary="bpe", extra_blocks="num_nextn_predict_layers"
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="hy_v3")},
     ),
     multimodal_family(
         "HunyuanOCR",
