@@ -292,6 +292,7 @@ TESTED = {
         "ernie4_5": "ernie45-fsdp2-spm",
         "granite": "granite-fsdp2",
         "granite_swa": "graniteswa-fsdp2",  # (with llama.cpp's gguf-py)
+        "granitemoe_swa": "granitemoeswa-fsdp2",  # (with llama.cpp's gguf-py)
         "mellum": "mellum-fsdp2",  # (with llama.cpp's gguf-py)
         "cohere2_moe": "cohere2moe-fsdp2",  # (with llama.cpp's gguf-py)
         "deepseek_v32": "deepseekv32-fsdp2",  # (with llama.cpp's gguf-py)

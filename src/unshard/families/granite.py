@@ -79,6 +79,13 @@ def granite_swa_hyperparameters(writer, hparams: dict, ftype, blocks: int, folde
         writer.add_rope_pattern([bool(turns) for turns in hparams["no_rope_layers"]])
 
 
+def granitemoe_swa_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's GraniteMoeSWAModel's: Granite SWA's, then the shared expert's width."""
+    granite_swa_hyperparameters(writer, hparams, ftype, blocks, folder)
+    if hparams.get("shared_intermediate_size"):
+        writer.add_expert_shared_feed_forward_length(hparams["shared_intermediate_size"])
+
+
 def granitemoe_hyperparameters(
     writer, hparams: dict, ftype, blocks: int, folder: Path, expert_groups: bool = False
 ) -> None:
@@ -237,6 +244,17 @@ GRANITE_SWA_GGUF = replace(
     hyperparameters=granite_swa_hyperparameters,
     renames=((r"\.self_attn\.sinks$", ".self_attn.sinks.weight"),),  # (as the converter names a layer's sinks)
 )
+# Granite MoE SWA's experts and shared expert as the converter keeps them: gate and up fused (llama.cpp's
+# ffn_gate_up_exps; the shared expert's in ffn_up_shexp, twice its width), by llama.cpp's names
+GRANITE_MOE_SWA_GGUF = replace(
+    GRANITE_SWA_GGUF,
+    hyperparameters=granitemoe_swa_hyperparameters,
+    renames=(
+        *GRANITE_SWA_GGUF.renames,
+        (r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(gate_up|down)_proj$", r"blk.\1.ffn_\2_exps.weight"),
+        (r"^model\.layers\.(\d+)\.shared_mlp\.input_linear\.weight$", r"blk.\1.ffn_up_shexp.weight"),
+    ),
+)
 FAMILIES = (
     Family(
         "Granite",
@@ -261,6 +279,19 @@ FAMILIES = (
         gguf=GRANITE_SWA_GGUF,
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="granite_swa")},
+    ),
+    Family(
+        "Granite MoE SWA",
+        "granitemoe_swa",
+        "GraniteMoeSWAForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Granite MoE layout (its multipliers, fused experts) is not mapped yet"),
+        **no_trainer_model("Granite MoE SWA"),
+        fused_siblings=SIBLINGS,
+        gguf=GRANITE_MOE_SWA_GGUF,
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="granite_swa")},
     ),
     Family(
