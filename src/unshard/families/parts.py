@@ -178,6 +178,8 @@ class GGUFPart:
     first_kv_heads: Callable[[dict], int] | None = None
     # special tokens the converter sets by their text where tokenizer_config.json names none of that kind (GLM's)
     special_tokens: tuple[tuple[str, str], ...] = ()
+    # added tokens the converter lists as control tokens whatever the tokenizer says of them (Laguna's end of turn)
+    control_tokens: tuple[str, ...] = ()
     # the config's count of blocks after the model's own that the file has room for (GLM's MTP layers, which
     # llama.cpp loads where they are and goes without where they are not)
     extra_blocks: str | None = None

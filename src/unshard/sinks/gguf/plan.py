@@ -545,6 +545,7 @@ def _metadata(
             kind=part.vocabulary,
             special_tokens=part.special_tokens,
             gpt2_split_as=part.gpt2_split_as,
+            control_tokens=part.control_tokens,
         )
     if part.after_vocabulary:
         part.after_vocabulary(writer, hparams, folder)

@@ -21,11 +21,12 @@ def write_vocabulary(
     kind: str = "auto",
     special_tokens: tuple[tuple[str, str], ...] = (),
     gpt2_split_as: str | None = None,
+    control_tokens: tuple[str, ...] = (),
 ) -> str:
     """The vocabulary as the converter writes it: from a SentencePiece model (tokenizer.model) where there is
     one, else from a byte-level BPE tokenizer.json; a `bpe` kind's (Qwen's MoE models', GLM's) from tokenizer.json
-    alone, with the family's special tokens by their text; a `gemma4` kind's from tokenizer.json's BPE with byte
-    fallback. Says which."""
+    alone, with the family's special tokens by their text and its control tokens; a `gemma4` kind's from
+    tokenizer.json's BPE with byte fallback. Says which."""
     tokenizer_config = json_or_empty(folder / "tokenizer_config.json")
     if llama and tokenizer_config.get("add_prefix_space") is not None:
         writer.add_add_space_prefix(tokenizer_config["add_prefix_space"])
@@ -37,7 +38,7 @@ def write_vocabulary(
         return f"{size} tokens from tokenizer.json (WordPiece)"
     # (Phi-4's tokenizer, as the converter reads it; Qwen's MoE models, whose converter reads no other)
     if kind == "bpe" or phi3 and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer":
-        size, pre = _bpe_vocabulary(writer, hparams, folder, special_tokens)
+        size, pre = _bpe_vocabulary(writer, hparams, folder, special_tokens, control_tokens=control_tokens)
         said = f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
     elif (folder / "tokenizer.model").is_file():
         size = _sentencepiece_vocabulary(writer, hparams, folder, tokenizer_config, phi3)
@@ -252,6 +253,7 @@ def _bpe_vocabulary(
     folder: Path,
     special_tokens: tuple[tuple[str, str], ...] = (),
     gpt2_split_as: str | None = None,
+    control_tokens: tuple[str, ...] = (),
 ) -> tuple[int, str]:
     """A byte-level BPE vocabulary (tokenizer.json) as the converter writes it (its `gpt2` tokenizer model):
     every id up to the config's vocab_size, read through transformers' tokenizer; added tokens as control or
@@ -292,6 +294,7 @@ def _bpe_vocabulary(
         )
     tokenizer = transformers_tokenizer(folder)
     size, tokens, kinds, added = _tokens_and_types(tokenizer, hparams, path)
+    kinds = [gguf_py().TokenType.CONTROL if token in control_tokens else kind for token, kind in zip(tokens, kinds)]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
