@@ -112,6 +112,7 @@ NEWER = {
     "hyv3-fsdp2": "hy_v3",
     "laguna-fsdp2": "laguna",
     "lagunam1-fsdp2": "laguna",
+    "hrmtext-fsdp2": "hrm_text",
 }
 # What a release's folder says that transformers' save does not, by fixture and file: DeepSeek-V3.2's tokenizer adds
 # its start token
@@ -146,7 +147,8 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     every layer), DeepSeek-V3.2 (DeepSeek-V3's with the sparse attention's indexer), Hy3 (a dense first layer, then
     experts behind a sigmoid router with its correction bias and a shared expert) and Laguna (Hy3's experts behind
     attention gated per head, its heads per layer, rope of its own on the sliding layers: XS.2's layout; gated per
-    element, without a window, YaRN: M.1's): unshard's folder is the
+    element, without a window, YaRN: M.1's) and HRM-Text (two stacks of layers run in cycles, gate, q, k and v in one
+    tensor on disk, which unshard's folder joins from the rank files' four): unshard's folder is the
     fixture's model tensor for tensor; its GGUF file from the rank files (with that folder's tokenizer) is the
     converter's of that folder in f32 and q8_0 and llama-quantize's of the converter's in q4_k_m; llama.cpp computes
     transformers' logits over a prompt past the window."""
@@ -186,7 +188,7 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     expected = model(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
     distance = ((logits - expected).norm() / expected.norm()).item()
-    # (measured 1.7e-7 and 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7, 3.3e-7, 4.7e-7 and 3.3e-7)
+    # (measured 1.7e-7 and 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7, 3.3e-7, 4.7e-7 and 3.3e-7, 1.7e-7)
     assert distance <= LLAMA_CPP_TOLERANCE["f32"]
 
 
@@ -215,6 +217,7 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
         ("lagunam1-fsdp2", {"sliding_window": 512}, "and llama.cpp's laguna slides the window on all but every"),
         ("laguna-fsdp2", {"moe_router_logit_softcapping": 30.0}, "and llama.cpp's laguna caps no router logits"),
         ("lagunam1-fsdp2", {"gating": "per_head"}, "gating is 'per_head': neither per-head nor per-element"),
+        ("hrmtext-fsdp2", {"hidden_act": "gelu"}, "hidden_act is 'gelu', and llama.cpp's hrm_text runs SiLU"),
     ],
 )
 def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case, change, message, tmp_path):
@@ -222,8 +225,8 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     turns at the global layers', a dense layer, the chosen experts' weights as they are), a Command R MoE with what
     unshard has not compared with llama.cpp (shared experts) or a router llama.cpp lacks, a Laguna whose window
     llama.cpp's laguna would slide on other layers (or on every layer of M.1's config given a window), whose router's
-    logits are capped, or whose gate transformers reads per element and the converter per head: one line naming
-    config.json, nothing written."""
+    logits are capped, or whose gate transformers reads per element and the converter per head, an HRM-Text of another
+    activation: one line naming config.json, nothing written."""
     folder = tmp_path / "hf"
     unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
     config = json.loads((folder / "config.json").read_text())

@@ -58,6 +58,9 @@ class Naming:
     linear: LinearLayers | None = None  # (None: not known)
     # output dtype name -> checkpoint names that transformers keeps in float32 at that dtype (ModelFacts.float32)
     float32: dict[str, set[str]] = field(default_factory=dict)
+    # output name -> (the checkpoint names whose rows it is, in order; its shape): a tensor transformers splits on
+    # loading (HRM-Text's gate, q, k and v of one gqkv_proj), written whole again as save_pretrained does
+    joined: dict[str, tuple[list[str], tuple[int, ...]]] = field(default_factory=dict)
 
 
 def read_config(folder: Path | None) -> dict[str, Any] | None:
@@ -376,17 +379,19 @@ def _plain_naming(
             {n: s for n, s in in_memory.items() if n not in tied}, live_shapes, config_folder, config.get("model_type")
         )
     if saved == in_memory:  # transformers converts nothing for this model: names stay as they are
-        outputs, converters = {c: [(c, shapes[n])] for n, c in live.items()}, {}
+        outputs, converters, joined = {c: [(c, shapes[n])] for n, c in live.items()}, {}, {}
     else:
         model = meta_model(config_folder, config, updates)
-        outputs, converters = _reverse_conversion(model, {c: shapes[n] for n, c in live.items()})
+        outputs, converters, joined = _reverse_conversion(model, {c: shapes[n] for n, c in live.items()})
+    by_name = {c: n for n, c in live.items()}
     return Naming(
-        {n: outputs[c] for n, c in live.items()},
+        {n: outputs[c] for n, c in live.items() if c in outputs},
         {n: converters[c] for n, c in live.items() if c in converters},
         dropped,
         notes,
         linear=facts.linear,
         float32=_float32_by_checkpoint_name(facts, live),
+        joined={out: ([by_name[c] for c in members], shape) for out, (members, shape) in joined.items()},
     )
 
 
@@ -456,11 +461,13 @@ def _loaded_transposed(model_type: str | None, name: str, shape: tuple[int, ...]
 
 
 def _reverse_conversion(model, shapes: dict[str, tuple[int, ...]]):
-    """Ask transformers which on-disk tensors each in-memory tensor becomes."""
+    """Ask transformers which on-disk tensors each in-memory tensor becomes: (in-memory name -> [(on-disk name,
+    shape)], in-memory name -> its conversion where it is split, on-disk name -> the in-memory tensors whose rows it
+    is, in order, and its shape)."""
     try:
         from transformers.core_model_loading import revert_weight_conversion
     except ImportError:  # transformers < 5 saves in-memory names as they are
-        return {n: [(n, s)] for n, s in shapes.items()}, {}
+        return {n: [(n, s)] for n, s in shapes.items()}, {}, {}
 
     def meta(shape):
         import torch
@@ -468,18 +475,46 @@ def _reverse_conversion(model, shapes: dict[str, tuple[int, ...]]):
         return torch.empty(shape, device="meta")
 
     whole = revert_weight_conversion(model, {n: meta(s) for n, s in shapes.items()})
-    outputs, converters = {}, {}
+    wanted = {n: tuple(t.shape) for n, t in whole.items()}
+    outputs, converters, together = {}, {}, []
     for name, shape in shapes.items():
-        if name in whole and tuple(whole[name].shape) == shape:
+        if wanted.get(name) == shape:
             outputs[name] = [(name, shape)]
             continue
-        alone = revert_weight_conversion(model, {name: meta(shape)})
-        outputs[name] = [(n, tuple(t.shape)) for n, t in alone.items()]
+        alone = [(n, tuple(t.shape)) for n, t in revert_weight_conversion(model, {name: meta(shape)}).items()]
+        if not all(wanted.get(n) == s for n, s in alone):  # (a part of a tensor made of several)
+            together.append(name)
+            continue
+        outputs[name] = alone
         converters[name] = lambda tensor, name=name: revert_weight_conversion(model, {name: tensor})
-    produced = {n: s for outs in outputs.values() for n, s in outs}
-    if produced != {n: tuple(t.shape) for n, t in whole.items()}:
+    joined = _joined_rows(model, revert_weight_conversion, shapes, together)
+    made = {n: s for outs in outputs.values() for n, s in outs} | {n: s for n, (_, s) in joined.items()}
+    if made != wanted or sum(len(members) for members, _ in joined.values()) != len(together):
         raise ConfigMismatchError(
-            f"transformers' conversion for {type(model).__name__} combines several checkpoint tensors into one; "
-            "unshard cannot stream that yet. Please report it with the output of `unshard inspect`"
+            f"transformers' conversion for {type(model).__name__} combines several checkpoint tensors into one "
+            "otherwise than by their rows; unshard cannot stream that yet. Please report it with the output of "
+            "`unshard inspect`"
         )
-    return outputs, converters
+    return outputs, converters, joined
+
+
+def _joined_rows(model, revert, shapes: dict[str, tuple[int, ...]], parts: list[str]) -> dict:
+    """The on-disk tensors transformers makes of several in-memory ones by concatenating their rows (what it splits
+    on loading), found by reverting one-element stand-ins numbered by tensor: on-disk name -> (the in-memory names,
+    in order; its shape). Another combination (experts stacked on a new axis, columns joined) names none."""
+    import torch
+
+    if not parts:
+        return {}
+    probes = {n: torch.full((1,) * len(shapes[n]), float(i)) for i, n in enumerate(parts)}
+    joined = {}
+    for name, made in revert(model, probes).items():
+        order = [int(v) for v in made.reshape(-1).tolist()]
+        members = [parts[i] for i in order]
+        trailing = {shapes[m][1:] for m in members}
+        if made.shape != (len(members), *(1,) * (made.dim() - 1)) or len(trailing) != 1 or len(set(order)) < len(order):
+            continue
+        if made.dim() != len(shapes[members[0]]):
+            continue
+        joined[name] = (members, (sum(shapes[m][0] for m in members), *trailing.pop()))
+    return joined

@@ -118,6 +118,15 @@ def build_plan(
             [OutputTensor(n, s, target) for n, s in outputs],
             _compose(fold.folds.get(name), naming.converters.get(name), outputs[0][0]),
         )
+    for name, (members, shape) in naming.joined.items():  # (one tensor of several of the checkpoint's rows)
+        if folded := [m for m in members if m in fold.folds]:
+            raise UnshardError(
+                f"{checkpoint.path}: {folded[0]} holds a LoRA adapter and is written as part of {name}, which "
+                "unshard cannot fold it into yet; merge the adapter with peft first, or pass --lora separate"
+            )
+        tensor = checkpoint.join_rows(name, members)
+        target = out_dtype if tensor.dtype.is_floating_point else tensor.dtype
+        groups[name] = Group(tensor, [OutputTensor(name, shape, target)])
     where = str(config_folder / "config.json" if config_folder else checkpoint.path)
     sink = sinks.plan_format(
         FormatRequest(

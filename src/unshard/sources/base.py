@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +93,9 @@ class Checkpoint:
     tiled_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # name -> the checkpoint's tensors it stacks (its pieces are theirs)
     stacks: dict[str, Stack] = field(default_factory=dict)
+    # name -> a tensor of the output whose rows are several of the checkpoint's (its pieces are theirs: join_rows);
+    # read as the checkpoint's tensors are, and not one of them
+    joined: dict[str, SourceTensor] = field(default_factory=dict)
     # file -> its map, for readers whose local tensors are views of whole-file maps (see file_offset)
     maps: dict[Path, torch.UntypedStorage] = field(default_factory=dict)
     # file -> what was loaded from it, for readers of torch.save files (see `loaded`)
@@ -131,7 +134,7 @@ class Checkpoint:
         """The whole tensor `name`, assembled from its pieces; nothing else is loaded."""
         if name in self.stacks:
             return self._stacked(self.stacks[name], 0, len(self.stacks[name].members), self.local_tensor)
-        source = self.tensors[name]
+        source = self.source(name)
         shape = self.tiled_shapes.get(name, source.shape)
         whole = assemble(
             shape, source.dtype.torch, [(p.block, lambda p=p: self.local_tensor(p)) for p in source.pieces]
@@ -153,13 +156,38 @@ class Checkpoint:
                 self.release(piece)
         return stack.band(rows)
 
+    def join_rows(self, name: str, members: list[str]) -> SourceTensor:
+        """A tensor whose rows are those of `members`, one after another (the gate, q, k and v that transformers
+        splits HRM-Text's gqkv_proj into, joined as save_pretrained writes it): their pieces, moved down by the rows
+        before them; nothing is read. Registered under `name`."""
+        sources = [self.tensors[m] for m in members]
+        turned = any(m in self.transforms or m in self.stacks or m in self.tiled_shapes for m in members)
+        if turned or not all(s.pieces for s in sources) or len({(s.dtype, s.shape[1:]) for s in sources}) != 1:
+            raise CheckpointError(
+                f"{self.path}: {', '.join(members)} do not join into {name} by their rows; unshard cannot write it "
+                "as transformers saves it: report it with the output of `unshard inspect`"
+            )
+        row, pieces, before = math.prod(sources[0].shape[1:]), [], 0
+        for source in sources:
+            for piece in source.pieces:
+                block, flat = piece.block, len(piece.block.sizes) == 1 and len(source.shape) > 1
+                moved = (block.global_offsets[0] + before * (row if flat else 1), *block.global_offsets[1:])
+                pieces.append(replace(piece, block=Block(block.local_offsets, moved, block.sizes)))
+            before += source.shape[0]
+        self.joined[name] = SourceTensor(name, (before, *sources[0].shape[1:]), sources[0].dtype, pieces)
+        return self.joined[name]
+
+    def source(self, name: str) -> SourceTensor:
+        """The tensor `name` is read from: the checkpoint's, or one joined of several of its tensors."""
+        return self.joined[name] if name in self.joined else self.tensors[name]
+
     def flat_pieces(self, name: str) -> list[Piece] | None:
         """The pieces of `name` in order, when the tensor's bytes are simply theirs one after another:
         rows split along the first dimension (FSDP's Shard(0)) or ranges of the flattened tensor (ZeRO's
         flat partitions). The writer then streams them without assembling the whole tensor, which
         saves a copy and bounds memory by the largest piece. None when pieces interleave (column
         splits, strided shards) or the tensor is transformed after assembly."""
-        source = self.tensors[name]
+        source = self.source(name)
         if name in self.transforms or name in self.stacks or not source.shape:
             return None
         row = math.prod(source.shape[1:])
@@ -188,7 +216,7 @@ class Checkpoint:
     def reads_rows(self, name: str) -> bool:
         """Whether any band of rows of `name` can be read on its own (`read_rows`): its pieces are boxes
         of it, read as they lie, with nothing applied after (not ZeRO's flat ranges, not a transform)."""
-        source = self.tensors[name]
+        source = self.source(name)
         if name in self.stacks:  # (a band of its members)
             return len(source.shape) >= 2
         return (
@@ -206,7 +234,7 @@ class Checkpoint:
         otherwise (streamed pieces, see `flat_pieces`; transformed, computed or one-dimensional tensors)."""
         if not self.reads_rows(name) or self.flat_pieces(name):
             return None
-        source = self.tensors[name]
+        source = self.source(name)
         return max(1, min(source.shape[0], self.BAND_BYTES // (math.prod(source.shape[1:]) * source.dtype.itemsize)))
 
     def read_rows_as_bytes(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray | None:
@@ -217,7 +245,7 @@ class Checkpoint:
         band's), or else this thread's band buffer, valid until its next call."""
         if name in self.stacks:  # (turned after it is read: read_rows)
             return None
-        source = self.tensors[name]
+        source = self.source(name)
         band = self._band(source, start, stop)
         itemsize = source.dtype.itemsize
         runs = []
@@ -253,7 +281,7 @@ class Checkpoint:
         `local` gives a piece's local tensor, so that a caller reading several bands loads each once."""
         if name in self.stacks:
             return self._stacked(self.stacks[name], start, stop, local)
-        source = self.tensors[name]
+        source = self.source(name)
         band = self._band(source, start, stop)
         used = [(block, p) for p in source.pieces if (block := compose(p.block, band)) is not None]
         rows = assemble(band.sizes, source.dtype.torch, [(block, lambda p=p: local(p)) for block, p in used])
@@ -389,7 +417,7 @@ class Checkpoint:
         """Rows [start, stop) of a tensor read in bands, as bytes of their own."""
         import numpy as np
 
-        source = self.tensors[name]
+        source = self.source(name)
         out = np.empty(self._band(source, start, stop).numel * source.dtype.itemsize, dtype=np.uint8)
         if (rows := self.read_rows_as_bytes(name, start, stop, out)) is not None:
             return rows

@@ -345,12 +345,21 @@ def _llama_name(names, source: str, plan: GGUFPlan, where: Path, output: str, pa
     for pattern, renamed in part.renames if part else ():
         source = re.sub(pattern, renamed, source)
     name = names.get_name(source, try_suffixes=(".weight", ".bias", ".scale"))
+    if name is None and source in _model_tensor_names(plan.architecture):  # (llama.cpp's own name, which gguf-py's
+        name = source  # map gives no Hugging Face name: HRM-Text's hrm.z_l_init, written under it by a rearrangement)
     if name is None:
         raise ConfigMismatchError(
             f"{where}: the tensor {output} has no name in llama.cpp's {plan.architecture} model; llama.cpp cannot "
             "load it"
         )
     return name
+
+
+def _model_tensor_names(architecture: str) -> set[str]:
+    """llama.cpp's names of an architecture's tensors outside the blocks, as gguf-py lists them."""
+    gguf = gguf_py()
+    arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == architecture)
+    return {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[arch] if "{bid}" not in gguf.TENSOR_NAMES[t]}
 
 
 def _parameter_counts(shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int, int]:
