@@ -1393,15 +1393,19 @@ RERANKERS = {
     "roberta-fsdp2": ("RobertaForSequenceClassification", "roberta-bpe", [1, 5, 20, 33, 2, 2, 41, 50, 60, 2]),
     # (its head a dense layer, a GELU and a LayerNorm before the projection, on the first token)
     "modernbert-fsdp2": ("ModernBertForSequenceClassification", "gpt-2", [1, 5, 20, 33, 2, 41, 50, 60, 2]),
+    # (a cross-encoder's, ms-marco-MiniLM's: the pooler, a dense layer and tanh, then the projection; [CLS] and [SEP]
+    # the WordPiece fixture's 2 and 3)
+    "bert-fsdp2": ("BertForSequenceClassification", "default", [2, 5, 20, 33, 3, 41, 50, 60, 3]),
 }
 
 
 @pytest.mark.parametrize("case", RERANKERS)
 def test_a_reranker_as_the_converter_writes_it_and_llama_cpp_scores_as_transformers(case, converter, tmp_path):
-    """An XLM-RoBERTa, a RoBERTa or a ModernBERT under a classifier's head of one score (a reranker:
-    bge-reranker-v2-m3's, gte-reranker-modernbert's layout), saved by transformers from the fixture's encoder: the file
-    is the converter's (the head as llama.cpp's cls, ModernBERT's cls.norm, and cls.output, its one label; ModernBERT's
-    with its one key more), and llama.cpp's rank pooling scores a pair as transformers does."""
+    """An XLM-RoBERTa, a RoBERTa, a ModernBERT or a BERT under a classifier's head of one score (a reranker:
+    bge-reranker-v2-m3's, gte-reranker-modernbert's, ms-marco-MiniLM's layout), saved by transformers from the
+    fixture's encoder: the file is the converter's (the head as llama.cpp's cls, ModernBERT's cls.norm, and cls.output,
+    its one label; ModernBERT's with its one key more; BERT's with its pooler as cls, which the converter leaves out, so
+    that llama.cpp scores its file otherwise), and llama.cpp's rank pooling scores a pair as transformers does."""
     import transformers
 
     head_class, pre, pair = RERANKERS[case]
@@ -1420,14 +1424,17 @@ def test_a_reranker_as_the_converter_writes_it_and_llama_cpp_scores_as_transform
     unshard.convert(tmp_path / "reranker", ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
     theirs = tmp_path / "for-the-converter"
     shutil.copytree(tmp_path / "reranker", theirs)
-    if case != "xlmroberta-fsdp2":
+    if case not in ("xlmroberta-fsdp2", "bert-fsdp2"):
         for_the_converter(theirs)
-    mine, expected = contents(ours), contents(converter(theirs, "f32", tmp_path / "oracle.gguf", pre=pre))
+    fields, tensors = contents(ours)
+    mine, expected = (fields, tensors), contents(converter(theirs, "f32", tmp_path / "oracle.gguf", pre=pre))
     arch = mine[0]["general.architecture"]
     if case == "modernbert-fsdp2":  # (the key without which llama.cpp loads no ModernBERT: see the encoders' test)
         assert mine[0].pop(f"{arch}.attention.layer_norm_epsilon") == pytest.approx(1e-5)
+    if case == "bert-fsdp2":  # (the pooler, which the converter leaves out, and the size it counts)
+        assert mine[0].pop("general.size_label") != expected[0].pop("general.size_label")
+        mine = (mine[0], [t for t in mine[1] if t[0] not in ("cls.weight", "cls.bias")])
     assert mine[0] == expected[0] and list(mine[0]) == list(expected[0]) and mine[1] == expected[1]
-    fields, tensors = mine
     assert fields[f"{arch}.classifier.output_labels"] == ["LABEL_0"]
     assert {"cls.weight", "cls.output.weight"} <= {t[0] for t in tensors}
     llama_cpp_client("rank", ours, ",".join(map(str, pair)), tmp_path / "score.npy")
@@ -1437,6 +1444,25 @@ def test_a_reranker_as_the_converter_writes_it_and_llama_cpp_scores_as_transform
     # (ModernBERT's head: llama.cpp's GELU is tanh's approximation, transformers' the exact one: f32's tolerance)
     tolerance = LLAMA_CPP_TOLERANCE["f32"] if case == "modernbert-fsdp2" else 1e-4
     assert ((got - expected).abs() / expected.abs()).item() <= tolerance, (got, expected)
+    if case == "bert-fsdp2":  # (the converter's file, without the pooler, scores otherwise)
+        llama_cpp_client("rank", tmp_path / "oracle.gguf", ",".join(map(str, pair)), tmp_path / "theirs.npy")
+        theirs = torch.from_numpy(np.load(tmp_path / "theirs.npy"))
+        assert ((theirs - expected).abs() / expected.abs()).item() > 0.01, (theirs, expected)
+
+
+def test_a_distilbert_classifier_llama_cpp_would_score_otherwise_is_one_line(tmp_path):
+    """DistilBERT's classifier (ReLU after its first layer, where llama.cpp's bert applies tanh), saved by transformers
+    from the fixture's encoder: one line naming config.json, nothing written."""
+    import transformers
+
+    unshard.convert(SHIPPED / "distilbert-fsdp2" / "global_step_1", tmp_path / "hf", progress=False)
+    model = transformers.DistilBertForSequenceClassification.from_pretrained(tmp_path / "hf", num_labels=1)
+    model.save_pretrained(tmp_path / "classifier")
+    shutil.copy(tmp_path / "hf" / "tokenizer.json", tmp_path / "classifier")
+    code, _, err = run_cli("convert", tmp_path / "classifier", tmp_path / "c.gguf", "--no-progress")
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert "config.json: DistilBertForSequenceClassification applies ReLU" in err
+    assert not (tmp_path / "c.gguf").exists()
 
 
 def test_a_classifier_s_labels_are_the_converter_s_and_damaged_ones_one_line(tmp_path):
@@ -1627,21 +1653,24 @@ def test_t5_s_encoder_alone_as_the_converter_writes_it_and_llama_cpp_embeds_as_t
     assert distance <= LLAMA_CPP_TOLERANCE["f32"]
 
 
-@pytest.mark.parametrize("kind", ["MT5", "UMT5"])
+@pytest.mark.parametrize("kind", ["MT5", "UMT5", "UMT5Model"])
 def test_mt5_and_umt5_as_the_converter_writes_them_and_llama_cpp_runs_them_as_transformers(kind, converter, tmp_path):
-    """mT5 (T5 v1.1's layout under its own class) and UMT5 (each layer with buckets' biases of its own), saved by
-    transformers with the T5 fixture's weights (UMT5's further biases as transformers initialises them) and tokenizer:
-    the converter's file in f32, and llama.cpp decodes as transformers does."""
+    """mT5 (T5 v1.1's layout under its own class) and UMT5 (each layer with buckets' biases of its own; and without
+    its head, UMT5Model), saved by transformers with the T5 fixture's weights (UMT5's further biases as transformers
+    initialises them) and tokenizer: the converter's file in f32, and llama.cpp decodes as transformers does (the head
+    of UMT5Model's file the embedding, as llama.cpp reads it)."""
     import transformers
 
     folder = t5_folder(tmp_path)
     config = json.loads((folder / "config.json").read_text())
     config = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "transformers_version")}
     torch.manual_seed(0)
-    model = getattr(transformers, f"{kind}ForConditionalGeneration")(getattr(transformers, f"{kind}Config")(**config))
+    family = kind.removesuffix("Model")
+    model_class = getattr(transformers, kind if kind.endswith("Model") else f"{kind}ForConditionalGeneration")
+    model = model_class(getattr(transformers, f"{family}Config")(**config))
     t5 = transformers.T5ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
     missing = model.load_state_dict(t5.state_dict(), strict=False).missing_keys
-    assert all("relative_attention_bias" in name for name in missing) and bool(missing) is (kind == "UMT5")
+    assert all("relative_attention_bias" in name for name in missing) and bool(missing) is (family == "UMT5")
     model.save_pretrained(tmp_path / kind)
     for path in folder.iterdir():
         if path.name not in ("config.json", "model.safetensors", "README.md", "generation_config.json"):
@@ -1650,12 +1679,14 @@ def test_mt5_and_umt5_as_the_converter_writes_them_and_llama_cpp_runs_them_as_tr
     unshard.convert(tmp_path / kind, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
     assert_same_file(ours, converter(tmp_path / kind, "f32", tmp_path / "oracle.gguf", pre="default"))
     biases = [t[0] for t in contents(ours)[1] if "attn_rel_b" in t[0]]
-    assert len(biases) == (4 if kind == "UMT5" else 2)  # (each stack's layers' own, or each stack's first layer's)
+    assert len(biases) == (4 if family == "UMT5" else 2)  # (each stack's layers' own, or each stack's first layer's)
+    assert kind != "UMT5Model" or "output.weight" not in [t[0] for t in contents(ours)[1]]
     prompt, decoded = [5, 20, 33, 41, 50, 60, 1], [7, 9, 11]
     llama_cpp_client("seq2seq", ours, *(",".join(map(str, t)) for t in (prompt, decoded)), tmp_path / "l.npy")
     got = torch.from_numpy(np.load(tmp_path / "l.npy"))
     model = type(model).from_pretrained(tmp_path / kind, dtype=torch.float32)
-    expected = model(torch.tensor([prompt]), decoder_input_ids=torch.tensor([[0, *decoded]])).logits[0].detach()
+    out = model(torch.tensor([prompt]), decoder_input_ids=torch.tensor([[0, *decoded]]))
+    expected = (out.logits if kind != "UMT5Model" else out.last_hidden_state @ model.shared.weight.T)[0].detach()
     assert ((got - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
 
 

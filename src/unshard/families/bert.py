@@ -6,7 +6,8 @@ as the model's sentence-transformers config says, its WordPiece vocabulary (llam
 pooler and a masked-LM head left out, as the converter leaves them. RoBERTa (`RobertaModel`): BERT's layers, its
 positions counted from the padding token's id + 1, a byte-level BPE vocabulary. XLM-RoBERTa (`XLMRobertaModel`:
 bge-m3's, multilingual-e5's): RoBERTa's layers, a SentencePiece unigram vocabulary (llama.cpp's `t5` tokenizer).
-Either under a sequence classifier's head (a reranker's) keeps the head, as llama.cpp's rank pooling reads it.
+Either under a sequence classifier's head (a reranker's) keeps the head, as llama.cpp's rank pooling reads it; so does
+BERT's (a cross-encoder's), its pooler as llama.cpp's cls (which the converter leaves out).
 DistilBERT (`DistilBertModel`): BERT's halved, no segment types, its sizes under names of its own. ModernBERT
 (`ModernBertModel`): rotary positions, a GeGLU MLP, layers attending within a window but every n-th, norms without
 biases (llama.cpp's modern-bert). EuroBERT (`EuroBertModel`): a Llama's layers attending both ways (llama.cpp's
@@ -14,6 +15,7 @@ eurobert)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -141,20 +143,39 @@ def encoder_family(name: str, model_type: str, architecture: str, gguf: GGUFPart
 # What the file has no place for: llama.cpp computes the tokens' embeddings (and pools them itself)
 POOLED_BY_LLAMA_CPP = "llama.cpp computes the tokens' embeddings, pooled as sentence-transformers says"
 
+BERT_GGUF = GGUFPart(
+    "BERT",
+    hyperparameters=bert_hyperparameters,
+    vocabulary="wordpiece",
+    dropped_prefix="bert.",
+    towers=r"^(?:bert\.)?(?:pooler|cls)\.",
+    towers_left_out=f"the pooler's and a masked-LM head's: {POOLED_BY_LLAMA_CPP}",
+)
+# BERT under a sequence classifier's head (a cross-encoder's, ms-marco-MiniLM's): the pooler (a dense layer and tanh on
+# the first token) as llama.cpp's cls and the classifier as its cls.output, which its rank pooling applies in turn.
+# The converter leaves the pooler out, and llama.cpp then scores otherwise than transformers.
+BERT_CLASSIFIER_GGUF = replace(
+    BERT_GGUF,
+    towers=r"^(?:bert\.)?cls\.",
+    towers_left_out=f"a masked-LM head's: {POOLED_BY_LLAMA_CPP}",
+    renames=((r"^pooler\.dense\.", "classifier.dense."), (r"^classifier\.(weight|bias)$", r"classifier.out_proj.\1")),
+)
+
+
+def distilbert_classifier_refused(hparams: dict, where: Path) -> None:
+    raise ConfigMismatchError(
+        f"{where}: DistilBertForSequenceClassification applies ReLU after its pre_classifier, and llama.cpp's bert "
+        "applies tanh there: its scores would differ; serve this classifier with transformers"
+    )
+
+
 FAMILIES = (
     encoder_family(
         "BERT",
         "bert",
         "BertModel",
-        GGUFPart(
-            "BERT",
-            hyperparameters=bert_hyperparameters,
-            vocabulary="wordpiece",
-            dropped_prefix="bert.",
-            towers=r"^(?:bert\.)?(?:pooler|cls)\.",
-            towers_left_out=f"the pooler's and a masked-LM head's: {POOLED_BY_LLAMA_CPP}",
-        ),
-        also=("BertForMaskedLM",),
+        replace(BERT_GGUF, classes=(("BertForSequenceClassification", BERT_CLASSIFIER_GGUF),)),
+        also=("BertForMaskedLM", "BertForSequenceClassification"),
     ),
     encoder_family(
         "RoBERTa",
@@ -199,8 +220,11 @@ FAMILIES = (
             dropped_prefix="distilbert.",
             towers=r"^(?:distilbert\.)?vocab_",
             towers_left_out=f"a masked-LM head's: {POOLED_BY_LLAMA_CPP}",
+            classes=(
+                ("DistilBertForSequenceClassification", GGUFPart("BERT", check_config=distilbert_classifier_refused)),
+            ),
         ),
-        also=("DistilBertForMaskedLM",),
+        also=("DistilBertForMaskedLM", "DistilBertForSequenceClassification"),
     ),
     encoder_family(
         "ModernBERT",

@@ -210,10 +210,17 @@ class GGUFPart:
     # (text_config's model_type, the part): a vision-language model whose text model the converter writes as another
     # layout by that type (Mistral 3 around Mistral 4's text model: DeepSeek-V2's, llama.cpp's mistral4)
     text_models: tuple[tuple[str, GGUFPart], ...] = ()
+    # (class config.json names, the part): a class of the family whose head the file holds otherwise (BERT's sequence
+    # classifier: its pooler as llama.cpp's cls)
+    classes: tuple[tuple[str, GGUFPart], ...] = ()
 
     def for_text_model(self, model_type: str | None) -> GGUFPart:
         """The part that writes a text model of this type: its own, unless `text_models` names another."""
         return dict(self.text_models).get(model_type, self)
+
+    def for_class(self, architecture: str | None) -> GGUFPart:
+        """The part that writes a model of this class: its own, unless `classes` names another."""
+        return dict(self.classes).get(architecture, self)
 
 
 @dataclass(frozen=True)

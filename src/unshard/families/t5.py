@@ -3,7 +3,8 @@ RMS-normed before its attention and its MLP, positions as buckets of relative di
 first layer holds (the layers after it reuse them; UMT5's each its own), the decoder attending to the encoder's
 output too, a ReLU MLP (T5's) or a gated GELU one (T5 v1.1's and Flan-T5's). To GGUF as llama.cpp's converter writes
 it (llama.cpp's t5, which encodes the prompt and decodes from the decoder's start token), and its encoder alone
-(`T5EncoderModel`: image models' text encoders, sentence-t5's) as llama.cpp's t5encoder. The vocabulary is T5's
+(`T5EncoderModel`: image models' text encoders, sentence-t5's) as llama.cpp's t5encoder; a UMT5 without its head
+(`UMT5Model`) as the converter writes it, llama.cpp reading the embedding as the head. The vocabulary is T5's
 SentencePiece unigram (llama.cpp's `t5` tokenizer)."""
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ def t5_notes(hparams: dict, where: Path) -> list[str] | None:
     the -1/2 first (T5's, whose head is its embedding; not Flan-T5's): the same tokens greedily, logits times the
     square root of the width."""
     t5_checked(hparams, where)
+    if (hparams.get("architectures") or [None])[0] == "UMT5Model":
+        return [
+            "UMT5Model has no head: llama.cpp computes logits with the embedding as it, where transformers gives the "
+            "decoder's last hidden states"
+        ]
     # (transformers 5 writes whether it scales; a config before it says so by tying the head, T5's and not Flan-T5's;
     # its mT5 scales none)
     tied = hparams.get("tie_word_embeddings", True) is not False and hparams.get("model_type") != "mt5"
@@ -114,6 +120,7 @@ FAMILIES = (
     t5_family("T5", "t5", "T5ForConditionalGeneration", also=("T5EncoderModel",)),
     # (T5 v1.1's layout, multilingual: its head apart)
     t5_family("mT5", "mt5", "MT5ForConditionalGeneration"),
-    # (mT5's, each layer with buckets' biases of its own, as llama.cpp's t5 reads them where the file has them)
-    t5_family("UMT5", "umt5", "UMT5ForConditionalGeneration"),
+    # (mT5's, each layer with buckets' biases of its own, as llama.cpp's t5 reads them where the file has them; and
+    # without the head, as the converter writes it too)
+    t5_family("UMT5", "umt5", "UMT5ForConditionalGeneration", also=("UMT5Model",)),
 )

@@ -84,7 +84,7 @@ def plan_gguf(
             f"lists the {len(families.with_part('gguf'))} families it writes); write a folder and use llama.cpp's "
             "convert_hf_to_gguf.py"
         )
-    part = family.gguf
+    part = family.gguf.for_class(architecture)
     vision_outputs, config = [], hparams
     # (a projector newer than the installed gguf-py, which llama.cpp's own has: its towers left out, with a note)
     unknown_projector = families.supports(family, "mmproj") and not hasattr(
