@@ -277,6 +277,7 @@ TESTED = {
         "gemma3n_text": "gemma3n-fsdp2-spm",
         "gemma4_text": "gemma4-fsdp2",
         "gemma4": "gemma4vl-fsdp2",
+        "gemma4_unified": "gemma4unified-fsdp2",
         "phi3": "phi3-fsdp2-spm",
         "mixtral": "mixtral8-fsdp2-spm",
         "qwen2_moe": "qwen2moe-fsdp2",

@@ -986,6 +986,7 @@ DENSE = {
     "gemma4moe-fsdp2": "gemma4",
     "gemma4vl-fsdp2": "gemma4",
     "gemma4av-fsdp2": "gemma4",
+    "gemma4unified-fsdp2": "gemma4",
     "mpt-fsdp2": "mpt",
     "mistral3-fsdp2": "mistral3",
     "mistral4-fsdp2": "mistral4",
@@ -1039,6 +1040,9 @@ HUB_KEYS = {
     # (Solar Open's rotary over whole heads, which the converter takes for GLM's half where the config says nothing)
     "solaropen-fsdp2": lambda config: {"partial_rotary_factor": 1.0},
     "afmoe-fsdp2": lambda config: {"route_norm": True},  # (AFMoE's routing, which transformers always renormalises)
+    # (the experts' width, which the converter's Gemma4Model requires be named and transformers 5.24 does not save for
+    # Gemma 4 Unified's text model: named as none, as a model without experts has it)
+    "gemma4unified-fsdp2": lambda config: {"text_config": {**config["text_config"], "moe_intermediate_size": None}},
     # (InternVL's text model by its class, which the converter finds it by: transformers 5 writes none)
     "internvl-fsdp2": lambda config: {"text_config": {**config["text_config"], "architectures": ["Qwen2ForCausalLM"]}},
     "internvl35-fsdp2": lambda c: {"text_config": {**c["text_config"], "architectures": ["Qwen3ForCausalLM"]}},
@@ -1108,6 +1112,9 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
         assert fields["deepseek2.leading_dense_block_count"] == 1
         assert fields["deepseek2.expert_gating_func"] == gguf.ExpertGatingFuncType.SIGMOID
         assert fields["tokenizer.ggml.tokens"][fields["tokenizer.ggml.eom_token_id"]] == "<|observation|>"
+    if case == "gemma4unified-fsdp2":  # (the media placeholders its generation_config.json suppresses)
+        suppressed = json.loads((src / "actor" / "huggingface" / "generation_config.json").read_text())
+        assert fields["tokenizer.ggml.suppress_tokens"] == suppressed["suppress_tokens"] != []
     # (a vision-language model transformers has no causal LM class for: its text alone)
     vision = case in ("mistral3-fsdp2", "mistral4-fsdp2", "llama4-fsdp2", "exaone45-fsdp2", "smolvlm-fsdp2")
     vision = vision or case in ("llava-pixtral-fsdp2", "lfm2vl-fsdp2", "janus-fsdp2", "hunyuanocr-fsdp2")

@@ -7,6 +7,7 @@ factors, and the vocabulary as llama.cpp's gemma4 tokenizer."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
@@ -16,6 +17,7 @@ from .gguf_hooks import (
     fixed_in_code,
     gguf_py,
     gguf_quiet,
+    json_or_empty,
     mmproj_model_forced_type,
     rope_parameters,
 )
@@ -26,6 +28,7 @@ from .parts import (
     GGUFPart,
     MmprojPart,
     Rearrangement,
+    Unsupported,
     fused_experts_as_linear,
     middle_axis_dropped,
     no_trainer_model,
@@ -243,6 +246,24 @@ GEMMA4_MMPROJ = MmprojPart(
     projector_type_key="clip.vision",
 )
 
+
+def gemma4_unified_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's Gemma4UnifiedModel's: Gemma 4's header, then the tokens generation_config.json says generation
+    suppresses (gguf-py 0.19's writer has no method for the key)."""
+    gemma4_hyperparameters(writer, hparams, ftype, blocks, folder)
+    suppressed = json_or_empty(folder / "generation_config.json").get("suppress_tokens")
+    if suppressed is not None:
+        writer.add_array("tokenizer.ggml.suppress_tokens", [int(token) for token in suppressed])
+
+
+# Gemma 4 Unified's text model: Gemma 4's, its towers (without layers: an image's patches and an audio frame's samples
+# projected into the text model) left out of the file as the converter's text model leaves them
+GEMMA4_UNIFIED = replace(
+    GEMMA4,
+    hyperparameters=gemma4_unified_hyperparameters,
+    towers=r"^(?:model\.)?(?:vision_embedder|embed_vision|embed_audio)\.",
+)
+
 FAMILIES = (
     Family(
         "Gemma 4 (text)",
@@ -269,5 +290,20 @@ FAMILIES = (
         mmproj=GEMMA4_MMPROJ,
         moe_layout=DENSE_ONLY,
         linearized=fused_experts_as_linear,
+    ),
+    Family(
+        "Gemma 4 Unified",
+        "gemma4_unified",
+        "Gemma4UnifiedForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Gemma 4 Unified layout (towers without layers) is not mapped yet"),
+        **no_trainer_model("Gemma 4 Unified"),
+        fused_siblings=SIBLINGS,
+        gguf=GEMMA4_UNIFIED,
+        mmproj=Unsupported(
+            "its towers without layers (llama.cpp's gemma4uv and gemma4ua projectors, which PyPI's gguf-py lacks) are "
+            "not written yet"
+        ),
+        moe_layout=DENSE_ONLY,
     ),
 )
