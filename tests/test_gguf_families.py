@@ -1335,6 +1335,35 @@ def test_bpe_encoders_as_the_converter_writes_them_and_llama_cpp_embeds_as_trans
     )
 
 
+def test_modernbert_for_masked_lm_s_encoder_is_the_converter_s_file_of_the_encoder(converter, tmp_path):
+    """A ModernBERT saved with its masked-LM head (ModernBERT-base's class, and its fine-tunes'), which the converter
+    stops on: the file holds the encoder alone, the converter's file of the same encoder saved without the head (with
+    the one key more of every ModernBERT file), and llama.cpp embeds each token as the encoder does."""
+    import transformers
+
+    unshard.convert(SHIPPED / "modernbert-fsdp2" / "global_step_1", tmp_path / "hf", progress=False)
+    model = transformers.ModernBertForMaskedLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    model.save_pretrained(tmp_path / "mlm")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tmp_path / "hf" / name, tmp_path / "mlm" / name)
+    ours = tmp_path / "f32.gguf"
+    plan = unshard.plan(tmp_path / "mlm", output=unshard.OutputOptions(gguf="f32"))
+    assert any("masked-LM head's" in note for note in plan.notes)
+    unshard.convert(tmp_path / "mlm", ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    pre = for_the_converter(tmp_path / "mlm")
+    with pytest.raises(AssertionError, match="decoder"):  # (the converter's own, of the folder with the head)
+        converter(tmp_path / "mlm", "f32", tmp_path / "oracle-mlm.gguf", pre=pre)
+    encoder = tmp_path / "encoder"
+    model.model.save_pretrained(encoder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tmp_path / "mlm" / name, encoder / name)
+    mine, expected = contents(ours), contents(converter(encoder, "f32", tmp_path / "oracle.gguf", pre=pre))
+    assert mine[0].pop("modern-bert.attention.layer_norm_epsilon") == pytest.approx(1e-5)
+    assert mine[0] == expected[0] and list(mine[0]) == list(expected[0]) and mine[1] == expected[1]
+    distance = embedded_as_transformers(ours, model.model, tmp_path, prompt=[1, 5, 20, 33, 41, 50, 60, 2])
+    assert distance <= 1e-4
+
+
 # Text llama.cpp's unigram tokenizer normalizes by the file's character map as SentencePiece does: accents, German's ß,
 # full-width letters and digits, runs of spaces, and words the tokenizer never saw
 XLM_ROBERTA_TEXTS = [

@@ -7,11 +7,11 @@ pooler and a masked-LM head left out, as the converter leaves them. RoBERTa (`Ro
 positions counted from the padding token's id + 1, a byte-level BPE vocabulary. XLM-RoBERTa (`XLMRobertaModel`:
 bge-m3's, multilingual-e5's): RoBERTa's layers, a SentencePiece unigram vocabulary (llama.cpp's `t5` tokenizer).
 Either under a sequence classifier's head (a reranker's) keeps the head, as llama.cpp's rank pooling reads it; so does
-BERT's (a cross-encoder's), its pooler as llama.cpp's cls (which the converter leaves out).
-DistilBERT (`DistilBertModel`): BERT's halved, no segment types, its sizes under names of its own. ModernBERT
-(`ModernBertModel`): rotary positions, a GeGLU MLP, layers attending within a window but every n-th, norms without
-biases (llama.cpp's modern-bert). EuroBERT (`EuroBertModel`): a Llama's layers attending both ways (llama.cpp's
-eurobert)."""
+BERT's (a cross-encoder's), its pooler as llama.cpp's cls (which the converter leaves out). DistilBERT
+(`DistilBertModel`): BERT's halved, no segment types, its sizes under names of its own. ModernBERT (`ModernBertModel`,
+and `ModernBertForMaskedLM`'s encoder): rotary positions, a GeGLU MLP, layers attending within a window but every n-th,
+norms without biases (llama.cpp's modern-bert). EuroBERT (`EuroBertModel`): a Llama's layers attending both ways
+(llama.cpp's eurobert)."""
 
 from __future__ import annotations
 
@@ -162,6 +162,22 @@ BERT_CLASSIFIER_GGUF = replace(
 )
 
 
+MODERNBERT_GGUF = GGUFPart(
+    "MODERN_BERT",
+    hyperparameters=modernbert_hyperparameters,
+    as_the_converter_reads=modernbert_norms,
+    before_vocabulary=sequence_ends,
+    dropped_prefix="model.",
+    # (a classifier's projection, as the converter names it where the config labels the classifier's scores)
+    renames=((r"^classifier\.(weight|bias)$", r"classifier.out_proj.\1"),),
+)
+# ModernBERT under its masked-LM head (ModernBERT-base's own class): the encoder alone, the head (a dense layer, a norm,
+# the decoder's bias) left out, as the converter writes the encoder (it stops on the head)
+MODERNBERT_MLM_GGUF = replace(
+    MODERNBERT_GGUF, towers=r"^(?:head|decoder)\.", towers_left_out=f"a masked-LM head's: {POOLED_BY_LLAMA_CPP}"
+)
+
+
 def distilbert_classifier_refused(hparams: dict, where: Path) -> None:
     raise ConfigMismatchError(
         f"{where}: DistilBertForSequenceClassification applies ReLU after its pre_classifier, and llama.cpp's bert "
@@ -230,17 +246,10 @@ FAMILIES = (
         "ModernBERT",
         "modernbert",
         "ModernBertModel",
-        GGUFPart(
-            "MODERN_BERT",
-            hyperparameters=modernbert_hyperparameters,
-            as_the_converter_reads=modernbert_norms,
-            before_vocabulary=sequence_ends,
-            dropped_prefix="model.",
-            # (a classifier's projection, as the converter names it where the config labels the classifier's scores)
-            renames=((r"^classifier\.(weight|bias)$", r"classifier.out_proj.\1"),),
-        ),
-        # (a reranker, gte-reranker-modernbert's: its head llama.cpp's cls, cls.norm and cls.output)
-        also=("ModernBertForSequenceClassification",),
+        replace(MODERNBERT_GGUF, classes=(("ModernBertForMaskedLM", MODERNBERT_MLM_GGUF),)),
+        # (a reranker, gte-reranker-modernbert's: its head llama.cpp's cls, cls.norm and cls.output; and the masked-LM
+        # model the base checkpoints are, ModernBERT-base's: its encoder alone)
+        also=("ModernBertForSequenceClassification", "ModernBertForMaskedLM"),
     ),
     encoder_family(
         "EuroBERT",
