@@ -166,3 +166,16 @@ def test_shared_params_tied_embeddings(fixture_case, tmp_path):
     written = load_file(tmp_path / "out" / "model.safetensors")
     assert "lm_head.weight" not in written
     assert torch.equal(written["model.embed_tokens.weight"], oracle["lm_head.weight"])
+
+
+def test_tensors_transformers_joins_on_saving_from_zero3_s_flat_partitions(fixture_case, tmp_path):
+    """HRM-Text under ZeRO-3, each of its tensors cut into flat ranges over three ranks: unshard's folder joins its
+    gate, q, k and v into the one gqkv_proj (and gate and up into gate_up_proj) that save_pretrained writes, from those
+    ranges as they lie: the tensors of DeepSpeed's own state dict saved by transformers, bit for bit."""
+    fixture = fixture_case("deepspeed-zero3-hrmtext")
+    unshard.convert(fixture / "checkpoint-1", tmp_path / "out", dtype="float32", progress=False)
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    reference = load_file(fixture / "reference" / "model.safetensors")  # (save_pretrained of zero_to_fp32's)
+    assert "model.L_module.layers.0.attn.gqkv_proj.weight" in reference and sorted(written) == sorted(reference)
+    for name, expected in reference.items():
+        assert torch.equal(written[name], expected), name
