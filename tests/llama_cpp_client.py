@@ -58,6 +58,7 @@ def run(path: str, prompt: list[int], out: str, new: int, lora: str | None = Non
         lora_path=lora,
         type_k=cache,
         type_v=cache,
+        flash_attn=os.environ.get("FLASH_ATTN") == "1",
     )
     llm.eval(prompt)
     logits = np.array(llm.scores[: len(prompt)], dtype=np.float32)

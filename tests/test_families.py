@@ -300,6 +300,7 @@ TESTED = {
         "hy_v3": "hyv3-fsdp2",  # (with llama.cpp's gguf-py)
         "laguna": "laguna-fsdp2",  # (with llama.cpp's gguf-py)
         "hrm_text": "hrmtext-fsdp2",  # (with llama.cpp's gguf-py)
+        "minimax_m3_vl": "minimaxm3-fsdp2",  # (with llama.cpp's gguf-py)
         "arcee": "arcee-fsdp2",
         "exaone4": "exaone4-fsdp2",
         "exaone_moe": "exaonemoe-fsdp2",

@@ -198,9 +198,10 @@ LLAMA_CPP_TOLERANCE = {"f32": 1e-3, "f16": 2e-3, "bf16": 1e-2, "q8_0": 0.05}
 Q8_0_TOLERANCE = {"gptoss-fsdp2": 0.08}
 
 
-def llama_cpp_client(*args, kv_cache: str = "f16") -> None:
+def llama_cpp_client(*args, kv_cache: str = "f16", flash_attn: bool = False) -> None:
     """tests/llama_cpp_client.py, run by llama.cpp itself: llama-cpp-python compiled from its source package
-    (a peer venv); kv_cache: the type its keys and values are cached in."""
+    (a peer venv); kv_cache: the type its keys and values are cached in; flash_attn: flash attention on (MiniMax-M3's
+    sparse attention runs with it alone)."""
     done = subprocess.run(
         [
             str(generate.peer_python("llamacpp-client")),
@@ -210,7 +211,7 @@ def llama_cpp_client(*args, kv_cache: str = "f16") -> None:
         capture_output=True,
         text=True,
         timeout=600,
-        env=dict(os.environ, KV_CACHE=kv_cache),
+        env=dict(os.environ, KV_CACHE=kv_cache, FLASH_ATTN=str(int(flash_attn))),
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -221,14 +222,19 @@ def llama_cpp():
     import numpy as np
 
     def run(
-        gguf_file: Path, prompt: list[int], new: int, lora: Path | None = None, kv_cache: str = "f16"
+        gguf_file: Path,
+        prompt: list[int],
+        new: int,
+        lora: Path | None = None,
+        kv_cache: str = "f16",
+        flash_attn: bool = False,
     ) -> tuple[torch.Tensor, list[int]]:
         """lora: an adapter file llama.cpp applies to the model; kv_cache: the type llama.cpp caches keys and values
         in (its default f16 is further from a tiny random model's attention than f32's tolerance where the scores
-        are not scaled: Gemma 4's)."""
+        are not scaled: Gemma 4's); flash_attn: flash attention on."""
         out = gguf_file.with_name(gguf_file.stem + ("-with-" + lora.stem if lora else "") + ".npz")
         client_args = ("run", gguf_file, ",".join(map(str, prompt)), out, new, *([lora] if lora else []))
-        llama_cpp_client(*client_args, kv_cache=kv_cache)
+        llama_cpp_client(*client_args, kv_cache=kv_cache, flash_attn=flash_attn)
         with np.load(out) as saved:
             return torch.from_numpy(saved["logits"]), saved["greedy"].tolist()
 

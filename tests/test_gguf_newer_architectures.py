@@ -113,7 +113,12 @@ NEWER = {
     "laguna-fsdp2": "laguna",
     "lagunam1-fsdp2": "laguna",
     "hrmtext-fsdp2": "hrm_text",
+    "minimaxm3-fsdp2": "minimax-m3",
 }
+# The vision-language models among them (their text model written), and those llama.cpp runs with flash attention on
+# (MiniMax-M3's sparse attention: without it, llama.cpp's every query attends to every key)
+NEWER_VISION = ("minimaxm3-fsdp2",)
+FLASH_ATTENTION = ("minimaxm3-fsdp2",)
 # What a release's folder says that transformers' save does not, by fixture and file: DeepSeek-V3.2's tokenizer adds
 # its start token
 AS_RELEASED = {"deepseekv32-fsdp2": {"tokenizer_config.json": {"add_bos_token": True}}}
@@ -127,14 +132,36 @@ FOR_THE_CONVERTER = {
     "deepseekv32-fsdp2": {
         "config.json": {"scoring_func": "sigmoid"},
         "tokenizer_config.json": {"tokenizer_class": "LlamaTokenizerFast"},
-    }
+    },
+    # (MiniMax-M3's text config as the Hub's names it: its sigmoid router, shared experts, dense layers and sparse
+    # attention under the names the converter reads, which transformers 5 saves under others or not at all)
+    "minimaxm3-fsdp2": {
+        "config.json": {
+            "text_config": {
+                "scoring_func": "sigmoid",
+                "n_shared_experts": 1,
+                "moe_layer_freq": [0, 1, 1, 1],
+                "sparse_attention_config": {
+                    "sparse_num_index_heads": 2,
+                    "sparse_index_dim": 16,
+                    "sparse_topk_blocks": 2,
+                    "sparse_block_size": 4,
+                    "sparse_local_block": 1,
+                },
+            }
+        }
+    },
 }
 
 
 def updated(folder: Path, changes: dict[str, dict]) -> None:
-    """Each JSON file of the folder with the keys given."""
+    """Each JSON file of the folder with the keys given (a dict's keys into the dict the file has there)."""
     for name, change in changes.items():
-        (folder / name).write_text(json.dumps({**json.loads((folder / name).read_text()), **change}))
+        was = json.loads((folder / name).read_text())
+        merged = {
+            k: {**was[k], **v} if isinstance(v, dict) and isinstance(was.get(k), dict) else v for k, v in change.items()
+        }
+        (folder / name).write_text(json.dumps({**was, **merged}))
 
 
 @pytest.mark.parametrize("case", NEWER)
@@ -147,11 +174,12 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     every layer), DeepSeek-V3.2 (DeepSeek-V3's with the sparse attention's indexer), Hy3 (a dense first layer, then
     experts behind a sigmoid router with its correction bias and a shared expert) and Laguna (Hy3's experts behind
     attention gated per head, its heads per layer, rope of its own on the sliding layers: XS.2's layout; gated per
-    element, without a window, YaRN: M.1's) and HRM-Text (two stacks of layers run in cycles, gate, q, k and v in one
-    tensor on disk, which unshard's folder joins from the rank files' four): unshard's folder is the
-    fixture's model tensor for tensor; its GGUF file from the rank files (with that folder's tokenizer) is the
+    element, without a window, YaRN: M.1's), HRM-Text (two stacks of layers run in cycles, gate, q, k and v in one
+    tensor on disk, which unshard's folder joins from the rank files' four) and MiniMax-M3's text model (block-sparse
+    attention, its indexer in F32, run with flash attention, as llama.cpp sparsifies with it alone): unshard's folder
+    is the fixture's model tensor for tensor; its GGUF file from the rank files (with that folder's tokenizer) is the
     converter's of that folder in f32 and q8_0 and llama-quantize's of the converter's in q4_k_m; llama.cpp computes
-    transformers' logits over a prompt past the window."""
+    transformers' logits over a prompt past the window (past the blocks MiniMax-M3's queries keep)."""
     import transformers
     from safetensors.torch import load_file
 
@@ -184,11 +212,12 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
         assert header["tokenizer.ggml.token_type"][added] == gguf.TokenType.CONTROL
     window = json.loads((folder / "config.json").read_text()).get("sliding_window") or 4
     prompt = [1] + [(7 * i) % 90 + 5 for i in range(3 * window + 2)]
-    model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
+    auto = transformers.AutoModelForImageTextToText if case in NEWER_VISION else transformers.AutoModelForCausalLM
+    model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
     expected = model(torch.tensor([prompt])).logits[0].detach()
-    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
+    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32", flash_attn=case in FLASH_ATTENTION)
     distance = ((logits - expected).norm() / expected.norm()).item()
-    # (measured 1.7e-7 and 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7, 3.3e-7, 4.7e-7 and 3.3e-7, 1.7e-7)
+    # (measured 1.7e-7 and 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7, 3.3e-7, 4.7e-7 and 3.3e-7, 1.7e-7, 2.9e-4)
     assert distance <= LLAMA_CPP_TOLERANCE["f32"]
 
 
@@ -218,6 +247,8 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
         ("laguna-fsdp2", {"moe_router_logit_softcapping": 30.0}, "and llama.cpp's laguna caps no router logits"),
         ("lagunam1-fsdp2", {"gating": "per_head"}, "gating is 'per_head': neither per-head nor per-element"),
         ("hrmtext-fsdp2", {"hidden_act": "gelu"}, "hidden_act is 'gelu', and llama.cpp's hrm_text runs SiLU"),
+        ("minimaxm3-fsdp2", {"text_config": {"swiglu_limit": 10.0}}, "swiglu_alpha and swiglu_limit are not"),
+        ("minimaxm3-fsdp2", {"text_config": {"rotary_dim": 16}}, "rotary_dim is 16 and transformers turns 8"),
     ],
 )
 def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case, change, message, tmp_path):
@@ -226,11 +257,11 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     unshard has not compared with llama.cpp (shared experts) or a router llama.cpp lacks, a Laguna whose window
     llama.cpp's laguna would slide on other layers (or on every layer of M.1's config given a window), whose router's
     logits are capped, or whose gate transformers reads per element and the converter per head, an HRM-Text of another
-    activation: one line naming config.json, nothing written."""
+    activation, a MiniMax-M3 of another SwiGLU than llama.cpp's or whose rotary_dim is not what transformers turns: one
+    line naming config.json, nothing written."""
     folder = tmp_path / "hf"
     unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    updated(folder, {"config.json": change})
     # (--no-check: the config's dense layer would not fit the checkpoint's experts; the file's own check says why)
     done = unshard_with_llama_cpp_gguf_py("convert", folder, tmp_path / "m.gguf", "--no-progress", "--no-check")
     assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -1,15 +1,33 @@
 """MiniMax-M2 (`MiniMaxM2ForCausalLM`): grouped-query attention with q and k each normed over all heads and rotary
 embeddings on part of each head (`rotary_dim` on the Hub, transformers' partial_rotary_factor), every layer's MLP as
 experts `block_sparse_moe.experts.E.w1/w2/w3` (Mixtral's names) behind a sigmoid router with its correction bias, the
-chosen experts' weights renormalised; llama.cpp's minimax-m2 with the experts stacked."""
+chosen experts' weights renormalised; llama.cpp's minimax-m2 with the experts stacked.
+
+MiniMax-M3 (`MiniMaxM3SparseForConditionalGeneration`): MiniMax-M2's attention, q and k normed per head, with dense
+first layers, then experts and shared experts (gpt-oss's clamped SwiGLU in both), those layers' attention block-sparse
+(MiniMax Sparse Attention: an indexer scores blocks of keys, each query attends to the best few and its own), Gemma's
+norms (1 + weight); beside a vision tower. Its text model as llama.cpp's minimax-m3, which PyPI's gguf-py 0.19
+lacks."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import ConfigMismatchError
 from .gguf_hooks import rope_parameters, routed_by_sigmoid, text_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import NO_TABLE, Family, GGUFPart, Unsupported, no_trainer_model
+from .parts import LLAMA_CPP_GGUF_PY, NO_TABLE, Family, GGUFPart, Unsupported, no_trainer_model
+
+# The indexer's sizes by transformers' names, and the Hub's within sparse_attention_config (which the converter reads)
+INDEXER = {
+    "index_n_heads": "sparse_num_index_heads",
+    "index_head_dim": "sparse_index_dim",
+    "index_topk_blocks": "sparse_topk_blocks",
+    "index_block_size": "sparse_block_size",
+    "index_local_blocks": "sparse_local_block",
+}
+# gpt-oss's SwiGLU as llama.cpp's minimax-m3 computes it (constants in its code): the sigmoid's gain, the clamp
+LLAMA_CPP_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
 
 
 def minimax_m2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -24,6 +42,81 @@ def minimax_m2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder
     writer.add_rope_dimension_count(rotated)
 
 
+def indexer_sizes(hparams: dict) -> dict:
+    """The indexer's sizes by transformers' names: the Hub's sparse_attention_config where the config has it."""
+    hub = hparams.get("sparse_attention_config") or {}
+    return {key: hub.get(name, hparams.get(key)) for key, name in INDEXER.items()}
+
+
+def dense_first(hparams: dict) -> list[bool]:
+    """Which layers are dense, by the Hub's moe_layer_freq or transformers' mlp_layer_types."""
+    if hparams.get("moe_layer_freq") is not None:
+        return [not sparse for sparse in hparams["moe_layer_freq"]]
+    return [kind == "dense" for kind in hparams.get("mlp_layer_types") or ["sparse"] * hparams["num_hidden_layers"]]
+
+
+def shared_experts(hparams: dict) -> int:
+    """The shared experts' count: the Hub's n_shared_experts, else transformers' width of them in experts' widths."""
+    if hparams.get("n_shared_experts") is not None:
+        return int(hparams["n_shared_experts"])
+    return hparams["shared_intermediate_size"] // hparams["intermediate_size"]
+
+
+def minimax_m3_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's MiniMaxM3Model's: MiniMax-M2's, then the shared experts' count, the routing's scale and its
+    renormalisation, the indexer's heads, their width, the blocks each query keeps, a block's tokens and the blocks
+    before a query always kept, and the dense first layers."""
+    minimax_m2_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_expert_shared_count(shared_experts(hparams))
+    writer.add_expert_weights_scale(hparams["routed_scaling_factor"])
+    writer.add_expert_weights_norm(True)
+    sizes = indexer_sizes(hparams)
+    writer.add_indexer_head_count(sizes["index_n_heads"])
+    writer.add_indexer_key_length(sizes["index_head_dim"])
+    writer.add_indexer_top_k(sizes["index_topk_blocks"])
+    writer.add_indexer_block_size(sizes["index_block_size"])
+    writer.add_indexer_local_blocks(sizes["index_local_blocks"])
+    dense = dense_first(hparams)
+    writer.add_leading_dense_block_count(dense.index(False) if False in dense else len(dense))
+
+
+def minimax_m3_checked(hparams: dict, where: Path) -> list[str]:
+    """What llama.cpp's minimax-m3 computes: gpt-oss's SwiGLU constants, dense layers first only, block-sparse
+    attention on every layer with experts and on no other, one indexer head per key-value head, rope on the part of a
+    head rotary_dim says (the converter's) and transformers turns, shared experts as wide as experts. Another config
+    is one line. The note: llama.cpp's sparse attention needs flash attention."""
+    dense = dense_first(hparams)
+    lead = dense.index(False) if False in dense else len(dense)
+    sparse = [kind == "minimax_m3_sparse" for kind in hparams.get("layer_types") or [False] * len(dense)]
+    sizes = indexer_sizes(hparams)
+    head = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
+    turned = int(head * rope_parameters(hparams)[0].get("partial_rotary_factor", 1.0))
+    width = hparams.get("shared_intermediate_size")
+    why = None
+    if any(hparams.get(key, value) != value for key, value in LLAMA_CPP_SWIGLU.items()):
+        why = f"the SwiGLU's swiglu_alpha and swiglu_limit are not {LLAMA_CPP_SWIGLU}, which llama.cpp fixes"
+    elif any(dense[lead:]):
+        why = "a dense layer follows a layer with experts, and llama.cpp's minimax-m3 has dense layers first only"
+    elif "sparse_attention_config" not in hparams and sparse != [not d for d in dense]:
+        why = "layer_types' sparse layers are not those with experts, the only ones llama.cpp's minimax-m3 sparsifies"
+    elif sizes["index_n_heads"] != hparams["num_key_value_heads"]:
+        why = "index_n_heads is not num_key_value_heads: llama.cpp's minimax-m3 has one indexer head per key-value head"
+    elif hparams.get("rotary_dim") is not None and hparams["rotary_dim"] != turned:
+        why = (
+            f"rotary_dim is {hparams['rotary_dim']} and transformers turns {turned} dimensions of a head (its "
+            "partial_rotary_factor): the converter writes the first"
+        )
+    elif width is not None and width != shared_experts(hparams) * hparams["intermediate_size"]:
+        why = "shared_intermediate_size is not a whole number of experts' widths, as llama.cpp's minimax-m3 sizes it"
+    if why:
+        raise ConfigMismatchError(f"{where}: {why}: it would compute another model; serve this one with transformers")
+    reach = sizes["index_topk_blocks"] * sizes["index_block_size"]
+    return [
+        "llama.cpp's minimax-m3 runs the sparse attention only with flash attention on (-fa on); without it every "
+        f"query attends to every key, which differs from transformers past {reach} tokens"
+    ]
+
+
 FAMILIES = (
     Family(
         "MiniMax-M2",
@@ -36,5 +129,26 @@ FAMILIES = (
         gguf=GGUFPart("MINIMAXM2", hyperparameters=minimax_m2_hyperparameters),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+    ),
+    Family(
+        "MiniMax-M3",
+        "minimax_m3_vl",
+        "MiniMaxM3SparseForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's MiniMax-M3 layout (block-sparse attention, a vision tower) is not mapped yet"),
+        **no_trainer_model("MiniMax-M3"),
+        fused_siblings=(("q_proj", "k_proj", "v_proj"), ("w1", "w3")),
+        gguf=GGUFPart(
+            "MINIMAXM3",
+            hyperparameters=minimax_m3_hyperparameters,
+            check_config=minimax_m3_checked,
+            norm_shift=1.0,
+            kept_in_f32=(".indexer.",),
+            towers=r"^(?:model\.)?(?:vision_tower|multi_modal_projector|patch_merge_mlp)\.",
+            towers_left_out="its vision tower's: llama.cpp's minimaxm3 projector is not written yet",
+        ),
+        mmproj=Unsupported("MiniMax-M3's vision tower (llama.cpp's minimaxm3 projector) is not written yet"),
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="minimax-m3")},
     ),
 )

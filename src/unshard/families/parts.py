@@ -198,6 +198,9 @@ class GGUFPart:
     # the MoE routers in the file's type where the converter writes them (it forces every matrix into it: DBRX's);
     # llama-quantize's types keep them as its f32 input has them
     routers_in_file_type: bool = False
+    # parts of llama.cpp's names of tensors the converter writes in F32 whatever the file's type (MiniMax-M3's
+    # indexer); llama-quantize's types choose as they do for any
+    kept_in_f32: tuple[str, ...] = ()
     # A regular expression matching tensors whose values the converter writes into the header, not the file, and
     # (writer, {output name: its values as floats}, hparams, where) -> those key-values, added first (the converter
     # adds them while reading the tensors, before its other metadata): Apertus's xIELU parameters of each layer

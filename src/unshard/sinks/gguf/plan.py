@@ -109,6 +109,7 @@ def plan_gguf(
     )
     plan = GGUFPlan(file_type, gguf.MODEL_ARCH_NAMES[arch], gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[arch]))
     plan.routers_in_file_type = part.routers_in_file_type and file_type not in QUANTIZED
+    plan.kept_in_f32 = part.kept_in_f32 if file_type not in QUANTIZED else ()
     experts = first_of(hparams, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts") or 0
     if part.check_config:
         plan.notes.extend(part.check_config(hparams, where) or ())
@@ -419,7 +420,8 @@ def _in_blocks(name: str) -> tuple[int, str]:
 # short convolution's, Gemma 3n's AltUp coefficients, learned positions and BERT's segment types); those the converter
 # alone keeps so (the sparse attention's indexer's head weights, which llama-quantize quantizes as any matrix); and
 # those llama-quantize alone leaves as the converter's f32 file has them (the projection into the per-layer
-# embeddings, "not too big"; Gemma 3n's AltUp and LAuReL tensors, "very small")
+# embeddings, "not too big"; Gemma 3n's AltUp and LAuReL tensors, "very small"; MiniMax-M3's indexer's projections,
+# "tiny")
 KEPT_IN_F32 = (
     "ffn_gate_inp",
     "ssm_conv1d",
@@ -430,7 +432,7 @@ KEPT_IN_F32 = (
     "token_types.weight",
 )
 KEPT_BY_THE_CONVERTER = ("indexer.proj",)
-NOT_REQUANTIZED = ("per_layer_model_proj", "altup", "laurel")
+NOT_REQUANTIZED = ("per_layer_model_proj", "altup", "laurel", "indexer.k_proj.weight", "indexer.q_proj.weight")
 
 
 def _quantized(name: str, shape: tuple[int, ...], file_type: str) -> bool:
@@ -457,6 +459,8 @@ def gguf_type(
     legacy, tensor_type, note = plan.file_type in LEGACY, qtype, None
     forced = plan.routers_in_file_type and "ffn_gate_inp" in name and len(shape) > 1
     if not _quantized(name, shape, plan.file_type) and not forced:  # (what llama.cpp keeps in f32: the routers too)
+        return gguf.GGMLQuantizationType.F32, None
+    if any(part in name for part in plan.kept_in_f32):
         return gguf.GGMLQuantizationType.F32, None
     if mixed:
         return getattr(gguf.GGMLQuantizationType, mixed[0]), mixed[1]
