@@ -301,6 +301,7 @@ TESTED = {
         "laguna": "laguna-fsdp2",  # (with llama.cpp's gguf-py)
         "hrm_text": "hrmtext-fsdp2",  # (with llama.cpp's gguf-py)
         "minimax_m3_vl": "minimaxm3-fsdp2",  # (with llama.cpp's gguf-py)
+        "mimo_v2_flash": "mimov2flash-fsdp2",
         "arcee": "arcee-fsdp2",
         "exaone4": "exaone4-fsdp2",
         "exaone_moe": "exaonemoe-fsdp2",

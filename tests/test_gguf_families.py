@@ -1022,6 +1022,7 @@ DENSE = {
     "paddleocr-fsdp2-spm": "paddleocr",
     "internvl-fsdp2": "qwen2",
     "internvl35-fsdp2": "qwen3",
+    "mimov2flash-fsdp2": "mimo2",
 }
 # What a model's config.json on the Hub has and transformers 5 writes otherwise or not at all, which the converter
 # reads: given to its copy of the folder (unshard reads either, or knows what transformers' class does without it);
@@ -1070,7 +1071,31 @@ HUB_KEYS = {
         "hybrid_override_pattern": "M-*-",
         **dict.fromkeys(families.nemotron.MOE_SETTINGS, DROPPED),
     },
+    "mimov2flash-fsdp2": lambda config: mimo_v2_flash_on_the_hub(config),
 }
+# The converter's other arguments: MiMo-V2-Flash's file without the MTP layers the Hub's checkpoints carry and the
+# converter otherwise counts (transformers' model, and so unshard's folder, has none)
+CONVERTER_FLAGS = {"mimov2flash-fsdp2": ("--no-mtp",)}
+
+
+def mimo_v2_flash_on_the_hub(config: dict) -> dict:
+    """MiMo-V2-Flash's config as Xiaomi's release writes it, which the converter reads: rope by its own keys, the
+    windowed layers' attention by theirs, the layers by a pattern, DeepSeek-V3's routing named."""
+    full, sliding = config["rope_parameters"]["full_attention"], config["rope_parameters"]["sliding_attention"]
+    windowed = [int(kind == "sliding_attention") for kind in config["layer_types"]]
+    return {
+        "rope_parameters": None,
+        "rope_theta": full["rope_theta"],
+        "swa_rope_theta": sliding["rope_theta"],
+        "partial_rotary_factor": full["partial_rotary_factor"],
+        "hybrid_layer_pattern": windowed,
+        "swa_head_dim": config["head_dim"],
+        "swa_num_attention_heads": config["num_attention_heads"],
+        "swa_v_head_dim": config["v_head_dim"],
+        "swa_num_key_value_heads": 2 * config["num_key_value_heads"],
+        "topk_method": "noaux_tc",
+        "layernorm_epsilon": config["rms_norm_eps"],
+    }
 
 
 # The config as the converter's file computes it, where it writes another: GLM-4-9B-chat-hf's norms' epsilon, which it
@@ -1101,7 +1126,10 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
         config = json.loads((tmp_path / "hf" / "config.json").read_text())
         hub = {key: value for key, value in {**config, **HUB_KEYS[case](config)}.items() if value is not DROPPED}
         (tmp_path / "hf" / "config.json").write_text(json.dumps(hub))
-    assert_same_file(ours, converter(tmp_path / "hf", "f32", tmp_path / "oracle-f32.gguf", pre=pre))
+    oracle = converter(
+        tmp_path / "hf", "f32", tmp_path / "oracle-f32.gguf", pre=pre, more=CONVERTER_FLAGS.get(case, ())
+    )
+    assert_same_file(ours, oracle)
     fields, _ = contents(ours)
     assert fields["general.architecture"] == DENSE[case]
     if case == "glm4-fsdp2":  # (the end of turn, which GLM-4's converter names by its text, rope on half a head)
@@ -1112,6 +1140,10 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
         assert fields["deepseek2.leading_dense_block_count"] == 1
         assert fields["deepseek2.expert_gating_func"] == gguf.ExpertGatingFuncType.SIGMOID
         assert fields["tokenizer.ggml.tokens"][fields["tokenizer.ggml.eom_token_id"]] == "<|observation|>"
+    if case == "mimov2flash-fsdp2":  # (more key-value heads on the windowed layers, narrower values, scaled)
+        assert fields["mimo2.attention.head_count_kv"] == [1, 2, 2, 1] and fields["mimo2.attention.value_length"] == 16
+        assert fields["mimo2.attention.sliding_window_pattern"] == [0, 1, 1, 0]
+        assert fields["mimo2.attention.value_scale"] == pytest.approx(0.707)
     if case == "gemma4unified-fsdp2":  # (the media placeholders its generation_config.json suppresses)
         suppressed = json.loads((src / "actor" / "huggingface" / "generation_config.json").read_text())
         assert fields["tokenizer.ggml.suppress_tokens"] == suppressed["suppress_tokens"] != []
@@ -1994,6 +2026,23 @@ def test_what_llama_cpp_s_gemma3n_computes_otherwise_is_one_line(change, message
     keys and values of their own (20), LAuReL's rank, the activation and the sparse layers: refused while planning, in
     one line naming the file, nothing written."""
     assert_refused_in_one_line("gemma3n-fsdp2-spm", lambda config: config.update(change), message, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"norm_topk_prob": False}, "norm_topk_prob is off, and llama.cpp's mimo2 always renormalises"),
+        ({"routed_scaling_factor": 2.5}, "routed_scaling_factor is not 1, and llama.cpp's mimo2 is given no scale"),
+        ({"swa_num_key_value_heads": 4}, "swa_num_key_value_heads is not twice num_key_value_heads"),
+        ({"hybrid_layer_pattern": [0, 1, 0, 1]}, "layer_types and hybrid_layer_pattern name different windowed layers"),
+        ({"scoring_func": "softmax"}, "the experts' gating function is 'softmax', and both transformers and llama.cpp"),
+    ],
+)
+def test_what_llama_cpp_s_mimo2_computes_otherwise_is_one_line(change, message, tmp_path):
+    """A MiMo-V2-Flash llama.cpp's mimo2 would compute otherwise than transformers (the experts' weights not
+    renormalised, or scaled, another router), or whose Hub keys say other windowed layers or heads than transformers
+    reads: refused while planning, in one line naming the file, nothing written."""
+    assert_refused_in_one_line("mimov2flash-fsdp2", lambda config: config.update(change), message, tmp_path)
 
 
 # Classes a family's makers name in their releases' configs (their own code's), which the converter reads as the class
