@@ -1367,6 +1367,72 @@ def test_bpe_encoders_as_the_converter_writes_them_and_llama_cpp_embeds_as_trans
     )
 
 
+def nomic_embed_on_the_hub(config: dict) -> dict:
+    """Nomic BERT's config as nomic-embed-text-v1.5's own code writes it, which the converter reads (and stops
+    without): GPT-2's names for the sizes, v1.5's context (8192 positions, trained on 2048), the rotary's settings."""
+    return {
+        "architectures": ["NomicBertModel"],
+        "model_type": "nomic_bert",
+        "activation_function": "swiglu",
+        "causal": False,
+        "n_embd": config["hidden_size"],
+        "n_head": config["num_attention_heads"],
+        "n_inner": config["intermediate_size"],
+        "n_layer": config["num_hidden_layers"],
+        "n_positions": 8192,
+        "max_trained_positions": 2048,
+        "layer_norm_epsilon": config["layer_norm_eps"],
+        "mlp_fc1_bias": False,
+        "mlp_fc2_bias": False,
+        "qkv_proj_bias": False,
+        "prenorm": False,
+        "rotary_emb_base": config["rope_parameters"]["rope_theta"],
+        "rotary_emb_fraction": 1.0,
+        "rotary_emb_interleaved": False,
+        "rotary_emb_scale_base": None,
+        "type_vocab_size": config["type_vocab_size"],
+        "vocab_size": config["vocab_size"],
+        "pad_token_id": config["pad_token_id"],
+    }
+
+
+def test_nomic_bert_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(converter, tmp_path):
+    """Nomic BERT (nomic-embed-text's NomicBertModel: rotary positions, a SwiGLU MLP, q, k and v one tensor in its
+    checkpoints) from FSDP2's rank files: in f32, f16 and q8_0, the converter's file (of the folder with the config
+    nomic-embed-text's own code writes, which the converter reads), field for field and byte for byte; llama.cpp
+    embeds each token as transformers does."""
+    import transformers
+
+    folder, hub = tmp_path / "hf", tmp_path / "hub"
+    unshard.convert(SHIPPED / "nomicbert-fsdp2" / "global_step_1", folder, progress=False)
+    shutil.copytree(folder, hub)
+    config = json.loads((folder / "config.json").read_text())
+    (hub / "config.json").write_text(json.dumps(nomic_embed_on_the_hub(config)))
+    for kind in ("f32", "f16", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        unshard.convert(folder, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        assert_same_file(ours, converter(hub, kind, tmp_path / f"oracle-{kind}.gguf", pre="default"))
+    fields, tensors = contents(tmp_path / "f32.gguf")
+    assert fields["general.architecture"] == "nomic-bert" and fields["nomic-bert.context_length"] == 2048
+    assert fields["nomic-bert.rope.freq_base"] == 1000.0 and "blk.0.attn_qkv.weight" in [t[0] for t in tensors]
+    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32)
+    assert embedded_as_transformers(tmp_path / "f32.gguf", model, tmp_path) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hidden_act": "gelu"}, "hidden_act is 'gelu', and llama.cpp's nomic-bert runs SiLU's SwiGLU"),
+        ({"rotary_emb_interleaved": True}, "rotary_emb_interleaved is True, and llama.cpp's nomic-bert turns a head"),
+        ({"moe_every_n_layers": 2}, "it has experts (nomic-embed-text-v2-moe's)"),
+    ],
+)
+def test_what_llama_cpp_s_nomic_bert_computes_otherwise_is_one_line(change, message, tmp_path):
+    """A Nomic BERT llama.cpp's nomic-bert would compute otherwise (another activation, rope by pairs), or with experts
+    unshard does not write: refused while planning, in one line naming the file, nothing written."""
+    assert_refused_in_one_line("nomicbert-fsdp2", lambda config: config.update(change), message, tmp_path)
+
+
 def test_modernbert_for_masked_lm_s_encoder_is_the_converter_s_file_of_the_encoder(converter, tmp_path):
     """A ModernBERT saved with its masked-LM head (ModernBERT-base's class, and its fine-tunes'), which the converter
     stops on: the file holds the encoder alone, the converter's file of the same encoder saved without the head (with

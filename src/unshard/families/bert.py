@@ -11,7 +11,8 @@ BERT's (a cross-encoder's), its pooler as llama.cpp's cls (which the converter l
 (`DistilBertModel`): BERT's halved, no segment types, its sizes under names of its own. ModernBERT (`ModernBertModel`,
 and `ModernBertForMaskedLM`'s encoder): rotary positions, a GeGLU MLP, layers attending within a window but every n-th,
 norms without biases (llama.cpp's modern-bert). EuroBERT (`EuroBertModel`): a Llama's layers attending both ways
-(llama.cpp's eurobert)."""
+(llama.cpp's eurobert). Nomic BERT (`NomicBertModel`: nomic-embed-text's): BERT's embeddings and norms, rotary
+positions in place of a position table, a SwiGLU MLP, no biases but the norms' (llama.cpp's nomic-bert)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import gguf_py, text_hyperparameters
+from .gguf_hooks import gguf_py, json_or_empty, rope_parameters, text_hyperparameters
 from .llama import TEXT_ONLY
 from .parts import Family, GGUFPart, Rearrangement, gguf_family
 from .sentence_transformers import pooled
@@ -133,6 +134,47 @@ def no_start_token(writer, hparams: dict, folder: Path) -> None:
     """EuroBERT's: no start token added, as the converter says before its vocabulary (the tokenizer's own setting
     written over it, in its place)."""
     writer.add_add_bos_token(False)
+
+
+def nomic_sizes(hparams: dict, where: Path) -> dict:
+    """Nomic BERT's config as the converter reads it: no head width of its own, which the converter does not write."""
+    return {key: value for key, value in hparams.items() if key != "head_dim"}
+
+
+# What llama.cpp's nomic-bert computes, which the config of nomic-embed-text's own code may say otherwise: (key, the
+# value llama.cpp takes, what it does)
+NOMIC_HUB_FIXED = (
+    ("activation_function", "swiglu", "runs a SwiGLU MLP"),
+    ("prenorm", False, "norms after each block"),
+    ("rotary_emb_fraction", 1.0, "turns whole heads"),
+    ("rotary_emb_interleaved", False, "turns a head by halves"),
+    ("qkv_proj_bias", False, "has no attention biases"),
+    ("mlp_fc1_bias", False, "has no MLP biases"),
+    ("mlp_fc2_bias", False, "has no MLP biases"),
+)
+
+
+def nomic_checked(hparams: dict, where: Path) -> None:
+    """What llama.cpp's nomic-bert computes: SiLU's SwiGLU, unscaled rope turned by halves over whole heads, norms
+    after each block, no biases (as transformers' NomicBertModel, and as a config of nomic-embed-text's own code may
+    say otherwise), a WordPiece vocabulary (v2's unigram one and its experts are not written yet). Another config is
+    one line."""
+    tokenizer = json_or_empty(where.parent / "tokenizer.json").get("model", {}).get("type")
+    fixed = [(key, does) for key, value, does in NOMIC_HUB_FIXED if key in hparams and hparams[key] != value]
+    why = None
+    if fixed:
+        key, does = fixed[0]
+        why = f"{key} is {hparams[key]!r}, and llama.cpp's nomic-bert {does}"
+    elif hparams.get("hidden_act", "silu") != "silu":
+        why = f"hidden_act is {hparams['hidden_act']!r}, and llama.cpp's nomic-bert runs SiLU's SwiGLU"
+    elif rope_parameters(hparams)[1].get("rope_type", "default") != "default" or hparams.get("rotary_scaling_factor"):
+        why = "the rope is scaled, and llama.cpp's nomic-bert turns it unscaled"
+    elif hparams.get("moe_every_n_layers"):
+        why = "it has experts (nomic-embed-text-v2-moe's), which unshard does not write as GGUF yet"
+    elif tokenizer not in (None, "WordPiece"):
+        why = f"tokenizer.json is a {tokenizer} model, and unshard writes Nomic BERT's WordPiece vocabulary only so far"
+    if why:
+        raise ConfigMismatchError(f"{where}: {why}: serve this model with transformers or sentence-transformers")
 
 
 def encoder_family(name: str, model_type: str, architecture: str, gguf: GGUFPart, also: tuple[str, ...] = ()) -> Family:
@@ -260,6 +302,20 @@ FAMILIES = (
             hyperparameters=eurobert_hyperparameters,
             before_vocabulary=no_start_token,
             dropped_prefix="model.",
+        ),
+    ),
+    encoder_family(
+        "Nomic BERT",
+        "nomic_bert",
+        "NomicBertModel",
+        GGUFPart(
+            "NOMIC_BERT",
+            hyperparameters=bert_hyperparameters,
+            as_the_converter_reads=nomic_sizes,
+            check_config=nomic_checked,
+            vocabulary="wordpiece",
+            towers=r"^(?:pooler|cls)\.",
+            towers_left_out=f"the pooler's and a masked-LM head's: {POOLED_BY_LLAMA_CPP}",
         ),
     ),
 )
