@@ -221,6 +221,82 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     assert distance <= LLAMA_CPP_TOLERANCE["f32"]
 
 
+# Hy4's tensors whose rows unshard turns from transformers' order into llama.cpp's (the rotary rows of each head, by
+# halves into consecutive pairs), by llama.cpp's names: (the rows of each head, the rotary rows among them)
+HY4_TURNED = {
+    "attn_q_b.weight": (24, 8),
+    "attn_kv_a_mqa.weight": (40, 8),
+    "indexer.attn_q_b.weight": (64, 8),
+    "indexer.attn_k.weight": (64, 8),
+    "indexer.k_norm.weight": (64, 8),
+    "indexer.k_norm.bias": (64, 8),
+}
+
+
+def test_hy4_from_fsdp2_as_llama_cpp_computes_transformers_model(converter, llama_cpp, ggml_library, tmp_path):
+    """Hy4 (DeepSeek-V3's latent attention and experts, hyper-connections, a gated attention with sinks, the sparse
+    attention's indexer on two layers of 3) from FSDP2's rank files: unshard's folder holds the fixture's tensors under
+    the Hub's names (transformers 5.24 saves some under others); its GGUF file is the converter's of that folder, field
+    for field and tensor for tensor, but for the rotary rows of q, of the latent's key and of the indexer's q and k,
+    which transformers' Hy4 turns by halves and llama.cpp's hy_v4 by consecutive pairs: unshard reorders them (the
+    converter does not, and its file computes another model). llama.cpp computes transformers' logits from unshard's
+    file (measured 5.1e-5; the converter's 1.7e-3); its q4_k_m is llama-quantize's of its f32."""
+    import transformers
+    from safetensors.torch import load_file
+
+    from unshard.families.hy_v4 import HUB_NAMES
+
+    src, folder = SHIPPED / "hyv4-fsdp2" / "global_step_1", tmp_path / "hf"
+    unshard.convert(src, folder, progress=False)
+    written, reference = (
+        load_file(folder / "model.safetensors"),
+        load_file(SHIPPED / "hyv4-fsdp2" / "reference" / "model.safetensors"),
+    )
+
+    def hub(name: str) -> str:
+        for pattern, replacement in HUB_NAMES:
+            name = re.sub(pattern, replacement, name)
+        return name
+
+    assert sorted(written) == sorted(map(hub, reference)) != sorted(reference)
+    assert all(torch.equal(written[hub(n)], t) for n, t in reference.items())
+    for kind in ("f32", "q4_k_m"):
+        args = ("convert", src, tmp_path / f"{kind}.gguf", "--config-from", folder, "--gguf-type", kind)
+        done = unshard_with_llama_cpp_gguf_py(*args, "--no-progress", **{kquants.LIBRARY_VARIABLE: ggml_library})
+        assert done.returncode == 0, done.stderr
+    pre = for_the_converter(folder)
+    ours, theirs = tmp_path / "f32.gguf", converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre)
+    mine, expected = contents(ours), contents(theirs)
+    assert mine[0] == expected[0] and list(mine[0]) == list(expected[0])
+    assert [t[:3] for t in mine[1]] == [t[:3] for t in expected[1]]
+    turned = 0
+    for (name, _, shape, data), (_, _, _, oracle) in zip(mine[1], expected[1]):
+        end = name.split(".", 2)[-1]
+        if end not in HY4_TURNED:
+            assert data == oracle, name
+            continue
+        head_rows, rotated = HY4_TURNED[end]
+        columns = shape[0] if len(shape) == 2 else 1  # (gguf's shape: columns first)
+        heads = np.frombuffer(oracle, dtype=np.float32).reshape(-1, head_rows, columns)
+        order = [*range(head_rows - rotated)]
+        order += [
+            head_rows - rotated + i for pair in zip(range(rotated // 2), range(rotated // 2, rotated)) for i in pair
+        ]
+        assert data == heads[:, order].tobytes() != oracle, name
+        turned += 1
+    assert turned == 2 * 3 + 4 * 2  # (q's and the key's on 3 layers, the indexer's on the 2 that own one)
+    llama_cpp_client("quantize", ours, tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    prompt = [1] + [(7 * i) % 90 + 5 for i in range(13)]
+    model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / "hyv4-fsdp2" / "reference", dtype=torch.float32)
+    expected_logits = model(torch.tensor([prompt])).logits[0].detach()
+    distances = []
+    for file in (ours, theirs):
+        logits, _ = llama_cpp(file, prompt, 0, kv_cache="f32")
+        distances.append(((logits - expected_logits).norm() / expected_logits.norm()).item())
+    assert distances[0] <= LLAMA_CPP_TOLERANCE["f32"] and distances[1] > 10 * distances[0], distances
+
+
 @pytest.mark.parametrize(
     "case, change, message",
     [
@@ -249,6 +325,9 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
         ("hrmtext-fsdp2", {"hidden_act": "gelu"}, "hidden_act is 'gelu', and llama.cpp's hrm_text runs SiLU"),
         ("minimaxm3-fsdp2", {"text_config": {"swiglu_limit": 10.0}}, "swiglu_alpha and swiglu_limit are not"),
         ("minimaxm3-fsdp2", {"text_config": {"rotary_dim": 16}}, "rotary_dim is 16 and transformers turns 8"),
+        ("hyv4-fsdp2", {"norm_topk_prob": False}, "norm_topk_prob is off, and llama.cpp's hy_v4 renormalises"),
+        ("hyv4-fsdp2", {"n_group": 2}, "its experts are routed in groups, which llama.cpp's hy_v4 does not read"),
+        ("hyv4-fsdp2", {"indexer_types": ["shared", "full", "full"]}, "the first layer's indexer_types is not `full`"),
     ],
 )
 def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case, change, message, tmp_path):
