@@ -1295,16 +1295,12 @@ def test_bert_as_the_converter_writes_it_and_llama_cpp_embeds_as_transformers(ca
     )
 
 
-@pytest.mark.parametrize("case", WORDPIECE_ENCODERS)
-def test_bert_for_masked_lm_s_encoder_as_the_converter_writes_it(case, converter, tmp_path):
-    """A BERT (or DistilBERT) saved with its masked-LM head (as bert-base and distilbert-base and their fine-tunes
-    are): the file holds the encoder alone, the converter's, and llama.cpp embeds each token as the encoder does."""
-    import transformers
-
-    head_class, encoder = WORDPIECE_ENCODERS[case]
+def under_its_masked_lm_head(case: str, head_class, tmp_path: Path) -> tuple:
+    """The fixture's encoder saved under its masked-LM head (`mlm`, with unshard's tokenizer files), and unshard's
+    f32 file of that folder, whose plan notes the head left out: (the model, the file)."""
     unshard.convert(SHIPPED / case / "global_step_1", tmp_path / "hf", progress=False)
-    torch.manual_seed(0)
-    model = getattr(transformers, head_class).from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    torch.manual_seed(0)  # (the head's weights, made anew)
+    model = head_class.from_pretrained(tmp_path / "hf", dtype=torch.float32)
     model.save_pretrained(tmp_path / "mlm")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tmp_path / "hf" / name, tmp_path / "mlm" / name)
@@ -1312,6 +1308,17 @@ def test_bert_for_masked_lm_s_encoder_as_the_converter_writes_it(case, converter
     plan = unshard.plan(tmp_path / "mlm", output=unshard.OutputOptions(gguf="f32"))
     assert any("masked-LM head's" in note for note in plan.notes)
     unshard.convert(tmp_path / "mlm", ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    return model, ours
+
+
+@pytest.mark.parametrize("case", WORDPIECE_ENCODERS)
+def test_bert_for_masked_lm_s_encoder_as_the_converter_writes_it(case, converter, tmp_path):
+    """A BERT (or DistilBERT) saved with its masked-LM head (as bert-base and distilbert-base and their fine-tunes
+    are): the file holds the encoder alone, the converter's, and llama.cpp embeds each token as the encoder does."""
+    import transformers
+
+    head_class, encoder = WORDPIECE_ENCODERS[case]
+    model, ours = under_its_masked_lm_head(case, getattr(transformers, head_class), tmp_path)
     assert_same_file(ours, converter(tmp_path / "mlm", "f32", tmp_path / "oracle.gguf", pre="default"))
     assert embedded_as_transformers(ours, getattr(model, encoder), tmp_path) <= 1e-4
 
@@ -1439,15 +1446,7 @@ def test_modernbert_for_masked_lm_s_encoder_is_the_converter_s_file_of_the_encod
     the one key more of every ModernBERT file), and llama.cpp embeds each token as the encoder does."""
     import transformers
 
-    unshard.convert(SHIPPED / "modernbert-fsdp2" / "global_step_1", tmp_path / "hf", progress=False)
-    model = transformers.ModernBertForMaskedLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
-    model.save_pretrained(tmp_path / "mlm")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tmp_path / "hf" / name, tmp_path / "mlm" / name)
-    ours = tmp_path / "f32.gguf"
-    plan = unshard.plan(tmp_path / "mlm", output=unshard.OutputOptions(gguf="f32"))
-    assert any("masked-LM head's" in note for note in plan.notes)
-    unshard.convert(tmp_path / "mlm", ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    model, ours = under_its_masked_lm_head("modernbert-fsdp2", transformers.ModernBertForMaskedLM, tmp_path)
     pre = for_the_converter(tmp_path / "mlm")
     with pytest.raises(AssertionError, match="decoder"):  # (the converter's own, of the folder with the head)
         converter(tmp_path / "mlm", "f32", tmp_path / "oracle-mlm.gguf", pre=pre)
