@@ -18,7 +18,15 @@ transformers = pytest.importorskip("transformers")
 # pass, torchtitan's its own adapter: tests/test_megatron.py, tests/test_torchtitan.py).
 REFERENCE_CASES = [name for name, case in CASES.items() if not case.oracle and case.venv is None and case.hf]
 # (their output the tokens' embeddings: no logits)
-ENCODERS = ("bert-fsdp2", "roberta-fsdp2", "xlmroberta-fsdp2", "distilbert-fsdp2", "modernbert-fsdp2", "eurobert-fsdp2")
+ENCODERS = (
+    "bert-fsdp2",
+    "roberta-fsdp2",
+    "xlmroberta-fsdp2",
+    "distilbert-fsdp2",
+    "modernbert-fsdp2",
+    "eurobert-fsdp2",
+    "nomicbert-fsdp2",
+)
 
 
 def load_folder_tensors(folder):
@@ -125,8 +133,8 @@ def test_transformers_loads_it_and_logits_match(case, tmp_path):
     else:
         assert torch.equal(ours, theirs)
 
-    if case in ("bert-fsdp2", "distilbert-fsdp2", "xlmroberta-fsdp2", "t5-fsdp2"):  # (no chat template and no
-        # generation settings: a WordPiece or SentencePiece model's folder)
+    if case in ("bert-fsdp2", "distilbert-fsdp2", "nomicbert-fsdp2", "xlmroberta-fsdp2", "t5-fsdp2"):  # (no chat and no
+        # generation settings, no template: a WordPiece or SentencePiece model's folder)
         return
     tokenizer = AutoTokenizer.from_pretrained(out)
     prompt = tokenizer.apply_chat_template(
