@@ -304,6 +304,7 @@ TESTED = {
         "mimo_v2_flash": "mimov2flash-fsdp2",
         "nomic_bert": "nomicbert-fsdp2",
         "hy_v4": "hyv4-fsdp2",  # (with llama.cpp's gguf-py)
+        "step3p7": "step3p7-fsdp2",  # (with llama.cpp's gguf-py)
         "arcee": "arcee-fsdp2",
         "exaone4": "exaone4-fsdp2",
         "exaone_moe": "exaonemoe-fsdp2",

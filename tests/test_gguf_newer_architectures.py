@@ -114,10 +114,11 @@ NEWER = {
     "lagunam1-fsdp2": "laguna",
     "hrmtext-fsdp2": "hrm_text",
     "minimaxm3-fsdp2": "minimax-m3",
+    "step3p7-fsdp2": "step35",
 }
 # The vision-language models among them (their text model written), and those llama.cpp runs with flash attention on
 # (MiniMax-M3's sparse attention: without it, llama.cpp's every query attends to every key)
-NEWER_VISION = ("minimaxm3-fsdp2",)
+NEWER_VISION = ("minimaxm3-fsdp2", "step3p7-fsdp2")
 FLASH_ATTENTION = ("minimaxm3-fsdp2",)
 # What a release's folder says that transformers' save does not, by fixture and file: DeepSeek-V3.2's tokenizer adds
 # its start token
@@ -148,6 +149,22 @@ FOR_THE_CONVERTER = {
                     "sparse_block_size": 4,
                     "sparse_local_block": 1,
                 },
+            }
+        }
+    },
+    # (Step 3.7's, as the Hub's remote code names it: the key-value heads, the experts, the sliding layers' heads, the
+    # dense layers, rope's base and turned part by layer, the routing's renormalisation)
+    "step3p7-fsdp2": {
+        "config.json": {
+            "text_config": {
+                "num_attention_groups": 2,
+                "moe_num_experts": 4,
+                "moe_top_k": 2,
+                "norm_expert_weight": True,
+                "moe_layers_enum": "1,2,3",
+                "attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 2},
+                "partial_rotary_factors": [0.5, 1.0, 1.0, 0.5],
+                "rope_theta": [5e6, 1e4, 1e4, 5e6],
             }
         }
     },
@@ -217,7 +234,7 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     expected = model(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32", flash_attn=case in FLASH_ATTENTION)
     distance = ((logits - expected).norm() / expected.norm()).item()
-    # (measured 1.7e-7 and 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7, 3.3e-7, 4.7e-7 and 3.3e-7, 1.7e-7, 2.9e-4)
+    # (measured 1.7e-7 and 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7, 3.3e-7, 4.7e-7 and 3.3e-7, 1.7e-7, 2.9e-4, 4.1e-7)
     assert distance <= LLAMA_CPP_TOLERANCE["f32"]
 
 
@@ -328,6 +345,22 @@ def test_hy4_from_fsdp2_as_llama_cpp_computes_transformers_model(converter, llam
         ("hyv4-fsdp2", {"norm_topk_prob": False}, "norm_topk_prob is off, and llama.cpp's hy_v4 renormalises"),
         ("hyv4-fsdp2", {"n_group": 2}, "its experts are routed in groups, which llama.cpp's hy_v4 does not read"),
         ("hyv4-fsdp2", {"indexer_types": ["shared", "full", "full"]}, "the first layer's indexer_types is not `full`"),
+        (
+            "step3p7-fsdp2",
+            {"text_config": {"gating": "per-element"}},
+            "gating is 'per-element', and llama.cpp's step35",
+        ),
+        ("step3p7-fsdp2", {"text_config": {"query_pre_attn_scalar": 32}}, "query_pre_attn_scalar is not head_dim"),
+        (
+            "step3p7-fsdp2",
+            {"text_config": {"mlp_layer_types": ["sparse", "dense", "sparse", "sparse"]}},
+            "a dense layer follows a layer with experts",
+        ),
+        (
+            "step3p7-fsdp2",
+            {"text_config": {"use_bidirectional_attention": True}},
+            "use_bidirectional_attention is set, and llama.cpp's step35 attends causally",
+        ),
     ],
 )
 def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case, change, message, tmp_path):
@@ -336,8 +369,9 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     unshard has not compared with llama.cpp (shared experts) or a router llama.cpp lacks, a Laguna whose window
     llama.cpp's laguna would slide on other layers (or on every layer of M.1's config given a window), whose router's
     logits are capped, or whose gate transformers reads per element and the converter per head, an HRM-Text of another
-    activation, a MiniMax-M3 of another SwiGLU than llama.cpp's or whose rotary_dim is not what transformers turns: one
-    line naming config.json, nothing written."""
+    activation, a MiniMax-M3 of another SwiGLU than llama.cpp's or whose rotary_dim is not what transformers turns, a
+    Step 3.7 gated per element, its queries scaled otherwise, a dense layer after an expert one or attending both ways:
+    one line naming config.json, nothing written."""
     folder = tmp_path / "hf"
     unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
     updated(folder, {"config.json": change})

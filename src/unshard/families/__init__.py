@@ -76,6 +76,7 @@ from . import (
     smolvlm,
     stablelm,
     starcoder2,
+    step3,
     t5,
     vlm,
 )
@@ -128,6 +129,7 @@ FAMILIES: tuple[Family, ...] = (
     *laguna.FAMILIES,
     *hrm_text.FAMILIES,
     *minimax.FAMILIES,
+    *step3.FAMILIES,
     *mimo.FAMILIES,
     *gpt_oss.FAMILIES,
     *dbrx.FAMILIES,

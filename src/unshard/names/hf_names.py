@@ -12,6 +12,7 @@ transformers, other models' names are kept as they are.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -58,9 +59,11 @@ class Naming:
     linear: LinearLayers | None = None  # (None: not known)
     # output dtype name -> checkpoint names that transformers keeps in float32 at that dtype (ModelFacts.float32)
     float32: dict[str, set[str]] = field(default_factory=dict)
-    # output name -> (the checkpoint names whose rows it is, in order; its shape): a tensor transformers splits on
-    # loading (HRM-Text's gate, q, k and v of one gqkv_proj), written whole again as save_pretrained does
-    joined: dict[str, tuple[list[str], tuple[int, ...]]] = field(default_factory=dict)
+    # output name -> (the checkpoint names whose rows it is, in order; its shape; where its rows come from in theirs
+    # one after another, None where in that order): a tensor transformers splits on loading (HRM-Text's gate, q, k and
+    # v of one gqkv_proj; Step 3.7's tower's q, k and v of one in_proj_weight, q's and k's rows turned for rope),
+    # written whole again as save_pretrained does
+    joined: dict[str, tuple[list[str], tuple[int, ...], tuple[int, ...] | None]] = field(default_factory=dict)
 
 
 def read_config(folder: Path | None) -> dict[str, Any] | None:
@@ -391,7 +394,7 @@ def _plain_naming(
         notes,
         linear=facts.linear,
         float32=_float32_by_checkpoint_name(facts, live),
-        joined={out: ([by_name[c] for c in members], shape) for out, (members, shape) in joined.items()},
+        joined={out: ([by_name[c] for c in members], *rest) for out, (members, *rest) in joined.items()},
     )
 
 
@@ -488,8 +491,8 @@ def _reverse_conversion(model, shapes: dict[str, tuple[int, ...]]):
         outputs[name] = alone
         converters[name] = lambda tensor, name=name: revert_weight_conversion(model, {name: tensor})
     joined = _joined_rows(model, revert_weight_conversion, shapes, together)
-    made = {n: s for outs in outputs.values() for n, s in outs} | {n: s for n, (_, s) in joined.items()}
-    if made != wanted or sum(len(members) for members, _ in joined.values()) != len(together):
+    made = {n: s for outs in outputs.values() for n, s in outs} | {n: s for n, (_, s, _) in joined.items()}
+    if made != wanted or sum(len(members) for members, _, _ in joined.values()) != len(together):
         raise ConfigMismatchError(
             f"transformers' conversion for {type(model).__name__} combines several checkpoint tensors into one "
             "otherwise than by their rows; unshard cannot stream that yet. Please report it with the output of "
@@ -499,22 +502,35 @@ def _reverse_conversion(model, shapes: dict[str, tuple[int, ...]]):
 
 
 def _joined_rows(model, revert, shapes: dict[str, tuple[int, ...]], parts: list[str]) -> dict:
-    """The on-disk tensors transformers makes of several in-memory ones by concatenating their rows (what it splits
-    on loading), found by reverting one-element stand-ins numbered by tensor: on-disk name -> (the in-memory names,
-    in order; its shape). Another combination (experts stacked on a new axis, columns joined) names none."""
+    """The on-disk tensors transformers makes of several in-memory ones by gathering their rows (what it splits on
+    loading, a row permutation perhaps among its steps), found by reverting one-column stand-ins that number every
+    row: on-disk name -> (the in-memory names, in the order their rows first come; its shape; the rows of those
+    members one after another it takes, in its order, or None where it takes them in that order). Another
+    combination (experts stacked on a new axis, columns joined) names none."""
+    import bisect
+
     import torch
 
     if not parts:
         return {}
-    probes = {n: torch.full((1,) * len(shapes[n]), float(i)) for i, n in enumerate(parts)}
+    starts = [0]
+    for name in parts:
+        starts.append(starts[-1] + shapes[name][0])
+    probes = {
+        n: torch.arange(starts[i], starts[i + 1], dtype=torch.float64).reshape(-1, *(1,) * (len(shapes[n]) - 1))
+        for i, n in enumerate(parts)
+    }
     joined = {}
     for name, made in revert(model, probes).items():
-        order = [int(v) for v in made.reshape(-1).tolist()]
-        members = [parts[i] for i in order]
+        rows = [int(v) for v in made.reshape(-1).tolist()]
+        owners = [bisect.bisect_right(starts, row) - 1 for row in rows]
+        members = [parts[i] for i in dict.fromkeys(owners)]
         trailing = {shapes[m][1:] for m in members}
-        if made.shape != (len(members), *(1,) * (made.dim() - 1)) or len(trailing) != 1 or len(set(order)) < len(order):
+        if made.shape != (len(rows), *(1,) * (made.dim() - 1)) or len(trailing) != 1 or len(set(rows)) < len(rows):
             continue
-        if made.dim() != len(shapes[members[0]]):
+        if made.dim() != len(shapes[members[0]]) or len(rows) != sum(shapes[m][0] for m in members):
             continue
-        joined[name] = (members, (sum(shapes[m][0] for m in members), *trailing.pop()))
+        before = dict(zip(members, itertools.accumulate((shapes[m][0] for m in members), initial=0)))
+        order = tuple(before[parts[i]] + row - starts[i] for i, row in zip(owners, rows))
+        joined[name] = (members, (len(rows), *trailing.pop()), None if order == tuple(range(len(rows))) else order)
     return joined

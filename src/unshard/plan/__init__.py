@@ -118,7 +118,7 @@ def build_plan(
             [OutputTensor(n, s, target) for n, s in outputs],
             _compose(fold.folds.get(name), naming.converters.get(name), outputs[0][0]),
         )
-    for name, (members, shape) in naming.joined.items():  # (one tensor of several of the checkpoint's rows)
+    for name, (members, shape, order) in naming.joined.items():  # (one tensor of several of the checkpoint's rows)
         if folded := [m for m in members if m in fold.folds]:
             raise UnshardError(
                 f"{checkpoint.path}: {folded[0]} holds a LoRA adapter and is written as part of {name}, which "
@@ -126,7 +126,8 @@ def build_plan(
             )
         tensor = checkpoint.join_rows(name, members)
         target = out_dtype if tensor.dtype.is_floating_point else tensor.dtype
-        groups[name] = Group(tensor, [OutputTensor(name, shape, target)])
+        gathered = None if order is None else lambda whole, name=name, order=order: {name: whole[list(order)]}
+        groups[name] = Group(tensor, [OutputTensor(name, shape, target)], gathered)
     where = str(config_folder / "config.json" if config_folder else checkpoint.path)
     sink = sinks.plan_format(
         FormatRequest(
