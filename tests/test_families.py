@@ -264,6 +264,7 @@ TESTED = {
         "bert": "bert-fsdp2",
         "roberta": "roberta-fsdp2",
         "xlm-roberta": "xlmroberta-fsdp2",
+        "camembert": "camembert-fsdp2",
         "t5": "t5-fsdp2",
         "distilbert": "distilbert-fsdp2",
         "modernbert": "modernbert-fsdp2",

@@ -1518,6 +1518,51 @@ def test_xlm_roberta_as_the_converter_writes_it_and_llama_cpp_tokenizes_and_embe
     )
 
 
+def test_camembert_as_the_converter_writes_xlm_roberta_and_llama_cpp_tokenizes_and_embeds_as_transformers(
+    converter, tmp_path
+):
+    """CamemBERT (sentence-camembert's layout) from FSDP2's rank files: the converter writes CamembertModel as BERT's
+    (positions from 0, a WordPiece vocabulary of its unigram pieces), which computes another model; unshard writes it
+    as the converter writes XLM-RoBERTa, whose layers and vocabulary it has: in f32 and q8_0 the converter's file of the
+    folder named XLMRobertaModel (its SentencePiece model left out: CamemBERT's ids around its pieces are not
+    XLM-RoBERTa's, by which the converter realigns them), but for the runs of spaces read as one, as transformers'
+    tokenizer reads them. llama.cpp splits text into transformers' tokens and embeds each token as transformers does;
+    the converter's own file of the folder does not."""
+    import transformers
+
+    folder, oracle, as_bert = tmp_path / "hf", tmp_path / "as-xlm-roberta", tmp_path / "as-bert"
+    unshard.convert(SHIPPED / "camembert-fsdp2" / "global_step_1", folder, progress=False)
+    for copy in (oracle, as_bert):
+        shutil.copytree(folder, copy)
+        # (CamemBERT's unused ids as the converter's transformers 4 reads them: additional_special_tokens)
+        said = json.loads((copy / "tokenizer_config.json").read_text())
+        said["additional_special_tokens"] = said.pop("extra_special_tokens")
+        (copy / "tokenizer_config.json").write_text(json.dumps(said))
+    (oracle / "sentencepiece.bpe.model").unlink()
+    config = json.loads((oracle / "config.json").read_text())
+    (oracle / "config.json").write_text(json.dumps({**config, "architectures": ["XLMRobertaModel"]}))
+    for kind in ("f32", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        unshard.convert(folder, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        mine, expected = contents(ours), contents(converter(oracle, kind, tmp_path / f"oracle-{kind}.gguf", pre=None))
+        whitespace = "tokenizer.ggml.remove_extra_whitespaces"
+        assert mine[0][whitespace] is True and expected[0][whitespace] is False
+        expected[0][whitespace] = True
+        assert mine[0] == expected[0] and list(mine[0]) == list(expected[0]) and mine[1] == expected[1]
+    fields, _ = contents(tmp_path / "f32.gguf")
+    assert fields["tokenizer.ggml.model"] == "t5" and fields["tokenizer.ggml.tokens"][5:7] == ["<s>", "</s>"]
+    (tmp_path / "texts.json").write_text(json.dumps(XLM_ROBERTA_TEXTS))
+    fast = transformers.AutoTokenizer.from_pretrained(folder)
+    expected = [fast.encode(t, add_special_tokens=False) for t in XLM_ROBERTA_TEXTS]
+    llama_cpp_client("tokenize", tmp_path / "f32.gguf", tmp_path / "texts.json", tmp_path / "f32.json")
+    assert json.loads((tmp_path / "f32.json").read_text()) == expected and 3 in expected[-1]  # (<unk>)
+    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32)
+    prompt = [5, 8, 20, 33, 41, 50, 60, 6]
+    assert embedded_as_transformers(tmp_path / "f32.gguf", model, tmp_path, prompt=prompt) <= 1e-4
+    theirs = converter(as_bert, "f32", tmp_path / "camembert-as-bert.gguf", pre="default")
+    assert embedded_as_transformers(theirs, model, tmp_path, prompt=prompt) > 1e-2
+
+
 # The rerankers: an encoder of RoBERTa's under a sequence classifier's head (a dense layer, tanh, a projection, on the
 # first token), by their fixtures: the head's class, the pre-tokenizer the converter is given, and a query and a passage
 # as the tokenizer joins a pair (XLM-RoBERTa's start and end 0 and 2, the RoBERTa fixture's 1 and 2)

@@ -5,7 +5,8 @@ converter writes it (llama.cpp's bert, which llama-embedding and llama-server's 
 as the model's sentence-transformers config says, its WordPiece vocabulary (llama.cpp's `bert` tokenizer); the
 pooler and a masked-LM head left out, as the converter leaves them. RoBERTa (`RobertaModel`): BERT's layers, its
 positions counted from the padding token's id + 1, a byte-level BPE vocabulary. XLM-RoBERTa (`XLMRobertaModel`:
-bge-m3's, multilingual-e5's): RoBERTa's layers, a SentencePiece unigram vocabulary (llama.cpp's `t5` tokenizer).
+bge-m3's, multilingual-e5's): RoBERTa's layers, a SentencePiece unigram vocabulary (llama.cpp's `t5` tokenizer);
+CamemBERT (`CamembertModel`: sentence-camembert's) the same, written as XLM-RoBERTa is.
 Either under a sequence classifier's head (a reranker's) keeps the head, as llama.cpp's rank pooling reads it; so does
 BERT's (a cross-encoder's), its pooler as llama.cpp's cls (which the converter leaves out). DistilBERT
 (`DistilBertModel`): BERT's halved, no segment types, its sizes under names of its own. ModernBERT (`ModernBertModel`,
@@ -182,6 +183,15 @@ def encoder_family(name: str, model_type: str, architecture: str, gguf: GGUFPart
     return gguf_family(name, model_type, architecture, gguf, (("query", "key", "value"),), TEXT_ONLY, also)
 
 
+def camembert_as_xlm_roberta(hparams: dict, where: Path) -> list[str]:
+    """The note: CamemBERT written as the converter writes XLM-RoBERTa, whose layers and unigram vocabulary it has."""
+    return [
+        "CamemBERT is written as llama.cpp's converter writes XLM-RoBERTa (its position table from the padding token's "
+        "id + 1 on, its unigram vocabulary from tokenizer.json): the converter writes CamembertModel as BERT's, "
+        "positions from 0 and a WordPiece vocabulary, which computes another model"
+    ]
+
+
 # What the file has no place for: llama.cpp computes the tokens' embeddings (and pools them itself)
 POOLED_BY_LLAMA_CPP = "llama.cpp computes the tokens' embeddings, pooled as sentence-transformers says"
 
@@ -265,6 +275,21 @@ FAMILIES = (
             towers_left_out=f"the pooler's: {POOLED_BY_LLAMA_CPP}",
         ),
         also=("XLMRobertaForSequenceClassification",),  # (a reranker: bge-reranker-v2-m3's, its head llama.cpp's cls)
+    ),
+    encoder_family(
+        "CamemBERT",
+        "camembert",
+        "CamembertModel",
+        GGUFPart(
+            "BERT",
+            hyperparameters=roberta_hyperparameters,
+            check_config=camembert_as_xlm_roberta,
+            vocabulary="camembert",
+            rearranged=roberta_positions,
+            dropped_prefix="roberta.",
+            towers=r"^(?:roberta\.)?pooler\.",
+            towers_left_out=f"the pooler's: {POOLED_BY_LLAMA_CPP}",
+        ),
     ),
     encoder_family(
         "DistilBERT",

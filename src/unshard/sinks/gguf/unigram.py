@@ -21,8 +21,13 @@ from .vocabulary import (
 )
 
 # The families' unigram vocabularies (GGUFPart.vocabulary), by the SentencePiece model files the converter reads
-# each from, in the order it looks for them
-UNIGRAM_KINDS = {"xlm-roberta": ("sentencepiece.bpe.model",), "t5": ("tokenizer.model", "spiece.model")}
+# each from, in the order it looks for them (CamemBERT's none: its ids around the model's pieces are not XLM-RoBERTa's,
+# by which the converter realigns a model's pieces; its tokenizer.json has them as transformers reads them)
+UNIGRAM_KINDS = {
+    "xlm-roberta": ("sentencepiece.bpe.model",),
+    "camembert": (),
+    "t5": ("tokenizer.model", "spiece.model"),
+}
 
 # fairseq's first four ids, which XLM-RoBERTa's tokenizer puts before the SentencePiece model's pieces (its own first
 # three, <unk> <s> </s>, moved one on), by their text and the converter's type names for them
@@ -57,7 +62,7 @@ def write_unigram_vocabulary(writer, hparams: dict, folder: Path, kind: str) -> 
         vocabulary, said = _from_tokenizer_json(folder, described, hparams), "tokenizer.json (a Unigram)"
     else:
         raise ConfigMismatchError(
-            f"{folder}: no {' or '.join(UNIGRAM_KINDS[kind])} or tokenizer.json; a GGUF file holds the vocabulary: "
+            f"{folder}: no {' or '.join((*UNIGRAM_KINDS[kind], 'tokenizer.json'))}; a GGUF file holds the vocabulary: "
             "pass --config-from a folder with the model's tokenizer"
         )
     writer.add_tokenizer_model("t5")
@@ -66,7 +71,7 @@ def write_unigram_vocabulary(writer, hparams: dict, folder: Path, kind: str) -> 
     writer.add_token_scores(vocabulary.scores)
     writer.add_token_types(vocabulary.kinds)
     writer.add_add_space_prefix(vocabulary.add_space_prefix)
-    if kind == "xlm-roberta":
+    if kind in ("xlm-roberta", "camembert"):
         writer.add_token_type_count(hparams.get("type_vocab_size", 1))
     writer.add_remove_extra_whitespaces(vocabulary.remove_extra_whitespaces)
     if vocabulary.charsmap:
