@@ -306,6 +306,7 @@ TESTED = {
         "nomic_bert": "nomicbert-fsdp2",
         "hy_v4": "hyv4-fsdp2",  # (with llama.cpp's gguf-py)
         "step3p7": "step3p7-fsdp2",  # (with llama.cpp's gguf-py)
+        "qwen4_exp_text": "qwen4exp-fsdp2",  # (with llama.cpp's gguf-py)
         "arcee": "arcee-fsdp2",
         "exaone4": "exaone4-fsdp2",
         "exaone_moe": "exaonemoe-fsdp2",

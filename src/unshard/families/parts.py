@@ -166,6 +166,9 @@ class GGUFPart:
     # A regular expression matching the Hugging Face tensors the converter stacks into one of the file's tensors, in
     # three groups: the stack's name before the index, the index, the rest (Gemma 3n's AltUp projections)
     stacked: str | None = None
+    # the family's stacks joined by their rows where the converter concatenates them, not stacked on a new axis
+    # (Qwen4-Exp's n-gram table, which transformers saves in shards of rows)
+    joined_rows: bool = False
     # (name, shape, hparams) -> the rows of the file's tensor where the converter pads it with zero rows after the
     # tensor's own (Gemma 3n's embeddings, to the vocabulary's image and audio tokens), else None
     padded_rows: Callable[..., int | None] | None = None
@@ -202,8 +205,9 @@ class GGUFPart:
     # indexer); llama-quantize's types choose as they do for any
     kept_in_f32: tuple[str, ...] = ()
     # A regular expression matching tensors whose values the converter writes into the header, not the file, and
-    # (writer, {output name: its values as floats}, hparams, where) -> those key-values, added first (the converter
-    # adds them while reading the tensors, before its other metadata): Apertus's xIELU parameters of each layer
+    # (writer, {output name: its values}, hparams, where) -> those key-values, added first (the converter adds them
+    # while reading the tensors, before its other metadata): Apertus's xIELU parameters of each layer; None: the
+    # hyperparameters hook writes them where the converter does, from hparams["header_tensors"] (Qwen4-Exp's hash)
     header_tensors: str | None = None
     header_from_tensors: Callable[..., None] | None = None
     # (name, shape, hparams) -> the converter's multiplications of that tensor by the config's numbers, in order:

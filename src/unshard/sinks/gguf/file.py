@@ -37,6 +37,8 @@ def header(plan: GGUFPlan, tensors: list[OutputTensor]):
     for name in sorted(parts, key=plan.positions.__getitem__):
         each = [parts[name][expert] for expert in sorted(parts[name], key=lambda e: e or 0)]
         shape = (len(each), *each[0].shape) if None not in parts[name] else each[0].shape
+        if name in plan.joined_rows:  # (its members' rows one after another)
+            shape = (len(each) * each[0].shape[0], *each[0].shape[1:])
         nbytes = sum(t.nbytes for t in each)
         writer.add_tensor_info(name, shape, np.dtype(np.uint8), nbytes, raw_dtype=qtypes[name])
         at = offset
@@ -77,8 +79,9 @@ class WrittenGGUF(WrittenFile):
     """A GGUF file read back by gguf-py's reader, for --verify: its tensors as the plan stores them (the bytes of
     their GGUF type), at the offsets the reader finds."""
 
-    def __init__(self, path: Path, stacks: set[str]):
-        """stacks: the file's tensors that stack experts (read back as the plan stores them, one per expert)."""
+    def __init__(self, path: Path, stacks: dict[str, int], joined_rows: set[str] = frozenset()):
+        """stacks: the file's tensors that stack experts, by their count (read back as the plan stores them, one per
+        expert); joined_rows: those of them whose members are rows one after another."""
         gguf = gguf_py()
         self.path = path
         try:
@@ -94,7 +97,9 @@ class WrittenGGUF(WrittenFile):
             if tensor.name not in stacks:
                 self.entries[tensor.name] = ("U8", byte_shape, begin, begin + int(tensor.n_bytes))
                 continue
-            step = int(tensor.n_bytes) // shape[0]  # (a stack of experts: each as the plan stores it, name[expert])
-            for expert in range(shape[0]):
+            count = stacks[tensor.name]
+            step = int(tensor.n_bytes) // count  # (a stack of experts: each as the plan stores it, name[expert])
+            member = (byte_shape[0] // count, *byte_shape[1:]) if tensor.name in joined_rows else byte_shape[1:]
+            for expert in range(count):
                 at = begin + expert * step
-                self.entries[f"{tensor.name}[{expert}]"] = ("U8", byte_shape[1:], at, at + step)
+                self.entries[f"{tensor.name}[{expert}]"] = ("U8", member, at, at + step)

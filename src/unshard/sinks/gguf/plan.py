@@ -226,6 +226,8 @@ def _plan_tensors(
         padding = (output.shape[0], rows - output.shape[0]) if rows and rows > output.shape[0] else ()
         own_shape = (rows, *output.shape[1:]) if padding else output.shape
         shape = (len(stack), *own_shape) if stack else own_shape
+        if name in plan.joined_rows:
+            shape = (len(stack) * own_shape[0], *own_shape[1:])
         file_shapes[name] = shape
         tensor_type, note = gguf_type(plan, name, shape, qtype, name == output_layer, experts, mixed.get(name))
         if note and index in (None, 0):  # (a stack's note once)
@@ -291,6 +293,8 @@ def _file_names(
             row_of[output.name] = int(member[2])
         if own:  # (as many as there are, numbered from 0)
             counts[name.split(".")[-2]] = (max(stacks[name]) + 1, "tensors")
+            if part.joined_rows:
+                plan.joined_rows.add(name)
         llama_names.append(name)
     _check_stacks(stacks, counts, experts, where)
     return llama_names, stacks, row_of, rearranged
@@ -315,11 +319,15 @@ def _into_header(
     plan: GGUFPlan, outputs: list[OutputTensor], part: GGUFPart, hparams: dict, read: Callable, where: Path
 ) -> list[OutputTensor]:
     """The outputs but those whose values the converter writes into the header (part.header_tensors), read now (a
-    few values each) and written there by the family's hook, first, as the converter adds them while reading its
-    tensors; they are left out of the file (plan.left_out), as there."""
+    few values each, integers as they are) and written there by the family's hook, first, as the converter adds them
+    while reading its tensors, or by its hyperparameters hook, which finds them in hparams["header_tensors"]; they are
+    left out of the file (plan.left_out), as there."""
     valued = [o for o in outputs if re.search(part.header_tensors, o.name)]
-    values = {o.name: [float(v) for v in read(o.name).float().reshape(-1)] for o in valued}
-    part.header_from_tensors(plan.writer, values, hparams, where)
+    values = {o.name: read(o.name).reshape(-1).tolist() for o in valued}
+    if part.header_from_tensors:
+        part.header_from_tensors(plan.writer, values, hparams, where)
+    else:
+        hparams["header_tensors"] = values
     plan.left_out.update(values)
     return [o for o in outputs if o.name not in values]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -94,9 +95,8 @@ class GGUFSink:
     def read_back(self, path: Path) -> WrittenGGUF:
         """The file's tensors read back: the computed ones checked here, the others left to --verify."""
         plan = self.plans[path.name]
-        written = WrittenGGUF(
-            path, {stacked(e.stored[0].name)[0] for e in plan.encoded.values() if PART.match(e.stored[0].name)}
-        )
+        members = Counter(stacked(e.stored[0].name)[0] for e in plan.encoded.values() if PART.match(e.stored[0].name))
+        written = WrittenGGUF(path, dict(members), plan.joined_rows)
         for name, values in plan.computed.items():
             data = memoryview(values).cast("B")
             if (

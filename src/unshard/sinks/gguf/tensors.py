@@ -188,6 +188,8 @@ class GGUFPlan:
     made_header: tuple = ()  # (the tensors, header()'s answer for them): a large vocabulary takes a while to pack
     routers_in_file_type: bool = False  # (GGUFPart's: DBRX's)
     kept_in_f32: tuple[str, ...] = ()  # (GGUFPart's: MiniMax-M3's indexer, which its converter keeps in F32)
+    # the file's tensors whose members (name[i]) are rows one after another, not a stack (GGUFPart.joined_rows)
+    joined_rows: set[str] = field(default_factory=set)
     mmproj: GGUFPlan | None = None  # a vision-language model's second file, its towers (vision.py)
     towers: tuple[str, ...] = ()  # (an mmproj file's: the towers it holds, vision and audio, as inspect says them)
     # One file of a split (split.py): (its number from 0, the count of files, the tensors of all), and its tensors
