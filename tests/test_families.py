@@ -367,6 +367,7 @@ TESTED = {
         "qwen3_vl_moe": "qwen3vlmoe-fsdp2",
         "qwen3_5": "qwen35vl-fsdp2",
         "qwen3_5_moe": "qwen35moevl-fsdp2",
+        "qwen4_exp": "qwen4expvl-fsdp2",  # (with llama.cpp's gguf-py)
     },
     "mmproj": {
         "gemma3": "gemma3vl-fsdp2-spm",
@@ -383,6 +384,7 @@ TESTED = {
         "qwen3_vl_moe": "qwen3vlmoe-fsdp2",
         "qwen3_5": "qwen35vl-fsdp2",
         "qwen3_5_moe": "qwen35moevl-fsdp2",
+        "qwen4_exp": "qwen4expvl-fsdp2",  # (with llama.cpp's gguf-py)
     },
 }
 SHARED = {"mistral": "llama", "idefics3": "smolvlm", "mt5": "t5", "umt5": "t5"}

@@ -467,3 +467,49 @@ def test_exaone_4_5_s_vision_tower_as_the_converter_writes_it_and_sees_as_transf
     embeddings = torch.from_numpy(np.load(tmp_path / "image.npy"))
     assert embeddings.shape == expected.shape == (4, 64), (embeddings.shape, expected.shape)
     assert ((embeddings - expected).norm() / expected.norm()).item() <= IMAGE_TOLERANCE["f32"]  # (measured 3.7e-4)
+
+
+def test_qwen4_exp_as_released_both_files_as_the_converter_writes_them_and_sees_as_transformers(
+    converter, llama_cpp, tmp_path
+):
+    """Qwen4-Exp as released (Qwen4ExpForConditionalGeneration: its text model beside Qwen3-VL's tower), from FSDP2's
+    rank files with llama.cpp's gguf-py: the text model's file and the mmproj file are the converter's in f16 and q8_0
+    (given the Hub's name of the full-attention layer); llama.cpp computes transformers' logits over a prompt within
+    QSA's budget, and mtmd encodes an image into transformers' image features."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    src, folder = SHIPPED / "qwen4expvl-fsdp2" / "global_step_1", tmp_path / "hf"
+    unshard.convert(src, folder, progress=False)
+    theirs = tmp_path / "for-the-converter"
+    shutil.copytree(folder, theirs)
+    config = json.loads((theirs / "config.json").read_text())
+    config["text_config"]["layer_types"] = ["linear_attention"] * 3 + ["full_attention"]
+    (theirs / "config.json").write_text(json.dumps(config))
+    pre = for_the_converter(theirs)
+    for kind in ("f16", "q8_0", "f32"):
+        done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind)
+        assert done.returncode == 0, done.stderr
+    for kind in ("f16", "q8_0"):
+        assert_same_file(tmp_path / f"{kind}.gguf", converter(theirs, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+        mmproj = converter(theirs, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
+        assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    prompt = [1, 5, 20, 33, 64, 70, 90, 2]
+    expected = model(input_ids=torch.tensor([prompt])).logits[0].detach()
+    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
+    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 3.3e-7)
+    side = 96  # (3 x 3 tokens of Qwen3-VL's 16-pixel patches merged 2 x 2)
+    image = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    image.tofile(tmp_path / "image.rgb")
+    pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], do_resize=False, return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"]
+        )
+    expected = torch.cat(list(features.pooler_output))
+    files = (tmp_path / "f32.gguf", tmp_path / "mmproj-f32.gguf")
+    llama_cpp_client("image", *files, side, side, tmp_path / "image.rgb", tmp_path / "image.npy")
+    embeddings = torch.from_numpy(np.load(tmp_path / "image.npy"))
+    assert embeddings.shape == expected.shape == (9, 64), (embeddings.shape, expected.shape)
+    distance = ((embeddings - expected).norm() / expected.norm()).item()
+    assert distance <= IMAGE_TOLERANCE["f32"]  # (measured 4.1e-4)

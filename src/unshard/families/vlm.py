@@ -15,6 +15,7 @@ from ..names.meta_rules import Fused, Reshaped, Zeros, torchtitan_routed_experts
 from .gguf_hooks import mmproj_model_forced_type, text_hyperparameters
 from .parts import (
     DEFAULT_FUSED_SIBLINGS,
+    LLAMA_CPP_GGUF_PY,
     NO_META_NAMES,
     NO_TABLE,
     NO_TORCHTITAN_NAMES,
@@ -26,6 +27,7 @@ from .parts import (
     renamed_only,
     transposed,
 )
+from .qwen4_exp import QWEN4EXP_GGUF
 from .qwen_moe import routing_checked
 from .qwen_next import deltanet_gguf, qwen35_hyperparameters
 
@@ -376,6 +378,19 @@ FAMILIES = (
         Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         meta_names=TORCHTITAN_QWEN35_MOE,
         torchtitan_names=TORCHTITAN_QWEN35_MOE,
+        converter_name=qwen3vl_vision_name,
+        rearranged=qwen3vl_vision_split,
+    ),
+    _qwen_vl(
+        "Qwen4-Exp",
+        "qwen4_exp",
+        "Qwen4ExpForConditionalGeneration",
+        "QWEN3VL",
+        qwen3vl_sizes,
+        qwen3vl_projector_keys,
+        QWEN4EXP_GGUF,
+        Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="qwen4exp")},
         converter_name=qwen3vl_vision_name,
         rearranged=qwen3vl_vision_split,
     ),
