@@ -212,6 +212,15 @@ BERT_CLASSIFIER_GGUF = replace(
     towers_left_out=f"a masked-LM head's: {POOLED_BY_LLAMA_CPP}",
     renames=((r"^pooler\.dense\.", "classifier.dense."), (r"^classifier\.(weight|bias)$", r"classifier.out_proj.\1")),
 )
+XLM_ROBERTA_GGUF = GGUFPart(
+    "BERT",
+    hyperparameters=roberta_hyperparameters,
+    vocabulary="xlm-roberta",
+    rearranged=roberta_positions,
+    dropped_prefix="roberta.",
+    towers=r"^(?:roberta\.)?pooler\.",
+    towers_left_out=f"the pooler's: {POOLED_BY_LLAMA_CPP}",
+)
 
 
 MODERNBERT_GGUF = GGUFPart(
@@ -265,31 +274,14 @@ FAMILIES = (
         "XLM-RoBERTa",
         "xlm-roberta",
         "XLMRobertaModel",
-        GGUFPart(
-            "BERT",
-            hyperparameters=roberta_hyperparameters,
-            vocabulary="xlm-roberta",
-            rearranged=roberta_positions,
-            dropped_prefix="roberta.",
-            towers=r"^(?:roberta\.)?pooler\.",
-            towers_left_out=f"the pooler's: {POOLED_BY_LLAMA_CPP}",
-        ),
+        XLM_ROBERTA_GGUF,
         also=("XLMRobertaForSequenceClassification",),  # (a reranker: bge-reranker-v2-m3's, its head llama.cpp's cls)
     ),
     encoder_family(
         "CamemBERT",
         "camembert",
         "CamembertModel",
-        GGUFPart(
-            "BERT",
-            hyperparameters=roberta_hyperparameters,
-            check_config=camembert_as_xlm_roberta,
-            vocabulary="camembert",
-            rearranged=roberta_positions,
-            dropped_prefix="roberta.",
-            towers=r"^(?:roberta\.)?pooler\.",
-            towers_left_out=f"the pooler's: {POOLED_BY_LLAMA_CPP}",
-        ),
+        replace(XLM_ROBERTA_GGUF, check_config=camembert_as_xlm_roberta, vocabulary="camembert"),
     ),
     encoder_family(
         "DistilBERT",
