@@ -7,7 +7,9 @@ them. The rest of the vocabulary (tokens, types, merges, special tokens) is the 
 One bug of the pinned converter is mended, as its code means it: StableLMModel.modify_tensors `return`s the generator of
 a layer's stacked q and k norms (StableLM 2 12B's LayerNorm per head) from inside a generator, which drops it; the
 converter then stops on "Unprocessed norms". Its stacks are yielded here. And EmbeddingGemma keeps the Dense modules it
-reads in lists of its class, which a run in a process of its own starts empty: they are emptied before each job.
+reads in lists of its class, which a run in a process of its own starts empty: they are emptied before each job; as is
+gguf-py's table of block tensors' names, which its TensorNameMap updates in place with an architecture's own names
+(Qwen4-Exp's indexer norms over Hy4's): put back as it was before each job.
 
     python llama_cpp_converter.py CONVERTER_FOLDER < jobs
     job, one JSON line:   {"pre": PRE_NAME or null, "args": [the converter's arguments...]}
@@ -23,7 +25,7 @@ import traceback
 
 root = sys.argv[1]
 sys.path.insert(0, root)
-from conversion.base import TextModel  # noqa: E402  (the converter's own package, found in its folder)
+from conversion.base import TextModel, gguf  # noqa: E402  (the converter's own package, found in its folder)
 from conversion.gemma import EmbeddingGemma  # noqa: E402
 from conversion.stablelm import StableLMModel  # noqa: E402
 
@@ -39,12 +41,15 @@ def stablelm_with_stacks(self, data_torch, name, bid):
 StableLMModel.modify_tensors = stablelm_with_stacks
 
 own_pre = TextModel.get_vocab_base_pre
+block_names = {tensor: tuple(names) for tensor, names in gguf.TensorNameMap.block_mappings_cfg.items()}
 replies = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)  # (what the converter prints goes to standard error, and the replies alone to standard output)
 sys.stdout = sys.stderr
 for line in sys.stdin:
     job = json.loads(line)
     EmbeddingGemma.module_paths, EmbeddingGemma.dense_features_dims = [], {}
+    gguf.TensorNameMap.block_mappings_cfg.clear()
+    gguf.TensorNameMap.block_mappings_cfg.update(block_names)
     TextModel.get_vocab_base_pre = (lambda self, tokenizer, pre=job["pre"]: pre) if job["pre"] else own_pre
     sys.argv = [os.path.join(root, "convert_hf_to_gguf.py"), *job["args"]]
     try:

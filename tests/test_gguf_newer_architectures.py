@@ -508,3 +508,21 @@ def test_qwen4_exp_as_released_both_files_as_the_converter_writes_them_and_sees_
     assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 3.3e-7)
     # (3 x 3 tokens of Qwen3-VL's 16-pixel patches merged 2 x 2)
     assert seen_as_transformers(model, folder, 96, 9, tmp_path) <= IMAGE_TOLERANCE["f32"]  # (measured 4.1e-4)
+
+
+def test_one_architecture_s_names_do_not_leak_into_the_next_file_s():
+    """gguf-py's TensorNameMap updates the table of names its class shares with an architecture's own (Qwen4-Exp's
+    indexer norms over those of Hy4's), in place: in one process, a Hy4 file planned after a Qwen4-Exp file still
+    finds its indexer's k_norm, as it would alone (llama.cpp's gguf-py, in a process of its own)."""
+    code = (
+        "import gguf\n"
+        "from unshard.families.gguf_hooks import tensor_name_map\n"
+        "tensor_name_map(gguf.MODEL_ARCH.QWEN4EXP, 2)\n"
+        "names = tensor_name_map(gguf.MODEL_ARCH.HY_V4, 2)\n"
+        "print(names.get_name('model.layers.0.self_attn.indexer.k_norm.bias', try_suffixes=('.bias',)))\n"
+    )
+    gguf_py = generate.llama_cpp_source() / "gguf-py"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(gguf_py))
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "blk.0.indexer.k_norm.bias", done.stderr

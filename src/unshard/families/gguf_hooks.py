@@ -24,6 +24,19 @@ def gguf_py():
     return gguf
 
 
+def tensor_name_map(arch, blocks: int):
+    """gguf-py's map of Hugging Face names to llama.cpp's for the architecture. Its TensorNameMap updates the table of
+    block tensors' names its class shares with an architecture's own names, in place (Qwen4-Exp's indexer norms over
+    Hy4's), which every later map in the process would take: the table is put back as it was."""
+    table = gguf_py().TensorNameMap.block_mappings_cfg
+    kept = dict(table)
+    try:
+        return gguf_py().get_tensor_name_map(arch, blocks)
+    finally:
+        table.clear()
+        table.update(kept)
+
+
 @contextmanager
 def gguf_quiet():
     """gguf-py's warnings kept from the user where the converter's own steps make them (a key written twice, a special

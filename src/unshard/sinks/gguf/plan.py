@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from ... import dtypes, families
 from ...errors import ConfigMismatchError, UnshardError
-from ...families.gguf_hooks import ROPE_BY_FACTORS, first_of, gguf_py, rope_parameters, text_hyperparameters
+from ...families.gguf_hooks import (
+    ROPE_BY_FACTORS,
+    first_of,
+    gguf_py,
+    rope_parameters,
+    tensor_name_map,
+    text_hyperparameters,
+)
 from ...families.parts import GGUFPart, Rearrangement
 from ...types import OutputTensor
 from . import kquants, vision
@@ -186,7 +193,7 @@ def _plan_tensors(
     gguf = gguf_py()
     file_type = plan.file_type
     qtype = getattr(gguf.GGMLQuantizationType, kquants.MIXES.get(file_type, file_type).upper())
-    names = gguf.get_tensor_name_map(arch, blocks)
+    names = tensor_name_map(arch, blocks)
     heads = hparams.get("num_attention_heads") or 0  # (none: Mamba-2's, which llama.cpp counts as 0)
     kv_heads = hparams.get("num_key_value_heads") or heads
     ordered = sorted(outputs, key=lambda o: o.name)  # (the converter's order, from a one-file folder: sorted)

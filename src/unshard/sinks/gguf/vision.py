@@ -21,7 +21,7 @@ from typing import Any
 
 from ... import dtypes
 from ...errors import ConfigMismatchError
-from ...families.gguf_hooks import gguf_py, json_or_empty
+from ...families.gguf_hooks import gguf_py, json_or_empty, tensor_name_map
 from ...families.parts import MmprojPart
 from ...types import OutputTensor
 from .header import general_metadata
@@ -65,9 +65,7 @@ def plan_mmproj(
         plan.notes.append(part.note)
     qtype = getattr(gguf.GGMLQuantizationType, mm_type.upper())
     # (the converter's names of a file of two towers are those of 128 blocks, whatever either tower has)
-    names = gguf.get_tensor_name_map(
-        gguf.MODEL_ARCH.MMPROJ, 128 if vision and audio else (vision or audio)["num_hidden_layers"]
-    )
+    names = tensor_name_map(gguf.MODEL_ARCH.MMPROJ, 128 if vision and audio else (vision or audio)["num_hidden_layers"])
 
     def llama_name(source: str, output: str) -> str:
         if source.startswith(("v.", "mm.")):  # (named by the family as the converter names it)
