@@ -52,6 +52,20 @@ def as_the_hub_names(tensors: dict, folder) -> dict:
     return tensors
 
 
+def drafter_inputs(model, length: int) -> dict:
+    """What a Gemma 4 drafter reads from the model it drafts for at each step, at random: the last hidden state beside
+    the last token's embedding (twice the target's width), and the keys and values of the target's last layer of each
+    kind over the tokens so far (as many heads as the drafter's layers of that kind group their queries into)."""
+    seed, shapes, dtype = torch.Generator().manual_seed(0), {}, model.pre_projection.weight.dtype
+    for layer in model.model.layers:
+        attention = layer.self_attn
+        heads = attention.q_proj.out_features // attention.head_dim // attention.num_key_value_groups
+        shapes[attention.layer_type] = (1, heads, length, attention.head_dim)
+    shared = {kind: tuple(torch.randn(shape, generator=seed).to(dtype) for _ in "kv") for kind, shape in shapes.items()}
+    embeds = torch.randn(1, 1, 2 * model.config.backbone_hidden_size, generator=seed).to(dtype)  # (one draft step)
+    return {"inputs_embeds": embeds, "shared_kv_states": shared}
+
+
 def convert_case(name, fixture, out, **options):
     case = CASES[name]
     config_from = fixture / case.config_from if case.config_from else None
@@ -128,6 +142,16 @@ def test_transformers_loads_it_and_logits_match(case, tmp_path):
             ours, theirs = model(ids).last_hidden_state, original(ids).last_hidden_state
         elif case == "t5-fsdp2":  # (an encoder-decoder: the decoder's logits over the encoded prompt)
             ours, theirs = (m(ids, decoder_input_ids=ids[:, :3]).logits for m in (model, original))
+        elif case in (
+            "gemma4assistant-fsdp2",
+            "gemma4unifiedassistant-fsdp2",
+        ):  # (a drafter: its logits and the state it hands back, over made-up
+            # hidden states and keys and values of a target)
+            inputs = drafter_inputs(model, len(ids[0]))
+            ours, theirs = (
+                torch.cat([o.logits.flatten(), o.last_hidden_state.flatten()])
+                for o in (model(**inputs), original(**inputs))
+            )
         else:
             ours, theirs = model(ids).logits, original(ids).logits
     if case == "dbrx-fsdp2":  # (DBRX's experts run as views of the loaded tensors, whose alignment in memory follows

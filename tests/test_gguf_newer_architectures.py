@@ -48,7 +48,9 @@ def unshard_with_llama_cpp_gguf_py(*args, **env) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=600,
-        env=dict(os.environ, PYTHONPATH=str(gguf_py), **env),
+        env=dict(
+            os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(gguf_py), os.environ.get("PYTHONPATH")))), **env
+        ),
     )
 
 
@@ -324,6 +326,49 @@ def test_hy4_from_fsdp2_as_llama_cpp_computes_transformers_model(converter, llam
         logits, _ = llama_cpp(file, prompt, 0, kv_cache="f32")
         distances.append(((logits - expected_logits).norm() / expected_logits.norm()).item())
     assert distances[0] <= LLAMA_CPP_TOLERANCE["f32"] and distances[1] > 10 * distances[0], distances
+
+
+# Gemma 4's drafters, and what the converter reads that transformers' save does not name: Gemma 4 Unified's experts'
+# width (none, as for Gemma 4 Unified's own text model)
+DRAFTERS = {
+    "gemma4assistant-fsdp2": {},
+    "gemma4unifiedassistant-fsdp2": {"config.json": {"text_config": {"moe_intermediate_size": None}}},
+}
+
+
+@pytest.mark.parametrize("case", DRAFTERS)
+def test_gemma_4_s_drafters_as_the_converter_and_llama_quantize_write_them(case, converter, ggml_library, tmp_path):
+    """Gemma 4's and Gemma 4 Unified's assistants (drafters whose layers read the keys and values of the model they
+    draft for, between a projection from twice that model's width and one back to it): unshard's folder is the
+    fixture's model tensor for tensor; its GGUF file from the rank files is the converter's of that folder in f32 (the
+    width it projects back to and its layers as predicted-next ones in the header; its masked embedding left out,
+    with a note) and llama-quantize's in q4_k_m. llama.cpp runs a drafter only beside its target's context, so no
+    logits are compared here: its layers are Gemma 4's, whose files the tests above run; the folder's logits are
+    transformers' (test_fsdp_convert)."""
+    from safetensors.torch import load_file
+
+    src, folder = SHIPPED / case / "global_step_1", tmp_path / "hf"
+    unshard.convert(src, folder, progress=False)
+    reference = load_file(SHIPPED / case / "reference" / "model.safetensors")
+    written = load_file(folder / "model.safetensors")
+    assert sorted(written) == sorted(reference) and all(torch.equal(written[n], t) for n, t in reference.items())
+    library = {kquants.LIBRARY_VARIABLE: ggml_library}
+    for kind in ("f32", "q4_k_m"):
+        args = ("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind, "--no-progress")
+        done = unshard_with_llama_cpp_gguf_py(*args, **library)
+        assert done.returncode == 0, done.stderr
+    assert "2 tensors beside the text model left out" in done.stderr
+    pre = for_the_converter(folder)
+    updated(folder, DRAFTERS[case])
+    assert_same_file(tmp_path / "f32.gguf", converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre))
+    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    header, tensors = contents(tmp_path / "f32.gguf")
+    assert header["general.architecture"] == "gemma4-assistant"
+    assert (
+        header["gemma4-assistant.embedding_length_out"] == 48 and header["gemma4-assistant.nextn_predict_layers"] == 4
+    )
+    assert {"nextn.pre_projection.weight", "nextn.post_projection.weight"} <= {t[0] for t in tensors}
 
 
 @pytest.mark.parametrize(

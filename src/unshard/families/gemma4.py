@@ -23,6 +23,7 @@ from .gguf_hooks import (
 )
 from .llama import SIBLINGS, TEXT_ONLY
 from .parts import (
+    LLAMA_CPP_GGUF_PY,
     NO_TABLE,
     Family,
     GGUFPart,
@@ -118,7 +119,7 @@ def _gemma4_refusal(hparams: dict) -> str | None:
     shared = hparams.get("num_kv_shared_layers") or 0
     first_shared = layers - shared
     reused = layer_types[first_shared - 2 : first_shared] if first_shared >= 2 else []
-    if shared and reused != [SLIDING, GLOBAL]:
+    if shared and reused != [SLIDING, GLOBAL] and shared != layers:  # (every layer: a drafter's, on its target's)
         return (
             f"the last {shared} layers reuse keys and values of layers other than a global layer just before them and "
             f"a sliding one before that, the only ones llama.cpp's gemma4 reuses; {serve}"
@@ -264,6 +265,27 @@ GEMMA4_UNIFIED = replace(
     towers=r"^(?:model\.)?(?:vision_embedder|embed_vision|embed_audio)\.",
 )
 
+
+def gemma4_assistant_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's Gemma4AssistantModel's: Gemma 4's header, then the width of the model it drafts for (the
+    hidden states it reads and writes back) and its layers as that many predicted-next layers."""
+    gemma4_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_embedding_length_out(hparams["backbone_hidden_size"])
+    writer.add_nextn_predict_layers(blocks)
+
+
+# Gemma 4's drafters (the -assistant checkpoints beside E2B, 26B-A4B and 31B, and Gemma 4 Unified's): Gemma 4's layers
+# with queries only, each reading the keys and values of the model it drafts for, between a projection from twice that
+# model's width and one back to it. llama.cpp runs one only beside its target (gemma4-assistant); its masked embedding
+# (centroids that choose which tokens' logits to compute) is left out of the file as the converter leaves it out
+GEMMA4_ASSISTANT = replace(
+    GEMMA4,
+    arch="GEMMA4_ASSISTANT",
+    hyperparameters=gemma4_assistant_hyperparameters,
+    towers=r"^masked_embedding\.",
+    towers_left_out="its masked embedding's: llama.cpp's gemma4-assistant computes the logits of every token",
+)
+
 FAMILIES = (
     Family(
         "Gemma 4 (text)",
@@ -304,6 +326,32 @@ FAMILIES = (
             "its towers without layers (llama.cpp's gemma4uv and gemma4ua projectors, which PyPI's gguf-py lacks) are "
             "not written yet"
         ),
+        moe_layout=DENSE_ONLY,
+    ),
+    Family(
+        "Gemma 4 Assistant",
+        "gemma4_assistant",
+        "Gemma4AssistantForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Gemma 4 drafters are not mapped yet"),
+        **no_trainer_model("Gemma 4 Assistant"),
+        fused_siblings=SIBLINGS,
+        gguf=GEMMA4_ASSISTANT,
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="gemma4-assistant")},
+        mmproj=TEXT_ONLY,
+        moe_layout=DENSE_ONLY,
+    ),
+    Family(
+        "Gemma 4 Unified Assistant",
+        "gemma4_unified_assistant",
+        "Gemma4UnifiedAssistantForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Gemma 4 drafters are not mapped yet"),
+        **no_trainer_model("Gemma 4 Unified Assistant"),
+        fused_siblings=SIBLINGS,
+        gguf=GEMMA4_ASSISTANT,
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="gemma4-assistant")},
+        mmproj=TEXT_ONLY,
         moe_layout=DENSE_ONLY,
     ),
 )
