@@ -280,6 +280,7 @@ TESTED = {
         "gemma4": "gemma4vl-fsdp2",
         "gemma4_unified": "gemma4unified-fsdp2",
         "gemma4_assistant": "gemma4assistant-fsdp2",
+        "muse_glimmer_assistant": "museglimmerassistant-fsdp2",
         "gemma4_unified_assistant": "gemma4unifiedassistant-fsdp2",
         "phi3": "phi3-fsdp2-spm",
         "mixtral": "mixtral8-fsdp2-spm",

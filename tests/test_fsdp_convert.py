@@ -28,6 +28,7 @@ ENCODERS = (
     "eurobert-fsdp2",
     "nomicbert-fsdp2",
 )
+GEMMA4_DRAFTERS = ("gemma4assistant-fsdp2", "gemma4unifiedassistant-fsdp2")
 # (no chat and no generation settings, no template: a WordPiece or SentencePiece model's folder)
 WITHOUT_CHAT = ("bert-fsdp2", "distilbert-fsdp2", "nomicbert-fsdp2", "xlmroberta-fsdp2", "camembert-fsdp2", "t5-fsdp2")
 
@@ -142,11 +143,18 @@ def test_transformers_loads_it_and_logits_match(case, tmp_path):
             ours, theirs = model(ids).last_hidden_state, original(ids).last_hidden_state
         elif case == "t5-fsdp2":  # (an encoder-decoder: the decoder's logits over the encoded prompt)
             ours, theirs = (m(ids, decoder_input_ids=ids[:, :3]).logits for m in (model, original))
-        elif case in (
-            "gemma4assistant-fsdp2",
-            "gemma4unifiedassistant-fsdp2",
-        ):  # (a drafter: its logits and the state it hands back, over made-up
-            # hidden states and keys and values of a target)
+        elif case == "museglimmerassistant-fsdp2":  # (a drafter without embedding or head: its hidden states over a
+            # made-up block of embeddings and target's hidden states)
+            seed, config = torch.Generator().manual_seed(0), model.config
+            noise = torch.randn(1, config.block_size, config.hidden_size, generator=seed).to(model.dtype)
+            context = torch.randn(1, 6, len(config.target_layer_ids) * config.hidden_size, generator=seed)
+            # (no masks: every query sees the context and the block, as the drafter's own masks let it but for the
+            # window, which they would build from a cache of the target's)
+            masks = dict.fromkeys(("full_attention", "sliding_attention"))
+            inputs = {"context_hidden_states": context.to(model.dtype), "attention_mask": masks}
+            ours, theirs = (m(noise, **inputs).last_hidden_state for m in (model, original))
+        elif case in GEMMA4_DRAFTERS:  # (a drafter: its logits and the state it hands back, over made-up hidden states
+            # and keys and values of a target)
             inputs = drafter_inputs(model, len(ids[0]))
             ours, theirs = (
                 torch.cat([o.logits.flatten(), o.last_hidden_state.flatten()])

@@ -104,6 +104,37 @@ def test_muse_glimmer_from_torchtitan_s_checkpoint_as_the_converter_and_llama_qu
     assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 2.7e-6)
 
 
+def test_muse_glimmer_s_drafter_as_the_converter_and_llama_quantize_write_it(converter, ggml_library, tmp_path):
+    """Muse Glimmer's DFlash drafter (MuseGlimmerAssistantModel: layers without embedding or head, beside the target's
+    hidden states of two layers, projected and normed): unshard's folder is the fixture's model tensor for tensor; its
+    GGUF file from the rank files (its vocabulary from the drafter's own tokenizer, which is its target's) is the
+    converter's, given the target's folder as it requires, in f32 (the block it drafts, the target's layers it reads,
+    the window, the mask token in the header), and llama-quantize's in q4_k_m. llama.cpp runs a drafter only beside
+    its target, so no logits are compared here; the folder's hidden states are transformers' (test_fsdp_convert)."""
+    from safetensors.torch import load_file
+
+    case = SHIPPED / "museglimmerassistant-fsdp2"
+    src, folder = case / "global_step_1", tmp_path / "hf"
+    unshard.convert(src, folder, progress=False)
+    written, reference = load_file(folder / "model.safetensors"), load_file(case / "reference" / "model.safetensors")
+    assert sorted(written) == sorted(reference) and all(torch.equal(written[n], t) for n, t in reference.items())
+    library = {kquants.LIBRARY_VARIABLE: ggml_library}
+    for kind in ("f32", "q4_k_m"):
+        done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind, **library)
+        assert done.returncode == 0, done.stderr
+    target = muse_glimmer_folder(tmp_path / "target")
+    shutil.copy(folder / "chat_template.jinja", target)  # (the target's, which the converter reads: the drafter's)
+    pre = for_the_converter(folder)
+    for_the_converter(target)
+    oracle = converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre, more=("--target-model-dir", target))
+    assert_same_file(tmp_path / "f32.gguf", oracle)
+    llama_cpp_client("quantize", oracle, tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    header, tensors = contents(tmp_path / "f32.gguf")
+    assert header["general.architecture"] == "dflash" and header["dflash.target_layers"] == [2, 4]
+    assert header["tokenizer.ggml.mask_token_id"] == 102 and "token_embd.weight" not in {t[0] for t in tensors}
+
+
 # The FSDP2 fixtures of those families, by llama.cpp's architecture
 NEWER = {
     "graniteswa-fsdp2": "granite_swa",

@@ -20,6 +20,7 @@ from .parts import (
     GGUFPart,
     Rearrangement,
     Unsupported,
+    no_trainer_model,
 )
 
 _T, _V = "model.language_model.layers.{i}.", "model.vision_tower.layers.{i}."
@@ -146,6 +147,29 @@ def norms_then_queries(band, head_dim: int, scale: float) -> tuple:
     return np.full(head_dim, scale, np.float32), np.ones(head_dim, np.float32), turned
 
 
+def muse_glimmer_drafter_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's MuseGlimmerAssistantModel's: its TextModel's, then the block of tokens it drafts at once, the
+    target's layers whose hidden states it reads (as the layers they go into: one past the config's), and the window
+    where the config has layers in it."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_block_size(int(hparams["block_size"]))
+    writer.add_target_layers([int(layer) + 1 for layer in hparams["target_layer_ids"]])
+    if hparams.get("sliding_window") and hparams.get("layer_types"):
+        writer.add_sliding_window(int(hparams["sliding_window"]))
+        writer.add_sliding_window_pattern([kind == "sliding_attention" for kind in hparams["layer_types"]])
+
+
+def muse_glimmer_drafter_tokens(writer, hparams: dict, folder: Path) -> None:
+    """The target's end of turn (the drafter's tokenizer is its target's), then the token the drafter fills its block
+    with, as the converter names them after the vocabulary."""
+    muse_glimmer_end_of_turn(writer, hparams, folder)
+    if hparams.get("mask_token_id") is not None:
+        # (gguf-py's special tokens read the drafter's config.json, which names it among the vocabulary's; the
+        # converter's read the target's, which does not: named here, last, where the converter names it)
+        writer.kv_data[0].pop("tokenizer.ggml.mask_token_id", None)
+        writer.add_mask_token_id(int(hparams["mask_token_id"]))
+
+
 FAMILIES = (
     Family(
         "Muse Glimmer",
@@ -176,5 +200,25 @@ FAMILIES = (
             "to_torchtitan": "its vision tower's q and k biases reordered with their rows",
             "gguf": LLAMA_CPP_GGUF_PY.format(arch="muse-glimmer"),
         },
+    ),
+    Family(
+        "Muse Glimmer Assistant",
+        "muse_glimmer_assistant",
+        "MuseGlimmerAssistantModel",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Muse Glimmer drafter is not mapped yet"),
+        **no_trainer_model("Muse Glimmer Assistant"),
+        fused_siblings=DEFAULT_FUSED_SIBLINGS,
+        # (llama.cpp's dflash: a drafter without embedding or head, which llama.cpp runs beside its target alone; the
+        # converter reads the vocabulary from the target's folder, unshard from the drafter's, which is its target's)
+        gguf=GGUFPart(
+            "DFLASH",
+            hyperparameters=muse_glimmer_drafter_hyperparameters,
+            vocabulary="bpe",
+            after_vocabulary=muse_glimmer_drafter_tokens,
+        ),
+        mmproj=Unsupported("a drafter has no towers", applies=False),
+        moe_layout=NOT_A_MOE_INPUT,
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="dflash")},
     ),
 )
