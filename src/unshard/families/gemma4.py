@@ -328,30 +328,23 @@ FAMILIES = (
         ),
         moe_layout=DENSE_ONLY,
     ),
-    Family(
-        "Gemma 4 Assistant",
-        "gemma4_assistant",
-        "Gemma4AssistantForCausalLM",
-        tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's Gemma 4 drafters are not mapped yet"),
-        **no_trainer_model("Gemma 4 Assistant"),
-        fused_siblings=SIBLINGS,
-        gguf=GEMMA4_ASSISTANT,
-        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="gemma4-assistant")},
-        mmproj=TEXT_ONLY,
-        moe_layout=DENSE_ONLY,
-    ),
-    Family(
-        "Gemma 4 Unified Assistant",
-        "gemma4_unified_assistant",
-        "Gemma4UnifiedAssistantForCausalLM",
-        tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's Gemma 4 drafters are not mapped yet"),
-        **no_trainer_model("Gemma 4 Unified Assistant"),
-        fused_siblings=SIBLINGS,
-        gguf=GEMMA4_ASSISTANT,
-        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="gemma4-assistant")},
-        mmproj=TEXT_ONLY,
-        moe_layout=DENSE_ONLY,
+    *(  # (the drafters of Gemma 4 and of Gemma 4 Unified: one layout, two classes)
+        Family(
+            name,
+            model_type,
+            architecture,
+            tensors=NO_TABLE,
+            megatron=Unsupported("Megatron's Gemma 4 drafters are not mapped yet"),
+            **no_trainer_model(name),
+            fused_siblings=SIBLINGS,
+            gguf=GEMMA4_ASSISTANT,
+            notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="gemma4-assistant")},
+            mmproj=TEXT_ONLY,
+            moe_layout=DENSE_ONLY,
+        )
+        for name, model_type, architecture in (
+            ("Gemma 4 Assistant", "gemma4_assistant", "Gemma4AssistantForCausalLM"),
+            ("Gemma 4 Unified Assistant", "gemma4_unified_assistant", "Gemma4UnifiedAssistantForCausalLM"),
+        )
     ),
 )
