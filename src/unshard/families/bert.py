@@ -212,15 +212,16 @@ BERT_CLASSIFIER_GGUF = replace(
     towers_left_out=f"a masked-LM head's: {POOLED_BY_LLAMA_CPP}",
     renames=((r"^pooler\.dense\.", "classifier.dense."), (r"^classifier\.(weight|bias)$", r"classifier.out_proj.\1")),
 )
-XLM_ROBERTA_GGUF = GGUFPart(
+# RoBERTa's layers (positions after the padding token's id), whatever its vocabulary
+ROBERTA_LAYERS_GGUF = GGUFPart(
     "BERT",
     hyperparameters=roberta_hyperparameters,
-    vocabulary="xlm-roberta",
     rearranged=roberta_positions,
     dropped_prefix="roberta.",
     towers=r"^(?:roberta\.)?pooler\.",
     towers_left_out=f"the pooler's: {POOLED_BY_LLAMA_CPP}",
 )
+XLM_ROBERTA_GGUF = replace(ROBERTA_LAYERS_GGUF, vocabulary="xlm-roberta")
 
 
 MODERNBERT_GGUF = GGUFPart(
@@ -258,16 +259,7 @@ FAMILIES = (
         "RoBERTa",
         "roberta",
         "RobertaModel",
-        GGUFPart(
-            "BERT",
-            hyperparameters=roberta_hyperparameters,
-            after_vocabulary=segment_types_count,
-            gpt2_split_as="roberta-bpe",
-            rearranged=roberta_positions,
-            dropped_prefix="roberta.",
-            towers=r"^(?:roberta\.)?pooler\.",
-            towers_left_out=f"the pooler's: {POOLED_BY_LLAMA_CPP}",
-        ),
+        replace(ROBERTA_LAYERS_GGUF, after_vocabulary=segment_types_count, gpt2_split_as="roberta-bpe"),
         also=("RobertaForSequenceClassification",),  # (a reranker: its head llama.cpp's cls and cls.output)
     ),
     encoder_family(
