@@ -64,6 +64,29 @@ def muse_glimmer_folder(tmp_path: Path) -> Path:
     return folder
 
 
+def folder_of_the_reference(case: str, tmp_path: Path) -> tuple[Path, Path]:
+    """unshard's folder of a fixture's rank files (tmp_path/hf), asserted to be the fixture's reference model tensor
+    for tensor: (the rank files, the folder)."""
+    from safetensors.torch import load_file
+
+    src, folder = SHIPPED / case / "global_step_1", tmp_path / "hf"
+    unshard.convert(src, folder, progress=False)
+    written = load_file(folder / "model.safetensors")
+    reference = load_file(SHIPPED / case / "reference" / "model.safetensors")
+    assert sorted(written) == sorted(reference) and all(torch.equal(written[n], t) for n, t in reference.items())
+    return src, folder
+
+
+def unshard_files(src: Path, tmp_path: Path, kinds: tuple[str, ...], library: str, *more) -> str:
+    """unshard's GGUF file of the checkpoint in each type (tmp_path/KIND.gguf), with llama.cpp's own gguf-py and the
+    ggml library llama-quantize's K-quants are computed with: the last conversion's messages."""
+    for kind in kinds:
+        args = ("convert", src, tmp_path / f"{kind}.gguf", *more, "--gguf-type", kind, "--no-progress")
+        done = unshard_with_llama_cpp_gguf_py(*args, **{kquants.LIBRARY_VARIABLE: library})
+        assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
 def test_muse_glimmer_from_torchtitan_s_checkpoint_as_the_converter_and_llama_quantize_write_it(
     converter, llama_cpp, ggml_library, tmp_path
 ):
@@ -76,21 +99,8 @@ def test_muse_glimmer_from_torchtitan_s_checkpoint_as_the_converter_and_llama_qu
     folder = muse_glimmer_folder(tmp_path)
     pre = for_the_converter(folder)
     checkpoint = MUSE_GLIMMER / "checkpoint" / "step-1"
-    library = {kquants.LIBRARY_VARIABLE: ggml_library}
-    for kind in ("f32", "q8_0", "q4_k_m"):
-        done = unshard_with_llama_cpp_gguf_py(
-            "convert",
-            checkpoint,
-            tmp_path / f"{kind}.gguf",
-            "--config-from",
-            folder,
-            "--gguf-type",
-            kind,
-            "--no-progress",
-            **library,
-        )
-        assert done.returncode == 0, done.stderr
-    assert "no mmproj file of them" in done.stderr  # (its towers, left out as the converter's text model leaves them)
+    messages = unshard_files(checkpoint, tmp_path, ("f32", "q8_0", "q4_k_m"), ggml_library, "--config-from", folder)
+    assert "no mmproj file of them" in messages  # (its towers, left out as the converter's text model leaves them)
     for kind in ("f32", "q8_0"):
         assert_same_file(tmp_path / f"{kind}.gguf", converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
     llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
@@ -111,17 +121,8 @@ def test_muse_glimmer_s_drafter_as_the_converter_and_llama_quantize_write_it(con
     converter's, given the target's folder as it requires, in f32 (the block it drafts, the target's layers it reads,
     the window, the mask token in the header), and llama-quantize's in q4_k_m. llama.cpp runs a drafter only beside
     its target, so no logits are compared here; the folder's hidden states are transformers' (test_fsdp_convert)."""
-    from safetensors.torch import load_file
-
-    case = SHIPPED / "museglimmerassistant-fsdp2"
-    src, folder = case / "global_step_1", tmp_path / "hf"
-    unshard.convert(src, folder, progress=False)
-    written, reference = load_file(folder / "model.safetensors"), load_file(case / "reference" / "model.safetensors")
-    assert sorted(written) == sorted(reference) and all(torch.equal(written[n], t) for n, t in reference.items())
-    library = {kquants.LIBRARY_VARIABLE: ggml_library}
-    for kind in ("f32", "q4_k_m"):
-        done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind, **library)
-        assert done.returncode == 0, done.stderr
+    src, folder = folder_of_the_reference("museglimmerassistant-fsdp2", tmp_path)
+    unshard_files(src, tmp_path, ("f32", "q4_k_m"), ggml_library)
     target = muse_glimmer_folder(tmp_path / "target")
     shutil.copy(folder / "chat_template.jinja", target)  # (the target's, which the converter reads: the drafter's)
     pre = for_the_converter(folder)
@@ -241,25 +242,15 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     converter's of that folder in f32 and q8_0 and llama-quantize's of the converter's in q4_k_m; llama.cpp computes
     transformers' logits over a prompt past the window (past the blocks MiniMax-M3's queries keep)."""
     import transformers
-    from safetensors.torch import load_file
 
-    src, folder = SHIPPED / case / "global_step_1", tmp_path / "hf"
-    unshard.convert(src, folder, progress=False)
-    written, reference = (
-        load_file(folder / "model.safetensors"),
-        load_file(SHIPPED / case / "reference" / "model.safetensors"),
-    )
-    assert sorted(written) == sorted(reference) and all(torch.equal(written[n], t) for n, t in reference.items())
+    src, folder = folder_of_the_reference(case, tmp_path)
     updated(folder, AS_RELEASED.get(case, {}))
     if case in ADDED_TOKENS:
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         tokenizer.add_tokens([ADDED_TOKENS[case]])
         tokenizer.save_pretrained(folder)
     pre = for_the_converter(folder)
-    for kind in ("f32", "q8_0", "q4_k_m"):
-        args = ("convert", src, tmp_path / f"{kind}.gguf", "--config-from", folder, "--gguf-type", kind)
-        done = unshard_with_llama_cpp_gguf_py(*args, "--no-progress", **{kquants.LIBRARY_VARIABLE: ggml_library})
-        assert done.returncode == 0, done.stderr
+    unshard_files(src, tmp_path, ("f32", "q8_0", "q4_k_m"), ggml_library, "--config-from", folder)
     updated(folder, FOR_THE_CONVERTER.get(case, {}))
     for kind in ("f32", "q8_0"):
         assert_same_file(tmp_path / f"{kind}.gguf", converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
@@ -376,19 +367,8 @@ def test_gemma_4_s_drafters_as_the_converter_and_llama_quantize_write_them(case,
     with a note) and llama-quantize's in q4_k_m. llama.cpp runs a drafter only beside its target's context, so no
     logits are compared here: its layers are Gemma 4's, whose files the tests above run; the folder's logits are
     transformers' (test_fsdp_convert)."""
-    from safetensors.torch import load_file
-
-    src, folder = SHIPPED / case / "global_step_1", tmp_path / "hf"
-    unshard.convert(src, folder, progress=False)
-    reference = load_file(SHIPPED / case / "reference" / "model.safetensors")
-    written = load_file(folder / "model.safetensors")
-    assert sorted(written) == sorted(reference) and all(torch.equal(written[n], t) for n, t in reference.items())
-    library = {kquants.LIBRARY_VARIABLE: ggml_library}
-    for kind in ("f32", "q4_k_m"):
-        args = ("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind, "--no-progress")
-        done = unshard_with_llama_cpp_gguf_py(*args, **library)
-        assert done.returncode == 0, done.stderr
-    assert "2 tensors beside the text model left out" in done.stderr
+    src, folder = folder_of_the_reference(case, tmp_path)
+    assert "2 tensors beside the text model left out" in unshard_files(src, tmp_path, ("f32", "q4_k_m"), ggml_library)
     pre = for_the_converter(folder)
     updated(folder, DRAFTERS[case])
     assert_same_file(tmp_path / "f32.gguf", converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre))
