@@ -375,6 +375,7 @@ TESTED = {
     "mmproj": {
         "gemma3": "gemma3vl-fsdp2-spm",
         "exaone4_5": "exaone45-fsdp2",  # (with llama.cpp's gguf-py)
+        "minimax_m3_vl": "minimaxm3-fsdp2",  # (with llama.cpp's gguf-py)
         "glm4v": "glm4v-fsdp2",
         "glm4v_moe": "glm4vmoe-fsdp2",
         "gemma4": "gemma4vl-fsdp2",

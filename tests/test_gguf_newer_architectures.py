@@ -410,6 +410,12 @@ def test_gemma_4_s_drafters_as_the_converter_and_llama_quantize_write_them(case,
         ("hrmtext-fsdp2", {"hidden_act": "gelu"}, "hidden_act is 'gelu', and llama.cpp's hrm_text runs SiLU"),
         ("minimaxm3-fsdp2", {"text_config": {"swiglu_limit": 10.0}}, "swiglu_alpha and swiglu_limit are not"),
         ("minimaxm3-fsdp2", {"text_config": {"rotary_dim": 16}}, "rotary_dim is 16 and transformers turns 8"),
+        (
+            "minimaxm3-fsdp2",
+            {"vision_config": {"rope_parameters": {"rope_type": "axial", "rope_theta": 5e4}}},
+            "the vision tower's rope_theta is 50000.0, and llama.cpp's minimaxm3 projector computes 10000.0",
+        ),
+        ("minimaxm3-fsdp2", {"vision_config": {"hidden_act": "quick_gelu"}}, "hidden_act is quick_gelu, and llama.cpp"),
         ("hyv4-fsdp2", {"norm_topk_prob": False}, "norm_topk_prob is off, and llama.cpp's hy_v4 renormalises"),
         ("hyv4-fsdp2", {"n_group": 2}, "its experts are routed in groups, which llama.cpp's hy_v4 does not read"),
         ("hyv4-fsdp2", {"indexer_types": ["shared", "full", "full"]}, "the first layer's indexer_types is not `full`"),
@@ -439,7 +445,8 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     unshard has not compared with llama.cpp (shared experts) or a router llama.cpp lacks, a Laguna whose window
     llama.cpp's laguna would slide on other layers (or on every layer of M.1's config given a window), whose router's
     logits are capped, or whose gate transformers reads per element and the converter per head, an HRM-Text of another
-    activation, a MiniMax-M3 of another SwiGLU than llama.cpp's or whose rotary_dim is not what transformers turns, a
+    activation, a MiniMax-M3 of another SwiGLU than llama.cpp's, whose rotary_dim is not what transformers turns or
+    whose tower's rope or activation llama.cpp's minimaxm3 projector fixes otherwise, a
     Step 3.7 gated per element, its queries scaled otherwise, a dense layer after an expert one or attending both ways,
     a Qwen4-Exp whose linear attention is gated by SiLU or whose n-gram embeddings are on two layers: one line naming
     config.json, nothing written."""
@@ -513,12 +520,35 @@ def test_exaone_4_5_s_vision_tower_as_the_converter_writes_it_and_sees_as_transf
     assert seen_as_transformers(model, folder, 56, 4, tmp_path) <= IMAGE_TOLERANCE["f32"]  # (measured 3.7e-4)
 
 
-def seen_as_transformers(model, folder: Path, side: int, tokens: int, tmp_path: Path) -> float:
-    """mtmd's embeddings of a square image of noise (f32.gguf and its mmproj file in tmp_path) against the model's
-    image features of the same pixels, which the folder's processor leaves at their size: their relative distance."""
+def test_minimax_m3_s_vision_tower_as_the_converter_writes_it_and_sees_as_transformers(
+    converter, ggml_library, tmp_path
+):
+    """MiniMax-M3's tower (Qwen2-VL's two-frame patches, CLIP's layers, rope over height and width on part of each
+    head) and its two projectors (each patch, then 2 x 2 patches into one token) as the mmproj file of llama.cpp's
+    minimaxm3 projector, from FSDP2's rank files with llama.cpp's own gguf-py: the converter's `--mmproj` file in f32
+    and q8_0 (q and k with each head's rotary rows reordered by axis, the Conv3D patch embedding as one convolution per
+    frame), and mtmd's embeddings of an image wider than high transformers' image features of the same pixels."""
+    from transformers import AutoModelForImageTextToText
+
+    src, folder = folder_of_the_reference("minimaxm3-fsdp2", tmp_path)
+    unshard_files(src, tmp_path, ("f32", "q8_0"), ggml_library, "--config-from", folder)
+    for kind in ("f32", "q8_0"):
+        mmproj = converter(folder, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", mmproj=True)
+        assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
+    assert contents(tmp_path / "mmproj-f32.gguf")[0]["clip.projector_type"] == "minimax_m3"
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    # (6 x 8 patches: 12 tokens after the 2 x 2 merge; measured 2.5e-5)
+    assert seen_as_transformers(model, folder, 84, 12, tmp_path, width=112) <= IMAGE_TOLERANCE["f32"]
+
+
+def seen_as_transformers(model, folder: Path, side: int, tokens: int, tmp_path: Path, width: int = 0) -> float:
+    """mtmd's embeddings of an image of noise, side pixels high and width (else side) wide (f32.gguf and its mmproj
+    file in tmp_path) against the model's image features of the same pixels, which the folder's processor leaves at
+    their size: their relative distance."""
     from transformers import AutoImageProcessor
 
-    image = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    width = width or side
+    image = np.random.default_rng(0).integers(0, 256, (side, width, 3), dtype=np.uint8)
     image.tofile(tmp_path / "image.rgb")
     pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], do_resize=False, return_tensors="pt")
     with torch.no_grad():
@@ -527,7 +557,7 @@ def seen_as_transformers(model, folder: Path, side: int, tokens: int, tmp_path: 
         )
     expected = torch.cat(list(features.pooler_output))
     files = (tmp_path / "f32.gguf", tmp_path / "mmproj-f32.gguf")
-    llama_cpp_client("image", *files, side, side, tmp_path / "image.rgb", tmp_path / "image.npy")
+    llama_cpp_client("image", *files, width, side, tmp_path / "image.rgb", tmp_path / "image.npy")
     embeddings = torch.from_numpy(np.load(tmp_path / "image.npy"))
     assert embeddings.shape == expected.shape == (tokens, model.config.text_config.hidden_size), embeddings.shape
     return ((embeddings - expected).norm() / expected.norm()).item()

@@ -7,16 +7,35 @@ MiniMax-M3 (`MiniMaxM3SparseForConditionalGeneration`): MiniMax-M2's attention, 
 first layers, then experts and shared experts (gpt-oss's clamped SwiGLU in both), those layers' attention block-sparse
 (MiniMax Sparse Attention: an indexer scores blocks of keys, each query attends to the best few and its own), Gemma's
 norms (1 + weight); beside a vision tower. Its text model as llama.cpp's minimax-m3, which PyPI's gguf-py 0.19
-lacks."""
+lacks; the tower (Qwen2-VL's two-frame patches, CLIP's layers, rope over time, height and width on part of each head)
+and its two projectors (each patch to the text model's width, then 2 x 2 of them into one token) as the mmproj file of
+llama.cpp's minimaxm3 projector."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import rope_parameters, routed_by_sigmoid, text_hyperparameters
+from .gguf_hooks import (
+    fixed_in_code,
+    mmproj_model_forced_type,
+    rope_parameters,
+    routed_by_sigmoid,
+    text_hyperparameters,
+)
 from .llama import TEXT_ONLY
-from .parts import LLAMA_CPP_GGUF_PY, NO_TABLE, Family, GGUFPart, Unsupported, no_trainer_model
+from .parts import (
+    LLAMA_CPP_GGUF_PY,
+    NO_TABLE,
+    Family,
+    GGUFPart,
+    MmprojPart,
+    Rearrangement,
+    Unsupported,
+    no_trainer_model,
+)
+from .vlm import frames
 
 # The indexer's sizes by transformers' names, and the Hub's within sparse_attention_config (which the converter reads)
 INDEXER = {
@@ -117,6 +136,68 @@ def minimax_m3_checked(hparams: dict, where: Path) -> list[str]:
     ]
 
 
+def minimax_m3_vision_sizes(vision: dict, where: Path) -> dict:
+    """The tower as the converter reads it (transformers' names), refusing what llama.cpp's minimaxm3 computes
+    otherwise: rope at a base of 10000, GELU (erf) in the tower's MLPs, patches two frames deep, heads of an even
+    width."""
+    runs = {
+        "rope_theta": ((vision.get("rope_parameters") or {}).get("rope_theta", 10000.0), 10000.0),
+        "hidden_act": (vision.get("hidden_act", "gelu"), "gelu"),
+        "temporal_patch_size": (vision.get("temporal_patch_size", 2), 2),
+    }
+    fixed_in_code(where, "vision", "minimaxm3 projector", runs)
+    width, heads = vision.get("hidden_size"), vision.get("num_attention_heads")
+    if width and heads and (width // heads) % 2:
+        raise ConfigMismatchError(
+            f"{where}: the vision tower's heads are {width // heads} wide, "
+            "odd, and llama.cpp's minimaxm3 projector sizes their rope's axes otherwise than transformers then; "
+            "serve this model with transformers or vLLM"
+        )
+    return vision
+
+
+def minimax_m3_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """GELU, the tower's norms' epsilon, the patches merged into a token per side: transformers' spatial_merge_size
+    (the converter reads the Hub's img_token_compression_config, else 2)."""
+    writer.add_vision_use_gelu(True)
+    writer.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", 1e-5))
+    hub = vision.get("img_token_compression_config") or {}
+    writer.add_vision_spatial_merge_size(int(vision.get("spatial_merge_size", hub.get("spatial_merge_size", 2))))
+
+
+def axes_apart(heads: int, band) -> tuple:
+    """A whole q or k (rows, or a bias) with each head's rotary rows as llama.cpp's minimaxm3 turns them: transformers
+    holds [time, height, width] of the first half of each pair, then the same of the second; llama.cpp turns each axis
+    by halves of its own, so [time's two halves, height's, width's], then the rows rope leaves as they are."""
+    rows = band.shape[0] // heads
+    axis = 2 * ((rows // 3) // 2)  # (the rotated rows of an axis, as both compute them)
+    half, third = 3 * axis // 2, axis // 2
+    order = [j for a in range(3) for start in (a * third, half + a * third) for j in range(start, start + third)]
+    order += range(3 * axis, rows)
+    return (band.reshape(heads, rows, *band.shape[1:])[:, order].reshape(band.shape),)
+
+
+def minimax_m3_vision_split(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
+    """The converter's: the Conv3D patch embedding as one 2-D convolution per frame; the tower's q and k (weights and
+    biases) with each head's rotary rows reordered by axis (axes_apart)."""
+    if name.endswith("embeddings.patch_embedding.weight") and len(shape) == 5:
+        frame = (shape[0], shape[1], *shape[3:])
+        return Rearrangement({"v.patch_embd.weight": frame, "v.patch_embd.weight.1": frame}, frames)
+    if name.startswith("vision_tower.") and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name):
+        return Rearrangement({name: shape}, partial(axes_apart, vision["num_attention_heads"]), shape[0])
+    return None
+
+
+MINIMAX_M3_MMPROJ = MmprojPart(
+    "MINIMAXM3",
+    r"^(?:model\.)?(?:vision_tower|multi_modal_projector|patch_merge_mlp)\.",
+    minimax_m3_vision_sizes,
+    minimax_m3_projector_keys,
+    forced_type=mmproj_model_forced_type,
+    rearranged=minimax_m3_vision_split,
+)
+
+
 FAMILIES = (
     Family(
         "MiniMax-M2",
@@ -144,10 +225,8 @@ FAMILIES = (
             check_config=minimax_m3_checked,
             norm_shift=1.0,
             kept_in_f32=(".indexer.",),
-            towers=r"^(?:model\.)?(?:vision_tower|multi_modal_projector|patch_merge_mlp)\.",
-            towers_left_out="its vision tower's: llama.cpp's minimaxm3 projector is not written yet",
         ),
-        mmproj=Unsupported("MiniMax-M3's vision tower (llama.cpp's minimaxm3 projector) is not written yet"),
+        mmproj=MINIMAX_M3_MMPROJ,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="minimax-m3")},
     ),
