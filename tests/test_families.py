@@ -369,6 +369,7 @@ TESTED = {
         "qwen3_vl": "qwen3vl-fsdp2",
         "qwen3_vl_moe": "qwen3vlmoe-fsdp2",
         "qwen3_5": "qwen35vl-fsdp2",
+        "minicpmv4_6": "minicpmv46-fsdp2",
         "qwen3_5_moe": "qwen35moevl-fsdp2",
         "qwen4_exp": "qwen4expvl-fsdp2",  # (with llama.cpp's gguf-py)
     },
@@ -376,6 +377,7 @@ TESTED = {
         "gemma3": "gemma3vl-fsdp2-spm",
         "exaone4_5": "exaone45-fsdp2",  # (with llama.cpp's gguf-py)
         "minimax_m3_vl": "minimaxm3-fsdp2",  # (with llama.cpp's gguf-py)
+        "minicpmv4_6": "minicpmv46-fsdp2",  # (with llama.cpp's gguf-py)
         "glm4v": "glm4v-fsdp2",
         "glm4v_moe": "glm4vmoe-fsdp2",
         "gemma4": "gemma4vl-fsdp2",

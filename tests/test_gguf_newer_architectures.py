@@ -416,6 +416,12 @@ def test_gemma_4_s_drafters_as_the_converter_and_llama_quantize_write_them(case,
             "the vision tower's rope_theta is 50000.0, and llama.cpp's minimaxm3 projector computes 10000.0",
         ),
         ("minimaxm3-fsdp2", {"vision_config": {"hidden_act": "quick_gelu"}}, "hidden_act is quick_gelu, and llama.cpp"),
+        (
+            "minicpmv46-fsdp2",
+            {"vision_config": {"hidden_act": "gelu"}},
+            "hidden_act is gelu, and llama.cpp's minicpmv4_6 projector computes gelu_pytorch_tanh",
+        ),
+        ("minicpmv46-fsdp2", {"downsample_mode": "4x"}, "downsample_mode is 4x (and 16x in preprocessor_config"),
         ("hyv4-fsdp2", {"norm_topk_prob": False}, "norm_topk_prob is off, and llama.cpp's hy_v4 renormalises"),
         ("hyv4-fsdp2", {"n_group": 2}, "its experts are routed in groups, which llama.cpp's hy_v4 does not read"),
         ("hyv4-fsdp2", {"indexer_types": ["shared", "full", "full"]}, "the first layer's indexer_types is not `full`"),
@@ -446,7 +452,8 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     llama.cpp's laguna would slide on other layers (or on every layer of M.1's config given a window), whose router's
     logits are capped, or whose gate transformers reads per element and the converter per head, an HRM-Text of another
     activation, a MiniMax-M3 of another SwiGLU than llama.cpp's, whose rotary_dim is not what transformers turns or
-    whose tower's rope or activation llama.cpp's minimaxm3 projector fixes otherwise, a
+    whose tower's rope or activation llama.cpp's minimaxm3 projector fixes otherwise, a MiniCPM-V 4.6 of another
+    activation or of the 4x mode (not written yet), a
     Step 3.7 gated per element, its queries scaled otherwise, a dense layer after an expert one or attending both ways,
     a Qwen4-Exp whose linear attention is gated by SiLU or whose n-gram embeddings are on two layers: one line naming
     config.json, nothing written."""
@@ -544,17 +551,24 @@ def test_minimax_m3_s_vision_tower_as_the_converter_writes_it_and_sees_as_transf
 def seen_as_transformers(model, folder: Path, side: int, tokens: int, tmp_path: Path, width: int = 0) -> float:
     """mtmd's embeddings of an image of noise, side pixels high and width (else side) wide (f32.gguf and its mmproj
     file in tmp_path) against the model's image features of the same pixels, which the folder's processor leaves at
-    their size: their relative distance."""
+    their size (MiniCPM-V's resizes and slices them, as mtmd does): their relative distance."""
     from transformers import AutoImageProcessor
 
     width = width or side
     image = np.random.default_rng(0).integers(0, 256, (side, width, 3), dtype=np.uint8)
     image.tofile(tmp_path / "image.rgb")
-    pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], do_resize=False, return_tensors="pt")
+    processor = AutoImageProcessor.from_pretrained(folder)
     with torch.no_grad():
-        features = model.model.get_image_features(
-            pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"]
-        )
+        if "target_sizes" in processor.model_input_names:  # (MiniCPM-V's: an overview and slices, each its patches)
+            pixels = processor(images=[image], return_tensors="pt")
+            features = model.model.get_image_features(
+                pixel_values=pixels["pixel_values"], target_sizes=pixels["target_sizes"]
+            )
+        else:
+            pixels = processor(images=[image], do_resize=False, return_tensors="pt")
+            features = model.model.get_image_features(
+                pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"]
+            )
     expected = torch.cat(list(features.pooler_output))
     files = (tmp_path / "f32.gguf", tmp_path / "mmproj-f32.gguf")
     llama_cpp_client("image", *files, width, side, tmp_path / "image.rgb", tmp_path / "image.npy")
@@ -594,6 +608,43 @@ def test_qwen4_exp_as_released_both_files_as_the_converter_writes_them_and_sees_
     assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 3.3e-7)
     # (3 x 3 tokens of Qwen3-VL's 16-pixel patches merged 2 x 2)
     assert seen_as_transformers(model, folder, 96, 9, tmp_path) <= IMAGE_TOLERANCE["f32"]  # (measured 4.1e-4)
+
+
+def test_minicpm_v_4_6_s_files_as_the_converter_writes_them_and_sees_as_transformers(converter, llama_cpp, tmp_path):
+    """MiniCPM-V 4.6 (Qwen3.5's text model beside a SigLIP tower, a window-attention merger of 2 x 2 patches after one
+    of its layers, an MLP merging 2 x 2 again) from FSDP2's rank files: with llama.cpp's own gguf-py, the text model's
+    file (llama.cpp's qwen35) and the mmproj file (its minicpmv4_6 projector) are the converter's in f32 and q8_0;
+    with PyPI's, the same text model's file and the towers left out, with a note saying how to write them. llama.cpp
+    computes transformers' logits, and mtmd turns an image twice as wide as the processor's slices (an overview of 1 x
+    3 tokens, then two slices of 2 x 2) into transformers' image features."""
+    from transformers import AutoModelForImageTextToText
+
+    src, folder = folder_of_the_reference("minicpmv46-fsdp2", tmp_path)
+    theirs = tmp_path / "for-the-converter"
+    shutil.copytree(folder, theirs)
+    pre = for_the_converter(theirs)
+    for kind in ("f32", "q8_0"):
+        done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind)
+        assert done.returncode == 0, done.stderr
+        text = converter(theirs, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre, more=("--no-mtp",))
+        assert_same_file(tmp_path / f"{kind}.gguf", text)
+        mmproj = converter(theirs, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
+        assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
+    done = subprocess.run(
+        [sys.executable, "-m", "unshard", "convert", src, tmp_path / "pypi" / "f32.gguf", "--gguf-type", "f32"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and "lacks llama.cpp's MINICPMV4_6 projector" in done.stderr, done.stderr
+    assert_same_file(tmp_path / "pypi" / "f32.gguf", tmp_path / "f32.gguf")
+    assert not (tmp_path / "pypi" / "mmproj-f32.gguf").exists()
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    prompt = [1, 5, 20, 33, 64, 70, 90, 2]
+    expected = model(input_ids=torch.tensor([prompt])).logits[0].detach()
+    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
+    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
+    # (the overview resized by each, the slices as they are; measured 3.2e-4)
+    assert seen_as_transformers(model, folder, 112, 11, tmp_path, width=224) <= IMAGE_TOLERANCE["f32"]
 
 
 def test_one_architecture_s_names_do_not_leak_into_the_next_file_s():

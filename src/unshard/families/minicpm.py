@@ -1,15 +1,30 @@
 """MiniCPM3 (OpenBMB's `MiniCPM3ForCausalLM`): DeepSeek-V2's latent attention (a query down projection, the key and
 value up projection whole) with a SwiGLU MLP and muP's scales (the embedding's, each residual branch's, the head's);
-llama.cpp's minicpm3, the converter's own header, and LongRoPE's long and short factors as tensors."""
+llama.cpp's minicpm3, the converter's own header, and LongRoPE's long and short factors as tensors.
+
+MiniCPM-V 4.6 (`MiniCPMV4_6ForConditionalGeneration`): Qwen3.5's text model (llama.cpp's qwen35) beside a SigLIP tower
+whose patches a window-attention merger joins 2 x 2 after one of its layers, then an MLP 2 x 2 again into each token:
+the mmproj file of llama.cpp's minicpmv4_6 projector."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import rope_parameters
+from .gguf_hooks import fixed_in_code, json_or_empty, mmproj_model_forced_type, rope_parameters
 from .llama import TEXT_ONLY
-from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
+from .parts import (
+    DEFAULT_FUSED_SIBLINGS,
+    LLAMA_CPP_GGUF_PY,
+    NO_TABLE,
+    NOT_A_MOE_INPUT,
+    Family,
+    GGUFPart,
+    MmprojPart,
+    Unsupported,
+    no_trainer_model,
+)
+from .qwen_next import deltanet_gguf, qwen35_hyperparameters
 
 # What llama.cpp's minicpm3 computes with whatever the config says (src/models/minicpm3.cpp: "if the model varies,
 # these parameters need to be read from the model"), and the rope base it takes where the converter writes none
@@ -102,6 +117,48 @@ def minicpm3_checked(hparams: dict, where: Path) -> None:
         )
 
 
+# SigLIP's position table as llama.cpp's minicpmv4_6 reads it: 70 x 70 patches (fixed in its code)
+LLAMA_CPP_POSITIONS_SIDE = 70
+
+
+def minicpmv46_sizes(vision: dict, where: Path) -> dict:
+    """The tower as the converter's MiniCPMV4_6VisionModel reads it: its image size the processor's scale_resolution
+    (the side of a slice), refusing what llama.cpp's minicpmv4_6 computes otherwise: a position table of 70 x 70
+    patches, GELU (tanh), both mergers 2 x 2 and once, norms at 1e-6 (the final merger's, fixed in transformers); and
+    the 4x mode (the window merger skipped), not written yet."""
+    config = json_or_empty(where)
+    processor = json_or_empty(where.parent / "preprocessor_config.json")
+    runs = {
+        "image_size / patch_size": (
+            vision.get("image_size", 224) // vision.get("patch_size", 16),
+            LLAMA_CPP_POSITIONS_SIDE,
+        ),
+        "hidden_act": (vision.get("hidden_act", "gelu_pytorch_tanh"), "gelu_pytorch_tanh"),
+        "layer_norm_eps": (vision.get("layer_norm_eps", 1e-6), 1e-6),
+        "window_kernel_size": (list(vision.get("window_kernel_size", (2, 2))), [2, 2]),
+        "merge_kernel_size": (list(config.get("merge_kernel_size", (2, 2))), [2, 2]),
+        "merger_times": (config.get("merger_times", 1), 1),
+    }
+    fixed_in_code(where, "vision", "minicpmv4_6 projector", runs)
+    modes = config.get("downsample_mode", "16x"), processor.get("downsample_mode", "16x")
+    if modes != ("16x", "16x"):
+        raise ConfigMismatchError(
+            f"{where}: downsample_mode is {modes[0]} (and {modes[1]} in preprocessor_config.json), and unshard "
+            "writes the 16x mode's tower alone so far (4x skips the window merger); serve this model with "
+            "transformers or vLLM"
+        )
+    return {**vision, "image_size": int(processor.get("scale_resolution", vision.get("image_size", 224)))}
+
+
+def minicpmv46_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The merge of 4 x 4 patches into a token, the layer after which the window merger runs (in the key of windowed
+    attention's layers, as llama.cpp reads it), GELU, the norms' epsilon."""
+    writer.add_vision_projector_scale_factor(4)
+    writer.add_vision_wa_layer_indexes([int(hparams.get("insert_layer_id", vision.get("insert_layer_id", 6)))])
+    writer.add_vision_use_gelu(True)
+    writer.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", 1e-6))
+
+
 FAMILIES = (
     Family(
         "MiniCPM3",
@@ -119,5 +176,24 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "MiniCPM-V 4.6",
+        "minicpmv4_6",
+        "MiniCPMV4_6ForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=Unsupported("verl's Megatron vision-language layouts are not mapped yet"),
+        **no_trainer_model("MiniCPM-V 4.6"),
+        fused_siblings=DEFAULT_FUSED_SIBLINGS,
+        gguf=deltanet_gguf("QWEN35", qwen35_hyperparameters, tiled_values=True),
+        mmproj=MmprojPart(
+            "MINICPMV4_6",
+            r"^model\.(?:vision_tower|merger)\.",
+            minicpmv46_sizes,
+            minicpmv46_projector_keys,
+            forced_type=mmproj_model_forced_type,
+        ),
+        moe_layout=Unsupported("a dense family; merge-moe assembles no MoE from vision-language models", applies=False),
+        notes={"mmproj": LLAMA_CPP_GGUF_PY.format(arch="its minicpmv4_6 projector")},
     ),
 )
