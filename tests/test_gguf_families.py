@@ -2162,13 +2162,16 @@ MAKERS_CLASSES = {
     "exaonemoe-fsdp2": "ExaoneMoEForCausalLM",
     "lfm2-fsdp2": "LFM2ForCausalLM",
     "llama-fsdp2-spm": "LLaMAForCausalLM",
+    "mpt-fsdp2": "MPTForCausalLM",
+    "t5-fsdp2": "T5WithLMHeadModel",
 }
 
 
 @pytest.mark.parametrize("case", MAKERS_CLASSES)
 def test_a_family_under_its_makers_class_name_is_the_converter_s_file(case, converter, tmp_path):
     """A folder whose config.json names the class as its makers' code does (ERNIE 4.5's Ernie4_5_ForCausalLM, EXAONE
-    MoE's ExaoneMoEForCausalLM, ...): the family's file, the converter's."""
+    MoE's ExaoneMoEForCausalLM, MosaicML's MPTForCausalLM, the first T5 releases' T5WithLMHeadModel, ...): the
+    family's file, the converter's."""
     folder = tmp_path / "hf"
     unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
     config = json.loads((folder / "config.json").read_text())

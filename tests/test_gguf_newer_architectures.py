@@ -191,6 +191,26 @@ FOR_THE_CONVERTER = {
             }
         }
     },
+    # (dots3-note's as the Hub's names it: the sliding layers' latent attention as swa_ keys, the window, rope's bases
+    # by kind of layer, the dense layers, the router, the rescaled latents; transformers 5 saves them otherwise)
+    "dots3note-fsdp2": {
+        "config.json": {
+            "swa_num_attention_heads": 8,
+            "swa_q_lora_rank": 48,
+            "swa_kv_lora_rank": 24,
+            "swa_qk_nope_head_dim": 16,
+            "swa_qk_rope_head_dim": 8,
+            "swa_v_head_dim": 16,
+            "swa_head_dim": 24,
+            "sliding_window_size": 4,
+            "rope_parameters": None,
+            "rope_theta": 8e7,
+            "swa_rope_theta": 5e4,
+            "first_k_dense_replace": 1,
+            "scoring_func": "sigmoid",
+            "apply_mla_qkv_lora_rescale": True,
+        }
+    },
     # (Qwen4-Exp's full-attention layer as the Hub's config names it: transformers saves it `indexed_attention`, and
     # the converter then compresses no layer's keys)
     "qwen4exp-fsdp2": {"config.json": {"layer_types": ["linear_attention"] * 3 + ["full_attention"]}},
@@ -319,34 +339,78 @@ def test_hy4_from_fsdp2_as_llama_cpp_computes_transformers_model(converter, llam
         assert done.returncode == 0, done.stderr
     pre = for_the_converter(folder)
     ours, theirs = tmp_path / "f32.gguf", converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre)
+    orders = {}
+    for end, (head_rows, rotated) in HY4_TURNED.items():
+        orders[end] = [*range(head_rows - rotated)]
+        orders[end] += [
+            head_rows - rotated + i for pair in zip(range(rotated // 2), range(rotated // 2, rotated)) for i in pair
+        ]
+    # (q's and the key's on 3 layers, the indexer's on the 2 that own one)
+    assert the_converter_s_but_reordered(ours, theirs, orders) == 2 * 3 + 4 * 2
+    llama_cpp_client("quantize", ours, tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    distances = [llama_cpp_from_transformers(llama_cpp, file, "hyv4-fsdp2") for file in (ours, theirs)]
+    assert distances[0] <= LLAMA_CPP_TOLERANCE["f32"] and distances[1] > 10 * distances[0], distances
+
+
+def the_converter_s_but_reordered(ours: Path, theirs: Path, orders: dict[str, list[int]]) -> int:
+    """Asserts every field and tensor of an f32 file (ours) the converter's file's (theirs) but those whose names end
+    as a key of `orders`: each head's rows (as many as the order lists) the converter's, in that order, and not as the
+    converter has them. Returns how many tensors are so reordered."""
     mine, expected = contents(ours), contents(theirs)
     assert mine[0] == expected[0] and list(mine[0]) == list(expected[0])
     assert [t[:3] for t in mine[1]] == [t[:3] for t in expected[1]]
-    turned = 0
+    reordered = 0
     for (name, _, shape, data), (_, _, _, oracle) in zip(mine[1], expected[1]):
-        end = name.split(".", 2)[-1]
-        if end not in HY4_TURNED:
+        order = orders.get(name.split(".", 2)[-1])
+        if order is None:
             assert data == oracle, name
             continue
-        head_rows, rotated = HY4_TURNED[end]
         columns = shape[0] if len(shape) == 2 else 1  # (gguf's shape: columns first)
-        heads = np.frombuffer(oracle, dtype=np.float32).reshape(-1, head_rows, columns)
-        order = [*range(head_rows - rotated)]
-        order += [
-            head_rows - rotated + i for pair in zip(range(rotated // 2), range(rotated // 2, rotated)) for i in pair
-        ]
+        heads = np.frombuffer(oracle, dtype=np.float32).reshape(-1, len(order), columns)
         assert data == heads[:, order].tobytes() != oracle, name
-        turned += 1
-    assert turned == 2 * 3 + 4 * 2  # (q's and the key's on 3 layers, the indexer's on the 2 that own one)
+        reordered += 1
+    return reordered
+
+
+def llama_cpp_from_transformers(llama_cpp, gguf_file: Path, case: str, **options) -> float:
+    """The relative distance of llama.cpp's logits from an f32 file to transformers' of the fixture's reference model,
+    over a prompt of 14 tokens (past the fixtures' windows of 4 and the tokens their indexers keep)."""
+    import transformers
+
+    prompt = [1] + [(7 * i) % 90 + 5 for i in range(13)]
+    model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
+    expected = model(torch.tensor([prompt])).logits[0].detach()
+    logits, _ = llama_cpp(gguf_file, prompt, 0, kv_cache="f32", **options)
+    return ((logits - expected).norm() / expected.norm()).item()
+
+
+# dots3-note's indexer's tensors whose rows unshard turns from transformers' order into llama.cpp's (each head's 8
+# rotary rows, the first of its 64, from consecutive pairs into halves), by llama.cpp's names
+DOTS3_TURNED = ("indexer.attn_q_b.weight", "indexer.attn_k.weight", "indexer.k_norm.weight", "indexer.k_norm.bias")
+
+
+def test_dots3_note_from_fsdp2_as_llama_cpp_computes_transformers_model(converter, llama_cpp, ggml_library, tmp_path):
+    """dots3-note's text model (DeepSeek's latent attention in two geometries, the global layers' with the sparse
+    attention's indexer, the sliding layers' wider in heads over a narrower latent; the latents rescaled, the rotary
+    key normed, a gate per head; a dense first layer, then experts) from FSDP2's rank files, its config as transformers
+    5 saves it: the GGUF file is the converter's of the Hub's config, field for field and tensor for tensor, but for
+    the indexer's rotary rows, which transformers' dots3-note turns by consecutive pairs and llama.cpp's dots3note by
+    halves: unshard reorders them (the converter does not, and its file's indexer keeps other tokens). llama.cpp
+    computes transformers' logits from unshard's file over a prompt past the window and the 4 tokens the indexer keeps
+    (measured 3.8e-7; the converter's 2.8e-1); q4_k_m is llama-quantize's of its f32."""
+    src, folder = folder_of_the_reference("dots3note-fsdp2", tmp_path)
+    unshard_files(src, tmp_path, ("f32", "q4_k_m"), ggml_library, "--config-from", folder)
+    pre = for_the_converter(folder)
+    updated(folder, FOR_THE_CONVERTER["dots3note-fsdp2"])
+    ours, theirs = tmp_path / "f32.gguf", converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre)
+    order = [*range(0, 8, 2), *range(1, 8, 2), *range(8, 64)]
+    assert the_converter_s_but_reordered(ours, theirs, dict.fromkeys(DOTS3_TURNED, order)) == 4 * 2  # (2 layers)
+    header = contents(ours)[0]
+    assert header["dots3note.attention.head_count"] == [4, 8, 8, 4] and header["dots3note.rope.freq_base_swa"] == 5e4
     llama_cpp_client("quantize", ours, tmp_path / "llama-quantize.gguf", "q4_k_m")
     assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
-    prompt = [1] + [(7 * i) % 90 + 5 for i in range(13)]
-    model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / "hyv4-fsdp2" / "reference", dtype=torch.float32)
-    expected_logits = model(torch.tensor([prompt])).logits[0].detach()
-    distances = []
-    for file in (ours, theirs):
-        logits, _ = llama_cpp(file, prompt, 0, kv_cache="f32")
-        distances.append(((logits - expected_logits).norm() / expected_logits.norm()).item())
+    distances = [llama_cpp_from_transformers(llama_cpp, file, "dots3note-fsdp2") for file in (ours, theirs)]
     assert distances[0] <= LLAMA_CPP_TOLERANCE["f32"] and distances[1] > 10 * distances[0], distances
 
 
@@ -416,6 +480,7 @@ def test_gemma_4_s_drafters_as_the_converter_and_llama_quantize_write_them(case,
             "the vision tower's rope_theta is 50000.0, and llama.cpp's minimaxm3 projector computes 10000.0",
         ),
         ("minimaxm3-fsdp2", {"vision_config": {"hidden_act": "quick_gelu"}}, "hidden_act is quick_gelu, and llama.cpp"),
+        ("dots3note-fsdp2", {"n_group": 2}, "the experts are routed in groups, which llama.cpp's dots3note"),
         (
             "minicpmv46-fsdp2",
             {"vision_config": {"hidden_act": "gelu"}},
@@ -453,7 +518,7 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     logits are capped, or whose gate transformers reads per element and the converter per head, an HRM-Text of another
     activation, a MiniMax-M3 of another SwiGLU than llama.cpp's, whose rotary_dim is not what transformers turns or
     whose tower's rope or activation llama.cpp's minimaxm3 projector fixes otherwise, a MiniCPM-V 4.6 of another
-    activation or of the 4x mode (not written yet), a
+    activation or of the 4x mode (not written yet), a dots3-note whose experts are routed in groups, a
     Step 3.7 gated per element, its queries scaled otherwise, a dense layer after an expert one or attending both ways,
     a Qwen4-Exp whose linear attention is gated by SiLU or whose n-gram embeddings are on two layers: one line naming
     config.json, nothing written."""

@@ -55,13 +55,26 @@ def first_of(hparams: dict, *keys: str) -> Any:
     return next((hparams[key] for key in keys if key in hparams), None)
 
 
+# a sliding layers' rope base, as releases' configs name it (the converter's keys for it)
+LOCAL_ROPE_THETA = (
+    "local_rope_theta",
+    "rope_local_theta",
+    "rope_theta_local",
+    "swa_rope_theta",
+    "rope_local_base_freq",
+)
+
+
 def rope_parameters(hparams: dict) -> tuple[dict, dict]:
     """The config's rope parameters as the converter reads them, and the global layers' (a model with rope of its
     own per kind of layer, as Gemma 3, keeps them under full_attention; the others have one set, into which the
     converter mirrors the config's rope_theta, partial_rotary_factor and original_max_position_embeddings, and
-    `type` as `rope_type`, as transformers 4 wrote them)."""
+    `type` as `rope_type`, as transformers 4 wrote them, and a sliding layers' base under sliding_attention, as a
+    release's config names it: dots3-note's swa_rope_theta)."""
     by_layer = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
     if "full_attention" not in by_layer and "sliding_attention" not in by_layer:
+        if (local := first_of(hparams, *LOCAL_ROPE_THETA)) is not None:
+            by_layer["sliding_attention"] = {"rope_theta": local}
         for key in ("rope_theta", "partial_rotary_factor", "original_max_position_embeddings"):
             if key not in by_layer and hparams.get(key) is not None:
                 by_layer[key] = hparams[key]

@@ -77,5 +77,6 @@ FAMILIES = (
         gguf=GGUFPart("MPT", hyperparameters=mpt_hyperparameters, check_config=mpt_checked, vocabulary="bpe"),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+        also=("MPTForCausalLM",),  # (MosaicML's own class, as the Hub's configs name it: the converter's one name)
     ),
 )

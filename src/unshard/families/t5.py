@@ -117,7 +117,8 @@ def t5_family(name: str, model_type: str, architecture: str, also: tuple[str, ..
 
 
 FAMILIES = (
-    t5_family("T5", "t5", "T5ForConditionalGeneration", also=("T5EncoderModel",)),
+    # (T5WithLMHeadModel: the class the original T5 releases' configs name, transformers' first)
+    t5_family("T5", "t5", "T5ForConditionalGeneration", also=("T5EncoderModel", "T5WithLMHeadModel")),
     # (T5 v1.1's layout, multilingual: its head apart)
     t5_family("mT5", "mt5", "MT5ForConditionalGeneration"),
     # (mT5's, each layer with buckets' biases of its own, as llama.cpp's t5 reads them where the file has them; and

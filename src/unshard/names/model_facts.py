@@ -54,11 +54,16 @@ def _built_on_meta(config_folder: Path, config: dict, updates: dict, dtype: Any)
         {} if dtype is None else {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": dtype}
     )
     with torch.device("meta"):
+        # a config saved without `architectures`, or naming a class transformers lacks (its makers' own, as MosaicML's
+        # MPTForCausalLM and the first T5 releases' T5WithLMHeadModel): the causal or sequence-to-sequence LM of its
+        # model_type
         if model_class is None:
-            try:  # a config saved without `architectures`: the causal LM of its model_type
-                return transformers.AutoModelForCausalLM.from_config(hf_config, **in_dtype)
-            except ValueError:
-                return None
+            for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForSeq2SeqLM):
+                try:
+                    return auto.from_config(hf_config, **in_dtype)
+                except ValueError:
+                    continue
+            return None
         try:
             return model_class._from_config(hf_config, **in_dtype)
         except Exception as e:  # (values its config class takes and its model cannot be built with: Gemma 4's rope)
