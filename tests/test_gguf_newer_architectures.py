@@ -579,14 +579,7 @@ def test_exaone_4_5_s_vision_tower_as_the_converter_writes_it_and_sees_as_transf
         ours = contents(tmp_path / f"mmproj-{kind}.gguf")
         assert list(ours[0].items()) == list(theirs[0].items()) and ours[0]["clip.projector_type"] == "exaone4_5"
         assert_same_tensors(ours[1], theirs[1])
-    done = subprocess.run(
-        [sys.executable, "-m", "unshard", "convert", src, tmp_path / "pypi" / "f32.gguf", "--gguf-type", "f32"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0 and "lacks llama.cpp's EXAONE4_5 projector" in done.stderr, done.stderr
-    assert_same_file(tmp_path / "pypi" / "f32.gguf", tmp_path / "f32.gguf")
-    assert not (tmp_path / "pypi" / "mmproj-f32.gguf").exists()
+    the_text_model_alone_with_pypi_gguf_py(src, tmp_path, "EXAONE4_5")
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
     # (the processor's bounds: 4 x 4 patches, 4 tokens after the 2 x 2 merger)
     assert seen_as_transformers(model, folder, 56, 4, tmp_path) <= IMAGE_TOLERANCE["f32"]  # (measured 3.7e-4)
@@ -611,6 +604,19 @@ def test_minimax_m3_s_vision_tower_as_the_converter_writes_it_and_sees_as_transf
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
     # (6 x 8 patches: 12 tokens after the 2 x 2 merge; measured 2.5e-5)
     assert seen_as_transformers(model, folder, 84, 12, tmp_path, width=112) <= IMAGE_TOLERANCE["f32"]
+
+
+def the_text_model_alone_with_pypi_gguf_py(src: Path, tmp_path: Path, projector: str) -> None:
+    """Asserts that with PyPI's gguf-py (this venv's), which lacks llama.cpp's `projector`, unshard writes the text
+    model's file it writes with llama.cpp's own (tmp_path/f32.gguf) and no mmproj file, with a note saying why."""
+    done = subprocess.run(
+        [sys.executable, "-m", "unshard", "convert", src, tmp_path / "pypi" / "f32.gguf", "--gguf-type", "f32"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and f"lacks llama.cpp's {projector} projector" in done.stderr, done.stderr
+    assert_same_file(tmp_path / "pypi" / "f32.gguf", tmp_path / "f32.gguf")
+    assert not (tmp_path / "pypi" / "mmproj-f32.gguf").exists()
 
 
 def seen_as_transformers(model, folder: Path, side: int, tokens: int, tmp_path: Path, width: int = 0) -> float:
@@ -695,14 +701,7 @@ def test_minicpm_v_4_6_s_files_as_the_converter_writes_them_and_sees_as_transfor
         assert_same_file(tmp_path / f"{kind}.gguf", text)
         mmproj = converter(theirs, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
         assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
-    done = subprocess.run(
-        [sys.executable, "-m", "unshard", "convert", src, tmp_path / "pypi" / "f32.gguf", "--gguf-type", "f32"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0 and "lacks llama.cpp's MINICPMV4_6 projector" in done.stderr, done.stderr
-    assert_same_file(tmp_path / "pypi" / "f32.gguf", tmp_path / "f32.gguf")
-    assert not (tmp_path / "pypi" / "mmproj-f32.gguf").exists()
+    the_text_model_alone_with_pypi_gguf_py(src, tmp_path, "MINICPMV4_6")
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
     prompt = [1, 5, 20, 33, 64, 70, 90, 2]
     expected = model(input_ids=torch.tensor([prompt])).logits[0].detach()
