@@ -165,6 +165,24 @@ AS_RELEASED = {"deepseekv32-fsdp2": {"tokenizer_config.json": {"add_bos_token": 
 # Added tokens a release's tokenizer has that the suite's lacks, by fixture: Laguna's end of turn, which its tokenizer
 # does not call special and the converter lists as a control token all the same
 ADDED_TOKENS = {"laguna-fsdp2": "</assistant>"}
+# (dots3-note's as the Hub's names it: the sliding layers' latent attention as swa_ keys, the window, rope's bases by
+# kind of layer, the dense layers, the router, the rescaled latents; transformers 5 saves them otherwise)
+DOTS3_ON_THE_HUB = {
+    "swa_num_attention_heads": 8,
+    "swa_q_lora_rank": 48,
+    "swa_kv_lora_rank": 24,
+    "swa_qk_nope_head_dim": 16,
+    "swa_qk_rope_head_dim": 8,
+    "swa_v_head_dim": 16,
+    "swa_head_dim": 24,
+    "sliding_window_size": 4,
+    "rope_parameters": None,
+    "rope_theta": 8e7,
+    "swa_rope_theta": 5e4,
+    "first_k_dense_replace": 1,
+    "scoring_func": "sigmoid",
+    "apply_mla_qkv_lora_rescale": True,
+}
 # What the converter (with transformers 4) reads otherwise, by fixture and file: DeepSeek-V3.2's routing as the Hub's
 # config names it (transformers 5 routes by sigmoid and saves no word of it; unshard writes it, as llama.cpp's
 # deepseek32 needs), and the tokenizer's class by which transformers 4 reads add_bos_token
@@ -189,26 +207,6 @@ FOR_THE_CONVERTER = {
                     "sparse_local_block": 1,
                 },
             }
-        }
-    },
-    # (dots3-note's as the Hub's names it: the sliding layers' latent attention as swa_ keys, the window, rope's bases
-    # by kind of layer, the dense layers, the router, the rescaled latents; transformers 5 saves them otherwise)
-    "dots3note-fsdp2": {
-        "config.json": {
-            "swa_num_attention_heads": 8,
-            "swa_q_lora_rank": 48,
-            "swa_kv_lora_rank": 24,
-            "swa_qk_nope_head_dim": 16,
-            "swa_qk_rope_head_dim": 8,
-            "swa_v_head_dim": 16,
-            "swa_head_dim": 24,
-            "sliding_window_size": 4,
-            "rope_parameters": None,
-            "rope_theta": 8e7,
-            "swa_rope_theta": 5e4,
-            "first_k_dense_replace": 1,
-            "scoring_func": "sigmoid",
-            "apply_mla_qkv_lora_rescale": True,
         }
     },
     # (Qwen4-Exp's full-attention layer as the Hub's config names it: transformers saves it `indexed_attention`, and
@@ -379,8 +377,9 @@ def llama_cpp_from_transformers(llama_cpp, gguf_file: Path, case: str, **options
     import transformers
 
     prompt = [1] + [(7 * i) % 90 + 5 for i in range(13)]
-    model = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
-    expected = model(torch.tensor([prompt])).logits[0].detach()
+    reference = SHIPPED / case / "reference"
+    named = getattr(transformers, json.loads((reference / "config.json").read_text())["architectures"][0])
+    expected = named.from_pretrained(reference, dtype=torch.float32)(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(gguf_file, prompt, 0, kv_cache="f32", **options)
     return ((logits - expected).norm() / expected.norm()).item()
 
@@ -390,19 +389,30 @@ def llama_cpp_from_transformers(llama_cpp, gguf_file: Path, case: str, **options
 DOTS3_TURNED = ("indexer.attn_q_b.weight", "indexer.attn_k.weight", "indexer.k_norm.weight", "indexer.k_norm.bias")
 
 
-def test_dots3_note_from_fsdp2_as_llama_cpp_computes_transformers_model(converter, llama_cpp, ggml_library, tmp_path):
+@pytest.mark.parametrize("case", ["dots3note-fsdp2", "dots3notevl-fsdp2"])
+def test_dots3_note_from_fsdp2_as_llama_cpp_computes_transformers_model(
+    case, converter, llama_cpp, ggml_library, tmp_path
+):
     """dots3-note's text model (DeepSeek's latent attention in two geometries, the global layers' with the sparse
     attention's indexer, the sliding layers' wider in heads over a narrower latent; the latents rescaled, the rotary
-    key normed, a gate per head; a dense first layer, then experts) from FSDP2's rank files, its config as transformers
-    5 saves it: the GGUF file is the converter's of the Hub's config, field for field and tensor for tensor, but for
+    key normed, a gate per head; a dense first layer, then experts) from FSDP2's rank files, alone and as released
+    (beside a vision tower and an audio encoder, which the file leaves out as the converter's does), its config as
+    transformers 5 saves it: the GGUF file is the converter's of the Hub's config, field for field and tensor for
+    tensor, but for
     the indexer's rotary rows, which transformers' dots3-note turns by consecutive pairs and llama.cpp's dots3note by
     halves: unshard reorders them (the converter does not, and its file's indexer keeps other tokens). llama.cpp
     computes transformers' logits from unshard's file over a prompt past the window and the 4 tokens the indexer keeps
     (measured 3.8e-7; the converter's 2.8e-1); q4_k_m is llama-quantize's of its f32."""
-    src, folder = folder_of_the_reference("dots3note-fsdp2", tmp_path)
-    unshard_files(src, tmp_path, ("f32", "q4_k_m"), ggml_library, "--config-from", folder)
+    src, folder = folder_of_the_reference(case, tmp_path)
+    messages = unshard_files(src, tmp_path, ("f32", "q4_k_m"), ggml_library, "--config-from", folder)
+    assert ("no mmproj file of them" in messages) is (case == "dots3notevl-fsdp2"), messages
     pre = for_the_converter(folder)
-    updated(folder, FOR_THE_CONVERTER["dots3note-fsdp2"])
+    if case == "dots3notevl-fsdp2":  # (the release's config.json, its text model's settings at the top, where the
+        # converter reads them; transformers 5 saves them in text_config)
+        config = json.loads((folder / "config.json").read_text())
+        text = {key: value for key, value in config.pop("text_config").items() if key != "model_type"}
+        (folder / "config.json").write_text(json.dumps({**config, **text}))
+    updated(folder, {"config.json": DOTS3_ON_THE_HUB})
     ours, theirs = tmp_path / "f32.gguf", converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre)
     order = [*range(0, 8, 2), *range(1, 8, 2), *range(8, 64)]
     assert the_converter_s_but_reordered(ours, theirs, dict.fromkeys(DOTS3_TURNED, order)) == 4 * 2  # (2 layers)
@@ -410,7 +420,7 @@ def test_dots3_note_from_fsdp2_as_llama_cpp_computes_transformers_model(converte
     assert header["dots3note.attention.head_count"] == [4, 8, 8, 4] and header["dots3note.rope.freq_base_swa"] == 5e4
     llama_cpp_client("quantize", ours, tmp_path / "llama-quantize.gguf", "q4_k_m")
     assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
-    distances = [llama_cpp_from_transformers(llama_cpp, file, "dots3note-fsdp2") for file in (ours, theirs)]
+    distances = [llama_cpp_from_transformers(llama_cpp, file, case) for file in (ours, theirs)]
     assert distances[0] <= LLAMA_CPP_TOLERANCE["f32"] and distances[1] > 10 * distances[0], distances
 
 

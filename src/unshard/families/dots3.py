@@ -4,11 +4,14 @@ latent, in a window, with rope at a base of their own; the query and latent resc
 rank), the rotary key normed, a sigmoid gate per head on the attention's output; dense first layers, then
 DeepSeek-V3's experts. llama.cpp's dots3note (which PyPI's gguf-py 0.19 lacks): the converter reads the Hub's config
 (the sliding layers' sizes as `swa_*` keys), which transformers 5 saves otherwise (its per_layer_config, rope by layer
-type): unshard reads either, and writes what the converter writes from the Hub's."""
+type): unshard reads either, and writes what the converter writes from the Hub's. dots3-note as released
+(`Dots3NoteForConditionalGeneration`): that text model beside a vision tower with experts and an audio encoder, which
+its file leaves out, as the converter's does (their mmproj file is not written yet)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -168,6 +171,18 @@ def dots3_note_rescaled(name: str, shape: tuple[int, ...], hparams: dict) -> tup
     return ((0, shape[0], math.sqrt(hparams["hidden_size"] / rank)),)
 
 
+DOTS3_NOTE_GGUF = GGUFPart(
+    "DOTS3NOTE",
+    hyperparameters=dots3_note_hyperparameters,
+    vocabulary="bpe",
+    special_tokens=(("eot", "<|endofassistant|>"),),
+    rearranged=dots3_note_tensors,
+    first_kv_heads=DEEPSEEK2.first_kv_heads,
+    check_config=dots3_note_checked,
+    as_the_converter_reads=dots3_note_as_the_converter_reads,
+    scaled=dots3_note_rescaled,
+)
+
 FAMILIES = (
     Family(
         "dots3-note (text)",
@@ -177,18 +192,29 @@ FAMILIES = (
         megatron=Unsupported("Megatron's dots3-note layout (two latent attentions, an indexer) is not mapped yet"),
         **no_trainer_model("dots3-note"),
         fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
-        gguf=GGUFPart(
-            "DOTS3NOTE",
-            hyperparameters=dots3_note_hyperparameters,
-            vocabulary="bpe",
-            special_tokens=(("eot", "<|endofassistant|>"),),
-            rearranged=dots3_note_tensors,
-            first_kv_heads=DEEPSEEK2.first_kv_heads,
-            check_config=dots3_note_checked,
-            as_the_converter_reads=dots3_note_as_the_converter_reads,
-            scaled=dots3_note_rescaled,
-        ),
+        gguf=DOTS3_NOTE_GGUF,
         mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="dots3note")},
+    ),
+    Family(
+        "dots3-note",
+        "dots3_note",
+        "Dots3NoteForConditionalGeneration",
+        tensors=NO_TABLE,
+        megatron=Unsupported(
+            "Megatron's dots3-note layout (two latent attentions, an indexer, towers) is not mapped yet"
+        ),
+        **no_trainer_model("dots3-note"),
+        fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
+        gguf=replace(
+            DOTS3_NOTE_GGUF,
+            towers=r"^(?:vision_encoder|audio_encoder)\.",
+            towers_left_out="its vision tower's and audio encoder's: llama.cpp's dots3note projectors are not written",
+        ),
+        mmproj=Unsupported(
+            "dots3-note's vision tower and audio encoder (llama.cpp's dots3note projectors) are not written yet"
+        ),
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="dots3note")},
     ),
