@@ -304,6 +304,7 @@ TESTED = {
         "hy_v3": "hyv3-fsdp2",  # (with llama.cpp's gguf-py)
         "laguna": "laguna-fsdp2",  # (with llama.cpp's gguf-py)
         "hrm_text": "hrmtext-fsdp2",  # (with llama.cpp's gguf-py)
+        "kimi_k25": "torchtitan-kimik25-fsdp2",  # (with a tokenizer beside)
         "dots3_note": "dots3notevl-fsdp2",  # (with llama.cpp's gguf-py)
         "dots3_note_text": "dots3note-fsdp2",  # (with llama.cpp's gguf-py)
         "minimax_m3_vl": "minimaxm3-fsdp2",  # (with llama.cpp's gguf-py)

@@ -847,6 +847,39 @@ def test_deepseek_v3_as_the_converter_and_llama_quantize_write_it(
     assert_llama_cpp_runs_it_and_llama_quantize_mixes_it(folder, model, llama_cpp, ggml_library, monkeypatch, tmp_path)
 
 
+def test_kimi_k2_5_s_text_model_from_torchtitan_as_the_converter_writes_it(converter, llama_cpp, tmp_path):
+    """Kimi K2.5 (DeepSeek-V3's text model beside MoonViT) straight from torchtitan's checkpoint (kimi_k2_7; its
+    folder's config, with a byte-level BPE tokenizer beside): the text model as llama.cpp's deepseek2, the converter's
+    file of unshard's folder (its text config naming the sigmoid router, as the Hub's does) in f32 and q8_0; MoonViT
+    and its projector left out with a note, as the converter's text model leaves them out; llama.cpp computes the
+    logits transformers computes from that folder."""
+    import transformers
+
+    fixture = SHIPPED / "torchtitan-kimik25-fsdp2"
+    config = tmp_path / "config"
+    shutil.copytree(fixture / "hf", config)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(SHIPPED / "deepseekv32-fsdp2" / "global_step_1" / "actor" / "huggingface" / name, config / name)
+    src, folder = fixture / "checkpoint" / "step-1", tmp_path / "hf"
+    unshard.convert(src, folder, config_from=config, progress=False)
+    for kind in ("f32", "q8_0"):
+        out = tmp_path / f"{kind}.gguf"
+        unshard.convert(src, out, config_from=config, output=unshard.OutputOptions(gguf=kind), progress=False)
+    pre = for_the_converter(folder)
+    hub = json.loads((folder / "config.json").read_text())
+    hub["text_config"]["scoring_func"] = "sigmoid"  # (the Hub's config says it; transformers 5 saves no word of it)
+    (folder / "config.json").write_text(json.dumps(hub))
+    for kind in ("f32", "q8_0"):
+        assert_same_file(tmp_path / f"{kind}.gguf", converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+    fields, tensors = contents(tmp_path / "f32.gguf")
+    assert fields["general.architecture"] == "deepseek2" and not any(t[0].startswith(("v.", "mm.")) for t in tensors)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    prompt = [1, 5, 20, 33, 41, 50, 60, 2]
+    expected = model(torch.tensor([prompt])).logits[0].detach()
+    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
+    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
+
+
 def test_a_latent_attention_without_a_query_down_projection_is_taken_as_llama_cpp_loads_it():
     """llama.cpp's deepseek2 loads a model without q_lora_rank only as DeepSeek-V2-Lite, by its 26 or 27 layers
     (deepseekv2-fsdp2 has 27): another is one line, before anything is written."""

@@ -12,8 +12,10 @@ embedding a Linear layer of the Hub's Conv2d.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..names.meta_rules import Fused, Reshaped
-from .deepseek import TORCHTITAN_WITHOUT_MTP
+from .deepseek import DEEPSEEK2, TORCHTITAN_WITHOUT_MTP
 from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, Unsupported
 
 _B = "vision_tower.encoder.blocks.{i}."
@@ -64,7 +66,11 @@ FAMILIES = (
         torchtitan_names=TORCHTITAN_KIMI_K25,
         # (transformers names its modules otherwise than the Hub's tensors, by which its Linear layers are found)
         fused_siblings=Unsupported("not yet compared with what llm-compressor writes for Kimi K2.5"),
-        gguf=Unsupported("llama.cpp's converter reads Kimi K2.5 by the keys of its remote-code config, not yet mapped"),
+        gguf=replace(
+            DEEPSEEK2,
+            towers=r"^(?:vision_tower|mm_projector)\.",
+            towers_left_out="MoonViT's and its projector's: the converter reads them by its remote-code config's keys",
+        ),
         mmproj=Unsupported("llama.cpp's converter reads MoonViT by the keys of its remote-code config, not yet mapped"),
         moe_layout=NOT_A_MOE_INPUT,
         hub_names="tensor names kept as saved, not asked of transformers (its Kimi K2.5 renames the Hub's names as it "
