@@ -43,6 +43,12 @@ def dots3_note_as_the_converter_reads(hparams: dict, where: Path) -> dict:
     the sigmoid router named; head_dim, which the converter drops, dropped. A config already in the Hub's form is read
     as it is."""
     read = dict(hparams)
+    missing = [key for key in ("layer_types", *SLIDING_SIZES, "index_head_dim") if read.get(key) is None]
+    if missing:
+        raise ConfigMismatchError(
+            f"{where}: has no {', '.join(missing)}, which dots3-note's file carries; pass --config-from the model's "
+            "own folder"
+        )
     sliding = _sliding(read)
     per_layer = {int(i): values for i, values in (read.pop("per_layer_config", None) or {}).items()}
     kinds = {tuple(sorted(per_layer.get(i, {}).items())) for i, s in enumerate(sliding) if s}

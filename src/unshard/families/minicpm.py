@@ -128,9 +128,10 @@ def minicpmv46_sizes(vision: dict, where: Path) -> dict:
     the 4x mode (the window merger skipped), not written yet."""
     config = json_or_empty(where)
     processor = json_or_empty(where.parent / "preprocessor_config.json")
+    image, patch = vision.get("image_size", 224), vision.get("patch_size", 16)
     runs = {
         "image_size / patch_size": (
-            vision.get("image_size", 224) // vision.get("patch_size", 16),
+            image // patch if isinstance(image, int) and isinstance(patch, int) else f"{image} / {patch}",
             LLAMA_CPP_POSITIONS_SIDE,
         ),
         "hidden_act": (vision.get("hidden_act", "gelu_pytorch_tanh"), "gelu_pytorch_tanh"),
