@@ -164,9 +164,6 @@ def muse_glimmer_drafter_tokens(writer, hparams: dict, folder: Path) -> None:
     with, as the converter names them after the vocabulary."""
     muse_glimmer_end_of_turn(writer, hparams, folder)
     if hparams.get("mask_token_id") is not None:
-        # (gguf-py's special tokens read the drafter's config.json, which names it among the vocabulary's; the
-        # converter's read the target's, which does not: named here, last, where the converter names it)
-        writer.kv_data[0].pop("tokenizer.ggml.mask_token_id", None)
         writer.add_mask_token_id(int(hparams["mask_token_id"]))
 
 
@@ -216,6 +213,9 @@ FAMILIES = (
             hyperparameters=muse_glimmer_drafter_hyperparameters,
             vocabulary="bpe",
             after_vocabulary=muse_glimmer_drafter_tokens,
+            # (gguf-py's special tokens read the drafter's config.json, which names its mask token among the
+            # vocabulary's; the converter's read the target's, which does not, and name it last)
+            unnamed_special_tokens=("mask",),
         ),
         mmproj=Unsupported("a drafter has no towers", applies=False),
         moe_layout=NOT_A_MOE_INPUT,

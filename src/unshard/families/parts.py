@@ -183,6 +183,9 @@ class GGUFPart:
     special_tokens: tuple[tuple[str, str], ...] = ()
     # added tokens the converter lists as control tokens whatever the tokenizer says of them (Laguna's end of turn)
     control_tokens: tuple[str, ...] = ()
+    # kinds of special token the vocabulary leaves unnamed whatever the folder's files say, as the converter, which
+    # names them later from elsewhere (a drafter's mask token, from its target's config: after_vocabulary writes it)
+    unnamed_special_tokens: tuple[str, ...] = ()
     # the config's count of blocks after the model's own that the file has room for (GLM's MTP layers, which
     # llama.cpp loads where they are and goes without where they are not)
     extra_blocks: str | None = None

@@ -574,6 +574,7 @@ def _metadata(
             special_tokens=part.special_tokens,
             gpt2_split_as=part.gpt2_split_as,
             control_tokens=part.control_tokens,
+            unnamed_special_tokens=part.unnamed_special_tokens,
         )
     if part.after_vocabulary:
         part.after_vocabulary(writer, hparams, folder)

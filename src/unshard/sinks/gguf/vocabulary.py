@@ -22,6 +22,7 @@ def write_vocabulary(
     special_tokens: tuple[tuple[str, str], ...] = (),
     gpt2_split_as: str | None = None,
     control_tokens: tuple[str, ...] = (),
+    unnamed_special_tokens: tuple[str, ...] = (),
 ) -> str:
     """The vocabulary as the converter writes it: from a SentencePiece model (tokenizer.model) where there is
     one, else from a byte-level BPE tokenizer.json; a `bpe` kind's (Qwen's MoE models', GLM's) from tokenizer.json
@@ -38,7 +39,9 @@ def write_vocabulary(
         return f"{size} tokens from tokenizer.json (WordPiece)"
     # (Phi-4's tokenizer, as the converter reads it; Qwen's MoE models, whose converter reads no other)
     if kind == "bpe" or phi3 and tokenizer_config.get("tokenizer_class") == "GPT2Tokenizer":
-        size, pre = _bpe_vocabulary(writer, hparams, folder, special_tokens, control_tokens=control_tokens)
+        size, pre = _bpe_vocabulary(
+            writer, hparams, folder, special_tokens, control_tokens=control_tokens, unnamed=unnamed_special_tokens
+        )
         said = f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
     elif (folder / "tokenizer.model").is_file():
         size = _sentencepiece_vocabulary(writer, hparams, folder, tokenizer_config, phi3)
@@ -254,6 +257,7 @@ def _bpe_vocabulary(
     special_tokens: tuple[tuple[str, str], ...] = (),
     gpt2_split_as: str | None = None,
     control_tokens: tuple[str, ...] = (),
+    unnamed: tuple[str, ...] = (),
 ) -> tuple[int, str]:
     """A byte-level BPE vocabulary (tokenizer.json) as the converter writes it (its `gpt2` tokenizer model):
     every id up to the config's vocab_size, read through transformers' tokenizer; added tokens as control or
@@ -263,7 +267,8 @@ def _bpe_vocabulary(
     The converter names the pre-tokenizer by a hash of one text's token ids, listed per model it knows, so
     it refuses a tokenizer trained anew; unshard names it by that table where the user has it
     (pre_tokenizer_hashes.py), else by the split tokenizer.json declares, which is what llama.cpp reproduces, so a
-    new vocabulary over a known split is taken too."""
+    new vocabulary over a known split is taken too. `unnamed`: special tokens' kinds left unnamed (the family names
+    them after the vocabulary, as the converter does)."""
     path = folder / "tokenizer.json"
     described = read_json(path, "fix it or pass --config-from a folder with the model's tokenizer", ConfigMismatchError)
     model = described.get("model") or {}
@@ -307,6 +312,8 @@ def _bpe_vocabulary(
                 "pass --config-from a folder with the model's own tokenizer"
             )
         special.special_token_ids.setdefault(kind, added[text])  # (as the converter's _set_special_token)
+    for kind in unnamed:
+        special.special_token_ids.pop(kind, None)
     add_special_vocab(special, writer, folder, described)
     return size, pre
 
