@@ -18,7 +18,16 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .deepseek import DEEPSEEK2, deepseek2_hyperparameters, latent_kv
 from .llama import TEXT_ONLY
-from .parts import LLAMA_CPP_GGUF_PY, NO_TABLE, Family, GGUFPart, Rearrangement, Unsupported, no_trainer_model
+from .parts import (
+    LLAMA_CPP_GGUF_PY,
+    NO_TABLE,
+    Family,
+    GGUFPart,
+    Rearrangement,
+    Unsupported,
+    no_trainer_model,
+    rows_of_each_head,
+)
 
 # The latent attention's sizes a sliding layer has of its own (the Hub's `swa_` keys; transformers' per_layer_config)
 SLIDING_SIZES = (
@@ -148,12 +157,10 @@ def _of_layer(hparams: dict, layer: int | None) -> dict:
 INDEXER_ROWS = ("indexer.wq_b.weight", "indexer.wk.weight", "indexer.k_norm.weight", "indexer.k_norm.bias")
 
 
-def halves_from_pairs(band, head_rows: int, rotated: int) -> tuple:
-    """Each head's first `rotated` rows from transformers' order (turned by consecutive pairs) into llama.cpp's
-    (turned by halves: the even rows, then the odd ones), the rows after them as they are."""
-    order = [*range(0, rotated, 2), *range(1, rotated, 2), *range(rotated, head_rows)]
-    heads = band.reshape(-1, head_rows, *band.shape[1:])
-    return (heads[:, order].reshape(band.shape),)
+def halves_from_pairs(head_rows: int, rotated: int) -> tuple[int, ...]:
+    """The order of a head's rows that takes its first `rotated` rows from transformers' order (turned by consecutive
+    pairs) into llama.cpp's (turned by halves: the even rows, then the odd ones), the rows after them as they are."""
+    return (*range(0, rotated, 2), *range(1, rotated, 2), *range(rotated, head_rows))
 
 
 def dots3_note_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
@@ -161,9 +168,8 @@ def dots3_note_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: 
     indexer's rotary rows in the order llama.cpp's dots3note turns them (by halves, where transformers' dots3-note
     turns its indexer's by consecutive pairs: the converter leaves them, and its file selects other tokens)."""
     if name.endswith(INDEXER_ROWS):
-        head_rows = hparams["index_head_dim"]
-        pieces = partial(halves_from_pairs, head_rows=head_rows, rotated=hparams["qk_rope_head_dim"])
-        return Rearrangement({name: shape}, pieces, head_rows)
+        order = halves_from_pairs(hparams["index_head_dim"], hparams["qk_rope_head_dim"])
+        return Rearrangement({name: shape}, partial(rows_of_each_head, order=order), len(order))
     return latent_kv(name, shape, _of_layer(hparams, _layer(name)), where)
 
 
@@ -189,39 +195,37 @@ DOTS3_NOTE_GGUF = GGUFPart(
     scaled=dots3_note_rescaled,
 )
 
-FAMILIES = (
-    Family(
-        "dots3-note (text)",
-        "dots3_note_text",
-        "Dots3NoteForCausalLM",
+
+def dots3_note_family(name: str, model_type: str, architecture: str, gguf: GGUFPart, mmproj) -> Family:
+    """dots3-note's text model alone or as released (beside its towers): one layout, two classes."""
+    return Family(
+        name,
+        model_type,
+        architecture,
         tensors=NO_TABLE,
         megatron=Unsupported("Megatron's dots3-note layout (two latent attentions, an indexer) is not mapped yet"),
         **no_trainer_model("dots3-note"),
         fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
-        gguf=DOTS3_NOTE_GGUF,
-        mmproj=TEXT_ONLY,
+        gguf=gguf,
+        mmproj=mmproj,
         moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
         notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="dots3note")},
-    ),
-    Family(
+    )
+
+
+FAMILIES = (
+    dots3_note_family("dots3-note (text)", "dots3_note_text", "Dots3NoteForCausalLM", DOTS3_NOTE_GGUF, TEXT_ONLY),
+    dots3_note_family(
         "dots3-note",
         "dots3_note",
         "Dots3NoteForConditionalGeneration",
-        tensors=NO_TABLE,
-        megatron=Unsupported(
-            "Megatron's dots3-note layout (two latent attentions, an indexer, towers) is not mapped yet"
-        ),
-        **no_trainer_model("dots3-note"),
-        fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
-        gguf=replace(
+        replace(
             DOTS3_NOTE_GGUF,
             towers=r"^(?:vision_encoder|audio_encoder)\.",
             towers_left_out="its vision tower's and audio encoder's: llama.cpp's dots3note projectors are not written",
         ),
-        mmproj=Unsupported(
+        Unsupported(
             "dots3-note's vision tower and audio encoder (llama.cpp's dots3note projectors) are not written yet"
         ),
-        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
-        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="dots3note")},
     ),
 )

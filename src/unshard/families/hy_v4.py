@@ -22,6 +22,7 @@ from .parts import (
     Unsupported,
     gate_then_up,
     no_trainer_model,
+    rows_of_each_head,
 )
 
 # transformers' save_pretrained writes some of Hy4's names otherwise than the Hub (its renames undone in the wrong
@@ -78,15 +79,14 @@ def rotated_rows(name: str, hparams: dict) -> int | None:
     return next((rows for end, rows in heads.items() if name.endswith(end)), None)
 
 
-def pairs_from_halves(band, head_rows: int, rotated: int) -> tuple:
-    """Each head's rotary rows from transformers' order (turned by halves: row i with row i + half) into llama.cpp's
-    (turned by consecutive pairs), the rows before them as they are."""
-    order = list(range(head_rows - rotated))
-    order += [
-        head_rows - rotated + row for pair in zip(range(rotated // 2), range(rotated // 2, rotated)) for row in pair
-    ]
-    heads = band.reshape(-1, head_rows, *band.shape[1:])
-    return (heads[:, order].reshape(band.shape),)
+def pairs_from_halves(head_rows: int, rotated: int) -> tuple[int, ...]:
+    """The order of a head's rows that takes its last `rotated` rows from transformers' order (turned by halves: row i
+    with row i + half) into llama.cpp's (turned by consecutive pairs), the rows before them as they are."""
+    first = head_rows - rotated
+    return (
+        *range(first),
+        *(first + row for pair in zip(range(rotated // 2), range(rotated // 2, rotated)) for row in pair),
+    )
 
 
 def hy_v4_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
@@ -98,8 +98,8 @@ def hy_v4_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path)
         stack, base = (shape[0], shape[1] // 2, shape[2]), name.removesuffix("gate_up_proj")
         return Rearrangement({base + "gate_proj.weight": stack, base + "up_proj.weight": stack}, gate_then_up)
     if (head_rows := rotated_rows(name, hparams)) is not None:
-        pieces = partial(pairs_from_halves, head_rows=head_rows, rotated=hparams["qk_rope_head_dim"])
-        return Rearrangement({name: shape}, pieces, head_rows)
+        order = pairs_from_halves(head_rows, hparams["qk_rope_head_dim"])
+        return Rearrangement({name: shape}, partial(rows_of_each_head, order=order), head_rows)
     return latent_kv(name, shape, hparams, where)
 
 

@@ -34,6 +34,7 @@ from .parts import (
     Rearrangement,
     Unsupported,
     no_trainer_model,
+    rows_of_each_head,
 )
 from .vlm import frames
 
@@ -165,16 +166,15 @@ def minimax_m3_projector_keys(writer, hparams: dict, vision: dict, processor: di
     writer.add_vision_spatial_merge_size(int(vision.get("spatial_merge_size", hub.get("spatial_merge_size", 2))))
 
 
-def axes_apart(heads: int, band) -> tuple:
-    """A whole q or k (rows, or a bias) with each head's rotary rows as llama.cpp's minimaxm3 turns them: transformers
-    holds [time, height, width] of the first half of each pair, then the same of the second; llama.cpp turns each axis
-    by halves of its own, so [time's two halves, height's, width's], then the rows rope leaves as they are."""
-    rows = band.shape[0] // heads
+def axes_apart(rows: int) -> tuple[int, ...]:
+    """The order of a head's `rows` of q or k that puts its rotary rows as llama.cpp's minimaxm3 turns them:
+    transformers holds [time, height, width] of the first half of each pair, then the same of the second; llama.cpp
+    turns each axis by halves of its own, so [time's two halves, height's, width's], then the rows rope leaves as
+    they are."""
     axis = 2 * ((rows // 3) // 2)  # (the rotated rows of an axis, as both compute them)
     half, third = 3 * axis // 2, axis // 2
     order = [j for a in range(3) for start in (a * third, half + a * third) for j in range(start, start + third)]
-    order += range(3 * axis, rows)
-    return (band.reshape(heads, rows, *band.shape[1:])[:, order].reshape(band.shape),)
+    return (*order, *range(3 * axis, rows))
 
 
 def minimax_m3_vision_split(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
@@ -184,7 +184,8 @@ def minimax_m3_vision_split(name: str, shape: tuple[int, ...], vision: dict) -> 
         frame = (shape[0], shape[1], *shape[3:])
         return Rearrangement({"v.patch_embd.weight": frame, "v.patch_embd.weight.1": frame}, frames)
     if name.startswith("vision_tower.") and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name):
-        return Rearrangement({name: shape}, partial(axes_apart, vision["num_attention_heads"]), shape[0])
+        order = axes_apart(shape[0] // vision["num_attention_heads"])
+        return Rearrangement({name: shape}, partial(rows_of_each_head, order=order), shape[0])
     return None
 
 

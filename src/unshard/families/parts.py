@@ -61,6 +61,14 @@ def renamed_only(band) -> tuple:
     return (band,)
 
 
+def rows_of_each_head(band, order: tuple[int, ...]) -> tuple:
+    """A Rearrangement's pieces for a tensor of whole heads stored with each head's rows in `order` (as many as a head
+    has): the rotary rows of a family that transformers turns in one order and llama.cpp in another (bind the order,
+    computed once while planning, with functools.partial)."""
+    heads = band.reshape(-1, len(order), *band.shape[1:])
+    return (heads[:, list(order)].reshape(band.shape),)
+
+
 def gate_then_up(band) -> tuple:
     """A Rearrangement's pieces for gate and up fused (gate's rows, then up's: Granite MoE's experts, Gemma 4's): each
     expert's rows as its gate's half and its up's."""
