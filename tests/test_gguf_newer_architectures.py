@@ -701,15 +701,13 @@ def test_minicpm_v_4_6_s_files_as_the_converter_writes_them_and_sees_as_transfor
     from transformers import AutoModelForImageTextToText
 
     src, folder = folder_of_the_reference("minicpmv46-fsdp2", tmp_path)
-    theirs = tmp_path / "for-the-converter"
-    shutil.copytree(folder, theirs)
-    pre = for_the_converter(theirs)
+    pre = for_the_converter(folder)
     for kind in ("f32", "q8_0"):
         done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind)
         assert done.returncode == 0, done.stderr
-        text = converter(theirs, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre, more=("--no-mtp",))
+        text = converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre, more=("--no-mtp",))
         assert_same_file(tmp_path / f"{kind}.gguf", text)
-        mmproj = converter(theirs, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
+        mmproj = converter(folder, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
         assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
     the_text_model_alone_with_pypi_gguf_py(src, tmp_path, "MINICPMV4_6")
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
