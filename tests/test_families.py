@@ -306,6 +306,7 @@ TESTED = {
         "hrm_text": "hrmtext-fsdp2",  # (with llama.cpp's gguf-py)
         "kimi_k25": "torchtitan-kimik25-fsdp2",  # (with a tokenizer beside)
         "dots3_note": "dots3notevl-fsdp2",  # (with llama.cpp's gguf-py)
+        "glm5_next": "glm5next-fsdp2",  # (with llama.cpp's gguf-py)
         "dots3_note_text": "dots3note-fsdp2",  # (with llama.cpp's gguf-py)
         "minimax_m3_vl": "minimaxm3-fsdp2",  # (with llama.cpp's gguf-py)
         "mimo_v2_flash": "mimov2flash-fsdp2",
@@ -380,6 +381,7 @@ TESTED = {
         "gemma3": "gemma3vl-fsdp2-spm",
         "exaone4_5": "exaone45-fsdp2",  # (with llama.cpp's gguf-py)
         "minimax_m3_vl": "minimaxm3-fsdp2",  # (with llama.cpp's gguf-py)
+        "glm5_next": "glm5next-fsdp2",  # (with llama.cpp's gguf-py)
         "minicpmv4_6": "minicpmv46-fsdp2",  # (with llama.cpp's gguf-py)
         "glm4v": "glm4v-fsdp2",
         "glm4v_moe": "glm4vmoe-fsdp2",

@@ -150,15 +150,19 @@ NEWER = {
     "minimaxm3-fsdp2": "minimax-m3",
     "step3p7-fsdp2": "step35",
     "qwen4exp-fsdp2": "qwen4exp",
+    "glm5next-fsdp2": "glm5-next",
 }
 # The vision-language models among them (their text model written), and those llama.cpp runs with flash attention on
 # (MiniMax-M3's sparse attention: without it, llama.cpp's every query attends to every key)
-NEWER_VISION = ("minimaxm3-fsdp2", "step3p7-fsdp2")
+NEWER_VISION = ("minimaxm3-fsdp2", "step3p7-fsdp2", "glm5next-fsdp2")
 FLASH_ATTENTION = ("minimaxm3-fsdp2",)
 # The queries compared with transformers, by fixture (all where none): Qwen4-Exp's within QSA's budget of 8 tokens and
 # a block of 4, and past it those that see 3 tokens after their last complete block; llama.cpp's selection for the
 # others differs (a note says so)
 COMPARED_ROWS = {"qwen4exp-fsdp2": lambda n: [i for i in range(n) if i < 8 + 4 - 1 or (i + 1) % 4 == 3]}
+# Those whose tensors llama-quantize chooses types for by their architecture (GLM-5-Next's: some left as the
+# converter's f32 file has them, some no lower than Q8_0), compared in a legacy type too
+LEGACY_TOO = ("glm5next-fsdp2",)
 # What a release's folder says that transformers' save does not, by fixture and file: DeepSeek-V3.2's tokenizer adds
 # its start token
 AS_RELEASED = {"deepseekv32-fsdp2": {"tokenizer_config.json": {"add_bos_token": True}}}
@@ -212,6 +216,22 @@ FOR_THE_CONVERTER = {
     # (Qwen4-Exp's full-attention layer as the Hub's config names it: transformers saves it `indexed_attention`, and
     # the converter then compresses no layer's keys)
     "qwen4exp-fsdp2": {"config.json": {"layer_types": ["linear_attention"] * 3 + ["full_attention"]}},
+    # (GLM-5-Next's as the Hub's config names it: the delta attention's sizes in linear_attn_config, the latent
+    # attention rope-less, the dense layers; transformers 5 saves them otherwise)
+    "glm5next-fsdp2": {
+        "config.json": {
+            "text_config": {
+                "linear_attn_config": {
+                    "head_dim": 16,
+                    "num_heads": 2,
+                    "short_conv_kernel_size": 4,
+                    "gate_lower_bound": -5.0,
+                },
+                "mla_use_nope": True,
+                "first_k_dense_replace": 1,
+            }
+        }
+    },
     # (Step 3.7's, as the Hub's remote code names it: the key-value heads, the experts, the sliding layers' heads, the
     # dense layers, rope's base and turned part by layer, the routing's renormalisation)
     "step3p7-fsdp2": {
@@ -255,10 +275,12 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     tensor on disk, which unshard's folder joins from the rank files' four) and MiniMax-M3's text model (block-sparse
     attention, its indexer in F32, run with flash attention, as llama.cpp sparsifies with it alone), Step 3.7 Flash's
     (heads, window and rope of its own on the sliding layers, a gate per head, SwiGLU bounds) and Qwen4-Exp's
-    (hyper-connections, QSA, hashed n-gram embeddings from a table in shards): unshard's folder
+    (hyper-connections, QSA, hashed n-gram embeddings from a table in shards) and GLM-5-Next's (Kimi Delta Attention,
+    a rope-less latent attention whose indexer keeps pools of keys, hyper-connections): unshard's folder
     is the fixture's model tensor for tensor; its GGUF file from the rank files (with that folder's tokenizer) is the
-    converter's of that folder in f32 and q8_0 and llama-quantize's of the converter's in q4_k_m; llama.cpp computes
-    transformers' logits over a prompt past the window (past the blocks MiniMax-M3's queries keep)."""
+    converter's of that folder in f32 and q8_0 and llama-quantize's of the converter's in q4_k_m (and in q4_0, where
+    llama-quantize chooses by the architecture); llama.cpp computes transformers' logits over a prompt past the window
+    (past the blocks MiniMax-M3's queries keep, the pools GLM-5-Next's keeps)."""
     import transformers
 
     src, folder = folder_of_the_reference(case, tmp_path)
@@ -288,8 +310,15 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     rows = COMPARED_ROWS.get(case, lambda n: list(range(n)))(len(prompt))
     logits, expected = logits[rows], expected[rows]
     distance = ((logits - expected).norm() / expected.norm()).item()
-    # (measured 1.7e-7 and 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7, 3.3e-7, 4.7e-7 and 3.3e-7, 1.7e-7, 2.9e-4, 4.1e-7, 3.1e-7)
+    # (measured 1.7e-7 and 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7, 3.3e-7, 4.7e-7 and 3.3e-7, 1.7e-7, 2.9e-4, 4.1e-7, 3.1e-7,
+    # 3.8e-7)
     assert distance <= LLAMA_CPP_TOLERANCE["f32"]
+    if case in LEGACY_TOO:  # (llama-quantize's choices of its own for the architecture, in a type gguf-py computes)
+        unshard_files(src, tmp_path, ("q4_0",), ggml_library, "--config-from", folder)
+        llama_cpp_client(
+            "quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize-q4_0.gguf", "q4_0", "q8_0"
+        )
+        assert_same_file(tmp_path / "q4_0.gguf", tmp_path / "llama-quantize-q4_0.gguf")
 
 
 # Hy4's tensors whose rows unshard turns from transformers' order into llama.cpp's (the rotary rows of each head, by
@@ -511,6 +540,14 @@ def test_gemma_4_s_drafters_as_the_converter_and_llama_quantize_write_them(case,
             {"text_config": {"mlp_layer_types": ["sparse", "dense", "sparse", "sparse"]}},
             "a dense layer follows a layer with experts",
         ),
+        ("glm5next-fsdp2", {"text_config": {"hc_mult": 2}}, "hc_mult is 2, and llama.cpp's glm5-next runs 4 streams"),
+        ("glm5next-fsdp2", {"text_config": {"n_group": 2}}, "its experts are routed in groups, which llama.cpp's"),
+        (
+            "glm5next-fsdp2",
+            {"text_config": {"indexer_types": ["full", "full", "shared", "full"]}},
+            "the first latent layer's indexer_types is not `full`",
+        ),
+        ("glm5next-fsdp2", {"vision_config": {"hidden_act": "gelu"}}, "hidden_act is 'gelu', and llama.cpp's glm5v"),
         ("qwen4exp-fsdp2", {"output_gate_type": "silu"}, "output gate is 'silu' (output_gate_type, else hidden_act)"),
         ("qwen4exp-fsdp2", {"ple_layer_ids": [1, 2]}, "ple_layer_ids names 2 layers, and llama.cpp's qwen4exp adds"),
         (
@@ -530,8 +567,9 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     whose tower's rope or activation llama.cpp's minimaxm3 projector fixes otherwise, a MiniCPM-V 4.6 of another
     activation or of the 4x mode (not written yet), a dots3-note whose experts are routed in groups, a
     Step 3.7 gated per element, its queries scaled otherwise, a dense layer after an expert one or attending both ways,
-    a Qwen4-Exp whose linear attention is gated by SiLU or whose n-gram embeddings are on two layers: one line naming
-    config.json, nothing written."""
+    a Qwen4-Exp whose linear attention is gated by SiLU or whose n-gram embeddings are on two layers, a GLM-5-Next of
+    two hyper-connection streams, experts routed in groups, a first latent layer without an indexer
+    of its own, or a tower of another activation than SiLU: one line naming config.json, nothing written."""
     folder = tmp_path / "hf"
     unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
     updated(folder, {"config.json": change})
@@ -613,6 +651,28 @@ def test_minimax_m3_s_vision_tower_as_the_converter_writes_it_and_sees_as_transf
     assert contents(tmp_path / "mmproj-f32.gguf")[0]["clip.projector_type"] == "minimax_m3"
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
     # (6 x 8 patches: 12 tokens after the 2 x 2 merge; measured 2.5e-5)
+    assert seen_as_transformers(model, folder, 84, 12, tmp_path, width=112) <= IMAGE_TOLERANCE["f32"]
+
+
+def test_glm5_next_s_vision_tower_as_the_converter_writes_it_and_sees_as_transformers(
+    converter, ggml_library, tmp_path
+):
+    """GLM-5-Next's tower (GLM-4.1V's: Qwen2-VL's two-frame patches, q, k and v fused, merged 2 x 2 by a convolution
+    into a SwiGLU projector; with q and k normed per head, no learned positions, its SwiGLU clamped) as the mmproj file
+    of llama.cpp's glm5v projector, from FSDP2's rank files with llama.cpp's own gguf-py: the converter's `--mmproj`
+    file in f32 and q8_0 (the image processor's token budget in pixels, which mtmd resizes by), and mtmd's embeddings
+    of an image wider than high transformers' image features of the same pixels."""
+    from transformers import AutoModelForImageTextToText
+
+    src, folder = folder_of_the_reference("glm5next-fsdp2", tmp_path)
+    unshard_files(src, tmp_path, ("f32", "q8_0"), ggml_library)
+    for kind in ("f32", "q8_0"):
+        mmproj = converter(folder, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", mmproj=True)
+        assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
+    header = contents(tmp_path / "mmproj-f32.gguf")[0]
+    assert header["clip.projector_type"] == "glm5v" and header["clip.vision.image_max_pixels"] == 64 * 28 * 28
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    # (6 x 8 patches: 12 tokens after the 2 x 2 merge; measured 6.6e-4)
     assert seen_as_transformers(model, folder, 84, 12, tmp_path, width=112) <= IMAGE_TOLERANCE["f32"]
 
 

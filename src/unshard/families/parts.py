@@ -215,6 +215,11 @@ class GGUFPart:
     # parts of llama.cpp's names of tensors the converter writes in F32 whatever the file's type (MiniMax-M3's
     # indexer); llama-quantize's types choose as they do for any
     kept_in_f32: tuple[str, ...] = ()
+    # parts of llama.cpp's names of tensors llama-quantize leaves as the converter's f32 file has them for this
+    # architecture, and of those it quantizes to no fewer bits than Q8_0 (GLM-5-Next's mixing matrices, its indexer's
+    # and latent's projections)
+    left_by_llama_quantize: tuple[str, ...] = ()
+    q8_0_or_more: tuple[str, ...] = ()
     # A regular expression matching tensors whose values the converter writes into the header, not the file, and
     # (writer, {output name: its values}, hparams, where) -> those key-values, added first (the converter adds them
     # while reading the tensors, before its other metadata): Apertus's xIELU parameters of each layer; None: the

@@ -56,6 +56,7 @@ class Model:
     heads: int
     kv_heads: int
     experts: int
+    q8_0_or_more: tuple[str, ...] = ()  # (GGUFPart's: parts of the names of tensors quantized to Q8_0 at least)
 
 
 def choose_types(file_type: str, model: Model, tensors: list[tuple[str, int]]) -> dict[str, tuple[str, str | None]]:
@@ -108,6 +109,8 @@ class _State:
 
     def mixed_type(self, name: str, columns: int) -> str:
         category, kind = _category(name), self.default
+        if any(part in name for part in self.model.q8_0_or_more):  # (before any other choice, as llama.cpp's)
+            return "Q8_0"
         if category == "output" or (self.tied and category == "token_embd"):
             block = gguf_py().GGML_QUANT_SIZES[getattr(gguf_py().GGMLQuantizationType, kind)][0]
             return "Q8_0" if self.falcon or columns % block else "Q6_K"

@@ -116,7 +116,8 @@ def plan_gguf(
     )
     plan = GGUFPlan(file_type, gguf.MODEL_ARCH_NAMES[arch], gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[arch]))
     plan.routers_in_file_type = part.routers_in_file_type and file_type not in QUANTIZED
-    plan.kept_in_f32 = part.kept_in_f32 if file_type not in QUANTIZED else ()
+    plan.kept_in_f32 = part.kept_in_f32 if file_type not in QUANTIZED else part.left_by_llama_quantize
+    plan.q8_0_or_more = part.q8_0_or_more
     experts = first_of(hparams, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts") or 0
     if part.check_config:
         plan.notes.extend(part.check_config(hparams, where) or ())
@@ -216,10 +217,13 @@ def _plan_tensors(
         ]
         shapes.append({name: values.shape for name, values in beside.items()})
         quantized = {
-            name: shape[-1] for each in shapes for name, shape in each.items() if _quantized(name, shape, file_type)
+            name: shape[-1]
+            for each in shapes
+            for name, shape in each.items()
+            if _quantized(name, shape, file_type) and not any(part in name for part in plan.kept_in_f32)
         }
         first_kv_heads = part.first_kv_heads(hparams) if part.first_kv_heads else kv_heads
-        model = kquants.Model(plan.architecture, blocks, heads, first_kv_heads, experts)
+        model = kquants.Model(plan.architecture, blocks, heads, first_kv_heads, experts, plan.q8_0_or_more)
         mixed = kquants.choose_types(file_type, model, sorted(quantized.items(), key=lambda t: _in_blocks(t[0])))
     file_shapes = {}  # (every tensor of the file, by llama.cpp's name: gguf-py counts the parameters from them)
     for output, name in zip(ordered, llama_names):
@@ -479,7 +483,9 @@ def gguf_type(
         return gguf.GGMLQuantizationType.F32, None
     if mixed:
         return getattr(gguf.GGMLQuantizationType, mixed[0]), mixed[1]
-    if legacy and output_layer:
+    if legacy and any(part in name for part in plan.q8_0_or_more):
+        tensor_type = gguf.GGMLQuantizationType.Q8_0  # (llama-quantize's least for them in this architecture)
+    elif legacy and output_layer:
         tensor_type = gguf.GGMLQuantizationType.Q8_0
         note = (
             "in Q8_0, as `llama-quantize --output-tensor-type q8_0` writes it (llama-quantize's own q6_K is a "
