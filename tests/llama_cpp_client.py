@@ -106,6 +106,10 @@ def encoded(path: str, tokens: list[int], pooling: int):
         n_ubatch=len(tokens),
         n_threads=1,
         verbose=False,
+        # (NON_CAUSAL=1: every token attends to every other, as llama-embedding's --attention non-causal)
+        attention_type=llama_cpp.LLAMA_ATTENTION_TYPE_NON_CAUSAL
+        if os.environ.get("NON_CAUSAL") == "1"
+        else llama_cpp.LLAMA_ATTENTION_TYPE_UNSPECIFIED,
     )
     llm._batch.set_batch(tokens, n_past=0, logits_all=True)
     if llama_cpp.llama_model_has_encoder(llm.model):  # (T5's encoder alone: run as llama-embedding runs it)

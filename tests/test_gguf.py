@@ -198,10 +198,10 @@ LLAMA_CPP_TOLERANCE = {"f32": 1e-3, "f16": 2e-3, "bf16": 1e-2, "q8_0": 0.05}
 Q8_0_TOLERANCE = {"gptoss-fsdp2": 0.08}
 
 
-def llama_cpp_client(*args, kv_cache: str = "f16", flash_attn: bool = False) -> None:
+def llama_cpp_client(*args, kv_cache: str = "f16", flash_attn: bool = False, non_causal: bool = False) -> None:
     """tests/llama_cpp_client.py, run by llama.cpp itself: llama-cpp-python compiled from its source package
     (a peer venv); kv_cache: the type its keys and values are cached in; flash_attn: flash attention on (MiniMax-M3's
-    sparse attention runs with it alone)."""
+    sparse attention runs with it alone); non_causal: embeddings of tokens that attend to every other."""
     done = subprocess.run(
         [
             str(generate.peer_python("llamacpp-client")),
@@ -211,7 +211,7 @@ def llama_cpp_client(*args, kv_cache: str = "f16", flash_attn: bool = False) -> 
         capture_output=True,
         text=True,
         timeout=600,
-        env=dict(os.environ, KV_CACHE=kv_cache, FLASH_ATTN=str(int(flash_attn))),
+        env=dict(os.environ, KV_CACHE=kv_cache, FLASH_ATTN=str(int(flash_attn)), NON_CAUSAL=str(int(non_causal))),
     )
     assert done.returncode == 0, done.stderr[-3000:]
 

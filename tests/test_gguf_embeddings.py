@@ -153,6 +153,23 @@ def test_lfm2_s_layers_alone_with_a_projection_per_token_as_the_converter_writes
     assert ((got - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 2.6e-4)
 
 
+def test_lfm2_s_layers_attending_both_ways_as_the_converter_writes_them(converter, tmp_path):
+    """LFM2.5's embedding models' layout (`Lfm2BidirectionalModel`, Liquid's class: LFM2's layers alone, attending to
+    every token), saved by transformers as Lfm2Model under the class its config names: the converter's file, the
+    attention marked non-causal in the header (from which llama.cpp also centres the short convolutions' window, as
+    Liquid's code does). No embeddings are compared: transformers has no class of Liquid's centred convolutions, and
+    its Lfm2Model given a mask of every token computes another model (measured 1.8e-2 from llama.cpp's)."""
+    folder = layers_alone("lfm2-fsdp2", "Lfm2Model", tmp_path)
+    config = json.loads((folder / "config.json").read_text())  # (save_pretrained names the class it saves)
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Lfm2BidirectionalModel"]}))
+    pre = for_the_converter(folder)
+    for kind in ("f32", "q8_0"):
+        ours = tmp_path / f"{kind}.gguf"
+        unshard.convert(folder, ours, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
+        assert_same_file(ours, converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
+    assert contents(tmp_path / "f32.gguf")[0]["lfm2.attention.causal"] is False
+
+
 @pytest.mark.parametrize("case, model_class", [("bloom-fsdp2", "BloomModel"), ("qwen2vl-fsdp2", "Qwen2VLModel")])
 def test_a_family_s_class_without_its_head_is_the_converter_s(case, model_class, converter, tmp_path):
     """BLOOM's and Qwen2-VL's classes without a head, as transformers saves them (no `transformer.` or `model.` before

@@ -1721,6 +1721,38 @@ def test_a_decoder_s_layers_alone_embed_as_the_converter_writes_them(case, conve
     assert distance <= LLAMA_CPP_TOLERANCE["f32"]
 
 
+def test_a_llama_attending_both_ways_embeds_as_the_converter_writes_it(converter, tmp_path):
+    """NVIDIA's embedding models' layout (llama-embed-nemotron: `LlamaBidirectionalModel`, a LlamaModel whose tokens
+    attend to every other), saved by transformers from the Llama fixture's under the class its config names: the
+    converter's file, llama.cpp's llama-embed; llama.cpp, told to attend both ways as NVIDIA's model does, embeds each
+    token as transformers' LlamaModel given a mask of every token."""
+    import transformers
+
+    unshard.convert(SHIPPED / "llama-fsdp2-spm" / "global_step_1", tmp_path / "hf", progress=False)
+    model = transformers.LlamaModel.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    folder = tmp_path / "embedding"
+    model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())  # (save_pretrained names the class it saves)
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaBidirectionalModel"]}))
+    for path in (tmp_path / "hf").iterdir():
+        if path.name not in ("config.json", "model.safetensors", "README.md"):
+            shutil.copy(path, folder / path.name)
+    sentence_transformers_folder(folder, "pooling_mode_mean_tokens")
+    ours = tmp_path / "f32.gguf"
+    unshard.convert(folder, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
+    assert_same_file(ours, converter(folder, "f32", tmp_path / "oracle.gguf", pre=None))
+    assert contents(ours)[0]["general.architecture"] == "llama-embed"
+    prompt = [1, 5, 20, 33, 41, 50, 60, 2]
+    llama_cpp_client("embed", ours, ",".join(map(str, prompt)), tmp_path / "embeddings.npy", non_causal=True)
+    got = torch.from_numpy(np.load(tmp_path / "embeddings.npy"))
+    everyone = torch.ones(1, 1, len(prompt), len(prompt), dtype=torch.bool)
+    expected = model(torch.tensor([prompt]), attention_mask=everyone).last_hidden_state[0].detach()
+    causal = model(torch.tensor([prompt])).last_hidden_state[0].detach()
+    distance = ((got - expected).norm() / expected.norm()).item()
+    # (measured 5.5e-7, within f32's tolerance: llama.cpp caches keys and values in f16; from the causal model 0.95)
+    assert distance <= LLAMA_CPP_TOLERANCE["f32"] < ((got - causal).norm() / causal.norm()).item(), distance
+
+
 def sentence_transformers_folder(folder: Path, flag: str) -> None:
     """A sentence-transformers folder's modules beside the model: the model, then pooling by that flag."""
     modules = [

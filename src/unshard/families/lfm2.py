@@ -63,12 +63,19 @@ def lfm2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
         writer.add_layer_norm_rms_eps(hparams["norm_eps"])
         writer.add_feed_forward_length(lfm2_ffn_width(hparams))
     if lfm2_layers_alone(hparams):
+        if (hparams.get("architectures") or [None])[0] == BIDIRECTIONAL:
+            writer.add_causal_attention(False)
         pooled(writer, hparams, folder)
 
 
+# LFM2.5's embedding models' class (Liquid's own code): the layers alone, their attention over every token
+BIDIRECTIONAL = "Lfm2BidirectionalModel"
+
+
 def lfm2_layers_alone(hparams: dict) -> bool:
-    """LFM2's layers without the head (`Lfm2Model`): LFM2.5's embedding and ColBERT models'."""
-    return (hparams.get("architectures") or [None])[0] == "Lfm2Model"
+    """LFM2's layers without the head (`Lfm2Model`, `Lfm2BidirectionalModel`): LFM2.5's embedding and ColBERT
+    models'."""
+    return (hparams.get("architectures") or [None])[0] in ("Lfm2Model", BIDIRECTIONAL)
 
 
 def lfm2_dense(writer, hparams: dict, folder: Path) -> dict:
@@ -185,8 +192,9 @@ FAMILIES = (
         gguf=LFM2,
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
-        # (its layers alone: LFM2.5's embedding and ColBERT models; the class Liquid's own code names)
-        also=("Lfm2Model", "LFM2ForCausalLM"),
+        # (its layers alone: LFM2.5's ColBERT models, and attending both ways, its embedding models; the class
+        # Liquid's own code names)
+        also=("Lfm2Model", BIDIRECTIONAL, "LFM2ForCausalLM"),
     ),
     Family(
         "LFM2-VL",

@@ -6,6 +6,7 @@ mistral3.py)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
@@ -130,6 +131,9 @@ def smollm3_checked(hparams: dict, where: Path) -> None:
 GGUF = GGUFPart(
     "LLAMA", hyperparameters=llama_hyperparameters, computed=llama_computed, permute_qk=True, llama_vocabulary=True
 )
+# NVIDIA's embedding models (llama-embed-nemotron: `LlamaBidirectionalModel`, the layers alone, attending both ways),
+# which the converter writes as Llama's under llama.cpp's llama-embed (run with non-causal attention)
+LLAMA_EMBED = replace(GGUF, arch="LLAMA_EMBED")
 TEXT_ONLY = Unsupported("a text model: it has no vision part", applies=False)
 
 FAMILIES = (
@@ -148,13 +152,14 @@ FAMILIES = (
         megatron=MegatronRules(MEGATRON_RULES, m.Signature(), _no_biases),
         meta_names=META_NAMES,
         fused_siblings=SIBLINGS,
-        gguf=GGUF,
+        gguf=replace(GGUF, classes=(("LlamaBidirectionalModel", LLAMA_EMBED),)),
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family: merge-moe assembles Mixtral or Qwen MoE from it", applies=False),
         torchtitan_names=TORCHTITAN,
         torchtune_names=TORCHTUNE_LLAMA,
-        # (its layers alone, as embedding models have them: LLM2Vec's; the class's first name, as early configs name it)
-        also=("LlamaModel", "LLaMAForCausalLM"),
+        # (its layers alone, as embedding models have them: LLM2Vec's, and attending both ways, llama-embed-nemotron's;
+        # the class's first name, as early configs name it)
+        also=("LlamaModel", "LlamaBidirectionalModel", "LLaMAForCausalLM"),
     ),
     Family(
         "Mistral",

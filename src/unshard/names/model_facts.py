@@ -56,9 +56,13 @@ def _built_on_meta(config_folder: Path, config: dict, updates: dict, dtype: Any)
     with torch.device("meta"):
         # a config saved without `architectures`, or naming a class transformers lacks (its makers' own, as MosaicML's
         # MPTForCausalLM and the first T5 releases' T5WithLMHeadModel): the causal or sequence-to-sequence LM of its
-        # model_type
+        # model_type; a base model's layers alone first where the class is named as one (NVIDIA's
+        # LlamaBidirectionalModel)
         if model_class is None:
-            for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForSeq2SeqLM):
+            named = architectures[0] if architectures else ""
+            base = named.endswith("Model") and not named.endswith("LMHeadModel")
+            autos = (transformers.AutoModelForCausalLM, transformers.AutoModelForSeq2SeqLM)
+            for auto in (transformers.AutoModel, *autos) if base else autos:
                 try:
                     return auto.from_config(hf_config, **in_dtype)
                 except ValueError:
