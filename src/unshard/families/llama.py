@@ -134,6 +134,8 @@ GGUF = GGUFPart(
 # NVIDIA's embedding models (llama-embed-nemotron: `LlamaBidirectionalModel`, the layers alone, attending both ways),
 # which the converter writes as Llama's under llama.cpp's llama-embed (run with non-causal attention)
 LLAMA_EMBED = replace(GGUF, arch="LLAMA_EMBED")
+# (Llama's and Mistral's, which share it: the class decides)
+LLAMA_OR_EMBED = replace(GGUF, classes=(("LlamaBidirectionalModel", LLAMA_EMBED),))
 TEXT_ONLY = Unsupported("a text model: it has no vision part", applies=False)
 
 FAMILIES = (
@@ -152,7 +154,7 @@ FAMILIES = (
         megatron=MegatronRules(MEGATRON_RULES, m.Signature(), _no_biases),
         meta_names=META_NAMES,
         fused_siblings=SIBLINGS,
-        gguf=replace(GGUF, classes=(("LlamaBidirectionalModel", LLAMA_EMBED),)),
+        gguf=LLAMA_OR_EMBED,
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family: merge-moe assembles Mixtral or Qwen MoE from it", applies=False),
         torchtitan_names=TORCHTITAN,
@@ -172,7 +174,7 @@ FAMILIES = (
         megatron=MegatronRules(MEGATRON_RULES, None, _no_biases),
         meta_names=META_NAMES,
         fused_siblings=SIBLINGS,
-        gguf=GGUF,
+        gguf=LLAMA_OR_EMBED,
         mmproj=TEXT_ONLY,
         moe_layout=Unsupported("a dense family: merge-moe assembles Mixtral or Qwen MoE from it", applies=False),
         torchtitan_names=Unsupported("torchtitan has no Mistral model", applies=False),
