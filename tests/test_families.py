@@ -382,6 +382,7 @@ TESTED = {
         "exaone4_5": "exaone45-fsdp2",  # (with llama.cpp's gguf-py)
         "minimax_m3_vl": "minimaxm3-fsdp2",  # (with llama.cpp's gguf-py)
         "glm5_next": "glm5next-fsdp2",  # (with llama.cpp's gguf-py)
+        "dots3_note": "dots3notevl-fsdp2",  # (with llama.cpp's gguf-py)
         "minicpmv4_6": "minicpmv46-fsdp2",  # (with llama.cpp's gguf-py)
         "glm4v": "glm4v-fsdp2",
         "glm4v_moe": "glm4vmoe-fsdp2",

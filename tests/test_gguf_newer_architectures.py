@@ -30,7 +30,7 @@ from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: t
     llama_cpp,
     llama_cpp_client,
 )
-from test_gguf_mmproj import IMAGE_TOLERANCE, assert_same_tensors
+from test_gguf_mmproj import AUDIO_TOLERANCE, IMAGE_TOLERANCE, assert_same_tensors
 
 import unshard
 from unshard.sinks.gguf import kquants
@@ -425,7 +425,8 @@ def test_dots3_note_from_fsdp2_as_llama_cpp_computes_transformers_model(
     """dots3-note's text model (DeepSeek's latent attention in two geometries, the global layers' with the sparse
     attention's indexer, the sliding layers' wider in heads over a narrower latent; the latents rescaled, the rotary
     key normed, a gate per head; a dense first layer, then experts) from FSDP2's rank files, alone and as released
-    (beside a vision tower and an audio encoder, which the file leaves out as the converter's does), its config as
+    (beside a vision tower and an audio encoder, which the text model's file leaves out as the converter's does), its
+    config as
     transformers 5 saves it: the GGUF file is the converter's of the Hub's config, field for field and tensor for
     tensor, but for
     the indexer's rotary rows, which transformers' dots3-note turns by consecutive pairs and llama.cpp's dots3note by
@@ -433,8 +434,7 @@ def test_dots3_note_from_fsdp2_as_llama_cpp_computes_transformers_model(
     computes transformers' logits from unshard's file over a prompt past the window and the 4 tokens the indexer keeps
     (measured 3.8e-7; the converter's 2.8e-1); q4_k_m is llama-quantize's of its f32."""
     src, folder = folder_of_the_reference(case, tmp_path)
-    messages = unshard_files(src, tmp_path, ("f32", "q4_k_m"), ggml_library, "--config-from", folder)
-    assert ("no mmproj file of them" in messages) is (case == "dots3notevl-fsdp2"), messages
+    unshard_files(src, tmp_path, ("f32", "q4_k_m"), ggml_library, "--config-from", folder)
     pre = for_the_converter(folder)
     if case == "dots3notevl-fsdp2":  # (the release's config.json, its text model's settings at the top, where the
         # converter reads them; transformers 5 saves them in text_config)
@@ -451,6 +451,82 @@ def test_dots3_note_from_fsdp2_as_llama_cpp_computes_transformers_model(
     assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
     distances = [llama_cpp_from_transformers(llama_cpp, file, case) for file in (ours, theirs)]
     assert distances[0] <= LLAMA_CPP_TOLERANCE["f32"] and distances[1] > 10 * distances[0], distances
+
+
+# dots3-note's towers as the Hub's release names their settings, which the converter reads (transformers 5 saves them
+# under its own names): the vision tower's width, heads and experts of each block, the audio encoder's Whisper-style
+# sizes and the variant the converter checks, the image processor's least and most pixels
+DOTS3_TOWERS_ON_THE_HUB = {
+    "config.json": {
+        "vision_config": {
+            "embed_dim": 32,
+            "num_heads": 2,
+            "pyramid_num_routed": [-1, 4],
+            "capacity_factor": 2,
+            "adapter_type": "patch_merger",
+            "pre_pixel_shuffle": True,
+            "router_scoring_func": "sigmoid",
+            "router_scale": 1.0,
+            "temporal_patch_size": 1,
+            "use_bias": False,
+            "use_qk_norm": True,
+        },
+        "audio_config": {
+            "use_conv2d_stem": True,
+            "use_rope": True,
+            "use_rms_norm": True,
+            "use_causal": False,
+            "merge_factor": 1,
+            "chunk_seconds": 60,
+            "whisper_config": {
+                "activation_function": "swiglu",
+                "d_model": 32,
+                "encoder_ffn_dim": 48,
+                "encoder_attention_heads": 2,
+                "encoder_layers": 2,
+                "num_mel_bins": 16,
+            },
+        },
+    },
+    "preprocessor_config.json": {"min_pixels": 56 * 56, "max_pixels": 112 * 112},
+}
+
+
+def test_dots3_note_s_towers_as_the_converter_writes_them_and_see_and_hear_as_transformers(
+    converter, ggml_library, tmp_path
+):
+    """dots3-note's vision tower (experts on its second block, stacked per block) and audio encoder (three strided
+    convolutions, Whisper's layers with rope on half of each head and a SwiGLU MLP, whose fused gate and up the file
+    holds apart) in one mmproj file of llama.cpp's dots3note_v and dots3note_a projectors, from FSDP2's rank files:
+    the converter's `--mmproj` file of the Hub's config in f32 and q8_0; mtmd's embeddings of an image wider than high
+    and of a second of sound are transformers' image and audio features of the same pixels and samples."""
+    from transformers import AutoModelForImageTextToText, Dots3NoteFeatureExtractor
+
+    src, folder = folder_of_the_reference("dots3notevl-fsdp2", tmp_path)
+    unshard_files(src, tmp_path, ("f32", "q8_0"), ggml_library)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    # (6 x 8 patches: 12 tokens after the 2 x 2 merge, through the experts; measured 1.8e-4)
+    assert seen_as_transformers(model, folder, 84, 12, tmp_path, width=112) <= IMAGE_TOLERANCE["f32"]
+    rng, samples = np.random.default_rng(0), 16000
+    sound = 0.3 * np.sin(2 * np.pi * 440 * np.arange(samples) / 16000) + 0.05 * rng.standard_normal(samples)
+    sound.astype(np.float32).tofile(tmp_path / "sound.f32")
+    files = (tmp_path / "f32.gguf", tmp_path / "mmproj-f32.gguf")
+    llama_cpp_client("audio", *files, tmp_path / "sound.f32", tmp_path / "sound.npy")
+    heard = torch.from_numpy(np.load(tmp_path / "sound.npy"))
+    features = Dots3NoteFeatureExtractor(feature_size=16)(sound, sampling_rate=16000, return_tensors="pt")
+    with torch.no_grad():
+        expected = model.model.get_audio_features(features["input_features"], features["chunk_sample_lengths"])
+    expected = expected.pooler_output.reshape(-1, heard.shape[-1])
+    assert heard.shape == expected.shape == (13, 64)  # (100 frames, a token of 8)
+    assert ((heard - expected).norm() / expected.norm()).item() <= AUDIO_TOLERANCE["f32"]  # (measured 1.9e-4)
+    updated(folder, DOTS3_TOWERS_ON_THE_HUB)
+    for kind in ("f32", "q8_0"):
+        mmproj = converter(folder, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", mmproj=True)
+        assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
+    header = contents(tmp_path / "mmproj-f32.gguf")[0]
+    assert (
+        header["clip.vision.expert_count_per_layer"] == [0, 4] and header["clip.audio.projector_type"] == "dots3note_a"
+    )
 
 
 # Gemma 4's drafters, and what the converter reads that transformers' save does not name: Gemma 4 Unified's experts'
@@ -548,6 +624,12 @@ def test_gemma_4_s_drafters_as_the_converter_and_llama_quantize_write_them(case,
             "the first latent layer's indexer_types is not `full`",
         ),
         ("glm5next-fsdp2", {"vision_config": {"hidden_act": "gelu"}}, "hidden_act is 'gelu', and llama.cpp's glm5v"),
+        ("dots3notevl-fsdp2", {"vision_config": {"hidden_act": "gelu"}}, "the vision tower's hidden_act is gelu"),
+        (
+            "dots3notevl-fsdp2",
+            {"audio_config": {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}}},
+            "the audio tower's partial_rotary_factor is 0.25, and llama.cpp's dots3note_a computes 0.5",
+        ),
         ("qwen4exp-fsdp2", {"output_gate_type": "silu"}, "output gate is 'silu' (output_gate_type, else hidden_act)"),
         ("qwen4exp-fsdp2", {"ple_layer_ids": [1, 2]}, "ple_layer_ids names 2 layers, and llama.cpp's qwen4exp adds"),
         (
@@ -569,7 +651,8 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     Step 3.7 gated per element, its queries scaled otherwise, a dense layer after an expert one or attending both ways,
     a Qwen4-Exp whose linear attention is gated by SiLU or whose n-gram embeddings are on two layers, a GLM-5-Next of
     two hyper-connection streams, experts routed in groups, a first latent layer without an indexer
-    of its own, or a tower of another activation than SiLU: one line naming config.json, nothing written."""
+    of its own, or a tower of another activation than SiLU, a dots3-note tower of another activation or rope: one
+    line naming config.json, nothing written."""
     folder = tmp_path / "hf"
     unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
     updated(folder, {"config.json": change})

@@ -5,24 +5,29 @@ rank), the rotary key normed, a sigmoid gate per head on the attention's output;
 DeepSeek-V3's experts. llama.cpp's dots3note (which PyPI's gguf-py 0.19 lacks): the converter reads the Hub's config
 (the sliding layers' sizes as `swa_*` keys), which transformers 5 saves otherwise (its per_layer_config, rope by layer
 type): unshard reads either, and writes what the converter writes from the Hub's. dots3-note as released
-(`Dots3NoteForConditionalGeneration`): that text model beside a vision tower with experts and an audio encoder, which
-its file leaves out, as the converter's does (their mmproj file is not written yet)."""
+(`Dots3NoteForConditionalGeneration`): that text model beside a vision tower with experts on its later blocks (as many
+as each block's pyramid says) and an audio encoder (Whisper's layers behind three strided 2-D convolutions, rope on
+half of each head, a SwiGLU MLP), both in one mmproj file of llama.cpp's dots3note_v and dots3note_a projectors: each
+block's experts stacked, the audio MLP's fused gate and up apart, as the converter writes them from the Hub's config
+keys (`embed_dim`, `pyramid_num_routed`, `whisper_config`), which transformers 5 saves otherwise: unshard reads
+either."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .deepseek import DEEPSEEK2, deepseek2_hyperparameters, latent_kv
+from .gguf_hooks import fixed_in_code, gguf_py, mmproj_model_forced_type
 from .llama import TEXT_ONLY
 from .parts import (
     LLAMA_CPP_GGUF_PY,
     NO_TABLE,
     Family,
     GGUFPart,
+    MmprojPart,
     Rearrangement,
     Unsupported,
     no_trainer_model,
@@ -196,6 +201,123 @@ DOTS3_NOTE_GGUF = GGUFPart(
 )
 
 
+def dots3_note_vision_sizes(vision: dict, where: Path) -> dict:
+    """The tower as the converter reads its config (the Hub's `embed_dim` for its width, where `hidden_size` is the
+    adapter's; transformers' names otherwise), the experts of each block (the Hub's `pyramid_num_routed`, or
+    transformers' `mlp_layer_types` with `per_layer_config`) and those each token takes; an image of any size. What
+    llama.cpp's dots3note_v computes otherwise, as the converter refuses it, is one line."""
+    width = vision.get("embed_dim", vision.get("hidden_size"))
+    pyramid = vision.get("pyramid_num_routed")
+    if pyramid is None:
+        per_layer = {int(i): values for i, values in (vision.get("per_layer_config") or {}).items()}
+        experts = vision.get("num_local_experts", 0)
+        pyramid = [
+            per_layer.get(i, {}).get("num_local_experts", experts) if kind == "sparse" else 0
+            for i, kind in enumerate(vision.get("mlp_layer_types") or [])
+        ]
+    runs = {
+        "adapter_type": (vision.get("adapter_type", "patch_merger"), "patch_merger"),
+        "pre_pixel_shuffle": (vision.get("pre_pixel_shuffle", True), True),
+        "router_scoring_func": (vision.get("router_scoring_func", "sigmoid"), "sigmoid"),
+        "router_scale": (vision.get("router_scale", vision.get("router_scaling_factor", 1.0)), 1.0),
+        "temporal_patch_size": (vision.get("temporal_patch_size", 1), 1),
+        "attention bias": (vision.get("use_bias", vision.get("attention_bias", False)), False),
+        "use_qk_norm": (vision.get("use_qk_norm", True), True),
+        "hidden_act": (vision.get("hidden_act", "silu"), "silu"),
+    }
+    fixed_in_code(where, "vision", "dots3note_v", runs)
+    return {
+        **vision,
+        "image_size": 0,  # (any size: the converter's dynamic resolution)
+        "hidden_size": width,
+        "num_attention_heads": vision.get("num_heads", vision.get("num_attention_heads")),
+        "pyramid": [max(0, count) for count in pyramid],
+        "experts_used": vision.get("capacity_factor", vision.get("num_experts_per_tok", 2)),
+    }
+
+
+def dots3_note_audio_sizes(config: dict, where: Path) -> dict | None:
+    """The audio encoder's sizes, from the Hub's whisper_config or transformers' names; what llama.cpp's dots3note_a
+    fixes in code (rope on half of each head at 10000, SwiGLU, chunks of 60 seconds, no frames merged), one line."""
+    audio = config.get("audio_config")
+    if not audio:
+        return None
+    whisper = audio.get("whisper_config") or {}
+    rope = audio.get("rope_parameters") or {}
+    activation = whisper.get("activation_function") or audio.get("hidden_act", "silu")
+    activation = "swiglu" if activation == "silu" else activation  # (transformers' SiLU of a fused gate and up)
+    runs = {
+        "partial_rotary_factor": (rope.get("partial_rotary_factor", 0.5), 0.5),
+        "rope_theta": (rope.get("rope_theta", 10000.0), 10000.0),
+        "activation": (activation, "swiglu"),
+        "chunk_seconds": (audio.get("chunk_seconds", 60), 60),
+        "merge_factor": (audio.get("merge_factor", 1), 1),
+        "use_causal": (audio.get("use_causal", False), False),
+    }
+    fixed_in_code(where, "audio", "dots3note_a", runs)
+    return {
+        "hidden_size": whisper.get("d_model", audio.get("hidden_size")),
+        "intermediate_size": whisper.get("encoder_ffn_dim", audio.get("intermediate_size")),
+        "num_hidden_layers": whisper.get("encoder_layers", audio.get("num_hidden_layers")),
+        "num_attention_heads": whisper.get("encoder_attention_heads", audio.get("num_attention_heads")),
+        "mel_bins": whisper.get("num_mel_bins", audio.get("feature_size")),
+    }
+
+
+def dots3_note_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The converter's Dots3NoteMmprojModel's: SiLU, the tower's norm epsilon, the patches merged, the image's least
+    and most pixels (the Hub's processor nests them in vision_config; transformers' Qwen2-VL processor names them its
+    size's shortest and longest edge), each block's experts and those each token takes; then the audio projector,
+    its mel bins and norm epsilon (1e-6, as the encoder's norms default)."""
+    nested = {**processor, **(processor.get("vision_config") or {})}
+    size = nested.get("size") or {}
+    writer.add_vision_use_silu(True)
+    writer.add_vision_attention_layernorm_eps(vision.get("rms_norm_eps", 1e-5))
+    writer.add_vision_spatial_merge_size(vision.get("spatial_merge_size", 2))
+    writer.add_vision_min_pixels(nested.get("min_pixels", size.get("shortest_edge")))
+    writer.add_vision_max_pixels(nested.get("max_pixels", size.get("longest_edge")))
+    writer.add_vision_expert_count_per_layer(vision["pyramid"])
+    writer.add_vision_expert_used_count(int(vision["experts_used"]))
+    writer.add_clip_audio_projector_type(gguf_py().VisionProjectorType.DOTS3NOTE_A)
+    writer.add_audio_num_mel_bins(dots3_note_audio_sizes(hparams, Path())["mel_bins"])
+    writer.add_audio_attention_layernorm_eps(1e-6)
+
+
+def dots3_note_tower_name(name: str) -> str:
+    """The name the converter maps: the routers' weight and bias as weights."""
+    return name + ".weight" if name.endswith((".gate_weight", ".router_bias")) else name
+
+
+def dots3_note_towers_split(name: str, shape: tuple[int, ...], sizes: dict) -> Rearrangement | None:
+    """The audio MLP's fc1, gate and up fused, as two tensors (gate's rows first), as the converter splits it."""
+    if ".speech_encoder.layers." not in name or ".fc1." not in name:
+        return None
+    half = (shape[0] // 2, *shape[1:])
+    parts = {name.replace(".fc1.", ".fc1_gate."): half, name.replace(".fc1.", ".fc1_up."): half}
+    return Rearrangement(parts, lambda band: (band[: band.shape[0] // 2], band[band.shape[0] // 2 :]))
+
+
+def dots3_note_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
+    """The converter's: the vision routers in F32 (near-tied expert scores), the audio stem's convolutions and
+    projection in F32, then MmprojModel's."""
+    if ".ffn_gate_inp." in name or ".exp_probs_b." in name or ".conv2d" in name or "a.conv_out" in name:
+        return gguf.GGMLQuantizationType.F32
+    return mmproj_model_forced_type(gguf, source, name, shape, qtype, file_type)
+
+
+DOTS3_NOTE_MMPROJ = MmprojPart(
+    "DOTS3NOTE_V",
+    r"^(?:vision_encoder|audio_encoder)\.",
+    dots3_note_vision_sizes,
+    dots3_note_projector_keys,
+    forced_type=dots3_note_forced_type,
+    converter_name=dots3_note_tower_name,
+    rearranged=dots3_note_towers_split,
+    audio_sizes=dots3_note_audio_sizes,
+    projector_type_key="clip.vision",
+)
+
+
 def dots3_note_family(name: str, model_type: str, architecture: str, gguf: GGUFPart, mmproj) -> Family:
     """dots3-note's text model alone or as released (beside its towers): one layout, two classes."""
     return Family(
@@ -219,13 +341,7 @@ FAMILIES = (
         "dots3-note",
         "dots3_note",
         "Dots3NoteForConditionalGeneration",
-        replace(
-            DOTS3_NOTE_GGUF,
-            towers=r"^(?:vision_encoder|audio_encoder)\.",
-            towers_left_out="its vision tower's and audio encoder's: llama.cpp's dots3note projectors are not written",
-        ),
-        Unsupported(
-            "dots3-note's vision tower and audio encoder (llama.cpp's dots3note projectors) are not written yet"
-        ),
+        DOTS3_NOTE_GGUF,
+        DOTS3_NOTE_MMPROJ,
     ),
 )

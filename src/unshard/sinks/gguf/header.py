@@ -3,6 +3,7 @@ converter reads it, and the general key-values."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +62,18 @@ def general_metadata(writer, folder: Path, parameters: tuple[int, int, int, int]
     if general.size_label is None and parameters[0] > 0:
         general.size_label = gguf.size_label(*parameters)  # ("8x7B" for experts)
     general.set_gguf_meta_model(writer)
+
+
+def parameter_counts(shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int, int]:
+    """The file's parameters as gguf-py counts them for the size label (GGUFWriter.get_total_parameter_count): all,
+    those outside the experts' stacks, one expert's, and the experts."""
+    total = shared = expert = stacked_experts = stacks = 0
+    for name, shape in shapes.items():
+        size = math.prod(shape)
+        total += size
+        if "_exps." in name and len(shape) >= 3:
+            count = shape[-2 if ".bias" in name else -3]
+            expert, stacked_experts, stacks = expert + size // count, stacked_experts + count, stacks + 1
+        else:
+            shared += size
+    return total, shared, expert, stacked_experts // stacks if stacks else 0

@@ -3,7 +3,6 @@ config, and the header's metadata, from the family's GGUFPart (families/<family>
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ from ...families.gguf_hooks import (
 from ...families.parts import GGUFPart, Rearrangement
 from ...types import OutputTensor
 from . import kquants, vision
-from .header import as_the_converter_nests, general_metadata, read_hparams
+from .header import as_the_converter_nests, general_metadata, parameter_counts, read_hparams
 from .tensors import (
     EXPERT,
     HEAD_NORM,
@@ -275,7 +274,7 @@ def _plan_tensors(
         plan.computed[name] = in_file_type(values, tensor_type)
         plan.computed_types[name] = tensor_type
         file_shapes[name] = values.shape
-    return _parameter_counts(file_shapes)
+    return parameter_counts(file_shapes)
 
 
 def _file_names(
@@ -380,21 +379,6 @@ def _model_tensor_names(architecture: str) -> set[str]:
     gguf = gguf_py()
     arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == architecture)
     return {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[arch] if "{bid}" not in gguf.TENSOR_NAMES[t]}
-
-
-def _parameter_counts(shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int, int]:
-    """The file's parameters as gguf-py counts them for the size label (GGUFWriter.get_total_parameter_count): all,
-    those outside the experts' stacks, one expert's, and the experts."""
-    total = shared = expert = stacked_experts = stacks = 0
-    for name, shape in shapes.items():
-        size = math.prod(shape)
-        total += size
-        if "_exps." in name and len(shape) >= 3:
-            count = shape[-2 if ".bias" in name else -3]
-            expert, stacked_experts, stacks = expert + size // count, stacked_experts + count, stacks + 1
-        else:
-            shared += size
-    return total, shared, expert, stacked_experts // stacks if stacks else 0
 
 
 def _rearranged(

@@ -24,7 +24,7 @@ from ...errors import ConfigMismatchError
 from ...families.gguf_hooks import gguf_py, json_or_empty, tensor_name_map
 from ...families.parts import MmprojPart
 from ...types import OutputTensor
-from .header import general_metadata
+from .header import general_metadata, parameter_counts
 from .tensors import GGUFPlan, GGUFTensor, Rearranged, WithRows
 
 MMPROJ_TYPES = ("f32", "f16", "bf16", "q8_0")  # (llama-quantize leaves an mmproj alone: others write it in f16)
@@ -86,8 +86,18 @@ def plan_mmproj(
     if folded:
         parameters += _folded(plan, folded, part, read, llama_name)
         outputs = [o for o in outputs if o not in folded]
+    stacks, stack_shapes = _expert_stacks(outputs, part, where), {}
     for output in sorted(outputs, key=lambda o: o.name):  # (the converter's order, from a one-file folder: sorted)
         source = part.converter_name(output.name) if part.converter_name else output.name
+        if output.name in stacks:  # (an expert's: a row of its block's stack, written after the block's last expert)
+            stack, index, count, position = stacks[output.name]
+            name = llama_name(stack, output.name)
+            stack_shapes[name] = (count, *output.shape)
+            member, kind = stored_as(stack, name, output.shape)
+            plan.encoded[output.name] = GGUFTensor((replace(member, name=f"{name}[{index}]"),), kind, output.dtype)
+            plan.positions[name] = position
+            parameters += math.prod(output.shape)
+            continue
         how = part.rearranged(source, output.shape, vision or audio) if part.rearranged else None
         parameters += math.prod(output.shape)
         if how is not None:  # (the file's tensors it becomes, in the converter's order)
@@ -109,8 +119,44 @@ def plan_mmproj(
         plan.computed.update(computed)
         plan.positions.update((name, ("", i)) for i, name in enumerate(computed))
         parameters += sum(values.size for values in computed.values())
-    _metadata(plan.writer, hparams, (vision, audio), folder, parameters, part, mm_type)
+    _metadata(plan.writer, hparams, (vision, audio), folder, _with_experts(parameters, stack_shapes), part, mm_type)
     return plan
+
+
+# an expert's tensor in a tower (dots3-note's vision blocks'): the block's experts, the expert, the rest of its name
+TOWER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(.*)$")
+
+
+def _expert_stacks(
+    outputs: list[OutputTensor], part: MmprojPart, where: Path
+) -> dict[str, tuple[str, int, int, tuple]]:
+    """The towers' experts, which the converter stacks per block and kind of tensor once it has read the block's
+    last expert, in the order of their names: {output: (the stack's name as the converter maps it, the expert, the
+    stack's experts, its place in the file)}. A block missing an expert's tensor is one line."""
+    members: dict[str, dict[int, str]] = {}
+    for output in outputs:
+        source = part.converter_name(output.name) if part.converter_name else output.name
+        if match := TOWER_EXPERT.match(source):
+            members.setdefault(f"{match[1]}.{match[3]}", {})[int(match[2])] = output.name
+    last: dict[str, str] = {}  # (each block's last expert tensor, as the converter reads them: by name)
+    for stack, experts in members.items():
+        block = stack.rsplit(".experts.", 1)[0]
+        last[block] = max(last.get(block, ""), *experts.values())
+        if sorted(experts) != list(range(len(experts))):
+            raise ConfigMismatchError(f"{where}: {stack} lacks some experts' tensors; the checkpoint is incomplete")
+    stacks = {}
+    for rank, stack in enumerate(sorted(members)):
+        block = stack.rsplit(".experts.", 1)[0]
+        for index, output in members[stack].items():
+            stacks[output] = (stack, index, len(members[stack]), (last[block], rank))
+    return stacks
+
+
+def _with_experts(parameters: int, stack_shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int, int]:
+    """The file's parameters as gguf-py counts them for the size label: all, those outside the experts' stacks (the
+    towers' with experts: dots3-note's), one expert's, and the experts."""
+    _, _, expert, count = parameter_counts(stack_shapes)
+    return parameters, parameters - sum(math.prod(shape) for shape in stack_shapes.values()), expert, count
 
 
 def _folded(plan: GGUFPlan, folded: list[OutputTensor], part: MmprojPart, read, llama_name) -> int:
@@ -187,7 +233,7 @@ def _metadata(
     hparams: dict,
     towers: tuple[dict | None, dict | None],
     folder: Path,
-    parameters: int,
+    parameters: tuple[int, int, int, int],
     part: MmprojPart,
     mm_type: str,
 ) -> None:
@@ -196,7 +242,7 @@ def _metadata(
     gguf = gguf_py()
     vision, audio = towers
     writer.add_type(gguf.GGUFType.MMPROJ)
-    general_metadata(writer, folder, (parameters, parameters, 0, 0))
+    general_metadata(writer, folder, parameters)
     writer.add_file_type(
         gguf.LlamaFileType.ALL_F32 if mm_type == "f32" else getattr(gguf.LlamaFileType, "MOSTLY_" + mm_type.upper())
     )
