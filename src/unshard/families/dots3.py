@@ -260,7 +260,6 @@ def dots3_note_audio_sizes(config: dict, where: Path) -> dict | None:
         "intermediate_size": whisper.get("encoder_ffn_dim", audio.get("intermediate_size")),
         "num_hidden_layers": whisper.get("encoder_layers", audio.get("num_hidden_layers")),
         "num_attention_heads": whisper.get("encoder_attention_heads", audio.get("num_attention_heads")),
-        "mel_bins": whisper.get("num_mel_bins", audio.get("feature_size")),
     }
 
 
@@ -279,7 +278,8 @@ def dots3_note_projector_keys(writer, hparams: dict, vision: dict, processor: di
     writer.add_vision_expert_count_per_layer(vision["pyramid"])
     writer.add_vision_expert_used_count(int(vision["experts_used"]))
     writer.add_clip_audio_projector_type(gguf_py().VisionProjectorType.DOTS3NOTE_A)
-    writer.add_audio_num_mel_bins(dots3_note_audio_sizes(hparams, Path())["mel_bins"])
+    audio = hparams["audio_config"]
+    writer.add_audio_num_mel_bins((audio.get("whisper_config") or {}).get("num_mel_bins", audio.get("feature_size")))
     writer.add_audio_attention_layernorm_eps(1e-6)
 
 
