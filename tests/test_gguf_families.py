@@ -1705,12 +1705,7 @@ def test_a_decoder_s_layers_alone_embed_as_the_converter_writes_them(case, conve
     model_class, flag, pooling = DECODER_EMBEDDINGS[case]
     unshard.convert(SHIPPED / case / "global_step_1", tmp_path / "hf", progress=False)
     model = getattr(transformers, model_class).from_pretrained(tmp_path / "hf", dtype=torch.float32)
-    folder = tmp_path / "embedding"
-    model.save_pretrained(folder)
-    for path in (tmp_path / "hf").iterdir():
-        if path.name not in ("config.json", "model.safetensors", "README.md"):
-            shutil.copy(path, folder / path.name)
-    sentence_transformers_folder(folder, flag)
+    folder = embedding_folder(model, tmp_path, flag)
     ours = tmp_path / "f32.gguf"
     unshard.convert(folder, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
     assert_same_file(ours, converter(folder, "f32", tmp_path / "oracle.gguf", pre=None))
@@ -1730,14 +1725,7 @@ def test_a_llama_attending_both_ways_embeds_as_the_converter_writes_it(converter
 
     unshard.convert(SHIPPED / "llama-fsdp2-spm" / "global_step_1", tmp_path / "hf", progress=False)
     model = transformers.LlamaModel.from_pretrained(tmp_path / "hf", dtype=torch.float32)
-    folder = tmp_path / "embedding"
-    model.save_pretrained(folder)
-    config = json.loads((folder / "config.json").read_text())  # (save_pretrained names the class it saves)
-    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaBidirectionalModel"]}))
-    for path in (tmp_path / "hf").iterdir():
-        if path.name not in ("config.json", "model.safetensors", "README.md"):
-            shutil.copy(path, folder / path.name)
-    sentence_transformers_folder(folder, "pooling_mode_mean_tokens")
+    folder = embedding_folder(model, tmp_path, "pooling_mode_mean_tokens", named="LlamaBidirectionalModel")
     ours = tmp_path / "f32.gguf"
     unshard.convert(folder, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
     assert_same_file(ours, converter(folder, "f32", tmp_path / "oracle.gguf", pre=None))
@@ -1751,6 +1739,22 @@ def test_a_llama_attending_both_ways_embeds_as_the_converter_writes_it(converter
     distance = ((got - expected).norm() / expected.norm()).item()
     # (measured 5.5e-7, within f32's tolerance: llama.cpp caches keys and values in f16; from the causal model 0.95)
     assert distance <= LLAMA_CPP_TOLERANCE["f32"] < ((got - causal).norm() / causal.norm()).item(), distance
+
+
+def embedding_folder(model, tmp_path: Path, flag: str, named: str | None = None) -> Path:
+    """The model as transformers saves it (tmp_path/embedding), with unshard's folder's tokenizer files (tmp_path/hf),
+    in a sentence-transformers folder pooling by that flag; its config naming the class `named` where given (as its
+    makers' own code names it: save_pretrained names the class it saves)."""
+    folder = tmp_path / "embedding"
+    model.save_pretrained(folder)
+    if named:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "architectures": [named]}))
+    for path in (tmp_path / "hf").iterdir():
+        if path.name not in ("config.json", "model.safetensors", "README.md"):
+            shutil.copy(path, folder / path.name)
+    sentence_transformers_folder(folder, flag)
+    return folder
 
 
 def sentence_transformers_folder(folder: Path, flag: str) -> None:
@@ -1774,12 +1778,8 @@ def test_embedding_gemma_as_the_converter_writes_it_and_llama_cpp_embeds_as_tran
     unshard.convert(SHIPPED / "gemma3-fsdp2-spm" / "global_step_1", tmp_path / "hf", progress=False)
     config = transformers.Gemma3TextConfig.from_pretrained(tmp_path / "hf")
     config.use_bidirectional_attention, config.architectures = True, ["Gemma3TextModel"]
-    folder = tmp_path / "embedding"
-    transformers.Gemma3TextModel.from_pretrained(tmp_path / "hf", config=config).save_pretrained(folder)
-    for path in (tmp_path / "hf").iterdir():
-        if path.name not in ("config.json", "model.safetensors", "README.md"):
-            shutil.copy(path, folder / path.name)
-    sentence_transformers_folder(folder, "pooling_mode_mean_tokens")
+    model = transformers.Gemma3TextModel.from_pretrained(tmp_path / "hf", config=config)
+    folder = embedding_folder(model, tmp_path, "pooling_mode_mean_tokens")
     ours = tmp_path / "f32.gguf"
     unshard.convert(folder, ours, output=unshard.OutputOptions(gguf="f32"), verify=True, progress=False)
     assert_same_file(ours, converter(folder, "f32", tmp_path / "oracle.gguf", pre=None))
