@@ -189,7 +189,7 @@ class GGUFPlan:
     routers_in_file_type: bool = False  # (GGUFPart's: DBRX's)
     # (GGUFPart's: MiniMax-M3's indexer, which its converter keeps in F32; into llama-quantize's types, those it leaves)
     kept_in_f32: tuple[str, ...] = ()
-    q8_0_or_more: tuple[str, ...] = ()  # (GGUFPart's: for llama-quantize's K-quant mixes)
+    q8_0_or_more: tuple[str, ...] = ()  # (GGUFPart's: what llama-quantize quantizes to no fewer bits than Q8_0)
     # the file's tensors whose members (name[i]) are rows one after another, not a stack (GGUFPart.joined_rows)
     joined_rows: set[str] = field(default_factory=set)
     mmproj: GGUFPlan | None = None  # a vision-language model's second file, its towers (vision.py)
