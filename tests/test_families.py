@@ -193,6 +193,7 @@ GGUF_MULTIMODAL = {
     "paddleocr_vl": "paddleocr-fsdp2-spm",
     "internvl": "internvl-fsdp2",
     "lfm2_vl": "lfm2vl-fsdp2",
+    "lighton_ocr": "lightonocr-fsdp2",
 }
 TESTED = {
     "megatron_legacy": {

@@ -24,10 +24,12 @@ import pytest
 import torch
 from conftest import SHIPPED
 from test_gguf import (  # noqa: F401  (converter and llama_cpp: the fixtures, used by name)
+    LLAMA_CPP_TOLERANCE,
     assert_same_file,
     contents,
     converter,
     for_the_converter,
+    llama_cpp,
     llama_cpp_client,
     with_hub_vision_names,
 )
@@ -56,6 +58,7 @@ INTERNVL = SHIPPED / "internvl-fsdp2" / "global_step_1"
 INTERNVL_TEXT = {"internvl-fsdp2": "Qwen2ForCausalLM", "internvl35-fsdp2": "Qwen3ForCausalLM"}
 LLAVA = SHIPPED / "llava-pixtral-fsdp2" / "global_step_1"
 LFM2_VL = SHIPPED / "lfm2vl-fsdp2" / "global_step_1"
+LIGHTON_OCR = SHIPPED / "lightonocr-fsdp2" / "global_step_1"
 BREAK = "v.token_embd.img_break"
 IMAGE_BREAK_ID = 5  # (the fixture's tokenizer: [IMG], [IMG_BREAK], [IMG_END] are 4, 5 and 6)
 # mtmd's image embeddings against transformers' image features (relative distance), measured: Pixtral f32 1.6e-4,
@@ -1192,3 +1195,67 @@ def test_a_folder_transformers_saved_with_its_head_tied_converts(tmp_path):
         assert not any("lm_head" in name for name in saved.keys())
     result = unshard.convert(reference, tmp_path / "hf", verify=True, progress=False)
     assert result.tensors == 108
+
+
+@pytest.fixture(scope="module")
+def lightonocr_folder(tmp_path_factory):
+    """The folder, and a copy with the classes the Hub's LightOnOCR config names (LightOnOCRForConditionalGeneration,
+    its text model's Qwen3ForCausalLM), by which the converter finds its classes."""
+    folder = unsharded(LIGHTON_OCR, tmp_path_factory)
+    assert for_the_converter(folder) == "gpt-2"
+
+    def as_the_hub_names_it(config: dict) -> None:
+        config["architectures"] = ["LightOnOCRForConditionalGeneration"]
+        config["text_config"]["architectures"] = ["Qwen3ForCausalLM"]
+
+    return folder, with_config(folder, tmp_path_factory.mktemp("lightonocr-hub"), as_the_hub_names_it)
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_lightonocr_s_files_are_the_converter_s_and_see_as_transformers(
+    kind, lightonocr_folder, converter, llama_cpp, tmp_path
+):
+    """LightOnOCR: the text model as llama.cpp's qwen3 and the Pixtral tower with its merger under LightOnOCR's names
+    as the lightonocr projector, each file the converter's; llama.cpp computes transformers' logits of a prompt, and
+    mtmd encodes an image of 128 x 64 pixels (8 x 4 patches merged 2 x 2) into transformers' 8 image features, with no
+    [IMG_BREAK] between rows. The merger's norm takes the text model's epsilon (1e-6) where llama.cpp takes the
+    tower's (1e-5), which the conversion notes (measured: 2e-7 of the features). Measured: logits f32 2.8e-4, q8_0
+    1.4e-2; image features f32 3.7e-4, q8_0 1.2e-2."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    folder, hub = lightonocr_folder
+    out, ours = mmproj_as_the_converter_writes(LIGHTON_OCR, hub, kind, converter, tmp_path)
+    assert contents(out) == contents(converter(hub, kind, tmp_path / "oracle.gguf", pre="gpt-2"))
+    assert ours[0]["clip.projector_type"] == "lightonocr" and BREAK not in {t[0] for t in ours[1]}
+    assert contents(out)[0]["general.architecture"] == "qwen3"
+    notes = unshard.plan(LIGHTON_OCR, output=unshard.OutputOptions(gguf=kind)).notes
+    assert any("at the tower's epsilon (1e-05), where LightOnOCR takes the text model's (1e-06)" in n for n in notes)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    prompt = [1, 5, 20, 33, 64, 70, 2]
+    logits, _ = llama_cpp(out, prompt, 0)
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([prompt])).logits[0]
+    assert relative_distance(logits, expected) <= LLAMA_CPP_TOLERANCE[kind]
+    image, embeddings = image_embeddings(out, 128, 64, tmp_path)
+    pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], image_sizes=pixels["image_sizes"]
+        ).pooler_output
+    features = torch.cat(list(features))
+    assert embeddings.shape == features.shape == (8, 64)
+    assert relative_distance(embeddings, features) <= IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"text_config": {"model_type": "qwen2"}},
+            "text_config's model_type is 'qwen2', and unshard writes LightOnOCR",
+        ),
+        ({"vision_config": {"hidden_act": "relu"}}, "the vision tower's hidden_act is 'relu'"),
+    ],
+)
+def test_what_llama_cpp_s_lightonocr_computes_otherwise_is_one_line(change, message, lightonocr_folder, tmp_path):
+    assert_refused(lightonocr_folder[0], tmp_path, change, message, check=False)
