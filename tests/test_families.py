@@ -316,6 +316,7 @@ TESTED = {
         "step3p7": "step3p7-fsdp2",  # (with llama.cpp's gguf-py)
         "qwen4_exp_text": "qwen4exp-fsdp2",  # (with llama.cpp's gguf-py)
         "arcee": "arcee-fsdp2",
+        "exaone": "exaone-fsdp2",
         "exaone4": "exaone4-fsdp2",
         "exaone_moe": "exaonemoe-fsdp2",
         "stablelm": "stablelm-fsdp2",

@@ -1038,6 +1038,7 @@ DENSE = {
     "minicpm3-fsdp2-spm": "minicpm3",
     "glm5-fsdp2": "glm-dsa",
     "exaone45-fsdp2": "exaone4",
+    "exaone-fsdp2": "exaone",
     "llama4text-fsdp2": "llama4",
     "dbrx-fsdp2": "dbrx",
     "smolvlm-fsdp2": "llama",
@@ -1092,6 +1093,9 @@ HUB_KEYS = {
     # writes no gating function; and no MTP layers, which the checkpoint lacks: the converter's file would have blocks
     # for them all the same. llama.cpp's exaone-moe loads neither file)
     "exaonemoe-fsdp2": lambda config: {"scoring_func": "sigmoid", "num_nextn_predict_layers": 0},
+    # (EXAONE 3.5's activation under LG's key, which the converter asserts is SiLU and transformers 5 saves as
+    # hidden_act; LG's other keys, the epsilon's among them, make a file llama.cpp does not load: test_exaone_3_...)
+    "exaone-fsdp2": lambda config: {"activation_function": config["hidden_act"]},
     # (Granite 4.0's layer types as the Hub writes them, which the converter reads; transformers 5 saves them renamed)
     "granitehybrid-fsdp2": lambda config: {
         "layer_types": [{"linear_attention": "mamba", "full_attention": "attention"}[k] for k in config["layer_types"]]
@@ -1199,6 +1203,36 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
     distance = ((logits - expected).norm() / expected.norm()).item()
     tolerance = GEMMA4_F32_TOLERANCE if DENSE[case] == "gemma4" else LLAMA_CPP_TOLERANCE["f32"]
     assert distance <= tolerance, distance
+
+
+def test_exaone_3_s_hub_config_gives_the_converter_a_file_llama_cpp_does_not_load(converter, llama_cpp, tmp_path):
+    """EXAONE 3.5's config as LG's release writes it (num_layers, layer_norm_epsilon, activation_function,
+    rope_scaling): the converter names the norms' epsilon as a LayerNorm's, which llama.cpp's exaone does not read, so
+    llama.cpp loads none of its file; unshard's file is the same but for that key, named as llama.cpp reads it, and
+    llama.cpp runs it (test_dense_families_...: its logits are transformers')."""
+    src = SHIPPED / "exaone-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    ours = tmp_path / "f32.gguf"
+    unshard.convert(src, ours, output=unshard.OutputOptions(gguf="f32"), progress=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    renamed = {
+        "num_hidden_layers": "num_layers",
+        "rms_norm_eps": "layer_norm_epsilon",
+        "hidden_act": "activation_function",
+    }
+    hub = {renamed.get(key, key): value for key, value in config.items()}
+    hub.update(rope_theta=rope.pop("rope_theta"), rope_scaling=rope)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(hub))
+    theirs = converter(tmp_path / "hf", "f32", tmp_path / "oracle.gguf", pre=for_the_converter(tmp_path / "hf"))
+    mine, expected = contents(ours), contents(theirs)
+    assert mine[1] == expected[1]
+    epsilon = {"exaone.attention.layer_norm_rms_epsilon": "exaone.attention.layer_norm_epsilon"}
+    assert [epsilon.get(key, key) for key in mine[0]] == list(expected[0])
+    with pytest.raises(AssertionError, match="Failed to load model"):
+        llama_cpp(theirs, [1, 5, 20], 0)
+    logits, _ = llama_cpp(ours, [1, 5, 20], 0)
+    assert logits.shape == (3, config["vocab_size"])
 
 
 def test_qwen3_asr_without_m_rope_sections_is_written_as_llama_cpp_loads_it(llama_cpp, tmp_path):

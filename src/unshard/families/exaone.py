@@ -1,4 +1,10 @@
-"""EXAONE 4 (LG AI Research's): q and k normed per head, norms after attention and after the MLP, three sliding-window
+"""EXAONE 3 and 3.5 (LG AI Research's `ExaoneForCausalLM`, which transformers 5 builds as a Llama and saves under LG's
+own names, `transformer.h.N.attn.attention...`): llama.cpp's exaone, as the converter's ExaoneModel writes it (the
+TextModel's header with the rotary width, Llama 3's rope factors; q and k as they are, llama.cpp's exaone turning
+halves). The converter reads LG's config keys (`activation_function`), which transformers 5 saves otherwise
+(`hidden_act`): unshard reads either.
+
+EXAONE 4 (LG AI Research's): q and k normed per head, norms after attention and after the MLP, three sliding-window
 layers to each global one; llama.cpp's exaone4, whose converter writes the TextModel's header, the vocabulary's size
 and the sliding window's pattern.
 
@@ -53,6 +59,24 @@ def sliding_pattern(hparams: dict) -> list[bool] | None:
     if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern:
         return [(i + 1) % pattern != 0 for i in range(layers)]
     return None
+
+
+def exaone_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's ExaoneModel's: the TextModel's, then the rotary width (a fraction of hidden_size / heads)."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    factor = rope_parameters(hparams)[0].get("partial_rotary_factor")
+    factor = 1.0 if factor is None else factor
+    writer.add_rope_dimension_count(int(factor * (hparams["hidden_size"] // hparams["num_attention_heads"])))
+
+
+def exaone_checked(hparams: dict, where: Path) -> None:
+    """A SiLU MLP, the one llama.cpp's exaone runs (and the converter asserts), under either config's key for it."""
+    found = hparams.get("activation_function", hparams.get("hidden_act", "silu"))
+    if found != "silu":
+        raise ConfigMismatchError(
+            f"{where}: the MLP's activation is {found!r}, and llama.cpp's exaone runs SiLU; serve this model with "
+            "transformers or vLLM"
+        )
 
 
 def exaone4_hyperparameters(
@@ -164,6 +188,22 @@ EXAONE45_MMPROJ = MmprojPart(
     rearranged=exaone45_patches,
 )
 FAMILIES = (
+    Family(
+        "EXAONE 3",
+        "exaone",
+        "ExaoneForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's EXAONE 3 layout is not mapped yet"),
+        **no_trainer_model("EXAONE 3"),
+        # (its MLP saved as c_fc_0 and c_fc_1, siblings SIBLINGS does not name; llm-compressor's pinned transformers
+        # has no EXAONE 3 to compare with)
+        fused_siblings=Unsupported("not yet compared with what llm-compressor writes for EXAONE 3"),
+        gguf=GGUFPart(
+            "EXAONE", hyperparameters=exaone_hyperparameters, computed=llama_computed, check_config=exaone_checked
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=NOT_A_MOE_INPUT,
+    ),
     Family(
         "EXAONE 4",
         "exaone4",
