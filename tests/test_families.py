@@ -317,6 +317,7 @@ TESTED = {
         "qwen4_exp_text": "qwen4exp-fsdp2",  # (with llama.cpp's gguf-py)
         "arcee": "arcee-fsdp2",
         "exaone": "exaone-fsdp2",
+        "internlm3": "internlm3-fsdp2-spm",
         "exaone4": "exaone4-fsdp2",
         "exaone_moe": "exaonemoe-fsdp2",
         "stablelm": "stablelm-fsdp2",

@@ -1039,6 +1039,8 @@ DENSE = {
     "glm5-fsdp2": "glm-dsa",
     "exaone45-fsdp2": "exaone4",
     "exaone-fsdp2": "exaone",
+    "iquestcoder-fsdp2": "llama",
+    "internlm3-fsdp2-spm": "llama",
     "llama4text-fsdp2": "llama4",
     "dbrx-fsdp2": "dbrx",
     "smolvlm-fsdp2": "llama",
@@ -1233,6 +1235,26 @@ def test_exaone_3_s_hub_config_gives_the_converter_a_file_llama_cpp_does_not_loa
         llama_cpp(theirs, [1, 5, 20], 0)
     logits, _ = llama_cpp(ours, [1, 5, 20], 0)
     assert logits.shape == (3, config["vocab_size"])
+
+
+def test_internlm3_ends_a_sequence_with_its_chat_s_end_as_the_converter_does(converter, tmp_path):
+    """InternLM3's tokenizer_config.json as the Hub's release has it (its added tokens, the space prefix off): the
+    converter's InternLM3Model ends a sequence with <|im_end|>, which the config lists as special, and writes the
+    space prefix before the special ids; unshard's file is the converter's, field for field and byte for byte."""
+    src = SHIPPED / "internlm3-fsdp2-spm" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    added = json.loads((tmp_path / "hf" / "tokenizer.json").read_text())["added_tokens"]
+    keys = ("content", "lstrip", "normalized", "rstrip", "single_word", "special")
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    config["added_tokens_decoder"] = {str(token["id"]): {key: token[key] for key in keys} for token in added}
+    config["add_prefix_space"] = False
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps(config))
+    ours = tmp_path / "f32.gguf"
+    unshard.convert(tmp_path / "hf", ours, output=unshard.OutputOptions(gguf="f32"), progress=False)
+    assert_same_file(ours, converter(tmp_path / "hf", "f32", tmp_path / "oracle.gguf"))
+    fields, _ = contents(ours)
+    assert fields["tokenizer.ggml.tokens"][fields["tokenizer.ggml.eos_token_id"]] == "<|im_end|>"
+    assert fields["tokenizer.ggml.add_space_prefix"] is False
 
 
 def test_qwen3_asr_without_m_rope_sections_is_written_as_llama_cpp_loads_it(llama_cpp, tmp_path):

@@ -195,9 +195,10 @@ FAMILIES = (
         tensors=NO_TABLE,
         megatron=Unsupported("Megatron's EXAONE 3 layout is not mapped yet"),
         **no_trainer_model("EXAONE 3"),
-        # (its MLP saved as c_fc_0 and c_fc_1, siblings SIBLINGS does not name; llm-compressor's pinned transformers
-        # has no EXAONE 3 to compare with)
-        fused_siblings=Unsupported("not yet compared with what llm-compressor writes for EXAONE 3"),
+        # (its MLP saved as c_fc_0 and c_fc_1, siblings SIBLINGS does not name)
+        fused_siblings=Unsupported(
+            "not yet compared with what llm-compressor writes for EXAONE 3 (its pinned transformers has none)"
+        ),
         gguf=GGUFPart(
             "EXAONE", hyperparameters=exaone_hyperparameters, computed=llama_computed, check_config=exaone_checked
         ),

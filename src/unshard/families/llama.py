@@ -161,7 +161,7 @@ FAMILIES = (
         torchtune_names=TORCHTUNE_LLAMA,
         # (its layers alone, as embedding models have them: LLM2Vec's, and attending both ways, llama-embed-nemotron's;
         # the class's first name, as early configs name it)
-        also=("LlamaModel", "LlamaBidirectionalModel", "LLaMAForCausalLM"),
+        also=("LlamaModel", "LlamaBidirectionalModel", "LLaMAForCausalLM", "IQuestCoderForCausalLM"),
     ),
     Family(
         "Mistral",

@@ -156,7 +156,8 @@ class GGUFPart:
     # SmolLM3's layers without rotary embeddings); returns what the conversion notes of a smaller difference, or None
     check_config: Callable[..., list[str] | None] | None = None
     # auto: SentencePiece where there is a tokenizer.model, else BPE; bpe: tokenizer.json only; gemma4: Gemma 4's;
-    # wordpiece: BERT's; xlm-roberta and t5: their SentencePiece unigrams (llama.cpp's t5 tokenizer)
+    # wordpiece: BERT's; xlm-roberta and t5: their SentencePiece unigrams (llama.cpp's t5 tokenizer); internlm3:
+    # SentencePiece with InternLM3's space prefix and end token
     vocabulary: str = "auto"
     # the converter's name of this family's byte-level BPE where its split is GPT-2's (RoBERTa's `roberta-bpe`, by
     # which llama.cpp ends a sequence with its separator), by the hash its table lists for the family's tokenizers

@@ -11,6 +11,9 @@ from ...families.gguf_hooks import gguf_py, gguf_quiet, json_or_empty, special_v
 from ...names import known
 from .pre_tokenizer_hashes import CHECKOUT_VARIABLE, converter_name
 
+# the token InternLM3's converter ends a sequence with where tokenizer_config.json lists it as special (its chat's end)
+INTERNLM3_END = "<|im_end|>"
+
 
 def write_vocabulary(
     writer,
@@ -44,7 +47,7 @@ def write_vocabulary(
         )
         said = f"{size} tokens from tokenizer.json (byte-level BPE, pre-tokenizer {pre})"
     elif (folder / "tokenizer.model").is_file():
-        size = _sentencepiece_vocabulary(writer, hparams, folder, tokenizer_config, phi3)
+        size = _sentencepiece_vocabulary(writer, hparams, folder, tokenizer_config, phi3, internlm3=kind == "internlm3")
         said = f"{size} tokens from tokenizer.model (SentencePiece)"
     elif (folder / "tokenizer.json").is_file():
         size, pre = _bpe_vocabulary(writer, hparams, folder, gpt2_split_as=gpt2_split_as)
@@ -71,11 +74,15 @@ def write_vocabulary(
     return said
 
 
-def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_config: dict, phi3: bool = False) -> int:
+def _sentencepiece_vocabulary(
+    writer, hparams: dict, folder: Path, tokenizer_config: dict, phi3: bool = False, internlm3: bool = False
+) -> int:
     """Every id up to the config's vocab_size, with its piece, score and type; tokens added by
     tokenizer_config.json over them; then gguf-py's SpecialVocab (special ids, add_bos/eos, chat template).
     Phi-3's converter takes the added tokens as they are written, control tokens where marked special, and
-    tokenizer.json's added tokens after them."""
+    tokenizer.json's added tokens after them. InternLM3's writes tokenizer_config.json's space prefix before the
+    special ids wherever the key is (false where null), and ends a sequence with its chat's end where
+    tokenizer_config.json lists that token as special."""
     model = folder / "tokenizer.model"
     processor = sentencepiece_processor(model)
     size = hparams.get("vocab_size") or processor.vocab_size()
@@ -103,7 +110,14 @@ def _sentencepiece_vocabulary(writer, hparams: dict, folder: Path, tokenizer_con
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(kinds)
-    add_special_vocab(special_vocab(folder, n_vocab=len(tokens)), writer, folder)
+    special = special_vocab(folder, n_vocab=len(tokens))
+    if internlm3:
+        if "add_prefix_space" in tokenizer_config:
+            writer.add_add_space_prefix(bool(tokenizer_config["add_prefix_space"]))
+        ends = [i for i, added in added_tokens if added.get("special") and added["content"] == INTERNLM3_END]
+        if ends and "eos" in special.special_token_ids:
+            special.special_token_ids["eos"] = ends[-1]
+    add_special_vocab(special, writer, folder)
     return size
 
 
