@@ -318,6 +318,7 @@ TESTED = {
         "arcee": "arcee-fsdp2",
         "exaone": "exaone-fsdp2",
         "internlm3": "internlm3-fsdp2-spm",
+        "sarvam_moe": "sarvammoe-fsdp2",
         "exaone4": "exaone4-fsdp2",
         "exaone_moe": "exaonemoe-fsdp2",
         "stablelm": "stablelm-fsdp2",

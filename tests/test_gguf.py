@@ -1209,6 +1209,11 @@ def test_a_tokenizer_llama_cpp_cannot_take_is_one_line(change, expected, tmp_pat
         ("exaonemoe-fsdp2", {"n_group": 2, "topk_group": 1}, "the experts are chosen within 1 of 2 groups"),
         ("exaonemoe-fsdp2", {"scoring_func": "softmax"}, "the experts' gating function is 'softmax', and transformers"),
         ("exaonemoe-fsdp2", {"mlp_layer_types": ["dense", "sparse", "dense", "sparse"]}, "a dense layer after"),
+        ("sarvammoe-fsdp2", {"n_group": 2, "topk_group": 1}, "the experts are chosen within 1 of 2 groups"),
+        ("sarvammoe-fsdp2", {"num_nextn_predict_layers": 1}, "num_nextn_predict_layers is 1, MTP layers"),
+        ("sarvammoe-fsdp2", {"head_dim": 32}, "the queries are 128 wide where the model is 64"),
+        ("sarvammoe-fsdp2", {"score_function": "softmax"}, "the experts' gating function is 'softmax'"),
+        ("exaone-fsdp2", {"hidden_act": "gelu"}, "the MLP's activation is 'gelu', and llama.cpp's exaone runs SiLU"),
         (
             "exaonemoe-fsdp2",
             {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},

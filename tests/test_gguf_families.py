@@ -1041,6 +1041,7 @@ DENSE = {
     "exaone-fsdp2": "exaone",
     "iquestcoder-fsdp2": "llama",
     "internlm3-fsdp2-spm": "llama",
+    "sarvammoe-fsdp2": "bailingmoe2",
     "llama4text-fsdp2": "llama4",
     "dbrx-fsdp2": "dbrx",
     "smolvlm-fsdp2": "llama",
@@ -1098,6 +1099,13 @@ HUB_KEYS = {
     # (EXAONE 3.5's activation under LG's key, which the converter asserts is SiLU and transformers 5 saves as
     # hidden_act; LG's other keys, the epsilon's among them, make a file llama.cpp does not load: test_exaone_3_...)
     "exaone-fsdp2": lambda config: {"activation_function": config["hidden_act"]},
+    # (Sarvam's experts' counts under its own keys, which the converter reads, and the gating function, without which
+    # llama.cpp's bailingmoe2 loads no file: transformers routes by a sigmoid whatever the config says)
+    "sarvammoe-fsdp2": lambda config: {
+        "num_experts": config["n_routed_experts"],
+        "num_shared_experts": config["n_shared_experts"],
+        "score_function": "sigmoid",
+    },
     # (Granite 4.0's layer types as the Hub writes them, which the converter reads; transformers 5 saves them renamed)
     "granitehybrid-fsdp2": lambda config: {
         "layer_types": [{"linear_attention": "mamba", "full_attention": "attention"}[k] for k in config["layer_types"]]
@@ -1235,6 +1243,28 @@ def test_exaone_3_s_hub_config_gives_the_converter_a_file_llama_cpp_does_not_loa
         llama_cpp(theirs, [1, 5, 20], 0)
     logits, _ = llama_cpp(ours, [1, 5, 20], 0)
     assert logits.shape == (3, config["vocab_size"])
+
+
+def test_sarvam_moe_from_its_hub_config_as_the_converter_and_llama_quantize_write_it(
+    converter, ggml_library, monkeypatch, tmp_path
+):
+    """Sarvam MoE's folder under the Hub's config keys (its experts' counts by its own names, the rope base at the top,
+    a gating function): unshard reads them as it reads transformers 5's; the f32 file is the converter's (the experts'
+    correction bias less its mean, as Sarvam's loader centres it), and every K-quant mix is llama-quantize's of it."""
+    folder = tmp_path / "hf"
+    unshard.convert(SHIPPED / "sarvammoe-fsdp2" / "global_step_1", folder, progress=False)
+    config = json.loads((folder / "config.json").read_text())
+    hub = {**config, **HUB_KEYS["sarvammoe-fsdp2"](config), "rope_theta": config["rope_parameters"]["rope_theta"]}
+    for key in ("n_routed_experts", "n_shared_experts", "rope_parameters"):
+        hub.pop(key)
+    (folder / "config.json").write_text(json.dumps(hub))
+    theirs = converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=for_the_converter(folder))
+    unshard.convert(folder, tmp_path / "f32.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    assert_same_file(tmp_path / "f32.gguf", theirs)
+    bias = safe_open(folder / "model.safetensors", "pt").get_tensor("model.layers.1.mlp.gate.expert_bias")
+    written = {t[0]: t[3] for t in contents(theirs)[1]}["blk.1.exp_probs_b.bias"]
+    assert np.frombuffer(written, np.float32).tolist() == (bias - bias.mean()).tolist() and bias.mean() > 0.1
+    assert_llama_quantize_mixes_it(folder, ggml_library, monkeypatch, tmp_path)
 
 
 def test_internlm3_ends_a_sequence_with_its_chat_s_end_as_the_converter_does(converter, tmp_path):

@@ -231,6 +231,9 @@ class GGUFPart:
     # (first row, end row, factor) each, in the tensor's dtype as torch multiplies (Falcon-H1's muP multipliers, which
     # it folds into the weights); () or None: none
     scaled: Callable[..., tuple[tuple[int, int, float], ...]] | None = None
+    # the ends of Hugging Face names of vectors the converter writes less their mean (Sarvam's experts' correction
+    # bias, which its loader centres: the same choice of experts)
+    centred: tuple[str, ...] = ()
     # (text_config's model_type, the part): a vision-language model whose text model the converter writes as another
     # layout by that type (Mistral 3 around Mistral 4's text model: DeepSeek-V2's, llama.cpp's mistral4)
     text_models: tuple[tuple[str, GGUFPart], ...] = ()

@@ -256,8 +256,10 @@ def _plan_tensors(
         shifted = output.name.endswith("norm.weight") and not output.name.endswith(part.unshifted_norms)
         shift = part.norm_shift if shifted else 0.0
         scales = part.scaled(output.name, output.shape, hparams) if part.scaled else ()
+        centred = output.name.endswith(part.centred)
+        rows_per_band = output.shape[0] if centred else max(1, permuted)
         plan.encoded[output.name] = GGUFTensor(
-            (stored,), tensor_type, output.dtype, permuted, max(1, permuted), shift, scales, padding
+            (stored,), tensor_type, output.dtype, permuted, rows_per_band, shift, scales, padding, centred
         )
         if file_type in QUANTIZED:
             plan.positions[name] = _in_blocks(name)

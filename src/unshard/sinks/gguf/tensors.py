@@ -48,6 +48,7 @@ class GGUFTensor:
     scales: tuple[tuple[int, int, float], ...] = ()  # (first row, end row, factor): rows multiplied first, in order
     # (the tensor's rows, zero rows after them in the file): the last band is stored with them (GGUFPart.padded_rows)
     padding: tuple[int, int] = ()
+    centred: bool = False  # its mean taken away, as torch takes it (a vector's: one band holds it whole)
     surveys = False  # (each band is encoded as it comes)
 
     def types(self) -> dict[str, Any]:
@@ -60,6 +61,11 @@ class GGUFTensor:
             band = _scaled(band, start, self.scales)
         if self.shift:
             band = band + self.shift  # (in the band's dtype, as torch adds it)
+        if self.centred:
+            import torch
+
+            values = torch.from_numpy(band)
+            band = (values - values.mean()).numpy()
         if self.head_dim:
             half = self.head_dim // 2
             band = band.reshape(-1, 2, half, *band.shape[1:]).swapaxes(1, 2).reshape(band.shape)
