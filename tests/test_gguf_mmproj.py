@@ -82,6 +82,19 @@ def image_embeddings(gguf: Path, width: int, height: int, tmp_path: Path) -> tup
     return image, torch.from_numpy(np.load(out))
 
 
+def transformers_image_features(model, folder: Path, image: np.ndarray, *inputs: str) -> torch.Tensor:
+    """The image's features as transformers computes them from its own processor's pixels (`inputs`: what else of the
+    processor's output the tower takes), every image's tokens in one tensor where it gives them image by image."""
+    from transformers import AutoImageProcessor
+
+    pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], **{name: pixels[name] for name in inputs}
+        ).pooler_output
+    return torch.cat(list(features)) if isinstance(features, (list, tuple)) else features
+
+
 def relative_distance(got: torch.Tensor, expected: torch.Tensor) -> float:
     assert got.shape == expected.shape, (got.shape, expected.shape)
     return ((got - expected).norm() / expected.norm()).item()
@@ -182,18 +195,14 @@ def test_llama_cpp_reads_images_as_transformers_does(kind, pixtral_folder, tmp_p
     """mtmd encodes an image of 128 x 64 pixels (a size it keeps: 8 x 4 patches, merged 2 x 2 into 4 x 2 tokens)
     into transformers' image features of the same pixels, the [IMG_BREAK] embedding after the first row of them, as
     Mistral 3's processor puts the token there."""
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText
 
     unshard.convert(PIXTRAL, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
     model = AutoModelForImageTextToText.from_pretrained(pixtral_folder, dtype=torch.float32)
     width, height = 128, 64
     image, embeddings = image_embeddings(tmp_path / "m.gguf", width, height, tmp_path)
-    pixels = AutoImageProcessor.from_pretrained(pixtral_folder)(images=[image], return_tensors="pt")
-    with torch.no_grad():
-        features = model.model.get_image_features(
-            pixel_values=pixels["pixel_values"], image_sizes=pixels["image_sizes"]
-        )
-    rows = torch.cat(list(features.pooler_output)).reshape(height // 32, width // 32, -1)
+    features = transformers_image_features(model, pixtral_folder, image, "image_sizes")
+    rows = features.reshape(height // 32, width // 32, -1)
     image_break = model.get_input_embeddings().weight[IMAGE_BREAK_ID].detach()
     expected = torch.cat([torch.cat([rows[0], image_break[None]]), rows[1]])
     assert embeddings.shape == (9, 64)
@@ -262,17 +271,12 @@ def test_gemma4_s_mmproj_is_the_converter_s_with_its_gelu_named(kind, gemma4_fol
 def test_llama_cpp_reads_gemma4_images_as_transformers_does(kind, gemma4_folder, tmp_path):
     """mtmd encodes an image of 480 x 336 pixels (a size both keep: 30 x 21 patches, pooled 3 x 3 into 70 tokens, the
     fewest llama.cpp's gemma4v makes) into transformers' image features of the same pixels."""
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText
 
     unshard.convert(GEMMA4, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf=kind), progress=False)
     model = AutoModelForImageTextToText.from_pretrained(gemma4_folder, dtype=torch.float32)
     image, embeddings = image_embeddings(tmp_path / "m.gguf", 480, 336, tmp_path)
-    pixels = AutoImageProcessor.from_pretrained(gemma4_folder)(images=[image], return_tensors="pt")
-    with torch.no_grad():
-        features = model.model.get_image_features(
-            pixel_values=pixels["pixel_values"], image_position_ids=pixels["image_position_ids"]
-        )
-    expected = torch.cat(list(features.pooler_output)).reshape(-1, 64)
+    expected = transformers_image_features(model, gemma4_folder, image, "image_position_ids").reshape(-1, 64)
     assert embeddings.shape == (70, 64)
     assert relative_distance(embeddings, expected) <= IMAGE_TOLERANCE[kind]
 
@@ -864,7 +868,7 @@ def test_llava_s_pixtral_tower_is_mistral3_s_without_its_merger(kind, llava_fold
     """Pixtral-12B's layout (LLaVA's classes): the converter's --mmproj file, the [IMG_BREAK] embedding first as for
     Mistral 3; mtmd encodes an image of 128 x 64 pixels into transformers' image features of the same pixels, a token
     for each patch (8 x 4), the [IMG_BREAK] embedding after each row of them but the last."""
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText
 
     out = tmp_path / "m.gguf"
     unshard.convert(LLAVA, out, output=unshard.OutputOptions(gguf=kind), verify=True, progress=False)
@@ -875,12 +879,7 @@ def test_llava_s_pixtral_tower_is_mistral3_s_without_its_merger(kind, llava_fold
     assert_same_tensors(ours[1][1:], theirs[1])
     model = AutoModelForImageTextToText.from_pretrained(llava_folder, dtype=torch.float32)
     image, embeddings = image_embeddings(out, 128, 64, tmp_path)
-    pixels = AutoImageProcessor.from_pretrained(llava_folder)(images=[image], return_tensors="pt")
-    with torch.no_grad():
-        features = model.model.get_image_features(
-            pixel_values=pixels["pixel_values"], image_sizes=pixels["image_sizes"]
-        )
-    rows = torch.cat(list(features.pooler_output)).reshape(4, 8, -1)
+    rows = transformers_image_features(model, llava_folder, image, "image_sizes").reshape(4, 8, -1)
     image_break = model.get_input_embeddings().weight[IMAGE_BREAK_ID].detach()[None]
     expected = torch.cat([torch.cat([row, image_break]) for row in rows[:3]] + [rows[3]])
     assert embeddings.shape == (35, 64)
@@ -1063,18 +1062,13 @@ def test_paddleocr_vl_s_mmproj_is_the_converter_s_and_sees_as_transformers(kind,
     """PaddleOCR-VL's SigLIP tower and mlp_AR projector as llama.cpp's paddleocr (the image size the side of the
     largest image the processor makes): every field and tensor is the converter's, and mtmd encodes an image of 56 x
     56 pixels (4 x 4 patches, merged 2 x 2 by the projector) into transformers' image features of the same pixels."""
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText
 
     out, ours = mmproj_as_the_converter_writes(PADDLE_OCR, paddleocr_folder, kind, converter, tmp_path)
     assert ours[0]["clip.projector_type"] == "paddleocr" and ours[0]["clip.vision.image_size"] == 56
     model = AutoModelForImageTextToText.from_pretrained(paddleocr_folder, dtype=torch.float32)
     image, embeddings = image_embeddings(out, 56, 56, tmp_path)
-    pixels = AutoImageProcessor.from_pretrained(paddleocr_folder)(images=[image], return_tensors="pt")
-    with torch.no_grad():
-        features = model.model.get_image_features(
-            pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"]
-        ).pooler_output
-    features = torch.cat(list(features)) if isinstance(features, (list, tuple)) else features
+    features = transformers_image_features(model, paddleocr_folder, image, "image_grid_thw")
     assert embeddings.shape == features.shape == (4, 64)
     assert relative_distance(embeddings, features) <= IMAGE_TOLERANCE[kind]
 
@@ -1221,7 +1215,7 @@ def test_lightonocr_s_files_are_the_converter_s_and_see_as_transformers(
     [IMG_BREAK] between rows. The merger's norm takes the text model's epsilon (1e-6) where llama.cpp takes the
     tower's (1e-5), which the conversion notes (measured: 2e-7 of the features). Measured: logits f32 2.8e-4, q8_0
     1.4e-2; image features f32 3.7e-4, q8_0 1.2e-2."""
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText
 
     folder, hub = lightonocr_folder
     out, ours = mmproj_as_the_converter_writes(LIGHTON_OCR, hub, kind, converter, tmp_path)
@@ -1237,12 +1231,7 @@ def test_lightonocr_s_files_are_the_converter_s_and_see_as_transformers(
         expected = model(input_ids=torch.tensor([prompt])).logits[0]
     assert relative_distance(logits, expected) <= LLAMA_CPP_TOLERANCE[kind]
     image, embeddings = image_embeddings(out, 128, 64, tmp_path)
-    pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], return_tensors="pt")
-    with torch.no_grad():
-        features = model.model.get_image_features(
-            pixel_values=pixels["pixel_values"], image_sizes=pixels["image_sizes"]
-        ).pooler_output
-    features = torch.cat(list(features))
+    features = transformers_image_features(model, folder, image, "image_sizes")
     assert embeddings.shape == features.shape == (8, 64)
     assert relative_distance(embeddings, features) <= IMAGE_TOLERANCE[kind]
 
