@@ -391,6 +391,7 @@ TESTED = {
         "glm4v": "glm4v-fsdp2",
         "glm4v_moe": "glm4vmoe-fsdp2",
         "gemma4": "gemma4vl-fsdp2",
+        "gemma4_unified": "gemma4unified-fsdp2",  # (with llama.cpp's gguf-py)
         "mistral3": "mistral3-fsdp2",
         "llama4": "llama4-fsdp2",
         **GGUF_MULTIMODAL,

@@ -637,6 +637,9 @@ def test_gemma_4_s_drafters_as_the_converter_and_llama_quantize_write_them(case,
             {"text_config": {"use_bidirectional_attention": True}},
             "use_bidirectional_attention is set, and llama.cpp's step35 attends causally",
         ),
+        ("gemma4unified-fsdp2", {"vision_config": {"pooling_kernel_size": 2}}, "pooling_kernel_size is 2, and llama"),
+        ("gemma4unified-fsdp2", {"vision_config": {"rms_norm_eps": 1e-5}}, "rms_norm_eps is 1e-05, and llama.cpp's"),
+        ("gemma4unified-fsdp2", {"audio_config": {"audio_embed_dim": 320}}, "audio_embed_dim is 320, and llama.cpp's"),
     ],
 )
 def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case, change, message, tmp_path):
@@ -651,8 +654,10 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     Step 3.7 gated per element, its queries scaled otherwise, a dense layer after an expert one or attending both ways,
     a Qwen4-Exp whose linear attention is gated by SiLU or whose n-gram embeddings are on two layers, a GLM-5-Next of
     two hyper-connection streams, experts routed in groups, a first latent layer without an indexer
-    of its own, or a tower of another activation than SiLU, a dots3-note tower of another activation or rope: one
-    line naming config.json, nothing written."""
+    of its own, or a tower of another activation than SiLU, a dots3-note tower of another activation or rope, a Gemma
+    4 Unified whose image patches are merged otherwise than 3 x 3, its norm at another epsilon, or whose sound frames
+    are not 640 samples wide (llama.cpp's gemma4uv and gemma4ua fix them in code): one line naming config.json, nothing
+    written."""
     folder = tmp_path / "hf"
     unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
     updated(folder, {"config.json": change})

@@ -8,6 +8,8 @@ factors, and the vocabulary as llama.cpp's gemma4 tokenizer."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
+from itertools import product
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
@@ -257,6 +259,91 @@ def gemma4_unified_hyperparameters(writer, hparams: dict, ftype, blocks: int, fo
         writer.add_array("tokenizer.ggml.suppress_tokens", [int(token) for token in suppressed])
 
 
+def gemma4_unified_vision_sizes(vision: dict, where: Path) -> dict:
+    """Gemma 4 Unified's image embedder (a tower without layers) as llama.cpp's gemma4uv runs it, which fixes in code
+    the 3 x 3 patches merged into one token and the projector's norm at 1e-6 (the file's, as the converter writes the
+    epsilon: a key the config has not); the sizes the converter writes: the embedder's width, no layers, image size
+    224 (which llama.cpp does not use)."""
+    runs = {
+        "pooling_kernel_size": (vision.get("pooling_kernel_size", 3), 3),
+        "rms_norm_eps": (vision.get("rms_norm_eps", 1e-6), 1e-6),
+    }
+    fixed_in_code(where, "vision", "gemma4uv", runs)
+    layers = dict(intermediate_size=0, num_hidden_layers=0, num_attention_heads=0)
+    return {**vision, "image_size": 224, "hidden_size": vision["mm_embed_dim"], **layers}
+
+
+def gemma4_unified_audio_sizes(config: dict, where: Path) -> dict | None:
+    """Gemma 4 Unified's audio embedder: each token a frame of raw samples projected, as llama.cpp's gemma4ua cuts a
+    sound into frames of 640 samples, normed at 1e-6; the sizes the converter writes (the frame's width, no layers)."""
+    audio = config.get("audio_config")
+    if not audio:  # (the vision embedder's alone, as Gemma 4's file without an audio tower; the converter needs both)
+        return None
+    runs = {
+        "audio_embed_dim": (audio.get("audio_embed_dim", 640), 640),
+        "rms_norm_eps": (audio.get("rms_norm_eps", 1e-6), 1e-6),
+    }
+    fixed_in_code(where, "audio", "gemma4ua", runs)
+    layers = dict(intermediate_size=0, num_hidden_layers=0, num_attention_heads=0)
+    return {**audio, "hidden_size": audio.get("audio_embed_dim", 640), **layers}
+
+
+def gemma4_unified_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The projectors' keys as the converter writes them: the norm epsilon (1e-6, a key the config has not) and the
+    mel bins (128, which gemma4ua reads as nothing: its frames are 640 samples) of Gemma 4's towers, under the
+    unified projectors' types."""
+    writer.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", 1e-6))
+    audio = hparams.get("audio_config")
+    if audio:
+        writer.add_clip_audio_projector_type(gguf_py().VisionProjectorType.GEMMA4UA)
+        writer.add_audio_num_mel_bins(audio.get("input_feat_size", 128))
+        writer.add_audio_attention_layernorm_eps(audio.get("layer_norm_eps", 1e-6))
+
+
+def gemma4_unified_name(name: str) -> str:
+    """The name the converter maps: the positions' table as a weight, their norm as the third patch norm."""
+    if name.endswith("pos_embedding"):
+        return name + ".weight"
+    return name.replace(".pos_norm.", ".patch_ln3.")
+
+
+def pixels_channels_first(band, order):
+    """A Rearrangement's pieces for a tensor over a patch's pixels in transformers' order (row, column, channel),
+    stored in the order ggml's im2col gives them (channel, row, column): along the last axis."""
+    return (band[..., list(order)],)
+
+
+def by_axis(band) -> tuple:
+    """A Rearrangement's pieces for a table of positions by (position, axis) stored as one table per axis."""
+    return (band.swapaxes(0, 1),)
+
+
+def gemma4_unified_rearranged(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
+    """The patch projection's columns and the first patch norm in im2col's order of a patch's pixels; the positions'
+    table, (position, axis, width) in transformers, as one table per axis."""
+    if name.endswith(("patch_dense.weight", "patch_ln1.weight", "patch_ln1.bias")):
+        side = vision["patch_size"] * vision.get("pooling_kernel_size", 3)
+        pixels = product(range(3), range(side), range(side))  # (im2col's order: channel, row, column)
+        order = tuple(row * side * 3 + column * 3 + channel for channel, row, column in pixels)
+        return Rearrangement({name: shape}, partial(pixels_channels_first, order=order), rows_per_band=shape[0])
+    if name.endswith("pos_embedding.weight"):
+        return Rearrangement({name: (shape[1], shape[0], shape[2])}, by_axis, rows_per_band=shape[0])
+    return None
+
+
+GEMMA4_UNIFIED_MMPROJ = MmprojPart(
+    "GEMMA4UV",
+    r"^model\.(?:vision_embedder|embed_vision|embed_audio)\.",
+    gemma4_unified_vision_sizes,
+    gemma4_unified_projector_keys,
+    forced_type=mmproj_model_forced_type,
+    converter_name=gemma4_unified_name,
+    rearranged=gemma4_unified_rearranged,
+    audio_sizes=gemma4_unified_audio_sizes,
+    projector_type_key="clip.vision",
+)
+
+
 # Gemma 4 Unified's text model: Gemma 4's, its towers (without layers: an image's patches and an audio frame's samples
 # projected into the text model) left out of the file as the converter's text model leaves them
 GEMMA4_UNIFIED = replace(
@@ -322,10 +409,8 @@ FAMILIES = (
         **no_trainer_model("Gemma 4 Unified"),
         fused_siblings=SIBLINGS,
         gguf=GEMMA4_UNIFIED,
-        mmproj=Unsupported(
-            "its towers without layers (llama.cpp's gemma4uv and gemma4ua projectors, which PyPI's gguf-py lacks) are "
-            "not written yet"
-        ),
+        mmproj=GEMMA4_UNIFIED_MMPROJ,
+        notes={"mmproj": LLAMA_CPP_GGUF_PY.format(arch="its gemma4uv and gemma4ua projectors")},
         moe_layout=DENSE_ONLY,
     ),
     *(  # (the drafters of Gemma 4 and of Gemma 4 Unified: one layout, two classes)

@@ -81,7 +81,9 @@ def plan_mmproj(
         kind = _tensor_type(gguf, part, source, name, shape, qtype, mm_type)
         return OutputTensor(name, tuple(gguf.quant_shape_to_byte_shape(shape, kind)), dtypes.BY_NAME["uint8"]), kind
 
-    parameters, head_dim = 0, vision["hidden_size"] // vision["num_attention_heads"] if vision else 0
+    parameters, head_dim = 0, 0  # (a tower without layers has no heads: Gemma 4 Unified's)
+    if vision and part.permute_qk:
+        head_dim = vision["hidden_size"] // vision["num_attention_heads"]
     folded = [o for o in outputs if part.folds and re.search(part.folds, o.name)]
     if folded:
         parameters += _folded(plan, folded, part, read, llama_name)
