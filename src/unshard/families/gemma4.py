@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
-from itertools import product
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
@@ -36,6 +35,7 @@ from .parts import (
     middle_axis_dropped,
     no_trainer_model,
     patch_embedding_as_convolution,
+    pixels_channels_first,
     softplus,
 )
 
@@ -259,6 +259,10 @@ def gemma4_unified_hyperparameters(writer, hparams: dict, ftype, blocks: int, fo
         writer.add_array("tokenizer.ggml.suppress_tokens", [int(token) for token in suppressed])
 
 
+# the sizes the converter writes for Gemma 4 Unified's towers, which have no layers
+NO_LAYERS = dict(intermediate_size=0, num_hidden_layers=0, num_attention_heads=0)
+
+
 def gemma4_unified_vision_sizes(vision: dict, where: Path) -> dict:
     """Gemma 4 Unified's image embedder (a tower without layers) as llama.cpp's gemma4uv runs it, which fixes in code
     the 3 x 3 patches merged into one token and the projector's norm at 1e-6 (the file's, as the converter writes the
@@ -269,8 +273,7 @@ def gemma4_unified_vision_sizes(vision: dict, where: Path) -> dict:
         "rms_norm_eps": (vision.get("rms_norm_eps", 1e-6), 1e-6),
     }
     fixed_in_code(where, "vision", "gemma4uv", runs)
-    layers = dict(intermediate_size=0, num_hidden_layers=0, num_attention_heads=0)
-    return {**vision, "image_size": 224, "hidden_size": vision["mm_embed_dim"], **layers}
+    return {**vision, "image_size": 224, "hidden_size": vision["mm_embed_dim"], **NO_LAYERS}
 
 
 def gemma4_unified_audio_sizes(config: dict, where: Path) -> dict | None:
@@ -284,8 +287,7 @@ def gemma4_unified_audio_sizes(config: dict, where: Path) -> dict | None:
         "rms_norm_eps": (audio.get("rms_norm_eps", 1e-6), 1e-6),
     }
     fixed_in_code(where, "audio", "gemma4ua", runs)
-    layers = dict(intermediate_size=0, num_hidden_layers=0, num_attention_heads=0)
-    return {**audio, "hidden_size": audio.get("audio_embed_dim", 640), **layers}
+    return {**audio, "hidden_size": audio.get("audio_embed_dim", 640), **NO_LAYERS}
 
 
 def gemma4_unified_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
@@ -307,12 +309,6 @@ def gemma4_unified_name(name: str) -> str:
     return name.replace(".pos_norm.", ".patch_ln3.")
 
 
-def pixels_channels_first(band, order):
-    """A Rearrangement's pieces for a tensor over a patch's pixels in transformers' order (row, column, channel),
-    stored in the order ggml's im2col gives them (channel, row, column): along the last axis."""
-    return (band[..., list(order)],)
-
-
 def by_axis(band) -> tuple:
     """A Rearrangement's pieces for a table of positions by (position, axis) stored as one table per axis."""
     return (band.swapaxes(0, 1),)
@@ -323,9 +319,8 @@ def gemma4_unified_rearranged(name: str, shape: tuple[int, ...], vision: dict) -
     table, (position, axis, width) in transformers, as one table per axis."""
     if name.endswith(("patch_dense.weight", "patch_ln1.weight", "patch_ln1.bias")):
         side = vision["patch_size"] * vision.get("pooling_kernel_size", 3)
-        pixels = product(range(3), range(side), range(side))  # (im2col's order: channel, row, column)
-        order = tuple(row * side * 3 + column * 3 + channel for channel, row, column in pixels)
-        return Rearrangement({name: shape}, partial(pixels_channels_first, order=order), rows_per_band=shape[0])
+        whole = shape[0] if len(shape) == 1 else 1  # (a norm's vector is one row of pixels; the projection's, a band)
+        return Rearrangement({name: shape}, partial(pixels_channels_first, side), rows_per_band=whole)
     if name.endswith("pos_embedding.weight"):
         return Rearrangement({name: (shape[1], shape[0], shape[2])}, by_axis, rows_per_band=shape[0])
     return None

@@ -111,6 +111,14 @@ def channels_first(patch: int, band):
     return (band.reshape(len(band), patch, patch, -1).transpose(0, 3, 1, 2),)
 
 
+def pixels_channels_first(patch: int, band) -> tuple:
+    """A Rearrangement's pieces for a tensor whose last axis runs over a patch's pixels as (patch, patch, channels),
+    stored along that axis as (channels, patch, patch), the order ggml's im2col gives them (Gemma 4 Unified's patch
+    projection and the norm before it); channels_first's order, the axis kept whole."""
+    pixels = band.reshape(*band.shape[:-1], patch, patch, -1)
+    return (pixels.transpose(*range(band.ndim - 1), -1, -3, -2).reshape(band.shape),)
+
+
 def patch_embedding_as_convolution(name: str, shape: tuple[int, ...]) -> Rearrangement:
     """A patch embedding that is a linear layer over each patch's RGB pixels (Gemma 4's, SigLIP2's), as the converter
     stores it: a 2-D convolution's kernel, the patch's side from its width."""
