@@ -392,6 +392,7 @@ TESTED = {
         "glm4v_moe": "glm4vmoe-fsdp2",
         "gemma4": "gemma4vl-fsdp2",
         "gemma4_unified": "gemma4unified-fsdp2",  # (with llama.cpp's gguf-py)
+        "kimi_k25": "torchtitan-kimik25-fsdp2",  # (its hf folder as --config-from)
         "mistral3": "mistral3-fsdp2",
         "llama4": "llama4-fsdp2",
         **GGUF_MULTIMODAL,

@@ -851,8 +851,8 @@ def test_kimi_k2_5_s_text_model_from_torchtitan_as_the_converter_writes_it(conve
     """Kimi K2.5 (DeepSeek-V3's text model beside MoonViT) straight from torchtitan's checkpoint (kimi_k2_7; its
     folder's config, with a byte-level BPE tokenizer beside): the text model as llama.cpp's deepseek2, the converter's
     file of unshard's folder (its text config naming the sigmoid router, as the Hub's does) in f32 and q8_0; MoonViT
-    and its projector left out with a note, as the converter's text model leaves them out; llama.cpp computes the
-    logits transformers computes from that folder."""
+    and its projector left out of it, as the converter's text model leaves them (their mmproj file:
+    test_gguf_kimi_k25.py); llama.cpp computes the logits transformers computes from that folder."""
     import transformers
 
     fixture = SHIPPED / "torchtitan-kimik25-fsdp2"

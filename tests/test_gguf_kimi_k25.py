@@ -1,0 +1,116 @@
+"""Kimi K2.5's MoonViT and projector as llama.cpp's mmproj file (its kimik25 projector), straight from torchtitan's
+checkpoint: q's and k's rows of the fused attention paired by axis for llama.cpp's 2-D rope, the projector's layers
+renamed. The file is checked against the converter's `--mmproj` file of the same folder under the Hub's config keys
+(which the converter reads), and mtmd's embeddings against transformers' image features of the same pixels. Its image
+processor is torchvision's alone, whose PyPI build loads only beside CUDA's torch: transformers' image features come
+from the peer venv of both (generate.py's "torchvision")."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import generate
+import numpy as np
+import pytest
+import torch
+from conftest import SHIPPED
+from test_gguf import assert_same_file, contents, converter  # noqa: F401  (converter: the fixture, used by name)
+from test_gguf_mmproj import IMAGE_TOLERANCE, assert_refused, image_embeddings, relative_distance
+
+import unshard
+
+FIXTURE = SHIPPED / "torchtitan-kimik25-fsdp2"
+
+# transformers' image features of an image (image.npy), by the folder's own processor, in the peer venv: features.npy
+IMAGE_FEATURES = """
+import sys
+import numpy as np, torch
+from transformers import AutoImageProcessor, AutoModelForImageTextToText
+folder, image, out = sys.argv[1:]
+model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+pixels = AutoImageProcessor.from_pretrained(folder)(images=[np.load(image)], return_tensors="pt")
+with torch.no_grad():
+    features = model.model.get_image_features(pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
+np.save(out, torch.cat(list(features.pooler_output)).numpy())
+"""
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> tuple[Path, Path]:
+    """(unshard's folder of the checkpoint, the folder of unshard's files of each type: f32.gguf, q8_0.gguf and their
+    mmproj files), with the fixture's config and image processor and a byte-level BPE tokenizer beside."""
+    tmp_path = tmp_path_factory.mktemp("kimik25")
+    config = tmp_path / "config"
+    shutil.copytree(FIXTURE / "hf", config)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(SHIPPED / "deepseekv32-fsdp2" / "global_step_1" / "actor" / "huggingface" / name, config / name)
+    src = FIXTURE / "checkpoint" / "step-1"
+    unshard.convert(src, tmp_path / "hf", config_from=config, progress=False)
+    for kind in ("f32", "q8_0"):
+        out = tmp_path / f"{kind}.gguf"
+        unshard.convert(src, out, config_from=config, output=unshard.OutputOptions(gguf=kind), progress=False)
+    return tmp_path / "hf", tmp_path
+
+
+def as_the_hub_names_it(folder: Path, tmp_path: Path) -> Path:
+    """A copy of the folder whose config and image processor say their sizes under the Hub's remote-code keys as
+    well, which the converter reads (init_pos_emb_*; in_patch_limit), where transformers' say pos_emb_* and
+    max_patches."""
+    hub = tmp_path / "hub"
+    shutil.copytree(folder, hub)
+    config = json.loads((hub / "config.json").read_text())
+    vision = config["vision_config"]
+    vision.update({f"init_pos_emb_{axis}": vision[f"pos_emb_{axis}"] for axis in ("height", "width", "time")})
+    (hub / "config.json").write_text(json.dumps(config))
+    processor = json.loads((hub / "preprocessor_config.json").read_text())
+    (hub / "preprocessor_config.json").write_text(json.dumps({**processor, "in_patch_limit": processor["max_patches"]}))
+    return hub
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_kimi_k2_5_s_mmproj_is_the_converter_s(kind, written, converter, tmp_path):
+    """Every field in order and every tensor's name, type, shape and bytes are the converter's: the position grid
+    (4 x 4) and the patch budget (256) read from transformers' own keys, the fused attention's q and k rows paired by
+    axis."""
+    folder, files = written
+    mmproj = converter(as_the_hub_names_it(folder, tmp_path), kind, tmp_path / "oracle-mmproj.gguf", mmproj=True)
+    assert_same_file(files / f"mmproj-{kind}.gguf", mmproj)
+    fields, tensors = contents(files / f"mmproj-{kind}.gguf")
+    assert fields["vision.pos_emb_height"] == 4 and fields["clip.vision.image_max_pixels"] == 256 * 4 * 4
+    assert "v.blk.2.attn_qkv.weight" in {t[0] for t in tensors} and "mm.2.weight" in {t[0] for t in tensors}
+
+
+@pytest.mark.parametrize("width, height", [(16, 16), (40, 24)])
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_llama_cpp_sees_kimi_k2_5_s_images_as_transformers_does(kind, width, height, written, tmp_path):
+    """mtmd encodes an image into transformers' image features of the same pixels: one of the position grid's own
+    4 x 4 patches (4 tokens), and one of 10 x 6 patches (15 tokens), whose positions both resample bicubically."""
+    folder, files = written
+    image, embeddings = image_embeddings(files / f"{kind}.gguf", width, height, tmp_path)
+    np.save(tmp_path / "image.npy", image)
+    args = [folder, tmp_path / "image.npy", tmp_path / "features.npy"]
+    python = generate.peer_python("torchvision")
+    done = subprocess.run([python, "-c", IMAGE_FEATURES, *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = torch.from_numpy(np.load(tmp_path / "features.npy"))
+    assert embeddings.shape == expected.shape == (width * height // 64, 64)
+    assert relative_distance(embeddings, expected) <= IMAGE_TOLERANCE[kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"merge_kernel_size": [2, 3]}, "vision tower's merge_kernel_size is \\[2, 3\\], and llama.cpp's kimik25 "),
+        ({"rope_parameters": {"rope_theta": 5e4}}, "vision tower's rope_theta is 50000.0, and llama.cpp's kimik25 "),
+        ({"hidden_act": "gelu"}, "vision tower's hidden_act is gelu, and llama.cpp's kimik25 projector computes "),
+    ],
+)
+def test_a_tower_llama_cpp_would_compute_otherwise_is_one_line(change, message, written, tmp_path):
+    """llama.cpp's kimik25 fixes in code what MoonViT's config may say otherwise: patches merged as many down as
+    across, rope at a base of 10000, GELU by tanh in the tower's MLPs. Another is one line, before anything is
+    written."""
+    folder, _ = written
+    assert_refused(folder, tmp_path, change, message, within="vision_config")
