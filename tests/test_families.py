@@ -393,6 +393,7 @@ TESTED = {
         "gemma4": "gemma4vl-fsdp2",
         "gemma4_unified": "gemma4unified-fsdp2",  # (with llama.cpp's gguf-py)
         "kimi_k25": "torchtitan-kimik25-fsdp2",  # (its hf folder as --config-from)
+        "muse_glimmer": "torchtitan-museglimmer-fsdp2",  # (the same; with llama.cpp's gguf-py)
         "mistral3": "mistral3-fsdp2",
         "llama4": "llama4-fsdp2",
         **GGUF_MULTIMODAL,

@@ -7,11 +7,8 @@ from the peer venv of both (generate.py's "torchvision")."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-import generate
-import numpy as np
 import pytest
 import torch
 from test_gguf import assert_same_file, converter  # noqa: F401  (converter: the fixture, used by name)
@@ -21,6 +18,7 @@ from test_gguf_mmproj import (
     image_embeddings,
     relative_distance,
     sound_embeddings,
+    torchvision_image_features,
 )
 from test_gguf_newer_architectures import (
     folder_of_the_reference,
@@ -29,19 +27,6 @@ from test_gguf_newer_architectures import (
 )
 
 CASE = "gemma4unified-fsdp2"
-
-# transformers' image features of an image (image.npy), by the folder's own processor, in the peer venv: features.npy
-IMAGE_FEATURES = """
-import sys
-import numpy as np, torch
-from transformers import AutoImageProcessor, AutoModelForImageTextToText
-folder, image, out = sys.argv[1:]
-model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
-pixels = AutoImageProcessor.from_pretrained(folder)(images=[np.load(image)], return_tensors="pt")
-with torch.no_grad():
-    features = model.model.get_image_features(pixels["pixel_values"], pixels["image_position_ids"]).pooler_output
-np.save(out, torch.cat(list(features)).numpy())
-"""
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +79,6 @@ def test_llama_cpp_sees_gemma4_unified_s_images_as_transformers_does(kind, writt
     llama.cpp's gemma4uv makes) into transformers' image features of the same pixels."""
     _, folder, files = written
     image, embeddings = image_embeddings(files / f"{kind}.gguf", 120, 84, tmp_path)
-    np.save(tmp_path / "image.npy", image)
-    python = generate.peer_python("torchvision")
-    args = [folder, tmp_path / "image.npy", tmp_path / "features.npy"]
-    done = subprocess.run([python, "-c", IMAGE_FEATURES, *args], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    expected = torch.from_numpy(np.load(tmp_path / "features.npy"))
+    expected = torchvision_image_features(folder, image, tmp_path, "image_position_ids")
     assert embeddings.shape == expected.shape == (70, 64)
     assert relative_distance(embeddings, expected) <= IMAGE_TOLERANCE[kind]

@@ -9,33 +9,22 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
-import generate
-import numpy as np
 import pytest
-import torch
 from conftest import SHIPPED
 from test_gguf import assert_same_file, contents, converter  # noqa: F401  (converter: the fixture, used by name)
-from test_gguf_mmproj import IMAGE_TOLERANCE, assert_refused, image_embeddings, relative_distance
+from test_gguf_mmproj import (
+    IMAGE_TOLERANCE,
+    assert_refused,
+    image_embeddings,
+    relative_distance,
+    torchvision_image_features,
+)
 
 import unshard
 
 FIXTURE = SHIPPED / "torchtitan-kimik25-fsdp2"
-
-# transformers' image features of an image (image.npy), by the folder's own processor, in the peer venv: features.npy
-IMAGE_FEATURES = """
-import sys
-import numpy as np, torch
-from transformers import AutoImageProcessor, AutoModelForImageTextToText
-folder, image, out = sys.argv[1:]
-model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
-pixels = AutoImageProcessor.from_pretrained(folder)(images=[np.load(image)], return_tensors="pt")
-with torch.no_grad():
-    features = model.model.get_image_features(pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
-np.save(out, torch.cat(list(features.pooler_output)).numpy())
-"""
 
 
 @pytest.fixture(scope="module")
@@ -83,19 +72,13 @@ def test_kimi_k2_5_s_mmproj_is_the_converter_s(kind, written, converter, tmp_pat
     assert "v.blk.2.attn_qkv.weight" in {t[0] for t in tensors} and "mm.2.weight" in {t[0] for t in tensors}
 
 
-@pytest.mark.parametrize("width, height", [(16, 16), (40, 24)])
-@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+@pytest.mark.parametrize("kind, width, height", [("f32", 16, 16), ("f32", 40, 24), ("q8_0", 40, 24)])
 def test_llama_cpp_sees_kimi_k2_5_s_images_as_transformers_does(kind, width, height, written, tmp_path):
     """mtmd encodes an image into transformers' image features of the same pixels: one of the position grid's own
     4 x 4 patches (4 tokens), and one of 10 x 6 patches (15 tokens), whose positions both resample bicubically."""
     folder, files = written
     image, embeddings = image_embeddings(files / f"{kind}.gguf", width, height, tmp_path)
-    np.save(tmp_path / "image.npy", image)
-    args = [folder, tmp_path / "image.npy", tmp_path / "features.npy"]
-    python = generate.peer_python("torchvision")
-    done = subprocess.run([python, "-c", IMAGE_FEATURES, *args], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    expected = torch.from_numpy(np.load(tmp_path / "features.npy"))
+    expected = torchvision_image_features(folder, image, tmp_path, "image_grid_thw")
     assert embeddings.shape == expected.shape == (width * height // 64, 64)
     assert relative_distance(embeddings, expected) <= IMAGE_TOLERANCE[kind]
 

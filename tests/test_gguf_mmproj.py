@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
+import generate
 import numpy as np
 import pytest
 import torch
@@ -93,6 +95,41 @@ def transformers_image_features(model, folder: Path, image: np.ndarray, *inputs:
             pixel_values=pixels["pixel_values"], **{name: pixels[name] for name in inputs}
         ).pooler_output
     return torch.cat(list(features)) if isinstance(features, (list, tuple)) else features
+
+
+# transformers_image_features in the peer venv of torchvision (generate.py's "torchvision"), for the image processors
+# torchvision alone backs, whose PyPI build loads only beside CUDA's torch. argv: the folder, the image (.npy), where
+# the features go (.npy), the processor's other outputs the tower takes, and "-" then the model's modules to leave out
+# of its features (made identities: what llama.cpp computes in the text model instead)
+PEER_IMAGE_FEATURES = """
+import sys
+import numpy as np, torch
+from transformers import AutoImageProcessor, AutoModelForImageTextToText
+folder, image, out, *rest = sys.argv[1:]
+inputs, left_out = (rest[: rest.index("-")], rest[rest.index("-") + 1 :]) if "-" in rest else (rest, [])
+model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+for name in left_out:
+    setattr(model.model, name, torch.nn.Identity())
+pixels = AutoImageProcessor.from_pretrained(folder)(images=[np.load(image)], return_tensors="pt")
+with torch.no_grad():
+    features = model.model.get_image_features(
+        pixel_values=pixels["pixel_values"], **{name: pixels[name] for name in inputs}
+    ).pooler_output
+np.save(out, (torch.cat(list(features)) if isinstance(features, (list, tuple)) else features).numpy())
+"""
+
+
+def torchvision_image_features(
+    folder: Path, image: np.ndarray, tmp_path: Path, *inputs: str, left_out: tuple[str, ...] = ()
+) -> torch.Tensor:
+    """transformers_image_features, computed in the torchvision peer venv (`left_out`: the model's modules to make
+    identities first)."""
+    np.save(tmp_path / "image.npy", image)
+    args = [folder, tmp_path / "image.npy", tmp_path / "features.npy", *inputs, *(["-", *left_out] if left_out else [])]
+    python = generate.peer_python("torchvision")
+    done = subprocess.run([python, "-c", PEER_IMAGE_FEATURES, *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.from_numpy(np.load(tmp_path / "features.npy"))
 
 
 def relative_distance(got: torch.Tensor, expected: torch.Tensor) -> float:

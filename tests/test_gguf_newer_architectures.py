@@ -35,9 +35,7 @@ from test_gguf_mmproj import AUDIO_TOLERANCE, IMAGE_TOLERANCE, assert_same_tenso
 import unshard
 from unshard.sinks.gguf import kquants
 
-MUSE_GLIMMER = SHIPPED / "torchtitan-museglimmer-fsdp2"
 # (the suite's byte-level BPE, trained for the fixtures: the Muse Glimmer fixture ships a config alone)
-TOKENIZER = SHIPPED / "olmo2-fsdp2" / "global_step_1" / "actor" / "huggingface"
 
 
 def unshard_with_llama_cpp_gguf_py(*args, **env) -> subprocess.CompletedProcess:
@@ -52,16 +50,6 @@ def unshard_with_llama_cpp_gguf_py(*args, **env) -> subprocess.CompletedProcess:
             os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(gguf_py), os.environ.get("PYTHONPATH")))), **env
         ),
     )
-
-
-def muse_glimmer_folder(tmp_path: Path) -> Path:
-    """unshard's folder of the torchtitan fixture's Muse Glimmer, with the suite's tokenizer: the converter's input,
-    transformers', and the config unshard reads the checkpoint by."""
-    folder = tmp_path / "hf"
-    unshard.convert(MUSE_GLIMMER / "checkpoint" / "step-1", folder, config_from=MUSE_GLIMMER / "hf", progress=False)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZER / name, folder)
-    return folder
 
 
 def folder_of_the_reference(case: str, tmp_path: Path) -> tuple[Path, Path]:
@@ -85,55 +73,6 @@ def unshard_files(src: Path, tmp_path: Path, kinds: tuple[str, ...], library: st
         done = unshard_with_llama_cpp_gguf_py(*args, **{kquants.LIBRARY_VARIABLE: library})
         assert done.returncode == 0, done.stderr
     return done.stderr
-
-
-def test_muse_glimmer_from_torchtitan_s_checkpoint_as_the_converter_and_llama_quantize_write_it(
-    converter, llama_cpp, ggml_library, tmp_path
-):
-    """Muse Glimmer (gated attention, q and k norms the converter makes from qk_scale_factor, four norms a layer as
-    1 + weight, rope on the sliding layers alone) straight from torchtitan's checkpoint: in f32 and q8_0 the
-    converter's file of unshard's folder, in q4_k_m llama-quantize's of the converter's f32 file; llama.cpp computes
-    transformers' logits from the f32 file (over a prompt past the window)."""
-    import transformers
-
-    folder = muse_glimmer_folder(tmp_path)
-    pre = for_the_converter(folder)
-    checkpoint = MUSE_GLIMMER / "checkpoint" / "step-1"
-    messages = unshard_files(checkpoint, tmp_path, ("f32", "q8_0", "q4_k_m"), ggml_library, "--config-from", folder)
-    assert "no mmproj file of them" in messages  # (its towers, left out as the converter's text model leaves them)
-    for kind in ("f32", "q8_0"):
-        assert_same_file(tmp_path / f"{kind}.gguf", converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
-    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
-    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
-    window = json.loads((folder / "config.json").read_text())["text_config"]["sliding_window"]
-    prompt = [1] + [(7 * i) % 60 + 4 for i in range(2 * window + 3)]
-    model = transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
-    expected = model(torch.tensor([prompt])).logits[0].detach()
-    # (keys and values cached in f32: q's norm scales its scores by qk_scale_factor, past f16's precision here)
-    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
-    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]  # (measured 2.7e-6)
-
-
-def test_muse_glimmer_s_drafter_as_the_converter_and_llama_quantize_write_it(converter, ggml_library, tmp_path):
-    """Muse Glimmer's DFlash drafter (MuseGlimmerAssistantModel: layers without embedding or head, beside the target's
-    hidden states of two layers, projected and normed): unshard's folder is the fixture's model tensor for tensor; its
-    GGUF file from the rank files (its vocabulary from the drafter's own tokenizer, which is its target's) is the
-    converter's, given the target's folder as it requires, in f32 (the block it drafts, the target's layers it reads,
-    the window, the mask token in the header), and llama-quantize's in q4_k_m. llama.cpp runs a drafter only beside
-    its target, so no logits are compared here; the folder's hidden states are transformers' (test_fsdp_convert)."""
-    src, folder = folder_of_the_reference("museglimmerassistant-fsdp2", tmp_path)
-    unshard_files(src, tmp_path, ("f32", "q4_k_m"), ggml_library)
-    target = muse_glimmer_folder(tmp_path / "target")
-    shutil.copy(folder / "chat_template.jinja", target)  # (the target's, which the converter reads: the drafter's)
-    pre = for_the_converter(folder)
-    for_the_converter(target)
-    oracle = converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre, more=("--target-model-dir", target))
-    assert_same_file(tmp_path / "f32.gguf", oracle)
-    llama_cpp_client("quantize", oracle, tmp_path / "llama-quantize.gguf", "q4_k_m")
-    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
-    header, tensors = contents(tmp_path / "f32.gguf")
-    assert header["general.architecture"] == "dflash" and header["dflash.target_layers"] == [2, 4]
-    assert header["tokenizer.ggml.mask_token_id"] == 102 and "token_embd.weight" not in {t[0] for t in tensors}
 
 
 # The FSDP2 fixtures of those families, by llama.cpp's architecture
@@ -665,32 +604,6 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     done = unshard_with_llama_cpp_gguf_py("convert", folder, tmp_path / "m.gguf", "--no-progress", "--no-check")
     assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "config.json: " in done.stderr and message in done.stderr, done.stderr
-    assert not (tmp_path / "m.gguf").exists()
-
-
-@pytest.mark.parametrize(
-    "change, message",
-    [
-        ({}, "MODEL_ARCH.MUSE_GLIMMER, which the installed gguf-py \\(0.19.0\\) lacks"),
-        ({"post_norm_eps": 1e-6}, "post_norm_eps is 1e-06, and llama.cpp's muse-glimmer fixes 1e-08"),
-        ({"layer_rope_theta": [10000.0] * 4}, "layer_rope_theta is not the rope base on the sliding layers"),
-        ({"hidden_activation": "gelu"}, "hidden_activation is 'gelu', and llama.cpp's muse-glimmer runs SiLU"),
-    ],
-)
-def test_muse_glimmer_llama_cpp_would_not_compute_or_gguf_py_cannot_write_is_one_line(change, message, tmp_path):
-    """Without llama.cpp's gguf-py (PyPI's), or a config llama.cpp's muse-glimmer would compute otherwise: one line
-    naming config.json, nothing written."""
-    folder = muse_glimmer_folder(tmp_path)
-    config = json.loads((folder / "config.json").read_text())
-    config["text_config"].update(change)
-    (folder / "config.json").write_text(json.dumps(config))
-    args = ("convert", folder, tmp_path / "m.gguf", "--no-progress")
-    if change:
-        done = unshard_with_llama_cpp_gguf_py(*args)
-    else:  # (PyPI's gguf-py, this venv's)
-        done = subprocess.run([sys.executable, "-m", "unshard", *map(str, args)], capture_output=True, text=True)
-    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "config.json: " in done.stderr and re.search(message, done.stderr), done.stderr
     assert not (tmp_path / "m.gguf").exists()
 
 

@@ -2,7 +2,10 @@
 normed without a scale), four norms a layer and a normed embedding, beside a vision tower, its adapter and projection.
 It converts by transformers' own names; torchtitan's names are read and written as its MuseGlimmerStateDictAdapter
 maps them: its text and vision rotary turn interleaved pairs, so q and k rows (and the tower's q and k biases) are
-reordered per head."""
+reordered per head.
+
+GGUF: the text model as llama.cpp's muse-glimmer; the tower, its adapter and the projection into the text model as the
+mmproj file of llama.cpp's muse-glimmer projector (both with llama.cpp's own gguf-py, which names them)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import json_or_empty, text_hyperparameters
+from .gguf_hooks import fixed_in_code, json_or_empty, mmproj_model_forced_type, text_hyperparameters
 from .parts import (
     DEFAULT_FUSED_SIBLINGS,
     LLAMA_CPP_GGUF_PY,
@@ -18,6 +21,7 @@ from .parts import (
     NOT_A_MOE_INPUT,
     Family,
     GGUFPart,
+    MmprojPart,
     Rearrangement,
     Unsupported,
     no_trainer_model,
@@ -102,7 +106,8 @@ def muse_glimmer_end_of_turn(writer, hparams: dict, folder: Path) -> None:
 
 def muse_glimmer_checked(hparams: dict, where: Path) -> None:
     """What llama.cpp's muse-glimmer computes: SwiGLU, rope on the sliding layers alone (at the config's base) and
-    none on the global ones, its own epsilon after attention and the MLP. Another config is one line."""
+    none on the global ones, its own epsilon after attention and the MLP; and its muse-glimmer projector: GELU (erf)
+    in the adapter. Another config is one line."""
     theta = hparams.get("rope_parameters", {}).get("rope_theta")
     turns = [theta if kind == "sliding_attention" else 0 for kind in hparams["layer_types"]]
     why = None
@@ -115,6 +120,9 @@ def muse_glimmer_checked(hparams: dict, where: Path) -> None:
         )
     elif hparams.get("post_norm_eps", POST_NORM_EPS) != POST_NORM_EPS:
         why = f"post_norm_eps is {hparams['post_norm_eps']}, and llama.cpp's muse-glimmer fixes {POST_NORM_EPS}"
+    elif hparams.get("projector_hidden_act", "gelu") != "gelu":  # (the adapter's, before the projection)
+        act = hparams["projector_hidden_act"]
+        why = f"projector_hidden_act is {act!r}, and llama.cpp's muse-glimmer projector runs GELU"
     if why:
         raise ConfigMismatchError(
             f"{where}: {why}: it would compute another model; serve this one with transformers or vLLM"
@@ -145,6 +153,78 @@ def norms_then_queries(band, head_dim: int, scale: float) -> tuple:
 
     turned = band.reshape(-1, 2, head_dim // 2, band.shape[-1]).swapaxes(1, 2).reshape(band.shape)
     return np.full(head_dim, scale, np.float32), np.ones(head_dim, np.float32), turned
+
+
+def muse_glimmer_vision_sizes(vision: dict, where: Path) -> dict:
+    """The tower as the converter reads it, its image size the position grid's merged tokens' pixels. Refuses what
+    llama.cpp's muse-glimmer projector fixes in code: rope at a base of 10000, GELU (erf) in the tower, a square
+    position grid (each window's side), and the layers that attend globally: every fourth and the last, the others
+    within windows (transformers' own default)."""
+    layers = vision.get("num_hidden_layers", 0)
+    global_every_fourth = [
+        "full_attention" if (i + 1) % 4 == 0 or i == layers - 1 else "window_attention" for i in range(layers)
+    ]
+    runs = {
+        "rope_theta": ((vision.get("rope_parameters") or {}).get("rope_theta", 10000.0), 10000.0),
+        "hidden_act": (vision.get("hidden_act", "gelu"), "gelu"),
+        "pos_emb_width": (vision.get("pos_emb_width", 32), vision.get("pos_emb_height", 32)),
+        "layer_types": (vision.get("layer_types", global_every_fourth), global_every_fourth),
+    }
+    fixed_in_code(where, "vision", "muse-glimmer projector", runs)
+    grid, patch, merge = vision.get("pos_emb_height", 32), vision.get("patch_size", 14), vision.get("merge_size", 2)
+    return {**vision, "image_size": grid * patch * merge}
+
+
+def muse_glimmer_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The converter's MuseGlimmerVisionModel's: the tower's norm epsilon and the merge."""
+    writer.add_vision_attention_layernorm_eps(float(vision.get("layer_norm_eps", 1e-5)))
+    writer.add_vision_spatial_merge_size(int(vision.get("merge_size", 2)))
+
+
+# the converter's names of the adapter's two layers and the projection into the text model: the projector's three
+MUSE_GLIMMER_PROJECTOR = {
+    "model.vision_adapter.fc1.": "mm.0.",
+    "model.vision_adapter.fc2.": "mm.1.",
+    "model.vision_projection.": "mm.2.",
+}
+
+
+def muse_glimmer_name(name: str) -> str:
+    """The adapter's and the projection's names as the converter writes them; the tower's as it maps them."""
+    for prefix, renamed in MUSE_GLIMMER_PROJECTOR.items():
+        if name.startswith(prefix):
+            return renamed + name.removeprefix(prefix)
+    return name
+
+
+def muse_glimmer_patches(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
+    """The converter's patch embedding: a Linear layer over each patch's frames (an image is the same pixels in
+    each), as one 2-D convolution of their sum (in float32 from bfloat16, as the converter sums)."""
+    if not name.endswith("patch_embedder.patch_embedding.weight"):
+        return None
+    patch = vision.get("patch_size", 14)
+    kernel = (shape[0], shape[1] // (patch * patch), patch, patch)
+    return Rearrangement({name: (*kernel[:1], 3, patch, patch)}, partial(frames_summed, patch=patch))
+
+
+def frames_summed(band, patch: int) -> tuple:
+    return (band.reshape(len(band), -1, 3, patch, patch).sum(axis=1),)
+
+
+MUSE_GLIMMER_MMPROJ = MmprojPart(
+    "MUSE_GLIMMER",
+    r"^model\.vision_(?:tower|adapter|projection)\.",
+    muse_glimmer_vision_sizes,
+    muse_glimmer_projector_keys,
+    forced_type=mmproj_model_forced_type,
+    converter_name=muse_glimmer_name,
+    rearranged=muse_glimmer_patches,
+    permute_qk=True,
+    note="llama.cpp's muse-glimmer resamples the tower's learned positions otherwise than transformers (the model's "
+    "reference) for an image of another size than the position grid's: clamped at the edges, where transformers pads "
+    "with zeros, and, for an image wider than high or higher than wide, not transposed as transformers reads them; "
+    "its image features differ then (measured on a tiny model: 4e-2 on a square image, 0.15 on a wide one)",
+)
 
 
 def muse_glimmer_drafter_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -187,10 +267,8 @@ FAMILIES = (
             permute_qk=True,  # (k's rows; q's, rearranged above)
             norm_shift=1.0,
             unshifted_norms=("language_model.norm.weight",),
-            towers=r"^model\.vision_(?:tower|adapter|projection)\.",
-            towers_left_out="its projector (llama.cpp's muse_glimmer) is not written yet",
         ),
-        mmproj=Unsupported("its projector (llama.cpp's muse_glimmer) is not written yet"),
+        mmproj=MUSE_GLIMMER_MMPROJ,
         moe_layout=NOT_A_MOE_INPUT,
         notes={
             "meta_names": "torchtitan's names, its vision tower's too",

@@ -101,7 +101,8 @@ def plan_mmproj(
             parameters += math.prod(output.shape)
             continue
         how = part.rearranged(source, output.shape, vision or audio) if part.rearranged else None
-        parameters += math.prod(output.shape)
+        # (the file's parameters, as gguf-py counts them for the size label: those it stores)
+        parameters += sum(map(math.prod, how.tensors.values())) if how else math.prod(output.shape)
         if how is not None:  # (the file's tensors it becomes, in the converter's order)
             made = [stored_as(name, llama_name(name, output.name), shape) for name, shape in how.tensors.items()]
             stored, kinds = tuple(m[0] for m in made), tuple(m[1] for m in made)
