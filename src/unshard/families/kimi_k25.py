@@ -157,8 +157,14 @@ FAMILIES = (
         megatron=Unsupported("Megatron's Kimi K2.5 layout is not mapped yet"),
         meta_names=TORCHTITAN_KIMI_K25,
         torchtitan_names=TORCHTITAN_KIMI_K25,
-        # (transformers names its modules otherwise than the Hub's tensors, by which its Linear layers are found)
-        fused_siblings=Unsupported("not yet compared with what llm-compressor writes for Kimi K2.5"),
+        # (transformers names its modules otherwise than the Hub's tensors, by which its Linear layers are found; and
+        # llm-compressor 0.14, with its transformers 5.17, saves the tower and projector quantized under names of
+        # neither kind, `model.mm_projector.pre_norm` and `vision_tower.encoder.patch_embed.proj` (measured): no
+        # oracle to be exact against)
+        fused_siblings=Unsupported(
+            "not written: llm-compressor 0.14 saves Kimi K2.5's tower under names no loader reads, so there is no "
+            "file to be exact against"
+        ),
         gguf=DEEPSEEK2,
         mmproj=KIMI_K25_MMPROJ,
         moe_layout=NOT_A_MOE_INPUT,
