@@ -72,6 +72,31 @@ def test_kimi_k2_5_s_mmproj_is_the_converter_s(kind, written, converter, tmp_pat
     assert "v.blk.2.attn_qkv.weight" in {t[0] for t in tensors} and "mm.2.weight" in {t[0] for t in tensors}
 
 
+def test_a_config_in_the_hub_s_keys_alone_gives_the_same_file(written, tmp_path):
+    """The Hub's remote-code config names the tower's sizes `vt_hidden_size`..., its position grid
+    `init_pos_emb_height`..., the projector's epsilon `projector_ln_eps`, and its image processor the patch budget
+    `media_proc_cfg.in_patch_limit` (transformers, reading it, fills its own keys beside them with its defaults: 16
+    heads, a 64 x 64 grid). Such a folder gives the mmproj file of transformers' config: the same fields and the same
+    tensors, its q and k rows paired by axis in the tower's own 2 heads."""
+    folder, files = written
+    hub = tmp_path / "hub"
+    shutil.copytree(folder, hub)
+    config = json.loads((hub / "config.json").read_text())
+    vision = config["vision_config"]
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        vision["vt_" + key] = vision.pop(key)
+    for axis in ("height", "width", "time"):
+        vision[f"init_pos_emb_{axis}"] = vision.pop(f"pos_emb_{axis}")
+    vision["projector_ln_eps"] = config.pop("projection_layer_norm_eps")
+    (hub / "config.json").write_text(json.dumps(config))
+    processor = json.loads((hub / "preprocessor_config.json").read_text())
+    media = {"in_patch_limit": processor.pop("max_patches"), "patch_size": processor.pop("patch_size")}
+    (hub / "preprocessor_config.json").write_text(json.dumps({**processor, "media_proc_cfg": media}))
+    unshard.convert(hub, tmp_path / "f32.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    (ours, mine), (theirs, expected) = contents(tmp_path / "mmproj-f32.gguf"), contents(files / "mmproj-f32.gguf")
+    assert list(ours.items()) == list(theirs.items()) and mine == expected
+
+
 @pytest.mark.parametrize("kind, width, height", [("f32", 16, 16), ("f32", 40, 24), ("q8_0", 40, 24)])
 def test_llama_cpp_sees_kimi_k2_5_s_images_as_transformers_does(kind, width, height, written, tmp_path):
     """mtmd encodes an image into transformers' image features of the same pixels: one of the position grid's own
@@ -89,11 +114,12 @@ def test_llama_cpp_sees_kimi_k2_5_s_images_as_transformers_does(kind, width, hei
         ({"merge_kernel_size": [2, 3]}, "vision tower's merge_kernel_size is \\[2, 3\\], and llama.cpp's kimik25 "),
         ({"rope_parameters": {"rope_theta": 5e4}}, "vision tower's rope_theta is 50000.0, and llama.cpp's kimik25 "),
         ({"hidden_act": "gelu"}, "vision tower's hidden_act is gelu, and llama.cpp's kimik25 projector computes "),
+        ({"num_attention_heads": 16}, "vision tower's width 32 is not 16 heads of a multiple of 4 rows, as MoonViT"),
     ],
 )
 def test_a_tower_llama_cpp_would_compute_otherwise_is_one_line(change, message, written, tmp_path):
     """llama.cpp's kimik25 fixes in code what MoonViT's config may say otherwise: patches merged as many down as
-    across, rope at a base of 10000, GELU by tanh in the tower's MLPs. Another is one line, before anything is
-    written."""
+    across, rope at a base of 10000, GELU by tanh in the tower's MLPs; and heads whose rows its rope pairs by axis.
+    Another is one line, before anything is written."""
     folder, _ = written
     assert_refused(folder, tmp_path, change, message, within="vision_config")

@@ -20,6 +20,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
+from ..errors import ConfigMismatchError
 from ..names.meta_rules import Fused, Reshaped
 from .deepseek import DEEPSEEK2, TORCHTITAN_WITHOUT_MTP
 from .gguf_hooks import fixed_in_code, mmproj_model_forced_type
@@ -79,7 +80,8 @@ def kimi_k25_vision_sizes(vision: dict, where: Path) -> dict:
     """MoonViT as the converter reads it: the sizes under either config's names, the image size its position grid
     spans (which llama.cpp does not use). Refuses what llama.cpp's kimik25 computes otherwise whatever the file says:
     rope at a base of 10000, GELU (tanh) in the tower's MLPs, the patches merged as many down as across."""
-    sizes = {key: vision.get(key, vision.get("vt_" + key)) for key in TOWER_SIZES}
+    # (the Hub's first: transformers, reading a Hub config, fills its own keys with its defaults beside them)
+    sizes = {key: vision.get("vt_" + key, vision.get(key)) for key in TOWER_SIZES}
     merge = list(vision.get("merge_kernel_size", [2, 2]))
     runs = {
         "rope_theta": ((vision.get("rope_parameters") or {}).get("rope_theta", vision.get("rope_theta", 1e4)), 1e4),
@@ -87,6 +89,12 @@ def kimi_k25_vision_sizes(vision: dict, where: Path) -> dict:
         "merge_kernel_size": (merge, [merge[0], merge[0]]),
     }
     fixed_in_code(where, "vision", "kimik25 projector", runs)
+    width, heads = sizes["hidden_size"], sizes["num_attention_heads"]
+    if width and heads and (width % heads or (width // heads) % 4):
+        raise ConfigMismatchError(
+            f"{where}: the vision tower's width {width} is not {heads} heads of a multiple of 4 rows, as MoonViT's "
+            "rope pairs them by axis; pass --config-from the model's own folder"
+        )
     patch = vision.get("patch_size", 14)
     return {**vision, **sizes, "patch_size": patch, "image_size": position_grid(vision)[0] * patch}
 
