@@ -99,17 +99,13 @@ def transformers_image_features(model, folder: Path, image: np.ndarray, *inputs:
 
 # transformers_image_features in the peer venv of torchvision (generate.py's "torchvision"), for the image processors
 # torchvision alone backs, whose PyPI build loads only beside CUDA's torch. argv: the folder, the image (.npy), where
-# the features go (.npy), the processor's other outputs the tower takes, and "-" then the model's modules to leave out
-# of its features (made identities: what llama.cpp computes in the text model instead)
+# the features go (.npy), and the processor's other outputs the tower takes
 PEER_IMAGE_FEATURES = """
 import sys
 import numpy as np, torch
 from transformers import AutoImageProcessor, AutoModelForImageTextToText
-folder, image, out, *rest = sys.argv[1:]
-inputs, left_out = (rest[: rest.index("-")], rest[rest.index("-") + 1 :]) if "-" in rest else (rest, [])
+folder, image, out, *inputs = sys.argv[1:]
 model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
-for name in left_out:
-    setattr(model.model, name, torch.nn.Identity())
 pixels = AutoImageProcessor.from_pretrained(folder)(images=[np.load(image)], return_tensors="pt")
 with torch.no_grad():
     features = model.model.get_image_features(
@@ -119,13 +115,10 @@ np.save(out, (torch.cat(list(features)) if isinstance(features, (list, tuple)) e
 """
 
 
-def torchvision_image_features(
-    folder: Path, image: np.ndarray, tmp_path: Path, *inputs: str, left_out: tuple[str, ...] = ()
-) -> torch.Tensor:
-    """transformers_image_features, computed in the torchvision peer venv (`left_out`: the model's modules to make
-    identities first)."""
+def torchvision_image_features(folder: Path, image: np.ndarray, tmp_path: Path, *inputs: str) -> torch.Tensor:
+    """transformers_image_features, computed in the torchvision peer venv."""
     np.save(tmp_path / "image.npy", image)
-    args = [folder, tmp_path / "image.npy", tmp_path / "features.npy", *inputs, *(["-", *left_out] if left_out else [])]
+    args = [folder, tmp_path / "image.npy", tmp_path / "features.npy", *inputs]
     python = generate.peer_python("torchvision")
     done = subprocess.run([python, "-c", PEER_IMAGE_FEATURES, *args], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -203,11 +203,11 @@ def muse_glimmer_patches(name: str, shape: tuple[int, ...], vision: dict) -> Rea
     if not name.endswith("patch_embedder.patch_embedding.weight"):
         return None
     patch = vision.get("patch_size", 14)
-    kernel = (shape[0], shape[1] // (patch * patch), patch, patch)
-    return Rearrangement({name: (*kernel[:1], 3, patch, patch)}, partial(frames_summed, patch=patch))
+    return Rearrangement({name: (shape[0], 3, patch, patch)}, partial(frames_summed, patch=patch))
 
 
 def frames_summed(band, patch: int) -> tuple:
+    """A band of rows over (frames, channels, patch, patch) pixels as their sum over the frames."""
     return (band.reshape(len(band), -1, 3, patch, patch).sum(axis=1),)
 
 
