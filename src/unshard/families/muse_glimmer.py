@@ -274,6 +274,9 @@ FAMILIES = (
             "meta_names": "torchtitan's names, its vision tower's too",
             "to_torchtitan": "its vision tower's q and k biases reordered with their rows",
             "gguf": LLAMA_CPP_GGUF_PY.format(arch="muse-glimmer"),
+            "mmproj": LLAMA_CPP_GGUF_PY.format(arch="its muse-glimmer projector")
+            + "; llama.cpp resamples the tower's positions otherwise than transformers for an image of another size "
+            "than the position grid's (the conversion notes how)",
         },
     ),
     Family(
