@@ -7,11 +7,12 @@ llama.cpp's `lightonocr` projector: Pixtral's graph without the [IMG_BREAK] toke
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .mistral3 import PIXTRAL, PIXTRAL_NORM_EPS
-from .parts import GGUFPart, multimodal_family
+from .parts import GGUFPart, multimodal_family, prefix_renamed
 from .qwen import qwen_hyperparameters
 
 # the converter's renames of LightOnOCR's towers to the names its Pixtral model maps
@@ -40,19 +41,11 @@ def lightonocr_checked(hparams: dict, where: Path) -> list[str] | None:
     ]
 
 
-def lightonocr_name(name: str) -> str:
-    """A tower's tensor under the name the converter maps it by (its LightOnOCR renames, then Pixtral's)."""
-    for prefix, renamed in CONVERTER_PREFIXES:
-        if name.startswith(prefix):
-            return renamed + name.removeprefix(prefix)
-    return name
-
-
 LIGHTONOCR_MMPROJ = replace(
     PIXTRAL,
     projector="LIGHTONOCR",
     vision=r"^model\.(?:vision_encoder|vision_projection)\.",
-    converter_name=lightonocr_name,
+    converter_name=partial(prefix_renamed, CONVERTER_PREFIXES),  # (its LightOnOCR renames, then Pixtral's)
     text_rows=None,  # (no [IMG_BREAK] between rows: the converter's LightOnOCR model reads none)
 )
 

@@ -25,6 +25,7 @@ from .parts import (
     Rearrangement,
     Unsupported,
     no_trainer_model,
+    prefix_renamed,
 )
 
 _T, _V = "model.language_model.layers.{i}.", "model.vision_tower.layers.{i}."
@@ -182,19 +183,11 @@ def muse_glimmer_projector_keys(writer, hparams: dict, vision: dict, processor: 
 
 
 # the converter's names of the adapter's two layers and the projection into the text model: the projector's three
-MUSE_GLIMMER_PROJECTOR = {
-    "model.vision_adapter.fc1.": "mm.0.",
-    "model.vision_adapter.fc2.": "mm.1.",
-    "model.vision_projection.": "mm.2.",
-}
-
-
-def muse_glimmer_name(name: str) -> str:
-    """The adapter's and the projection's names as the converter writes them; the tower's as it maps them."""
-    for prefix, renamed in MUSE_GLIMMER_PROJECTOR.items():
-        if name.startswith(prefix):
-            return renamed + name.removeprefix(prefix)
-    return name
+MUSE_GLIMMER_PROJECTOR = (
+    ("model.vision_adapter.fc1.", "mm.0."),
+    ("model.vision_adapter.fc2.", "mm.1."),
+    ("model.vision_projection.", "mm.2."),
+)
 
 
 def muse_glimmer_patches(name: str, shape: tuple[int, ...], vision: dict) -> Rearrangement | None:
@@ -217,7 +210,7 @@ MUSE_GLIMMER_MMPROJ = MmprojPart(
     muse_glimmer_vision_sizes,
     muse_glimmer_projector_keys,
     forced_type=mmproj_model_forced_type,
-    converter_name=muse_glimmer_name,
+    converter_name=partial(prefix_renamed, MUSE_GLIMMER_PROJECTOR),
     rearranged=muse_glimmer_patches,
     permute_qk=True,
     note="llama.cpp's muse-glimmer resamples the tower's learned positions otherwise than transformers (the model's "

@@ -119,6 +119,15 @@ def pixels_channels_first(patch: int, band) -> tuple:
     return (pixels.transpose(*range(band.ndim - 1), -1, -3, -2).reshape(band.shape),)
 
 
+def prefix_renamed(prefixes: tuple[tuple[str, str], ...], name: str) -> str:
+    """A tensor's name with the first of `prefixes` it starts with replaced ((prefix, replacement) pairs), else as it
+    is: a MmprojPart's converter_name where the converter renames a family's towers (bind them with partial)."""
+    for prefix, renamed in prefixes:
+        if name.startswith(prefix):
+            return renamed + name.removeprefix(prefix)
+    return name
+
+
 def patch_embedding_as_convolution(name: str, shape: tuple[int, ...]) -> Rearrangement:
     """A patch embedding that is a linear layer over each patch's RGB pixels (Gemma 4's, SigLIP2's), as the converter
     stores it: a 2-D convolution's kernel, the patch's side from its width."""
