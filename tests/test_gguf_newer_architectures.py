@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import SHIPPED
+from make_fsdp import MINIMAX_ZERO_ROWS
+from safetensors.torch import load_file, save_file
 from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: the fixtures, used by name)
     LLAMA_CPP_TOLERANCE,
     assert_same_file,
@@ -55,8 +57,6 @@ def unshard_with_llama_cpp_gguf_py(*args, **env) -> subprocess.CompletedProcess:
 def folder_of_the_reference(case: str, tmp_path: Path) -> tuple[Path, Path]:
     """unshard's folder of a fixture's rank files (tmp_path/hf), asserted to be the fixture's reference model tensor
     for tensor: (the rank files, the folder)."""
-    from safetensors.torch import load_file
-
     src, folder = SHIPPED / case / "global_step_1", tmp_path / "hf"
     unshard.convert(src, folder, progress=False)
     written = load_file(folder / "model.safetensors")
@@ -90,6 +90,7 @@ NEWER = {
     "step3p7-fsdp2": "step35",
     "qwen4exp-fsdp2": "qwen4exp",
     "glm5next-fsdp2": "glm5-next",
+    "minimax01-fsdp2": "minimax-01",
 }
 # The vision-language models among them (their text model written), and those llama.cpp runs with flash attention on
 # (MiniMax-M3's sparse attention: without it, llama.cpp's every query attends to every key)
@@ -99,6 +100,9 @@ FLASH_ATTENTION = ("minimaxm3-fsdp2",)
 # a block of 4, and past it those that see 3 tokens after their last complete block; llama.cpp's selection for the
 # others differs (a note says so)
 COMPARED_ROWS = {"qwen4exp-fsdp2": lambda n: [i for i in range(n) if i < 8 + 4 - 1 or (i + 1) % 4 == 3]}
+# The prompt's length where the window's does not say it: past MiniMax-01's blocks of 16 tokens, which transformers'
+# lightning attention carries its state across
+PROMPT_LENGTHS = {"minimax01-fsdp2": 40}
 # Those whose tensors llama-quantize chooses types for by their architecture (GLM-5-Next's: some left as the
 # converter's f32 file has them, some no lower than Q8_0), compared in a legacy type too
 LEGACY_TOO = ("glm5next-fsdp2",)
@@ -129,6 +133,7 @@ DOTS3_ON_THE_HUB = {
 # What the converter (with transformers 4) reads otherwise, by fixture and file: DeepSeek-V3.2's routing as the Hub's
 # config names it (transformers 5 routes by sigmoid and saves no word of it; unshard writes it, as llama.cpp's
 # deepseek32 needs), and the tokenizer's class by which transformers 4 reads add_bos_token
+LAYER_KINDS = ("full_attention", "linear_attention", "mlp")  # (MiniMax-01's residual factors' keys on the Hub)
 FOR_THE_CONVERTER = {
     "deepseekv32-fsdp2": {
         "config.json": {"scoring_func": "sigmoid"},
@@ -150,6 +155,15 @@ FOR_THE_CONVERTER = {
                     "sparse_local_block": 1,
                 },
             }
+        }
+    },
+    # (MiniMax-01's as the Hub's config names it: its class, the residual factors and the rotated part of a head,
+    # which transformers 5 saves under other names)
+    "minimax01-fsdp2": {
+        "config.json": {
+            "architectures": ["MiniMaxText01ForCausalLM"],
+            "rotary_dim": 16,
+            **{f"layernorm_{kind}_{factor}": 1 for kind in LAYER_KINDS for factor in ("alpha", "beta")},
         }
     },
     # (Qwen4-Exp's full-attention layer as the Hub's config names it: transformers saves it `indexed_attention`, and
@@ -190,6 +204,21 @@ FOR_THE_CONVERTER = {
 }
 
 
+def as_minimax01_on_the_hub(folder: Path) -> None:
+    """The folder's checkpoint as MiniMax-01's on the Hub holds it, which the converter reads: without the decay
+    tables transformers saves (and computes from the config), with the index the converter finds the embedding by."""
+    tensors = load_file(folder / "model.safetensors")
+    kept = {name: t for name, t in tensors.items() if not name.endswith(("_decay", ".slope_rate"))}
+    assert len(kept) == len(tensors) - 4 * 7  # (four tables in each of the seven lightning layers)
+    save_file(kept, folder / "model.safetensors", metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": dict.fromkeys(kept, "model.safetensors")}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+# The checkpoint as a release holds it, where transformers saves another, by fixture
+AS_ON_THE_HUB = {"minimax01-fsdp2": as_minimax01_on_the_hub}
+
+
 def updated(folder: Path, changes: dict[str, dict]) -> None:
     """Each JSON file of the folder with the keys given (a dict's keys into the dict the file has there)."""
     for name, change in changes.items():
@@ -215,11 +244,13 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     attention, its indexer in F32, run with flash attention, as llama.cpp sparsifies with it alone), Step 3.7 Flash's
     (heads, window and rope of its own on the sliding layers, a gate per head, SwiGLU bounds) and Qwen4-Exp's
     (hyper-connections, QSA, hashed n-gram embeddings from a table in shards) and GLM-5-Next's (Kimi Delta Attention,
-    a rope-less latent attention whose indexer keeps pools of keys, hyper-connections): unshard's folder
+    a rope-less latent attention whose indexer keeps pools of keys, hyper-connections) and MiniMax-01 (seven layers of
+    lightning attention to one of softmax attention, experts in every layer; its decay tables, which transformers saves
+    and the release lacks, left out; the tokens of its vocabulary's zero rows suppressed): unshard's folder
     is the fixture's model tensor for tensor; its GGUF file from the rank files (with that folder's tokenizer) is the
     converter's of that folder in f32 and q8_0 and llama-quantize's of the converter's in q4_k_m (and in q4_0, where
     llama-quantize chooses by the architecture); llama.cpp computes transformers' logits over a prompt past the window
-    (past the blocks MiniMax-M3's queries keep, the pools GLM-5-Next's keeps)."""
+    (past the blocks MiniMax-M3's queries keep, the pools GLM-5-Next's keeps, MiniMax-01's blocks)."""
     import transformers
 
     src, folder = folder_of_the_reference(case, tmp_path)
@@ -231,26 +262,32 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     pre = for_the_converter(folder)
     unshard_files(src, tmp_path, ("f32", "q8_0", "q4_k_m"), ggml_library, "--config-from", folder)
     updated(folder, FOR_THE_CONVERTER.get(case, {}))
+    if case in AS_ON_THE_HUB:
+        AS_ON_THE_HUB[case](folder)
     for kind in ("f32", "q8_0"):
         assert_same_file(tmp_path / f"{kind}.gguf", converter(folder, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre))
     llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
     assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
     header = contents(tmp_path / "f32.gguf")[0]
     assert header["general.architecture"] == NEWER[case]
+    if case == "minimax01-fsdp2":  # (the tokens of the padding's zero rows, past the tokenizer's 63, suppressed)
+        assert header["tokenizer.ggml.suppress_tokens"] == list(range(MINIMAX_ZERO_ROWS, 103))
     if case in ADDED_TOKENS:
         added = header["tokenizer.ggml.tokens"].index(ADDED_TOKENS[case])
         assert header["tokenizer.ggml.token_type"][added] == gguf.TokenType.CONTROL
     window = json.loads((folder / "config.json").read_text()).get("sliding_window") or 4
-    prompt = [1] + [(7 * i) % 90 + 5 for i in range(3 * window + 2)]
+    prompt = [1] + [(7 * i) % 90 + 5 for i in range(PROMPT_LENGTHS.get(case, 3 * window + 2))]
     auto = transformers.AutoModelForImageTextToText if case in NEWER_VISION else transformers.AutoModelForCausalLM
-    model = auto.from_pretrained(SHIPPED / case / "reference", dtype=torch.float32)
+    # (from the release's checkpoint where it lacks what transformers saves: MiniMax-01's decay tables then computed in
+    # float32 from the config, as llama.cpp computes them, not read as the reference's bfloat16)
+    model = auto.from_pretrained(folder if case in AS_ON_THE_HUB else SHIPPED / case / "reference", dtype=torch.float32)
     expected = model(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32", flash_attn=case in FLASH_ATTENTION)
     rows = COMPARED_ROWS.get(case, lambda n: list(range(n)))(len(prompt))
     logits, expected = logits[rows], expected[rows]
     distance = ((logits - expected).norm() / expected.norm()).item()
     # (measured 1.7e-7 and 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7, 3.3e-7, 4.7e-7 and 3.3e-7, 1.7e-7, 2.9e-4, 4.1e-7, 3.1e-7,
-    # 3.8e-7)
+    # 3.8e-7, 3.2e-7)
     assert distance <= LLAMA_CPP_TOLERANCE["f32"]
     if case in LEGACY_TOO:  # (llama-quantize's choices of its own for the architecture, in a type gguf-py computes)
         unshard_files(src, tmp_path, ("q4_0",), ggml_library, "--config-from", folder)
@@ -280,9 +317,6 @@ def test_hy4_from_fsdp2_as_llama_cpp_computes_transformers_model(converter, llam
     which transformers' Hy4 turns by halves and llama.cpp's hy_v4 by consecutive pairs: unshard reorders them (the
     converter does not, and its file computes another model). llama.cpp computes transformers' logits from unshard's
     file (measured 5.1e-5; the converter's 1.7e-3); its q4_k_m is llama-quantize's of its f32."""
-    import transformers
-    from safetensors.torch import load_file
-
     from unshard.families.hy_v4 import HUB_NAMES
 
     src, folder = SHIPPED / "hyv4-fsdp2" / "global_step_1", tmp_path / "hf"
@@ -579,6 +613,14 @@ def test_gemma_4_s_drafters_as_the_converter_and_llama_quantize_write_them(case,
         ("gemma4unified-fsdp2", {"vision_config": {"pooling_kernel_size": 2}}, "pooling_kernel_size is 2, and llama"),
         ("gemma4unified-fsdp2", {"vision_config": {"rms_norm_eps": 1e-5}}, "rms_norm_eps is 1e-05, and llama.cpp's"),
         ("gemma4unified-fsdp2", {"audio_config": {"audio_embed_dim": 320}}, "audio_embed_dim is 320, and llama.cpp's"),
+        ("minimax01-fsdp2", {"mlp_alpha_factor": 0.8}, "llama.cpp's minimax-01 scales every residual by one factor"),
+        ("minimax01-fsdp2", {"layernorm_mlp_beta": 0.5}, "llama.cpp's minimax-01 scales every residual by one factor"),
+        (
+            "minimax01-fsdp2",
+            {"layer_types": ["linear_attention", "full_attention"] * 4},
+            "llama.cpp's minimax-01 makes every 8th layer softmax attention",
+        ),
+        ("minimax01-fsdp2", {"hidden_act": "gelu"}, "the activation is 'gelu', and llama.cpp's minimax-01 runs SiLU"),
     ],
 )
 def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case, change, message, tmp_path):
@@ -595,8 +637,9 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     two hyper-connection streams, experts routed in groups, a first latent layer without an indexer
     of its own, or a tower of another activation than SiLU, a dots3-note tower of another activation or rope, a Gemma
     4 Unified whose image patches are merged otherwise than 3 x 3, its norm at another epsilon, or whose sound frames
-    are not 640 samples wide (llama.cpp's gemma4uv and gemma4ua fix them in code): one line naming config.json, nothing
-    written."""
+    are not 640 samples wide (llama.cpp's gemma4uv and gemma4ua fix them in code), a MiniMax-01 whose residuals are
+    scaled otherwise (by transformers' keys or the Hub's), whose softmax layers are elsewhere than every eighth, or of
+    another activation: one line naming config.json, nothing written."""
     folder = tmp_path / "hf"
     unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
     updated(folder, {"config.json": change})
@@ -796,3 +839,16 @@ def test_one_architecture_s_names_do_not_leak_into_the_next_file_s():
         [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(gguf_py))
     )
     assert done.returncode == 0 and done.stdout.strip() == "blk.0.indexer.k_norm.bias", done.stderr
+
+
+def test_minimax01_notes_what_llama_cpp_computes_otherwise_than_transformers():
+    """MiniMax-01's conversion notes where llama.cpp's logits differ from transformers' however exact the file: the
+    lightning attention's output normed at the config's epsilon (transformers fixes 1e-6), and rope on part of each
+    head, as the release's config says and llama.cpp turns it (transformers 5's MiniMax turns the whole head)."""
+    from unshard.families.minimax import minimax01_checked
+
+    config = json.loads((SHIPPED / "minimax01-fsdp2" / "reference" / "config.json").read_text())
+    assert minimax01_checked(config, Path("config.json")) == []
+    eps, turned = minimax01_checked({**config, "rms_norm_eps": 1e-5, "rotary_dim": 8}, Path("config.json"))
+    assert "at the config's rms_norm_eps (1e-05), where transformers norms it at 1e-06" in eps
+    assert turned.startswith("rope turns 8 of each head's 16 dimensions, as the config says")

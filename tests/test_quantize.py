@@ -370,6 +370,7 @@ FAMILY_CASES = [
     "llava-pixtral-fsdp2",
     "lfm2vl-fsdp2",  # (its vision tower and projector left as they are)
     "lightonocr-fsdp2",  # (its Pixtral tower and projector left as they are)
+    "minimax01-fsdp2",  # (its lightning attention's decay tables left as they are)
 ]
 # transformers 5.24 keeps AFMoE's expert bias and EXAONE MoE's and DeepSeek-V2's routers in float32 when loading in
 # bf16, as save_pretrained writes them (unshard follows the transformers installed); llm-compressor's pinned 5.17 did

@@ -139,9 +139,9 @@ class FormatRequest:
     dtype: Any  # the output's dtypes.DType
     config_updates: dict[str, Any]  # what the output's config.json changes (the checkpoint's, --architecture's)
     separate_adapter: bool = False  # a LoRA adapter is written beside the model (--lora separate)
-    # An output tensor's values by its name, read whole while planning: for a format whose header carries a few of
-    # the model's values (GGUF's Apertus); None where nothing can be read
-    read: Callable[[str], Any] | None = None
+    # An output tensor's values by its name, read while planning, whole or a slice of its rows: for a format whose
+    # header carries a few of the model's values (GGUF's Apertus, MiniMax-01's zero rows); None where none can be read
+    read: Callable[..., Any] | None = None
 
 
 class Sink(Protocol):

@@ -1,4 +1,11 @@
-"""MiniMax-M2 (`MiniMaxM2ForCausalLM`): grouped-query attention with q and k each normed over all heads and rotary
+"""MiniMax-01 (MiniMax-Text-01 and MiniMax-M1; transformers' `MiniMaxForCausalLM`): seven layers of lightning
+attention (linear attention with a decay per head: q, k and v in one `qkv_proj` through SiLU, the output normed and
+gated) to each layer of softmax attention with rope on part of each head, Mixtral's experts in every layer, residuals
+scaled by the config's alpha factors; llama.cpp's minimax-01, as the converter's MiniMaxText01Model writes it (the
+decay tables transformers saves and the Hub's checkpoints lack left out, the tokens of the vocabulary's zero rows
+suppressed).
+
+MiniMax-M2 (`MiniMaxM2ForCausalLM`): grouped-query attention with q and k each normed over all heads and rotary
 embeddings on part of each head (`rotary_dim` on the Hub, transformers' partial_rotary_factor), every layer's MLP as
 experts `block_sparse_moe.experts.E.w1/w2/w3` (Mixtral's names) behind a sigmoid router with its correction bias, the
 chosen experts' weights renormalised; llama.cpp's minimax-m2 with the experts stacked.
@@ -48,6 +55,86 @@ INDEXER = {
 }
 # gpt-oss's SwiGLU as llama.cpp's minimax-m3 computes it (constants in its code): the sigmoid's gain, the clamp
 LLAMA_CPP_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
+
+
+# MiniMax-01's residual factors by transformers' keys, each with the Hub's (which the converter reads)
+RESIDUAL_FACTORS = {
+    "full_attn_alpha_factor": "layernorm_full_attention_alpha",
+    "linear_attn_alpha_factor": "layernorm_linear_attention_alpha",
+    "mlp_alpha_factor": "layernorm_mlp_alpha",
+    "full_attn_beta_factor": "layernorm_full_attention_beta",
+    "linear_attn_beta_factor": "layernorm_linear_attention_beta",
+    "mlp_beta_factor": "layernorm_mlp_beta",
+}
+LIGHTNING_NORM_EPS = 1e-6  # (transformers' MiniMaxLightningAttention's norm's, whatever the config says)
+SOFTMAX_EVERY = 8  # (llama.cpp's minimax-01: every eighth layer softmax attention, the others lightning)
+
+
+def residual_factors(hparams: dict) -> dict[str, float]:
+    """The six residual factors by the Hub's keys: the Hub's value where the config has it, else transformers'."""
+    return {hub: hparams.get(hub, hparams.get(key, 1)) for key, hub in RESIDUAL_FACTORS.items()}
+
+
+def rotated_width(hparams: dict) -> int:
+    """The rotated part of a head: the Hub's rotary_dim, else transformers' partial_rotary_factor of a head."""
+    if hparams.get("rotary_dim") is not None:
+        return hparams["rotary_dim"]
+    head = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
+    return int(head * rope_parameters(hparams)[0].get("partial_rotary_factor", 1.0))
+
+
+def minimax01_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's MiniMaxText01Model's: the TextModel's, the tokens of the embedding's zero rows suppressed (the
+    plan finds them: GGUFPart.suppresses_zero_embeddings), the residuals' factor, the rotated part of a head."""
+    text_hyperparameters(writer, hparams, ftype, blocks, folder)
+    if hparams.get("zero_embedding_tokens"):
+        writer.add_array("tokenizer.ggml.suppress_tokens", hparams["zero_embedding_tokens"])
+    writer.add_residual_scale(residual_factors(hparams)["layernorm_full_attention_alpha"])
+    writer.add_rope_dimension_count(rotated_width(hparams))
+
+
+def minimax01_checked(hparams: dict, where: Path) -> list[str]:
+    """What llama.cpp's minimax-01 computes whatever the file says: one factor on every residual and none on the
+    branches (the converter asserts as much), every eighth layer softmax attention, SiLU. Another config is one line.
+    The note: transformers norms the lightning attention's output at its own epsilon, llama.cpp at the config's."""
+    factors = residual_factors(hparams)
+    alphas = {factors[key] for key in ("layernorm_full_attention_alpha", "layernorm_linear_attention_alpha")}
+    alphas.add(factors["layernorm_mlp_alpha"])
+    betas = {factors[hub] for key, hub in RESIDUAL_FACTORS.items() if "beta" in key}
+    if "attn_type_list" in hparams:  # (the Hub's: 0 for lightning attention)
+        lightning = [kind == 0 for kind in hparams["attn_type_list"]]
+    else:
+        lightning = [kind == "linear_attention" for kind in hparams["layer_types"]]
+    why = None
+    if len(alphas) > 1 or betas != {1}:
+        why = (
+            f"the residual factors are {factors}, and llama.cpp's minimax-01 scales every residual by one factor and "
+            "adds the branches unscaled"
+        )
+    elif lightning != [(i + 1) % SOFTMAX_EVERY != 0 for i in range(len(lightning))]:
+        why = (
+            f"the layers' attention is {['lightning' if kind else 'softmax' for kind in lightning]}, and llama.cpp's "
+            f"minimax-01 makes every {SOFTMAX_EVERY}th layer softmax attention and the others lightning attention"
+        )
+    elif hparams.get("hidden_act", "silu") != "silu":
+        why = f"the activation is {hparams['hidden_act']!r}, and llama.cpp's minimax-01 runs SiLU"
+    if why:
+        raise ConfigMismatchError(f"{where}: {why}: it would compute another model; serve this one with transformers")
+    notes = []
+    eps = hparams.get("rms_norm_eps")
+    if eps is not None and eps != LIGHTNING_NORM_EPS:
+        notes.append(
+            f"llama.cpp norms the lightning attention's output at the config's rms_norm_eps ({eps}), where "
+            f"transformers norms it at {LIGHTNING_NORM_EPS}: its logits differ slightly from transformers'"
+        )
+    head = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
+    if rotated_width(hparams) < head:
+        notes.append(
+            f"rope turns {rotated_width(hparams)} of each head's {head} dimensions, as the config says and MiniMax's "
+            "release computes; transformers 5's MiniMax turns the whole head whatever the config says, so llama.cpp's "
+            "logits differ from transformers'"
+        )
+    return notes
 
 
 def minimax_m2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -200,6 +287,26 @@ MINIMAX_M3_MMPROJ = MmprojPart(
 
 
 FAMILIES = (
+    Family(
+        "MiniMax-01",
+        "minimax",
+        "MiniMaxForCausalLM",
+        also=("MiniMaxText01ForCausalLM", "MiniMaxM1ForCausalLM"),  # (the Hub's classes, their own code's)
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's MiniMax-01 layout (lightning attention) is not mapped yet"),
+        **no_trainer_model("MiniMax-01"),
+        fused_siblings=(("q_proj", "k_proj", "v_proj"), ("w1", "w3")),
+        gguf=GGUFPart(
+            "MINIMAX01",
+            hyperparameters=minimax01_hyperparameters,
+            check_config=minimax01_checked,
+            computed_buffers=r"\.self_attn\.(slope_rate|query_decay|key_decay|diagonal_decay)$",
+            suppresses_zero_embeddings=True,
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="minimax-01")},
+    ),
     Family(
         "MiniMax-M2",
         "minimax_m2",

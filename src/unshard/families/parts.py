@@ -248,6 +248,14 @@ class GGUFPart:
     # (first row, end row, factor) each, in the tensor's dtype as torch multiplies (Falcon-H1's muP multipliers, which
     # it folds into the weights); () or None: none
     scaled: Callable[..., tuple[tuple[int, int, float], ...]] | None = None
+    # A regular expression matching tensors transformers saves and the Hub's checkpoints lack, which the model computes
+    # from its config (MiniMax-01's decay tables of its lightning attention): left out of the file, as the converter
+    # never sees them
+    computed_buffers: str | None = None
+    # the tokens past the tokenizer's own whose embedding rows are zero, which the converter's file suppresses (the
+    # padding of MiniMax-01's vocabulary): the plan reads those rows and gives the hyperparameters hook their ids in
+    # hparams["zero_embedding_tokens"]
+    suppresses_zero_embeddings: bool = False
     # the ends of Hugging Face names of vectors the converter writes less their mean (Sarvam's experts' correction
     # bias, which its loader centres: the same choice of experts)
     centred: tuple[str, ...] = ()

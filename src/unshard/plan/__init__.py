@@ -246,13 +246,17 @@ def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, 
     return groups, adapter.config(hf_modules, hf_saved)
 
 
-def _read_output(checkpoint: Checkpoint, groups: dict[str, Group], name: str):
-    """Output tensor `name`, whole, as the writer makes it (its checkpoint tensor read, converted, in the output's
-    dtype), for a format that writes a few values into its header (FormatRequest.read)."""
+def _read_output(checkpoint: Checkpoint, groups: dict[str, Group], name: str, rows: slice | None = None):
+    """Output tensor `name`, whole or those rows of it, as the writer makes it (its checkpoint tensor read, converted,
+    in the output's dtype), for a format that writes a few values into its header (FormatRequest.read). Rows of a
+    tensor read as it lies are read alone: memory follows them, not the tensor."""
     source, group = next((source, g) for source, g in groups.items() if any(o.name == name for o in g.outputs))
     output = next(o for o in group.outputs if o.name == name)
+    if rows is not None and group.convert is None and checkpoint.reads_rows(source):
+        return checkpoint.read_rows(source, rows.start, rows.stop, checkpoint.local_tensor).to(output.dtype.torch)
     whole = checkpoint.read(source)
-    return (whole if group.convert is None else group.convert(whole)[name]).to(output.dtype.torch)
+    whole = whole if group.convert is None else group.convert(whole)[name]
+    return (whole if rows is None else whole[rows]).to(output.dtype.torch)
 
 
 def _compose(fold, convert, only_output: str):

@@ -14,6 +14,7 @@ from ...names import known
 # The configs Qwen's omni models keep within thinker_config, which the converter reads there (its text_config as the
 # text model's; its MmprojModel the towers' from the thinker's)
 THINKER_CONFIGS = ("text_config", "vision_config", "audio_config")
+BAND_BYTES = 16 << 20  # (rows of the embedding read at a time, as float32, for zero_embedding_tokens)
 
 
 def as_the_converter_nests(config: dict[str, Any]) -> dict[str, Any]:
@@ -48,6 +49,22 @@ def read_hparams(folder: Path) -> dict[str, Any]:
         full = json.loads(json.dumps(full, default=str))  # (as it is kept: the same values first time and after)
         known.remember("configs", entry, full)
     return {**full, **{k: v for k, v in config.items() if k not in full}}
+
+
+def zero_embedding_tokens(outputs: list, folder: Path, read) -> list[int]:
+    """The tokens past the tokenizer's own (its vocab_size, added tokens not counted) whose embedding rows are all
+    zero, as the converter's MiniMaxText01Model finds them to suppress: those rows alone read, a band at a time."""
+    from .vocabulary import transformers_tokenizer
+
+    embedding = next((o for o in outputs if o.name.endswith("embed_tokens.weight")), None)
+    if embedding is None or read is None:
+        return []
+    rows, band = embedding.shape[0], max(1, BAND_BYTES // (math.prod(embedding.shape[1:]) * 4))
+    zero = []
+    for start in range(transformers_tokenizer(folder).vocab_size, rows, band):
+        values = read(embedding.name, slice(start, min(rows, start + band)))
+        zero.extend(start + int(row) for row in (values == 0).all(dim=1).nonzero().flatten())
+    return zero
 
 
 def general_metadata(writer, folder: Path, parameters: tuple[int, int, int, int]) -> None:

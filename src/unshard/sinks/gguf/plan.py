@@ -21,7 +21,7 @@ from ...families.gguf_hooks import (
 from ...families.parts import GGUFPart, Rearrangement
 from ...types import OutputTensor
 from . import kquants, vision
-from .header import as_the_converter_nests, general_metadata, parameter_counts, read_hparams
+from .header import as_the_converter_nests, general_metadata, parameter_counts, read_hparams, zero_embedding_tokens
 from .tensors import (
     EXPERT,
     HEAD_NORM,
@@ -135,6 +135,10 @@ def plan_gguf(
     outputs = _without_layers_past(plan, _without_towers(plan, outputs, towers, why), blocks)
     if part.header_tensors:
         outputs = _into_header(plan, outputs, part, hparams, read, where)
+    if part.computed_buffers:
+        outputs = _without_computed_buffers(plan, outputs, part.computed_buffers)
+    if part.suppresses_zero_embeddings:
+        hparams = {**hparams, "zero_embedding_tokens": zero_embedding_tokens(outputs, config_folder, read)}
     beside = part.beside_model(plan.writer, hparams, config_folder) if part.beside_model else {}
     if beside:
         plan.notes.append(
@@ -342,6 +346,19 @@ def _into_header(
         hparams["header_tensors"] = values
     plan.left_out.update(values)
     return [o for o in outputs if o.name not in values]
+
+
+def _without_computed_buffers(plan: GGUFPlan, outputs: list[OutputTensor], pattern: str) -> list[OutputTensor]:
+    """The outputs but the buffers transformers saves and the Hub's checkpoints lack (GGUFPart.computed_buffers),
+    which the converter never sees and llama.cpp computes, in plan.left_out, with a note."""
+    buffers = {o.name for o in outputs if re.search(pattern, o.name)}
+    if buffers:
+        plan.left_out.update(buffers)
+        plan.notes.append(
+            f"{len(buffers)} buffers transformers computes from the config left out (the Hub's checkpoints lack "
+            "them, and llama.cpp computes them too)"
+        )
+    return [o for o in outputs if o.name not in buffers]
 
 
 def _without_layers_past(plan: GGUFPlan, outputs: list[OutputTensor], blocks: int) -> list[OutputTensor]:
