@@ -311,6 +311,7 @@ TESTED = {
         "dots3_note_text": "dots3note-fsdp2",  # (with llama.cpp's gguf-py)
         "minimax_m3_vl": "minimaxm3-fsdp2",  # (with llama.cpp's gguf-py)
         "minimax": "minimax01-fsdp2",  # (with llama.cpp's gguf-py)
+        "bailing_hybrid": "ling3-fsdp2",  # (with llama.cpp's gguf-py)
         "mimo_v2_flash": "mimov2flash-fsdp2",
         "nomic_bert": "nomicbert-fsdp2",
         "hy_v4": "hyv4-fsdp2",  # (with llama.cpp's gguf-py)

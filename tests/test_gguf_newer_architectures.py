@@ -91,6 +91,7 @@ NEWER = {
     "qwen4exp-fsdp2": "qwen4exp",
     "glm5next-fsdp2": "glm5-next",
     "minimax01-fsdp2": "minimax-01",
+    "ling3-fsdp2": "bailingmoe3",
 }
 # The vision-language models among them (their text model written), and those llama.cpp runs with flash attention on
 # (MiniMax-M3's sparse attention: without it, llama.cpp's every query attends to every key)
@@ -164,6 +165,23 @@ FOR_THE_CONVERTER = {
             "architectures": ["MiniMaxText01ForCausalLM"],
             "rotary_dim": 16,
             **{f"layernorm_{kind}_{factor}": 1 for kind in LAYER_KINDS for factor in ("alpha", "beta")},
+        }
+    },
+    # (Ling 3.0's as the Hub's config names it: its class, the delta attention's head width (transformers' head_dim is
+    # the rotary part's), the routing and the context under the Hub's keys, which transformers 5 saves under others,
+    # and what transformers' model computes: gates neither low-rank nor per element, the shared expert's width)
+    "ling3-fsdp2": {
+        "config.json": {
+            "architectures": ["BailingMoeV3ForCausalLM"],
+            "head_dim": 16,
+            "max_position_embeddings": 128,
+            "n_group": 2,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": True,
+            "score_function": "sigmoid",
+            "moe_shared_expert_intermediate_size": 32,
+            "no_kda_lora": True,
+            "gated_attention_proj_granularity_type": "head_wise",
         }
     },
     # (Qwen4-Exp's full-attention layer as the Hub's config names it: transformers saves it `indexed_attention`, and
@@ -246,7 +264,9 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     (hyper-connections, QSA, hashed n-gram embeddings from a table in shards) and GLM-5-Next's (Kimi Delta Attention,
     a rope-less latent attention whose indexer keeps pools of keys, hyper-connections) and MiniMax-01 (seven layers of
     lightning attention to one of softmax attention, experts in every layer; its decay tables, which transformers saves
-    and the release lacks, left out; the tokens of its vocabulary's zero rows suppressed): unshard's folder
+    and the release lacks, left out; the tokens of its vocabulary's zero rows suppressed) and Ling 3.0 (Kimi Delta
+    Attention, latent attention gated per head closing each group of layers, experts chosen within groups, a shared
+    expert; read from transformers' config keys, which the converter reads under the Hub's): unshard's folder
     is the fixture's model tensor for tensor; its GGUF file from the rank files (with that folder's tokenizer) is the
     converter's of that folder in f32 and q8_0 and llama-quantize's of the converter's in q4_k_m (and in q4_0, where
     llama-quantize chooses by the architecture); llama.cpp computes transformers' logits over a prompt past the window
@@ -287,7 +307,7 @@ def test_a_newer_architecture_from_fsdp2_as_the_converter_and_llama_quantize_wri
     logits, expected = logits[rows], expected[rows]
     distance = ((logits - expected).norm() / expected.norm()).item()
     # (measured 1.7e-7 and 1.7e-7, 3.7e-7, 3.0e-7, 2.8e-7, 3.3e-7, 4.7e-7 and 3.3e-7, 1.7e-7, 2.9e-4, 4.1e-7, 3.1e-7,
-    # 3.8e-7, 3.2e-7)
+    # 3.8e-7, 3.2e-7, 6.3e-7)
     assert distance <= LLAMA_CPP_TOLERANCE["f32"]
     if case in LEGACY_TOO:  # (llama-quantize's choices of its own for the architecture, in a type gguf-py computes)
         unshard_files(src, tmp_path, ("q4_0",), ggml_library, "--config-from", folder)
@@ -621,6 +641,14 @@ def test_gemma_4_s_drafters_as_the_converter_and_llama_quantize_write_them(case,
             "llama.cpp's minimax-01 makes every 8th layer softmax attention",
         ),
         ("minimax01-fsdp2", {"hidden_act": "gelu"}, "the activation is 'gelu', and llama.cpp's minimax-01 runs SiLU"),
+        (
+            "ling3-fsdp2",
+            {"layer_types": ["full_attention", "linear_attention"] * 2},
+            "layer_types puts latent attention elsewhere than at the end of each group of 2 layers",
+        ),
+        ("ling3-fsdp2", {"no_kda_lora": False}, "the delta attention's gates are low-rank (no_kda_lora is off)"),
+        ("ling3-fsdp2", {"kda_safe_gate": False}, "kda_safe_gate is off, and llama.cpp's bailingmoe3 runs the safe"),
+        ("ling3-fsdp2", {"expert_swiglu_limit_list": [7.0] * 4}, "the experts' SwiGLU is clamped, which transformers"),
     ],
 )
 def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case, change, message, tmp_path):
@@ -639,7 +667,8 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     4 Unified whose image patches are merged otherwise than 3 x 3, its norm at another epsilon, or whose sound frames
     are not 640 samples wide (llama.cpp's gemma4uv and gemma4ua fix them in code), a MiniMax-01 whose residuals are
     scaled otherwise (by transformers' keys or the Hub's), whose softmax layers are elsewhere than every eighth, or of
-    another activation: one line naming config.json, nothing written."""
+    another activation, a Ling 3.0 whose latent attention is elsewhere than closing each group, whose delta attention's
+    gates are low-rank or unsafe, or whose experts' SwiGLU is clamped: one line naming config.json, nothing written."""
     folder = tmp_path / "hf"
     unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
     updated(folder, {"config.json": change})
