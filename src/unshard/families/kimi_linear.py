@@ -56,18 +56,25 @@ def kimi_linear_hyperparameters(writer, hparams: dict, ftype, blocks: int, folde
             writer.add_ssm_conv_kernel(linear["short_conv_kernel_size"])
         if linear.get("head_dim") is not None:
             writer.add_kda_head_dim(linear["head_dim"])
-        if hparams.get("q_lora_rank") is not None:
-            writer.add_q_lora_rank(hparams["q_lora_rank"])
-        rank, rope = hparams["kv_lora_rank"], hparams["qk_rope_head_dim"]
-        writer.add_kv_lora_rank(rank)
-        writer.add_rope_dimension_count(rope)
-        writer.add_key_length(rank + rope)
-        writer.add_key_length_mla(hparams["qk_nope_head_dim"] + rope)
-        writer.add_value_length_mla(hparams["v_head_dim"])
+        latent_attention_widths(writer, hparams)
         writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
         writer.add_expert_shared_count(hparams["num_shared_experts"])
         writer.add_leading_dense_block_count(hparams["first_k_dense_replace"])
         writer.add_expert_weights_scale(hparams["routed_scaling_factor"])
+
+
+def latent_attention_widths(writer, hparams: dict) -> None:
+    """The latent attention's ranks and widths, as the converter's KimiLinearModel and BailingMoeV3Model write them
+    beside their delta attention: the query's rank where it has one, the latent's, the rotary part, the width of a
+    key as llama.cpp's absorbed attention sees it (the latent and the rotary part), and a head's key and value."""
+    rank, rope = hparams["kv_lora_rank"], hparams["qk_rope_head_dim"]
+    if hparams.get("q_lora_rank") is not None:
+        writer.add_q_lora_rank(hparams["q_lora_rank"])
+    writer.add_kv_lora_rank(rank)
+    writer.add_rope_dimension_count(rope)
+    writer.add_key_length(rank + rope)
+    writer.add_key_length_mla(hparams["qk_nope_head_dim"] + rope)
+    writer.add_value_length_mla(hparams["v_head_dim"])
 
 
 def kimi_linear_checked(hparams: dict, where: Path) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .deepseek import latent_kv
 from .gguf_hooks import gguf_quiet, text_hyperparameters
-from .kimi_linear import CONVOLUTIONS, kernel_4d
+from .kimi_linear import CONVOLUTIONS, kernel_4d, latent_attention_widths
 from .llama import TEXT_ONLY
 from .parts import (
     LLAMA_CPP_GGUF_PY,
@@ -101,14 +101,7 @@ def ling_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path
         writer.add_kda_head_dim(hparams["head_dim"])
         writer.add_kda_safe_gate(hparams.get("kda_safe_gate", True))
         writer.add_kda_gate_lower_bound(hparams["kda_lower_bound"])
-        rank, rope = hparams["kv_lora_rank"], hparams["qk_rope_head_dim"]
-        if hparams.get("q_lora_rank") is not None:
-            writer.add_q_lora_rank(hparams["q_lora_rank"])
-        writer.add_kv_lora_rank(rank)
-        writer.add_rope_dimension_count(rope)
-        writer.add_key_length(rank + rope)
-        writer.add_key_length_mla(hparams["qk_nope_head_dim"] + rope)
-        writer.add_value_length_mla(hparams["v_head_dim"])
+        latent_attention_widths(writer, hparams)
     writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
     writer.add_expert_shared_feed_forward_length(hparams["moe_shared_expert_intermediate_size"])
     writer.add_expert_shared_count(hparams.get("num_shared_experts") or 1)

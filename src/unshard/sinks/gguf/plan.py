@@ -318,17 +318,18 @@ def _file_names(
 
 def _without_towers(plan: GGUFPlan, outputs: list[OutputTensor], pattern: str | None, why: str) -> list[OutputTensor]:
     """The outputs but a vision-language model's towers (matching GGUFPart.towers: EXAONE 4.5's) where unshard writes
-    no mmproj file of them (why), which the converter's text model leaves out too, in plan.left_out, with a note."""
-    if not pattern:
-        return outputs
-    towers = {o.name for o in outputs if re.match(pattern, o.name)}
-    if towers:
-        plan.left_out.update(towers)
-        plan.notes.append(
-            f"{len(towers)} tensors beside the text model left out, as llama.cpp's converter leaves them out of the "
-            f"text model's file; {why}"
-        )
-    return [o for o in outputs if o.name not in towers]
+    no mmproj file of them (why), which the converter's text model leaves out too."""
+    towers = {o.name for o in outputs if pattern and re.match(pattern, o.name)}
+    note = "tensors beside the text model left out, as llama.cpp's converter leaves them out of the text model's file"
+    return _leaving_out(plan, outputs, towers, f"{note}; {why}")
+
+
+def _leaving_out(plan: GGUFPlan, outputs: list[OutputTensor], left: set[str], note: str) -> list[OutputTensor]:
+    """The outputs but those named in `left`, which go in plan.left_out, with a note of how many and why."""
+    if left:
+        plan.left_out.update(left)
+        plan.notes.append(f"{len(left)} {note}")
+    return [o for o in outputs if o.name not in left]
 
 
 def _into_header(
@@ -350,28 +351,18 @@ def _into_header(
 
 def _without_computed_buffers(plan: GGUFPlan, outputs: list[OutputTensor], pattern: str) -> list[OutputTensor]:
     """The outputs but the buffers transformers saves and the Hub's checkpoints lack (GGUFPart.computed_buffers),
-    which the converter never sees and llama.cpp computes, in plan.left_out, with a note."""
+    which the converter never sees and llama.cpp computes."""
     buffers = {o.name for o in outputs if re.search(pattern, o.name)}
-    if buffers:
-        plan.left_out.update(buffers)
-        plan.notes.append(
-            f"{len(buffers)} buffers transformers computes from the config left out (the Hub's checkpoints lack "
-            "them, and llama.cpp computes them too)"
-        )
-    return [o for o in outputs if o.name not in buffers]
+    note = "buffers transformers computes from the config left out (the Hub's checkpoints lack them, and llama.cpp "
+    return _leaving_out(plan, outputs, buffers, note + "computes them too)")
 
 
 def _without_layers_past(plan: GGUFPlan, outputs: list[OutputTensor], blocks: int) -> list[OutputTensor]:
     """The outputs but those of layers past the file's blocks, which the converter leaves out too (the multi-token
-    prediction layers of DeepSeek-V3's folder on the Hub), in plan.left_out, with a note."""
+    prediction layers of DeepSeek-V3's folder on the Hub)."""
     past = {o.name for o in outputs if (layer := LAYER.match(o.name)) and int(layer[1]) >= blocks}
-    if past:
-        plan.left_out.update(past)
-        plan.notes.append(
-            f"{len(past)} tensors of layers past the {blocks} llama.cpp's {plan.architecture} runs (the multi-token "
-            "prediction layers) left out, as llama.cpp's converter leaves them"
-        )
-    return [o for o in outputs if o.name not in past]
+    note = f"tensors of layers past the {blocks} llama.cpp's {plan.architecture} runs (the multi-token prediction "
+    return _leaving_out(plan, outputs, past, note + "layers) left out, as llama.cpp's converter leaves them")
 
 
 def _llama_name(names, source: str, plan: GGUFPlan, where: Path, output: str, part: GGUFPart | None = None) -> str:
