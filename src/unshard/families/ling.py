@@ -36,7 +36,6 @@ HUB_KEYS = {
     "num_experts_per_tok": "num_experts_per_token",
     "head_dim": "linear_head_dim",  # (the delta attention's head; transformers' head_dim is the rotary part's)
 }
-LAYER = r"model\.layers\.(\d+)\."
 
 
 def ling_as_the_converter_reads(hparams: dict, where: Path) -> dict:

@@ -1,6 +1,6 @@
 """MiniMax-01 (MiniMax-Text-01 and MiniMax-M1; transformers' `MiniMaxForCausalLM`): seven layers of lightning
 attention (linear attention with a decay per head: q, k and v in one `qkv_proj` through SiLU, the output normed and
-gated) to each layer of softmax attention with rope on part of each head, Mixtral's experts in every layer, residuals
+gated) to each layer of softmax attention with rope, Mixtral's experts in every layer, residuals
 scaled by the config's alpha factors; llama.cpp's minimax-01, as the converter's MiniMaxText01Model writes it (the
 decay tables transformers saves and the Hub's checkpoints lack left out, the tokens of the vocabulary's zero rows
 suppressed).
@@ -96,15 +96,17 @@ def minimax01_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder:
 def minimax01_checked(hparams: dict, where: Path) -> list[str]:
     """What llama.cpp's minimax-01 computes whatever the file says: one factor on every residual and none on the
     branches (the converter asserts as much), every eighth layer softmax attention, SiLU. Another config is one line.
-    The note: transformers norms the lightning attention's output at its own epsilon, llama.cpp at the config's."""
+    The notes: transformers norms the lightning attention's output at its own epsilon, llama.cpp at the config's; and
+    turns rope on the whole head, where the config may say part of it."""
     factors = residual_factors(hparams)
     alphas = {factors[key] for key in ("layernorm_full_attention_alpha", "layernorm_linear_attention_alpha")}
     alphas.add(factors["layernorm_mlp_alpha"])
     betas = {factors[hub] for key, hub in RESIDUAL_FACTORS.items() if "beta" in key}
     if "attn_type_list" in hparams:  # (the Hub's: 0 for lightning attention)
         lightning = [kind == 0 for kind in hparams["attn_type_list"]]
-    else:
-        lightning = [kind == "linear_attention" for kind in hparams["layer_types"]]
+    else:  # (none said: llama.cpp's own layout)
+        kinds = hparams.get("layer_types") or []
+        lightning = [kind == "linear_attention" for kind in kinds]
     why = None
     if len(alphas) > 1 or betas != {1}:
         why = (

@@ -55,11 +55,11 @@ def plan_gguf(
     config_folder: Path | None,
     dtype_name: str,
     config_changes: dict[str, Any] | None = None,
-    read: Callable[[str], Any] | None = None,
+    read: Callable[..., Any] | None = None,
 ) -> GGUFPlan:
     """Names, types and metadata of the GGUF file for these output tensors, or a one-line error for a model
-    llama.cpp (or this version of unshard) does not take, before anything is written. read: an output's values, for
-    the few a family's header carries (GGUFPart.header_tensors)."""
+    llama.cpp (or this version of unshard) does not take, before anything is written. read: an output's values (or a
+    slice of its rows), for the few a family's header carries (GGUFPart.header_tensors, suppresses_zero_embeddings)."""
     gguf = gguf_py()
     if requested.lower().startswith(("q2_k", "q3_k", "iq", "tq", "mxfp4")) and requested not in TYPES:
         raise UnshardError(
