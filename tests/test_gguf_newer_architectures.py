@@ -35,6 +35,7 @@ from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: t
 from test_gguf_mmproj import AUDIO_TOLERANCE, IMAGE_TOLERANCE, assert_same_tensors
 
 import unshard
+from unshard.errors import ConfigMismatchError
 from unshard.sinks.gguf import kquants
 
 # (the suite's byte-level BPE, trained for the fixtures: the Muse Glimmer fixture ships a config alone)
@@ -42,9 +43,26 @@ from unshard.sinks.gguf import kquants
 
 def unshard_with_llama_cpp_gguf_py(*args, **env) -> subprocess.CompletedProcess:
     """unshard's command line in an interpreter that finds llama.cpp's own gguf-py before PyPI's."""
+    return unshard_commands_with_llama_cpp_gguf_py([args], **env)
+
+
+# unshard's commands one after another in one interpreter, to the first that fails: each in a process of its own would
+# import torch and transformers again (5 s of a core)
+ONE_AFTER_ANOTHER = """
+import json, sys
+from unshard.cli import main
+for argv in json.loads(sys.argv[1]):
+    if code := main(argv):
+        sys.exit(code)
+"""
+
+
+def unshard_commands_with_llama_cpp_gguf_py(commands: list[tuple], **env) -> subprocess.CompletedProcess:
+    """unshard's command lines, one after another in an interpreter that finds llama.cpp's own gguf-py before PyPI's:
+    the first failure's code, every command's messages."""
     gguf_py = generate.llama_cpp_source() / "gguf-py"
     return subprocess.run(
-        [sys.executable, "-m", "unshard", *map(str, args)],
+        [sys.executable, "-c", ONE_AFTER_ANOTHER, json.dumps([list(map(str, args)) for args in commands])],
         capture_output=True,
         text=True,
         timeout=600,
@@ -67,11 +85,12 @@ def folder_of_the_reference(case: str, tmp_path: Path) -> tuple[Path, Path]:
 
 def unshard_files(src: Path, tmp_path: Path, kinds: tuple[str, ...], library: str, *more) -> str:
     """unshard's GGUF file of the checkpoint in each type (tmp_path/KIND.gguf), with llama.cpp's own gguf-py and the
-    ggml library llama-quantize's K-quants are computed with: the last conversion's messages."""
-    for kind in kinds:
-        args = ("convert", src, tmp_path / f"{kind}.gguf", *more, "--gguf-type", kind, "--no-progress")
-        done = unshard_with_llama_cpp_gguf_py(*args, **{kquants.LIBRARY_VARIABLE: library})
-        assert done.returncode == 0, done.stderr
+    ggml library llama-quantize's K-quants are computed with: the conversions' messages."""
+    commands = [
+        ("convert", src, tmp_path / f"{kind}.gguf", *more, "--gguf-type", kind, "--no-progress") for kind in kinds
+    ]
+    done = unshard_commands_with_llama_cpp_gguf_py(commands, **{kquants.LIBRARY_VARIABLE: library})
+    assert done.returncode == 0, done.stderr
     return done.stderr
 
 
@@ -668,15 +687,42 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     are not 640 samples wide (llama.cpp's gemma4uv and gemma4ua fix them in code), a MiniMax-01 whose residuals are
     scaled otherwise (by transformers' keys or the Hub's), whose softmax layers are elsewhere than every eighth, or of
     another activation, a Ling 3.0 whose latent attention is elsewhere than closing each group, whose delta attention's
-    gates are low-rank or unsafe, or whose experts' SwiGLU is clamped: one line naming config.json, nothing written."""
+    gates are low-rank or unsafe, or whose experts' SwiGLU is clamped: one line naming config.json, nothing written.
+    Said before transformers is asked for the model's names; the text model's refusals also before the installed
+    gguf-py (PyPI's, in this process) is asked for the architecture: no use installing llama.cpp's for a model it
+    refuses."""
     folder = tmp_path / "hf"
     unshard.convert(SHIPPED / case / "global_step_1", folder, progress=False)
     updated(folder, {"config.json": change})
-    # (--no-check: the config's dense layer would not fit the checkpoint's experts; the file's own check says why)
-    done = unshard_with_llama_cpp_gguf_py("convert", folder, tmp_path / "m.gguf", "--no-progress", "--no-check")
-    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "config.json: " in done.stderr and message in done.stderr, done.stderr
+    if message in WITH_LLAMA_CPP_GGUF_PY:
+        # (--no-check: the config's dense layer would not fit the checkpoint's experts; the file's own check says why)
+        done = unshard_with_llama_cpp_gguf_py("convert", folder, tmp_path / "m.gguf", "--no-progress", "--no-check")
+        assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        said = done.stderr.removeprefix("unshard: error: ")
+    else:
+        with pytest.raises(ConfigMismatchError) as refused:
+            unshard.convert(folder, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf="f32"), check=False)
+        said = str(refused.value)
+        assert len(said.splitlines()) == 1, said
+    assert said.startswith(str(folder)) and "config.json: " in said and message in said, said
     assert not (tmp_path / "m.gguf").exists()
+
+
+# Refusals of the towers, and of the header's experts' gating, which only llama.cpp's own gguf-py reaches (PyPI's lacks
+# these architectures' projectors, and writes the text model alone)
+WITH_LLAMA_CPP_GGUF_PY = {
+    "the experts' gating function 'softplus' is not",
+    "the vision tower's rope_theta is 50000.0, and llama.cpp's minimaxm3 projector computes 10000.0",
+    "hidden_act is quick_gelu, and llama.cpp",
+    "hidden_act is gelu, and llama.cpp's minicpmv4_6 projector computes gelu_pytorch_tanh",
+    "downsample_mode is 4x (and 16x in preprocessor_config",
+    "hidden_act is 'gelu', and llama.cpp's glm5v",
+    "the vision tower's hidden_act is gelu",
+    "the audio tower's partial_rotary_factor is 0.25, and llama.cpp's dots3note_a computes 0.5",
+    "pooling_kernel_size is 2, and llama",
+    "rms_norm_eps is 1e-05, and llama.cpp's",
+    "audio_embed_dim is 320, and llama.cpp's",
+}
 
 
 def test_exaone_4_5_s_vision_tower_as_the_converter_writes_it_and_sees_as_transformers(converter, tmp_path):

@@ -5,6 +5,7 @@ first; in llama-quantize's types, the split of the one file unshard writes, whic
 
 from __future__ import annotations
 
+import gguf
 import pytest
 import torch
 from conftest import SHIPPED
@@ -18,6 +19,7 @@ from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: t
 )
 
 import unshard
+from unshard.errors import UnshardError
 from unshard.sinks.gguf import kquants
 
 SRC = SHIPPED / "llama-fsdp2-spm" / "global_step_1"
@@ -107,3 +109,40 @@ def test_an_existing_file_of_the_split_is_kept_unless_overwrite(tmp_path):
     assert code == 1 and "-of-00011.gguf: already exists" in err and first.read_bytes() == b"mine"
     code, _, err = run_cli("convert", SRC, tmp_path / "m.gguf", *args, "--overwrite")
     assert code == 0 and first.read_bytes()[:4] == b"GGUF" and not leftovers(tmp_path)
+
+
+def test_verify_reads_the_tensor_infos_as_gguf_py_does_stepping_over_the_arrays(tmp_path):
+    """--verify's reader of a GGUF file's tensor infos (sinks/gguf/reading.py) steps over the header's arrays whole
+    (gguf-py's reader parses every item: 20 s for a Llama 3 vocabulary): it finds gguf-py's data start and tensors,
+    at a header's own alignment too; a header cut short, or holding a value of no known type, is one line."""
+    import numpy as np
+
+    from unshard.sinks.gguf.reading import tensor_infos
+
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_custom_alignment(64)
+    writer.add_token_list([f"token{i}" for i in range(3000)])
+    writer.add_token_scores([float(i) for i in range(3000)])
+    writer.add_array("test.nested", [[1, 2], [3]])
+    writer.add_tensor("a", np.arange(64, dtype=np.float32).reshape(2, 32))
+    quantized = gguf.quantize(np.ones((4, 64), dtype=np.float32), gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("b", quantized, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(path)
+    start, infos = tensor_infos(path)
+    assert start == reader.data_offset and start % 64 == 0
+    assert [(t.name, t.shape, t.ggml_type, start + t.offset) for t in infos] == [
+        (t.name, tuple(t.shape.tolist()), int(t.tensor_type), int(t.data_offset)) for t in reader.tensors
+    ]
+    whole = path.read_bytes()
+    path.write_bytes(whole[: start // 2])
+    with pytest.raises(UnshardError, match="its header ends past the end of the file; it was cut short"):
+        tensor_infos(path)
+    at = whole.index(b"test.nested") + len("test.nested")  # (the value's type, after the key)
+    path.write_bytes(whole[:at] + (77).to_bytes(4, "little") + whole[at + 4 :])
+    with pytest.raises(UnshardError, match="a value of unknown type 77; the file is damaged"):
+        tensor_infos(path)

@@ -90,6 +90,7 @@ def build_plan(
     shapes = {n: t.shape for n, t in checkpoint.tensors.items() if n not in fold.dropped}
     head = hf_names.head_updates(set(shapes), shapes, config, architecture)
     updates = {**checkpoint.config_changes, **head}
+    sinks.check_config(output, config_folder, out_dtype.name, updates)
     family = families.by_model_type((config or {}).get("model_type"))
     naming = hf_names.plan_names(
         shapes,

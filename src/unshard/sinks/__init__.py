@@ -28,15 +28,16 @@ the format `finish`es what surrounds the tensors and the place is committed.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ..errors import UnshardError
-from ..types import FormatRequest, Sink
+from ..types import FormatRequest, OutputOptions, Sink
 
 # Each format's module, imported when a conversion asks for it: `plan_sink(request) -> Sink` (which sets the
 # encodings of the request's outputs), and `SUMMARY_KEY` with `summary_lines(summary)`: what inspect prints of the
-# format's part of the plan's summary.
+# format's part of the plan's summary. A format may refuse a config before the plan is made (check_config).
 FORMATS = {
     "safetensors": "hf_folder",
     "compressed-tensors": "compressed_tensors",
@@ -50,6 +51,14 @@ FORMATS = {
 
 def format_module(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{FORMATS[name]}")
+
+
+def check_config(options: OutputOptions, config_folder: Path | None, dtype_name: str, config_updates: dict) -> None:
+    """The format's one-line refusals that the config alone decides, where it has any: made before transformers is
+    asked for the model's names (seconds) and before a weight is read."""
+    check = getattr(format_module(options.format), "check_config", None)
+    if check is not None:
+        check(options, config_folder, dtype_name, config_updates)
 
 
 def plan_format(request: FormatRequest) -> Sink:

@@ -11,9 +11,11 @@ declares in its GGUFPart (families/<family>.py); `unshard families` lists the on
 - header.py: what every family's header shares (the config as the converter reads it, general key-values,
   the TextModel's hyper-parameters, rope); vocabulary.py: the tokenizer's part of the header;
   pre_tokenizer_hashes.py: the converter's own table of pre-tokenizers, where the user has a llama.cpp checkout.
+- model.py: what the config alone says (architecture, family part, refusals), before names are asked or weights read.
 - tensors.py: the plan's values (each tensor's encoding, the file's types and positions); plan.py: planning them;
   kquants.py: llama-quantize's K-quant mixes.
-- file.py: the one module that touches gguf-py's writer internals (header bytes, the file, reading it back).
+- file.py: the one module that touches gguf-py's writer internals (header bytes, the file, reading it back);
+  reading.py: a written file's tensor infos, read from its header for --verify.
 - vision.py: a vision-language model's second file, the mmproj.
 - sink.py: the output format (a types.Sink) and its staging, as sinks.FORMATS finds it.
 

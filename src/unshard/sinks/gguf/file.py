@@ -9,6 +9,7 @@ from ...errors import UnshardError
 from ...families.gguf_hooks import gguf_py
 from ...types import OutputTensor
 from ..safetensors import SafetensorsFile, WrittenFile
+from .reading import tensor_infos
 from .split import split_fields
 from .tensors import GGUFPlan, stacked
 
@@ -76,29 +77,32 @@ class GGUFFile(SafetensorsFile):
 
 
 class WrittenGGUF(WrittenFile):
-    """A GGUF file read back by gguf-py's reader, for --verify: its tensors as the plan stores them (the bytes of
-    their GGUF type), at the offsets the reader finds."""
+    """A GGUF file read back for --verify: its tensors as the plan stores them (the bytes of their GGUF type), at the
+    offsets its header's tensor infos give (reading.py)."""
 
     def __init__(self, path: Path, stacks: dict[str, int], joined_rows: set[str] = frozenset()):
         """stacks: the file's tensors that stack experts, by their count (read back as the plan stores them, one per
         expert); joined_rows: those of them whose members are rows one after another."""
+        import math
+
         gguf = gguf_py()
         self.path = path
-        try:
-            reader = gguf.GGUFReader(path)
-        except Exception as e:  # (the reader raises ValueError and others on a malformed file)
-            raise UnshardError(f"{path}: gguf-py cannot read it back ({type(e).__name__}: {e})") from None
-        self.data_start = reader.data_offset
+        self.data_start, infos = tensor_infos(path)
         self.entries = {}
-        for tensor in reader.tensors:
-            shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-            byte_shape = tuple(gguf.quant_shape_to_byte_shape(shape, tensor.tensor_type))
-            begin = int(tensor.data_offset) - reader.data_offset
+        for tensor in infos:
+            try:
+                ggml_type = gguf.GGMLQuantizationType(tensor.ggml_type)
+                byte_shape = tuple(gguf.quant_shape_to_byte_shape(tuple(reversed(tensor.shape)), ggml_type))
+            except ValueError as e:  # (a type gguf-py does not know, or a row not in whole blocks)
+                raise UnshardError(
+                    f"{path}: {tensor.name} is not a tensor gguf-py reads ({e}); the file is damaged"
+                ) from None
+            begin, n_bytes = tensor.offset, math.prod(byte_shape)
             if tensor.name not in stacks:
-                self.entries[tensor.name] = ("U8", byte_shape, begin, begin + int(tensor.n_bytes))
+                self.entries[tensor.name] = ("U8", byte_shape, begin, begin + n_bytes)
                 continue
             count = stacks[tensor.name]
-            step = int(tensor.n_bytes) // count  # (a stack of experts: each as the plan stores it, name[expert])
+            step = n_bytes // count  # (a stack of experts: each as the plan stores it, name[expert])
             member = (byte_shape[0] // count, *byte_shape[1:]) if tensor.name in joined_rows else byte_shape[1:]
             for expert in range(count):
                 at = begin + expert * step

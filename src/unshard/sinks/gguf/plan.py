@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ... import dtypes, families
-from ...errors import ConfigMismatchError, UnshardError
+from ...errors import ConfigMismatchError
 from ...families.gguf_hooks import (
     ROPE_BY_FACTORS,
     first_of,
@@ -21,14 +21,14 @@ from ...families.gguf_hooks import (
 from ...families.parts import GGUFPart, Rearrangement
 from ...types import OutputTensor
 from . import kquants, vision
-from .header import as_the_converter_nests, general_metadata, parameter_counts, read_hparams, zero_embedding_tokens
+from .header import general_metadata, parameter_counts, zero_embedding_tokens
+from .model import gguf_model
 from .tensors import (
     EXPERT,
     HEAD_NORM,
     LAYER,
     LEGACY,
     QUANTIZED,
-    TYPES,
     GGUFPlan,
     GGUFTensor,
     Rearranged,
@@ -37,16 +37,6 @@ from .tensors import (
 )
 from .unigram import UNIGRAM_KINDS, write_unigram_vocabulary
 from .vocabulary import write_vocabulary
-
-# The sizes under the names the converter also finds them by (find_hparam), as GPT-2's and MPT's configs keep them
-SIZE_NAMES = {
-    "hidden_size": ("n_embd", "d_model"),
-    "num_attention_heads": ("n_head", "n_heads"),
-    "num_hidden_layers": ("n_layer", "n_layers", "num_layers"),
-}
-
-if TYPE_CHECKING:
-    pass
 
 
 def plan_gguf(
@@ -61,55 +51,13 @@ def plan_gguf(
     llama.cpp (or this version of unshard) does not take, before anything is written. read: an output's values (or a
     slice of its rows), for the few a family's header carries (GGUFPart.header_tensors, suppresses_zero_embeddings)."""
     gguf = gguf_py()
-    if requested.lower().startswith(("q2_k", "q3_k", "iq", "tq", "mxfp4")) and requested not in TYPES:
-        raise UnshardError(
-            f"--gguf-type {requested}: a llama-quantize type that needs an importance matrix (or that "
-            f"unshard does not write yet); write f16 (or f32) here and run `llama-quantize OUT.gguf "
-            f"OUT-{requested}.gguf {requested}`, or choose one of {', '.join(TYPES)}"
-        )
-    if requested not in (*TYPES, "auto"):
-        raise UnshardError(
-            f"--gguf-type {requested}: not one unshard writes; choose one of {', '.join(TYPES)} (or auto)"
-        )
-    if config_folder is None or not (config_folder / "config.json").is_file():
-        raise UnshardError("GGUF output needs the model's config.json and tokenizer: pass --config-from DIR")
-    hparams = {**as_the_converter_nests(read_hparams(config_folder)), **(config_changes or {})}
-    where = config_folder / "config.json"
-    architecture = (hparams.get("architectures") or [None])[0]
-    if architecture is None:
-        raise ConfigMismatchError(
-            f"{where}: names no architecture (no `architectures`), which a GGUF file's is made from; pass "
-            f"--architecture, one of the {len(families.with_part('gguf'))} classes `unshard families --json` lists "
-            "with gguf yes"
-        )
-    family = families.by_architecture(architecture)
-    if family is None or not families.supports(family, "gguf"):
-        why = family.gguf.reason if family else "not a family unshard knows"
-        raise ConfigMismatchError(
-            f"{where}: {architecture} is not an architecture unshard writes as GGUF yet ({why}; `unshard families` "
-            f"lists the {len(families.with_part('gguf'))} families it writes); write a folder and use llama.cpp's "
-            "convert_hf_to_gguf.py"
-        )
-    part = family.gguf.for_class(architecture)
-    vision_outputs, config = [], hparams
-    # (a projector newer than the installed gguf-py, which llama.cpp's own has: its towers left out, with a note)
-    unknown_projector = families.supports(family, "mmproj") and not hasattr(
-        gguf.VisionProjectorType, family.mmproj.projector
-    )
+    model = gguf_model(requested, config_folder, dtype_name, config_changes)
+    hparams, where, family, part, arch = model.hparams, model.where, model.family, model.part, model.arch
+    file_type, unknown_projector = model.file_type, model.unknown_projector
+    vision_outputs = []
     if families.supports(family, "mmproj") and not unknown_projector:  # the text model here, the towers in the mmproj
         vision_outputs = [o for o in outputs if vision.is_vision(o.name, family.mmproj)]
         outputs = [o for o in outputs if not vision.is_vision(o.name, family.mmproj)]
-    # (a vision-language model's text model, as the converter reads it; the vision_config stays, for the mmproj)
-    hparams = {**hparams, **(hparams.get("text_config") or {})}
-    part = part.for_text_model(hparams.get("model_type"))
-    sizes = {key: first_of(hparams, *names) for key, names in SIZE_NAMES.items()}
-    hparams = {**{key: size for key, size in sizes.items() if size is not None}, **hparams}
-    if part.as_the_converter_reads:
-        hparams = part.as_the_converter_reads(hparams, where)
-    if requested in kquants.MIXES:  # (a one-line error before anything is written, where no library computes them)
-        kquants.library_path(requested)
-    arch = _architecture(gguf, (part.arch_by_config and part.arch_by_config(hparams)) or part.arch, architecture, where)
-    file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
     ftype = (
         gguf.LlamaFileType.ALL_F32 if file_type == "f32" else getattr(gguf.LlamaFileType, "MOSTLY_" + file_type.upper())
     )
@@ -118,8 +66,7 @@ def plan_gguf(
     plan.kept_in_f32 = part.kept_in_f32 if file_type not in QUANTIZED else part.left_by_llama_quantize
     plan.q8_0_or_more = part.q8_0_or_more
     experts = first_of(hparams, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts") or 0
-    if part.check_config:
-        plan.notes.extend(part.check_config(hparams, where) or ())
+    plan.notes.extend(model.notes)
     heads = hparams.get("num_attention_heads")  # (none: a state-space model's, Mamba's)
     head_dim = hparams.get("head_dim") or (heads and hparams["hidden_size"] // heads) or 0
     blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
@@ -155,28 +102,12 @@ def plan_gguf(
         for key in (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE):
             fields[key] = fields.pop(key)
     if vision_outputs:
-        plan.mmproj = vision.plan_mmproj(file_type, vision_outputs, config, config_folder, family.mmproj, read)
+        plan.mmproj = vision.plan_mmproj(file_type, vision_outputs, model.config, config_folder, family.mmproj, read)
         plan.left_out |= plan.mmproj.left_out  # (the inputs it folds into others)
         plan.notes.extend(plan.mmproj.notes)
         if family.mmproj.text_rows:
-            vision.carry_text_rows(plan, outputs, family.mmproj.text_rows(config, config_folder), where)
+            vision.carry_text_rows(plan, outputs, family.mmproj.text_rows(model.config, config_folder), where)
     return plan
-
-
-def _architecture(gguf, member: str, architecture: str, where: Path):
-    """gguf-py's member for llama.cpp's architecture; where this gguf-py lacks it (PyPI's 0.19 lacks those llama.cpp
-    added since: Muse Glimmer's), one line saying how to get llama.cpp's own."""
-    arch = getattr(gguf.MODEL_ARCH, member, None)
-    if arch is None:
-        from importlib.metadata import version
-
-        raise ConfigMismatchError(
-            f"{where}: llama.cpp writes {architecture} as gguf-py's MODEL_ARCH.{member}, which the installed gguf-py "
-            f"({version('gguf')}) lacks (PyPI's names fewer architectures than llama.cpp's own); install llama.cpp's: "
-            "pip install <llama.cpp>/gguf-py (in a llama.cpp checkout, or in llama-cpp-python's source package under "
-            "vendor/)"
-        )
-    return arch
 
 
 def _plan_tensors(

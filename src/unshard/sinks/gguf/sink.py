@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import OutputExistsError, UnshardError
-from ...types import FormatRequest, Group, OutputTensor, Plan
+from ...types import FormatRequest, Group, OutputOptions, OutputTensor, Plan
 from ..staging import OutputFolder, sync_path
 from .adapter import LORA_FILE_NAME, lora_path, plan_lora
 from .file import GGUFFile, WrittenGGUF, header
+from .model import gguf_model
 from .plan import plan_gguf
 from .split import split_places, split_plan, split_size
 from .tensors import FILE_NAME, MMPROJ_FILE_NAME, PART, GGUFPlan, stacked
@@ -97,6 +98,10 @@ class GGUFSink:
         plan = self.plans[path.name]
         members = Counter(stacked(e.stored[0].name)[0] for e in plan.encoded.values() if PART.match(e.stored[0].name))
         written = WrittenGGUF(path, dict(members), plan.joined_rows)
+        planned = plan.made_header[1][0] if plan.made_header else b""
+        with open(path, "rb") as f:  # (the metadata and tensor infos as gguf-py's writer made them)
+            if f.read(len(planned)) != planned:
+                raise UnshardError(f"{path}: its header is not the planned one; the file was changed during conversion")
         for name, values in plan.computed.items():
             data = memoryview(values).cast("B")
             if (
@@ -126,6 +131,12 @@ class GGUFSink:
 
     def card(self) -> tuple[list[str], list[str]]:
         return [], []  # (a GGUF file has no card: its header says what it is)
+
+
+def check_config(options: OutputOptions, config_folder: Path | None, dtype_name: str, config_updates: dict) -> None:
+    """The one-line refusals the config alone decides (a model llama.cpp would compute otherwise, an architecture the
+    installed gguf-py lacks), before transformers is asked for the model's names and a weight is read."""
+    gguf_model(options.gguf, config_folder, dtype_name, config_updates)
 
 
 def plan_sink(request: FormatRequest) -> GGUFSink:

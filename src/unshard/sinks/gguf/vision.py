@@ -55,7 +55,7 @@ def plan_mmproj(
     values, for the few the converter folds into others (MmprojPart.fold)."""
     gguf = gguf_py()
     where = folder / "config.json"
-    vision, audio = _tower_sizes(part, hparams, where)
+    vision, audio = tower_sizes(part, hparams, where)
     mm_type = file_type if file_type in MMPROJ_TYPES else "f16"
     plan = GGUFPlan(mm_type, "clip", gguf.GGUFWriter(None, "clip"))
     plan.towers = tuple(kind for kind, sizes in (("vision", vision), ("audio", audio)) if sizes is not None)
@@ -177,7 +177,7 @@ def _folded(plan: GGUFPlan, folded: list[OutputTensor], part: MmprojPart, read, 
     return sum(values.numel() for values, _ in made.values())
 
 
-def _tower_sizes(part: MmprojPart, hparams: dict, where: Path) -> tuple[dict | None, dict | None]:
+def tower_sizes(part: MmprojPart, hparams: dict, where: Path) -> tuple[dict | None, dict | None]:
     """The vision and the audio tower's sizes, as the converter's MmprojModel reads them (None: no such tower); one
     line where the config lacks one the file carries."""
     vision = part.sizes(dict(hparams.get("vision_config") or {}), where) if part.sizes else None
