@@ -80,7 +80,8 @@ def ling_checked(hparams: dict, where: Path) -> None:
             f"layer_types puts latent attention elsewhere than at the end of each group of "
             f"{hparams['layer_group_size']} layers, where llama.cpp's bailingmoe3 computes it"
         )
-    elif hparams.get("expert_swiglu_limit_list") or hparams.get("share_expert_swiglu_limit_list"):
+    # (a limit of 0 clamps nothing: transformers 5.25 fills in a list of zeros)
+    elif any(hparams.get("expert_swiglu_limit_list") or ()) or any(hparams.get("share_expert_swiglu_limit_list") or ()):
         why = "the experts' SwiGLU is clamped, which transformers' model does not compute"
     elif hparams.get("hidden_act", "silu") != "silu":
         why = f"hidden_act is {hparams['hidden_act']!r}, and llama.cpp's bailingmoe3 runs SiLU"
