@@ -366,6 +366,7 @@ TESTED = {
         "solar_open": "solaropen-fsdp2",
         "granitemoeshared": "granitemoeshared-fsdp2",
         "granitemoehybrid": "granitehybrid-fsdp2",
+        "bamba": "bamba-fsdp2",
         "nemotron_h": "nemotronh-fsdp2",
         "hunyuan_v1_dense": "hunyuan-fsdp2",
         "afmoe": "afmoe-fsdp2",

@@ -348,14 +348,21 @@ HY4_TURNED = {
 }
 
 
-def test_hy4_from_fsdp2_as_llama_cpp_computes_transformers_model(converter, llama_cpp, ggml_library, tmp_path):
+def test_hy4_from_fsdp2_as_llama_cpp_computes_the_trained_model(
+    converter, llama_cpp, ggml_library, tmp_path, monkeypatch
+):
     """Hy4 (DeepSeek-V3's latent attention and experts, hyper-connections, a gated attention with sinks, the sparse
     attention's indexer on two layers of 3) from FSDP2's rank files: unshard's folder holds the fixture's tensors under
-    the Hub's names (transformers 5.24 saves some under others); its GGUF file is the converter's of that folder, field
-    for field and tensor for tensor, but for the rotary rows of q, of the latent's key and of the indexer's q and k,
-    which transformers' Hy4 turns by halves and llama.cpp's hy_v4 by consecutive pairs: unshard reorders them (the
-    converter does not, and its file computes another model). llama.cpp computes transformers' logits from unshard's
-    file (measured 5.1e-5; the converter's 1.7e-3); its q4_k_m is llama-quantize's of its f32."""
+    the Hub's names (transformers 5.24 saves some under others). Its config names transformers 5.24, whose Hy4 turns the
+    rotary part by halves, where llama.cpp's hy_v4 turns consecutive pairs: the GGUF file is the converter's of that
+    folder, field for field and tensor for tensor, but for the rotary rows of q, of the latent's key and of the
+    indexer's q and k, which unshard reorders (the converter does not, and its file computes another model). llama.cpp
+    computes transformers 5.24's logits from unshard's file (measured 5.2e-5; the converter's 1.8e-3); its q4_k_m is
+    llama-quantize's of its f32. The same checkpoint saved by transformers 5.25 (which turns pairs, as Tencent's code
+    does): the file is the converter's, and llama.cpp computes the logits of 5.24's model turning pairs as 5.25 does
+    (5.2e-5)."""
+    from transformers.models.hy_v4 import modeling_hy_v4
+
     from unshard.families.hy_v4 import HUB_NAMES
 
     src, folder = SHIPPED / "hyv4-fsdp2" / "global_step_1", tmp_path / "hf"
@@ -372,10 +379,8 @@ def test_hy4_from_fsdp2_as_llama_cpp_computes_transformers_model(converter, llam
 
     assert sorted(written) == sorted(map(hub, reference)) != sorted(reference)
     assert all(torch.equal(written[hub(n)], t) for n, t in reference.items())
-    for kind in ("f32", "q4_k_m"):
-        args = ("convert", src, tmp_path / f"{kind}.gguf", "--config-from", folder, "--gguf-type", kind)
-        done = unshard_with_llama_cpp_gguf_py(*args, "--no-progress", **{kquants.LIBRARY_VARIABLE: ggml_library})
-        assert done.returncode == 0, done.stderr
+    said = unshard_files(src, tmp_path, ("f32", "q4_k_m"), ggml_library, "--config-from", folder)
+    assert "the config names transformers 5.24.0, whose Hy4 turns the rotary part of each head by halves" in said
     pre = for_the_converter(folder)
     ours, theirs = tmp_path / "f32.gguf", converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre)
     orders = {}
@@ -389,6 +394,76 @@ def test_hy4_from_fsdp2_as_llama_cpp_computes_transformers_model(converter, llam
     llama_cpp_client("quantize", ours, tmp_path / "llama-quantize.gguf", "q4_k_m")
     assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
     distances = [llama_cpp_from_transformers(llama_cpp, file, "hyv4-fsdp2") for file in (ours, theirs)]
+    assert distances[0] <= LLAMA_CPP_TOLERANCE["f32"] and distances[1] > 10 * distances[0], distances
+
+    updated(folder, {"config.json": {"transformers_version": "5.25.0"}})
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    said = unshard_files(src, pairs, ("f32",), ggml_library, "--config-from", folder)
+    assert "the config names transformers 5.25.0, so the rotary part is taken as turned by consecutive pairs" in said
+    assert the_converter_s_but_reordered(pairs / "f32.gguf", theirs, {}) == 0
+    monkeypatch.setattr(modeling_hy_v4, "apply_rotary_pos_emb", turned_by_pairs)
+    assert llama_cpp_from_transformers(llama_cpp, pairs / "f32.gguf", "hyv4-fsdp2") <= LLAMA_CPP_TOLERANCE["f32"]
+
+
+@pytest.mark.parametrize(
+    "config, halves",
+    [
+        ({"transformers_version": "5.24.0"}, True),
+        ({"transformers_version": "5.17.0.dev0"}, True),  # (the release that added Hy4)
+        ({"transformers_version": "5.25.0"}, False),
+        ({"transformers_version": "6.1.0"}, False),
+        ({"transformers_version": "4.57.1"}, False),  # (before transformers had Hy4: the trainer's own code)
+        ({"transformers_version": "5.24.0", "auto_map": {"AutoModelForCausalLM": "modeling.HY"}}, False),
+        ({}, False),
+    ],
+)
+def test_hy4_rotary_rows_are_reordered_only_for_a_trainer_that_turned_halves(config, halves):
+    from unshard.families.hy_v4 import hy_v4_tensors
+
+    hparams = {"qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "kv_lora_rank": 32, "index_head_dim": 64, **config}
+    how = hy_v4_tensors("model.layers.0.self_attn.q_b_proj.weight", (2 * 24, 32), hparams, Path("config.json"))
+    assert (how is not None) == halves
+
+
+def turned_by_pairs(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers 5.25's Hy4 rotary turn in 5.24's place: each consecutive pair of a head's rotary dimensions turned
+    by one angle (cos and sin hold each angle twice, as the halves' turn reads them; 5.25 lays the turned pairs out as
+    halves, an order the attention's dot products do not see)."""
+    half = cos.shape[-1] // 2
+    cos, sin = cos[..., :half].unsqueeze(unsqueeze_dim), sin[..., :half].unsqueeze(unsqueeze_dim)
+
+    def turned(x):
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.cat((even * cos - odd * sin, odd * cos + even * sin), dim=-1)
+
+    return turned(q), turned(k)
+
+
+def test_bamba_from_fsdp2_as_llama_cpp_computes_transformers_model(converter, llama_cpp, ggml_library, tmp_path):
+    """Bamba (Mamba-2 layers beside two attention layers with rope on the first half of each head, an MLP in every
+    layer) from FSDP2's rank files: the GGUF file is the converter's of the Hub's config (which names the rotary width,
+    attn_rotary_emb, where transformers saves none and unshard writes the half of each head it turns), field for field
+    and tensor for tensor, but for q's and k's rotary rows, which transformers turns by halves and llama.cpp's
+    granitehybrid by consecutive pairs: unshard reorders them within the rotary half, where the converter reorders
+    whole heads (and its file computes another model). llama.cpp computes transformers' logits from unshard's file
+    (measured 4.1e-7; the converter's 3.8e-3); q4_k_m is llama-quantize's of unshard's f32."""
+    from unshard.families.parts import pairs_from_halves
+
+    src, folder = folder_of_the_reference("bamba-fsdp2", tmp_path)
+    said = unshard_files(src, tmp_path, ("f32", "q4_k_m"), ggml_library, "--config-from", folder)
+    assert "q's and k's rows are reordered within that half (the config names no attn_rotary_emb: 8 written)" in said
+    pre = for_the_converter(folder)
+    updated(folder, {"config.json": {"attn_rotary_emb": 8}})
+    ours, theirs = tmp_path / "f32.gguf", converter(folder, "f32", tmp_path / "oracle-f32.gguf", pre=pre)
+    # (the converter's rows of each head of 16: halves into pairs over the whole head; unshard's over its first 8)
+    whole, rotary = pairs_from_halves(16, 16, 0), pairs_from_halves(16, 8, 0)
+    order = [whole.index(row) for row in rotary]
+    assert the_converter_s_but_reordered(ours, theirs, dict.fromkeys(("attn_q.weight", "attn_k.weight"), order)) == 4
+    assert contents(ours)[0]["granitehybrid.rope.dimension_count"] == 8
+    llama_cpp_client("quantize", ours, tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    distances = [llama_cpp_from_transformers(llama_cpp, file, "bamba-fsdp2") for file in (ours, theirs)]
     assert distances[0] <= LLAMA_CPP_TOLERANCE["f32"] and distances[1] > 10 * distances[0], distances
 
 
@@ -614,6 +689,8 @@ def test_gemma_4_s_drafters_as_the_converter_and_llama_quantize_write_them(case,
             "hidden_act is gelu, and llama.cpp's minicpmv4_6 projector computes gelu_pytorch_tanh",
         ),
         ("minicpmv46-fsdp2", {"downsample_mode": "4x"}, "downsample_mode is 4x (and 16x in preprocessor_config"),
+        ("bamba-fsdp2", {"attn_rotary_emb": 16}, "attn_rotary_emb is 16, which the converter would write, where"),
+        ("bamba-fsdp2", {"time_step_limit": [0.0, 10.0]}, "llama.cpp's granitehybrid clamps no time step"),
         ("hyv4-fsdp2", {"norm_topk_prob": False}, "norm_topk_prob is off, and llama.cpp's hy_v4 renormalises"),
         ("hyv4-fsdp2", {"n_group": 2}, "its experts are routed in groups, which llama.cpp's hy_v4 does not read"),
         ("hyv4-fsdp2", {"indexer_types": ["shared", "full", "full"]}, "the first layer's indexer_types is not `full`"),
@@ -687,7 +764,9 @@ def test_a_newer_architecture_llama_cpp_would_compute_otherwise_is_one_line(case
     are not 640 samples wide (llama.cpp's gemma4uv and gemma4ua fix them in code), a MiniMax-01 whose residuals are
     scaled otherwise (by transformers' keys or the Hub's), whose softmax layers are elsewhere than every eighth, or of
     another activation, a Ling 3.0 whose latent attention is elsewhere than closing each group, whose delta attention's
-    gates are low-rank or unsafe, or whose experts' SwiGLU is clamped: one line naming config.json, nothing written.
+    gates are low-rank or unsafe, or whose experts' SwiGLU is clamped, a Bamba whose config names another rotary width
+    than the half of each head transformers turns, or whose time step is clamped: one line naming config.json, nothing
+    written.
     Said before transformers is asked for the model's names; the text model's refusals also before the installed
     gguf-py (PyPI's, in this process) is asked for the architecture: no use installing llama.cpp's for a model it
     refuses."""

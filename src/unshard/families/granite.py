@@ -10,15 +10,18 @@ whose converter is Granite MoE's with Mamba-2's tensors as its Mamba2Model store
 columns, the convolution's kernel 2-D, the gated norm's weight a row per group) and a header of both (the attention's
 key-value heads per layer, 0 where a layer is recurrent). Granite 4.0 of attention layers alone (granite-4.0-micro,
 with rope), which the converter writes as llama.cpp's granite (granitemoe with experts), with the same header but rope
-on."""
+on. Bamba (`BambaForCausalLM`): Mamba-2 layers beside attention layers with rope on half of each head and an MLP in
+every layer; llama.cpp's granitehybrid with rope on, its rotary rows reordered within that half (the converter
+reorders whole heads, and its file computes another model)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
-from .gguf_hooks import first_of, llama_hyperparameters
+from .gguf_hooks import first_of, gguf_quiet, llama_hyperparameters
 from .llama import SIBLINGS, TEXT_ONLY, llama_computed
 from .mamba2 import add_mamba2_sizes, mamba2_checked, mamba2_tensors
 from .parts import (
@@ -31,7 +34,9 @@ from .parts import (
     Unsupported,
     gate_then_up,
     no_trainer_model,
+    pairs_from_halves,
     renamed_only,
+    rows_of_each_head,
 )
 
 # The config's multipliers, as llama.cpp's scales, in the converter's order (a multiplier of 0 or none: not written)
@@ -132,13 +137,23 @@ def linear_experts(name: str, shape: tuple[int, ...], hparams: dict, where: Path
 
 def recurrent_layers(hparams: dict) -> list[bool]:
     """Which layers are Mamba-2's, by the config's layer types as the Hub writes them (mamba, attention) or as
-    transformers 5 saves them (linear_attention, full_attention)."""
-    return [kind in ("mamba", "linear_attention") for kind in hparams.get("layer_types") or ()]
+    transformers 5 saves them (linear_attention, full_attention), else by its attention layers' indices (Bamba's)."""
+    if kinds := hparams.get("layer_types"):
+        return [kind in ("mamba", "linear_attention") for kind in kinds]
+    if (attention := hparams.get("attn_layer_indices")) is not None:
+        return [layer not in attention for layer in range(hparams["num_hidden_layers"])]
+    return []
 
 
-def granite_hybrid_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
-    """The converter's GraniteHybridModel's: Granite MoE's, then Mamba-2's (mamba2.add_mamba2_sizes)."""
+def granite_hybrid_hyperparameters(
+    writer, hparams: dict, ftype, blocks: int, folder: Path, rotary: int | None = None
+) -> None:
+    """The converter's GraniteHybridModel's: Granite MoE's, then Mamba-2's (mamba2.add_mamba2_sizes); for a Bamba, rope
+    kept on, turning `rotary` dimensions of each head."""
     granitemoe_hyperparameters(writer, hparams, ftype, blocks, folder)
+    if rotary:  # (in the place of the Llama header's, as the converter writes the Hub's attn_rotary_emb)
+        with gguf_quiet():
+            writer.add_rope_dimension_count(rotary)
     sizes = {
         "conv": hparams["mamba_d_conv"],
         "state": hparams["mamba_d_state"],
@@ -147,7 +162,27 @@ def granite_hybrid_hyperparameters(writer, hparams: dict, ftype, blocks: int, fo
         "heads": hparams["mamba_n_heads"],
     }
     kv_heads = hparams.get("num_key_value_heads") or hparams["num_attention_heads"]
-    add_mamba2_sizes(writer, sizes, kv_heads, [not layer for layer in recurrent_layers(hparams)])
+    add_mamba2_sizes(writer, sizes, kv_heads, [not layer for layer in recurrent_layers(hparams)], rope=bool(rotary))
+
+
+def bamba_rotary(hparams: dict) -> int:
+    """The dimensions of each head Bamba turns: half, whatever the config says (transformers fixes it)."""
+    return hparams["hidden_size"] // hparams["num_attention_heads"] // 2
+
+
+def bamba_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's GraniteHybridModel's for a BambaForCausalLM: rope on, over half of each head."""
+    granite_hybrid_hyperparameters(writer, hparams, ftype, blocks, folder, rotary=bamba_rotary(hparams))
+
+
+def bamba_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
+    """q's and k's rotary rows (the first half of each head) from transformers' order (turned by halves) into
+    llama.cpp's (by consecutive pairs), the other half as it is; Mamba-2's tensors as Granite 4.0's."""
+    if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight", "q_proj.bias", "k_proj.bias")):
+        head = hparams["hidden_size"] // hparams["num_attention_heads"]
+        order = pairs_from_halves(head, bamba_rotary(hparams), 0)
+        return Rearrangement({name: shape}, partial(rows_of_each_head, order=order), head)
+    return granite_hybrid_tensors(name, shape, hparams, where)
 
 
 def all_attention_arch(hparams: dict) -> str | None:
@@ -156,6 +191,12 @@ def all_attention_arch(hparams: dict) -> str | None:
     if any(recurrent_layers(hparams)):
         return None
     return "GRANITE_MOE" if first_of(hparams, "num_experts_per_tok", "num_experts_per_token") else "GRANITE"
+
+
+TWICE_THE_WIDTH = (
+    "mamba_expand is {}, and llama.cpp's granitehybrid runs Mamba-2 layers twice the model's width only; serve this "
+    "model with transformers or vLLM"
+)
 
 
 def granite_hybrid_checked(hparams: dict, where: Path) -> None:
@@ -179,11 +220,7 @@ def granite_hybrid_checked(hparams: dict, where: Path) -> None:
             f"position_embedding_type is {hparams.get('position_embedding_type')} in a model of attention layers "
             f"alone, which llama.cpp's granite turns rope in{other_model}",
         ),
-        (
-            hybrid and hparams.get("mamba_expand") != 2,
-            f"mamba_expand is {hparams.get('mamba_expand')}, and llama.cpp's granitehybrid runs Mamba-2 layers twice "
-            f"the model's width only{other_model}",
-        ),
+        (hybrid and hparams.get("mamba_expand") != 2, TWICE_THE_WIDTH.format(hparams.get("mamba_expand"))),
         (
             dense and bool(hparams.get("num_experts_per_tok")),
             f"num_experts_per_tok is {hparams.get('num_experts_per_tok')} with no experts, and llama.cpp would not "
@@ -201,6 +238,31 @@ def granite_hybrid_checked(hparams: dict, where: Path) -> None:
             raise ConfigMismatchError(f"{where}: {why}")
     if hybrid:
         mamba2_checked(hparams, where, "granitehybrid")
+
+
+def bamba_checked(hparams: dict, where: Path) -> list[str]:
+    """What llama.cpp's granitehybrid would compute otherwise than transformers' Bamba, or not load: Granite's head
+    width, Mamba-2 layers of another width, a rotary width other than the half of each head transformers turns, and
+    every hybrid's Mamba-2 checks. The note: the rotary rows reordered within that half, and its width written."""
+    granite_checked(hparams, where)
+    rotary = bamba_rotary(hparams)
+    why = None
+    if hparams.get("mamba_expand") != 2:
+        why = TWICE_THE_WIDTH.format(hparams.get("mamba_expand"))
+    elif hparams.get("attn_rotary_emb") not in (None, rotary):
+        why = (
+            f"attn_rotary_emb is {hparams['attn_rotary_emb']}, which the converter would write, where transformers "
+            f"turns half of each head ({rotary}): fix the config"
+        )
+    if why:
+        raise ConfigMismatchError(f"{where}: {why}")
+    mamba2_checked(hparams, where, "granitehybrid")
+    said = "" if hparams.get("attn_rotary_emb") else f" (the config names no attn_rotary_emb: {rotary} written)"
+    return [
+        f"Bamba turns rope on the first half of each head, transformers by halves and llama.cpp's granitehybrid by "
+        f"consecutive pairs: q's and k's rows are reordered within that half{said}, so llama.cpp computes "
+        "transformers' model (llama.cpp's converter reorders whole heads, and its file computes another)"
+    ]
 
 
 def granite_hybrid_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
@@ -352,11 +414,12 @@ FAMILIES = (
         megatron=Unsupported("Megatron's Bamba layout (Mamba-2 layers) is not mapped yet"),
         **no_trainer_model("Bamba"),
         fused_siblings=SIBLINGS,
-        # (measured on a tiny Bamba: the converter's file 3.3e-3 from transformers' logits with rope on half of each
-        # head, as transformers always turns Bamba's, 3e-5 with rope on whole heads)
-        gguf=Unsupported(
-            "llama.cpp's converter reorders q and k across whole heads, where Bamba turns rope on half of each, so "
-            "its file computes another model"
+        gguf=GGUFPart(
+            "GRANITE_HYBRID",
+            hyperparameters=bamba_hyperparameters,
+            computed=llama_computed,
+            check_config=bamba_checked,
+            rearranged=bamba_tensors,
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,

@@ -6,6 +6,7 @@ lacks (written with llama.cpp's own, sinks/gguf)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -22,6 +23,7 @@ from .parts import (
     Unsupported,
     gate_then_up,
     no_trainer_model,
+    pairs_from_halves,
     rows_of_each_head,
 )
 
@@ -65,6 +67,24 @@ def hy_v4_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Pat
     writer.add_indexer_types(indexer_owners(hparams))
 
 
+# the transformers releases whose built-in Hy4 turns the rotary part by halves (5.17, which added it, to 5.24); 5.25
+# turns it by consecutive pairs, as Tencent's own code and llama.cpp do
+TURNED_BY_HALVES = ((5, 17), (5, 25))
+
+
+def saved_by(hparams: dict) -> str:
+    """The transformers release the checkpoint's config.json names (what its trainer ran), or '' if it names none."""
+    return str(hparams.get("transformers_version") or "")
+
+
+def turned_by_halves(hparams: dict) -> bool:
+    """Whether the checkpoint was trained by a transformers whose Hy4 turns the rotary part by halves: its config saved
+    by 5.17-5.24, with no remote code of its own (auto_map). Another (Tencent's release, 5.25 on) turns pairs."""
+    release = re.match(r"(\d+)\.(\d+)", saved_by(hparams))
+    first, after = TURNED_BY_HALVES
+    return bool(release) and not hparams.get("auto_map") and first <= tuple(map(int, release.groups())) < after
+
+
 def rotated_rows(name: str, hparams: dict) -> int | None:
     """The rows of each head of a tensor whose last qk_rope_head_dim rows feed the rotary part (of q, the latent's
     key, the indexer's q and k: transformers' Hy4 turns them by halves), or None for another tensor."""
@@ -79,26 +99,17 @@ def rotated_rows(name: str, hparams: dict) -> int | None:
     return next((rows for end, rows in heads.items() if name.endswith(end)), None)
 
 
-def pairs_from_halves(head_rows: int, rotated: int) -> tuple[int, ...]:
-    """The order of a head's rows that takes its last `rotated` rows from transformers' order (turned by halves: row i
-    with row i + half) into llama.cpp's (turned by consecutive pairs), the rows before them as they are."""
-    first = head_rows - rotated
-    return (
-        *range(first),
-        *(first + row for pair in zip(range(rotated // 2), range(rotated // 2, rotated)) for row in pair),
-    )
-
-
 def hy_v4_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> Rearrangement | None:
     """The experts' fused gate_up_proj (experts x gate's and up's rows x hidden) as gate's stack and up's, as the
-    converter splits it; kv_b_proj as DeepSeek-V2's. And the rotary rows in the order llama.cpp's hy_v4 turns them (by
-    consecutive pairs, where transformers' Hy4 turns halves: the converter leaves them, and its file computes another
-    model than transformers)."""
+    converter splits it; kv_b_proj as DeepSeek-V2's. And, for a checkpoint trained by a transformers that turns the
+    rotary part by halves (5.17-5.24), its rotary rows in the order llama.cpp's hy_v4 turns them (by consecutive
+    pairs: the converter leaves them, and its file would compute another model than the one trained)."""
     if name.endswith(".experts.gate_up_proj"):
         stack, base = (shape[0], shape[1] // 2, shape[2]), name.removesuffix("gate_up_proj")
         return Rearrangement({base + "gate_proj.weight": stack, base + "up_proj.weight": stack}, gate_then_up)
-    if (head_rows := rotated_rows(name, hparams)) is not None:
-        order = pairs_from_halves(head_rows, hparams["qk_rope_head_dim"])
+    if turned_by_halves(hparams) and (head_rows := rotated_rows(name, hparams)) is not None:
+        rotated = hparams["qk_rope_head_dim"]
+        order = pairs_from_halves(head_rows, rotated, head_rows - rotated)
         return Rearrangement({name: shape}, partial(rows_of_each_head, order=order), head_rows)
     return latent_kv(name, shape, hparams, where)
 
@@ -106,7 +117,7 @@ def hy_v4_tensors(name: str, shape: tuple[int, ...], hparams: dict, where: Path)
 def hy_v4_checked(hparams: dict, where: Path) -> list[str]:
     """What llama.cpp's hy_v4 computes: routing over all experts by a sigmoid, renormalised, an indexer on the first
     layer (none before it to share), SiLU, and DeepSeek-V2's query projection. Another config is one line. The note:
-    the rotary rows reordered, where the converter's file keeps transformers' order."""
+    which way the checkpoint's trainer turned the rotary part, and so whether its rows are reordered."""
     latent_query_checked(hparams, where)
     gating = first_of(hparams, *GATING_KEYS)
     why = None
@@ -124,10 +135,17 @@ def hy_v4_checked(hparams: dict, where: Path) -> list[str]:
         raise ConfigMismatchError(
             f"{where}: {why}: it would compute another model; serve this one with transformers or vLLM"
         )
+    trainer = f"transformers {saved_by(hparams)}" if saved_by(hparams) else "no transformers release"
+    if turned_by_halves(hparams):
+        return [
+            f"the config names {trainer}, whose Hy4 turns the rotary part of each head by halves, where llama.cpp's "
+            "hy_v4 (after Tencent's code and transformers 5.25 on) turns consecutive pairs: the file's rotary rows are "
+            "reordered so llama.cpp computes the model that was trained (the converter's file would compute another)"
+        ]
     return [
-        "transformers' Hy4 turns the rotary part of each head by halves and llama.cpp's hy_v4 (after Tencent's own "
-        "code) by consecutive pairs: the file's rotary rows are reordered so llama.cpp computes what transformers does "
-        "(llama.cpp's converter leaves them, and its file computes another model than transformers)"
+        f"the config names {trainer}, so the rotary part is taken as turned by consecutive pairs (Tencent's code, "
+        "transformers 5.25 on, llama.cpp): its rows are kept as they are, as the converter keeps them (a checkpoint "
+        "trained with transformers 5.17-5.24, which turn halves, says so by its config's transformers_version)"
     ]
 
 

@@ -47,22 +47,22 @@ def in_rows_of(band, width: int, negated: bool = False) -> tuple:
     return ((negated_exp(band) if negated else band).reshape(-1, width),)
 
 
-def add_mamba2_sizes(writer, sizes: dict, kv_heads: int, attention: list[bool]) -> None:
+def add_mamba2_sizes(writer, sizes: dict, kv_heads: int, attention: list[bool], rope: bool = False) -> None:
     """The converter's GraniteHybridModel's keys after Granite MoE's: Mamba-2's sizes (conv, state, groups, inner,
     heads), the key-value heads of each attention layer (0 for the others: llama.cpp's sign of a recurrent layer, or
     of Nemotron-H's MLP layers) over the model's count, and rope turned off by the fine-tuned flag with a context of
     2^20 over the config's (both keys rewritten in their places, as gguf-py's writer does), where there is a Mamba-2
-    layer (a model of attention layers alone keeps rope, and its context)."""
+    layer (a model of attention layers alone keeps rope, and its context, as does Bamba: `rope`)."""
     writer.add_ssm_conv_kernel(sizes["conv"])
     writer.add_ssm_state_size(sizes["state"])
     writer.add_ssm_group_count(sizes["groups"])
     writer.add_ssm_inner_size(sizes["inner"])
     writer.add_ssm_time_step_rank(sizes["heads"])
-    recurrent = not all(attention)
+    rope = rope or all(attention)
     with gguf_quiet():
         writer.add_head_count_kv([kv_heads if layer else 0 for layer in attention])
-        writer.add_rope_scaling_finetuned(not recurrent)
-        if recurrent:
+        writer.add_rope_scaling_finetuned(rope)
+        if not rope:
             writer.add_context_length(2**20)
 
 

@@ -69,6 +69,14 @@ def rows_of_each_head(band, order: tuple[int, ...]) -> tuple:
     return (heads[:, list(order)].reshape(band.shape),)
 
 
+def pairs_from_halves(head_rows: int, rotated: int, first: int) -> tuple[int, ...]:
+    """The order of a head's rows that takes its `rotated` rows from `first` on from transformers' order (turned by
+    halves: row i with row i + rotated / 2) into llama.cpp's (turned by consecutive pairs), the others as they are."""
+    half = rotated // 2
+    turned = (first + row for pair in zip(range(half), range(half, rotated)) for row in pair)
+    return (*range(first), *turned, *range(first + rotated, head_rows))
+
+
 def gate_then_up(band) -> tuple:
     """A Rearrangement's pieces for gate and up fused (gate's rows, then up's: Granite MoE's experts, Gemma 4's): each
     expert's rows as its gate's half and its up's."""

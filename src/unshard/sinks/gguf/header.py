@@ -48,7 +48,9 @@ def read_hparams(folder: Path) -> dict[str, Any]:
             return config
         full = json.loads(json.dumps(full, default=str))  # (as it is kept: the same values first time and after)
         known.remember("configs", entry, full)
-    return {**full, **{k: v for k, v in config.items() if k not in full}}
+    # (to_dict names the installed transformers; the file names the one its trainer ran, which a family may read)
+    saved_by = {"transformers_version": config.get("transformers_version")}
+    return {**full, **{k: v for k, v in config.items() if k not in full}, **saved_by}
 
 
 def zero_embedding_tokens(outputs: list, folder: Path, read) -> list[int]:
