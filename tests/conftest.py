@@ -63,24 +63,33 @@ def tied_qwen2(folder: Path):
     return model
 
 
-# Test files whose peer venv CI makes in the background (generate.py --peers) while llama.cpp compiles: run where
-# their names put them (second, third), they kept the other tests waiting for it. Run last, in this order.
-LAST = ("test_compressed_sources.py",)
-# And test files run where another name would put them: test_gguf.py and test_gguf_families.py (about a sixth of the
-# suite, one file for each worker) need llama.cpp compiled, about 15 minutes into a CI run; where its own name put
-# test_gguf.py, on two workers, it waited 586 s for it.
-AS_IF_NAMED = {"test_gguf.py": "test_n", "test_gguf_families.py": "test_n"}
+# The test files in the order they run, by the peer venv each needs first: CI makes the peer venvs in the background
+# (generate.py --peers: mergekit's in a minute, llama.cpp compiled by about 7, torchtitan's and torchtune's by 11,
+# llm-compressor's by 10, verl's by 13, torchvision's by 15, on 2 cores of an AMD EPYC beside the tests), and a test
+# that needs one before it is made waits with its worker idle: 840 s of a core in a run in alphabetical order, where
+# the GGUF files waited for the compile. So the files that need none run first (about 8 minutes of both workers),
+# then each group after its venv is made. A file not listed runs first.
+ORDER = (
+    # none
+    ("test_fsdp_convert.py", "test_fuzz.py", "test_megatron.py", "test_scale_out.py", "test_cli_and_errors.py"),
+    ("test_merge_search.py", "test_fast_paths.py", "test_deepspeed.py", "test_docs.py", "test_dense_families.py"),
+    ("test_remote_sources.py", "test_hf_pickles.py", "test_durability.py", "test_fp8_sources.py", "test_families.py"),
+    ("test_colossalai.py", "test_vlm.py", "test_lora.py"),
+    ("test_extract_lora.py", "test_merge.py", "test_merge_vocabulary.py"),  # mergekit
+    ("test_gguf_families.py", "test_gguf.py", "test_gguf_newer_architectures.py", "test_gguf_qwen_vl.py"),  # llama.cpp
+    ("test_gguf_kimi_k25.py", "test_gguf_embeddings.py", "test_gguf_lora.py", "test_gguf_split.py"),
+    ("test_gguf_gemma4_unified.py",),
+    ("test_way_back.py", "test_meta_llama.py"),  # torchtitan, torchtune
+    ("test_quantize.py", "test_moe.py", "test_compressed_sources.py"),  # llm-compressor
+    ("test_to_fsdp.py", "test_verl_and_hub.py"),  # verl
+    ("test_gguf_mmproj.py", "test_gguf_muse_glimmer.py"),  # torchvision
+)
+RANK = {name: rank for rank, name in enumerate(name for group in ORDER for name in group)}
 
 
 def pytest_collection_modifyitems(items):
-    """The tests of LAST at the end: the compressed-tensors sources need llm-compressor's peer venv (174 s in setup
-    where their name put them)."""
-
-    def place(item) -> tuple[int, str]:
-        name = item.path.name
-        return (LAST.index(name) + 1 if name in LAST else 0, AS_IF_NAMED.get(name, name))
-
-    items.sort(key=place)  # (stable: each file's tests stay in their order)
+    """The test files in ORDER (pytest-xdist's --dist loadfile hands them out in the order collected)."""
+    items.sort(key=lambda item: RANK.get(item.path.name, -1))  # (stable: each file's tests stay in their order)
 
 
 @pytest.fixture(scope="session", autouse=True)
