@@ -11,12 +11,18 @@ reads in lists of its class, which a run in a process of its own starts empty: t
 gguf-py's table of block tensors' names, which its TensorNameMap updates in place with an architecture's own names
 (Qwen4-Exp's indexer norms over Hy4's): put back as it was before each job.
 
+A job may also name converter classes that read a vocabulary only through its makers' tokenizer code (Hunyuan-A13B's
+tiktoken file): for that job they read tokenizer.json as the converter reads any byte-level BPE (its
+`_set_vocab_gpt2`), the folder's tokenizer being transformers' own.
+
     python llama_cpp_converter.py CONVERTER_FOLDER < jobs
-    job, one JSON line:   {"pre": PRE_NAME or null, "args": [the converter's arguments...]}
+    job, one JSON line:   {"pre": PRE_NAME or null, "args": [the converter's arguments...],
+                           "gpt2_vocab": ["module.Class", ...] (optional)}
     reply, one JSON line: {"ok": true or false, "error": "the traceback's end"}
 The converter's own output (its log, its prints) goes to standard error.
 """
 
+import importlib
 import json
 import os
 import runpy
@@ -52,6 +58,11 @@ for line in sys.stdin:
     gguf.TensorNameMap.block_mappings_cfg.update(block_names)
     TextModel.get_vocab_base_pre = (lambda self, tokenizer, pre=job["pre"]: pre) if job["pre"] else own_pre
     sys.argv = [os.path.join(root, "convert_hf_to_gguf.py"), *job["args"]]
+    own_vocab = {}
+    for path in job.get("gpt2_vocab") or ():
+        module, _, name = path.rpartition(".")
+        cls = getattr(importlib.import_module(f"conversion.{module}"), name)
+        own_vocab[cls], cls.set_vocab = cls.__dict__["set_vocab"], TextModel._set_vocab_gpt2
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")
         ok, error = True, ""
@@ -59,5 +70,7 @@ for line in sys.stdin:
         ok, error = e.code in (0, None), f"the converter exited with {e.code}"
     except Exception:
         ok, error = False, traceback.format_exc()
+    for cls, set_vocab in own_vocab.items():
+        cls.set_vocab = set_vocab
     replies.write(json.dumps({"ok": ok, "error": error[-3000:]}) + "\n")
     replies.flush()

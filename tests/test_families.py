@@ -369,6 +369,7 @@ TESTED = {
         "bamba": "bamba-fsdp2",
         "nemotron_h": "nemotronh-fsdp2",
         "hunyuan_v1_dense": "hunyuan-fsdp2",
+        "hunyuan_v1_moe": "hunyuanmoe-fsdp2",
         "afmoe": "afmoe-fsdp2",
         "jais2": "jais2-fsdp2",
         "lfm2": "lfm2-fsdp2",

@@ -45,11 +45,18 @@ def converter(tmp_path_factory):
     server: list[subprocess.Popen] = []  # (started by the first run, and again if it died)
 
     def run(
-        folder: Path, outtype: str, out: Path, pre: str | None = None, mmproj: bool = False, more: tuple = ()
+        folder: Path,
+        outtype: str,
+        out: Path,
+        pre: str | None = None,
+        mmproj: bool = False,
+        more: tuple = (),
+        gpt2_vocab: tuple[str, ...] = (),
     ) -> Path:
         """pre: the BPE pre-tokenizer's name, given to the converter for a tokenizer trained by the fixtures, which
         its table of known tokenizers' hashes lacks. mmproj: write a vision-language model's vision part (its
-        --mmproj) rather than its text model. more: its other arguments."""
+        --mmproj) rather than its text model. more: its other arguments. gpt2_vocab: converter classes ("module.Class")
+        that read tokenizer.json as any byte-level BPE, where they read a vocabulary through its makers' code alone."""
         if not server or server[0].poll() is not None:
             server[:] = [
                 subprocess.Popen(
@@ -62,7 +69,8 @@ def converter(tmp_path_factory):
                 )
             ]
         args = [str(folder), "--outtype", outtype, "--outfile", str(out), *(["--mmproj"] if mmproj else []), *more]
-        server[0].stdin.write(json.dumps({"pre": pre, "args": list(map(str, args))}) + "\n")
+        job = {"pre": pre, "args": list(map(str, args)), "gpt2_vocab": list(gpt2_vocab)}
+        server[0].stdin.write(json.dumps(job) + "\n")
         server[0].stdin.flush()
         reply = server[0].stdout.readline()
         assert reply, log.read_text()[-3000:]

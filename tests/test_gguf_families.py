@@ -1009,6 +1009,7 @@ DENSE = {
     "solaropen-fsdp2": "glm4moe",
     "granitemoeshared-fsdp2": "granitemoe",
     "hunyuan-fsdp2": "hunyuan-dense",
+    "hunyuanmoe-fsdp2": "hunyuan-moe",
     "afmoe-fsdp2": "afmoe",
     "jais2-fsdp2": "jais2",
     "lfm2-fsdp2": "lfm2",
@@ -1120,6 +1121,9 @@ HUB_KEYS = {
     },
     "mimov2flash-fsdp2": lambda config: mimo_v2_flash_on_the_hub(config),
 }
+# Converter classes that read a vocabulary through its makers' code alone, given tokenizer.json as the converter reads
+# any byte-level BPE (llama_cpp_converter.py): Hunyuan-A13B's, which the converter reads from Tencent's tiktoken file
+OWN_VOCABULARY = {"hunyuanmoe-fsdp2": ("hunyuan.HunYuanMoEModel",)}
 # The converter's other arguments: MiMo-V2-Flash's file without the MTP layers the Hub's checkpoints carry and the
 # converter otherwise counts (transformers' model, and so unshard's folder, has none)
 CONVERTER_FLAGS = {"mimov2flash-fsdp2": ("--no-mtp",)}
@@ -1174,7 +1178,12 @@ def test_dense_families_as_the_converter_writes_them_and_llama_cpp_runs_them(cas
         hub = {key: value for key, value in {**config, **HUB_KEYS[case](config)}.items() if value is not DROPPED}
         (tmp_path / "hf" / "config.json").write_text(json.dumps(hub))
     oracle = converter(
-        tmp_path / "hf", "f32", tmp_path / "oracle-f32.gguf", pre=pre, more=CONVERTER_FLAGS.get(case, ())
+        tmp_path / "hf",
+        "f32",
+        tmp_path / "oracle-f32.gguf",
+        pre=pre,
+        more=CONVERTER_FLAGS.get(case, ()),
+        gpt2_vocab=OWN_VOCABULARY.get(case, ()),
     )
     assert_same_file(ours, oracle)
     fields, _ = contents(ours)
@@ -2356,3 +2365,37 @@ def test_glm5_s_indexer_head_weights_are_quantized_as_llama_quantize_quantizes_t
     assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
     types = {t[0]: t[1] for t in contents(tmp_path / "q4_k_m.gguf")[1]}
     assert types["blk.0.indexer.proj.weight"] not in ("F32", "F16")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"moe_topk": [2, 1]}, "moe_topk differs between layers ([2, 1]), and llama.cpp's hunyuan-moe takes one"),
+        ({"moe_intermediate_size": [32, 32]}, "moe_intermediate_size 32 is not intermediate_size 48"),
+        (
+            {"rope_parameters": {"rope_type": "dynamic", "alpha": 500.0, "factor": 1.0, "rope_theta": 10000.0}},
+            "a dynamic (NTK alpha) rope of alpha 500.0 over rope_theta 10000.0, heads 16 wide",
+        ),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "rope type 'yarn', which llama.cpp's hunyuan-moe"),
+    ],
+)
+def test_what_llama_cpp_s_hunyuan_moe_computes_otherwise_is_one_line(change, message, tmp_path):
+    """A Hunyuan MoE whose experts or rope llama.cpp's hunyuan-moe would compute otherwise than transformers (or the
+    converter stops on): refused while planning, in one line naming the file, nothing written."""
+    assert_refused_in_one_line("hunyuanmoe-fsdp2", lambda config: config.update(change), message, tmp_path)
+
+
+def test_hunyuan_moe_s_vocabulary_is_tokenizer_json_s_where_the_converter_runs_tencent_s_code(converter, tmp_path):
+    """The converter reads Hunyuan-A13B's vocabulary through Tencent's tokenizer code alone (a tiktoken file's ranks),
+    so a folder transformers saved, with tokenizer.json, stops it; unshard writes tokenizer.json's (the file otherwise
+    the converter's: test_dense_families_...), says so, and keeps the tokenizer's own start token."""
+    src = SHIPPED / "hunyuanmoe-fsdp2" / "global_step_1"
+    unshard.convert(src, tmp_path / "hf", progress=False)
+    with pytest.raises(AssertionError, match="mergeable_ranks"):
+        converter(tmp_path / "hf", "f32", tmp_path / "oracle.gguf", pre=for_the_converter(tmp_path / "hf"))
+    plan = unshard.plan(src, output=unshard.OutputOptions(gguf="f32"))
+    assert any("reads Hunyuan-A13B's only through Tencent's tokenizer code" in note for note in plan.notes)
+    unshard.convert(src, tmp_path / "m.gguf", output=unshard.OutputOptions(gguf="f32"), progress=False)
+    fields, _ = contents(tmp_path / "m.gguf")
+    tokenizer = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert fields["tokenizer.ggml.tokens"][fields["tokenizer.ggml.bos_token_id"]] == tokenizer["bos_token"]

@@ -3,6 +3,10 @@ whose rope the checkpoints label "dynamic" with a fixed NTK `alpha` that stretch
 as ntk_alpha); llama.cpp's hunyuan-dense, the converter writing the stretched base with rope unscaled, the context
 it takes the model to reach with it (256k), and the first of generation_config.json's ends as the end of turn.
 
+Hunyuan MoE (Hunyuan-A13B, `HunYuanMoEV1ForCausalLM`): that attention, experts behind a renormalised softmax top-k
+beside a shared MLP, as llama.cpp's hunyuan-moe; the release's config lists the experts' settings by layer. Its
+vocabulary is written from tokenizer.json: the converter reads A13B's only through Tencent's tokenizer code.
+
 HunyuanOCR (`HunYuanVLForConditionalGeneration`): that text model with XD-RoPE (the alpha's rope, its frequencies in
 sections by the axes of an image's positions), as llama.cpp's hunyuan_vl, which stretches the base by alpha itself;
 its tower (learned positions after a class token's row, patches merged 2 x 2 by a convolution, the image's begin, end,
@@ -46,19 +50,88 @@ def hunyuan_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: P
     the base stretched by alpha^(d / (d - 2)) as transformers stretches it, rope unscaled, and for "dynamic" the
     256k context."""
     _, rope = rope_parameters(hparams)
-    kind = rope.get("rope_type")
     plain = {k: v for k, v in rope.items() if k != "rope_type"}
     text_hyperparameters(writer, {**hparams, "rope_parameters": plain}, ftype, blocks, folder)
-    if kind in NTK_ALPHA:
-        dim = hparams["head_dim"]
-        base = rope.get("rope_theta", 10000.0)
-        with gguf_quiet():  # (the base and context written again, as the converter does: the second value counts)
-            writer.add_rope_freq_base(base * rope.get("alpha", 50) ** (dim / (dim - 2)))
-            writer.add_rope_scaling_type(gguf_py().RopeScalingType.NONE)
-            writer.add_rope_scaling_factor(1)
-            if kind == "dynamic":
-                writer.add_rope_scaling_orig_ctx_len(LONG_CONTEXT)
-                writer.add_context_length(LONG_CONTEXT)
+    if rope.get("rope_type") in NTK_ALPHA:
+        stretched_rope(writer, rope, hparams["head_dim"], default_alpha=50)
+
+
+def stretched_rope(writer, rope: dict, dim: int, default_alpha: float) -> None:
+    """The NTK alpha rope as the converter writes it: the base stretched by alpha^(d / (d - 2)), rope unscaled, and
+    for "dynamic" the 256k context."""
+    base = rope.get("rope_theta", 10000.0)
+    with gguf_quiet():  # (the base and context written again, as the converter does: the second value counts)
+        writer.add_rope_freq_base(base * rope.get("alpha", default_alpha) ** (dim / (dim - 2)))
+        writer.add_rope_scaling_type(gguf_py().RopeScalingType.NONE)
+        writer.add_rope_scaling_factor(1)
+        if rope.get("rope_type") == "dynamic":
+            writer.add_rope_scaling_orig_ctx_len(LONG_CONTEXT)
+            writer.add_context_length(LONG_CONTEXT)
+
+
+def hunyuan_moe_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's HunYuanMoEModel's: the TextModel's, the shared MLP's width (the config's intermediate_size),
+    the experts' width, count routed and shared MLPs (the first of the Hub's per-layer lists, or transformers' one
+    value), then the "dynamic" rope stretched from the width of a head as hidden_size over heads."""
+    _, rope = rope_parameters(hparams)
+    plain = {k: v for k, v in rope.items() if k != "rope_type"}
+    text_hyperparameters(writer, {**hparams, "rope_parameters": plain}, ftype, blocks, folder)
+    writer.add_expert_shared_feed_forward_length(hparams["intermediate_size"])
+    writer.add_expert_feed_forward_length(_first(hparams.get("moe_intermediate_size", hparams["intermediate_size"])))
+    writer.add_expert_used_count(_first(hparams["moe_topk"]))
+    writer.add_expert_shared_count(_first(hparams.get("num_shared_expert", 1)))
+    if rope.get("rope_type") == "dynamic":
+        stretched_rope(writer, rope, hparams["hidden_size"] // hparams["num_attention_heads"], default_alpha=1000)
+
+
+def _first(value):
+    """A per-layer list's first value (the Hub's configs list the experts' settings by layer), or the one value."""
+    return value[0] if isinstance(value, list) else value
+
+
+def hunyuan_moe_checked(hparams: dict, where: Path) -> list[str]:
+    """What transformers builds and llama.cpp's hunyuan-moe computes alike: every layer's experts of one count, routed
+    by one top-k, of the width transformers builds them at (intermediate_size: it reads no moe_intermediate_size), and
+    the "dynamic" rope at the one alpha, base, head width and context the converter takes it at. Noted: the
+    vocabulary, which the converter reads through Tencent's tokenizer code alone."""
+    for key in ("moe_topk", "num_experts", "moe_intermediate_size", "num_shared_expert"):
+        values = hparams.get(key)
+        if isinstance(values, list) and len(set(values)) > 1:
+            raise ConfigMismatchError(
+                f"{where}: {key} differs between layers ({values}), and llama.cpp's hunyuan-moe takes one for all; "
+                "serve this model with transformers or vLLM"
+            )
+    width = _first(hparams.get("moe_intermediate_size", hparams["intermediate_size"]))
+    if width != hparams["intermediate_size"]:
+        raise ConfigMismatchError(
+            f"{where}: moe_intermediate_size {width} is not intermediate_size {hparams['intermediate_size']}, which "
+            "transformers builds the experts at; fix the config to the checkpoint's experts"
+        )
+    _, rope = rope_parameters(hparams)
+    kind, dim = rope.get("rope_type"), hparams["hidden_size"] // hparams["num_attention_heads"]
+    if kind not in (None, "default", "dynamic"):
+        raise ConfigMismatchError(
+            f"{where}: rope type {kind!r}, which llama.cpp's hunyuan-moe does not compute; serve this model with "
+            "transformers or vLLM"
+        )
+    if kind == "dynamic" and (
+        (rope.get("alpha", 1000), rope.get("rope_theta", 10000.0), dim) != (1000, 10000.0, 128)
+        or hparams["max_position_embeddings"] not in (32768, LONG_CONTEXT)
+    ):
+        raise ConfigMismatchError(
+            f"{where}: a dynamic (NTK alpha) rope of alpha {rope.get('alpha')} over rope_theta "
+            f"{rope.get('rope_theta')}, heads {dim} wide and max_position_embeddings "
+            f"{hparams['max_position_embeddings']}; llama.cpp's converter takes it for Hunyuan-A13B's alone (1000, "
+            "10000, 128, 32k or 256k); serve this model with transformers or vLLM"
+        )
+    return [HUNYUAN_MOE_VOCABULARY]
+
+
+HUNYUAN_MOE_VOCABULARY = (
+    "the vocabulary is tokenizer.json's, as the converter writes a byte-level BPE, with the tokenizer's own special "
+    "tokens: the converter reads Hunyuan-A13B's only through Tencent's tokenizer code (a tiktoken file), which unshard "
+    "does not run, and sets its start token to 127959"
+)
 
 
 def hunyuan_checked(hparams: dict, where: Path) -> None:
@@ -218,6 +291,28 @@ FAMILIES = (
         ),
         mmproj=TEXT_ONLY,
         moe_layout=NOT_A_MOE_INPUT,
+    ),
+    Family(
+        "Hunyuan (MoE)",
+        "hunyuan_v1_moe",
+        "HunYuanMoEV1ForCausalLM",
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron's Hunyuan layout is not mapped yet"),
+        **no_trainer_model("Hunyuan"),
+        # (compared by hand with llm-compressor 0.14: it stops on the release's per-layer list of the experts' width)
+        fused_siblings=Unsupported(
+            "not written: llm-compressor 0.14 stops on Hunyuan-A13B's config (its experts' width a list by layer), so "
+            "there is no file to be exact against"
+        ),
+        gguf=GGUFPart(
+            "HUNYUAN_MOE",
+            hyperparameters=hunyuan_moe_hyperparameters,
+            check_config=hunyuan_moe_checked,
+            vocabulary="bpe",
+            expert_stack_order=("down_proj.weight", "gate_proj.weight", "up_proj.weight"),
+        ),
+        mmproj=TEXT_ONLY,
+        moe_layout=Unsupported("merge-moe assembles Mixtral and Qwen MoE models only so far"),
     ),
     Family(
         "Hy3",
