@@ -82,7 +82,7 @@ ORDER = (
     ("test_way_back.py", "test_meta_llama.py"),  # torchtitan, torchtune
     ("test_quantize.py", "test_moe.py", "test_compressed_sources.py"),  # llm-compressor
     ("test_to_fsdp.py", "test_verl_and_hub.py"),  # verl
-    ("test_gguf_mmproj.py", "test_gguf_muse_glimmer.py"),  # torchvision
+    ("test_gguf_mmproj.py", "test_gguf_muse_glimmer.py", "test_gguf_gemma3n.py"),  # torchvision
 )
 RANK = {name: rank for rank, name in enumerate(name for group in ORDER for name in group)}
 

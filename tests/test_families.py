@@ -277,6 +277,7 @@ TESTED = {
         "gemma3_text": "gemma3-fsdp2-spm",
         "gemma3": "gemma3vl-fsdp2-spm",
         "gemma3n_text": "gemma3n-fsdp2-spm",
+        "gemma3n": "gemma3nvl-fsdp2-spm",  # (its text model's file alone: no mmproj)
         "gemma4_text": "gemma4-fsdp2",
         "gemma4": "gemma4vl-fsdp2",
         "gemma4_unified": "gemma4unified-fsdp2",

@@ -658,6 +658,25 @@ def test_kimi_linear_as_the_converter_and_llama_quantize_write_it(
     assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
 
 
+# The layers that reuse earlier layers' keys and values in the Gemma 3n fixtures (20 of their own, then 2): their keys,
+# values and keys' norm, which llama.cpp loads for every layer, transformers 5 builds none of, unshard writes as zeros
+GEMMA3N_UNUSED = {f"blk.{layer}.{kind}.weight" for layer in (20, 21) for kind in ("attn_k", "attn_v", "attn_k_norm")}
+
+
+def gemma3n_as_the_converter_has_it(path: Path) -> tuple[dict, list]:
+    """unshard's Gemma 3n file but the zeros the converter's lacks (GEMMA3N_UNUSED), asserted zero."""
+    fields, tensors = contents(path)
+    assert {t[0] for t in tensors} >= GEMMA3N_UNUSED and not any(any(t[3]) for t in tensors if t[0] in GEMMA3N_UNUSED)
+    return fields, [t for t in tensors if t[0] not in GEMMA3N_UNUSED]
+
+
+def gemma3n_cut_as_llama_cpp(self, inputs):
+    """Gemma 3n's sparse layers' cut as llama.cpp makes it: at a standard deviation over n - 1 (transformers': n)."""
+    quantile = torch.distributions.normal.Normal(0, 1).icdf(torch.tensor(self.activation_sparsity))
+    cutoff = inputs.mean(-1, keepdim=True) + inputs.std(-1, keepdim=True, unbiased=True) * quantile
+    return torch.nn.functional.relu(inputs - cutoff)
+
+
 def test_gemma3n_as_the_converter_and_llama_quantize_write_it(
     converter, llama_cpp, ggml_library, monkeypatch, tmp_path
 ):
@@ -673,13 +692,7 @@ def test_gemma3n_as_the_converter_and_llama_quantize_write_it(
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    unused = {f"blk.{layer}.{kind}.weight" for layer in (20, 21) for kind in ("attn_k", "attn_v", "attn_k_norm")}
-
-    def as_the_converter_has_it(path: Path) -> tuple[dict, list]:  # (unshard's file but the zeros)
-        fields, tensors = contents(path)
-        assert {t[0] for t in tensors} >= unused and not any(any(t[3]) for t in tensors if t[0] in unused)
-        return fields, [t for t in tensors if t[0] not in unused]
-
+    as_the_converter_has_it = gemma3n_as_the_converter_has_it
     src = SHIPPED / "gemma3n-fsdp2-spm" / "global_step_1"
     folder = tmp_path / "hf"
     unshard.convert(src, folder, progress=False)
@@ -704,12 +717,7 @@ def test_gemma3n_as_the_converter_and_llama_quantize_write_it(
     assert "over n - 1, transformers over n: 1.007905 times" in " ".join(info["output"]["notes"])
     from transformers.models.gemma3n import modeling_gemma3n
 
-    def cut_as_llama_cpp(self, inputs):
-        quantile = torch.distributions.normal.Normal(0, 1).icdf(torch.tensor(self.activation_sparsity))
-        cutoff = inputs.mean(-1, keepdim=True) + inputs.std(-1, keepdim=True, unbiased=True) * quantile
-        return torch.nn.functional.relu(inputs - cutoff)
-
-    monkeypatch.setattr(modeling_gemma3n.Gemma3nTextMLP, "_gaussian_topk", cut_as_llama_cpp)
+    monkeypatch.setattr(modeling_gemma3n.Gemma3nTextMLP, "_gaussian_topk", gemma3n_cut_as_llama_cpp)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     prompt = [1, 5, 20, 33, 41, 50, 60, 2]
     expected = model(torch.tensor([prompt])).logits[0].detach()

@@ -1,22 +1,26 @@
-"""Gemma 3n's text model (`Gemma3nForCausalLM`): Gemma 3's attention (q and k normed, sliding and global layers) with
-AltUp (the hidden state carried as 4 streams, 3 of them projected in and out of the model), LAuReL (a low-rank
-residual beside attention), per-layer embeddings (a second embedding of every token, a slice for each layer, gated
-into it), activation sparsity in the first layers' MLPs, and the last layers reusing earlier layers' keys and values.
+"""Gemma 3n's text model (`Gemma3nForCausalLM`), and the whole model (`Gemma3nForConditionalGeneration`, the Hub's E2B
+and E4B: that text model beside MobileNetV5's vision tower and a Conformer audio encoder). Gemma 3's attention (q and
+k normed, sliding and global layers) with AltUp (the hidden state carried as 4 streams, 3 of them projected in and
+out of the model), LAuReL (a low-rank residual beside attention), per-layer embeddings (a second embedding of every
+token, a slice for each layer, gated into it), activation sparsity in the first layers' MLPs, and the last layers
+reusing earlier layers' keys and values.
 Its norms are applied as they are (not as 1 + weight, as Gemma 3's).
 
 llama.cpp's gemma3n, as the converter writes it: the 3 AltUp projections in and out each stacked into one tensor, the
 embeddings padded with zero rows to the vocabulary's size (the Hub's per-layer embedding has none for the image and
 audio tokens), Gemma 3's header with AltUp's, the per-layer embedding's width, the shared layers' count, each layer's
-sparsity as the normal distribution's quantile, and which layers are sliding."""
+sparsity as the normal distribution's quantile, and which layers are sliding. Of the whole model, the text model's file
+alone, as the converter writes it, the towers left out with a note (their mmproj file is not written yet)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigMismatchError
 from .gemma import DENSE_ONLY, MEGATRON, gemma3_after_vocabulary, gemma3_header
 from .llama import SIBLINGS, TEXT_ONLY
-from .parts import NO_TABLE, Family, GGUFPart, no_trainer_model
+from .parts import NO_TABLE, Family, GGUFPart, Unsupported, gguf_family, no_trainer_model
 
 # What llama.cpp's gemma3n fixes in its code whatever the file says, as E2B and E4B have it: the first 20 layers keys
 # and values of their own (E2B's 30 layers and E4B's 35 both share from there), AltUp's 4 streams (as the converter
@@ -109,6 +113,19 @@ def gemma3n_unused(hparams: dict) -> dict[str, tuple[int, ...]]:
     return tensors
 
 
+GEMMA3N = GGUFPart(
+    "GEMMA3N",
+    hyperparameters=gemma3n_hyperparameters,
+    after_vocabulary=gemma3_after_vocabulary,
+    check_config=gemma3n_checked,
+    renames=((r"_scale$", "_scale.weight"),),
+    stacked=r"^(.*\.altup_(?:unembed_)?projections)\.(\d+)\.(weight)$",
+    padded_rows=gemma3n_padded_rows,
+    unused=gemma3n_unused,
+)
+# (the whole model's towers and their embedders, by the names transformers saves them under)
+TOWERS = r"^model\.(?:vision_tower|audio_tower|embed_vision|embed_audio)\."
+
 FAMILIES = (
     Family(
         "Gemma 3n (text)",
@@ -118,17 +135,25 @@ FAMILIES = (
         megatron=MEGATRON,
         **no_trainer_model("Gemma 3n"),
         fused_siblings=SIBLINGS,
-        gguf=GGUFPart(
-            "GEMMA3N",
-            hyperparameters=gemma3n_hyperparameters,
-            after_vocabulary=gemma3_after_vocabulary,
-            check_config=gemma3n_checked,
-            renames=((r"_scale$", "_scale.weight"),),
-            stacked=r"^(.*\.altup_(?:unembed_)?projections)\.(\d+)\.(weight)$",
-            padded_rows=gemma3n_padded_rows,
-            unused=gemma3n_unused,
-        ),
+        gguf=GEMMA3N,
         mmproj=TEXT_ONLY,
         moe_layout=DENSE_ONLY,
+    ),
+    gguf_family(
+        "Gemma 3n",
+        "gemma3n",
+        "Gemma3nForConditionalGeneration",
+        replace(GEMMA3N, towers=TOWERS),
+        # (llm-compressor builds the model, its MobileNetV5 tower with timm, which takes torchvision: PyPI's loads
+        # beside CUDA's torch alone, and llm-compressor's venv holds the CPU build)
+        Unsupported(
+            "not written: llm-compressor builds Gemma 3n's vision tower with timm, which takes torchvision's CUDA "
+            "build, so it was not compared here"
+        ),
+        Unsupported(
+            "Gemma 3n's MobileNetV5 vision tower and Conformer audio encoder (llama.cpp's gemma3n projectors): not "
+            "written yet"
+        ),
+        tower="its MobileNetV5 and Conformer towers",
     ),
 )

@@ -70,6 +70,12 @@ def _built_on_meta(config_folder: Path, config: dict, updates: dict, dtype: Any)
             return None
         try:
             return model_class._from_config(hf_config, **in_dtype)
+        except ImportError as e:  # (a library transformers builds part of it with: Gemma 3n's vision tower, timm's)
+            why = str(e).strip().split(". ")[0].rstrip(".:") or type(e).__name__
+            raise ConfigMismatchError(
+                f"{config_folder / 'config.json'}: transformers builds this model with a library that is not installed "
+                f"here ({why}); install it, as in the environment that trained the model"
+            ) from None
         except Exception as e:  # (values its config class takes and its model cannot be built with: Gemma 4's rope)
             raise _unreadable(config_folder, "build the model from it", e) from None
 
