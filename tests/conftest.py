@@ -85,11 +85,34 @@ ORDER = (
     ("test_gguf_mmproj.py", "test_gguf_muse_glimmer.py", "test_gguf_gemma3n.py"),  # torchvision
 )
 RANK = {name: rank for rank, name in enumerate(name for group in ORDER for name in group)}
+# Within a file, its tests that need no peer venv first: the first of a group's files otherwise waits for its venv with
+# its worker idle (from scratch on that machine: 228 s for llama.cpp's converter) while tests of it that need none wait
+# behind. A test needs one by these fixtures, or by calling these functions itself (only the order depends on it)
+PEER_FIXTURES = {"converter", "llama_cpp", "ggml_library", "oracle", "mergekit", "models", "lora_adapter", "compressed"}
+PEER_CALLS = {
+    "llama_cpp_client",
+    "peer_python",
+    "llama_cpp_source",
+    "torchvision_image_features",
+    "unshard_in_the_torchvision_venv",
+    "unshard_files",
+    "unshard_with_llama_cpp_gguf_py",
+    "unshard_commands_with_llama_cpp_gguf_py",
+    "assert_llama_quantize_mixes_it",
+}
+
+
+def _needs_a_peer(item) -> bool:
+    code = getattr(getattr(item, "function", None), "__code__", None)
+    return bool(PEER_FIXTURES & set(getattr(item, "fixturenames", ()))) or bool(
+        code is not None and PEER_CALLS & set(code.co_names)
+    )
 
 
 def pytest_collection_modifyitems(items):
-    """The test files in ORDER (pytest-xdist's --dist loadfile hands them out in the order collected)."""
-    items.sort(key=lambda item: RANK.get(item.path.name, -1))  # (stable: each file's tests stay in their order)
+    """The test files in ORDER (pytest-xdist's --dist loadfile hands them out in the order collected), and within
+    each, the tests that need no peer venv first (stable: otherwise each file's tests stay in their order)."""
+    items.sort(key=lambda item: (RANK.get(item.path.name, -1), _needs_a_peer(item)))
 
 
 @pytest.fixture(scope="session", autouse=True)
