@@ -9,7 +9,12 @@ a layer's stacked q and k norms (StableLM 2 12B's LayerNorm per head) from insid
 converter then stops on "Unprocessed norms". Its stacks are yielded here. And EmbeddingGemma keeps the Dense modules it
 reads in lists of its class, which a run in a process of its own starts empty: they are emptied before each job; as is
 gguf-py's table of block tensors' names, which its TensorNameMap updates in place with an architecture's own names
-(Qwen4-Exp's indexer norms over Hy4's): put back as it was before each job.
+(Qwen4-Exp's indexer norms over Hy4's): put back as it was before each job. That table has no name for Gemma 3n's
+audio subsampling's norms (model.audio_tower.subsample_conv_projection.conv_N.norm, which transformers' Gemma 3n has),
+so that its --mmproj stops on the first: they are named here as Gemma 4's of the same place (a.conv1d.N.norm), as
+unshard names them; llama.cpp's mtmd reads none of Gemma 3n's audio tensors. And Gemma3nVisionAudioModel.modify_tensors
+returns MobileNetV5's block tensors before the step that makes each layer scale (1, C, 1, 1), as it means to (layer
+scales are the blocks' alone) and as mtmd multiplies by them (a vector of C stops it): they are made so here.
 
 A job may also name converter classes that read a vocabulary only through its makers' tokenizer code (Hunyuan-A13B's
 tiktoken file): for that job they read tokenizer.json as the converter reads any byte-level BPE (its
@@ -32,7 +37,7 @@ import traceback
 root = sys.argv[1]
 sys.path.insert(0, root)
 from conversion.base import TextModel, gguf  # noqa: E402  (the converter's own package, found in its folder)
-from conversion.gemma import EmbeddingGemma  # noqa: E402
+from conversion.gemma import EmbeddingGemma, Gemma3nVisionAudioModel  # noqa: E402
 from conversion.stablelm import StableLMModel  # noqa: E402
 
 stablelm_own = StableLMModel.modify_tensors
@@ -45,9 +50,21 @@ def stablelm_with_stacks(self, data_torch, name, bid):
 
 
 StableLMModel.modify_tensors = stablelm_with_stacks
+gemma3n_own = Gemma3nVisionAudioModel.modify_tensors
+
+
+def gemma3n_with_layer_scales(self, data_torch, name, bid):
+    for new_name, data in gemma3n_own(self, data_torch, name, bid):
+        if new_name.startswith("v.blk.") and new_name.endswith(".layer_scale.gamma") and data.dim() == 1:
+            data = data.reshape(1, -1, 1, 1)
+        yield new_name, data
+
+
+Gemma3nVisionAudioModel.modify_tensors = gemma3n_with_layer_scales
 
 own_pre = TextModel.get_vocab_base_pre
 block_names = {tensor: tuple(names) for tensor, names in gguf.TensorNameMap.block_mappings_cfg.items()}
+block_names[gguf.MODEL_TENSOR.A_ENC_CONV1D_NORM] += ("model.audio_tower.subsample_conv_projection.conv_{bid}.norm",)
 replies = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)  # (what the converter prints goes to standard error, and the replies alone to standard output)
 sys.stdout = sys.stderr

@@ -277,7 +277,7 @@ TESTED = {
         "gemma3_text": "gemma3-fsdp2-spm",
         "gemma3": "gemma3vl-fsdp2-spm",
         "gemma3n_text": "gemma3n-fsdp2-spm",
-        "gemma3n": "gemma3nvl-fsdp2-spm",  # (its text model's file alone: no mmproj)
+        "gemma3n": "gemma3nvl-fsdp2-spm",
         "gemma4_text": "gemma4-fsdp2",
         "gemma4": "gemma4vl-fsdp2",
         "gemma4_unified": "gemma4unified-fsdp2",
@@ -396,6 +396,7 @@ TESTED = {
         "glm4v": "glm4v-fsdp2",
         "glm4v_moe": "glm4vmoe-fsdp2",
         "gemma4": "gemma4vl-fsdp2",
+        "gemma3n": "gemma3nvl-fsdp2-spm",  # (timm from the torchvision peer venv)
         "gemma4_unified": "gemma4unified-fsdp2",  # (with llama.cpp's gguf-py)
         "kimi_k25": "torchtitan-kimik25-fsdp2",  # (its hf folder as --config-from)
         "muse_glimmer": "torchtitan-museglimmer-fsdp2",  # (the same; with llama.cpp's gguf-py)

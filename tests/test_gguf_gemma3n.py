@@ -1,7 +1,8 @@
-"""GGUF of the whole Gemma 3n (`Gemma3nForConditionalGeneration`, as the Hub's E2B and E4B are): its text model's file,
-as the converter writes it. transformers builds Gemma 3n's MobileNetV5 vision tower with timm, which takes torchvision,
-whose PyPI build loads only beside CUDA's torch: unshard reads the checkpoint in the peer venv of both (generate.py's
-"torchvision"), as a user's training environment has them; transformers' text model alone computes the logits here."""
+"""GGUF of the whole Gemma 3n (`Gemma3nForConditionalGeneration`, as the Hub's E2B and E4B are): its text model's file
+and the mmproj file of its towers (MobileNetV5's vision tower, the Conformer audio encoder), as the converter writes
+them. transformers builds Gemma 3n's MobileNetV5 vision tower with timm, which takes torchvision, whose PyPI build loads
+only beside CUDA's torch: unshard reads the checkpoint in the peer venv of both (generate.py's "torchvision"), as a
+user's training environment has them; transformers' text model alone computes the logits here."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from conftest import SHIPPED
 from safetensors.torch import load_file
 from test_gguf import LLAMA_CPP_TOLERANCE, contents, converter, llama_cpp  # noqa: F401  (fixtures, used by name)
 from test_gguf_families import gemma3n_as_the_converter_has_it, gemma3n_cut_as_llama_cpp
+from test_gguf_mmproj import assert_same_tensors
 
 import unshard
 
@@ -49,14 +51,14 @@ def unshard_in_the_torchvision_venv(*commands: tuple) -> subprocess.CompletedPro
     )
 
 
-def test_gemma3n_s_text_model_as_the_converter_writes_it_its_towers_left_out(
-    converter, llama_cpp, monkeypatch, tmp_path
-):
+def test_gemma3n_as_the_converter_writes_it_text_model_and_towers(converter, llama_cpp, monkeypatch, tmp_path):
     """The whole Gemma 3n from FSDP2 rank files: unshard's folder is the model transformers trained, tensor for tensor;
     its f32 file the converter's text model of that folder (but for the shared layers' keys and values,
-    which llama.cpp loads and the converter's file lacks: zeros in unshard's, test_gemma3n_as_the_converter_...), the
-    vision tower, the audio encoder and their embedders left out with a note; and llama.cpp computes the text model's
-    logits from it, transformers cutting the sparse layers' activations as llama.cpp does (noted)."""
+    which llama.cpp loads and the converter's file lacks: zeros in unshard's, test_gemma3n_as_the_converter_...), and
+    llama.cpp computes the text model's logits from it, transformers cutting the sparse layers' activations as
+    llama.cpp does (noted). Beside it, in f32 and f16, the converter's mmproj file of the towers (MobileNetV5's blocks
+    by their two indices, the Conformer, the types the converter forces), with a note of what mtmd does with it (mtmd
+    refuses this model's file: its width check reads the vision tower's width, 2048, against the text's, 32)."""
     from transformers import Gemma3nForCausalLM, Gemma3nTextConfig
     from transformers.models.gemma3n import modeling_gemma3n
 
@@ -64,9 +66,10 @@ def test_gemma3n_s_text_model_as_the_converter_writes_it_its_towers_left_out(
     done = unshard_in_the_torchvision_venv(
         ("convert", src, folder, "--no-progress"),
         ("convert", src, tmp_path / "f32.gguf", "--gguf-type", "f32", "--verify", "--no-progress"),
+        ("convert", src, tmp_path / "f16.gguf", "--gguf-type", "f16", "--no-progress"),
     )
     assert done.returncode == 0, done.stderr
-    assert "beside the text model left out" in done.stderr and "MobileNetV5 vision tower" in done.stderr, done.stderr
+    assert "reads images from Gemma 3n's mmproj file and no sound" in done.stderr, done.stderr
     written, reference = (
         load_file(folder / "model.safetensors"),
         load_file(SHIPPED / CASE / "reference" / "model.safetensors"),
@@ -91,6 +94,14 @@ def test_gemma3n_s_text_model_as_the_converter_writes_it_its_towers_left_out(
     expected = model(torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0, kv_cache="f32")
     assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
+
+    for kind in ("f32", "f16"):
+        ours = contents(tmp_path / f"mmproj-{kind}.gguf")
+        theirs = contents(converter(folder, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", mmproj=True))
+        assert ours[0] == theirs[0] and list(ours[0]) == list(theirs[0])
+        assert_same_tensors(ours[1], theirs[1])
+    names = {t[0] for t in ours[1]}
+    assert "v.blk.0.0.conv_exp.weight" in names and any(name.startswith("a.blk.0.") for name in names), names
 
 
 def test_without_timm_gemma3n_is_one_line_naming_it(monkeypatch, tmp_path):

@@ -305,6 +305,19 @@ def json_or_empty(path: Path) -> dict:
     return read_json(path, "fix or remove it", ConfigMismatchError) if path.is_file() else {}
 
 
+def processor_config(folder: Path) -> dict[str, Any]:
+    """The image processor's settings as the converter reads them: preprocessor_config.json, then
+    processor_config.json over it (its image_processor's settings at the top)."""
+    settings: dict[str, Any] = {}
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        found = json_or_empty(folder / name)
+        for nested in ("media_proc_cfg", "image_processor"):
+            if isinstance(found.get(nested), dict):
+                found = {**found, **found[nested]}
+        settings.update(found)
+    return settings
+
+
 def pixel_bounds(processor: dict, where: Path) -> tuple[int, int]:
     """The image processor's smallest and largest images in pixels, which the converter writes into the mmproj file:
     the Hub's min_pixels and max_pixels, which transformers 5 saves as the size's shortest and longest edge."""

@@ -325,6 +325,9 @@ class MmprojPart:
     # what the conversion notes of the file: how llama.cpp's graph computes otherwise than transformers, whatever the
     # file says (Llama 4's tokens, column by column), or None
     note: str | None = None
+    # the image's mean and standard deviation the converter writes whatever the image processor says (Gemma 3n's: its
+    # MobileNetV5 takes the pixels as they are), or None: the processor's image_mean and image_std
+    image_normalisation: tuple[list[float], list[float]] | None = None
 
 
 # (a family's GGUF note where llama.cpp's architecture is newer than PyPI's gguf-py)

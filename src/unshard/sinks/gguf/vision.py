@@ -21,7 +21,7 @@ from typing import Any
 
 from ... import dtypes
 from ...errors import ConfigMismatchError
-from ...families.gguf_hooks import gguf_py, json_or_empty, tensor_name_map
+from ...families.gguf_hooks import gguf_py, processor_config, tensor_name_map
 from ...families.parts import MmprojPart
 from ...types import OutputTensor
 from .header import general_metadata, parameter_counts
@@ -252,7 +252,8 @@ def _metadata(
     processor = processor_config(folder)
     text_width = {**hparams, **(hparams.get("text_config") or {})}["hidden_size"]
     if vision:
-        if "image_mean" not in processor or "image_std" not in processor:
+        normalisation = part.image_normalisation or (processor.get("image_mean"), processor.get("image_std"))
+        if None in normalisation:
             raise ConfigMismatchError(
                 f"{folder}: no image processor's image_mean and image_std (preprocessor_config.json "
                 "or processor_config.json), which the mmproj file carries; pass --config-from the "
@@ -266,8 +267,8 @@ def _metadata(
         writer.add_vision_feed_forward_length(vision["intermediate_size"])
         writer.add_vision_block_count(vision["num_hidden_layers"])
         writer.add_vision_head_count(vision["num_attention_heads"])
-        writer.add_vision_image_mean(processor["image_mean"])
-        writer.add_vision_image_std(processor["image_std"])
+        writer.add_vision_image_mean(normalisation[0])
+        writer.add_vision_image_std(normalisation[1])
     if audio:
         writer.add_clip_has_audio_encoder(True)
         writer.add_audio_projection_dim(text_width)
@@ -284,16 +285,3 @@ def _metadata(
     if part.projector_type_key == "clip.audio":
         writer.add_clip_audio_projector_type(projector)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-
-
-def processor_config(folder: Path) -> dict[str, Any]:
-    """The image processor's settings as the converter reads them: preprocessor_config.json, then
-    processor_config.json over it (its image_processor's settings at the top)."""
-    settings: dict[str, Any] = {}
-    for name in ("preprocessor_config.json", "processor_config.json"):
-        found = json_or_empty(folder / name)
-        for nested in ("media_proc_cfg", "image_processor"):
-            if isinstance(found.get(nested), dict):
-                found = {**found, **found[nested]}
-        settings.update(found)
-    return settings
