@@ -127,7 +127,7 @@ GEMMA3N = GGUFPart(
     unused=gemma3n_unused,
 )
 # (the whole model's towers and their embedders, by the names transformers saves them under)
-TOWERS = r"^model\.(?:vision_tower|embed_vision|audio_tower|embed_audio)\."
+TOWERS = r"^model\.(?:vision_tower|audio_tower|embed_vision|embed_audio)\."
 # The converter's audio tensors: those whose names hold any of these (its Conformer audio models' test)
 AUDIO_WORDS = ("audio", "codebook", "conformer", "depth_embedding", "depthformer", "depth_linear")
 # The audio subsampling's norms, which the pinned converter has no name for (it stops on the first): named as Gemma 4's
