@@ -78,7 +78,7 @@ ORDER = (
     ("test_extract_lora.py", "test_merge.py", "test_merge_vocabulary.py"),  # mergekit
     ("test_gguf_families.py", "test_gguf.py", "test_gguf_newer_architectures.py", "test_gguf_qwen_vl.py"),  # llama.cpp
     ("test_gguf_kimi_k25.py", "test_gguf_embeddings.py", "test_gguf_lora.py", "test_gguf_split.py"),
-    ("test_gguf_not_written.py",),
+    ("test_gguf_not_written.py", "test_gguf_granite_vision.py"),
     ("test_gguf_gemma4_unified.py",),
     ("test_way_back.py", "test_meta_llama.py"),  # torchtitan, torchtune
     ("test_quantize.py", "test_moe.py", "test_compressed_sources.py"),  # llm-compressor

@@ -71,7 +71,9 @@ def plan_gguf(
     head_dim = hparams.get("head_dim") or (heads and hparams["hidden_size"] // heads) or 0
     blocks = hparams["num_hidden_layers"] + ((part.extra_blocks and hparams.get(part.extra_blocks)) or 0)
     why = part.towers_left_out or getattr(family.mmproj, "reason", "")
-    towers = family.mmproj.vision if unknown_projector else part.towers
+    towers = part.towers
+    if unknown_projector:  # (and the towers' tensors the mmproj file leaves out too: Granite 4 Vision's SigLIP head)
+        towers = "|".join(f"(?:{pattern})" for pattern in (family.mmproj.vision, part.towers) if pattern)
     if unknown_projector:
         why = (
             f"the installed gguf-py lacks llama.cpp's {family.mmproj.projector} projector; to write them too, install "

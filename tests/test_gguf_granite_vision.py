@@ -1,0 +1,168 @@
+"""Granite 4 Vision (`Granite4VisionForConditionalGeneration`) to GGUF: the text model as llama.cpp's granite with the
+projector each layer takes, the SigLIP tower and its Q-Former projectors as the mmproj file of llama.cpp's
+granite4_vision projector (which PyPI's gguf-py lacks: written with llama.cpp's own). Each file is the converter's
+of the release's layout, llama.cpp computes transformers' logits, and mtmd turns an image into transformers' image
+features, every projector's in each token's row."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import SHIPPED
+from safetensors.torch import load_file, save_file
+from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: the fixtures, used by name)
+    LLAMA_CPP_TOLERANCE,
+    assert_same_file,
+    contents,
+    converter,
+    for_the_converter,
+    ggml_library,
+    llama_cpp,
+    llama_cpp_client,
+)
+from test_gguf_mmproj import IMAGE_TOLERANCE
+from test_gguf_newer_architectures import (
+    folder_of_the_reference,
+    the_text_model_alone_with_pypi_gguf_py,
+    unshard_files,
+    unshard_with_llama_cpp_gguf_py,
+)
+
+import unshard
+
+CASE = "granite4vision-fsdp2"
+SRC = SHIPPED / CASE / "global_step_1"
+
+
+def as_released(folder: Path, tmp_path: Path) -> Path:
+    """A copy of unshard's folder as the converter reads the release: the text model's class named in text_config
+    (by which the converter writes it as Granite: transformers 5 names none), and SigLIP's pooling head under the
+    name of transformers 4's SiglipVisionModel, `vision_tower.vision_model.head`, which the converter leaves out
+    (transformers 5 saves it as `vision_tower.head`, which the converter then fails to name)."""
+    released = tmp_path / "released"
+    shutil.copytree(folder, released)
+    config = json.loads((released / "config.json").read_text())
+    config["text_config"]["architectures"] = ["GraniteForCausalLM"]
+    (released / "config.json").write_text(json.dumps(config))
+    tensors = load_file(released / "model.safetensors")
+    head = "model.vision_tower.head."
+    renamed = {name.replace(head, "model.vision_tower.vision_model.head."): t for name, t in tensors.items()}
+    assert len([name for name in renamed if ".vision_model.head." in name]) == 11
+    save_file(renamed, released / "model.safetensors", metadata={"format": "pt"})
+    return released
+
+
+def test_granite_4_vision_s_files_as_the_converter_writes_them_and_sees_as_transformers(
+    converter, llama_cpp, ggml_library, tmp_path
+):
+    """From FSDP2's rank files with llama.cpp's own gguf-py, in f32, f16 and q8_0: the text model's file is the
+    converter's (Granite's header, then which projector each layer takes: the first projector the input embeddings),
+    and so is the mmproj file (the projectors numbered by the text layer they feed, the Q-Former's tensors under
+    their number, the tower's layer each reads and the corner each spatial one samples, SigLIP's head left out);
+    llama.cpp computes transformers' logits over text, and mtmd encodes an image of one tile (an overview and the
+    tile, 4 x 4 tokens each, and a newline after each row of the tile's) into transformers' features of every
+    projector, each token's in one row in the order of the layers they feed. With PyPI's gguf-py, the same text
+    model's file and the towers left out, with a note saying how to write them."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    _, folder = folder_of_the_reference(CASE, tmp_path)
+    pre = for_the_converter(folder)
+    released = as_released(folder, tmp_path)
+    done = unshard_files(SRC, tmp_path, ("f32", "f16", "q8_0"), ggml_library)
+    assert "11 tensors beside the text model left out" in done and "pooling head" in done
+    for kind in ("f32", "f16", "q8_0"):
+        text = converter(released, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre)
+        assert_same_file(tmp_path / f"{kind}.gguf", text)
+        mmproj = converter(released, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
+        assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
+    text, vision = contents(tmp_path / "f32.gguf")[0], contents(tmp_path / "mmproj-f32.gguf")[0]
+    # (the projectors by the layer they feed: layerwise 0 (layer 0), spatial 0 (1), layerwise 1 (2), spatial 1-3)
+    assert text["granite.deepstack_mapping"] == [-1, 1, 2, 3, 4, 5]
+    assert vision["clip.projector_type"] == "granite4_vision"
+    assert vision["clip.vision.feature_layer"] == [1, 5, 3, 5, 5, 5]
+    assert vision["clip.vision.projector.spatial_offsets"] == [-1, 0, -1, 1, 2, 3]
+    the_text_model_alone_with_pypi_gguf_py(SRC, tmp_path, "GRANITE4_VISION")
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    prompt = [1, 5, 20, 33, 64, 70, 90, 2]
+    expected = model(input_ids=torch.tensor([prompt])).logits[0].detach()
+    logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0)
+    assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
+    # (64 x 64 pixels: LLaVA-NeXT's processor and mtmd's take the overview and a tile of 1 x 1 as they are)
+    image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    image.tofile(tmp_path / "image.rgb")
+    pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        features = model.model.get_image_features(
+            pixel_values=pixels["pixel_values"], image_sizes=pixels["image_sizes"]
+        ).deepstack_features
+    by_layer = sorted(features, key=lambda fed: fed[0])
+    expected = torch.cat([torch.cat(list(packed)) for _, packed in by_layer], dim=-1)
+    files = (tmp_path / "f32.gguf", tmp_path / "mmproj-f32.gguf")
+    llama_cpp_client("image", *files, 64, 64, tmp_path / "image.rgb", tmp_path / "image.npy")
+    embeddings = torch.from_numpy(np.load(tmp_path / "image.npy"))
+    assert embeddings.shape == expected.shape == (16 + 4 * 5, 6 * 64)
+    # (measured 3.6e-4; each projector's 2.7e-4 to 4.3e-4)
+    assert ((embeddings - expected).norm() / expected.norm()).item() <= IMAGE_TOLERANCE["f32"]
+
+
+def with_config(change: dict, tmp_path: Path) -> Path:
+    """A copy of the fixture's huggingface folder, its config.json with `change` (a dict in it merged into the
+    config's dict of that key)."""
+    folder = tmp_path / "hf"
+    shutil.copytree(SRC / "actor" / "huggingface", folder)
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in change.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"deepstack_layer_map": [[1, 0], [-3, 2]]}, "takes for layer 1's output where transformers takes layer 0's"),
+        ({"deepstack_layer_map": [[-7, 0], [-3, 2]]}, "hidden state -7, its embeddings"),
+        ({"spatial_vision_layer": -9}, "hidden state -9, and the tower has 6 layers"),
+        ({"spatial_target_layers": [1, 3, 4, -1]}, "transformers feeds none but those from 0 to 5"),
+        ({"deepstack_layer_map": [[-3, 0], [-5, 2]]}, "deepstack_layer_map is not in the order of the tower's layers"),
+        ({"deepstack_layer_map": [[-5, 1], [-3, 2]]}, "takes the first projector as the input embeddings"),
+        ({"spatial_target_layers": [1, 2, 4, 5]}, "and one projector a layer"),
+        ({"spatial_target_layers": [1, 3, 4]}, "spatial_target_layers names 3 layers"),
+        ({"vision_config": {"num_hidden_layers": 5}}, "6 projectors and a tower of 5 layers"),
+    ],
+)
+def test_a_projector_map_llama_cpp_reads_otherwise_is_one_line(change, message, tmp_path):
+    """A map of the projectors llama.cpp would read otherwise than transformers is one line, before anything is
+    written, whichever gguf-py is installed (the text model's file says which projector each layer takes): a
+    tower's layer counted from its start, layerwise projectors out of the order of the layers they read (the
+    converter sorts them), projectors fed from a later layer than the first or to one layer twice, corners other than
+    four, more projectors than the tower's layers (the converter names them as its blocks)."""
+    folder = with_config(change, tmp_path)
+    with pytest.raises(unshard.ConfigMismatchError, match=message):
+        unshard.convert(SRC, tmp_path / "out.gguf", config_from=folder, output=unshard.OutputOptions(gguf="f32"))
+    assert not list(tmp_path.glob("*.gguf"))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"vision_config": {"layer_norm_eps": 1e-5}}, "the vision tower's layer_norm_eps is 1e-05"),
+        ({"vision_config": {"hidden_act": "gelu"}}, "the vision tower's hidden_act is gelu"),
+        ({"qformer_config": {"num_hidden_layers": 2}}, "Q-Former's num_hidden_layers is 2"),
+        ({"qformer_config": {"layer_norm_eps": 1e-6}}, "Q-Former's layer_norm_eps is 1e-06"),
+    ],
+)
+def test_a_tower_llama_cpp_s_granite4_vision_computes_otherwise_is_one_line(change, message, tmp_path):
+    """With llama.cpp's gguf-py (which writes the mmproj file), a tower or Q-Former llama.cpp's graph computes
+    otherwise is one line naming the setting, and nothing is written: each projector's norm takes the tower's
+    epsilon (transformers' is 1e-6), the tower runs GELU's tanh approximation, the Q-Former one layer normed at
+    1e-12."""
+    folder = with_config(change, tmp_path)
+    done = unshard_with_llama_cpp_gguf_py("convert", SRC, tmp_path / "out.gguf", "--config-from", folder)
+    assert done.returncode != 0 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not list(tmp_path.glob("*.gguf"))
