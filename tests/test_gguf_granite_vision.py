@@ -63,23 +63,26 @@ def test_granite_4_vision_s_files_as_the_converter_writes_them_and_sees_as_trans
     """From FSDP2's rank files with llama.cpp's own gguf-py, in f32, f16 and q8_0: the text model's file is the
     converter's (Granite's header, then which projector each layer takes: the first projector the input embeddings),
     and so is the mmproj file (the projectors numbered by the text layer they feed, the Q-Former's tensors under
-    their number, the tower's layer each reads and the corner each spatial one samples, SigLIP's head left out);
-    llama.cpp computes transformers' logits over text, and mtmd encodes an image of one tile (an overview and the
-    tile, 4 x 4 tokens each, and a newline after each row of the tile's) into transformers' features of every
-    projector, each token's in one row in the order of the layers they feed. With PyPI's gguf-py, the same text
-    model's file and the towers left out, with a note saying how to write them."""
+    their number, the tower's layer each reads and the corner each spatial one samples, SigLIP's head left out); the
+    text model's q4_k_m file is llama-quantize's of the converter's f32 file. llama.cpp computes transformers' logits
+    over text, and mtmd encodes an image of one tile (an overview and the tile, 4 x 4 tokens each, and a newline after
+    each row of the tile's) into transformers' features of every projector, each token's in one row in the order of
+    the layers they feed. With PyPI's gguf-py, the same text model's file and the towers left out, with a note saying
+    how to write them."""
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
     _, folder = folder_of_the_reference(CASE, tmp_path)
     pre = for_the_converter(folder)
     released = as_released(folder, tmp_path)
-    done = unshard_files(SRC, tmp_path, ("f32", "f16", "q8_0"), ggml_library)
+    done = unshard_files(SRC, tmp_path, ("f32", "f16", "q8_0", "q4_k_m"), ggml_library)
     assert "11 tensors beside the text model left out" in done and "pooling head" in done
     for kind in ("f32", "f16", "q8_0"):
         text = converter(released, kind, tmp_path / f"oracle-{kind}.gguf", pre=pre)
         assert_same_file(tmp_path / f"{kind}.gguf", text)
         mmproj = converter(released, kind, tmp_path / f"oracle-mmproj-{kind}.gguf", pre=pre, mmproj=True)
         assert_same_file(tmp_path / f"mmproj-{kind}.gguf", mmproj)
+    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
     text, vision = contents(tmp_path / "f32.gguf")[0], contents(tmp_path / "mmproj-f32.gguf")[0]
     # (the projectors by the layer they feed: layerwise 0 (layer 0), spatial 0 (1), layerwise 1 (2), spatial 1-3)
     assert text["granite.deepstack_mapping"] == [-1, 1, 2, 3, 4, 5]
