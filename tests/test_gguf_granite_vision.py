@@ -1,7 +1,7 @@
 """Granite 4 Vision (`Granite4VisionForConditionalGeneration`) to GGUF: the text model as llama.cpp's granite with the
 projector each layer takes, the SigLIP tower and its Q-Former projectors as the mmproj file of llama.cpp's
 granite4_vision projector (which PyPI's gguf-py lacks: written with llama.cpp's own). Each file is the converter's
-of the release's layout, llama.cpp computes transformers' logits, and mtmd turns an image into transformers' image
+(given the names it reads), llama.cpp computes transformers' logits, and mtmd turns an image into transformers' image
 features, every projector's in each token's row."""
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ SRC = SHIPPED / CASE / "global_step_1"
 
 
 def as_released(folder: Path, tmp_path: Path) -> Path:
-    """A copy of unshard's folder as the converter reads the release: the text model's class named in text_config
-    (by which the converter writes it as Granite: transformers 5 names none), and SigLIP's pooling head under the
-    name of transformers 4's SiglipVisionModel, `vision_tower.vision_model.head`, which the converter leaves out
-    (transformers 5 saves it as `vision_tower.head`, which the converter then fails to name)."""
+    """A copy of unshard's folder as the converter reads it: the text model's class named in text_config (Granite's,
+    by which the converter writes it with the key of the projector each layer takes: transformers 5 names none, and
+    the converter then writes no text model), and SigLIP's pooling head under the name of transformers 4's
+    SiglipVisionModel, `vision_tower.vision_model.head`, which the converter leaves out (transformers 5 saves it as
+    `vision_tower.head`, which the converter then fails to name)."""
     released = tmp_path / "released"
     shutil.copytree(folder, released)
     config = json.loads((released / "config.json").read_text())
@@ -158,6 +159,7 @@ def test_a_projector_map_llama_cpp_reads_otherwise_is_one_line(change, message, 
         ({"vision_config": {"hidden_act": "gelu"}}, "the vision tower's hidden_act is gelu"),
         ({"qformer_config": {"num_hidden_layers": 2}}, "Q-Former's num_hidden_layers is 2"),
         ({"qformer_config": {"layer_norm_eps": 1e-6}}, "Q-Former's layer_norm_eps is 1e-06"),
+        ({"downsample_rate": None}, "downsample_rate is None, where Granite 4 Vision's projectors take"),
     ],
 )
 def test_a_tower_llama_cpp_s_granite4_vision_computes_otherwise_is_one_line(change, message, tmp_path):

@@ -4,8 +4,9 @@ before a layer of the text model (deepstack): some projectors read a layer of th
 four read one layer sampled at each corner of 2 x 2 patches. Images as LLaVA-NeXT's: an overview and tiles, a newline
 embedding after each row of tiles' tokens.
 
-To GGUF as llama.cpp's converter writes it: the text model as Granite's (llama.cpp's granite, the converter's
-GraniteModel, by the class the release's text_config names) with which projector each layer takes; the tower and the
+To GGUF as llama.cpp's converter writes it: the text model as Granite's (llama.cpp's granite: the converter's
+GraniteModel, which writes that key for Granite 4 Vision, given the class in text_config that transformers 5 does not
+save) with which projector each layer takes; the tower and the
 projectors as the mmproj file of llama.cpp's granite4_vision projector, the projectors numbered by the text layer they
 feed (the first feeds the input embeddings), SigLIP's pooling head left out (the model never runs it). gguf-py's
 projector is llama.cpp's own (PyPI's 0.19 lacks it)."""
@@ -152,6 +153,11 @@ def granite4_vision_sizes(vision: dict, where: Path) -> dict:
         "Q-Former's hidden_act": (qformer.get("hidden_act", "gelu"), "gelu"),
     }
     fixed_in_code(where, "vision", "granite4_vision projector", runs)
+    if not re.fullmatch(r"[1-9]\d*/[1-9]\d*", str(config.get("downsample_rate"))):
+        raise ConfigMismatchError(
+            f"{where}: downsample_rate is {config.get('downsample_rate')!r}, where Granite 4 Vision's projectors take "
+            "the sides of their queries and of their windows as 'Q/W'; pass --config-from the model's own folder"
+        )
     numbers = {(kind, index): number for number, (_, _, kind, index) in enumerate(projectors_checked(config, where))}
     return {**vision, "projector_numbers": numbers}
 
@@ -188,7 +194,9 @@ def granite4_vision_numbered(name: str, shape: tuple[int, ...], sizes: dict) -> 
         )
     if layer := QFORMER_LAYER.match(rest):
         if layer[1] != "0":
-            raise ConfigMismatchError(f"{name}: a second Q-Former layer, which llama.cpp's granite4_vision lacks")
+            raise ConfigMismatchError(
+                f"{name}: a Q-Former layer past the config's one; pass --config-from the model's own folder"
+            )
         renamed = f"model.{kind}_projectors.qformer.encoder.layer.{number}.{layer[2]}"
     else:
         renamed = f"model.{kind}_projectors.{number}.{rest}"
