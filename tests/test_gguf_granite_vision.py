@@ -66,11 +66,10 @@ def test_granite_4_vision_s_files_as_the_converter_writes_them_and_sees_as_trans
     and so is the mmproj file (the projectors numbered by the text layer they feed, the Q-Former's tensors under
     their number, the tower's layer each reads and the corner each spatial one samples, SigLIP's head left out); the
     text model's q4_k_m file is llama-quantize's of the converter's f32 file. llama.cpp computes transformers' logits
-    over text, and mtmd encodes an image of one tile (an overview and the tile, 4 x 4 tokens each, and a newline after
-    each row of the tile's) into transformers' features of every projector, each token's in one row in the order of
-    the layers they feed. With PyPI's gguf-py, the same text model's file and the towers left out, with a note saying
-    how to write them."""
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+    over text, and mtmd encodes images of one tile, of two and of one whose padding its tokens drop (IMAGES) into
+    transformers' features of every projector, each token's in one row in the order of the layers they feed. With
+    PyPI's gguf-py, the same text model's file and the towers left out, with a note saying how to write them."""
+    from transformers import AutoModelForImageTextToText
 
     _, folder = folder_of_the_reference(CASE, tmp_path)
     pre = for_the_converter(folder)
@@ -96,8 +95,24 @@ def test_granite_4_vision_s_files_as_the_converter_writes_them_and_sees_as_trans
     expected = model(input_ids=torch.tensor([prompt])).logits[0].detach()
     logits, _ = llama_cpp(tmp_path / "f32.gguf", prompt, 0)
     assert ((logits - expected).norm() / expected.norm()).item() <= LLAMA_CPP_TOLERANCE["f32"]
-    # (64 x 64 pixels: LLaVA-NeXT's processor and mtmd's take the overview and a tile of 1 x 1 as they are)
-    image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    for (height, width), tokens in IMAGES.items():
+        assert seen_as_transformers(model, folder, height, width, tokens, tmp_path) <= IMAGE_TOLERANCE["f32"]
+
+
+# Images and their tokens: the overview's 4 x 4, then the tiles' rows of 4 x 4 each, unpadded, a newline after each
+# row. 64 x 64 pixels: the overview and a tile as they are; 64 x 128 (height, width): two tiles side by side, the
+# overview resized; 32 x 64: one tile, its rows of padding above and below the image dropped (2 rows of 4 left).
+# Measured 3.6e-4 (each projector's 2.7e-4 to 4.3e-4), 3.6e-4, 3.2e-4.
+IMAGES = {(64, 64): 16 + 4 * 5, (64, 128): 16 + 4 * 9, (32, 64): 16 + 2 * 5}
+
+
+def seen_as_transformers(model, folder: Path, height: int, width: int, tokens: int, tmp_path: Path) -> float:
+    """mtmd's embeddings of an image of noise (f32.gguf and its mmproj file in tmp_path), asserted to be `tokens`
+    rows, against transformers' features of every projector for the same pixels, each token's in one row in the
+    order of the text layers they feed: their relative distance."""
+    from transformers import AutoImageProcessor
+
+    image = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
     image.tofile(tmp_path / "image.rgb")
     pixels = AutoImageProcessor.from_pretrained(folder)(images=[image], return_tensors="pt")
     with torch.no_grad():
@@ -107,11 +122,10 @@ def test_granite_4_vision_s_files_as_the_converter_writes_them_and_sees_as_trans
     by_layer = sorted(features, key=lambda fed: fed[0])
     expected = torch.cat([torch.cat(list(packed)) for _, packed in by_layer], dim=-1)
     files = (tmp_path / "f32.gguf", tmp_path / "mmproj-f32.gguf")
-    llama_cpp_client("image", *files, 64, 64, tmp_path / "image.rgb", tmp_path / "image.npy")
+    llama_cpp_client("image", *files, width, height, tmp_path / "image.rgb", tmp_path / "image.npy")
     embeddings = torch.from_numpy(np.load(tmp_path / "image.npy"))
-    assert embeddings.shape == expected.shape == (16 + 4 * 5, 6 * 64)
-    # (measured 3.6e-4; each projector's 2.7e-4 to 4.3e-4)
-    assert ((embeddings - expected).norm() / expected.norm()).item() <= IMAGE_TOLERANCE["f32"]
+    assert embeddings.shape == expected.shape == (tokens, 6 * 64), (height, width, embeddings.shape, expected.shape)
+    return ((embeddings - expected).norm() / expected.norm()).item()
 
 
 def with_config(change: dict, tmp_path: Path) -> Path:
