@@ -74,7 +74,6 @@ def plan_gguf(
     towers = part.towers
     if unknown_projector:  # (and the towers' tensors the mmproj file leaves out too: Granite 4 Vision's SigLIP head)
         towers = "|".join(f"(?:{pattern})" for pattern in (family.mmproj.vision, part.towers) if pattern)
-    if unknown_projector:
         why = (
             f"the installed gguf-py lacks llama.cpp's {family.mmproj.projector} projector; to write them too, install "
             "llama.cpp's own: pip install <llama.cpp>/gguf-py"
