@@ -25,7 +25,7 @@ from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: t
     llama_cpp,
     llama_cpp_client,
 )
-from test_gguf_mmproj import IMAGE_TOLERANCE
+from test_gguf_mmproj import IMAGE_TOLERANCE, merged_into, with_config
 from test_gguf_newer_architectures import (
     folder_of_the_reference,
     the_text_model_alone_with_pypi_gguf_py,
@@ -128,18 +128,6 @@ def seen_as_transformers(model, folder: Path, height: int, width: int, tokens: i
     return ((embeddings - expected).norm() / expected.norm()).item()
 
 
-def with_config(change: dict, tmp_path: Path) -> Path:
-    """A copy of the fixture's huggingface folder, its config.json with `change` (a dict in it merged into the
-    config's dict of that key)."""
-    folder = tmp_path / "hf"
-    shutil.copytree(SRC / "actor" / "huggingface", folder)
-    config = json.loads((folder / "config.json").read_text())
-    for key, value in change.items():
-        config[key] = {**config[key], **value} if isinstance(value, dict) else value
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -160,7 +148,7 @@ def test_a_projector_map_llama_cpp_reads_otherwise_is_one_line(change, message, 
     tower's layer counted from its start, layerwise projectors out of the order of the layers they read (the
     converter sorts them), projectors fed from a later layer than the first or to one layer twice, corners other than
     four, more projectors than the tower's layers (the converter names them as its blocks)."""
-    folder = with_config(change, tmp_path)
+    folder = with_config(SRC / "actor" / "huggingface", tmp_path, merged_into(change))
     with pytest.raises(unshard.ConfigMismatchError, match=message):
         unshard.convert(SRC, tmp_path / "out.gguf", config_from=folder, output=unshard.OutputOptions(gguf="f32"))
     assert not list(tmp_path.glob("*.gguf"))
@@ -181,7 +169,7 @@ def test_a_tower_llama_cpp_s_granite4_vision_computes_otherwise_is_one_line(chan
     otherwise is one line naming the setting, and nothing is written: each projector's norm takes the tower's
     epsilon (transformers' is 1e-6), the tower runs GELU's tanh approximation, the Q-Former one layer normed at
     1e-12."""
-    folder = with_config(change, tmp_path)
+    folder = with_config(SRC / "actor" / "huggingface", tmp_path, merged_into(change))
     done = unshard_with_llama_cpp_gguf_py("convert", SRC, tmp_path / "out.gguf", "--config-from", folder)
     assert done.returncode != 0 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not list(tmp_path.glob("*.gguf"))

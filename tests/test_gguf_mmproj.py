@@ -166,16 +166,22 @@ def with_config(folder: Path, tmp_path: Path, change) -> Path:
     return changed
 
 
-def assert_refused(folder: Path, tmp_path: Path, change: dict, message: str, within: str = "", check: bool = True):
-    """A copy of the folder whose config (`within`: one of its sections) takes `change` (a dict in it merged into the
-    config's dict of that key): planning its GGUF files is one line matching message, before anything is written."""
+def merged_into(change: dict, within: str = ""):
+    """with_config's change that merges `change` into the config (`within`: one of its sections), a dict in it into
+    the config's dict of that key."""
 
     def changed_config(config: dict) -> None:
         target = config[within] if within else config
         for key, value in change.items():
             target[key] = {**target[key], **value} if isinstance(value, dict) else value
 
-    changed = with_config(folder, tmp_path, changed_config)
+    return changed_config
+
+
+def assert_refused(folder: Path, tmp_path: Path, change: dict, message: str, within: str = "", check: bool = True):
+    """A copy of the folder whose config takes `change` (merged_into): planning its GGUF files is one line matching
+    message, before anything is written."""
+    changed = with_config(folder, tmp_path, merged_into(change, within))
     with pytest.raises(unshard.ConfigMismatchError, match=message):
         unshard.plan(changed, output=unshard.OutputOptions(gguf="f32"), check=check)
 
