@@ -29,6 +29,7 @@ from test_gguf_mmproj import IMAGE_TOLERANCE, merged_into, with_config
 from test_gguf_newer_architectures import (
     folder_of_the_reference,
     the_text_model_alone_with_pypi_gguf_py,
+    unshard_commands_with_llama_cpp_gguf_py,
     unshard_files,
     unshard_with_llama_cpp_gguf_py,
 )
@@ -126,6 +127,32 @@ def seen_as_transformers(model, folder: Path, height: int, width: int, tokens: i
     embeddings = torch.from_numpy(np.load(tmp_path / "image.npy"))
     assert embeddings.shape == expected.shape == (tokens, 6 * 64), (height, width, embeddings.shape, expected.shape)
     return ((embeddings - expected).norm() / expected.norm()).item()
+
+
+def test_the_release_s_text_config_gives_the_same_files(tmp_path):
+    """IBM's published configs of Granite 4 Vision name the text model `granitemoehybrid` in text_config, which
+    transformers reads as its dense Granite 4 Vision text model whatever the name: so does unshard, and both files
+    are those of the fixture's own config, field for field and byte for byte."""
+    released = with_config(
+        SRC / "actor" / "huggingface", tmp_path, merged_into({"model_type": "granitemoehybrid"}, "text_config")
+    )
+    commands = [
+        ("convert", SRC, tmp_path / "own" / "f32.gguf", "--gguf-type", "f32", "--no-progress"),
+        (
+            "convert",
+            SRC,
+            tmp_path / "release" / "f32.gguf",
+            "--gguf-type",
+            "f32",
+            "--no-progress",
+            "--config-from",
+            released,
+        ),
+    ]
+    done = unshard_commands_with_llama_cpp_gguf_py(commands)
+    assert done.returncode == 0, done.stderr
+    for name in ("f32.gguf", "mmproj-f32.gguf"):
+        assert_same_file(tmp_path / "release" / name, tmp_path / "own" / name)
 
 
 @pytest.mark.parametrize(
