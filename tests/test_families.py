@@ -194,6 +194,7 @@ GGUF_MULTIMODAL = {
     "internvl": "internvl-fsdp2",
     "lfm2_vl": "lfm2vl-fsdp2",
     "lighton_ocr": "lightonocr-fsdp2",
+    "unlimited_ocr": "unlimitedocr-fsdp2",
     "granite4_vision": "granite4vision-fsdp2",  # (its towers with llama.cpp's gguf-py)
 }
 TESTED = {

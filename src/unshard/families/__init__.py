@@ -86,6 +86,7 @@ from . import (
     starcoder2,
     step3,
     t5,
+    unlimited_ocr,
     vlm,
 )
 from .parts import DEFAULT_FUSED_SIBLINGS, Family, MoELayout, Unsupported
@@ -153,6 +154,7 @@ FAMILIES: tuple[Family, ...] = (
     *internlm.FAMILIES,
     *sarvam.FAMILIES,
     *lighton_ocr.FAMILIES,
+    *unlimited_ocr.FAMILIES,
     *janus.FAMILIES,
     *audio.FAMILIES,
     *qwen_omni.FAMILIES,

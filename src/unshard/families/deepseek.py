@@ -229,14 +229,17 @@ def _args(config: dict[str, Any]) -> dict[str, Any]:
 SIGMOID_ROUTED = ("deepseek_v3", "deepseek_v32", "glm4_moe_lite")
 
 
-def deepseek2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+def deepseek2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path, latent: bool = True) -> None:
     """The converter's DeepseekV2Model's: its TextModel's with one key-value head (the latent attention as MQA) and the
     expert groups, then the dense first layers, the latent's ranks and the widths of keys and values (absorbed, and
     as the model has them), the experts' width, count and shared count, the routing's scale and renormalisation, the
     rotary part, YaRN's log multiplier. Some keys are written twice, as the converter does (the second value counts,
-    in the first one's place)."""
+    in the first one's place). latent False: DeepSeek-OCR's text model (llama.cpp's deepseek2-ocr), each head its own
+    keys and values as the config has them, no latent's widths, and the sliding window its config names."""
     with gguf_quiet():  # (gguf-py warns of each key written again)
-        as_mqa = {**hparams, "num_key_value_heads": 1, "rms_norm_eps": hparams.get("rms_norm_eps", 1e-6)}
+        as_mqa = {**hparams, "rms_norm_eps": hparams.get("rms_norm_eps", 1e-6)}
+        if latent:
+            as_mqa["num_key_value_heads"] = 1
         if hparams.get("model_type") in SIGMOID_ROUTED:
             # transformers' DeepSeek-V3 and GLM-4.7-Flash route by sigmoid and their config.json does not say so (the
             # Hub's DeepSeek-V3 does: scoring_func); llama.cpp's deepseek2 would route such a file by softmax, as
@@ -251,11 +254,12 @@ def deepseek2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder:
         if hparams.get("q_lora_rank") is not None:
             writer.add_q_lora_rank(hparams["q_lora_rank"])
         rank, rope = hparams.get("kv_lora_rank", 512), hparams["qk_rope_head_dim"]
-        writer.add_kv_lora_rank(rank)
-        writer.add_key_length(rank + rope)
-        writer.add_value_length(rank)
-        writer.add_key_length_mla(hparams["qk_nope_head_dim"] + rope)
-        writer.add_value_length_mla(hparams["v_head_dim"])
+        if latent:
+            writer.add_kv_lora_rank(rank)
+            writer.add_key_length(rank + rope)
+            writer.add_value_length(rank)
+            writer.add_key_length_mla(hparams["qk_nope_head_dim"] + rope)
+            writer.add_value_length_mla(hparams["v_head_dim"])
         writer.add_expert_feed_forward_length(hparams.get("moe_intermediate_size") or hparams["intermediate_size"])
         if hparams.get("n_routed_experts") is not None:
             writer.add_expert_count(hparams["n_routed_experts"])
@@ -265,6 +269,8 @@ def deepseek2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder:
         if hparams.get("norm_topk_prob"):
             writer.add_expert_weights_norm(True)
         writer.add_rope_dimension_count(rope)
+        if not latent and (window := hparams.get("sliding_window_size") or hparams.get("sliding_window")):
+            writer.add_sliding_window(window)
         if (mscale := rope_parameters(hparams)[0].get("mscale_all_dim")) is not None:
             writer.add_rope_scaling_yarn_log_mul(0.1 * mscale)
 

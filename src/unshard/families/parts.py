@@ -164,6 +164,9 @@ class GGUFPart:
     arch: str  # gguf.MODEL_ARCH's member
     # (writer, hparams, ftype, blocks, folder): the hyper-parameters in the converter's order; None: its TextModel's
     hyperparameters: Callable[..., None] | None = None
+    # (writer): keys the converter writes as it opens the file, right after the architecture (DeepSeek-OCR's default
+    # chat template, whose value the tokenizer's, where the folder has one, replaces in its place)
+    opening_keys: Callable[..., None] | None = None
     # (writer, hparams, folder): what the converter writes before the vocabulary (ModernBERT's start, end and separator
     # flags) and after it (special tokens, the space prefix)
     before_vocabulary: Callable[..., None] | None = None

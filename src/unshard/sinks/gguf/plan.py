@@ -487,6 +487,8 @@ def _metadata(
     hooks: its own hyper-parameters, a `llama`'s (the converter's LlamaModel) space prefix, what follows the
     vocabulary."""
     gguf = gguf_py()
+    if part.opening_keys:
+        part.opening_keys(writer)
     writer.add_type(gguf.GGUFType.MODEL)
     general_metadata(writer, folder, parameters)
     (part.hyperparameters or text_hyperparameters)(writer, hparams, ftype, blocks, folder)
