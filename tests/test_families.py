@@ -195,6 +195,7 @@ GGUF_MULTIMODAL = {
     "lfm2_vl": "lfm2vl-fsdp2",
     "lighton_ocr": "lightonocr-fsdp2",
     "unlimited_ocr": "unlimitedocr-fsdp2",
+    "deepseek_ocr2": "deepseekocr2-fsdp2",  # (its towers with llama.cpp's gguf-py)
     "granite4_vision": "granite4vision-fsdp2",  # (its towers with llama.cpp's gguf-py)
 }
 TESTED = {

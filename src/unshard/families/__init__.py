@@ -24,6 +24,7 @@ from . import (
     cohere,
     dbrx,
     deepseek,
+    deepseek_ocr,
     dots,
     dots3,
     ernie,
@@ -86,7 +87,6 @@ from . import (
     starcoder2,
     step3,
     t5,
-    unlimited_ocr,
     vlm,
 )
 from .parts import DEFAULT_FUSED_SIBLINGS, Family, MoELayout, Unsupported
@@ -154,7 +154,7 @@ FAMILIES: tuple[Family, ...] = (
     *internlm.FAMILIES,
     *sarvam.FAMILIES,
     *lighton_ocr.FAMILIES,
-    *unlimited_ocr.FAMILIES,
+    *deepseek_ocr.FAMILIES,
     *janus.FAMILIES,
     *audio.FAMILIES,
     *qwen_omni.FAMILIES,

@@ -1,31 +1,45 @@
-"""Unlimited-OCR (`UnlimitedOcrForConditionalGeneration`; its makers' code names it `UnlimitedOCRForCausalLM`), which is
-DeepSeek-OCR's layout: a DeepSeek-V2 MoE without latent attention (each head its own keys and values, a softmax router,
-shared experts) beside SAM, whose neck's output a CLIP reads as its patches; the two joined and projected to the text
-model's width. transformers saves it under its makers' names (`model.sam_model.`, `model.vision_model.`, CLIP's q, k
-and v in one `qkv_proj`), which llama.cpp's converter reads; but it reads its makers' config.json, not transformers':
-the text model's keys in DeepSeek-V2's form (`language_config`: latent attention off, no rope base, its dense first
-layers counted), the towers' sizes in a `width` table. What the converter would write of that config, unshard writes of
-transformers' (as_the_makers_config, unlimited_ocr_sizes): the text model as llama.cpp's deepseek2-ocr, the towers as
-the mmproj file of its deepseekocr projector, tiling images into up to 32 tiles."""
+"""DeepSeek-OCR's layout, in transformers' two classes of it: Unlimited-OCR (`UnlimitedOcrForConditionalGeneration`;
+its makers' code names it `UnlimitedOCRForCausalLM`) and DeepSeek-OCR 2 (`DeepseekOcr2ForConditionalGeneration`;
+`DeepseekOCR2ForCausalLM`). A DeepSeek-V2 MoE without latent attention (each head its own keys and values, a softmax
+router, shared experts) beside SAM, whose neck's output a second tower reads as its patches: Unlimited-OCR's a CLIP,
+its output joined to SAM's; DeepSeek-OCR 2's a Qwen2 encoder that reads learned queries after the patches, whose
+outputs it keeps. A linear projector to the text model's width. transformers saves them under their makers' names
+(`model.sam_model.`, `model.vision_model.` with CLIP's q, k and v in one `qkv_proj`, `model.qwen2_model.`), which
+llama.cpp's converter reads; but it reads its makers' config.json, not transformers': the text model's keys in
+DeepSeek-V2's form (`language_config`: latent attention off, no rope base, its dense first layers counted), the towers'
+sizes in a `width` table. What the converter would write of that config, unshard writes of transformers'
+(as_the_makers_config, the families' sizes): the text model as llama.cpp's deepseek2-ocr (DeepSeek-OCR 2's as the
+converter writes DeepSeek-OCR's class: its table lacks OCR 2's for a text model's file), the towers as the mmproj file
+of its deepseekocr projector (Unlimited-OCR's, tiling images into up to 32 tiles) or deepseekocr2 (OCR 2's, up to 6)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigMismatchError
 from .deepseek import deepseek2_hyperparameters
 from .gguf_hooks import mmproj_model_forced_type, rope_parameters
-from .parts import GGUFPart, MmprojPart, Rearrangement, multimodal_family
+from .parts import LLAMA_CPP_GGUF_PY, GGUFPart, MmprojPart, Rearrangement, multimodal_family
 
 # the chat template the converter writes as it opens the file, which the tokenizer's replaces where there is one
 PLAIN_TEMPLATE = "{% for m in messages %}{{m['content']}}{% endfor %}"
 # the SAM layers llama.cpp's deepseekocr attends globally in (the rest in windows of 14 patches): SAM ViT-B's
 SAM_GLOBAL_LAYERS = (2, 5, 8, 11)
-# what llama.cpp's deepseekocr takes of SAM and CLIP whatever the file says, as the makers' sizes: a setting of
-# transformers' config it would compute otherwise is refused (for SAM's global layers, those of its depth)
+# what llama.cpp's deepseekocr (and deepseekocr2) takes of SAM and CLIP whatever the file says, as the makers' sizes: a
+# setting of transformers' config it would compute otherwise is refused (for SAM's global layers, those of its depth)
 SAM_FIXED = {"window_size": 14, "patch_size": 16, "image_size": 1024, "layer_norm_eps": 1e-6, "hidden_act": "gelu"}
 CLIP_FIXED = {"layer_norm_eps": 1e-5, "hidden_act": "quick_gelu"}
+# (DeepSeek-OCR 2's Qwen2 encoder: the converter writes 2 key-value heads, and llama.cpp turns it by 1000000)
+QWEN2_ENCODER_FIXED = {
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "use_sliding_window": False,
+    "rope_theta": 1000000,
+}
 # the names of the converter's tensors it stores as F32 whatever the file's type (its tensor_force_quant's)
 F32_PARTS = (".embeddings.", "pos_embed", ".rel_pos_h", ".rel_pos_w", ".neck.", ".net_")
 
@@ -68,9 +82,9 @@ def as_the_makers_config(hparams: dict, where: Path) -> dict:
     }
 
 
-def unlimited_ocr_checked(hparams: dict, where: Path) -> None:
-    """What llama.cpp's deepseek2-ocr computes otherwise than transformers' Unlimited-OCR: fewer key-value heads than
-    heads, routing other than a greedy softmax."""
+def ocr_text_checked(hparams: dict, where: Path) -> None:
+    """What llama.cpp's deepseek2-ocr computes otherwise than transformers' DeepSeek-OCR text models: fewer key-value
+    heads than heads, routing other than a greedy softmax."""
     refused = [
         (
             f"{hparams['num_key_value_heads']} key-value heads of {hparams['num_attention_heads']}",
@@ -86,31 +100,41 @@ def unlimited_ocr_checked(hparams: dict, where: Path) -> None:
         )
 
 
-def unlimited_ocr_sizes(vision_config: dict, where: Path) -> dict:
-    """The towers' sizes as the converter reads them from the makers' `width` table: CLIP's (its `clip-l-14-224`
-    entry over the rest; its MLP's width four times its heads, as the converter computes it whatever the width, which
-    llama.cpp reads from the tensors), SAM's beside. A SAM or CLIP setting llama.cpp's deepseekocr takes otherwise is
-    one line."""
-    sam, clip = vision_config.get("sam_config") or {}, vision_config.get("encoder_config") or {}
-    if not sam or not clip:
+def towers(vision_config: dict, where: Path, projector: str) -> tuple[dict, dict]:
+    """SAM's config and the second tower's, SAM's checked: a setting llama.cpp's `projector` takes otherwise (SAM
+    ViT-B's, as the makers' sizes; its global layers those of SAM ViT-B's its depth has) is one line."""
+    sam, second = vision_config.get("sam_config") or {}, vision_config.get("encoder_config") or {}
+    if not sam or not second:
         raise ConfigMismatchError(
             f"{where}: vision_config lacks sam_config or encoder_config, the towers' sizes the mmproj file carries; "
             "pass --config-from the model's own folder"
         )
     layers = sam.get("num_hidden_layers", 12)
     fixed = {**SAM_FIXED, "global_attn_indexes": [i for i in SAM_GLOBAL_LAYERS if i < layers]}
-    refused = [
-        (f"sam_config's {key} {sam.get(key)!r}", value)
-        for key, value in fixed.items()
-        if key in sam and list_or_value(sam[key]) != value
-    ]
-    refused += [(f"encoder_config's {key} {clip[key]!r}", v) for key, v in CLIP_FIXED.items() if clip.get(key, v) != v]
-    if refused:
-        (what, value), *_ = refused
-        raise ConfigMismatchError(
-            f"{where}: vision_config has {what}, where llama.cpp's deepseekocr takes {value!r}: it would compute "
-            "another model; serve this one with transformers or vLLM"
-        )
+    refused = [(f"sam_config's {key}", value) for key, value in fixed.items() if key in sam]
+    refuse_other(sam, refused, where, projector)
+    return sam, second
+
+
+def refuse_other(config: dict, settings: list[tuple[str, Any]], where: Path, projector: str) -> None:
+    """One line for the first setting ("its section's key", the value llama.cpp takes) the config gives otherwise."""
+    for what, value in settings:
+        key = what.rsplit(" ", 1)[-1]
+        if key in config and list_or_value(config[key]) != value:
+            raise ConfigMismatchError(
+                f"{where}: vision_config has {what} {config[key]!r}, where llama.cpp's {projector} takes "
+                f"{value!r}: it would compute another model; serve this one with transformers or vLLM"
+            )
+
+
+def unlimited_ocr_sizes(vision_config: dict, where: Path) -> dict:
+    """The towers' sizes as the converter reads them from the makers' `width` table: CLIP's (its `clip-l-14-224`
+    entry over the rest; its MLP's width four times its heads, as the converter computes it whatever the width, which
+    llama.cpp reads from the tensors), SAM's beside. A CLIP setting llama.cpp's deepseekocr takes otherwise (CLIP-L's)
+    is one line."""
+    sam, clip = towers(vision_config, where, "deepseekocr")
+    clip_settings = [(f"encoder_config's {key}", value) for key, value in CLIP_FIXED.items()]
+    refuse_other(clip, clip_settings, where, "deepseekocr")
     heads = clip["num_attention_heads"]
     return {
         "image_size": clip["image_size"],
@@ -119,6 +143,27 @@ def unlimited_ocr_sizes(vision_config: dict, where: Path) -> dict:
         "intermediate_size": heads * 4,
         "num_hidden_layers": clip["num_hidden_layers"],
         "num_attention_heads": heads,
+        "sam": sam,
+    }
+
+
+def ocr2_sizes(vision_config: dict, where: Path) -> dict:
+    """The towers' sizes as the converter reads them: SAM's images and patches, the Qwen2 encoder's width (the makers'
+    `qwen2-0-5b` entry), depth, heads and MLP's width, SAM's beside. An encoder llama.cpp's deepseekocr2 computes
+    otherwise is one line: other than 2 key-value heads, a rope base other than 1000000, a sliding window, norms or
+    activation other than Qwen2's."""
+    sam, encoder = towers(vision_config, where, "deepseekocr2")
+    as_taken = {**encoder, "rope_theta": rope_parameters(encoder)[1].get("rope_theta")}
+    as_taken["use_sliding_window"] = bool(encoder.get("use_sliding_window"))
+    settings = [(f"encoder_config's {key}", value) for key, value in QWEN2_ENCODER_FIXED.items()]
+    refuse_other(as_taken, settings, where, "deepseekocr2")
+    return {
+        "image_size": sam.get("image_size", 1024),
+        "patch_size": sam.get("patch_size", 16),
+        "hidden_size": encoder["hidden_size"],
+        "intermediate_size": encoder["intermediate_size"],
+        "num_hidden_layers": encoder["num_hidden_layers"],
+        "num_attention_heads": encoder["num_attention_heads"],
         "sam": sam,
     }
 
@@ -144,6 +189,13 @@ def deepseekocr_projector_keys(writer, hparams: dict, vision: dict, processor: d
     writer.add_vision_sam_layers_count(sam["num_hidden_layers"])
     writer.add_vision_sam_embedding_length(sam["hidden_size"])
     writer.add_vision_sam_head_count(sam["num_attention_heads"])
+
+
+def deepseekocr2_projector_keys(writer, hparams: dict, vision: dict, processor: dict) -> None:
+    """The converter's DeepseekOCR2VisionModel's keys: DeepSeek-OCR's, up to 6 tiles, then the encoder's 2 key-value
+    heads."""
+    deepseekocr_projector_keys(writer, hparams, vision, processor, max_tiles=6)
+    writer.add_vision_head_count_kv(QWEN2_ENCODER_FIXED["num_key_value_heads"])
 
 
 def deepseekocr_forced_type(gguf, source: str, name: str, shape: tuple[int, ...], qtype, file_type: str):
@@ -178,21 +230,41 @@ DEEPSEEKOCR_MMPROJ = MmprojPart(
     converter_name=deepseekocr_name,
     rearranged=view_separator_as_row,
 )
+DEEPSEEKOCR2_MMPROJ = replace(
+    DEEPSEEKOCR_MMPROJ,
+    projector="DEEPSEEKOCR2",
+    vision=r"^model\.(?:sam_model\.|qwen2_model\.|projector\.|view_seperator$)",
+    sizes=ocr2_sizes,
+    projector_keys=deepseekocr2_projector_keys,
+)
+# llama.cpp's deepseek2-ocr, as the converter writes DeepSeek-OCR's class
+DEEPSEEK2OCR = GGUFPart(
+    "DEEPSEEK2OCR",
+    hyperparameters=partial(deepseek2_hyperparameters, latent=False),
+    opening_keys=opening_template,
+    vocabulary="bpe",
+    check_config=ocr_text_checked,
+    as_the_converter_reads=as_the_makers_config,
+)
 
 FAMILIES = (
     multimodal_family(
         "Unlimited-OCR",
         "unlimited_ocr",
         "UnlimitedOcrForConditionalGeneration",
-        GGUFPart(
-            "DEEPSEEK2OCR",
-            hyperparameters=partial(deepseek2_hyperparameters, latent=False),
-            opening_keys=opening_template,
-            vocabulary="bpe",
-            check_config=unlimited_ocr_checked,
-            as_the_converter_reads=as_the_makers_config,
-        ),
+        DEEPSEEK2OCR,
         DEEPSEEKOCR_MMPROJ,
         "its SAM and CLIP towers",
+    ),
+    replace(
+        multimodal_family(
+            "DeepSeek-OCR 2",
+            "deepseek_ocr2",
+            "DeepseekOcr2ForConditionalGeneration",
+            DEEPSEEK2OCR,
+            DEEPSEEKOCR2_MMPROJ,
+            "its SAM and Qwen2 towers",
+        ),
+        notes={"mmproj": LLAMA_CPP_GGUF_PY.format(arch="its deepseekocr2 projector")},
     ),
 )
