@@ -128,9 +128,9 @@ FAMILIES = {
 # seen_by_both cuts them: no larger than a tile (640 pixels, OCR 2's 768), the overview alone; two tiles side by side,
 # the tiles' tokens first (Unlimited-OCR's 10 x 10 each, their rows side by side with a newline after each; OCR 2's
 # 12 x 12 each, one tile after the other). Measured, the overview's rows: 2.6e-5 and 4.1e-5 (Unlimited-OCR), 4.6e-5 and
-# 1.9e-5 (OCR 2). The tiles' rows llama.cpp computes otherwise, where both resize the towers' position tables to a
-# tile's patches (the cause not found yet): 0.31 apart (Unlimited-OCR: SAM's and CLIP's tables), 0.018 (OCR 2: SAM's
-# alone), on these tiny random models; not asserted.
+# 1.9e-5 (OCR 2). The tiles' rows llama.cpp computes otherwise, not asserted: 0.018 apart for OCR 2 on its tiny random
+# model, as transformers antialiases SAM's position table when it shrinks it to a tile's patches and llama.cpp does not
+# (1.2e-4 without); 0.31 for Unlimited-OCR, whose CLIP's table llama.cpp resizes otherwise still (not found why).
 IMAGES = {
     UNLIMITED: (640, {(640, 640): 16 * 17 + 1, (1280, 640): 10 * 21 + 16 * 17 + 1}),
     OCR2: (768, {(768, 768): 16 * 16 + 1, (1536, 768): 2 * 144 + 16 * 16 + 1}),
