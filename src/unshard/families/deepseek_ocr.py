@@ -85,11 +85,10 @@ def as_the_makers_config(hparams: dict, where: Path) -> dict:
 def ocr_text_checked(hparams: dict, where: Path) -> None:
     """What llama.cpp's deepseek2-ocr computes otherwise than transformers' DeepSeek-OCR text models: fewer key-value
     heads than heads, routing other than a greedy softmax."""
+    heads = hparams.get("num_attention_heads")
+    kv_heads = hparams.get("num_key_value_heads", heads)
     refused = [
-        (
-            f"{hparams['num_key_value_heads']} key-value heads of {hparams['num_attention_heads']}",
-            hparams.get("num_key_value_heads", hparams["num_attention_heads"]) != hparams["num_attention_heads"],
-        ),
+        (f"{kv_heads} key-value heads of {heads}", kv_heads != heads),
         (f"topk_method {hparams.get('topk_method')!r}", hparams.get("topk_method", "greedy") != "greedy"),
     ]
     said = [what for what, bad in refused if bad]
