@@ -28,7 +28,7 @@ from test_gguf import (  # noqa: F401  (converter, llama_cpp and ggml_library: t
     llama_cpp,
     llama_cpp_client,
 )
-from test_gguf_mmproj import assert_refused, merged_into, with_config
+from test_gguf_mmproj import assert_refused, image_embeddings, merged_into, with_config
 from test_gguf_newer_architectures import (
     folder_of_the_reference,
     the_text_model_alone_with_pypi_gguf_py,
@@ -195,11 +195,7 @@ def seen_by_both(model, width: int, height: int, tile: int, tmp_path: Path) -> t
 
     y, x = np.mgrid[0:height, 0:width]
     image = np.stack([np.sin(x / 97 + 1), np.cos(y / 83), np.sin(x * y / 50000 + 2)], -1) * 100 + 128
-    image = image.astype(np.uint8)
-    image.tofile(tmp_path / "image.rgb")
-    files = (tmp_path / "f32.gguf", tmp_path / "mmproj-f32.gguf")
-    llama_cpp_client("image", *files, width, height, tmp_path / "image.rgb", tmp_path / "image.npy")
-    embeddings = torch.from_numpy(np.load(tmp_path / "image.npy"))
+    image, embeddings = image_embeddings(tmp_path / "f32.gguf", width, height, tmp_path, image.astype(np.uint8))
     scale = min(1024 / width, 1024 / height)
     fitted = (round(width * scale), round(height * scale))
     overview = Image.new("RGB", (1024, 1024), (127, 127, 127))

@@ -75,9 +75,13 @@ IMAGE_TOLERANCE = {"f32": 1e-3, "q8_0": 3e-2}
 AUDIO_TOLERANCE = {"f32": 3e-3, "q8_0": 3e-2}
 
 
-def image_embeddings(gguf: Path, width: int, height: int, tmp_path: Path) -> tuple[np.ndarray, torch.Tensor]:
-    """A random image's pixels, and its embeddings as mtmd gives them to the text model from GGUF and mmproj-GGUF."""
-    image = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+def image_embeddings(
+    gguf: Path, width: int, height: int, tmp_path: Path, image: np.ndarray | None = None
+) -> tuple[np.ndarray, torch.Tensor]:
+    """A random image's pixels (or `image`'s, height x width x 3 bytes), and its embeddings as mtmd gives them to the
+    text model from GGUF and mmproj-GGUF."""
+    if image is None:
+        image = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
     image.tofile(tmp_path / "image.rgb")
     files, out = (gguf, gguf.with_name("mmproj-" + gguf.name)), tmp_path / "image.npy"
     llama_cpp_client("image", *files, width, height, tmp_path / "image.rgb", out)
