@@ -33,6 +33,12 @@ runs an embedding model's file over the tokens, pooled as the file says (and pro
 sentence-transformers model's Dense projections): OUT.npy gets the sequence's embedding, as llama-embedding gives it
 before it normalizes.
 
+    python llama_cpp_client.py eagle3 DRAFT.gguf FEATURES.npy 5,20,33 OUT.npz
+runs an EAGLE-3 drafter's file as llama.cpp's draft-eagle3 speculative decoding does, without its target: each row of
+FEATURES.npy (a token's three target hidden states, side by side) through its encoder, then each token with its row's
+projection through its layer, at positions 0, 1, ...: OUT.npz gets `g` (the encoder's projections, one row per token)
+and `logits` (the target vocabulary's, the draft tokens' placed at their target ids, -inf elsewhere).
+
     python llama_cpp_client.py tokenize MODEL.gguf TEXTS.json OUT.json
 tokenizes each text of TEXTS.json (a list) with the file's vocabulary, as llama.cpp does (no BOS, special tokens as
 text): OUT.json gets a list of token id lists.
@@ -201,6 +207,55 @@ def media(model: str, mmproj: str, bitmap_of, out: str) -> None:
     mtmd.mtmd_free(context)
 
 
+def eagle3(path: str, features: str, tokens: list[int], out: str) -> None:
+    """An EAGLE-3 drafter's encoder, then its decoder, through llama.cpp's extended batches (llama_process): each
+    token's entry holds its id and its projection, as common/speculative.cpp gives them."""
+    lib = llama_cpp.llama_cpp._lib
+    # (llama.cpp's staging API, C++ names: llama-ext.h's llama_set_embeddings_nextn / llama_get_embeddings_nextn)
+    set_nextn = lib._Z26llama_set_embeddings_nextnP13llama_contextbb
+    set_nextn.argtypes, set_nextn.restype = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None
+    get_nextn = lib._Z26llama_get_embeddings_nextnP13llama_context
+    get_nextn.argtypes, get_nextn.restype = [ctypes.c_void_p], ctypes.POINTER(ctypes.c_float)
+    rows = np.ascontiguousarray(np.load(features), dtype=np.float32)
+    floats = ctypes.POINTER(ctypes.c_float)
+    n = len(tokens)
+    model = llama_cpp.llama_model_load_from_file(path.encode(), llama_cpp.llama_model_default_params())
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = params.n_batch = params.n_ubatch = max(n, 8)
+    params.n_threads = params.n_threads_batch = 1
+    params.type_k = params.type_v = llama_cpp.GGML_TYPE_F32
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    set_nextn(ctx, True, False)
+    width = llama_cpp.llama_model_n_embd(model)
+    batch = llama_cpp.llama_batch_ext_init(ctx)
+    for i in range(n):
+        row = rows[i]
+        idx = llama_cpp.llama_batch_ext_add_embd(
+            batch, 0, llama_cpp.llama_embd(row.ctypes.data_as(floats), 1, row.size)
+        )
+        llama_cpp.llama_batch_ext_set_pos(batch, idx, ctypes.byref(llama_cpp.llama_pos(i)))
+        llama_cpp.llama_batch_ext_set_output_embd(batch, idx, True)
+    assert llama_cpp.llama_process(ctx, llama_cpp.LLAMA_PROCESS_TYPE_ENCODE, batch) == 0
+    g = np.ctypeslib.as_array(get_nextn(ctx), shape=(n, width)).copy()
+    llama_cpp.llama_batch_ext_clear(batch)
+    for i, token in enumerate(tokens):
+        idx = llama_cpp.llama_batch_ext_add_token(batch, 0, token)
+        llama_cpp.llama_batch_ext_set_embd_token(
+            batch, idx, llama_cpp.llama_embd(g[i].ctypes.data_as(floats), 1, width)
+        )
+        llama_cpp.llama_batch_ext_set_pos(batch, idx, ctypes.byref(llama_cpp.llama_pos(i)))
+        llama_cpp.llama_batch_ext_set_output_logits(batch, idx, True)
+    assert llama_cpp.llama_process(ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, batch) == 0
+    vocabulary = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    logits = np.array(
+        [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(vocabulary,)) for i in range(n)]
+    )
+    np.savez(out, g=g, logits=logits)
+    llama_cpp.llama_batch_ext_free(batch)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+
+
 def tokenize(model: str, texts: str, out: str) -> None:
     llm = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
     with open(texts, encoding="utf-8") as f:
@@ -213,6 +268,8 @@ if sys.argv[1] == "tokenize":
     tokenize(sys.argv[2], sys.argv[3], sys.argv[4])
 elif sys.argv[1] == "run":
     run(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4], int(sys.argv[5]), *sys.argv[6:7])
+elif sys.argv[1] == "eagle3":
+    eagle3(sys.argv[2], sys.argv[3], [int(i) for i in sys.argv[4].split(",")], sys.argv[5])
 elif sys.argv[1] == "image":
     image(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7])
 elif sys.argv[1] == "audio":

@@ -18,7 +18,7 @@ def describe(plan: Plan) -> dict[str, Any]:
         "source": ckpt.facts.get("url") or str(ckpt.path),
         "layout": ckpt.layout,
         **ckpt.facts,
-        "family": family_paths({**(read_config(plan.config_folder) or {}), **plan.config_updates}.get("model_type")),
+        "family": family_paths(_model_type({**(read_config(plan.config_folder) or {}), **plan.config_updates})),
         "huggingface_folder": str(ckpt.hf_folder) if ckpt.hf_folder else None,
         "tensors": len(ckpt.tensors),
         "parameters": sum(t.numel for t in ckpt.tensors.values()),
@@ -27,6 +27,12 @@ def describe(plan: Plan) -> dict[str, Any]:
         "output": plan.summary(),
         "peak_memory_estimate": plan.peak_memory_estimate(threads=2),
     }
+
+
+def _model_type(config: dict[str, Any]) -> str | None:
+    """The config's model type; for a config without one (speculators' drafters'), that of its class's family."""
+    family = families.by_architecture((config.get("architectures") or [None])[0] or "")
+    return config.get("model_type") or (family.model_type if family else None)
 
 
 def family_paths(model_type: str | None) -> dict[str, Any] | None:

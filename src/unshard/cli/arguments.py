@@ -137,6 +137,13 @@ def _format_options(p: argparse.ArgumentParser) -> None:
         "OUT-00001-of-0000N.gguf..., as llama.cpp's converter splits it; llama.cpp loads the model from the first",
     )
     p.add_argument(
+        "--target-from",
+        metavar="DIR",
+        help="a drafter's GGUF file (an EAGLE-3 drafter's): the Hugging Face folder of the model it drafts for, "
+        "whose vocabulary and sizes the file takes (default: the verifier its config names, where that is a folder "
+        "here or in the Hugging Face cache)",
+    )
+    p.add_argument(
         "--to",
         choices=("dcp", "megatron", "verl-megatron", "fsdp"),
         help="write a training checkpoint instead of a model folder (the weights only): dcp, a "

@@ -25,6 +25,7 @@ def _output(args, out: str):
         tuple(args.quantize_ignore),
         gguf,
         gguf_split=args.gguf_split_max_size,
+        target_from=args.target_from,
         to=args.to,
         names=args.names,
         tp=args.tp,

@@ -44,7 +44,7 @@ QWEN2_ENCODER_FIXED = {
 F32_PARTS = (".embeddings.", "pos_embed", ".rel_pos_h", ".rel_pos_w", ".neck.", ".net_")
 
 
-def opening_template(writer) -> None:
+def opening_template(writer, hparams: dict) -> None:
     writer.add_chat_template(PLAIN_TEMPLATE)
 
 

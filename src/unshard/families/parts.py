@@ -164,9 +164,14 @@ class GGUFPart:
     arch: str  # gguf.MODEL_ARCH's member
     # (writer, hparams, ftype, blocks, folder): the hyper-parameters in the converter's order; None: its TextModel's
     hyperparameters: Callable[..., None] | None = None
-    # (writer): keys the converter writes as it opens the file, right after the architecture (DeepSeek-OCR's default
-    # chat template, whose value the tokenizer's, where the folder has one, replaces in its place)
+    # (writer, hparams): keys the converter writes as it opens the file, right after the architecture (DeepSeek-OCR's
+    # default chat template, whose value the tokenizer's, where the folder has one, replaces in its place; an EAGLE-3
+    # drafter's target layers)
     opening_keys: Callable[..., None] | None = None
+    # (hparams, where, given folder or None) -> the folder of the model a drafter drafts for, whose vocabulary the file
+    # holds and whose config the converter reads (EAGLE-3's: its --target-model-dir); hparams gets its config as
+    # "target_config"
+    target: Callable[..., Path] | None = None
     # (writer, hparams, folder): what the converter writes before the vocabulary (ModernBERT's start, end and separator
     # flags) and after it (special tokens, the space prefix)
     before_vocabulary: Callable[..., None] | None = None
@@ -255,6 +260,12 @@ class GGUFPart:
     # hyperparameters hook writes them where the converter does, from hparams["header_tensors"] (Qwen4-Exp's hash)
     header_tensors: str | None = None
     header_from_tensors: Callable[..., None] | None = None
+    # A regular expression matching tensors the converter reads whole and writes after every other, as it makes them,
+    # and ({output name: values}, hparams, where) -> those it writes, by llama.cpp's names, as numpy arrays of their
+    # own type (an EAGLE-3 drafter's draft-to-target map, as int64 target ids); the others it leaves out (its
+    # target-to-draft map)
+    written_last: str | None = None
+    last_from_tensors: Callable[..., dict[str, Any]] | None = None
     # (name, shape, hparams) -> the converter's multiplications of that tensor by the config's numbers, in order:
     # (first row, end row, factor) each, in the tensor's dtype as torch multiplies (Falcon-H1's muP multipliers, which
     # it folds into the weights); () or None: none

@@ -202,7 +202,8 @@ def _missing_notes(config: dict | None, config_folder: Path | None, new_head: di
         )
     if config is None:
         notes.append("no config.json found: pass --config-from DIR so the output folder loads with transformers")
-    elif not any((config_folder / name).exists() for name in TOKENIZER_FILES):
+    elif not any((config_folder / name).exists() for name in TOKENIZER_FILES) and not config.get("draft_vocab_size"):
+        # (a drafter's own folder has none: its tokenizer is its target's, which vLLM and its GGUF file take)
         notes.append(
             "no tokenizer beside the checkpoint: pass --config-from DIR (the Hugging Face model it was "
             "trained from) to include tokenizer, chat template and generation config"

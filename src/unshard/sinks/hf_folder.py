@@ -241,7 +241,9 @@ def _transformers_load_warnings(folder: Path, names: set[str]) -> list[str]:
     try:
         transformers.AutoConfig.from_pretrained(folder, trust_remote_code=False)
     except ValueError as e:
-        if "trust_remote_code" not in str(e):  # custom code is copied, never run
+        # (custom code is copied, never run: a config naming its own classes (auto_map) is its code's to read, as
+        # speculators' drafters', whose config class transformers does not find by the empty name it is mapped to)
+        if "trust_remote_code" not in str(e) and "auto_map" not in _read_json(folder / "config.json"):
             raise UnshardError(f"{folder / 'config.json'}: transformers cannot read it ({e})") from None
     if names & {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"}:
         try:

@@ -1,8 +1,9 @@
 """Every step of a run: the checkpoint folders a trainer saved under one root, by their step numbers.
 
 verl saves `global_step_N/`, Megatron-LM `iter_000000N/`, torchtitan `step-N/`, torchtune `epoch_N/`, the Hugging
-Face Trainer (and accelerate, DeepSpeed's through it) `checkpoint-N/`, and DeepSpeed's own engine `global_stepN/`
-tags beside a `latest` file. Each step is converted as SRC on its own (a DeepSpeed tag through its root and --tag).
+Face Trainer (and accelerate, DeepSpeed's through it) `checkpoint-N/`, DeepSpeed's own engine `global_stepN/`
+tags beside a `latest` file, and vLLM's speculators its epochs as `N/` (save_pretrained's folders). Each step is
+converted as SRC on its own (a DeepSpeed tag through its root and --tag).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from ..errors import CheckpointError
 
 STEP_FOLDERS = re.compile(r"^(?:global_step_|iter_|step-|epoch_|checkpoint-)(\d+)$")
 DEEPSPEED_TAG = re.compile(r"^global_step(\d+)$")
+EPOCH_NUMBER = re.compile(r"^(\d+)$")  # (speculators': a model folder named by its epoch alone)
 
 
 def find_steps(run: Path) -> dict[int, tuple[Path, dict]]:
@@ -28,9 +30,11 @@ def find_steps(run: Path) -> dict[int, tuple[Path, dict]]:
             steps[int(found[1])] = (folder, {})
         elif (found := DEEPSPEED_TAG.match(folder.name)) and (run / "latest").is_file():
             steps[int(found[1])] = (run, {"tag": folder.name})
+        elif (found := EPOCH_NUMBER.match(folder.name)) and (folder / "config.json").is_file():
+            steps[int(found[1])] = (folder, {})
     if not steps:
         raise CheckpointError(
-            f"{run}: no step folders here (global_step_N, iter_N, step-N, epoch_N, checkpoint-N); point at the "
+            f"{run}: no step folders here (global_step_N, iter_N, step-N, epoch_N, checkpoint-N, N); point at the "
             "folder that holds them, or convert one step without --all-steps / --steps"
         )
     return dict(sorted(steps.items()))

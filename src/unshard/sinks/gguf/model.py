@@ -39,14 +39,19 @@ class GGUFModel:
     file_type: str
     unknown_projector: bool  # (a projector the installed gguf-py lacks: the towers left out, with a note)
     notes: list[str]  # (the family's check_config's)
+    vocabulary_folder: Path  # (the folder of the tokenizer the file holds: a drafter's target's, else the model's)
 
 
 def gguf_model(
-    requested: str, config_folder: Path | None, dtype_name: str, config_changes: dict[str, Any] | None = None
+    requested: str,
+    config_folder: Path | None,
+    dtype_name: str,
+    config_changes: dict[str, Any] | None = None,
+    target_from: str | None = None,
 ) -> GGUFModel:
     """The GGUF file's model as the config alone says it, or the one-line error for a model llama.cpp (or this
     version of unshard, or the installed gguf-py) does not take: made before transformers is asked for the model's
-    names, or a weight read."""
+    names, or a weight read. target_from: a drafter's target's folder (--target-from), else the one its config names."""
     gguf = gguf_py()
     if requested.lower().startswith(("q2_k", "q3_k", "iq", "tq", "mxfp4")) and requested not in TYPES:
         raise UnshardError(
@@ -89,6 +94,15 @@ def gguf_model(
     hparams = {**{key: size for key, size in sizes.items() if size is not None}, **hparams}
     if part.as_the_converter_reads:
         hparams = part.as_the_converter_reads(hparams, where)
+    vocabulary_folder = config_folder
+    if target_from and not part.target:
+        raise UnshardError(
+            f"--target-from: {architecture} is not a drafter (its file takes no target's vocabulary); leave it out"
+        )
+    if part.target:  # (a drafter: the vocabulary and sizes of the model it drafts for)
+        vocabulary_folder = part.target(hparams, where, Path(target_from).expanduser() if target_from else None)
+        target = as_the_converter_nests(read_hparams(vocabulary_folder))
+        hparams = {**hparams, "target_config": {**target, **(target.get("text_config") or {})}}
     # (what llama.cpp would compute otherwise first: no use installing llama.cpp's gguf-py for a model it refuses)
     notes = list((part.check_config and part.check_config(hparams, where)) or ())
     if families.supports(family, "mmproj") and not unknown_projector:  # (and what its towers would compute otherwise)
@@ -97,7 +111,9 @@ def gguf_model(
         kquants.library_path(requested)
     arch = _architecture(gguf, (part.arch_by_config and part.arch_by_config(hparams)) or part.arch, architecture, where)
     file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
-    return GGUFModel(hparams, config, where, architecture, family, part, arch, file_type, unknown_projector, notes)
+    return GGUFModel(
+        hparams, config, where, architecture, family, part, arch, file_type, unknown_projector, notes, vocabulary_folder
+    )
 
 
 def _architecture(gguf, member: str, architecture: str, where: Path):

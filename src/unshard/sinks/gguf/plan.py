@@ -46,12 +46,14 @@ def plan_gguf(
     dtype_name: str,
     config_changes: dict[str, Any] | None = None,
     read: Callable[..., Any] | None = None,
+    target_from: str | None = None,
 ) -> GGUFPlan:
     """Names, types and metadata of the GGUF file for these output tensors, or a one-line error for a model
     llama.cpp (or this version of unshard) does not take, before anything is written. read: an output's values (or a
-    slice of its rows), for the few a family's header carries (GGUFPart.header_tensors, suppresses_zero_embeddings)."""
+    slice of its rows), for the few a family's header carries (GGUFPart.header_tensors, suppresses_zero_embeddings)
+    or that the converter writes as it makes them (GGUFPart.written_last). target_from: a drafter's target's folder."""
     gguf = gguf_py()
-    model = gguf_model(requested, config_folder, dtype_name, config_changes)
+    model = gguf_model(requested, config_folder, dtype_name, config_changes, target_from)
     hparams, where, family, part, arch = model.hparams, model.where, model.family, model.part, model.arch
     file_type, unknown_projector = model.file_type, model.unknown_projector
     vision_outputs = []
@@ -83,6 +85,8 @@ def plan_gguf(
     outputs = _without_layers_past(plan, _without_towers(plan, outputs, towers, why), blocks)
     if part.header_tensors:
         outputs = _into_header(plan, outputs, part, hparams, read, where)
+    last = {o.name: read(o.name) for o in outputs if part.written_last and re.search(part.written_last, o.name)}
+    outputs = [o for o in outputs if o.name not in last]
     if part.computed_buffers:
         outputs = _without_computed_buffers(plan, outputs, part.computed_buffers)
     if part.suppresses_zero_embeddings:
@@ -95,7 +99,10 @@ def plan_gguf(
         )
     parameters = _plan_tensors(plan, outputs, hparams, part, arch, head_dim, experts, blocks, where, beside)
     _computed_tensors(plan, hparams, part, head_dim, where)
-    plan.vocabulary = _metadata(plan.writer, hparams, config_folder, ftype, parameters, blocks, part)
+    if last:
+        _written_last(plan, part.last_from_tensors(last, hparams, where), last)
+    vocabulary = model.vocabulary_folder
+    plan.vocabulary = _metadata(plan.writer, hparams, config_folder, vocabulary, ftype, parameters, blocks, part)
     if file_type in QUANTIZED:  # llama-quantize sets these two over what it copies, which puts them last
         fields = plan.writer.kv_data[0]
         if gguf.Keys.General.FILE_TYPE not in fields:  # (a header the converter writes without one: GPT-NeoX's)
@@ -279,6 +286,22 @@ def _into_header(
         hparams["header_tensors"] = values
     plan.left_out.update(values)
     return [o for o in outputs if o.name not in values]
+
+
+def _written_last(plan: GGUFPlan, made: dict[str, Any], read: dict[str, Any]) -> None:
+    """The tensors the converter makes of those it reads whole (GGUFPart.written_last) and writes after every other,
+    in their own types (an EAGLE-3 drafter's int64 map), in plan.computed; those it makes nothing of left out."""
+    gguf = gguf_py()
+    kinds = {"int64": "I64", "int32": "I32", "float32": "F32"}
+    for name, values in made.items():
+        plan.computed[name] = values
+        plan.computed_types[name] = getattr(gguf.GGMLQuantizationType, kinds[str(values.dtype)])
+        plan.positions[name] = _in_blocks(name) if plan.file_type in QUANTIZED else ("\U0010ffff", name)
+    if unused := sorted(set(read) - set(made)):
+        plan.notes.append(
+            f"{', '.join(unused)}: left out, as llama.cpp's converter leaves it out (llama.cpp reads none)"
+        )
+    plan.left_out.update(read)  # (read now: the file's own tensors written from plan.computed)
 
 
 def _without_computed_buffers(plan: GGUFPlan, outputs: list[OutputTensor], pattern: str) -> list[OutputTensor]:
@@ -478,6 +501,7 @@ def _metadata(
     writer,
     hparams: dict,
     folder: Path,
+    vocabulary_folder: Path,
     ftype,
     parameters: tuple[int, int, int, int],
     blocks: int,
@@ -485,23 +509,23 @@ def _metadata(
 ) -> str:
     """The key-values the converter writes, in its order (general, hyper-parameters, tokenizer), with the family's
     hooks: its own hyper-parameters, a `llama`'s (the converter's LlamaModel) space prefix, what follows the
-    vocabulary."""
+    vocabulary; the vocabulary from vocabulary_folder (a drafter's target's, as the converter reads it)."""
     gguf = gguf_py()
     if part.opening_keys:
-        part.opening_keys(writer)
+        part.opening_keys(writer, hparams)
     writer.add_type(gguf.GGUFType.MODEL)
     general_metadata(writer, folder, parameters)
     (part.hyperparameters or text_hyperparameters)(writer, hparams, ftype, blocks, folder)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     if part.before_vocabulary:
-        part.before_vocabulary(writer, hparams, folder)
+        part.before_vocabulary(writer, hparams, vocabulary_folder)
     if part.vocabulary in UNIGRAM_KINDS:
-        vocabulary = write_unigram_vocabulary(writer, hparams, folder, part.vocabulary)
+        vocabulary = write_unigram_vocabulary(writer, hparams, vocabulary_folder, part.vocabulary)
     else:
         vocabulary = write_vocabulary(
             writer,
             hparams,
-            folder,
+            vocabulary_folder,
             part.llama_vocabulary,
             phi3=part.phi3_tokens,
             kind=part.vocabulary,
@@ -511,5 +535,5 @@ def _metadata(
             unnamed_special_tokens=part.unnamed_special_tokens,
         )
     if part.after_vocabulary:
-        part.after_vocabulary(writer, hparams, folder)
+        part.after_vocabulary(writer, hparams, vocabulary_folder)
     return vocabulary

@@ -136,7 +136,7 @@ class GGUFSink:
 def check_config(options: OutputOptions, config_folder: Path | None, dtype_name: str, config_updates: dict) -> None:
     """The one-line refusals the config alone decides (a model llama.cpp would compute otherwise, an architecture the
     installed gguf-py lacks), before transformers is asked for the model's names and a weight is read."""
-    gguf_model(options.gguf, config_folder, dtype_name, config_updates)
+    gguf_model(options.gguf, config_folder, dtype_name, config_updates, options.target_from)
 
 
 def plan_sink(request: FormatRequest) -> GGUFSink:
@@ -151,6 +151,7 @@ def plan_sink(request: FormatRequest) -> GGUFSink:
         request.dtype.name,
         request.config_updates,
         request.read,
+        request.options.target_from,
     )
     encodings = {name: e for file in gguf.files().values() for name, e in file.encoded.items()}
     for name, group in list(request.groups.items()):

@@ -1,0 +1,167 @@
+"""EAGLE-3 drafters as vLLM's speculators trains them (FSDP2, saved by its DistributedCheckpointer), to a folder and to
+GGUF as llama.cpp's eagle3 (with llama.cpp's own gguf-py: PyPI's lacks it), beside the target model they draft for:
+each file is the converter's (given --target-model-dir) and llama-quantize's, and llama.cpp computes what speculators'
+own modules compute of a drafting step (the oracle runs in the `speculators` peer venv, generate.py's)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import generate
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_gguf import (  # noqa: F401  (converter and ggml_library: the fixtures, used by name)
+    LLAMA_CPP_TOLERANCE,
+    assert_same_file,
+    contents,
+    converter,
+    for_the_converter,
+    ggml_library,
+    llama_cpp_client,
+)
+from test_gguf_newer_architectures import unshard_files, unshard_with_llama_cpp_gguf_py
+
+import unshard
+
+CASE = "speculators-eagle3-fsdp2"
+
+
+def test_speculators_eagle3_drafter_to_a_folder_is_the_one_it_trained(fixture_case, tmp_path):
+    """unshard's folder of what speculators' checkpointer saved (run/0) holds the drafter's full state dict as rank 0
+    gathers it, tensor for tensor (the maps between the vocabularies too), and its config as saved (speculators'
+    own, which vLLM reads; the config class it names is copied, not run)."""
+    fixture = fixture_case(CASE)
+    unshard.convert(fixture / "run" / "0", tmp_path / "hf", progress=False)
+    written = load_file(tmp_path / "hf" / "model.safetensors")
+    reference = load_file(fixture / "reference" / "model.safetensors")
+    assert sorted(written) == sorted(reference) and all(torch.equal(written[n], t) for n, t in reference.items())
+    assert (tmp_path / "hf" / "config.json").read_bytes() == (fixture / "run" / "0" / "config.json").read_bytes()
+
+
+def test_a_speculators_run_converts_epoch_by_epoch(tmp_path):
+    """speculators' run folder (its epochs as N/, beside its checkpoint_best link) is a run of steps: --all-steps
+    writes each epoch as OUT/step_N, the drafter's folder."""
+    run = tmp_path / "run"
+    shutil.copytree(generate.HERE / "checkpoints" / CASE / "run", run)
+    (run / "checkpoint_best").symlink_to("0", target_is_directory=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "unshard", "convert", str(run), str(tmp_path / "out"), "--all-steps", "--no-progress"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["step_0"]
+    written = load_file(tmp_path / "out" / "step_0" / "model.safetensors")
+    reference = load_file(generate.HERE / "checkpoints" / CASE / "reference" / "model.safetensors")
+    assert sorted(written) == sorted(reference) and all(torch.equal(written[n], t) for n, t in reference.items())
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    """The fixture's target model's folder, its tokenizer config as the converter's transformers reads it."""
+    folder = tmp_path_factory.mktemp("target") / "target"
+    shutil.copytree(generate.HERE / "checkpoints" / CASE / "target", folder)
+    for_the_converter(folder)
+    return folder
+
+
+def test_eagle3_drafter_as_the_converter_and_llama_quantize_write_it(target, converter, ggml_library, tmp_path):
+    """unshard's GGUF file of the drafter, given the target's folder, is the converter's given it as
+    --target-model-dir in f32, f16, bf16 and q8_0 (the target layers, the target's width and vocabulary in the
+    header; d2t last as int64 target ids; t2d left out, with a note) and llama-quantize's in q4_k_m."""
+    src = generate.HERE / "checkpoints" / CASE / "run" / "0"
+    kinds = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
+    said = unshard_files(src, tmp_path, kinds, ggml_library, "--target-from", target)
+    assert "t2d: left out, as llama.cpp's converter leaves it out" in said
+    assert "norm_output is on" in said and "keeps a window of 2048 tokens" in said
+    for kind in kinds[:4]:
+        oracle = converter(
+            src, kind, tmp_path / f"oracle-{kind}.gguf", pre="gpt-2", more=("--target-model-dir", target)
+        )
+        assert_same_file(tmp_path / f"{kind}.gguf", oracle)
+    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    header, tensors = contents(tmp_path / "f32.gguf")
+    assert header["general.architecture"] == "eagle3" and header["eagle3.target_layers"] == [1, 3, 4]
+    assert header["eagle3.target_hidden_size"] == 64 and len(header["tokenizer.ggml.tokens"]) == 128
+    (d2t,) = [t for t in tensors if t[0] == "d2t"]
+    assert d2t[1] == "I64" and np.frombuffer(d2t[3], np.int64).tolist() == list(range(0, 128, 2))
+    assert tensors[-1][0] == "d2t" and "t2d" not in {t[0] for t in tensors}
+
+
+def test_eagle3_drafter_runs_in_llama_cpp_as_in_speculators(target, tmp_path):
+    """llama.cpp runs unshard's file as its draft-eagle3 decoding does (the target's three hidden states of each
+    token through the encoder's fc, then each token beside its projection through the layer) and computes what
+    speculators' own Eagle3DraftModel computes of that first drafting step: fc's projections, and the draft
+    vocabulary's logits placed at their target ids by d2t (-inf at the target's other ids). The drafter's config names
+    its verifier by the path it was trained with: given that folder, unshard finds the target by itself."""
+    src = tmp_path / "run" / "0"
+    shutil.copytree(generate.HERE / "checkpoints" / CASE / "run" / "0", src)
+    config = json.loads((src / "config.json").read_text())
+    config["speculators_config"]["verifier"]["name_or_path"] = str(target)
+    (src / "config.json").write_text(json.dumps(config))
+    for kind in ("f32", "q8_0"):
+        done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind)
+        assert done.returncode == 0, done.stderr
+    rows = np.random.default_rng(0).standard_normal((9, 3 * 64)).astype(np.float32)
+    np.save(tmp_path / "features.npy", rows)
+    tokens = "5,20,33,64,70,90,2,7,101"
+    done = subprocess.run(
+        [str(generate.peer_python("speculators")), str(Path(__file__).parent / "speculators_oracle.py")]
+        + [str(src), str(tmp_path / "features.npy"), tokens, str(tmp_path / "oracle.npz")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    oracle = np.load(tmp_path / "oracle.npz")
+    expected = np.full((9, 128), -np.inf, np.float32)
+    expected[:, oracle["target_ids"]] = oracle["logits"]
+    drafted = np.isfinite(expected)
+    distance = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
+    for kind, tolerance in (("f32", LLAMA_CPP_TOLERANCE["f32"]), ("q8_0", LLAMA_CPP_TOLERANCE["q8_0"])):
+        llama_cpp_client("eagle3", tmp_path / f"{kind}.gguf", tmp_path / "features.npy", tokens, tmp_path / "ll.npz")
+        ran = np.load(tmp_path / "ll.npz")
+        assert distance(ran["g"], oracle["g"]) <= tolerance  # (measured: f32 2.6e-7, q8_0 7.2e-3)
+        assert (np.isfinite(ran["logits"]) == drafted).all()
+        assert distance(ran["logits"][drafted], expected[drafted]) <= tolerance  # (measured: f32 3.3e-5, q8_0 0.011)
+
+
+@pytest.mark.parametrize(
+    "change, target_change, message",
+    [
+        ({"transformer_layer_config": {"model_type": "qwen3"}}, {}, "its layer is qwen3's, and llama.cpp's eagle3"),
+        ({"transformer_layer_config": {"hidden_act": "gelu"}}, {}, "hidden_act is 'gelu', and llama.cpp's eagle3"),
+        ({"fc_norm": True}, {}, "fc_norm is on \\(a norm per target layer\\), which llama.cpp's eagle3 does not"),
+        ({"eagle_aux_hidden_state_layer_ids": [1, 2, 3, 4]}, {}, "it reads other than three target layers"),
+        ({}, {"vocab_size": 100}, "d2t maps draft tokens outside the target's vocabulary of 100, or two onto one"),
+        ({}, None, "its verifier '/nowhere/target' is not a folder here nor a model in the Hugging Face cache: pass"),
+    ],
+)
+def test_eagle3_drafter_llama_cpp_would_not_run_is_one_line(change, target_change, message, target, tmp_path):
+    """A drafter llama.cpp's eagle3 would not load or would compute otherwise, a target it does not draft for, or no
+    target to be found: one line naming the file and the fix, nothing written."""
+    src = tmp_path / "run"
+    shutil.copytree(generate.HERE / "checkpoints" / CASE / "run" / "0", src)
+    config = json.loads((src / "config.json").read_text())
+    for key, value in change.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    config["speculators_config"]["verifier"]["name_or_path"] = "/nowhere/target"
+    (src / "config.json").write_text(json.dumps(config))
+    given = ()
+    if target_change is not None:
+        given = ("--target-from", tmp_path / "target")
+        shutil.copytree(target, tmp_path / "target")
+        target_config = json.loads((target / "config.json").read_text())
+        (tmp_path / "target" / "config.json").write_text(json.dumps({**target_config, **target_change}))
+    done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / "m.gguf", *given, "--no-progress")
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert re.search(message, done.stderr) and "config.json: " in done.stderr, done.stderr
+    assert not (tmp_path / "m.gguf").exists()
