@@ -287,6 +287,7 @@ TESTED = {
         "gemma4_assistant": "gemma4assistant-fsdp2",
         "muse_glimmer_assistant": "museglimmerassistant-fsdp2",
         "eagle3": "speculators-eagle3-fsdp2",  # (with llama.cpp's gguf-py; the target's folder beside it)
+        "dspark": "speculators-dspark-fsdp2",  # (the same)
         "gemma4_unified_assistant": "gemma4unifiedassistant-fsdp2",
         "phi3": "phi3-fsdp2-spm",
         "mixtral": "mixtral8-fsdp2-spm",

@@ -30,14 +30,15 @@ from test_gguf_newer_architectures import unshard_files, unshard_with_llama_cpp_
 
 import unshard
 
-CASE = "speculators-eagle3-fsdp2"
+CASE, DSPARK = "speculators-eagle3-fsdp2", "speculators-dspark-fsdp2"
 
 
-def test_speculators_eagle3_drafter_to_a_folder_is_the_one_it_trained(fixture_case, tmp_path):
+@pytest.mark.parametrize("case", [CASE, DSPARK])
+def test_speculators_drafter_to_a_folder_is_the_one_it_trained(case, fixture_case, tmp_path):
     """unshard's folder of what speculators' checkpointer saved (run/0) holds the drafter's full state dict as rank 0
-    gathers it, tensor for tensor (the maps between the vocabularies too), and its config as saved (speculators'
-    own, which vLLM reads; the config class it names is copied, not run)."""
-    fixture = fixture_case(CASE)
+    gathers it, but what speculators leaves out of its save, tensor for tensor (the maps between the vocabularies
+    too), and its config as saved (speculators' own, which vLLM reads; the config class it names is copied, not run)."""
+    fixture = fixture_case(case)
     unshard.convert(fixture / "run" / "0", tmp_path / "hf", progress=False)
     written = load_file(tmp_path / "hf" / "model.safetensors")
     reference = load_file(fixture / "reference" / "model.safetensors")
@@ -132,6 +133,60 @@ def test_eagle3_drafter_runs_in_llama_cpp_as_in_speculators(target, tmp_path):
         assert distance(ran["g"], oracle["g"]) <= tolerance  # (measured: f32 2.6e-7, q8_0 7.2e-3)
         assert (np.isfinite(ran["logits"]) == drafted).all()
         assert distance(ran["logits"][drafted], expected[drafted]) <= tolerance  # (measured: f32 3.3e-5, q8_0 0.011)
+
+
+def test_dspark_drafter_as_the_converter_and_llama_quantize_write_it(converter, ggml_library, tmp_path):
+    """speculators' DSpark drafter (DFlash's Qwen3 layers, a Markov head, a confidence head, a draft vocabulary), given
+    the target's folder: unshard's file is the converter's in f32, f16, bf16 and q8_0 (llama.cpp's dflash: the block,
+    the target layers, the window's layers, the anchor sampled, the confidence head in the header; the target's
+    vocabulary, written as the target's family writes it, then the mask token; d2t last as int64 target ids) and
+    llama-quantize's in q4_k_m. It has no embedding (the target's): llama.cpp runs it beside its target's context
+    alone, so no logits are compared here."""
+    target = tmp_path / "target"
+    shutil.copytree(generate.HERE / "checkpoints" / DSPARK / "target", target)
+    for_the_converter(target)
+    src = generate.HERE / "checkpoints" / DSPARK / "run" / "0"
+    kinds = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
+    said = unshard_files(src, tmp_path, kinds, ggml_library, "--target-from", target)
+    assert "t2d: left out, as llama.cpp's converter leaves it out" in said
+    for kind in kinds[:4]:
+        oracle = converter(
+            src, kind, tmp_path / f"oracle-{kind}.gguf", pre="gpt-2", more=("--target-model-dir", target)
+        )
+        assert_same_file(tmp_path / f"{kind}.gguf", oracle)
+    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    header, tensors = contents(tmp_path / "f32.gguf")
+    assert header["general.architecture"] == "dflash" and header["dflash.block_size"] == 4
+    assert header["dflash.target_layers"] == [1, 3, 4] and header["dflash.attention.sliding_window_pattern"] == [
+        True,
+        False,
+    ]
+    assert header["dflash.has_confidence_head"] and header["tokenizer.ggml.mask_token_id"] == 127
+    names = [t[0] for t in tensors]
+    assert {"markov_w1.weight", "markov_w2.weight", "conf_proj.weight"} <= set(names) and names[-1] == "d2t"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"markov_head_type": "gated"}, "markov_head_type is 'gated', and llama.cpp's dflash runs the vanilla"),
+        ({"confidence_head_with_markov": False}, "the confidence head reads the layers' states alone"),
+        ({"draft_vocab_size": 200}, "draft_vocab_size 200 is larger than the vocabulary \\(128\\)"),
+    ],
+)
+def test_dspark_drafter_llama_cpp_would_not_run_is_one_line(change, message, tmp_path):
+    """A DSpark drafter the converter or llama.cpp's dflash does not take: one line naming the file, nothing
+    written."""
+    src = tmp_path / "run"
+    shutil.copytree(generate.HERE / "checkpoints" / DSPARK / "run" / "0", src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, **change}))
+    target = generate.HERE / "checkpoints" / DSPARK / "target"
+    done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / "m.gguf", "--target-from", target)
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert re.search(message, done.stderr) and "config.json: " in done.stderr, done.stderr
+    assert not (tmp_path / "m.gguf").exists()
 
 
 @pytest.mark.parametrize(

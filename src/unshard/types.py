@@ -33,7 +33,7 @@ class OutputOptions:
     quantize_ignore: tuple[str, ...] = ()  # modules left unquantized besides the scheme's defaults
     gguf: str | None = None  # one GGUF file of this llama.cpp type (f16, q8_0, ..., or auto) instead of a folder
     gguf_split: str | int | None = None  # the GGUF file split into files of at most this size (2G, 500M, bytes)
-    target_from: str | None = None  # a drafter's GGUF file: the folder of the model it drafts for (EAGLE-3's)
+    target_from: str | None = None  # a drafter's GGUF file: the folder of the model it drafts for (EAGLE-3's, DSpark's)
     to: str | None = None  # a training checkpoint instead of a model folder: dcp, megatron, verl-megatron, fsdp
     names: str = "hf"  # the DCP checkpoint's tensor names: hf, torchtitan
     tp: int = 1  # --to megatron: the parallelism the args record (and the vocabulary's padding follows)

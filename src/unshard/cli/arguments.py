@@ -139,7 +139,8 @@ def _format_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target-from",
         metavar="DIR",
-        help="a drafter's GGUF file (an EAGLE-3 drafter's): the Hugging Face folder of the model it drafts for, "
+        help="a drafter's GGUF file (speculators' EAGLE-3 and DSpark drafters'): the Hugging Face folder of the model "
+        "it drafts for, "
         "whose vocabulary and sizes the file takes (default: the verifier its config names, where that is a folder "
         "here or in the Hugging Face cache)",
     )

@@ -172,6 +172,9 @@ class GGUFPart:
     # holds and whose config the converter reads (EAGLE-3's: its --target-model-dir); hparams gets its config as
     # "target_config"
     target: Callable[..., Path] | None = None
+    # the vocabulary as the target's family writes it, as the converter reads it by the target's class (its DFlash and
+    # DSpark drafters'), before the drafter's own after_vocabulary; else the drafter's own part's (its EAGLE-3's)
+    vocabulary_of_target: bool = False
     # (writer, hparams, folder): what the converter writes before the vocabulary (ModernBERT's start, end and separator
     # flags) and after it (special tokens, the space prefix)
     before_vocabulary: Callable[..., None] | None = None

@@ -1,13 +1,17 @@
-"""EAGLE-3 drafters as vLLM's `speculators` trains them (Eagle3DraftModel; Eagle3Speculator in its older releases): one
-decoder layer whose attention reads the token's embedding beside a projection (fc) of three of the target model's
-hidden states, with the target's embedding, its own head over a draft vocabulary, and the maps between the two
-vocabularies (d2t: each draft token's offset to its target id; t2d). speculators saves it with save_pretrained, its
-layer's config nested in `transformer_layer_config`; transformers has no class of it, so its names are kept as saved.
+"""Drafters as vLLM's `speculators` trains them, saved with save_pretrained (their layers' config nested in
+`transformer_layer_config`; transformers has no class of them, so their names are kept as saved), each with its own
+head over a draft vocabulary and the maps between it and the target's (d2t: each draft token's offset to its target
+id; t2d):
+- EAGLE-3 (Eagle3DraftModel; Eagle3Speculator in its older releases): one Llama layer whose attention reads the
+  token's embedding beside a projection (fc) of three of the target's hidden states, with the target's embedding;
+- DSpark (DSparkDraftModel; DSparkSpeculator): DFlash's Qwen3 layers drafting a block of tokens at once from the
+  target's hidden states (no embedding: the target's), beside a Markov head (a bias by the previous token) and a
+  confidence head.
 
-GGUF: as llama.cpp's converter writes it (its LlamaModel, switched to llama.cpp's eagle3 by the draft vocabulary and the
-one layer), given the target's folder (its --target-model-dir: here --target-from, or the verifier the config names):
-the target's vocabulary and sizes, the three target layers up front, d2t last as absolute target ids, t2d left out.
-llama.cpp runs the drafter beside its target alone (llama-server's --model-draft)."""
+GGUF: as llama.cpp's converter writes them (EAGLE-3 by its LlamaModel switched to llama.cpp's eagle3; DSpark by its
+DSparkModel, llama.cpp's dflash), given the target's folder (its --target-model-dir: here --target-from, or the verifier
+the config names): the target's vocabulary and sizes, d2t last as absolute target ids, t2d left out. llama.cpp runs a
+drafter beside its target (llama-server's --model-draft)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from ..errors import ConfigMismatchError
 from .gguf_hooks import llama_hyperparameters
 from .llama import llama_computed
 from .parts import LLAMA_CPP_GGUF_PY, NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Unsupported, no_trainer_model
+from .qwen import qwen_hyperparameters
 
 
 def as_the_converter_reads(hparams: dict, where: Path) -> dict:
@@ -59,7 +64,7 @@ def eagle3_checked(hparams: dict, where: Path) -> list[str]:
     return notes
 
 
-def eagle3_target(hparams: dict, where: Path, given: Path | None) -> Path:
+def drafter_target(hparams: dict, where: Path, given: Path | None) -> Path:
     """The target's folder: the one given, else the verifier the config names, where that is a folder here or a model
     in the Hugging Face cache; one line where it is neither, or lacks a config or tokenizer."""
     named = ((hparams.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
@@ -71,15 +76,15 @@ def eagle3_target(hparams: dict, where: Path, given: Path | None) -> Path:
             else ("its config names no verifier")
         )
         raise ConfigMismatchError(
-            f"{where}: an EAGLE-3 drafter's GGUF file takes the vocabulary and sizes of the model it drafts for, and "
+            f"{where}: a drafter's GGUF file takes the vocabulary and sizes of the model it drafts for, and "
             f"{said}: pass --target-from DIR, the target model's folder"
         )
     if not (folder / "config.json").is_file() or not any(
         (folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model")
     ):
         raise ConfigMismatchError(
-            f"{folder}: not a model folder with a config.json and a tokenizer, which an EAGLE-3 drafter's GGUF file "
-            "takes from the model it drafts for; pass --target-from the target model's folder"
+            f"{folder}: not a model folder with a config.json and a tokenizer, which a drafter's GGUF file takes "
+            "from the model it drafts for; pass --target-from the target model's folder"
         )
     return folder
 
@@ -109,7 +114,7 @@ def eagle3_opening_keys(writer, hparams: dict) -> None:
     writer.add_norm_before_fc(bool(hparams.get("norm_before_fc", False)))
 
 
-def eagle3_maps(values: dict, hparams: dict, where: Path) -> dict:
+def draft_to_target_ids(values: dict, hparams: dict, where: Path) -> dict:
     """d2t as the converter writes it: each draft token's target id (its offset plus its index), as int64; refused
     in one line where an id is outside the target's vocabulary or twice there, as the converter refuses it. t2d
     (the other way round), which llama.cpp does not read, is left out."""
@@ -126,11 +131,49 @@ def eagle3_maps(values: dict, hparams: dict, where: Path) -> dict:
     return {"d2t": ids}
 
 
+def dspark_checked(hparams: dict, where: Path) -> None:
+    """Refuses what the converter or llama.cpp's dflash does not take of a DSpark drafter: a Markov head other than
+    the first-order one (vanilla), a draft vocabulary larger than the target's, a confidence head that reads the
+    layers' states alone (llama.cpp's reads the Markov head's embedding beside them)."""
+    why = None
+    if hparams.get("markov_head_type", "vanilla") != "vanilla":
+        why = (
+            f"markov_head_type is {hparams['markov_head_type']!r}, and llama.cpp's dflash runs the vanilla Markov head"
+        )
+    elif (hparams.get("draft_vocab_size") or 0) > hparams["vocab_size"]:
+        why = f"draft_vocab_size {hparams['draft_vocab_size']} is larger than the vocabulary ({hparams['vocab_size']})"
+    elif hparams.get("enable_confidence_head", True) and not hparams.get("confidence_head_with_markov", True):
+        why = "the confidence head reads the layers' states alone, and llama.cpp's reads the Markov head's beside them"
+    if why:
+        raise ConfigMismatchError(f"{where}: {why}: serve this drafter with vLLM")
+
+
+def dspark_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
+    """The converter's DSparkModel's: its Qwen3 layers' header, then DFlash's (the block it drafts, the target layers
+    it reads as their ids past the embedding, the window and the layers in it), then whether it samples the anchor's
+    position too and has a confidence head."""
+    qwen_hyperparameters(writer, hparams, ftype, blocks, folder)
+    writer.add_block_size(int(hparams.get("block_size", 16)))
+    if hparams.get("aux_hidden_state_layer_ids"):
+        writer.add_target_layers(list(hparams["aux_hidden_state_layer_ids"]))
+    if hparams.get("use_sliding_window") and hparams.get("sliding_window"):
+        writer.add_sliding_window(hparams["sliding_window"])
+        writer.add_sliding_window_pattern([kind == "sliding_attention" for kind in hparams.get("layer_types") or []])
+    writer.add_sample_from_anchor(bool(hparams.get("sample_from_anchor", False)))
+    writer.add_has_confidence_head(bool(hparams.get("enable_confidence_head", True)))
+
+
+def dspark_mask_token(writer, hparams: dict, folder: Path) -> None:
+    """The token the drafter fills its block with, after the target's vocabulary, as the converter names it."""
+    if hparams.get("mask_token_id") is not None:
+        writer.add_mask_token_id(int(hparams["mask_token_id"]))
+
+
 EAGLE3 = GGUFPart(
     "EAGLE3",
     hyperparameters=llama_hyperparameters,
     opening_keys=eagle3_opening_keys,
-    target=eagle3_target,
+    target=drafter_target,
     as_the_converter_reads=as_the_converter_reads,
     check_config=eagle3_checked,
     computed=llama_computed,
@@ -144,7 +187,22 @@ EAGLE3 = GGUFPart(
         (r"^(layers|embed_tokens|norm|fc)\.", r"model.\1."),
     ),
     written_last=r"^(d2t|t2d)$",
-    last_from_tensors=eagle3_maps,
+    last_from_tensors=draft_to_target_ids,
+)
+
+DSPARK = GGUFPart(
+    "DFLASH",
+    hyperparameters=dspark_hyperparameters,
+    target=drafter_target,
+    vocabulary_of_target=True,
+    after_vocabulary=dspark_mask_token,
+    as_the_converter_reads=as_the_converter_reads,
+    check_config=dspark_checked,
+    # (the converter's names: every one under model., the confidence head's projection as DSpark's conf_proj)
+    renames=((r"^confidence_head\.proj\.", "conf_proj."), (r"^(?!model\.|conf_proj\.)", "model.")),
+    unnamed_special_tokens=("mask",),
+    written_last=r"^(d2t|t2d)$",
+    last_from_tensors=draft_to_target_ids,
 )
 
 FAMILIES = (
@@ -163,5 +221,21 @@ FAMILIES = (
         mmproj=Unsupported("a drafter has no towers", applies=False),
         moe_layout=NOT_A_MOE_INPUT,
         notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="eagle3") + "; given its target's folder (--target-from)"},
+    ),
+    Family(
+        "DSpark (speculators)",
+        "dspark",
+        "DSparkDraftModel",
+        also=("DSparkSpeculator",),
+        tensors=NO_TABLE,
+        megatron=Unsupported("Megatron-LM trains no DSpark drafter", applies=False),
+        **no_trainer_model("DSpark drafter"),
+        fused_siblings=Unsupported(
+            "llm-compressor, the oracle of --quantize, quantizes transformers' models, and speculators' drafter is none"
+        ),
+        gguf=DSPARK,
+        mmproj=Unsupported("a drafter has no towers", applies=False),
+        moe_layout=NOT_A_MOE_INPUT,
+        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="dflash") + "; given its target's folder (--target-from)"},
     ),
 )

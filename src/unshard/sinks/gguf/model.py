@@ -40,6 +40,7 @@ class GGUFModel:
     unknown_projector: bool  # (a projector the installed gguf-py lacks: the towers left out, with a note)
     notes: list[str]  # (the family's check_config's)
     vocabulary_folder: Path  # (the folder of the tokenizer the file holds: a drafter's target's, else the model's)
+    vocabulary_part: GGUFPart | None  # (the part whose vocabulary the file holds, where a drafter's target's)
 
 
 def gguf_model(
@@ -94,7 +95,7 @@ def gguf_model(
     hparams = {**{key: size for key, size in sizes.items() if size is not None}, **hparams}
     if part.as_the_converter_reads:
         hparams = part.as_the_converter_reads(hparams, where)
-    vocabulary_folder = config_folder
+    vocabulary_folder, vocabulary_part = config_folder, None
     if target_from and not part.target:
         raise UnshardError(
             f"--target-from: {architecture} is not a drafter (its file takes no target's vocabulary); leave it out"
@@ -103,6 +104,8 @@ def gguf_model(
         vocabulary_folder = part.target(hparams, where, Path(target_from).expanduser() if target_from else None)
         target = as_the_converter_nests(read_hparams(vocabulary_folder))
         hparams = {**hparams, "target_config": {**target, **(target.get("text_config") or {})}}
+        if part.vocabulary_of_target:
+            vocabulary_part = _target_part(target, vocabulary_folder / "config.json")
     # (what llama.cpp would compute otherwise first: no use installing llama.cpp's gguf-py for a model it refuses)
     notes = list((part.check_config and part.check_config(hparams, where)) or ())
     if families.supports(family, "mmproj") and not unknown_projector:  # (and what its towers would compute otherwise)
@@ -112,8 +115,21 @@ def gguf_model(
     arch = _architecture(gguf, (part.arch_by_config and part.arch_by_config(hparams)) or part.arch, architecture, where)
     file_type = requested if requested != "auto" else {"bfloat16": "bf16", "float16": "f16"}.get(dtype_name, "f16")
     return GGUFModel(
-        hparams, config, where, architecture, family, part, arch, file_type, unknown_projector, notes, vocabulary_folder
+        *(hparams, config, where, architecture, family, part, arch, file_type, unknown_projector, notes),
+        *(vocabulary_folder, vocabulary_part),
     )
+
+
+def _target_part(target: dict[str, Any], where: Path) -> GGUFPart:
+    """The part of the target's family that writes its vocabulary, as the converter's class of it reads it."""
+    architecture = (target.get("architectures") or [None])[0]
+    family = families.by_architecture(architecture)
+    if family is None or not families.supports(family, "gguf"):
+        raise ConfigMismatchError(
+            f"{where}: the target model is {architecture}, whose vocabulary unshard does not write as GGUF (`unshard "
+            "families` lists those it does); a drafter's file takes its target's"
+        )
+    return family.gguf.for_class(architecture)
 
 
 def _architecture(gguf, member: str, architecture: str, where: Path):

@@ -101,7 +101,7 @@ def plan_gguf(
     _computed_tensors(plan, hparams, part, head_dim, where)
     if last:
         _written_last(plan, part.last_from_tensors(last, hparams, where), last)
-    vocabulary = model.vocabulary_folder
+    vocabulary = (model.vocabulary_folder, model.vocabulary_part or part)
     plan.vocabulary = _metadata(plan.writer, hparams, config_folder, vocabulary, ftype, parameters, blocks, part)
     if file_type in QUANTIZED:  # llama-quantize sets these two over what it copies, which puts them last
         fields = plan.writer.kv_data[0]
@@ -406,7 +406,10 @@ NOT_REQUANTIZED = ("per_layer_model_proj", "altup", "laurel", "indexer.k_proj.we
 def _quantized(name: str, shape: tuple[int, ...], file_type: str) -> bool:
     """Whether llama.cpp quantizes a tensor of this name and shape into a file of this type: not vectors, norms or
     KEPT_IN_F32 (nor KEPT_BY_THE_CONVERTER into the converter's types, nor NOT_REQUANTIZED into llama-quantize's)."""
-    vector_or_norm = len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
+    # (llama-quantize counts a tensor's dimensions as ggml does, without its trailing ones: DSpark's confidence head,
+    # one row, is a vector there; the converter counts them all)
+    dims = len(_as_llama_quantize_stores(shape)) if file_type in QUANTIZED else len(shape)
+    vector_or_norm = dims <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
     kept = (*KEPT_IN_F32, *(NOT_REQUANTIZED if file_type in QUANTIZED else KEPT_BY_THE_CONVERTER))
     return not vector_or_norm and not any(part in name for part in kept)
 
@@ -501,7 +504,7 @@ def _metadata(
     writer,
     hparams: dict,
     folder: Path,
-    vocabulary_folder: Path,
+    vocabulary: tuple[Path, GGUFPart],
     ftype,
     parameters: tuple[int, int, int, int],
     blocks: int,
@@ -509,7 +512,8 @@ def _metadata(
 ) -> str:
     """The key-values the converter writes, in its order (general, hyper-parameters, tokenizer), with the family's
     hooks: its own hyper-parameters, a `llama`'s (the converter's LlamaModel) space prefix, what follows the
-    vocabulary; the vocabulary from vocabulary_folder (a drafter's target's, as the converter reads it)."""
+    vocabulary; the vocabulary from its folder as that part writes it (a drafter's target's, as the converter reads
+    it: the target family's part where the converter writes it by the target's class)."""
     gguf = gguf_py()
     if part.opening_keys:
         part.opening_keys(writer, hparams)
@@ -517,23 +521,25 @@ def _metadata(
     general_metadata(writer, folder, parameters)
     (part.hyperparameters or text_hyperparameters)(writer, hparams, ftype, blocks, folder)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    if part.before_vocabulary:
-        part.before_vocabulary(writer, hparams, vocabulary_folder)
-    if part.vocabulary in UNIGRAM_KINDS:
-        vocabulary = write_unigram_vocabulary(writer, hparams, vocabulary_folder, part.vocabulary)
+    vocabulary_folder, words = vocabulary
+    if words.before_vocabulary:
+        words.before_vocabulary(writer, hparams, vocabulary_folder)
+    if words.vocabulary in UNIGRAM_KINDS:
+        written = write_unigram_vocabulary(writer, hparams, vocabulary_folder, words.vocabulary)
     else:
-        vocabulary = write_vocabulary(
+        written = write_vocabulary(
             writer,
             hparams,
             vocabulary_folder,
-            part.llama_vocabulary,
-            phi3=part.phi3_tokens,
-            kind=part.vocabulary,
-            special_tokens=part.special_tokens,
-            gpt2_split_as=part.gpt2_split_as,
-            control_tokens=part.control_tokens,
+            words.llama_vocabulary,
+            phi3=words.phi3_tokens,
+            kind=words.vocabulary,
+            special_tokens=words.special_tokens,
+            gpt2_split_as=words.gpt2_split_as,
+            control_tokens=words.control_tokens,
             unnamed_special_tokens=part.unnamed_special_tokens,
         )
-    if part.after_vocabulary:
-        part.after_vocabulary(writer, hparams, vocabulary_folder)
-    return vocabulary
+    for hooks in (words, part) if words is not part else (part,):  # (the target's, then the drafter's own)
+        if hooks.after_vocabulary:
+            hooks.after_vocabulary(writer, hparams, vocabulary_folder)
+    return written
