@@ -189,6 +189,18 @@ def test_dspark_drafter_llama_cpp_would_not_run_is_one_line(change, message, tmp
     assert not (tmp_path / "m.gguf").exists()
 
 
+def test_without_llama_cpp_s_gguf_py_a_drafter_is_one_line(tmp_path):
+    """PyPI's gguf-py (this venv's) names neither eagle3 nor DSpark's heads: one line saying how to get llama.cpp's,
+    nothing written."""
+    for case in (CASE, DSPARK):
+        fixture = generate.HERE / "checkpoints" / case
+        out = tmp_path / f"{case}.gguf"
+        args = ["convert", str(fixture / "run" / "0"), str(out), "--target-from", str(fixture / "target")]
+        done = subprocess.run([sys.executable, "-m", "unshard", *args], capture_output=True, text=True)
+        assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "which the installed gguf-py (0.19.0) lacks" in done.stderr and not out.exists(), done.stderr
+
+
 @pytest.mark.parametrize(
     "change, target_change, message",
     [
