@@ -1,4 +1,4 @@
-"""What vLLM's speculators computes of an EAGLE-3 drafter's first drafting step (run in the `speculators` peer venv):
+"""What vLLM's speculators computes of an EAGLE-3 drafter's first drafting step (run in the `drafters` peer venv):
 
     python speculators_oracle.py FOLDER FEATURES.npy 5,20,33 OUT.npz
 

@@ -1,7 +1,7 @@
 """EAGLE-3 drafters as vLLM's speculators trains them (FSDP2, saved by its DistributedCheckpointer), to a folder and to
 GGUF as llama.cpp's eagle3 (with llama.cpp's own gguf-py: PyPI's lacks it), beside the target model they draft for:
 each file is the converter's (given --target-model-dir) and llama-quantize's, and llama.cpp computes what speculators'
-own modules compute of a drafting step (the oracle runs in the `speculators` peer venv, generate.py's)."""
+own modules compute of a drafting step (the oracle runs in the `drafters` peer venv, generate.py's)."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_eagle3_drafter_runs_in_llama_cpp_as_in_speculators(target, tmp_path):
     np.save(tmp_path / "features.npy", rows)
     tokens = "5,20,33,64,70,90,2,7,101"
     done = subprocess.run(
-        [str(generate.peer_python("speculators")), str(Path(__file__).parent / "speculators_oracle.py")]
+        [str(generate.peer_python("drafters")), str(Path(__file__).parent / "speculators_oracle.py")]
         + [str(src), str(tmp_path / "features.npy"), tokens, str(tmp_path / "oracle.npz")],
         capture_output=True,
         text=True,

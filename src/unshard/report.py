@@ -7,6 +7,7 @@ from typing import Any
 
 from . import families, sinks
 from .names.hf_names import read_config
+from .names.model_facts import built_by_transformers
 from .types import Plan
 from .units import human_bytes
 
@@ -30,9 +31,12 @@ def describe(plan: Plan) -> dict[str, Any]:
 
 
 def _model_type(config: dict[str, Any]) -> str | None:
-    """The config's model type; for a config without one (speculators' drafters'), that of its class's family."""
+    """The config's model type; for a config without one (speculators' drafters') or of a model transformers' class
+    of it is not (SpecForge's drafters, saved under their target's model type), that of its class's family."""
     family = families.by_architecture((config.get("architectures") or [None])[0] or "")
-    return config.get("model_type") or (family.model_type if family else None)
+    if family and (not config.get("model_type") or not built_by_transformers(config)):
+        return family.model_type
+    return config.get("model_type")
 
 
 def family_paths(model_type: str | None) -> dict[str, Any] | None:

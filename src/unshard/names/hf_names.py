@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigMismatchError
 from . import dense_tables, known
-from .model_facts import LinearLayers, ModelFacts, meta_model
+from .model_facts import LinearLayers, ModelFacts, built_by_transformers, meta_model
 
 if TYPE_CHECKING:
     import torch
@@ -91,7 +91,7 @@ def _facts_entry(config_folder: Path, config: dict, updates: dict | None) -> str
     """The cache entry of the question "what does this config's model hold"; None where transformers
     cannot be asked (not installed, or custom code, which is never run)."""
     version = known.transformers_version()
-    if version is None or config.get("auto_map"):
+    if version is None or not built_by_transformers(config):
         return None
     return known.key("model", FACTS_REVISION, version, (config_folder / "config.json").read_text(), updates or {})
 

@@ -13,6 +13,21 @@ from ..errors import ConfigMismatchError
 from . import known
 
 
+def built_by_transformers(config: dict) -> bool:
+    """Whether transformers' class of this config is the model it describes: not custom code (auto_map: building it
+    would run code from the checkpoint), nor a drafter saved under its target's model type (a draft vocabulary or
+    DFlash's settings beside an architecture transformers lacks: SpecForge's), which transformers would build as the
+    target's kind of model."""
+    if config.get("auto_map"):
+        return False
+    architecture = (config.get("architectures") or [None])[0]
+    if architecture and {"draft_vocab_size", "dflash_config"} & config.keys():
+        import transformers
+
+        return hasattr(transformers, architecture)
+    return True
+
+
 def meta_model(config_folder: Path, config: dict, updates: dict | None = None, dtype: Any = None) -> Any:
     """The model class the config names, built on the meta device (in `dtype`, a torch dtype, where given; else in the
     config's); None if that cannot be done safely."""
@@ -20,8 +35,8 @@ def meta_model(config_folder: Path, config: dict, updates: dict | None = None, d
         import transformers  # noqa: F401
     except ImportError:
         return None
-    if config.get("auto_map"):
-        return None  # custom code: building it would run code from the checkpoint
+    if not built_by_transformers(config):
+        return None
     with known.transformers_quiet():
         return _built_on_meta(config_folder, config, updates or {}, dtype)
 

@@ -19,6 +19,7 @@ from ..hub import fetch, hub_ids, is_hub_id
 from ..model_files import MODEL_FILE_PATTERNS, unreadable_model_files
 from ..names import hf_names
 from ..sources import Checkpoint, Piece, SourceOptions
+from ..sources.hf_safetensors import LAYOUT as HF_SAFETENSORS
 from ..types import FormatRequest, Group, OutputOptions, OutputTensor, Plan
 from . import lora
 
@@ -41,16 +42,20 @@ def pieces_read(groups: list[Group]) -> list[tuple[Piece, int]]:
     return [(p, p.block.numel * g.source.dtype.itemsize) for g in groups for p in g.source.pieces]
 
 
-def choose_dtype(requested: str, config: dict | None, checkpoint: Checkpoint) -> tuple[DType, str]:
+def choose_dtype(requested: str, config: dict | None, checkpoint: Checkpoint, gguf: bool = False) -> tuple[DType, str]:
+    """The output's dtype: asked for, else the config's, else the checkpoint's. A GGUF file of a Hugging Face folder
+    is made of the folder's tensors as stored, as llama.cpp's converter reads them (a folder may hold float32 weights
+    under a config declaring bfloat16: SpecForge's exports)."""
     if requested != "auto":
         return dtypes.OUTPUT[requested], "asked for with --dtype"
     declared = (config or {}).get("dtype") or (config or {}).get("torch_dtype")
+    stored = [t.dtype for t in checkpoint.tensors.values() if t.dtype.is_floating_point]
+    if gguf and stored and checkpoint.layout == HF_SAFETENSORS:
+        return max(set(stored), key=stored.count), "as stored in the folder, which llama.cpp's converter reads"
     if declared in dtypes.OUTPUT:
         return dtypes.OUTPUT[declared], "declared by config.json"
-    floats = [t.dtype for t in checkpoint.tensors.values() if t.dtype.is_floating_point]
-    if floats:
-        most = max(set(floats), key=floats.count)
-        return most, "as stored in the checkpoint"
+    if stored:
+        return max(set(stored), key=stored.count), "as stored in the checkpoint"
     return dtypes.float32, "default"
 
 
@@ -83,7 +88,7 @@ def build_plan(
         path, why = broken[0]
         raise ConfigMismatchError(f"{path}: {why}; fix or remove it, or pass --no-check to copy it as it is")
     checkpoint.fit_config(config)
-    out_dtype, reason = choose_dtype(output.dtype, config, checkpoint)
+    out_dtype, reason = choose_dtype(output.dtype, config, checkpoint, gguf=output.format == "gguf")
     # (where --lora separate puts the adapter: a folder's lora_adapter/, or beside a GGUF file, sinks/gguf/adapter.py)
     kept_in = "llama.cpp's adapter file OUT-LoRA.gguf" if output.format == "gguf" else f"{lora.ADAPTER_FOLDER}/"
     fold = lora.plan_fold(checkpoint, source.lora_alpha, source.lora, kept_in)

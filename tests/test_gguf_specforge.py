@@ -1,0 +1,153 @@
+"""Drafters as SGLang's SpecForge trains and exports them (its export_to_hf's folder: a flat Llama or Qwen3 config, the
+EAGLE-3 layer under `midlayer.`, DFlash's settings under `dflash_config`), to GGUF beside the target model they draft
+for: EAGLE-3's as llama.cpp's eagle3, DFlash's and DSpark's as its dflash (with llama.cpp's own gguf-py: PyPI's lacks
+both). Each file is the converter's (given --target-model-dir) and llama-quantize's, and llama.cpp computes what
+SpecForge's own modules compute of an EAGLE-3 drafting step (the oracle runs in the `drafters` peer venv)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import generate
+import numpy as np
+import pytest
+from test_gguf import (  # noqa: F401  (converter and ggml_library: the fixtures, used by name)
+    LLAMA_CPP_TOLERANCE,
+    assert_same_file,
+    contents,
+    converter,
+    for_the_converter,
+    ggml_library,
+    llama_cpp_client,
+)
+from test_gguf_newer_architectures import unshard_files, unshard_with_llama_cpp_gguf_py
+
+EAGLE3, DFLASH, DSPARK = "specforge-eagle3-export", "specforge-dflash-export", "specforge-dspark-export"
+
+
+def target_of(case: str, tmp_path: Path) -> Path:
+    """The fixture's target model's folder, its tokenizer config as the converter's transformers reads it."""
+    folder = tmp_path / "target"
+    shutil.copytree(generate.HERE / "checkpoints" / case / "target", folder)
+    for_the_converter(folder)
+    return folder
+
+
+@pytest.mark.parametrize("case", [EAGLE3, DFLASH, DSPARK])
+def test_specforge_drafter_as_the_converter_and_llama_quantize_write_it(case, converter, ggml_library, tmp_path):
+    """unshard's GGUF file of SpecForge's exported drafter, given the target's folder, is the converter's given it as
+    --target-model-dir in f32, f16, bf16 and q8_0 and llama-quantize's in q4_k_m. EAGLE-3's: the target layers the
+    converter takes where the config names none (2, n/2, n-3: SpecForge's default ones, counted past the embedding),
+    the target's vocabulary, d2t last as int64 target ids. DFlash's and DSpark's: the block and the target layers from
+    dflash_config (counted past the embedding), the target's vocabulary, then the mask token; DSpark's anchor sampled
+    and its confidence head."""
+    target = target_of(case, tmp_path)
+    src = generate.HERE / "checkpoints" / case / "export"
+    kinds = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
+    unshard_files(src, tmp_path, kinds, ggml_library, "--target-from", target)
+    for kind in kinds[:4]:
+        oracle = converter(
+            src, kind, tmp_path / f"oracle-{kind}.gguf", pre="gpt-2", more=("--target-model-dir", target)
+        )
+        assert_same_file(tmp_path / f"{kind}.gguf", oracle)
+    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    header, tensors = contents(tmp_path / "f32.gguf")
+    names = [t[0] for t in tensors]
+    assert len(header["tokenizer.ggml.tokens"]) == 128
+    if case == EAGLE3:
+        assert header["general.architecture"] == "eagle3" and header["eagle3.target_layers"] == [2, 3, 3]
+        assert names[-1] == "d2t" and "t2d" not in names and "blk.0.attn_norm_2.weight" in names
+        return
+    assert header["general.architecture"] == "dflash" and header["dflash.block_size"] == 4
+    assert header["dflash.target_layers"] == [2, 4] and header["tokenizer.ggml.mask_token_id"] == 63
+    assert ("dflash.sample_from_anchor" in header) == (case == DSPARK)
+    if case == DSPARK:
+        assert header["dflash.sample_from_anchor"] and header["dflash.has_confidence_head"]
+        assert {"markov_w1.weight", "markov_w2.weight", "conf_proj.weight"} <= set(names)
+
+
+def test_specforge_eagle3_drafter_runs_in_llama_cpp_as_in_specforge(tmp_path):
+    """llama.cpp runs unshard's file as its draft-eagle3 decoding does (the target's three hidden states of each token
+    through fc, then each token beside its projection through the layer) and computes what SpecForge's own
+    LlamaForCausalLMEagle3 computes of that first drafting step: fc's projections, and the draft vocabulary's logits
+    placed at their target ids by d2t (-inf at the target's other ids)."""
+    target = target_of(EAGLE3, tmp_path)
+    src = generate.HERE / "checkpoints" / EAGLE3 / "export"
+    for kind in ("f32", "q8_0"):
+        done = unshard_with_llama_cpp_gguf_py(
+            "convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind, "--target-from", target
+        )
+        assert done.returncode == 0, done.stderr
+    rows = np.random.default_rng(0).standard_normal((9, 3 * 64)).astype(np.float32)
+    np.save(tmp_path / "features.npy", rows)
+    tokens = "5,20,33,64,70,90,2,7,101"
+    done = subprocess.run(
+        [str(generate.peer_python("drafters")), str(Path(__file__).parent / "specforge_oracle.py")]
+        + [str(src), str(tmp_path / "features.npy"), tokens, str(tmp_path / "oracle.npz")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    oracle = np.load(tmp_path / "oracle.npz")
+    expected = np.full((9, 128), -np.inf, np.float32)
+    expected[:, oracle["target_ids"]] = oracle["logits"]
+    drafted = np.isfinite(expected)
+    distance = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
+    for kind in ("f32", "q8_0"):
+        llama_cpp_client("eagle3", tmp_path / f"{kind}.gguf", tmp_path / "features.npy", tokens, tmp_path / "ll.npz")
+        ran = np.load(tmp_path / "ll.npz")
+        assert distance(ran["g"], oracle["g"]) <= LLAMA_CPP_TOLERANCE[kind]  # (measured: f32 2.6e-7, q8_0 7.2e-3)
+        assert (np.isfinite(ran["logits"]) == drafted).all()
+        assert distance(ran["logits"][drafted], expected[drafted]) <= LLAMA_CPP_TOLERANCE[kind]  # (3.4e-5, 0.010)
+
+
+@pytest.mark.parametrize(
+    "case, change, message",
+    [
+        (EAGLE3, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}, "names its target layers in"),
+        (DSPARK, {"markov_head_type": "gated"}, "markov_head_type is 'gated', and llama.cpp's dflash runs the vanilla"),
+        (DSPARK, {"confidence_head_with_markov": False}, "the confidence head reads the layers' states alone"),
+        (DFLASH, {"conv_kernel_size": 2, "selector_rank": 8}, "it has DFlash2's local convolutions"),
+    ],
+)
+def test_specforge_drafter_llama_cpp_would_not_run_is_one_line(case, change, message, tmp_path):
+    """A SpecForge drafter the converter would write otherwise than it was trained (target layers it does not read),
+    or llama.cpp would compute otherwise (a DSpark head it does not run, DFlash2's layers under DFlash's name): one
+    line naming the file and the fix, nothing written. DFlash's and DSpark's settings are SpecForge's, in
+    dflash_config."""
+    src = tmp_path / "export"
+    shutil.copytree(generate.HERE / "checkpoints" / case / "export", src)
+    config = json.loads((src / "config.json").read_text())
+    if case == EAGLE3:
+        config.update(change)
+    else:
+        config["dflash_config"].update(change)
+    (src / "config.json").write_text(json.dumps(config))
+    target = generate.HERE / "checkpoints" / case / "target"
+    done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / "m.gguf", "--target-from", target)
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert re.search(message, done.stderr) and "config.json: " in done.stderr, done.stderr
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_inspect_names_a_specforge_drafter_s_family():
+    """SpecForge saves a drafter under its target's model type (llama, qwen3): `unshard inspect` names the drafter's
+    family by its class, not the target's."""
+    for case, name in (
+        (EAGLE3, "EAGLE-3 drafter"),
+        (DFLASH, "DFlash/DSpark drafter"),
+        (DSPARK, "DFlash/DSpark drafter"),
+    ):
+        src = generate.HERE / "checkpoints" / case / "export"
+        done = subprocess.run(
+            [sys.executable, "-m", "unshard", "inspect", "--json", str(src)], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["family"]["name"] == name
