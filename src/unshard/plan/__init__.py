@@ -42,16 +42,19 @@ def pieces_read(groups: list[Group]) -> list[tuple[Piece, int]]:
     return [(p, p.block.numel * g.source.dtype.itemsize) for g in groups for p in g.source.pieces]
 
 
-def choose_dtype(requested: str, config: dict | None, checkpoint: Checkpoint, gguf: bool = False) -> tuple[DType, str]:
-    """The output's dtype: asked for, else the config's, else the checkpoint's. A GGUF file of a Hugging Face folder
-    is made of the folder's tensors as stored, as llama.cpp's converter reads them (a folder may hold float32 weights
-    under a config declaring bfloat16: SpecForge's exports)."""
+def choose_dtype(
+    requested: str, config: dict | None, checkpoint: Checkpoint, as_stored: bool = False
+) -> tuple[DType, str]:
+    """The output's dtype: asked for, else the config's, else the checkpoint's; the checkpoint's where its tensors are
+    kept as stored (as_stored: a GGUF file of a folder)."""
     if requested != "auto":
         return dtypes.OUTPUT[requested], "asked for with --dtype"
     declared = (config or {}).get("dtype") or (config or {}).get("torch_dtype")
     stored = [t.dtype for t in checkpoint.tensors.values() if t.dtype.is_floating_point]
-    if gguf and stored and checkpoint.layout == HF_SAFETENSORS:
-        return max(set(stored), key=stored.count), "as stored in the folder, which llama.cpp's converter reads"
+    if as_stored and stored:
+        return max(
+            set(stored), key=stored.count
+        ), "each tensor as stored in the folder, as llama.cpp's converter reads it"
     if declared in dtypes.OUTPUT:
         return dtypes.OUTPUT[declared], "declared by config.json"
     if stored:
@@ -88,7 +91,10 @@ def build_plan(
         path, why = broken[0]
         raise ConfigMismatchError(f"{path}: {why}; fix or remove it, or pass --no-check to copy it as it is")
     checkpoint.fit_config(config)
-    out_dtype, reason = choose_dtype(output.dtype, config, checkpoint, gguf=output.format == "gguf")
+    # (a GGUF file of a Hugging Face folder is made of its tensors as stored, each as llama.cpp's converter reads it:
+    # a folder may hold float32 weights beside a bfloat16 embedding under a config declaring bfloat16, SpecForge's)
+    as_stored = output.format == "gguf" and output.dtype == "auto" and checkpoint.layout == HF_SAFETENSORS
+    out_dtype, reason = choose_dtype(output.dtype, config, checkpoint, as_stored)
     # (where --lora separate puts the adapter: a folder's lora_adapter/, or beside a GGUF file, sinks/gguf/adapter.py)
     kept_in = "llama.cpp's adapter file OUT-LoRA.gguf" if output.format == "gguf" else f"{lora.ADAPTER_FOLDER}/"
     fold = lora.plan_fold(checkpoint, source.lora_alpha, source.lora, kept_in)
@@ -116,7 +122,7 @@ def build_plan(
     for name, outputs in naming.outputs.items():
         tensor = checkpoint.tensors[name]
         # Only floating-point tensors change dtype; integer buffers keep theirs.
-        target = out_dtype if tensor.dtype.is_floating_point else tensor.dtype
+        target = out_dtype if tensor.dtype.is_floating_point and not as_stored else tensor.dtype
         if name in kept_in_float32 and tensor.dtype.is_floating_point:
             target = dtypes.float32
         groups[name] = Group(
@@ -131,7 +137,7 @@ def build_plan(
                 "unshard cannot fold it into yet; merge the adapter with peft first, or pass --lora separate"
             )
         tensor = checkpoint.join_rows(name, members)
-        target = out_dtype if tensor.dtype.is_floating_point else tensor.dtype
+        target = out_dtype if tensor.dtype.is_floating_point and not as_stored else tensor.dtype
         gathered = None if order is None else lambda whole, name=name, order=order: {name: whole[list(order)]}
         groups[name] = Group(tensor, [OutputTensor(name, shape, target)], gathered)
     where = str(config_folder / "config.json" if config_folder else checkpoint.path)
