@@ -111,11 +111,20 @@ def test_eagle3_drafter_runs_in_llama_cpp_as_in_speculators(target, tmp_path):
     for kind in ("f32", "q8_0"):
         done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind)
         assert done.returncode == 0, done.stderr
+    # (measured: fc's projections 2.6e-7 in f32, 7.2e-3 in q8_0; the logits 3.3e-5, 0.011)
+    drafts_as_its_trainer(src, "speculators_oracle.py", tmp_path)
+
+
+def drafts_as_its_trainer(src: Path, oracle_script: str, tmp_path: Path) -> None:
+    """llama.cpp's eagle3 step on tmp_path's f32.gguf and q8_0.gguf (tests/llama_cpp_client.py's `eagle3`: nine
+    tokens, each beside three target hidden states) against the trainer's own modules' (oracle_script, in the
+    `drafters` peer venv, on the drafter's folder src): fc's projections, and the draft logits placed at their target
+    ids by d2t (-inf at the target's other ids), within llama.cpp's tolerance of the type."""
     rows = np.random.default_rng(0).standard_normal((9, 3 * 64)).astype(np.float32)
     np.save(tmp_path / "features.npy", rows)
     tokens = "5,20,33,64,70,90,2,7,101"
     done = subprocess.run(
-        [str(generate.peer_python("drafters")), str(Path(__file__).parent / "speculators_oracle.py")]
+        [str(generate.peer_python("drafters")), str(Path(__file__).parent / oracle_script)]
         + [str(src), str(tmp_path / "features.npy"), tokens, str(tmp_path / "oracle.npz")],
         capture_output=True,
         text=True,
@@ -127,12 +136,12 @@ def test_eagle3_drafter_runs_in_llama_cpp_as_in_speculators(target, tmp_path):
     expected[:, oracle["target_ids"]] = oracle["logits"]
     drafted = np.isfinite(expected)
     distance = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
-    for kind, tolerance in (("f32", LLAMA_CPP_TOLERANCE["f32"]), ("q8_0", LLAMA_CPP_TOLERANCE["q8_0"])):
+    for kind in ("f32", "q8_0"):
         llama_cpp_client("eagle3", tmp_path / f"{kind}.gguf", tmp_path / "features.npy", tokens, tmp_path / "ll.npz")
         ran = np.load(tmp_path / "ll.npz")
-        assert distance(ran["g"], oracle["g"]) <= tolerance  # (measured: f32 2.6e-7, q8_0 7.2e-3)
+        assert distance(ran["g"], oracle["g"]) <= LLAMA_CPP_TOLERANCE[kind]
         assert (np.isfinite(ran["logits"]) == drafted).all()
-        assert distance(ran["logits"][drafted], expected[drafted]) <= tolerance  # (measured: f32 3.3e-5, q8_0 0.011)
+        assert distance(ran["logits"][drafted], expected[drafted]) <= LLAMA_CPP_TOLERANCE[kind]
 
 
 def test_dspark_drafter_as_the_converter_and_llama_quantize_write_it(converter, ggml_library, tmp_path):
