@@ -284,37 +284,45 @@ DFLASH = GGUFPart(
     last_from_tensors=draft_to_target_ids,
 )
 
+
+def drafter_family(name: str, model_type: str, architecture: str, also: tuple[str, ...], kind: str, gguf: GGUFPart):
+    """A drafter's family: its GGUF file (llama.cpp's arch `gguf.arch`, beside its target) and nothing else: no
+    trainer of Megatron, torchtitan or torchtune has a model of it, llm-compressor quantizes none, it has no towers."""
+    return Family(
+        name,
+        model_type,
+        architecture,
+        also=also,
+        tensors=NO_TABLE,
+        megatron=Unsupported(f"Megatron-LM trains no {kind}", applies=False),
+        **no_trainer_model(kind),
+        fused_siblings=Unsupported(
+            "llm-compressor, the oracle of --quantize, quantizes transformers' models, and a drafter is none"
+        ),
+        gguf=gguf,
+        mmproj=Unsupported("a drafter has no towers", applies=False),
+        moe_layout=NOT_A_MOE_INPUT,
+        notes={
+            "gguf": LLAMA_CPP_GGUF_PY.format(arch=gguf.arch.lower()) + "; given its target's folder (--target-from)"
+        },
+    )
+
+
 FAMILIES = (
-    Family(
+    drafter_family(
         "EAGLE-3 drafter",
         "eagle3",
         "Eagle3DraftModel",
-        also=("Eagle3Speculator", "LlamaForCausalLMEagle3"),
-        tensors=NO_TABLE,
-        megatron=Unsupported("Megatron-LM trains no EAGLE-3 drafter", applies=False),
-        **no_trainer_model("EAGLE-3 drafter"),
-        fused_siblings=Unsupported(
-            "llm-compressor, the oracle of --quantize, quantizes transformers' models, and a drafter is none"
-        ),
-        gguf=EAGLE3,
-        mmproj=Unsupported("a drafter has no towers", applies=False),
-        moe_layout=NOT_A_MOE_INPUT,
-        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="eagle3") + "; given its target's folder (--target-from)"},
+        ("Eagle3Speculator", "LlamaForCausalLMEagle3"),
+        "EAGLE-3 drafter",
+        EAGLE3,
     ),
-    Family(
+    drafter_family(
         "DFlash/DSpark drafter",
         "dspark",
         "DSparkDraftModel",
-        also=("DSparkSpeculator", "DFlashDraftModel"),
-        tensors=NO_TABLE,
-        megatron=Unsupported("Megatron-LM trains no DFlash or DSpark drafter", applies=False),
-        **no_trainer_model("DFlash or DSpark drafter"),
-        fused_siblings=Unsupported(
-            "llm-compressor, the oracle of --quantize, quantizes transformers' models, and a drafter is none"
-        ),
-        gguf=DFLASH,
-        mmproj=Unsupported("a drafter has no towers", applies=False),
-        moe_layout=NOT_A_MOE_INPUT,
-        notes={"gguf": LLAMA_CPP_GGUF_PY.format(arch="dflash") + "; given its target's folder (--target-from)"},
+        ("DSparkSpeculator", "DFlashDraftModel"),
+        "DFlash or DSpark drafter",
+        DFLASH,
     ),
 )

@@ -22,8 +22,10 @@ def built_by_transformers(config: dict) -> bool:
         return False
     architecture = (config.get("architectures") or [None])[0]
     if architecture and {"draft_vocab_size", "dflash_config"} & config.keys():
-        import transformers
-
+        try:
+            import transformers
+        except ImportError:
+            return False
         return hasattr(transformers, architecture)
     return True
 
