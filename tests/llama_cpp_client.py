@@ -39,6 +39,14 @@ FEATURES.npy (a token's three target hidden states, side by side) through its en
 projection through its layer, at positions 0, 1, ...: OUT.npz gets `g` (the encoder's projections, one row per token)
 and `logits` (the target vocabulary's, the draft tokens' placed at their target ids, -inf elsewhere).
 
+    python llama_cpp_client.py dflash TARGET.gguf DRAFT.gguf FEATURES.npy 5,127,127,127 OUT.npz
+runs a DFlash drafter's file as llama.cpp's draft-dflash speculative decoding does, beside its target's file (whose
+embedding and head it reads): each row of FEATURES.npy (a context token's target hidden states, side by side) injected
+into its cache at positions 0, 1, ..., then the block (the anchor token, then mask tokens) after them, attending both
+ways: OUT.npz gets `logits` (the target vocabulary's, one row per block position) and `lattice` (DFlash2's selector's
+rows, one per block position, from llama.cpp's nextn output: each position's top-k candidate ids, then its scores by
+predecessor and candidate).
+
     python llama_cpp_client.py tokenize MODEL.gguf TEXTS.json OUT.json
 tokenizes each text of TEXTS.json (a list) with the file's vocabulary, as llama.cpp does (no BOS, special tokens as
 text): OUT.json gets a list of token id lists.
@@ -256,6 +264,62 @@ def eagle3(path: str, features: str, tokens: list[int], out: str) -> None:
     llama_cpp.llama_model_free(model)
 
 
+def dflash(target: str, path: str, features: str, block: list[int], out: str) -> None:
+    """A DFlash drafter beside its target's context (ctx_other: the target's embedding and head), through llama.cpp's
+    extended batches as common/speculative.cpp drives it: the context's features injected, then the block decoded."""
+    lib = llama_cpp.llama_cpp._lib
+    set_nextn = lib._Z26llama_set_embeddings_nextnP13llama_contextbb
+    set_nextn.argtypes, set_nextn.restype = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None
+    get_nextn = lib._Z26llama_get_embeddings_nextnP13llama_context
+    get_nextn.argtypes, get_nextn.restype = [ctypes.c_void_p], ctypes.POINTER(ctypes.c_float)
+    rows = np.ascontiguousarray(np.load(features), dtype=np.float32)
+    floats = ctypes.POINTER(ctypes.c_float)
+    n = len(rows) + len(block)
+
+    def context(model, other=None):
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = params.n_batch = params.n_ubatch = max(n, 16)
+        params.n_threads = params.n_threads_batch = 1
+        params.type_k = params.type_v = llama_cpp.GGML_TYPE_F32
+        if other is not None:
+            params.ctx_other = other
+        return llama_cpp.llama_init_from_model(model, params)
+
+    target_model = llama_cpp.llama_model_load_from_file(target.encode(), llama_cpp.llama_model_default_params())
+    target_ctx = context(target_model)
+    model = llama_cpp.llama_model_load_from_file(path.encode(), llama_cpp.llama_model_default_params())
+    ctx = context(model, target_ctx)
+    assert ctx, "llama.cpp made no context of the drafter"
+    set_nextn(ctx, True, False)
+    llama_cpp.llama_set_causal_attn(ctx, False)
+    width = llama_cpp.llama_model_n_embd(model)
+    batch = llama_cpp.llama_batch_ext_init(ctx)
+    for i, row in enumerate(rows):
+        idx = llama_cpp.llama_batch_ext_add_embd(
+            batch, 0, llama_cpp.llama_embd(row.ctypes.data_as(floats), 1, row.size)
+        )
+        llama_cpp.llama_batch_ext_set_pos(batch, idx, ctypes.byref(llama_cpp.llama_pos(i)))
+    assert llama_cpp.llama_process(ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, batch) == 0
+    llama_cpp.llama_batch_ext_clear(batch)
+    for i, token in enumerate(block):
+        idx = llama_cpp.llama_batch_ext_add_token(batch, 0, token)
+        llama_cpp.llama_batch_ext_set_pos(batch, idx, ctypes.byref(llama_cpp.llama_pos(len(rows) + i)))
+        llama_cpp.llama_batch_ext_set_output_logits(batch, idx, True)
+    assert llama_cpp.llama_process(ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, batch) == 0
+    vocabulary = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    logits = np.array(
+        [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(vocabulary,)) for i in range(len(block))]
+    )
+    nextn = get_nextn(ctx)
+    lattice = np.ctypeslib.as_array(nextn, shape=(len(block), width)).copy() if nextn else np.zeros((0, width))
+    np.savez(out, logits=logits, lattice=lattice)
+    llama_cpp.llama_batch_ext_free(batch)
+    for free in (ctx, target_ctx):
+        llama_cpp.llama_free(free)
+    for free in (model, target_model):
+        llama_cpp.llama_model_free(free)
+
+
 def tokenize(model: str, texts: str, out: str) -> None:
     llm = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
     with open(texts, encoding="utf-8") as f:
@@ -270,6 +334,8 @@ elif sys.argv[1] == "run":
     run(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4], int(sys.argv[5]), *sys.argv[6:7])
 elif sys.argv[1] == "eagle3":
     eagle3(sys.argv[2], sys.argv[3], [int(i) for i in sys.argv[4].split(",")], sys.argv[5])
+elif sys.argv[1] == "dflash":
+    dflash(sys.argv[2], sys.argv[3], sys.argv[4], [int(i) for i in sys.argv[5].split(",")], sys.argv[6])
 elif sys.argv[1] == "image":
     image(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7])
 elif sys.argv[1] == "audio":

@@ -26,14 +26,18 @@ from test_gguf import (  # noqa: F401  (converter and ggml_library: the fixtures
     ggml_library,
     llama_cpp_client,
 )
-from test_gguf_newer_architectures import unshard_files, unshard_with_llama_cpp_gguf_py
+from test_gguf_newer_architectures import (
+    unshard_commands_with_llama_cpp_gguf_py,
+    unshard_files,
+    unshard_with_llama_cpp_gguf_py,
+)
 
 import unshard
 
-CASE, DSPARK = "speculators-eagle3-fsdp2", "speculators-dspark-fsdp2"
+CASE, DSPARK, DFLASH2 = "speculators-eagle3-fsdp2", "speculators-dspark-fsdp2", "speculators-dflash2-fsdp2"
 
 
-@pytest.mark.parametrize("case", [CASE, DSPARK])
+@pytest.mark.parametrize("case", [CASE, DSPARK, DFLASH2])
 def test_speculators_drafter_to_a_folder_is_the_one_it_trained(case, fixture_case, tmp_path):
     """unshard's folder of what speculators' checkpointer saved (run/0) holds the drafter's full state dict as rank 0
     gathers it, but what speculators leaves out of its save, tensor for tensor (the maps between the vocabularies
@@ -158,6 +162,8 @@ def test_dspark_drafter_as_the_converter_and_llama_quantize_write_it(converter, 
     kinds = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
     said = unshard_files(src, tmp_path, kinds, ggml_library, "--target-from", target)
     assert "t2d: left out, as llama.cpp's converter leaves it out" in said
+    # (its first layer keeps a window, trained causal inside the block: speculators' default for DSpark)
+    assert "sliding_window_non_causal is off), and llama.cpp's dflash attends both ways there" in said
     for kind in kinds[:4]:
         oracle = converter(
             src, kind, tmp_path / f"oracle-{kind}.gguf", pre="gpt-2", more=("--target-model-dir", target)
@@ -176,22 +182,123 @@ def test_dspark_drafter_as_the_converter_and_llama_quantize_write_it(converter, 
     assert {"markov_w1.weight", "markov_w2.weight", "conf_proj.weight"} <= set(names) and names[-1] == "d2t"
 
 
+def test_dflash2_drafter_as_the_converter_reads_its_makers_form(converter, ggml_library, tmp_path):
+    """speculators' DFlash2 drafter (DSpark's Qwen3 layers, each sublayer between local convolutions; a candidate
+    selector over the target's vocabulary), given the target's folder: unshard's file is the one the converter writes
+    of the same drafter in the form it reads DFlash2 in (its makers': a flat config, the drafter's settings in
+    dflash_config; of speculators' own it writes no sizes of the convolutions and selector, and llama.cpp refuses that
+    file), in f32, f16, bf16 and q8_0, and llama-quantize's of that in q4_k_m."""
+    target = tmp_path / "target"
+    shutil.copytree(generate.HERE / "checkpoints" / DFLASH2 / "target", target)
+    for_the_converter(target)
+    src = generate.HERE / "checkpoints" / DFLASH2 / "run" / "0"
+    kinds = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
+    said = unshard_files(src, tmp_path, kinds, ggml_library, "--target-from", target)
+    assert "attends both ways" not in said  # (DFlash2 trains its window's layers both ways, as llama.cpp runs them)
+    makers = tmp_path / "makers" / "0"  # (named as speculators' folder: the converter names the file's version by it)
+    shutil.copytree(src, makers)
+    config = json.loads((makers / "config.json").read_text())
+    layers = config.pop("transformer_layer_config")
+    config["dflash_config"] = {
+        "mask_token_id": config.pop("mask_token_id"),
+        "target_layer_ids": [i - 1 for i in config.pop("aux_hidden_state_layer_ids")],
+        **{key: config.pop(key) for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")},
+    }
+    (makers / "config.json").write_text(json.dumps({**config, **layers}))
+    for kind in kinds[:4]:
+        oracle = converter(
+            makers, kind, tmp_path / f"oracle-{kind}.gguf", pre="gpt-2", more=("--target-model-dir", target)
+        )
+        assert_same_file(tmp_path / f"{kind}.gguf", oracle)
+    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    header, tensors = contents(tmp_path / "f32.gguf")
+    assert header["general.architecture"] == "dflash" and header["dflash.target_layers"] == [1, 3, 4]
+    assert [header[f"dflash.{key}"] for key in ("conv_kernel_size", "conv_group_size")] == [2, 16]
+    assert [header[f"dflash.selector_{key}"] for key in ("rank", "top_k")] == [16, 4]
+    assert header["tokenizer.ggml.mask_token_id"] == 127 and "dflash.sample_from_anchor" not in header
+    names = {t[0] for t in tensors}
+    assert {"selector_predecessor.weight", "selector_successor.weight", "blk.1.ffn_conv_base"} <= names, names
+    assert "d2t" not in names
+
+
+def test_dflash2_drafter_drafts_in_llama_cpp_as_in_speculators(tmp_path):
+    """llama.cpp runs unshard's DFlash2 file beside its target's (whose embedding and head it reads) as its draft-dflash
+    decoding does (tests/llama_cpp_client.py's `dflash`: six context tokens' target hidden states injected, then the
+    anchor and three mask tokens as one block) and computes what speculators' own DFlash2DraftModel computes of that
+    block (tests/dflash_oracle.py): the logits at each position; and, in f32, its candidate selector's lattice: each
+    drafted position's top-k candidates and their scores after the anchor or after each of the previous position's
+    candidates."""
+    fixture = generate.HERE / "checkpoints" / DFLASH2
+    src = fixture / "run" / "0"
+    done = unshard_commands_with_llama_cpp_gguf_py(
+        [
+            ("convert", fixture / "target", tmp_path / "target.gguf", "--gguf-type", "f32"),
+            *[
+                ("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind, "--target-from", fixture / "target")
+                for kind in ("f32", "q8_0")
+            ],
+        ]
+    )
+    assert done.returncode == 0, done.stderr
+    np.save(tmp_path / "features.npy", np.random.default_rng(0).standard_normal((6, 3 * 64)).astype(np.float32))
+    tokens = "5,127,127,127"  # (the anchor, then the mask token: the target's last)
+    oracle_run = subprocess.run(
+        [str(generate.peer_python("drafters")), str(Path(__file__).parent / "dflash_oracle.py")]
+        + [str(src), str(fixture / "target"), str(tmp_path / "features.npy"), tokens, str(tmp_path / "oracle.npz")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert oracle_run.returncode == 0, oracle_run.stderr[-3000:]
+    oracle = np.load(tmp_path / "oracle.npz")
+    distance = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
+    runs = {}
+    for kind in ("f32", "q8_0"):
+        args = (tmp_path / "target.gguf", tmp_path / f"{kind}.gguf", tmp_path / "features.npy", tokens)
+        llama_cpp_client("dflash", *args, tmp_path / f"ll-{kind}.npz")
+        runs[kind] = np.load(tmp_path / f"ll-{kind}.npz")
+        # (measured: 2.6e-4 in f32, 7.5e-3 in q8_0)
+        assert distance(runs[kind]["logits"], oracle["logits"]) <= LLAMA_CPP_TOLERANCE[kind]
+    # f32's lattice, read by candidate ids (llama.cpp's top-k are a set, in no order); each score less its candidate's
+    # logit: the selector's own part, some 1e-3 of the logits here (measured 1.9e-4 apart)
+    lattice, logits, candidates = runs["f32"]["lattice"], runs["f32"]["logits"], oracle["candidates"]
+    k, ours, theirs = candidates.shape[1], [], []
+    for i in range(1, 4):
+        ids = lattice[i, :k].astype(np.int64)
+        assert sorted(ids) == sorted(candidates[i])
+        before = [5] if i == 1 else list(lattice[i - 1, :k].astype(np.int64))
+        expected = oracle["first"] if i == 1 else oracle["scores"][i - 2]
+        expected_before = [5] if i == 1 else list(candidates[i - 1])
+        scores = lattice[i, k : k + k * k].reshape(k, k)
+        for p, predecessor in enumerate(before):
+            for c, candidate in enumerate(ids):
+                ours.append(scores[p, c] - logits[i, candidate])
+                at = expected_before.index(predecessor), list(candidates[i]).index(candidate)
+                theirs.append(expected[at] - oracle["logits"][i, candidate])
+    assert distance(np.array(ours), np.array(theirs)) <= LLAMA_CPP_TOLERANCE["f32"]
+
+
 @pytest.mark.parametrize(
-    "change, message",
+    "case, change, message",
     [
-        ({"markov_head_type": "gated"}, "markov_head_type is 'gated', and llama.cpp's dflash runs the vanilla"),
-        ({"confidence_head_with_markov": False}, "the confidence head reads the layers' states alone"),
-        ({"draft_vocab_size": 200}, "draft_vocab_size 200 is larger than the vocabulary \\(128\\)"),
+        (DSPARK, {"markov_head_type": "gated"}, "markov_head_type is 'gated', and llama.cpp's dflash runs the vanilla"),
+        (DSPARK, {"confidence_head_with_markov": False}, "the confidence head reads the layers' states alone"),
+        (DSPARK, {"draft_vocab_size": 200}, "draft_vocab_size 200 is larger than the vocabulary \\(128\\)"),
+        (DFLASH2, {"selector_top_k": 8}, "selector_top_k 8 takes a width of 72 in llama.cpp's selector, and the"),
+        (DFLASH2, {"conv_group_size": 24}, "its width 64 is not a whole number of conv_group_size 24 channels"),
+        (DFLASH2, {"selector_rank": None}, "it lacks DFlash2's selector_rank, which llama.cpp's dflash needs"),
+        (DFLASH2, {"sample_from_anchor": True}, "it samples the anchor's position too, and llama.cpp's DFlash drafts"),
     ],
 )
-def test_dspark_drafter_llama_cpp_would_not_run_is_one_line(change, message, tmp_path):
-    """A DSpark drafter the converter or llama.cpp's dflash does not take: one line naming the file, nothing
-    written."""
+def test_dflash_drafter_llama_cpp_would_not_run_is_one_line(case, change, message, tmp_path):
+    """A DSpark or DFlash2 drafter the converter or llama.cpp's dflash does not take, or would draft otherwise: one
+    line naming the file, nothing written."""
     src = tmp_path / "run"
-    shutil.copytree(generate.HERE / "checkpoints" / DSPARK / "run" / "0", src)
+    shutil.copytree(generate.HERE / "checkpoints" / case / "run" / "0", src)
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**config, **change}))
-    target = generate.HERE / "checkpoints" / DSPARK / "target"
+    target = generate.HERE / "checkpoints" / case / "target"
     done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / "m.gguf", "--target-from", target)
     assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert re.search(message, done.stderr) and "config.json: " in done.stderr, done.stderr
@@ -201,7 +308,7 @@ def test_dspark_drafter_llama_cpp_would_not_run_is_one_line(change, message, tmp
 def test_without_llama_cpp_s_gguf_py_a_drafter_is_one_line(tmp_path):
     """PyPI's gguf-py (this venv's) names neither eagle3 nor DSpark's heads: one line saying how to get llama.cpp's,
     nothing written."""
-    for case in (CASE, DSPARK):
+    for case in (CASE, DSPARK, DFLASH2):
         fixture = generate.HERE / "checkpoints" / case
         out = tmp_path / f"{case}.gguf"
         args = ["convert", str(fixture / "run" / "0"), str(out), "--target-from", str(fixture / "target")]

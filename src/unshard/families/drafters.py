@@ -11,12 +11,16 @@ The kinds:
   three of the target's hidden states, with the target's embedding;
 - DFlash (SpecForge's DFlashDraftModel) and DSpark (DSparkDraftModel; DSparkSpeculator): Qwen3 layers drafting a block
   of tokens at once from the target's hidden states (no embedding: the target's); DSpark's beside a Markov head (a
-  bias by the previous token) and a confidence head.
+  bias by the previous token) and a confidence head;
+- DFlash2 (speculators' DFlash2DraftModel): DFlash's layers, each sublayer between local convolutions of the block,
+  and a candidate selector rescoring each position's top-k tokens by the one drafted before, over the target's
+  vocabulary.
 
-GGUF: as llama.cpp's converter writes them (EAGLE-3 by its LlamaModel switched to llama.cpp's eagle3; DFlash and DSpark
-by its DFlashModel and DSparkModel, llama.cpp's dflash), given the target's folder (its --target-model-dir: here
---target-from, or the verifier the config names): the target's vocabulary and sizes, d2t last as absolute target ids,
-t2d left out. llama.cpp runs a drafter beside its target (llama-server's --model-draft)."""
+GGUF: as llama.cpp's converter writes them (EAGLE-3 by its LlamaModel switched to llama.cpp's eagle3; DFlash, DFlash2
+and DSpark by its DFlashModel and DSparkModel, llama.cpp's dflash; DFlash2 as it reads its makers' form), given the
+target's folder (its --target-model-dir: here --target-from, or the verifier the config names): the target's
+vocabulary and sizes, d2t last as absolute target ids, t2d left out. llama.cpp runs a drafter beside its target
+(llama-server's --model-draft)."""
 
 from __future__ import annotations
 
@@ -146,19 +150,31 @@ def draft_to_target_ids(values: dict, hparams: dict, where: Path) -> dict:
 
 
 DSPARK_CLASSES = ("DSparkDraftModel", "DSparkSpeculator")
+DFLASH2_CLASS = "DFlash2DraftModel"
+# (DFlash2's local convolutions and candidate selector: speculators keeps their sizes at its config's top level)
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def _architecture(hparams: dict) -> str | None:
+    return (hparams.get("architectures") or [None])[0]
 
 
 def as_the_dflash_converter_reads(hparams: dict, where: Path) -> dict:
     """The config as the converter's DFlashModel reads it: a speculators drafter's layer config merged over it, and
     a DSpark drafter's settings (speculators' at the top, its target layers counted past the embedding) normalized into
     DFlash's `dflash_config` (SpecForge's form), as its DSparkModel normalizes them. Whether a DSpark drafter samples
-    the anchor's position is decided first: by the config, else by its form (EAGLE-3-like exports do not)."""
+    the anchor's position is decided first: by the config, else by its form (EAGLE-3-like exports do not).
+
+    speculators' DFlash2 drafter is normalized the same way, its convolutions' and selector's sizes nested too: the
+    converter's DFlashModel reads DFlash2 in that form alone (its makers'), and of speculators' it would write a file
+    without them, which llama.cpp refuses to load."""
     anchor = hparams.get(
         "sample_from_anchor",
         "transformer_layer_config" not in hparams and "aux_hidden_state_layer_ids" not in hparams,
     )
     hparams = as_the_converter_reads(hparams, where)
-    if (hparams.get("architectures") or [None])[0] not in DSPARK_CLASSES:
+    architecture = _architecture(hparams)
+    if architecture not in (*DSPARK_CLASSES, DFLASH2_CLASS):
         return hparams
     if "aux_hidden_state_layer_ids" in hparams:
         nested = {
@@ -167,17 +183,24 @@ def as_the_dflash_converter_reads(hparams: dict, where: Path) -> dict:
         }
     else:
         nested = {key: hparams[key] for key in ("target_layer_ids", "mask_token_id") if key in hparams}
+    if architecture == DFLASH2_CLASS:
+        if "dflash_config" in hparams:  # (its makers' form: the converter's own)
+            return hparams
+        return {"dflash_config": {**nested, **{key: hparams[key] for key in DFLASH2_KEYS if key in hparams}}, **hparams}
     return {"dflash_config": nested, **hparams, "sample_from_anchor": anchor}
 
 
-def dflash_checked(hparams: dict, where: Path) -> None:
+def dflash_checked(hparams: dict, where: Path) -> list[str]:
     """Refuses what the converter or llama.cpp's dflash does not take of a DSpark drafter: a Markov head other than
     the first-order one (vanilla), a draft vocabulary larger than the target's, a confidence head that reads the
     layers' states alone (llama.cpp's reads the Markov head's embedding beside them); of a DFlash one, DFlash2's
-    convolutions and selector, which the converter reads under other names."""
+    convolutions and selector, which the converter reads under other names; of a DFlash2 one, what llama.cpp refuses
+    to load or would draft otherwise (dflash2_refusal). Returns the notes of what llama.cpp computes otherwise."""
     nested = hparams.get("dflash_config") or {}
-    why = None
-    if (hparams.get("architectures") or [None])[0] not in DSPARK_CLASSES:
+    architecture, why = _architecture(hparams), None
+    if architecture == DFLASH2_CLASS:
+        why = dflash2_refusal(hparams)
+    elif architecture not in DSPARK_CLASSES:
         if "conv_kernel_size" in nested or "selector_rank" in nested:
             why = "it has DFlash2's local convolutions and candidate selector, and is named DFlash's (DFlashDraftModel)"
     elif (markov := hparams.get("markov_head_type", nested.get("markov_head_type", "vanilla"))) != "vanilla":
@@ -190,6 +213,34 @@ def dflash_checked(hparams: dict, where: Path) -> None:
         why = "the confidence head reads the layers' states alone, and llama.cpp's reads the Markov head's beside them"
     if why:
         raise ConfigMismatchError(f"{where}: {why}: serve this drafter with vLLM or SGLang")
+    if hparams.get("sliding_window_non_causal") is False and "sliding_attention" in (hparams.get("layer_types") or []):
+        return [
+            "its window's layers were trained attending causally inside the drafted block (speculators' "
+            "sliding_window_non_causal is off), and llama.cpp's dflash attends both ways there: its drafts past the "
+            "first token may differ from vLLM's"
+        ]
+    return []
+
+
+def dflash2_refusal(hparams: dict) -> str | None:
+    """Why llama.cpp would not load a DFlash2 drafter or would draft otherwise, if it would: its convolutions' or
+    selector's sizes missing, a width its selector's lattice of top-k candidates does not fit in (k(k + 1) values) or
+    its channel groups do not divide, the anchor's position sampled (llama.cpp's DFlash drafts after the anchor)."""
+    nested = hparams.get("dflash_config") or {}
+    sizes = {key: int(nested.get(key) or 0) for key in DFLASH2_KEYS}
+    width = hparams["hidden_size"]
+    if min(sizes.values()) <= 0:
+        return f"it lacks DFlash2's {', '.join(k for k, v in sizes.items() if v <= 0)}, which llama.cpp's dflash needs"
+    if width % sizes["conv_group_size"]:
+        return f"its width {width} is not a whole number of conv_group_size {sizes['conv_group_size']} channels"
+    if width < (top := sizes["selector_top_k"]) * (top + 1):
+        return (
+            f"selector_top_k {top} takes a width of {top * (top + 1)} in llama.cpp's selector, and the drafter's is "
+            f"{width}"
+        )
+    if hparams.get("sample_from_anchor"):
+        return "it samples the anchor's position too, and llama.cpp's DFlash drafts the positions after it"
+    return None
 
 
 def _confidence_head(hparams: dict) -> bool:
@@ -214,6 +265,11 @@ def dflash_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Pa
     if nested.get("attention_value_scale") is not None:
         writer.add_attn_value_scale(float(nested["attention_value_scale"]))
     writer.add_block_size(nested.get("block_size", hparams.get("block_size", 16)))
+    if "conv_kernel_size" in nested:  # (DFlash2's)
+        writer.add_conv_kernel_size(int(nested["conv_kernel_size"]))
+        writer.add_conv_group_size(int(nested["conv_group_size"]))
+        writer.add_selector_rank(int(nested["selector_rank"]))
+        writer.add_selector_top_k(int(nested["selector_top_k"]))
     for key, add in (
         ("output_multiplier", writer.add_logit_scale),
         ("final_logit_softcapping", writer.add_final_logit_softcapping),
@@ -236,7 +292,7 @@ def dflash_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Pa
     target = hparams["target_config"]
     if "mrope_section" in (target.get("rope_parameters") or target.get("rope_scaling") or {}):
         writer.add_rope_dimension_sections([head // 2, 0, 0, 0])
-    if (hparams.get("architectures") or [None])[0] in DSPARK_CLASSES:
+    if _architecture(hparams) in DSPARK_CLASSES:
         writer.add_sample_from_anchor(bool(hparams["sample_from_anchor"]))
         writer.add_has_confidence_head(_confidence_head(hparams))
 
@@ -277,8 +333,13 @@ DFLASH = GGUFPart(
     after_vocabulary=dflash_mask_token,
     as_the_converter_reads=as_the_dflash_converter_reads,
     check_config=dflash_checked,
-    # (the converter's names: every one under model., the confidence head's projection as DSpark's conf_proj)
-    renames=((r"^confidence_head\.proj\.", "conf_proj."), (r"^(?!model\.|conf_proj\.)", "model.")),
+    # (the converter's names: every one under model., the confidence head's projection as DSpark's conf_proj,
+    # DFlash2's selector's codebooks as weights)
+    renames=(
+        (r"^confidence_head\.proj\.", "conf_proj."),
+        (r"^(?!model\.|conf_proj\.)", "model."),
+        (r"^(model\.candidate_selector\.\w+_codebook)$", r"\1.weight"),
+    ),
     unnamed_special_tokens=("mask",),
     written_last=r"^(d2t|t2d)$",
     last_from_tensors=draft_to_target_ids,
@@ -321,7 +382,7 @@ FAMILIES = (
         "DFlash/DSpark drafter",
         "dspark",
         "DSparkDraftModel",
-        ("DSparkSpeculator", "DFlashDraftModel"),
+        ("DSparkSpeculator", "DFlashDraftModel", DFLASH2_CLASS),
         "DFlash or DSpark drafter",
         DFLASH,
     ),
