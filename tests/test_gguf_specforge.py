@@ -2,7 +2,8 @@
 EAGLE-3 layer under `midlayer.`, DFlash's settings under `dflash_config`), to GGUF beside the target model they draft
 for: EAGLE-3's as llama.cpp's eagle3, DFlash's and DSpark's as its dflash (with llama.cpp's own gguf-py: PyPI's lacks
 both). Each file is the converter's (given --target-model-dir) and llama-quantize's, and llama.cpp computes what
-SpecForge's own modules compute of an EAGLE-3 drafting step (the oracle runs in the `drafters` peer venv)."""
+SpecForge's own modules compute of an EAGLE-3 drafting step and of a DFlash drafted block (the oracles run in the
+`drafters` peer venv)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from test_gguf import (  # noqa: F401  (converter and ggml_library: the fixtures
     llama_cpp_client,
 )
 from test_gguf_newer_architectures import unshard_files, unshard_with_llama_cpp_gguf_py
-from test_gguf_speculators import drafts_as_its_trainer
+from test_gguf_speculators import drafts_a_block_as_its_trainer, drafts_as_its_trainer
 
 EAGLE3, DFLASH, DSPARK = "specforge-eagle3-export", "specforge-dflash-export", "specforge-dspark-export"
 
@@ -87,6 +88,16 @@ def test_specforge_eagle3_drafter_runs_in_llama_cpp_as_in_specforge(tmp_path):
         assert done.returncode == 0, done.stderr
     # (measured: fc's projections 2.6e-7 in f32, 7.2e-3 in q8_0; the logits 3.4e-5, 0.010)
     drafts_as_its_trainer(src, "specforge_oracle.py", tmp_path)
+
+
+def test_specforge_dflash_drafter_drafts_in_llama_cpp_as_in_specforge(tmp_path):
+    """llama.cpp runs unshard's DFlash file beside its target's (whose embedding and head it reads) as its draft-dflash
+    decoding does (six context tokens' hidden states of its two target layers injected, then the anchor and three mask
+    tokens as one block) and computes what SpecForge's own DFlashDraftModel computes of that block, as its
+    spec_generate runs it: the logits at each position."""
+    fixture = generate.HERE / "checkpoints" / DFLASH
+    # (measured: 2.2e-4 in f32, 5.4e-3 in q8_0)
+    drafts_a_block_as_its_trainer(fixture / "export", fixture / "target", 2, 63, tmp_path)
 
 
 @pytest.mark.parametrize(

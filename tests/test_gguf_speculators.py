@@ -139,7 +139,6 @@ def drafts_as_its_trainer(src: Path, oracle_script: str, tmp_path: Path) -> None
     expected = np.full((9, 128), -np.inf, np.float32)
     expected[:, oracle["target_ids"]] = oracle["logits"]
     drafted = np.isfinite(expected)
-    distance = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
     for kind in ("f32", "q8_0"):
         llama_cpp_client("eagle3", tmp_path / f"{kind}.gguf", tmp_path / "features.npy", tokens, tmp_path / "ll.npz")
         ran = np.load(tmp_path / "ll.npz")
@@ -230,36 +229,8 @@ def test_dflash2_drafter_drafts_in_llama_cpp_as_in_speculators(tmp_path):
     drafted position's top-k candidates and their scores after the anchor or after each of the previous position's
     candidates."""
     fixture = generate.HERE / "checkpoints" / DFLASH2
-    src = fixture / "run" / "0"
-    done = unshard_commands_with_llama_cpp_gguf_py(
-        [
-            ("convert", fixture / "target", tmp_path / "target.gguf", "--gguf-type", "f32"),
-            *[
-                ("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind, "--target-from", fixture / "target")
-                for kind in ("f32", "q8_0")
-            ],
-        ]
-    )
-    assert done.returncode == 0, done.stderr
-    np.save(tmp_path / "features.npy", np.random.default_rng(0).standard_normal((6, 3 * 64)).astype(np.float32))
-    tokens = "5,127,127,127"  # (the anchor, then the mask token: the target's last)
-    oracle_run = subprocess.run(
-        [str(generate.peer_python("drafters")), str(Path(__file__).parent / "dflash_oracle.py")]
-        + [str(src), str(fixture / "target"), str(tmp_path / "features.npy"), tokens, str(tmp_path / "oracle.npz")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert oracle_run.returncode == 0, oracle_run.stderr[-3000:]
-    oracle = np.load(tmp_path / "oracle.npz")
-    distance = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
-    runs = {}
-    for kind in ("f32", "q8_0"):
-        args = (tmp_path / "target.gguf", tmp_path / f"{kind}.gguf", tmp_path / "features.npy", tokens)
-        llama_cpp_client("dflash", *args, tmp_path / f"ll-{kind}.npz")
-        runs[kind] = np.load(tmp_path / f"ll-{kind}.npz")
-        # (measured: 2.6e-4 in f32, 7.5e-3 in q8_0)
-        assert distance(runs[kind]["logits"], oracle["logits"]) <= LLAMA_CPP_TOLERANCE[kind]
+    # (measured: the logits 2.6e-4 apart in f32, 7.5e-3 in q8_0)
+    oracle, runs = drafts_a_block_as_its_trainer(fixture / "run" / "0", fixture / "target", 3, 127, tmp_path)
     # f32's lattice, read by candidate ids (llama.cpp's top-k are a set, in no order); each score less its candidate's
     # logit: the selector's own part, some 1e-3 of the logits here (measured 1.9e-4 apart)
     lattice, logits, candidates = runs["f32"]["lattice"], runs["f32"]["logits"], oracle["candidates"]
@@ -277,6 +248,45 @@ def test_dflash2_drafter_drafts_in_llama_cpp_as_in_speculators(tmp_path):
                 at = expected_before.index(predecessor), list(candidates[i]).index(candidate)
                 theirs.append(expected[at] - oracle["logits"][i, candidate])
     assert distance(np.array(ours), np.array(theirs)) <= LLAMA_CPP_TOLERANCE["f32"]
+
+
+def drafts_a_block_as_its_trainer(src: Path, target: Path, layers: int, mask: int, tmp_path: Path) -> tuple:
+    """A DFlash drafter's block in llama.cpp (tests/llama_cpp_client.py's `dflash`, beside the target's f32 file:
+    six context tokens' hidden states of `layers` target layers, then the anchor and three mask tokens) against its
+    trainer's own modules' (tests/dflash_oracle.py, in the `drafters` peer venv): the logits of unshard's f32 and q8_0
+    files within llama.cpp's tolerance of the type. Returns the oracle's results and llama.cpp's runs, by type."""
+    done = unshard_commands_with_llama_cpp_gguf_py(
+        [
+            ("convert", target, tmp_path / "target.gguf", "--gguf-type", "f32"),
+            *[
+                ("convert", src, tmp_path / f"{kind}.gguf", "--gguf-type", kind, "--target-from", target)
+                for kind in ("f32", "q8_0")
+            ],
+        ]
+    )
+    assert done.returncode == 0, done.stderr
+    features = np.random.default_rng(0).standard_normal((6, layers * 64)).astype(np.float32)
+    np.save(tmp_path / "features.npy", features)
+    tokens = f"5,{mask},{mask},{mask}"
+    oracle_run = subprocess.run(
+        [str(generate.peer_python("drafters")), str(Path(__file__).parent / "dflash_oracle.py")]
+        + [str(src), str(target), str(tmp_path / "features.npy"), tokens, str(tmp_path / "oracle.npz")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert oracle_run.returncode == 0, oracle_run.stderr[-3000:]
+    oracle, runs = np.load(tmp_path / "oracle.npz"), {}
+    for kind in ("f32", "q8_0"):
+        args = (tmp_path / "target.gguf", tmp_path / f"{kind}.gguf", tmp_path / "features.npy", tokens)
+        llama_cpp_client("dflash", *args, tmp_path / f"ll-{kind}.npz")
+        runs[kind] = np.load(tmp_path / f"ll-{kind}.npz")
+        assert distance(runs[kind]["logits"], oracle["logits"]) <= LLAMA_CPP_TOLERANCE[kind]
+    return oracle, runs
+
+
+def distance(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 @pytest.mark.parametrize(
