@@ -3,16 +3,19 @@
     python dflash_oracle.py FOLDER TARGET FEATURES.npy 5,127,127,127 OUT.npz
 
 builds the drafter from its folder with its trainer's own classes, in float32 with eager attention: vLLM's speculators'
-DFlash2DraftModel (the folder its DistributedCheckpointer saved: speculators' config) or SGLang's SpecForge's
-DFlashDraftModel (its export_to_hf's folder), its embedding and head the target's (TARGET's model.safetensors, as both
-load their verifier's). It runs the drafter as its trainer's forward does for one anchor: FEATURES.npy's rows (the
+DFlash2DraftModel or DSparkDraftModel (the folder its DistributedCheckpointer saved: speculators' config) or SGLang's
+SpecForge's DFlashDraftModel (its export_to_hf's folder), its embedding the target's (TARGET's model.safetensors, as
+each loads its verifier's). It runs the drafter as its trainer's forward does for one anchor: FEATURES.npy's rows (the
 context's target hidden states) through fc and its norm, the block's tokens (the anchor, then mask tokens) at the
-positions after them through the layers (each attending to the context and to its whole block), the norm and the
-target's head. For DFlash2, then its candidate selector as llama.cpp walks it: each position's top-k candidates,
-scored after the anchor (the first drafted position) or after each of the previous position's candidates.
+positions after them through the layers, each attending to the context and to its block as it was trained to (whole;
+speculators' window layers causally where its sliding_window_non_causal is off), then the norm and the head:
+- DFlash's and DFlash2's, the target's head;
+- DSpark's, its own over the draft vocabulary, each drafted position biased by its Markov head after the token drafted
+  before it (the anchor for the first; then the greedy pick, as llama.cpp chains it) and scored by its confidence head.
 
-OUT.npz gets `logits` (one row per block position); for DFlash2 also `candidates` (top-k ids per position), `first`
-(the first drafted position's scores after the anchor) and `scores` (the later positions': by predecessor and
+OUT.npz gets `logits` (one row per block position, over the target's vocabulary: -inf at ids a draft vocabulary
+lacks); DSpark's `confidence` (per drafted position); DFlash2's `candidates` (top-k ids per position), `first` (the
+first drafted position's selector scores after the anchor) and `scores` (the later positions': by predecessor and
 candidate)."""
 
 import json
@@ -23,15 +26,22 @@ import torch
 from safetensors.torch import load_file
 
 
-def speculators_dflash2(folder: str, verifier: dict):
-    from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfig
-
-    config = DFlash2SpeculatorConfig.from_pretrained(folder)
+def speculators_drafter(folder: str, verifier: dict, kind: str):
+    """speculators' DFlash2 or DSpark drafter, and its block's normed hidden states as its _backbone_forward makes
+    them."""
+    if kind == "dflash2":
+        from speculators.models.dflash2 import DFlash2DraftModel as Model
+        from speculators.models.dflash2 import DFlash2SpeculatorConfig as Config
+    else:
+        from speculators.models.dspark import DSparkDraftModel as Model
+        from speculators.models.dspark import DSparkSpeculatorConfig as Config
+    config = Config.from_pretrained(folder)
     config.transformer_layer_config._attn_implementation = "eager"
-    model = DFlash2DraftModel(config)
+    model = Model(config)
     weights = load_file(f"{folder}/model.safetensors")
     weights["embed_tokens.weight"] = verifier["model.embed_tokens.weight"]
-    weights["lm_head.weight"] = verifier["lm_head.weight"]
+    if not model.use_draft_vocab:
+        weights["lm_head.weight"] = verifier["lm_head.weight"]
     missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not unexpected and set(missing) <= set(model._keys_to_ignore_on_save), (missing, unexpected)
     model = model.float().eval()
@@ -40,11 +50,16 @@ def speculators_dflash2(folder: str, verifier: dict):
         target_hidden = model.hidden_norm(model.fc(rows))
         hidden = model.embed_tokens(tokens)
         rotary = model.rotary_emb(hidden, positions)
-        for layer in model.layers:
+        context, size = rows.shape[1], tokens.shape[1]
+        # (its mask of a window layer trained causal inside the block; the block is far inside the window)
+        causal = torch.zeros(1, 1, size, context + size)
+        causal[..., context:] = torch.full((size, size), float("-inf")).triu(1)
+        for i, layer in enumerate(model.layers):
+            windowed = i in model.sliding_window_indices and not model.sliding_window_non_causal
             hidden = layer(
                 hidden_states=hidden,
                 target_hidden=target_hidden,
-                attention_mask=None,  # (the anchor's block attends to the context before it and to itself, whole)
+                attention_mask=causal if windowed else None,
                 position_ids=positions,
                 position_embeddings=rotary,
             )
@@ -74,18 +89,38 @@ def specforge_dflash(folder: str, verifier: dict):
 
 def drafted(folder: str, target: str, features: str, tokens: list[int], out: str) -> None:
     verifier = load_file(f"{target}/model.safetensors")
-    speculators = "speculators_model_type" in json.loads(open(f"{folder}/config.json").read())
-    model, block = (speculators_dflash2 if speculators else specforge_dflash)(folder, verifier)
-    head = verifier["lm_head.weight"].float()
+    kind = json.loads(open(f"{folder}/config.json").read()).get("speculators_model_type")
+    model, block = speculators_drafter(folder, verifier, kind) if kind else specforge_dflash(folder, verifier)
     rows = torch.from_numpy(np.load(features)).float()[None]
     positions = torch.arange(rows.shape[1] + len(tokens))[None]
     with torch.no_grad():
         hidden = block(rows, torch.tensor([tokens]), positions)[0]
-        logits = hidden @ head.T
-        results = {"logits": logits.numpy()}
-        if speculators:
-            results.update(selector_walk(model.candidate_selector, hidden, logits, tokens))
+        if kind == "dspark":
+            results = markov_chain(model, hidden, tokens, verifier["lm_head.weight"].shape[0])
+        else:
+            results = {"logits": (hidden @ verifier["lm_head.weight"].float().T).numpy()}
+        if kind == "dflash2":
+            results.update(selector_walk(model.candidate_selector, hidden, torch.from_numpy(results["logits"]), tokens))
     np.savez(out, **results)
+
+
+def markov_chain(model, hidden: torch.Tensor, tokens: list[int], vocabulary: int) -> dict:
+    """DSpark's logits over the target's vocabulary: its head's, each drafted position's biased by its Markov head after
+    the token before (the anchor, then the previous position's greedy pick), and its confidence head's sigmoid."""
+    target_ids = model.d2t + torch.arange(model.d2t.numel())
+    base = model.lm_head(hidden)
+    logits = torch.full((len(tokens), vocabulary), float("-inf"))
+    confidence, previous = [], tokens[0]
+    start = 0 if model.config.sample_from_anchor else 1
+    logits[:start, target_ids] = base[:start]
+    for i in range(start, len(tokens)):
+        embedded = model.markov_head.prev_embeddings(torch.tensor([previous]))
+        biased = base[i] + model.markov_head.markov_w2(embedded)[0]
+        logits[i, target_ids] = biased
+        features = torch.cat([hidden[i : i + 1], embedded], dim=-1)
+        confidence.append(torch.sigmoid(model.confidence_head(features))[0].item())
+        previous = int(target_ids[biased.argmax()])
+    return {"logits": logits.numpy(), "confidence": np.array(confidence, np.float32)}
 
 
 def selector_walk(selector, hidden: torch.Tensor, logits: torch.Tensor, tokens: list[int]) -> dict:

@@ -43,9 +43,10 @@ and `logits` (the target vocabulary's, the draft tokens' placed at their target 
 runs a DFlash drafter's file as llama.cpp's draft-dflash speculative decoding does, beside its target's file (whose
 embedding and head it reads): each row of FEATURES.npy (a context token's target hidden states, side by side) injected
 into its cache at positions 0, 1, ..., then the block (the anchor token, then mask tokens) after them, attending both
-ways: OUT.npz gets `logits` (the target vocabulary's, one row per block position) and `lattice` (DFlash2's selector's
-rows, one per block position, from llama.cpp's nextn output: each position's top-k candidate ids, then its scores by
-predecessor and candidate).
+ways (causally where the file says so): OUT.npz gets `logits` (the target vocabulary's, one row per block position; a
+DSpark drafter's biased by its Markov head) and `nextn` (llama.cpp's nextn output, one row per block position:
+DFlash2's selector lattice, each position's top-k candidate ids, then its scores by predecessor and candidate;
+DSpark's confidence, across its row).
 
     python llama_cpp_client.py tokenize MODEL.gguf TEXTS.json OUT.json
 tokenizes each text of TEXTS.json (a list) with the file's vocabulary, as llama.cpp does (no BOS, special tokens as
@@ -291,7 +292,9 @@ def dflash(target: str, path: str, features: str, block: list[int], out: str) ->
     ctx = context(model, target_ctx)
     assert ctx, "llama.cpp made no context of the drafter"
     set_nextn(ctx, True, False)
-    llama_cpp.llama_set_causal_attn(ctx, False)
+    causal = ctypes.create_string_buffer(8)  # (the file's say, as common/speculative.cpp reads it: else both ways)
+    said = llama_cpp.llama_model_meta_val_str(model, b"dflash.attention.causal", causal, 8) >= 0
+    llama_cpp.llama_set_causal_attn(ctx, said and causal.value == b"true")
     width = llama_cpp.llama_model_n_embd(model)
     batch = llama_cpp.llama_batch_ext_init(ctx)
     for i, row in enumerate(rows):
@@ -311,8 +314,8 @@ def dflash(target: str, path: str, features: str, block: list[int], out: str) ->
         [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(vocabulary,)) for i in range(len(block))]
     )
     nextn = get_nextn(ctx)
-    lattice = np.ctypeslib.as_array(nextn, shape=(len(block), width)).copy() if nextn else np.zeros((0, width))
-    np.savez(out, logits=logits, lattice=lattice)
+    rows_out = np.ctypeslib.as_array(nextn, shape=(len(block), width)).copy() if nextn else np.zeros((0, width))
+    np.savez(out, logits=logits, nextn=rows_out)
     llama_cpp.llama_batch_ext_free(batch)
     for free in (ctx, target_ctx):
         llama_cpp.llama_free(free)

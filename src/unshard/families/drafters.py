@@ -213,13 +213,31 @@ def dflash_checked(hparams: dict, where: Path) -> list[str]:
         why = "the confidence head reads the layers' states alone, and llama.cpp's reads the Markov head's beside them"
     if why:
         raise ConfigMismatchError(f"{where}: {why}: serve this drafter with vLLM or SGLang")
-    if hparams.get("sliding_window_non_causal") is False and "sliding_attention" in (hparams.get("layer_types") or []):
-        return [
-            "its window's layers were trained attending causally inside the drafted block (speculators' "
-            "sliding_window_non_causal is off), and llama.cpp's dflash attends both ways there: its drafts past the "
-            "first token may differ from vLLM's"
-        ]
-    return []
+    return _block_attention_notes(hparams)
+
+
+def _block_attention_notes(hparams: dict) -> list[str]:
+    """Where llama.cpp's dflash attends inside the drafted block otherwise than a speculators drafter was trained to:
+    it attends one way in every layer (causally where the config says `is_causal`, else both ways), where speculators
+    trains its window layers causally unless sliding_window_non_causal is on, and its other layers both ways."""
+    if "sliding_window_non_causal" not in hparams:  # (not speculators' form: how it was trained is not said)
+        return []
+    windowed = [kind == "sliding_attention" for kind in hparams.get("layer_types") or []]
+    trained_causal = [window and not hparams["sliding_window_non_causal"] for window in windowed]
+    runs_causal = bool(hparams.get("is_causal", (hparams.get("dflash_config") or {}).get("causal", False)))
+    if all(trained == runs_causal for trained in trained_causal):
+        return []
+    if all(trained_causal):
+        trained = "causally"
+        fix = ': add "is_causal": true to its config.json for llama.cpp to attend causally, as trained'
+    elif any(trained_causal):
+        trained, fix = "causally in its window layers and both ways in the others", ""
+    else:
+        trained, fix = "both ways", ""
+    return [
+        f"inside the drafted block its layers were trained attending {trained}, and llama.cpp's dflash attends "
+        f"{'causally' if runs_causal else 'both ways'} in every layer: its drafts differ from vLLM's{fix}"
+    ]
 
 
 def dflash2_refusal(hparams: dict) -> str | None:
