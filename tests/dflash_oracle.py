@@ -4,14 +4,16 @@
 
 builds the drafter from its folder with its trainer's own classes, in float32 with eager attention: vLLM's speculators'
 DFlash2DraftModel or DSparkDraftModel (the folder its DistributedCheckpointer saved: speculators' config) or SGLang's
-SpecForge's DFlashDraftModel (its export_to_hf's folder), its embedding the target's (TARGET's model.safetensors, as
-each loads its verifier's). It runs the drafter as its trainer's forward does for one anchor: FEATURES.npy's rows (the
-context's target hidden states) through fc and its norm, the block's tokens (the anchor, then mask tokens) at the
-positions after them through the layers, each attending to the context and to its block as it was trained to (whole;
-speculators' window layers causally where its sliding_window_non_causal is off), then the norm and the head:
+SpecForge's DFlashDraftModel or DSparkDraftModel (its export_to_hf's folder), its embedding the target's (TARGET's
+model.safetensors, as each loads its verifier's). It runs the drafter as its trainer's forward does for one anchor:
+FEATURES.npy's rows (the context's target hidden states) through fc and its norm, the block's tokens (the anchor, then
+mask tokens) at the positions after them through the layers, each attending to the context and to its block as it was
+trained to (whole; speculators' window layers causally where its sliding_window_non_causal is off), then the norm and
+the head:
 - DFlash's and DFlash2's, the target's head;
-- DSpark's, its own over the draft vocabulary, each drafted position biased by its Markov head after the token drafted
-  before it (the anchor for the first; then the greedy pick, as llama.cpp chains it) and scored by its confidence head.
+- DSpark's, speculators' own over the draft vocabulary (SpecForge's, the target's), each drafted position biased by its
+  Markov head after the token drafted before it (the anchor for the first; then the greedy pick, as llama.cpp chains
+  it) and scored by its confidence head.
 
 OUT.npz gets `logits` (one row per block position, over the target's vocabulary: -inf at ids a draft vocabulary
 lacks); DSpark's `confidence` (per drafted position); DFlash2's `candidates` (top-k ids per position), `first` (the
@@ -69,12 +71,14 @@ def speculators_drafter(folder: str, verifier: dict, kind: str):
 
 
 def specforge_dflash(folder: str, verifier: dict):
+    """SpecForge's DFlash or DSpark drafter, and its block's normed hidden states as its forward makes them."""
     from specforge.modeling.draft.dflash import DFlashDraftModel
+    from specforge.modeling.draft.dspark import DSparkDraftModel
     from transformers import Qwen3Config
 
     config = Qwen3Config.from_pretrained(folder)
     config._attn_implementation = "eager"
-    model = DFlashDraftModel(config)
+    model = (DSparkDraftModel if config.architectures[0] == "DSparkDraftModel" else DFlashDraftModel)(config)
     missing, unexpected = model.load_state_dict(load_file(f"{folder}/model.safetensors"), strict=False)
     assert not missing and not unexpected, (missing, unexpected)
     model = model.float().eval()
@@ -95,10 +99,13 @@ def drafted(folder: str, target: str, features: str, tokens: list[int], out: str
     positions = torch.arange(rows.shape[1] + len(tokens))[None]
     with torch.no_grad():
         hidden = block(rows, torch.tensor([tokens]), positions)[0]
+        head = verifier["lm_head.weight"].float()
         if kind == "dspark":
-            results = markov_chain(model, hidden, tokens, verifier["lm_head.weight"].shape[0])
+            results = markov_chain(model, hidden, tokens, head.shape[0])
+        elif getattr(model, "markov_head", None) is not None:  # (SpecForge's DSpark)
+            results = specforge_markov_chain(model, hidden, hidden @ head.T, tokens)
         else:
-            results = {"logits": (hidden @ verifier["lm_head.weight"].float().T).numpy()}
+            results = {"logits": (hidden @ head.T).numpy()}
         if kind == "dflash2":
             results.update(selector_walk(model.candidate_selector, hidden, torch.from_numpy(results["logits"]), tokens))
     np.savez(out, **results)
@@ -121,6 +128,17 @@ def markov_chain(model, hidden: torch.Tensor, tokens: list[int], vocabulary: int
         confidence.append(torch.sigmoid(model.confidence_head(features))[0].item())
         previous = int(target_ids[biased.argmax()])
     return {"logits": logits.numpy(), "confidence": np.array(confidence, np.float32)}
+
+
+def specforge_markov_chain(model, hidden: torch.Tensor, base: torch.Tensor, tokens: list[int]) -> dict:
+    """SpecForge's DSpark logits by its own Markov head's greedy walk of the block (every position drafted, as it
+    trains: the first after the anchor), and its confidence head's sigmoid after each position's previous token."""
+    drafted, logits = model.markov_head.sample_block_tokens(
+        base[None], first_prev_token_ids=torch.tensor([tokens[0]]), hidden_states=hidden[None]
+    )
+    previous = torch.cat([torch.tensor([[tokens[0]]]), drafted[:, :-1]], dim=1)
+    confidence = torch.sigmoid(model.predict_confidence(hidden[None], prev_token_ids=previous))
+    return {"logits": logits[0].numpy(), "confidence": confidence.reshape(-1).numpy()}
 
 
 def selector_walk(selector, hidden: torch.Tensor, logits: torch.Tensor, tokens: list[int]) -> dict:

@@ -90,14 +90,19 @@ def test_specforge_eagle3_drafter_runs_in_llama_cpp_as_in_specforge(tmp_path):
     drafts_as_its_trainer(src, "specforge_oracle.py", tmp_path)
 
 
-def test_specforge_dflash_drafter_drafts_in_llama_cpp_as_in_specforge(tmp_path):
-    """llama.cpp runs unshard's DFlash file beside its target's (whose embedding and head it reads) as its draft-dflash
-    decoding does (six context tokens' hidden states of its two target layers injected, then the anchor and three mask
-    tokens as one block) and computes what SpecForge's own DFlashDraftModel computes of that block, as its
-    spec_generate runs it: the logits at each position."""
-    fixture = generate.HERE / "checkpoints" / DFLASH
-    # (measured: 2.2e-4 in f32, 5.4e-3 in q8_0)
-    drafts_a_block_as_its_trainer(fixture / "export", fixture / "target", 2, 63, tmp_path)
+@pytest.mark.parametrize("case", [DFLASH, DSPARK])
+def test_specforge_dflash_drafter_drafts_in_llama_cpp_as_in_specforge(case, tmp_path):
+    """llama.cpp runs unshard's DFlash or DSpark file beside its target's (whose embedding and head it reads) as its
+    draft-dflash decoding does (six context tokens' hidden states of its two target layers injected, then the anchor
+    and three mask tokens as one block) and computes what SpecForge's own DFlashDraftModel or DSparkDraftModel
+    computes of that block: the logits at each position (DSpark's, each biased by its Markov head's greedy walk from
+    the anchor, as SpecForge's sample_block_tokens walks it), and DSpark's confidence."""
+    fixture = generate.HERE / "checkpoints" / case
+    # (measured: DFlash's logits 2.2e-4 apart in f32, 5.4e-3 in q8_0; DSpark's 3.2e-4, 6.4e-3 (1.1e-2 in f32 without
+    # its Markov bias), its confidence 3.2e-5)
+    oracle, runs, _ = drafts_a_block_as_its_trainer(fixture / "export", fixture / "target", 2, 63, tmp_path)
+    if case == DSPARK:
+        assert np.abs(runs["f32"]["nextn"][:, 0] - oracle["confidence"]).max() <= 1e-3
 
 
 @pytest.mark.parametrize(
