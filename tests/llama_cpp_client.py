@@ -216,15 +216,21 @@ def media(model: str, mmproj: str, bitmap_of, out: str) -> None:
     mtmd.mtmd_free(context)
 
 
-def eagle3(path: str, features: str, tokens: list[int], out: str) -> None:
-    """An EAGLE-3 drafter's encoder, then its decoder, through llama.cpp's extended batches (llama_process): each
-    token's entry holds its id and its projection, as common/speculative.cpp gives them."""
+def nextn_functions():
+    """llama.cpp's staging API of a drafter's extra outputs, by their C++ names (llama-ext.h's
+    llama_set_embeddings_nextn and llama_get_embeddings_nextn): (set, get)."""
     lib = llama_cpp.llama_cpp._lib
-    # (llama.cpp's staging API, C++ names: llama-ext.h's llama_set_embeddings_nextn / llama_get_embeddings_nextn)
     set_nextn = lib._Z26llama_set_embeddings_nextnP13llama_contextbb
     set_nextn.argtypes, set_nextn.restype = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None
     get_nextn = lib._Z26llama_get_embeddings_nextnP13llama_context
     get_nextn.argtypes, get_nextn.restype = [ctypes.c_void_p], ctypes.POINTER(ctypes.c_float)
+    return set_nextn, get_nextn
+
+
+def eagle3(path: str, features: str, tokens: list[int], out: str) -> None:
+    """An EAGLE-3 drafter's encoder, then its decoder, through llama.cpp's extended batches (llama_process): each
+    token's entry holds its id and its projection, as common/speculative.cpp gives them."""
+    set_nextn, get_nextn = nextn_functions()
     rows = np.ascontiguousarray(np.load(features), dtype=np.float32)
     floats = ctypes.POINTER(ctypes.c_float)
     n = len(tokens)
@@ -268,11 +274,7 @@ def eagle3(path: str, features: str, tokens: list[int], out: str) -> None:
 def dflash(target: str, path: str, features: str, block: list[int], out: str) -> None:
     """A DFlash drafter beside its target's context (ctx_other: the target's embedding and head), through llama.cpp's
     extended batches as common/speculative.cpp drives it: the context's features injected, then the block decoded."""
-    lib = llama_cpp.llama_cpp._lib
-    set_nextn = lib._Z26llama_set_embeddings_nextnP13llama_contextbb
-    set_nextn.argtypes, set_nextn.restype = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None
-    get_nextn = lib._Z26llama_get_embeddings_nextnP13llama_context
-    get_nextn.argtypes, get_nextn.restype = [ctypes.c_void_p], ctypes.POINTER(ctypes.c_float)
+    set_nextn, get_nextn = nextn_functions()
     rows = np.ascontiguousarray(np.load(features), dtype=np.float32)
     floats = ctypes.POINTER(ctypes.c_float)
     n = len(rows) + len(block)
