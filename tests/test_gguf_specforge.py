@@ -17,27 +17,16 @@ from pathlib import Path
 import generate
 import numpy as np
 import pytest
-from test_gguf import (  # noqa: F401  (converter and ggml_library: the fixtures, used by name)
-    LLAMA_CPP_TOLERANCE,
-    assert_same_file,
-    contents,
-    converter,
-    for_the_converter,
-    ggml_library,
-    llama_cpp_client,
-)
+from test_gguf import contents, converter, ggml_library  # noqa: F401  (converter, ggml_library: fixtures, by name)
 from test_gguf_newer_architectures import unshard_files, unshard_with_llama_cpp_gguf_py
-from test_gguf_speculators import drafts_a_block_as_its_trainer, drafts_as_its_trainer
+from test_gguf_speculators import (
+    assert_the_converter_s,
+    drafts_a_block_as_its_trainer,
+    drafts_as_its_trainer,
+    target_of,
+)
 
 EAGLE3, DFLASH, DSPARK = "specforge-eagle3-export", "specforge-dflash-export", "specforge-dspark-export"
-
-
-def target_of(case: str, tmp_path: Path) -> Path:
-    """The fixture's target model's folder, its tokenizer config as the converter's transformers reads it."""
-    folder = tmp_path / "target"
-    shutil.copytree(generate.HERE / "checkpoints" / case / "target", folder)
-    for_the_converter(folder)
-    return folder
 
 
 @pytest.mark.parametrize("case", [EAGLE3, DFLASH, DSPARK])
@@ -52,13 +41,7 @@ def test_specforge_drafter_as_the_converter_and_llama_quantize_write_it(case, co
     src = generate.HERE / "checkpoints" / case / "export"
     kinds = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
     unshard_files(src, tmp_path, kinds, ggml_library, "--target-from", target)
-    for kind in kinds[:4]:
-        oracle = converter(
-            src, kind, tmp_path / f"oracle-{kind}.gguf", pre="gpt-2", more=("--target-model-dir", target)
-        )
-        assert_same_file(tmp_path / f"{kind}.gguf", oracle)
-    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
-    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    assert_the_converter_s(converter, src, target, tmp_path)
     header, tensors = contents(tmp_path / "f32.gguf")
     names = [t[0] for t in tensors]
     assert len(header["tokenizer.ggml.tokens"]) == 128

@@ -68,13 +68,30 @@ def test_a_speculators_run_converts_epoch_by_epoch(tmp_path):
     assert sorted(written) == sorted(reference) and all(torch.equal(written[n], t) for n, t in reference.items())
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory) -> Path:
+def assert_the_converter_s(converter, folder: Path, target: Path, tmp_path: Path) -> None:
+    """unshard's files in tmp_path (f32.gguf ... q8_0.gguf, q4_k_m.gguf) are the converter's of the drafter's folder,
+    given the target's as --target-model-dir, and llama-quantize's q4_k_m of the converter's f32 file."""
+    for kind in ("f32", "f16", "bf16", "q8_0"):
+        oracle = converter(
+            folder, kind, tmp_path / f"oracle-{kind}.gguf", pre="gpt-2", more=("--target-model-dir", target)
+        )
+        assert_same_file(tmp_path / f"{kind}.gguf", oracle)
+    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
+    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+
+
+def target_of(case: str, tmp_path: Path) -> Path:
     """The fixture's target model's folder, its tokenizer config as the converter's transformers reads it."""
-    folder = tmp_path_factory.mktemp("target") / "target"
-    shutil.copytree(generate.HERE / "checkpoints" / CASE / "target", folder)
+    folder = tmp_path / "target"
+    shutil.copytree(generate.HERE / "checkpoints" / case / "target", folder)
     for_the_converter(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    """The EAGLE-3 fixture's target model's folder, as the converter reads it (target_of)."""
+    return target_of(CASE, tmp_path_factory.mktemp("target"))
 
 
 def test_eagle3_drafter_as_the_converter_and_llama_quantize_write_it(target, converter, ggml_library, tmp_path):
@@ -86,13 +103,7 @@ def test_eagle3_drafter_as_the_converter_and_llama_quantize_write_it(target, con
     said = unshard_files(src, tmp_path, kinds, ggml_library, "--target-from", target)
     assert "t2d: left out, as llama.cpp's converter leaves it out" in said
     assert "norm_output is on" in said and "keeps a window of 2048 tokens" in said
-    for kind in kinds[:4]:
-        oracle = converter(
-            src, kind, tmp_path / f"oracle-{kind}.gguf", pre="gpt-2", more=("--target-model-dir", target)
-        )
-        assert_same_file(tmp_path / f"{kind}.gguf", oracle)
-    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
-    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    assert_the_converter_s(converter, src, target, tmp_path)
     header, tensors = contents(tmp_path / "f32.gguf")
     assert header["general.architecture"] == "eagle3" and header["eagle3.target_layers"] == [1, 3, 4]
     assert header["eagle3.target_hidden_size"] == 64 and len(header["tokenizer.ggml.tokens"]) == 128
@@ -154,22 +165,14 @@ def test_dspark_drafter_as_the_converter_and_llama_quantize_write_it(converter, 
     vocabulary, written as the target's family writes it, then the mask token; d2t last as int64 target ids) and
     llama-quantize's in q4_k_m. It has no embedding (the target's): llama.cpp runs it beside its target's context
     alone, so no logits are compared here."""
-    target = tmp_path / "target"
-    shutil.copytree(generate.HERE / "checkpoints" / DSPARK / "target", target)
-    for_the_converter(target)
+    target = target_of(DSPARK, tmp_path)
     src = generate.HERE / "checkpoints" / DSPARK / "run" / "0"
     kinds = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
     said = unshard_files(src, tmp_path, kinds, ggml_library, "--target-from", target)
     assert "t2d: left out, as llama.cpp's converter leaves it out" in said
     # (its first layer keeps a window, trained causal inside the block: speculators' default for DSpark)
     assert "trained attending causally in its window layers and both ways in the others, and llama.cpp's" in said
-    for kind in kinds[:4]:
-        oracle = converter(
-            src, kind, tmp_path / f"oracle-{kind}.gguf", pre="gpt-2", more=("--target-model-dir", target)
-        )
-        assert_same_file(tmp_path / f"{kind}.gguf", oracle)
-    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
-    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    assert_the_converter_s(converter, src, target, tmp_path)
     header, tensors = contents(tmp_path / "f32.gguf")
     assert header["general.architecture"] == "dflash" and header["dflash.block_size"] == 4
     assert header["dflash.target_layers"] == [1, 3, 4] and header["dflash.attention.sliding_window_pattern"] == [
@@ -187,9 +190,7 @@ def test_dflash2_drafter_as_the_converter_reads_its_makers_form(converter, ggml_
     of the same drafter in the form it reads DFlash2 in (its makers': a flat config, the drafter's settings in
     dflash_config; of speculators' own it writes no sizes of the convolutions and selector, and llama.cpp refuses that
     file), in f32, f16, bf16 and q8_0, and llama-quantize's of that in q4_k_m."""
-    target = tmp_path / "target"
-    shutil.copytree(generate.HERE / "checkpoints" / DFLASH2 / "target", target)
-    for_the_converter(target)
+    target = target_of(DFLASH2, tmp_path)
     src = generate.HERE / "checkpoints" / DFLASH2 / "run" / "0"
     kinds = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
     said = unshard_files(src, tmp_path, kinds, ggml_library, "--target-from", target)
@@ -204,13 +205,7 @@ def test_dflash2_drafter_as_the_converter_reads_its_makers_form(converter, ggml_
         **{key: config.pop(key) for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")},
     }
     (makers / "config.json").write_text(json.dumps({**config, **layers}))
-    for kind in kinds[:4]:
-        oracle = converter(
-            makers, kind, tmp_path / f"oracle-{kind}.gguf", pre="gpt-2", more=("--target-model-dir", target)
-        )
-        assert_same_file(tmp_path / f"{kind}.gguf", oracle)
-    llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
-    assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
+    assert_the_converter_s(converter, makers, target, tmp_path)
     header, tensors = contents(tmp_path / "f32.gguf")
     assert header["general.architecture"] == "dflash" and header["dflash.target_layers"] == [1, 3, 4]
     assert [header[f"dflash.{key}"] for key in ("conv_kernel_size", "conv_group_size")] == [2, 16]

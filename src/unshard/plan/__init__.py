@@ -51,14 +51,13 @@ def choose_dtype(
         return dtypes.OUTPUT[requested], "asked for with --dtype"
     declared = (config or {}).get("dtype") or (config or {}).get("torch_dtype")
     stored = [t.dtype for t in checkpoint.tensors.values() if t.dtype.is_floating_point]
-    if as_stored and stored:
-        return max(
-            set(stored), key=stored.count
-        ), "each tensor as stored in the folder, as llama.cpp's converter reads it"
+    most = max(set(stored), key=stored.count) if stored else None
+    if as_stored and most is not None:
+        return most, "each tensor as stored in the folder, as llama.cpp's converter reads it"
     if declared in dtypes.OUTPUT:
         return dtypes.OUTPUT[declared], "declared by config.json"
-    if stored:
-        return max(set(stored), key=stored.count), "as stored in the checkpoint"
+    if most is not None:
+        return most, "as stored in the checkpoint"
     return dtypes.float32, "default"
 
 
