@@ -33,8 +33,9 @@ runs an embedding model's file over the tokens, pooled as the file says (and pro
 sentence-transformers model's Dense projections): OUT.npy gets the sequence's embedding, as llama-embedding gives it
 before it normalizes.
 
-    python llama_cpp_client.py eagle3 DRAFT.gguf FEATURES.npy 5,20,33 OUT.npz
-runs an EAGLE-3 drafter's file as llama.cpp's draft-eagle3 speculative decoding does, without its target: each row of
+    python llama_cpp_client.py eagle3 DRAFT.gguf FEATURES.npy 5,20,33 OUT.npz [TARGET.gguf]
+runs an EAGLE-3 drafter's file as llama.cpp's draft-eagle3 speculative decoding does, without its target's hidden
+states (and beside its target's file, whose embedding it reads, where the drafter has none of its own): each row of
 FEATURES.npy (a token's three target hidden states, side by side) through its encoder, then each token with its row's
 projection through its layer, at positions 0, 1, ...: OUT.npz gets `g` (the encoder's projections, one row per token)
 and `logits` (the target vocabulary's, the draft tokens' placed at their target ids, -inf elsewhere).
@@ -227,19 +228,30 @@ def nextn_functions():
     return set_nextn, get_nextn
 
 
-def eagle3(path: str, features: str, tokens: list[int], out: str) -> None:
+def eagle3(path: str, features: str, tokens: list[int], out: str, target: str | None = None) -> None:
     """An EAGLE-3 drafter's encoder, then its decoder, through llama.cpp's extended batches (llama_process): each
-    token's entry holds its id and its projection, as common/speculative.cpp gives them."""
+    token's entry holds its id and its projection, as common/speculative.cpp gives them. A drafter without an embedding
+    of its own reads its target's (target: its file, whose context is the drafter's ctx_other)."""
     set_nextn, get_nextn = nextn_functions()
     rows = np.ascontiguousarray(np.load(features), dtype=np.float32)
     floats = ctypes.POINTER(ctypes.c_float)
     n = len(tokens)
+
+    def context(model, other=None):
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = params.n_batch = params.n_ubatch = max(n, 8)
+        params.n_threads = params.n_threads_batch = 1
+        params.type_k = params.type_v = llama_cpp.GGML_TYPE_F32
+        if other is not None:
+            params.ctx_other = other
+        return llama_cpp.llama_init_from_model(model, params)
+
+    target_model = target and llama_cpp.llama_model_load_from_file(
+        target.encode(), llama_cpp.llama_model_default_params()
+    )
+    target_ctx = target_model and context(target_model)
     model = llama_cpp.llama_model_load_from_file(path.encode(), llama_cpp.llama_model_default_params())
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx = params.n_batch = params.n_ubatch = max(n, 8)
-    params.n_threads = params.n_threads_batch = 1
-    params.type_k = params.type_v = llama_cpp.GGML_TYPE_F32
-    ctx = llama_cpp.llama_init_from_model(model, params)
+    ctx = context(model, target_ctx)
     set_nextn(ctx, True, False)
     width = llama_cpp.llama_model_n_embd(model)
     batch = llama_cpp.llama_batch_ext_init(ctx)
@@ -267,8 +279,12 @@ def eagle3(path: str, features: str, tokens: list[int], out: str) -> None:
     )
     np.savez(out, g=g, logits=logits)
     llama_cpp.llama_batch_ext_free(batch)
-    llama_cpp.llama_free(ctx)
-    llama_cpp.llama_model_free(model)
+    for free in (ctx, target_ctx):
+        if free:
+            llama_cpp.llama_free(free)
+    for free in (model, target_model):
+        if free:
+            llama_cpp.llama_model_free(free)
 
 
 def dflash(target: str, path: str, features: str, block: list[int], out: str) -> None:
@@ -338,7 +354,7 @@ if sys.argv[1] == "tokenize":
 elif sys.argv[1] == "run":
     run(sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4], int(sys.argv[5]), *sys.argv[6:7])
 elif sys.argv[1] == "eagle3":
-    eagle3(sys.argv[2], sys.argv[3], [int(i) for i in sys.argv[4].split(",")], sys.argv[5])
+    eagle3(sys.argv[2], sys.argv[3], [int(i) for i in sys.argv[4].split(",")], sys.argv[5], *sys.argv[6:7])
 elif sys.argv[1] == "dflash":
     dflash(sys.argv[2], sys.argv[3], sys.argv[4], [int(i) for i in sys.argv[5].split(",")], sys.argv[6])
 elif sys.argv[1] == "image":

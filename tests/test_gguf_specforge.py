@@ -91,7 +91,11 @@ def test_specforge_dflash_drafter_drafts_in_llama_cpp_as_in_specforge(case, tmp_
 @pytest.mark.parametrize(
     "case, change, message",
     [
-        (EAGLE3, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}, "names its target layers in"),
+        (
+            EAGLE3,
+            {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}},
+            'under eagle_config alone \\(\\[1, 2, 3\\]\\).* add "eagle_aux_hidden_state_layer_ids": \\[2, 3, 4\\] to',
+        ),
         (DSPARK, {"markov_head_type": "gated"}, "markov_head_type is 'gated', and llama.cpp's dflash runs the vanilla"),
         (DSPARK, {"confidence_head_with_markov": False}, "the confidence head reads the layers' states alone"),
         (DFLASH, {"conv_kernel_size": 2, "selector_rank": 8}, "it has DFlash2's local convolutions"),

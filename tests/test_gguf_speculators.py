@@ -130,32 +130,41 @@ def test_eagle3_drafter_runs_in_llama_cpp_as_in_speculators(target, tmp_path):
     drafts_as_its_trainer(src, "speculators_oracle.py", tmp_path)
 
 
-def drafts_as_its_trainer(src: Path, oracle_script: str, tmp_path: Path) -> None:
+def drafts_as_its_trainer(
+    src: Path, oracle_script: str, tmp_path: Path, venv: str = "drafters", target: Path | None = None, logits="logits"
+) -> dict:
     """llama.cpp's eagle3 step on tmp_path's f32.gguf and q8_0.gguf (tests/llama_cpp_client.py's `eagle3`: nine
-    tokens, each beside three target hidden states) against the trainer's own modules' (oracle_script, in the
-    `drafters` peer venv, on the drafter's folder src): fc's projections, and the draft logits placed at their target
-    ids by d2t (-inf at the target's other ids), within llama.cpp's tolerance of the type."""
+    tokens, each beside three target hidden states; beside the target's file, target.gguf, where `target` is given, the
+    target's folder, which the oracle is given too) against the trainer's own modules' (oracle_script, in the `venv`
+    peer venv, on the drafter's folder src): fc's projections, and the draft logits (the oracle's `logits`) placed at
+    their target ids by d2t (-inf at the target's other ids), within llama.cpp's tolerance of the type. Returns the
+    oracle's results, and llama.cpp's logits by type, each at the target's ids of the draft vocabulary."""
     rows = np.random.default_rng(0).standard_normal((9, 3 * 64)).astype(np.float32)
     np.save(tmp_path / "features.npy", rows)
     tokens = "5,20,33,64,70,90,2,7,101"
     done = subprocess.run(
-        [str(generate.peer_python("drafters")), str(Path(__file__).parent / oracle_script)]
-        + [str(src), str(tmp_path / "features.npy"), tokens, str(tmp_path / "oracle.npz")],
+        [str(generate.peer_python(venv)), str(Path(__file__).parent / oracle_script), str(src)]
+        + ([str(target)] if target else [])
+        + [str(tmp_path / "features.npy"), tokens, str(tmp_path / "oracle.npz")],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    oracle = np.load(tmp_path / "oracle.npz")
+    oracle, ran_logits = np.load(tmp_path / "oracle.npz"), {}
     expected = np.full((9, 128), -np.inf, np.float32)
-    expected[:, oracle["target_ids"]] = oracle["logits"]
+    expected[:, oracle["target_ids"]] = oracle[logits]
     drafted = np.isfinite(expected)
     for kind in ("f32", "q8_0"):
-        llama_cpp_client("eagle3", tmp_path / f"{kind}.gguf", tmp_path / "features.npy", tokens, tmp_path / "ll.npz")
+        beside = [tmp_path / "target.gguf"] if target else []
+        args = (tmp_path / f"{kind}.gguf", tmp_path / "features.npy", tokens, tmp_path / "ll.npz", *beside)
+        llama_cpp_client("eagle3", *args)
         ran = np.load(tmp_path / "ll.npz")
         assert distance(ran["g"], oracle["g"]) <= LLAMA_CPP_TOLERANCE[kind]
         assert (np.isfinite(ran["logits"]) == drafted).all()
         assert distance(ran["logits"][drafted], expected[drafted]) <= LLAMA_CPP_TOLERANCE[kind]
+        ran_logits[kind] = ran["logits"][:, oracle["target_ids"]]
+    return {"oracle": oracle, "logits": ran_logits}
 
 
 def test_dspark_drafter_as_the_converter_and_llama_quantize_write_it(converter, ggml_library, tmp_path):
@@ -246,13 +255,20 @@ def test_dflash2_drafter_drafts_in_llama_cpp_as_in_speculators(tmp_path):
 
 
 def drafts_a_block_as_its_trainer(
-    src: Path, target: Path, layers: int, mask: int, tmp_path: Path, alike: bool = True
+    src: Path,
+    target: Path,
+    layers: int,
+    mask: int,
+    tmp_path: Path,
+    alike: bool = True,
+    oracle_script: str = "dflash_oracle.py",
+    venv: str = "drafters",
 ) -> tuple:
     """A DFlash drafter's block in llama.cpp (tests/llama_cpp_client.py's `dflash`, beside the target's f32 file:
     six context tokens' hidden states of `layers` target layers, then the anchor and three mask tokens) against its
-    trainer's own modules' (tests/dflash_oracle.py, in the `drafters` peer venv): the logits of unshard's f32 and q8_0
-    files within llama.cpp's tolerance of the type (-inf at the same ids), or, not `alike`, f32's ten times past it.
-    Returns the oracle's results, llama.cpp's runs by type, and what unshard said."""
+    trainer's own modules' (oracle_script, in the `venv` peer venv): the logits of unshard's f32 and q8_0 files within
+    llama.cpp's tolerance of the type (-inf at the same ids), or, not `alike`, f32's ten times past it. Returns the
+    oracle's results, llama.cpp's runs by type, and what unshard said."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     done = unshard_commands_with_llama_cpp_gguf_py(
         [
@@ -268,7 +284,7 @@ def drafts_a_block_as_its_trainer(
     np.save(tmp_path / "features.npy", features)
     tokens = f"5,{mask},{mask},{mask}"
     oracle_run = subprocess.run(
-        [str(generate.peer_python("drafters")), str(Path(__file__).parent / "dflash_oracle.py")]
+        [str(generate.peer_python(venv)), str(Path(__file__).parent / oracle_script)]
         + [str(src), str(target), str(tmp_path / "features.npy"), tokens, str(tmp_path / "oracle.npz")],
         capture_output=True,
         text=True,

@@ -41,8 +41,11 @@ def as_the_converter_reads(hparams: dict, where: Path) -> dict:
 def eagle3_checked(hparams: dict, where: Path) -> list[str]:
     """Refuses what llama.cpp's eagle3 would not load or would compute otherwise: other than one Llama layer (a
     Qwen3 layer's q and k norms, biases), an activation other than SiLU, other than three target layers, a norm per
-    target layer (fc_norm). Returns the notes of what it computes otherwise past the first drafted token."""
-    layer = hparams.get("transformer_layer_config") or {}
+    target layer (fc_norm); of ModelOpt's settings (under eagle_config), EAGLE-1's drafter, other norms, parallel
+    drafting; target layers named where the converter does not read them (_check_nested_capture_layers). Returns the
+    notes of what it computes otherwise: past the first drafted token, and of ModelOpt's norms."""
+    layer, nested = hparams.get("transformer_layer_config") or {}, hparams.get("eagle_config") or {}
+    captured = hparams.get("eagle_aux_hidden_state_layer_ids") or nested.get("eagle_aux_hidden_state_layer_ids")
     why = None
     if layer.get("model_type", "llama") != "llama":
         why = f"its layer is {layer['model_type']}'s, and llama.cpp's eagle3 runs a Llama layer (no q and k norms)"
@@ -54,19 +57,17 @@ def eagle3_checked(hparams: dict, where: Path) -> list[str]:
         why = "its layer has biases, which llama.cpp's eagle3 has no place for"
     elif hparams.get("fc_norm"):
         why = "fc_norm is on (a norm per target layer), which llama.cpp's eagle3 does not apply"
-    elif len(hparams.get("eagle_aux_hidden_state_layer_ids") or [0, 0, 0]) != 3:
+    elif len(captured or [0, 0, 0]) != 3:
         why = "it reads other than three target layers, and llama.cpp's eagle3 reads exactly three"
-    elif hparams.get("eagle_aux_hidden_state_layer_ids") is None and (hparams.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids"
-    ):
-        raise ConfigMismatchError(
-            f"{where}: it names its target layers in eagle_config alone (SpecForge's key), which llama.cpp's converter "
-            "does not read (it takes eagle_aux_hidden_state_layer_ids, else layers 2, n/2 and n-3 of the target's n), "
-            "so the file would read other layers than it was trained on: add eagle_aux_hidden_state_layer_ids to "
-            "config.json, each one past eagle_config's (the converter's default layers are SpecForge's plus one)"
-        )
+    elif not nested.get("use_aux_hidden_state", True):
+        why = "it is an EAGLE-1 drafter (use_aux_hidden_state off: no fc), and llama.cpp's eagle3 runs EAGLE-3's"
+    elif not nested.get("use_last_layernorm", True) or nested.get("use_mtp_layernorm"):
+        why = "its norms are not EAGLE-3's (use_last_layernorm off or use_mtp_layernorm on), which llama.cpp's runs"
+    elif int(nested.get("parallel_draft_step") or 1) > 1:
+        why = "it drafts in parallel (parallel_draft_step), and llama.cpp's eagle3 drafts one token a step"
     if why:
         raise ConfigMismatchError(f"{where}: {why}: serve this drafter with vLLM or SGLang")
+    _check_nested_capture_layers(hparams, where)
     notes = []
     if hparams.get("norm_output"):
         notes.append(
@@ -74,12 +75,39 @@ def eagle3_checked(hparams: dict, where: Path) -> list[str]:
             "first, and llama.cpp feeds back the states before the norm, so its drafts past the first token differ "
             "from vLLM's (the first is the same)"
         )
+    if "use_input_layernorm_in_first_layer" in nested:  # (ModelOpt's export)
+        notes.append(
+            "ModelOpt's Hugging Face trainer norms the target's projected hidden states twice before the attention "
+            "(its layer's input_layernorm, then hidden_norm), and llama.cpp's eagle3 norms them once (hidden_norm), as "
+            "speculators and SpecForge train them: if this drafter was trained by it (not by ModelOpt's Megatron "
+            "trainer), its drafts in llama.cpp differ from ModelOpt's (the target still verifies each one)"
+        )
     if "sliding_attention" in (hparams.get("layer_types") or []):
         notes.append(
             f"llama.cpp's eagle3 attends over the whole context, where the drafter's layer keeps a window of "
             f"{hparams.get('sliding_window')} tokens: the same up to that length"
         )
     return notes
+
+
+def _check_nested_capture_layers(hparams: dict, where: Path) -> None:
+    """A drafter naming the target layers it was trained on under eagle_config alone (SpecForge's and ModelOpt's key,
+    each the output of a layer, counted from 0), which the converter does not read: it takes the top-level
+    eagle_aux_hidden_state_layer_ids, else 2, n/2 and n - 3 of the target's n layers, each the input of a layer.
+    Where those are the drafter's (SpecForge's and ModelOpt's default layers), the file is the converter's and reads
+    what it was trained on; otherwise one line giving the ids to add."""
+    trained = (hparams.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if hparams.get("eagle_aux_hidden_state_layer_ids") is not None or not trained:
+        return
+    layers = hparams["target_config"]["num_hidden_layers"]
+    wanted = [i + 1 for i in trained]
+    if wanted != [2, layers // 2, layers - 3]:
+        raise ConfigMismatchError(
+            f"{where}: it names its target layers under eagle_config alone ({trained}), which llama.cpp's converter "
+            f"does not read (it takes eagle_aux_hidden_state_layer_ids, else layers 2, n/2 and n-3 of the target's "
+            f"{layers}, counted as inputs where eagle_config counts outputs), so the file would read other layers than "
+            f'it was trained on: add "eagle_aux_hidden_state_layer_ids": {wanted} to config.json'
+        )
 
 
 def drafter_target(hparams: dict, where: Path, given: Path | None) -> Path:
@@ -194,7 +222,8 @@ def dflash_checked(hparams: dict, where: Path) -> list[str]:
     """Refuses what the converter or llama.cpp's dflash does not take of a DSpark drafter: a Markov head other than
     the first-order one (vanilla), a draft vocabulary larger than the target's, a confidence head that reads the
     layers' states alone (llama.cpp's reads the Markov head's embedding beside them); of a DFlash one, DFlash2's
-    convolutions and selector, which the converter reads under other names; of a DFlash2 one, what llama.cpp refuses
+    convolutions and selector, which the converter reads under other names, and ModelOpt's heads (its DSpark and
+    Domino drafters, exported under DFlash's name), which it does not read; of a DFlash2 one, what llama.cpp refuses
     to load or would draft otherwise (dflash2_refusal). Returns the notes of what llama.cpp computes otherwise."""
     nested = hparams.get("dflash_config") or {}
     architecture, why = _architecture(hparams), None
@@ -203,6 +232,11 @@ def dflash_checked(hparams: dict, where: Path) -> list[str]:
     elif architecture not in DSPARK_CLASSES:
         if "conv_kernel_size" in nested or "selector_rank" in nested:
             why = "it has DFlash2's local convolutions and candidate selector, and is named DFlash's (DFlashDraftModel)"
+        elif (head := nested.get("projector_type") or "dflash") != "dflash":  # (ModelOpt's DSpark and Domino)
+            why = (
+                f"dflash_config's projector_type is {head!r}: a head beside DFlash's layers, under DFlash's name "
+                "(DFlashDraftModel), which llama.cpp's converter reads as DFlash's alone"
+            )
     elif (markov := hparams.get("markov_head_type", nested.get("markov_head_type", "vanilla"))) != "vanilla":
         why = f"markov_head_type is {markov!r}, and llama.cpp's dflash runs the vanilla Markov head"
     elif (hparams.get("draft_vocab_size") or 0) > hparams["vocab_size"]:

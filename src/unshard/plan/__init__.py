@@ -212,13 +212,21 @@ def _missing_notes(config: dict | None, config_folder: Path | None, new_head: di
         )
     if config is None:
         notes.append("no config.json found: pass --config-from DIR so the output folder loads with transformers")
-    elif not any((config_folder / name).exists() for name in TOKENIZER_FILES) and not config.get("draft_vocab_size"):
+    elif not any((config_folder / name).exists() for name in TOKENIZER_FILES) and not _drafts_for_a_target(config):
         # (a drafter's own folder has none: its tokenizer is its target's, which vLLM and its GGUF file take)
         notes.append(
             "no tokenizer beside the checkpoint: pass --config-from DIR (the Hugging Face model it was "
             "trained from) to include tokenizer, chat template and generation config"
         )
     return notes
+
+
+def _drafts_for_a_target(config: dict) -> bool:
+    """A drafter's config: a draft vocabulary, or a family whose GGUF file takes its target's vocabulary."""
+    family = families.by_architecture((config.get("architectures") or [None])[0])
+    return bool(config.get("draft_vocab_size")) or (
+        family is not None and families.supports(family, "gguf") and family.gguf.target is not None
+    )
 
 
 def _adapter_plan(checkpoint: Checkpoint, adapter: lora.Adapter, outputs: dict, dtype: DType):
