@@ -7,7 +7,8 @@ them. The rest of the vocabulary (tokens, types, merges, special tokens) is the 
 One bug of the pinned converter is mended, as its code means it: StableLMModel.modify_tensors `return`s the generator of
 a layer's stacked q and k norms (StableLM 2 12B's LayerNorm per head) from inside a generator, which drops it; the
 converter then stops on "Unprocessed norms". Its stacks are yielded here. And EmbeddingGemma keeps the Dense modules it
-reads in lists of its class, which a run in a process of its own starts empty: they are emptied before each job; as is
+reads in lists of its class, which a run in a process of its own starts empty: they are emptied before each job; as are
+the RWKV models' token-shift mixes, which they keep by layer in a dict of their class until a layer's last; and
 gguf-py's table of block tensors' names, which its TensorNameMap updates in place with an architecture's own names
 (Qwen4-Exp's indexer norms over Hy4's): put back as it was before each job. That table has no name for Gemma 3n's
 audio subsampling's norms (model.audio_tower.subsample_conv_projection.conv_N.norm, which transformers' Gemma 3n has),
@@ -38,6 +39,7 @@ root = sys.argv[1]
 sys.path.insert(0, root)
 from conversion.base import TextModel, gguf  # noqa: E402  (the converter's own package, found in its folder)
 from conversion.gemma import EmbeddingGemma, Gemma3nVisionAudioModel  # noqa: E402
+from conversion.rwkv import Rwkv6Model, Rwkv7Model  # noqa: E402
 from conversion.stablelm import StableLMModel  # noqa: E402
 
 stablelm_own = StableLMModel.modify_tensors
@@ -71,6 +73,7 @@ sys.stdout = sys.stderr
 for line in sys.stdin:
     job = json.loads(line)
     EmbeddingGemma.module_paths, EmbeddingGemma.dense_features_dims = [], {}
+    Rwkv6Model.lerp_weights, Rwkv7Model.lerp_weights = {}, {}
     gguf.TensorNameMap.block_mappings_cfg.clear()
     gguf.TensorNameMap.block_mappings_cfg.update(block_names)
     TextModel.get_vocab_base_pre = (lambda self, tokenizer, pre=job["pre"]: pre) if job["pre"] else own_pre

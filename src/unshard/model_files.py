@@ -21,6 +21,7 @@ MODEL_FILE_PATTERNS = (
     "merges.txt",
     "*.model",
     "*.tiktoken",
+    "rwkv_vocab_*.txt",  # (RWKV's world vocabulary, which its tokenizers read by this name)
     "chat_template.*",
     "preprocessor_config.json",
     "processor_config.json",
@@ -40,6 +41,7 @@ TOKENIZER_PATTERNS = (
     "merges.txt",
     "*.model",
     "*.tiktoken",
+    "rwkv_vocab_*.txt",
 )
 
 

@@ -193,7 +193,7 @@ class GGUFPart:
     check_config: Callable[..., list[str] | None] | None = None
     # auto: SentencePiece where there is a tokenizer.model, else BPE; bpe: tokenizer.json only; gemma4: Gemma 4's;
     # wordpiece: BERT's; xlm-roberta and t5: their SentencePiece unigrams (llama.cpp's t5 tokenizer); internlm3:
-    # SentencePiece with InternLM3's space prefix and end token
+    # SentencePiece with InternLM3's space prefix and end token; rwkv: the RWKV world vocabulary
     vocabulary: str = "auto"
     # the converter's name of this family's byte-level BPE where its split is GPT-2's (RoBERTa's `roberta-bpe`, by
     # which llama.cpp ends a sequence with its separator), by the hash its table lists for the family's tokenizers
@@ -211,6 +211,9 @@ class GGUFPart:
     # A regular expression matching the Hugging Face tensors the converter stacks into one of the file's tensors, in
     # three groups: the stack's name before the index, the index, the rest (Gemma 3n's AltUp projections)
     stacked: str | None = None
+    # the members of the family's stacks in the converter's order, where they are named, not numbered (RWKV-7's
+    # token-shift mixes: r, w, k, v, a, g)
+    stack_order: tuple[str, ...] = ()
     # the family's stacks joined by their rows where the converter concatenates them, not stacked on a new axis
     # (Qwen4-Exp's n-gram table, which transformers saves in shards of rows)
     joined_rows: bool = False

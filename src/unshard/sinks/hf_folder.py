@@ -246,10 +246,18 @@ def _transformers_load_warnings(folder: Path, names: set[str]) -> list[str]:
         if "trust_remote_code" not in str(e) and "auto_map" not in _read_json(folder / "config.json"):
             raise UnshardError(f"{folder / 'config.json'}: transformers cannot read it ({e})") from None
     if names & {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"}:
+        tokenizer_config = _read_json(folder / "tokenizer_config.json")
+        named = tokenizer_config.get("tokenizer_class")
+        if isinstance(named, str) and not hasattr(transformers, named) and "auto_map" not in tokenizer_config:
+            # (a package's own tokenizer, RWKV7Tokenizer's: transformers finds it where that package is imported)
+            return [
+                f"tokenizer_config.json names {named}, which transformers has no class of: it loads the tokenizer "
+                "where the package that defines it is imported"
+            ]
         try:
             transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         except Exception as e:  # a missing optional package (sentencepiece) is the user's to install
-            return [f"the tokenizer does not load here ({type(e).__name__}: {str(e)[:120]})"]
+            return [f"the tokenizer does not load here ({type(e).__name__}: {' '.join(str(e).split())[:120]})"]
     return []
 
 

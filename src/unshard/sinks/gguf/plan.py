@@ -23,6 +23,7 @@ from ...types import OutputTensor
 from . import kquants, vision
 from .header import general_metadata, parameter_counts, zero_embedding_tokens
 from .model import gguf_model
+from .rwkv_world import write_rwkv_world_vocabulary
 from .tensors import (
     EXPERT,
     HEAD_NORM,
@@ -244,8 +245,9 @@ def _file_names(
         member = EXPERT.match(output.name) or HEAD_NORM.match(output.name) or own
         name = _llama_name(names, f"{member[1]}.{member[3]}" if member else output.name, plan, where, output.name, part)
         if member:
-            stacks.setdefault(name, {})[int(member[2])] = output
-            row_of[output.name] = int(member[2])
+            index = part.stack_order.index(member[2]) if own and part.stack_order else int(member[2])
+            stacks.setdefault(name, {})[index] = output
+            row_of[output.name] = index
         if own:  # (as many as there are, numbered from 0)
             counts[name.split(".")[-2]] = (max(stacks[name]) + 1, "tensors")
             if part.joined_rows:
@@ -329,8 +331,10 @@ def _llama_name(names, source: str, plan: GGUFPlan, where: Path, output: str, pa
     for pattern, renamed in part.renames if part else ():
         source = re.sub(pattern, renamed, source)
     name = names.get_name(source, try_suffixes=(".weight", ".bias", ".scale"))
-    if name is None and source in _model_tensor_names(plan.architecture):  # (llama.cpp's own name, which gguf-py's
-        name = source  # map gives no Hugging Face name: HRM-Text's hrm.z_l_init, written under it by a rearrangement)
+    if name is None and _is_model_tensor_name(source, plan.architecture):  # (llama.cpp's own name, which gguf-py's
+        # map gives no Hugging Face name: HRM-Text's hrm.z_l_init, written under it by a rearrangement; RWKV-7's
+        # token-shift mixes, which the converter stacks under it)
+        name = source
     if name is None:
         raise ConfigMismatchError(
             f"{where}: the tensor {output} has no name in llama.cpp's {plan.architecture} model; llama.cpp cannot "
@@ -339,11 +343,16 @@ def _llama_name(names, source: str, plan: GGUFPlan, where: Path, output: str, pa
     return name
 
 
-def _model_tensor_names(architecture: str) -> set[str]:
-    """llama.cpp's names of an architecture's tensors outside the blocks, as gguf-py lists them."""
+def _is_model_tensor_name(name: str, architecture: str) -> bool:
+    """Whether a name is llama.cpp's own name of one of an architecture's tensors, as gguf-py lists them (a block's
+    with its number; with or without its suffix)."""
     gguf = gguf_py()
-    arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == architecture)
-    return {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[arch] if "{bid}" not in gguf.TENSOR_NAMES[t]}
+    arch = next(a for a, named in gguf.MODEL_ARCH_NAMES.items() if named == architecture)
+    base = re.sub(r"\.(weight|bias)$", "", name)
+    return any(
+        re.fullmatch(re.escape(gguf.TENSOR_NAMES[t]).replace(re.escape("{bid}"), r"\d+"), base)
+        for t in gguf.MODEL_TENSORS[arch]
+    )
 
 
 def _rearranged(
@@ -398,9 +407,19 @@ KEPT_IN_F32 = (
     "altup_predict_coef",
     "position_embd.weight",
     "token_types.weight",
+    # (RWKV's small matrices: its token-shift mixes, the decay's low-rank projections)
+    *(f"time_mix_{kind}.weight" for kind in ("first", "w1", "w2", "decay_w1", "decay_w2", "lerp_fused")),
 )
 KEPT_BY_THE_CONVERTER = ("indexer.proj",)
-NOT_REQUANTIZED = ("per_layer_model_proj", "altup", "laurel", "indexer.k_proj.weight", "indexer.q_proj.weight")
+NOT_REQUANTIZED = (
+    "per_layer_model_proj",
+    "altup",
+    "laurel",
+    "indexer.k_proj.weight",
+    "indexer.q_proj.weight",
+    # (RWKV-7's other low-rank projections, which the converter writes in the file's type)
+    *(f"time_mix_{kind}.weight" for kind in ("w0", "v0", "v1", "v2", "a0", "a1", "a2", "g1", "g2")),
+)
 
 
 def _quantized(name: str, shape: tuple[int, ...], file_type: str) -> bool:
@@ -526,6 +545,8 @@ def _metadata(
         words.before_vocabulary(writer, hparams, vocabulary_folder)
     if words.vocabulary in UNIGRAM_KINDS:
         written = write_unigram_vocabulary(writer, hparams, vocabulary_folder, words.vocabulary)
+    elif words.vocabulary == "rwkv":
+        written = write_rwkv_world_vocabulary(writer, hparams, vocabulary_folder)
     else:
         written = write_vocabulary(
             writer,
