@@ -55,6 +55,7 @@ text): OUT.json gets a list of token id lists.
 """
 
 import ctypes
+import functools
 import json
 import os
 import sys
@@ -228,6 +229,18 @@ def nextn_functions():
     return set_nextn, get_nextn
 
 
+def drafter_context(model, other=None, size: int = 16):
+    """A context of `size` tokens, one thread, keys and values in f32; a drafter's beside its target's (`other`: its
+    ctx_other, whose embedding and head it reads)."""
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = params.n_batch = params.n_ubatch = size
+    params.n_threads = params.n_threads_batch = 1
+    params.type_k = params.type_v = llama_cpp.GGML_TYPE_F32
+    if other is not None:
+        params.ctx_other = other
+    return llama_cpp.llama_init_from_model(model, params)
+
+
 def eagle3(path: str, features: str, tokens: list[int], out: str, target: str | None = None) -> None:
     """An EAGLE-3 drafter's encoder, then its decoder, through llama.cpp's extended batches (llama_process): each
     token's entry holds its id and its projection, as common/speculative.cpp gives them. A drafter without an embedding
@@ -237,14 +250,7 @@ def eagle3(path: str, features: str, tokens: list[int], out: str, target: str | 
     floats = ctypes.POINTER(ctypes.c_float)
     n = len(tokens)
 
-    def context(model, other=None):
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = params.n_batch = params.n_ubatch = max(n, 8)
-        params.n_threads = params.n_threads_batch = 1
-        params.type_k = params.type_v = llama_cpp.GGML_TYPE_F32
-        if other is not None:
-            params.ctx_other = other
-        return llama_cpp.llama_init_from_model(model, params)
+    context = functools.partial(drafter_context, size=max(n, 8))
 
     target_model = target and llama_cpp.llama_model_load_from_file(
         target.encode(), llama_cpp.llama_model_default_params()
@@ -295,14 +301,7 @@ def dflash(target: str, path: str, features: str, block: list[int], out: str) ->
     floats = ctypes.POINTER(ctypes.c_float)
     n = len(rows) + len(block)
 
-    def context(model, other=None):
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = params.n_batch = params.n_ubatch = max(n, 16)
-        params.n_threads = params.n_threads_batch = 1
-        params.type_k = params.type_v = llama_cpp.GGML_TYPE_F32
-        if other is not None:
-            params.ctx_other = other
-        return llama_cpp.llama_init_from_model(model, params)
+    context = functools.partial(drafter_context, size=max(n, 16))
 
     target_model = llama_cpp.llama_model_load_from_file(target.encode(), llama_cpp.llama_model_default_params())
     target_ctx = context(target_model)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from test_gguf import contents, converter, ggml_library  # noqa: F401  (converter, ggml_library: fixtures, by name)
 from test_gguf_newer_architectures import unshard_files, unshard_with_llama_cpp_gguf_py
+from test_gguf_specforge import refused_in_one_line
 from test_gguf_speculators import (
     assert_the_converter_s,
     distance,
@@ -117,16 +118,9 @@ def test_modelopt_drafter_llama_cpp_would_not_run_is_one_line(case, change, mess
     ModelOpt's DSpark and Domino drafters, exported under DFlash's name with their heads), or llama.cpp's eagle3 would
     not run (EAGLE-1's drafter, without fc; other norms; parallel drafting): one line naming the file and the fix,
     nothing written."""
-    src = tmp_path / "export"
-    shutil.copytree(generate.HERE / "checkpoints" / case / "export", src)
-    config = json.loads((src / "config.json").read_text())
-    config["eagle_config" if case == EAGLE3 else "dflash_config"].update(change)
-    (src / "config.json").write_text(json.dumps(config))
-    target = generate.HERE / "checkpoints" / case / "target"
-    done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / "m.gguf", "--target-from", target)
-    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert re.search(message, done.stderr) and "config.json: " in done.stderr, done.stderr
-    assert not (tmp_path / "m.gguf").exists()
+    refused_in_one_line(
+        case, lambda c: c["eagle_config" if case == EAGLE3 else "dflash_config"], change, message, tmp_path
+    )
 
 
 def test_inspect_names_a_modelopt_drafter_s_family():

@@ -106,13 +106,19 @@ def test_specforge_drafter_llama_cpp_would_not_run_is_one_line(case, change, mes
     or llama.cpp would compute otherwise (a DSpark head it does not run, DFlash2's layers under DFlash's name): one
     line naming the file and the fix, nothing written. DFlash's and DSpark's settings are SpecForge's, in
     dflash_config."""
+    refused_in_one_line(
+        case, (lambda c: c) if case == EAGLE3 else (lambda c: c["dflash_config"]), change, message, tmp_path
+    )
+
+
+def refused_in_one_line(case: str, settings, change: dict, message: str, tmp_path: Path) -> None:
+    """The shipped export `case` (a fixture's export/ beside its target/), `change` made to the part of its config
+    `settings` picks, converted to GGUF beside its target: one line matching `message`, naming config.json, nothing
+    written."""
     src = tmp_path / "export"
     shutil.copytree(generate.HERE / "checkpoints" / case / "export", src)
     config = json.loads((src / "config.json").read_text())
-    if case == EAGLE3:
-        config.update(change)
-    else:
-        config["dflash_config"].update(change)
+    settings(config).update(change)
     (src / "config.json").write_text(json.dumps(config))
     target = generate.HERE / "checkpoints" / case / "target"
     done = unshard_with_llama_cpp_gguf_py("convert", src, tmp_path / "m.gguf", "--target-from", target)
