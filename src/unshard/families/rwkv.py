@@ -54,9 +54,8 @@ def rwkv7_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Pat
 
 
 def rwkv7_checked(hparams: dict, where: Path) -> list[str]:
-    """Refuses what llama.cpp's rwkv7 would not load: an attention width other than the model's, norms without
-    biases, a wkv without its gate (the converter writes five token-shift mixes of it, and llama.cpp loads six). Notes
-    an epsilon of the heads' norm other than llama.cpp's."""
+    """Refuses what llama.cpp's rwkv7 would not load or run: an attention width other than the model's, norms without
+    biases, a wkv without its gate. Notes an epsilon of the heads' norm other than llama.cpp's."""
     why = None
     if (hparams.get("attention_hidden_size") or hparams["hidden_size"]) != hparams["hidden_size"]:
         why = f"attention_hidden_size {hparams['attention_hidden_size']} is not hidden_size, as llama.cpp's rwkv7 takes"
