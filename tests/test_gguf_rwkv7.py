@@ -113,6 +113,7 @@ def test_rwkv7_runs_in_llama_cpp_as_in_rwkv7_hf(tmp_path):
     [
         ({"norm_bias": False}, "norm_bias is off, and llama.cpp's rwkv7 loads each LayerNorm's bias"),
         ({"attention_hidden_size": 128}, "attention_hidden_size 128 is not hidden_size"),
+        ({"value_dim": [64, 128]}, "value_dim is \\[64, 128\\], and llama.cpp's rwkv7 takes values as wide"),
         ({"vocab_size": 100}, "121 tokens with the converter's <s>, more than the config's vocab_size 100"),
     ],
 )

@@ -54,11 +54,13 @@ def rwkv7_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Pat
 
 
 def rwkv7_checked(hparams: dict, where: Path) -> list[str]:
-    """Refuses what llama.cpp's rwkv7 would not load or run: an attention width other than the model's, norms without
-    biases, a wkv without its gate. Notes an epsilon of the heads' norm other than llama.cpp's."""
+    """Refuses what llama.cpp's rwkv7 would not load or run: an attention or value width other than the model's, norms
+    without biases, a wkv without its gate. Notes an epsilon of the heads' norm other than llama.cpp's."""
     why = None
     if (hparams.get("attention_hidden_size") or hparams["hidden_size"]) != hparams["hidden_size"]:
         why = f"attention_hidden_size {hparams['attention_hidden_size']} is not hidden_size, as llama.cpp's rwkv7 takes"
+    elif any(width != hparams["hidden_size"] for width in _value_widths(hparams)):
+        why = f"value_dim is {hparams['value_dim']}, and llama.cpp's rwkv7 takes values as wide as hidden_size"
     elif not hparams.get("norm_bias", True):
         why = "norm_bias is off, and llama.cpp's rwkv7 loads each LayerNorm's bias"
     elif not hparams.get("wkv_has_gate", True):
@@ -72,6 +74,14 @@ def rwkv7_checked(hparams: dict, where: Path) -> list[str]:
             f"of 64, 1e-5), where this model's is head_dim x norm_eps = {eps:g}: its outputs differ a little"
         ]
     return []
+
+
+def _value_widths(hparams: dict) -> list[int]:
+    """fla's value_dim: one for every layer, or each layer's (rwkv7-hf's), or none (the attention's width)."""
+    widths = hparams.get("value_dim")
+    if widths is None:
+        return []
+    return list(widths) if isinstance(widths, list) else [widths]
 
 
 def both(band) -> tuple:
