@@ -24,6 +24,7 @@ from test_gguf_speculators import (
     distance,
     drafts_a_block_as_its_trainer,
     drafts_as_its_trainer,
+    export_as_the_converter_writes_it,
     target_of,
 )
 
@@ -39,12 +40,7 @@ def test_modelopt_drafter_as_the_converter_and_llama_quantize_write_it(case, con
     read (eagle_config's 1, 3, 4: outputs, where llama.cpp counts inputs); ModelOpt's YaRN for serving; the target's
     vocabulary; d2t last as int64 target ids. DFlash's: the block, the target layers one past dflash_config's, its
     attention inside the block (both ways, as ModelOpt says it trained), the mask token."""
-    target = target_of(case, tmp_path)
-    src = generate.HERE / "checkpoints" / case / "export"
-    kinds = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
-    unshard_files(src, tmp_path, kinds, ggml_library, "--target-from", target)
-    assert_the_converter_s(converter, src, target, tmp_path)
-    header, tensors = contents(tmp_path / "f32.gguf")
+    src, header, tensors = export_as_the_converter_writes_it(case, converter, ggml_library, tmp_path)
     config = json.loads((src / "config.json").read_text())
     if case == DFLASH:
         assert header["general.architecture"] == "dflash" and header["dflash.block_size"] == 4

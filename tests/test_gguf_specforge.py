@@ -23,6 +23,7 @@ from test_gguf_speculators import (
     assert_the_converter_s,
     drafts_a_block_as_its_trainer,
     drafts_as_its_trainer,
+    export_as_the_converter_writes_it,
     target_of,
 )
 
@@ -37,12 +38,7 @@ def test_specforge_drafter_as_the_converter_and_llama_quantize_write_it(case, co
     the target's vocabulary, d2t last as int64 target ids. DFlash's and DSpark's: the block and the target layers from
     dflash_config (counted past the embedding), the target's vocabulary, then the mask token; DSpark's anchor sampled
     and its confidence head."""
-    target = target_of(case, tmp_path)
-    src = generate.HERE / "checkpoints" / case / "export"
-    kinds = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
-    unshard_files(src, tmp_path, kinds, ggml_library, "--target-from", target)
-    assert_the_converter_s(converter, src, target, tmp_path)
-    header, tensors = contents(tmp_path / "f32.gguf")
+    src, header, tensors = export_as_the_converter_writes_it(case, converter, ggml_library, tmp_path)
     names = [t[0] for t in tensors]
     assert len(header["tokenizer.ggml.tokens"]) == 128
     if case == EAGLE3:

@@ -80,6 +80,17 @@ def assert_the_converter_s(converter, folder: Path, target: Path, tmp_path: Path
     assert_same_file(tmp_path / "q4_k_m.gguf", tmp_path / "llama-quantize.gguf")
 
 
+def export_as_the_converter_writes_it(case: str, converter, library: str, tmp_path: Path) -> tuple[Path, dict, list]:
+    """A shipped export's (`case`: export/ beside target/) GGUF files by unshard in f32, f16, bf16, q8_0 and q4_k_m,
+    each checked against the converter's and llama-quantize's (assert_the_converter_s); the export's folder, and its
+    f32 file's header and tensors."""
+    target = target_of(case, tmp_path)
+    src = generate.HERE / "checkpoints" / case / "export"
+    unshard_files(src, tmp_path, ("f32", "f16", "bf16", "q8_0", "q4_k_m"), library, "--target-from", target)
+    assert_the_converter_s(converter, src, target, tmp_path)
+    return (src, *contents(tmp_path / "f32.gguf"))
+
+
 def target_of(case: str, tmp_path: Path) -> Path:
     """The fixture's target model's folder, its tokenizer config as the converter's transformers reads it."""
     folder = tmp_path / "target"
