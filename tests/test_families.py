@@ -289,6 +289,7 @@ TESTED = {
         "eagle3": "speculators-eagle3-fsdp2",  # (with llama.cpp's gguf-py; the target's folder beside it)
         "dspark": "speculators-dspark-fsdp2",  # (the same)
         "rwkv7": "rwkv7-fsdp2-dcp",  # (its hf folder as --config-from)
+        "internlm2": "internlm2-fsdp2-dcp",  # (the same)
         "gemma4_unified_assistant": "gemma4unifiedassistant-fsdp2",
         "phi3": "phi3-fsdp2-spm",
         "mixtral": "mixtral8-fsdp2-spm",

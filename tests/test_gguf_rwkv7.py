@@ -6,18 +6,16 @@ computes (the oracle runs in the `rwkv7` peer venv)."""
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import generate
-import numpy as np
 import pytest
-import torch
-from safetensors.torch import load_file
+from custom_code_models import (
+    folder_is_the_model_it_trained,
+    llama_cpp_logits_apart,
+    refused_with_its_files_changed,
+    the_trained_folder,
+)
 from test_gguf import LLAMA_CPP_TOLERANCE, assert_same_file, contents, converter, ggml_library, llama_cpp_client  # noqa: F401
 from test_gguf_newer_architectures import unshard_files, unshard_with_llama_cpp_gguf_py
 
@@ -30,30 +28,10 @@ PROMPT = [5, 20, 33, 64, 70, 90, 2, 7]
 def test_rwkv7_dcp_to_a_folder_is_the_model_it_trained(tmp_path):
     """Every tensor as the run gathered it, under the names it saved (no transformers class to check them against),
     with the run's config, the world vocabulary and its tokenizer's files beside them."""
-    done = subprocess.run(
-        [sys.executable, "-m", "unshard", "convert", str(SRC), str(tmp_path / "out"), "--config-from", str(HF)],
-        capture_output=True,
-        text=True,
+    said = folder_is_the_model_it_trained(
+        FIXTURE, tmp_path, ("rwkv_vocab_v20230424.txt", "tokenizer_config.json", "chat_template.jinja")
     )
-    assert done.returncode == 0, done.stderr
-    written = load_file(tmp_path / "out" / "model.safetensors")
-    reference = load_file(FIXTURE / "reference" / "model.safetensors")
-    assert sorted(written) == sorted(reference) and all(torch.equal(written[n], t) for n, t in reference.items())
-    for name in ("rwkv_vocab_v20230424.txt", "tokenizer_config.json", "chat_template.jinja"):
-        assert (tmp_path / "out" / name).read_bytes() == (HF / name).read_bytes(), name
-    config = json.loads((HF / "config.json").read_text())
-    assert json.loads((tmp_path / "out" / "config.json").read_text()) == {**config, "dtype": "float32"}
-    assert "tokenizer_config.json names RWKV7Tokenizer, which transformers has no class of" in done.stderr
-
-
-def the_trained_folder(tmp_path: Path) -> Path:
-    """The folder the converter reads: the run's gathered model (save_pretrained's) beside its tokenizer's files."""
-    folder = tmp_path / "trained"
-    shutil.copytree(FIXTURE / "reference", folder)
-    for path in HF.iterdir():
-        if path.name not in ("config.json", "generation_config.json"):
-            shutil.copy(path, folder / path.name)
-    return folder
+    assert "tokenizer_config.json names RWKV7Tokenizer, which transformers has no class of" in said
 
 
 def test_rwkv7_as_the_converter_and_llama_quantize_write_it(converter, ggml_library, tmp_path):
@@ -65,7 +43,7 @@ def test_rwkv7_as_the_converter_and_llama_quantize_write_it(converter, ggml_libr
     tokens."""
     kinds = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
     unshard_files(SRC, tmp_path, kinds, ggml_library, "--config-from", HF)
-    folder = the_trained_folder(tmp_path)
+    folder = the_trained_folder(FIXTURE, tmp_path)
     for kind in ("f32", "f16", "bf16", "q8_0"):
         assert_same_file(tmp_path / f"{kind}.gguf", converter(folder, kind, tmp_path / f"oracle-{kind}.gguf"))
     llama_cpp_client("quantize", tmp_path / "oracle-f32.gguf", tmp_path / "llama-quantize.gguf", "q4_k_m")
@@ -85,27 +63,9 @@ def test_rwkv7_as_the_converter_and_llama_quantize_write_it(converter, ggml_libr
 def test_rwkv7_runs_in_llama_cpp_as_in_rwkv7_hf(tmp_path):
     """llama.cpp runs unshard's f32 and q8_0 files of the DCP checkpoint and computes the logits rwkv7-hf's own
     RWKV7ForCausalLM computes of the trained model, within the type's tolerance."""
-    for kind in ("f32", "q8_0"):
-        done = unshard_with_llama_cpp_gguf_py(
-            "convert", SRC, tmp_path / f"{kind}.gguf", "--config-from", HF, "--gguf-type", kind
-        )
-        assert done.returncode == 0, done.stderr
-    tokens = ",".join(map(str, PROMPT))
-    oracle = subprocess.run(
-        [str(generate.peer_python("rwkv7")), str(Path(__file__).parent / "rwkv7_oracle.py")]
-        + [str(FIXTURE / "reference"), tokens, str(tmp_path / "oracle.npy")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert oracle.returncode == 0, oracle.stderr[-3000:]
-    expected = np.load(tmp_path / "oracle.npy")
+    apart = llama_cpp_logits_apart(FIXTURE, "rwkv7", "rwkv7_oracle.py", PROMPT, tmp_path)
     # (measured: 2.1e-7 in f32, 9.9e-3 in q8_0)
-    for kind in ("f32", "q8_0"):
-        llama_cpp_client("run", tmp_path / f"{kind}.gguf", tokens, tmp_path / f"{kind}.npz", 2)
-        ran = np.load(tmp_path / f"{kind}.npz")["logits"]
-        apart = float(np.linalg.norm(ran - expected) / np.linalg.norm(expected))
-        assert apart <= LLAMA_CPP_TOLERANCE[kind], (kind, apart)
+    assert all(apart[kind] <= LLAMA_CPP_TOLERANCE[kind] for kind in apart), apart
 
 
 @pytest.mark.parametrize(
@@ -120,14 +80,7 @@ def test_rwkv7_runs_in_llama_cpp_as_in_rwkv7_hf(tmp_path):
 def test_rwkv7_llama_cpp_would_not_run_is_one_line(change, message, tmp_path):
     """A config llama.cpp's rwkv7 would not load, or a vocabulary larger than the config's: one line naming the file
     and the fix, nothing written."""
-    hf = tmp_path / "hf"
-    shutil.copytree(HF, hf)
-    config = json.loads((hf / "config.json").read_text())
-    (hf / "config.json").write_text(json.dumps({**config, **change}))
-    done = unshard_with_llama_cpp_gguf_py("convert", SRC, tmp_path / "m.gguf", "--config-from", hf, "--no-progress")
-    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert re.search(message, done.stderr) and str(hf) in done.stderr, done.stderr
-    assert not (tmp_path / "m.gguf").exists()
+    refused_with_its_files_changed(FIXTURE, "config.json", change, message, tmp_path)
 
 
 @pytest.mark.parametrize(

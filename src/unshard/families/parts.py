@@ -193,7 +193,8 @@ class GGUFPart:
     check_config: Callable[..., list[str] | None] | None = None
     # auto: SentencePiece where there is a tokenizer.model, else BPE; bpe: tokenizer.json only; gemma4: Gemma 4's;
     # wordpiece: BERT's; xlm-roberta and t5: their SentencePiece unigrams (llama.cpp's t5 tokenizer); internlm3:
-    # SentencePiece with InternLM3's space prefix and end token; rwkv: the RWKV world vocabulary
+    # SentencePiece with InternLM3's space prefix and end token; internlm2: InternLM2's SentencePiece vocabulary
+    # (sinks/gguf/internlm2_vocabulary.py); rwkv: the RWKV world vocabulary
     vocabulary: str = "auto"
     # the converter's name of this family's byte-level BPE where its split is GPT-2's (RoBERTa's `roberta-bpe`, by
     # which llama.cpp ends a sequence with its separator), by the hash its table lists for the family's tokenizers

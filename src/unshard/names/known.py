@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import tempfile
+import warnings
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -35,14 +36,17 @@ def transformers_version() -> str | None:
 
 @contextmanager
 def transformers_quiet():
-    """transformers' warnings silenced while unshard asks it about a config (a config key its class does not know,
-    say): unshard's own checks say what matters, each in one line."""
+    """transformers' warnings silenced while unshard asks it about a config (a config key its class does not know, a
+    key it will stop reading: transformers 4's `rope_scaling`): unshard's own checks say what matters, each in one
+    line."""
     from transformers.utils import logging as transformers_logging
 
     level = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
     finally:
         transformers_logging.set_verbosity(level)
 

@@ -22,6 +22,7 @@ from ...families.parts import GGUFPart, Rearrangement
 from ...types import OutputTensor
 from . import kquants, vision
 from .header import general_metadata, parameter_counts, zero_embedding_tokens
+from .internlm2_vocabulary import write_internlm2_vocabulary
 from .model import gguf_model
 from .rwkv_world import write_rwkv_world_vocabulary
 from .tensors import (
@@ -547,6 +548,8 @@ def _metadata(
         written = write_unigram_vocabulary(writer, hparams, vocabulary_folder, words.vocabulary)
     elif words.vocabulary == "rwkv":
         written = write_rwkv_world_vocabulary(writer, hparams, vocabulary_folder)
+    elif words.vocabulary == "internlm2":
+        written = write_internlm2_vocabulary(writer, hparams, vocabulary_folder)
     else:
         written = write_vocabulary(
             writer,
