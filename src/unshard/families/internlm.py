@@ -19,7 +19,16 @@ from pathlib import Path
 from ..errors import ConfigMismatchError
 from .gguf_hooks import rope_parameters, text_hyperparameters
 from .llama import TEXT_ONLY
-from .parts import NO_TABLE, NOT_A_MOE_INPUT, Family, GGUFPart, Rearrangement, Unsupported, no_trainer_model
+from .parts import (
+    NO_TABLE,
+    NOT_A_MOE_INPUT,
+    Family,
+    GGUFPart,
+    Rearrangement,
+    Unsupported,
+    no_trainer_model,
+    pairs_from_halves,
+)
 
 
 def internlm2_hyperparameters(writer, hparams: dict, ftype, blocks: int, folder: Path) -> None:
@@ -66,15 +75,16 @@ def wqkv_cut(name: str, shape: tuple[int, ...], hparams: dict, where: Path) -> R
         attention + "wk.weight": (groups * head, shape[1]),
         attention + "wv.weight": (groups * head, shape[1]),
     }
-    return Rearrangement(cut, partial(groups_cut, per_group=per_group, head=head), (per_group + 2) * head)
+    order = pairs_from_halves(head, head, 0)
+    return Rearrangement(cut, partial(groups_cut, per_group=per_group, order=order), (per_group + 2) * head)
 
 
-def groups_cut(band, per_group: int, head: int) -> tuple:
-    """Whole groups' rows (per_group query heads, a key, a value, each `head` rows) as q, k and v, q's and k's heads'
-    rows turned from halves into pairs."""
+def groups_cut(band, per_group: int, order: tuple[int, ...]) -> tuple:
+    """Whole groups' rows (per_group query heads, a key, a value, each of len(order) rows) as q, k and v, q's and k's
+    heads' rows in `order` (llama.cpp's pairs)."""
     columns = band.shape[-1]
-    rows = band.reshape(-1, per_group + 2, head, columns)
-    paired = rows.reshape(-1, per_group + 2, 2, head // 2, columns).swapaxes(2, 3).reshape(rows.shape)
+    rows = band.reshape(-1, per_group + 2, len(order), columns)
+    paired = rows[:, :, list(order)]
     return (
         paired[:, :per_group].reshape(-1, columns),
         paired[:, per_group].reshape(-1, columns),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ...errors import ConfigMismatchError
 from ...families.gguf_hooks import gguf_py, json_or_empty, special_vocab
-from .vocabulary import add_special_vocab, sentencepiece_pieces, sentencepiece_processor
+from .vocabulary import add_special_vocab, sentencepiece_model, sentencepiece_pieces, sentencepiece_processor
 
 CHAT_END = "<|im_end|>"
 NUL_PIECE, NUL_WRITTEN = b"\x00", "\U0001f409".encode()  # (🐉)
@@ -67,7 +67,7 @@ def write_internlm2_vocabulary(writer, hparams: dict, folder: Path) -> str:
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(kinds)
-    writer.add_add_space_prefix(_space_prefix(model))
+    writer.add_add_space_prefix(sentencepiece_model(model).normalizer_spec.add_dummy_prefix)  # (not the config's)
     special = special_vocab(folder, n_vocab=len(tokens))
     if end is not None and "eos" in special.special_token_ids:
         special.special_token_ids["eos"] = end
@@ -82,16 +82,3 @@ def _added_tokens(folder: Path) -> list[tuple[int, dict]]:
     added = [(int(i), token) for i, token in decoder.items()]
     added += [(int(token["id"]), token) for token in json_or_empty(folder / "tokenizer.json").get("added_tokens", [])]
     return added
-
-
-def _space_prefix(model: Path) -> bool:
-    """The SentencePiece model's own add_dummy_prefix, as the converter reads InternLM2's (not tokenizer_config's)."""
-    from google.protobuf.message import DecodeError
-    from sentencepiece import sentencepiece_model_pb2
-
-    proto = sentencepiece_model_pb2.ModelProto()
-    try:
-        proto.ParseFromString(model.read_bytes())
-    except DecodeError:
-        raise ConfigMismatchError(f"{model}: not a SentencePiece model; restore it") from None
-    return proto.normalizer_spec.add_dummy_prefix

@@ -14,6 +14,7 @@ from ...errors import ConfigMismatchError, read_json
 from ...families.gguf_hooks import gguf_py, json_or_empty, special_vocab
 from .vocabulary import (
     add_special_vocab,
+    sentencepiece_model,
     sentencepiece_pieces,
     sentencepiece_processor,
     transformers_tokenizer,
@@ -85,14 +86,7 @@ def _from_sentencepiece(path: Path, hparams: dict, kind: str) -> Unigram:
     config's vocab_size, after fairseq's four (the last id's left out, as the converter realigns them: its <mask> is
     the padding past the model's); T5's as many as the config's vocab_size, added_tokens.json's over them (T5's
     sentinels, which its tokenizer adds past the model's pieces, are padding there)."""
-    from google.protobuf.message import DecodeError
-    from sentencepiece import sentencepiece_model_pb2
-
-    proto = sentencepiece_model_pb2.ModelProto()
-    try:
-        proto.ParseFromString(path.read_bytes())
-    except DecodeError:
-        raise ConfigMismatchError(f"{path}: not a SentencePiece model; restore it") from None
+    proto = sentencepiece_model(path)
     if proto.trainer_spec.model_type != proto.trainer_spec.UNIGRAM:
         raise ConfigMismatchError(
             f"{path}: a {proto.trainer_spec.ModelType.Name(proto.trainer_spec.model_type)} SentencePiece model, and "

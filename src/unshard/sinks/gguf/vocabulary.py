@@ -142,6 +142,20 @@ def sentencepiece_processor(model: Path):
     return processor
 
 
+def sentencepiece_model(path: Path):
+    """The SentencePiece model's own description (its ModelProto: trainer and normalizer settings); one line where
+    the file is not one."""
+    from google.protobuf.message import DecodeError
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(path.read_bytes())
+    except DecodeError:
+        raise ConfigMismatchError(f"{path}: not a SentencePiece model; restore it") from None
+    return proto
+
+
 def sentencepiece_pieces(processor, size: int, path: Path) -> tuple[list[bytes], list[float], list]:
     """Every id up to size with its piece, score and type as the converter lists a SentencePiece model's (ids past
     the model's as unused [PADn])."""
