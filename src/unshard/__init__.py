@@ -124,8 +124,6 @@ def convert(
     checksums: list each file's sha256 in OUT/README.md (costs about a second per GB).
     sync: every file flushed to the disk before OUT is put in place (False, for scratch outputs, skips it).
     """
-    from .write.execute import convert as run
-
     output = _for(out, output or OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore)))
     source = source or SourceOptions(
         config_from=config_from,
@@ -137,22 +135,18 @@ def convert(
         architecture=architecture,
         check=check,
     )
-    the_plan = plan(src, ask_later=True, output=output, source=source)
-    try:
-        return run(
-            the_plan,
-            out,
-            overwrite=overwrite,
-            threads=threads,
-            verify=verify,
-            checksums=checksums,
-            progress=progress,
-            workers=workers,
-            distributed=distributed,
-            sync=sync,
-        )
-    finally:
-        the_plan.checkpoint.close()
+    return _written(
+        plan(src, ask_later=True, output=output, source=source),
+        out,
+        overwrite=overwrite,
+        threads=threads,
+        verify=verify,
+        checksums=checksums,
+        progress=progress,
+        workers=workers,
+        distributed=distributed,
+        sync=sync,
+    )
 
 
 def merge(
@@ -176,25 +170,21 @@ def merge(
     """Merge the models a mergekit-style YAML recipe names into one Hugging Face folder OUT (or GGUF file,
     as for `convert`)."""
     from .merging import plan_merge, recipe_files
-    from .write.execute import convert as run
 
     output = _for(out, output or OutputOptions(dtype, max_shard_size, quantize, tuple(quantize_ignore)))
     the_plan = plan_merge(recipe, output, seed=seed)
-    try:
-        return run(
-            the_plan,
-            out,
-            overwrite=overwrite,
-            threads=threads,
-            verify=verify,
-            checksums=checksums,
-            progress=progress,
-            extra_files=recipe_files(the_plan),
-            workers=workers,
-            distributed=distributed,
-        )
-    finally:
-        the_plan.checkpoint.close()
+    return _written(
+        the_plan,
+        out,
+        overwrite=overwrite,
+        threads=threads,
+        verify=verify,
+        checksums=checksums,
+        progress=progress,
+        extra_files=recipe_files(the_plan),
+        workers=workers,
+        distributed=distributed,
+    )
 
 
 def extract_lora(
@@ -213,13 +203,9 @@ def extract_lora(
     mergekit-extract-lora computes it; further `options` are ExtractionOptions' fields. The relative
     reconstruction error of each module is in OUT/README.md."""
     from .merging.extract_lora import ExtractionOptions, plan_extraction
-    from .write.execute import convert as run
 
     the_plan = plan_extraction(finetuned, base, ExtractionOptions(rank=rank, **options))
-    try:
-        return run(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, progress=progress)
-    finally:
-        the_plan.checkpoint.close()
+    return _written(the_plan, out, overwrite=overwrite, threads=threads, verify=verify, progress=progress)
 
 
 def merge_moe(
@@ -239,22 +225,18 @@ def merge_moe(
     dense models of any layout unshard reads, into a Hugging Face folder OUT (or GGUF file, as for `convert`).
     seed: of gate_mode random / uniform_random and of noise_scale."""
     from .merging.moe import moe_files, plan_moe
-    from .write.execute import convert as run
 
     the_plan = plan_moe(recipe, _for(out, output or OutputOptions()), seed=seed, allow_same=allow_same)
-    try:
-        return run(
-            the_plan,
-            out,
-            overwrite=overwrite,
-            threads=threads,
-            verify=verify,
-            checksums=checksums,
-            progress=progress,
-            extra_files=moe_files(the_plan),
-        )
-    finally:
-        the_plan.checkpoint.close()
+    return _written(
+        the_plan,
+        out,
+        overwrite=overwrite,
+        threads=threads,
+        verify=verify,
+        checksums=checksums,
+        progress=progress,
+        extra_files=moe_files(the_plan),
+    )
 
 
 def merge_search(
@@ -279,6 +261,16 @@ def merge_search(
 
     options = SearchOptions(Path(eval_file), trials, seed, device, Path(study) if study else None)
     return search_and_write(space, out, options, output or OutputOptions(), overwrite, threads, progress)[0]
+
+
+def _written(the_plan: Plan, out: str | Path, **options: Any) -> Result:
+    """The plan written to OUT (write.execute.convert's options), its checkpoint's files closed after."""
+    from .write.execute import convert as run
+
+    try:
+        return run(the_plan, out, **options)
+    finally:
+        the_plan.checkpoint.close()
 
 
 def _for(out: str | Path, output: OutputOptions) -> OutputOptions:

@@ -104,7 +104,7 @@ def _source_options(p: argparse.ArgumentParser) -> None:
 
 
 def _format_options(p: argparse.ArgumentParser) -> None:
-    """The output formats other than a plain folder: compressed-tensors (--quantize) and GGUF."""
+    """The output formats other than a plain folder: compressed-tensors (--quantize), GGUF, training checkpoints."""
     p.add_argument(
         "--quantize",
         metavar="SCHEME",
@@ -144,6 +144,11 @@ def _format_options(p: argparse.ArgumentParser) -> None:
         "whose vocabulary and sizes the file takes (default: the verifier its config names, where that is a folder "
         "here or in the Hugging Face cache)",
     )
+    _training_formats(p)
+
+
+def _training_formats(p: argparse.ArgumentParser) -> None:
+    """The way back into training: a DCP, Megatron or FSDP checkpoint (--to) and its parallelism."""
     p.add_argument(
         "--to",
         choices=("dcp", "megatron", "verl-megatron", "fsdp"),

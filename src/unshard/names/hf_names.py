@@ -315,19 +315,9 @@ def _plain_naming(
 ) -> Naming:
     """The naming the model's facts give (None: names as saved, a tied head dropped as the config says); a tied
     weight the checkpoint stores apart (not among `copies`) kept, as transformers 5 loads it untied."""
-    notes: list[str] = []
     if facts is None:
-        if config and note:
-            notes.append(
-                "tensor names kept as saved and not checked against the config "
-                "(transformers not installed, a custom-code model, or no model class for this config)"
-            )
-        dropped = {}
-        if config.get("tie_word_embeddings") and "lm_head.weight" in renamed.values():
-            dropped = {n: "tied to model.embed_tokens.weight" for n, c in renamed.items() if c == "lm_head.weight"}
-        outputs = {n: [(c, shapes[n])] for n, c in renamed.items() if n not in dropped}
-        return Naming(outputs, {}, dropped, notes)
-
+        return _unchecked_naming(renamed, shapes, config, note)
+    notes: list[str] = []
     in_memory, saved = facts.in_memory, facts.saved
     held = {n for n, c in renamed.items() if c in facts.tied}
     apart = held - (copies(held) if copies and held else held)
@@ -381,7 +371,37 @@ def _plain_naming(
         _check_against_model(
             {n: s for n, s in in_memory.items() if n not in tied}, live_shapes, config_folder, config.get("model_type")
         )
-    if saved == in_memory:  # transformers converts nothing for this model: names stay as they are
+    return _converted_naming(facts, live, shapes, config, config_folder, updates, dropped, notes)
+
+
+def _unchecked_naming(renamed: dict[str, str], shapes: dict[str, tuple[int, ...]], config: dict, note: bool) -> Naming:
+    """Names as saved, unchecked, where no model class answers for the config; a tied head dropped as it says."""
+    notes = []
+    if config and note:
+        notes.append(
+            "tensor names kept as saved and not checked against the config "
+            "(transformers not installed, a custom-code model, or no model class for this config)"
+        )
+    dropped = {}
+    if config.get("tie_word_embeddings") and "lm_head.weight" in renamed.values():
+        dropped = {n: "tied to model.embed_tokens.weight" for n, c in renamed.items() if c == "lm_head.weight"}
+    outputs = {n: [(c, shapes[n])] for n, c in renamed.items() if n not in dropped}
+    return Naming(outputs, {}, dropped, notes)
+
+
+def _converted_naming(
+    facts: ModelFacts,
+    live: dict[str, str],
+    shapes: dict[str, tuple[int, ...]],
+    config: dict,
+    config_folder: Path | None,
+    updates: dict | None,
+    dropped: dict[str, str],
+    notes: list[str],
+) -> Naming:
+    """Tensors under the names transformers holds in memory (`live`: checkpoint name -> that name), written under
+    those save_pretrained writes: transformers' conversion of the model reversed, where it converts any."""
+    if facts.saved == facts.in_memory:  # transformers converts nothing for this model: names stay as they are
         outputs, converters, joined = {c: [(c, shapes[n])] for n, c in live.items()}, {}, {}
     else:
         model = meta_model(config_folder, config, updates)

@@ -82,14 +82,7 @@ def build_plan(
     (see hf_names.Question); the writer then checks `plan.question` before it finishes. (Not when
     quantizing: which tensors are Linear layers is part of the answer, and needed now.)"""
     config_from, check, architecture = source.config_from, source.check, source.architecture
-    config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
-    config = hf_names.read_config(config_folder)
-    if config is not None:
-        config = dict(checkpoint.config_changes) if checkpoint.config_whole else {**config, **checkpoint.config_changes}
-    if check and (broken := unreadable_model_files(config_folder)):
-        path, why = broken[0]
-        raise ConfigMismatchError(f"{path}: {why}; fix or remove it, or pass --no-check to copy it as it is")
-    checkpoint.fit_config(config)
+    config_folder, config = _model_config(checkpoint, config_from, check)
     # (a GGUF file of a Hugging Face folder is made of its tensors as stored, each as llama.cpp's converter reads it:
     # a folder may hold float32 weights beside a bfloat16 embedding under a config declaring bfloat16, SpecForge's)
     as_stored = output.format == "gguf" and output.dtype == "auto" and checkpoint.layout == HF_SAFETENSORS
@@ -114,7 +107,72 @@ def build_plan(
         hub_renames=getattr(family, "hub_renames", ()),
         copies=checkpoint.copies,
     )
+    groups = _groups(checkpoint, naming, fold, out_dtype, as_stored)
+    where = str(config_folder / "config.json" if config_folder else checkpoint.path)
+    sink = sinks.plan_format(
+        FormatRequest(
+            output,
+            groups,
+            where,
+            (config or {}).get("model_type"),
+            naming.linear,
+            config_folder,
+            out_dtype,
+            updates,
+            separate_adapter=fold.adapter is not None,
+            read=partial(_read_output, checkpoint, groups),
+        )
+    )
+    files = sink.lay_out(groups, output.max_shard_size)
+    extra_files = _place_adapter(checkpoint, fold.adapter, naming.outputs, out_dtype, sink, files)
+    notes = fold.notes + naming.notes + sink.notes() + _float32_notes(naming, groups, out_dtype)
+    notes += _missing_notes(config, config_folder, updates if "architectures" in head and not architecture else None)
+    rebuild = None
+    if naming.question is not None:
+        rebuild = partial(build_plan, checkpoint, output, replace(source, config_from=config_folder))
+    # Where the weights come from, as recorded: a --config-from Hub id, the Hub id transformers 4 saved in a
+    # config, an adapter's base as peft saved it.
+    origins = [
+        str(config_from) if config_from and not Path(config_from).exists() else None,
+        (config or {}).get("_name_or_path"),
+        (fold.adapter.meta if fold.adapter else {}).get("base_model_name_or_path"),
+    ]
+    return Plan(
+        checkpoint,
+        config_folder,
+        out_dtype,
+        reason,
+        files,
+        {**fold.dropped, **naming.dropped},
+        notes,
+        config_updates={**updates, **sink.config_updates()},
+        extra_files=extra_files,
+        question=naming.question,
+        rebuild=rebuild,
+        sink=sink,
+        base_models=hub_ids(origins),
+        placed=getattr(sink, "placed", {}),
+    )
 
+
+def _model_config(checkpoint: Checkpoint, config_from, check: bool) -> tuple[Path | None, dict | None]:
+    """The folder the model's config comes from (--config-from's, else the checkpoint's own) and that config with the
+    checkpoint's changes (over it, or whole where the checkpoint carries the whole config), fitted to the
+    checkpoint; a model file there that cannot be read is refused unless --no-check."""
+    config_folder = resolve_config_source(config_from) if config_from else checkpoint.hf_folder
+    config = hf_names.read_config(config_folder)
+    if config is not None:
+        config = dict(checkpoint.config_changes) if checkpoint.config_whole else {**config, **checkpoint.config_changes}
+    if check and (broken := unreadable_model_files(config_folder)):
+        path, why = broken[0]
+        raise ConfigMismatchError(f"{path}: {why}; fix or remove it, or pass --no-check to copy it as it is")
+    checkpoint.fit_config(config)
+    return config_folder, config
+
+
+def _groups(checkpoint: Checkpoint, naming, fold, out_dtype: DType, as_stored: bool) -> dict[str, Group]:
+    """Each checkpoint tensor (or tensor joined of several of its rows) with the output tensors written of it, in their
+    dtypes, and the whole-tensor step between (a LoRA folded in, transformers' conversion)."""
     groups: dict[str, Group] = {}
     # (a MoE's router, which transformers loads and save_pretrained writes in float32 beside 16-bit weights)
     kept_in_float32 = naming.float32.get(out_dtype.name, set())
@@ -139,66 +197,32 @@ def build_plan(
         target = out_dtype if tensor.dtype.is_floating_point and not as_stored else tensor.dtype
         gathered = None if order is None else lambda whole, name=name, order=order: {name: whole[list(order)]}
         groups[name] = Group(tensor, [OutputTensor(name, shape, target)], gathered)
-    where = str(config_folder / "config.json" if config_folder else checkpoint.path)
-    sink = sinks.plan_format(
-        FormatRequest(
-            output,
-            groups,
-            where,
-            (config or {}).get("model_type"),
-            naming.linear,
-            config_folder,
-            out_dtype,
-            updates,
-            separate_adapter=fold.adapter is not None,
-            read=partial(_read_output, checkpoint, groups),
-        )
-    )
-    files = sink.lay_out(groups, output.max_shard_size)
-    extra_files = {}
-    if fold.adapter is not None:
-        adapter_groups, adapter_config = _adapter_plan(checkpoint, fold.adapter, naming.outputs, out_dtype)
-        take_adapter = getattr(sink, "take_adapter", None)  # (a format that writes the adapter its own way: GGUF)
-        if take_adapter is not None:
-            files.update(take_adapter(adapter_groups, adapter_config))
-        else:
-            files[lora.ADAPTER_FILE] = adapter_groups
-            text = json.dumps(adapter_config, indent=2, sort_keys=True) + "\n"
-            extra_files = {f"{lora.ADAPTER_FOLDER}/adapter_config.json": text}
-    notes = fold.notes + naming.notes + sink.notes()
-    if kept := sorted(kept_in_float32 & set(groups)):
-        notes.append(
+    return groups
+
+
+def _place_adapter(checkpoint: Checkpoint, adapter, outputs: dict, dtype: DType, sink, files: dict) -> dict:
+    """--lora separate: the adapter's tensors added to `files`, where the format takes them its own way (GGUF's
+    adapter file) or as PEFT's adapter file; the extra files written beside (PEFT's adapter_config.json)."""
+    if adapter is None:
+        return {}
+    adapter_groups, adapter_config = _adapter_plan(checkpoint, adapter, outputs, dtype)
+    take_adapter = getattr(sink, "take_adapter", None)  # (a format that writes the adapter its own way: GGUF)
+    if take_adapter is not None:
+        files.update(take_adapter(adapter_groups, adapter_config))
+        return {}
+    files[lora.ADAPTER_FILE] = adapter_groups
+    text = json.dumps(adapter_config, indent=2, sort_keys=True) + "\n"
+    return {f"{lora.ADAPTER_FOLDER}/adapter_config.json": text}
+
+
+def _float32_notes(naming, groups: dict[str, Group], out_dtype: DType) -> list[str]:
+    """Tensors kept in float32 beside a 16-bit output, as transformers keeps them."""
+    if kept := sorted(naming.float32.get(out_dtype.name, set()) & set(groups)):
+        return [
             f"{len(kept)} tensor(s) kept in float32 beside {out_dtype.name}, as transformers loads and saves "
             f"them ({groups[kept[0]].outputs[0].name}, ...)"
-        )
-    notes += _missing_notes(config, config_folder, updates if "architectures" in head and not architecture else None)
-    updates = {**updates, **sink.config_updates()}
-    rebuild = None
-    if naming.question is not None:
-        rebuild = partial(build_plan, checkpoint, output, replace(source, config_from=config_folder))
-    # Where the weights come from, as recorded: a --config-from Hub id, the Hub id transformers 4 saved in a
-    # config, an adapter's base as peft saved it.
-    origins = [
-        str(config_from) if config_from and not Path(config_from).exists() else None,
-        (config or {}).get("_name_or_path"),
-        (fold.adapter.meta if fold.adapter else {}).get("base_model_name_or_path"),
-    ]
-    return Plan(
-        checkpoint,
-        config_folder,
-        out_dtype,
-        reason,
-        files,
-        {**fold.dropped, **naming.dropped},
-        notes,
-        config_updates=updates,
-        extra_files=extra_files,
-        question=naming.question,
-        rebuild=rebuild,
-        sink=sink,
-        base_models=hub_ids(origins),
-        placed=getattr(sink, "placed", {}),
-    )
+        ]
+    return []
 
 
 def _missing_notes(config: dict | None, config_folder: Path | None, new_head: dict | None) -> list[str]:

@@ -160,7 +160,28 @@ def plan_fold(
             fold.dropped[part] = (
                 "LoRA, folded into its base weight" if mode == "merge" else f"LoRA, written to {kept_in}"
             )
-    # modules_to_save: PEFT keeps the module as it was (original_module) and the trained copy.
+    kept = _modules_to_save(fold, names, mode, kept_in)
+    dora = sum("magnitude_vector" in parts for parts in adapters.values())
+    what = (
+        f"{len(adapters)} modules"
+        + (f" ({dora} DoRA)" if dora else "")
+        + (f", {len(saved)} modules_to_save" if saved else "")
+    )
+    how = (
+        f"LoRA folded into {what}"
+        if mode == "merge"
+        else f"LoRA of {what} kept apart in {kept_in} (base weights as trained)"
+    )
+    fold.notes.append(f"{how} (alpha {alpha:g} from {source}" + (", rsLoRA" if rslora else "") + ")")
+    if mode == "separate":
+        fold.adapter = Adapter(adapters, alpha, rslora, ranks, meta, kept)
+    return fold
+
+
+def _modules_to_save(fold: LoraFold, names: list[str], mode: str, kept_in: str) -> dict[str, str]:
+    """PEFT's modules_to_save, of which it keeps the module as it was (original_module) and the trained copy: the
+    trained copy written under the plain name when folding, the module as it was when the adapter is kept apart (the
+    trained copies then go with the adapter: returned, each with the name of the module as it was)."""
     kept = {}
     for name in names:
         m = SAVED_MODULE.match(name)
@@ -177,21 +198,7 @@ def plan_fold(
             kept[name] = f"{m.group('module')}.original_module.{m.group('param')}"
         else:
             fold.renames[name] = plain
-    dora = sum("magnitude_vector" in parts for parts in adapters.values())
-    what = (
-        f"{len(adapters)} modules"
-        + (f" ({dora} DoRA)" if dora else "")
-        + (f", {len(saved)} modules_to_save" if saved else "")
-    )
-    how = (
-        f"LoRA folded into {what}"
-        if mode == "merge"
-        else f"LoRA of {what} kept apart in {kept_in} (base weights as trained)"
-    )
-    fold.notes.append(f"{how} (alpha {alpha:g} from {source}" + (", rsLoRA" if rslora else "") + ")")
-    if mode == "separate":
-        fold.adapter = Adapter(adapters, alpha, rslora, ranks, meta, kept)
-    return fold
+    return kept
 
 
 def fold_weight(

@@ -87,19 +87,7 @@ def _ranges(path: Path, key: str, part: int, local_start: int, global_start: int
 
 
 def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> DeepSpeedZero:
-    folder = find_folder(src, tag)
-    if folder is None:
-        tags = sorted(
-            p.name for p in src.iterdir() if p.is_dir() and any(MODEL_FILE.match(f.name) for f in p.iterdir())
-        )
-        found = f"tags here: {', '.join(tags) or 'none'}"
-        if tag is not None:
-            raise CheckpointError(f"{src}: no tag folder {tag!r}; {found}")
-        if (src / "latest").is_file():
-            named = latest_tag(src)
-            what = f"names {named!r}, which is not here" if named else "is empty"
-            raise CheckpointError(f"{src / 'latest'}: {what}; {found}; pass --tag")
-        raise CheckpointError(f"{src}: no DeepSpeed `latest` file or *_model_states.pt files here")
+    folder = _tag_folder(src, tag)
     model_files, optim_files = _files(folder, MODEL_FILE), _files(folder, OPTIM_FILE)
     expert_files = [p for p in folder.iterdir() if EXPERT_FILE.match(p.name)]
     if any(mp for _, mp in [*model_files, *optim_files]) or any(
@@ -145,14 +133,7 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
                 f"{first_model}: ZeRO-3 keeps no whole weights in the model states; "
                 "use the default fp32 master weights (--weights master)"
             )
-        for name, t in model_state["module"].items():
-            tensors[name] = _from_module(first_model, name, t)
-        for path in sorted(expert_files):
-            states[path] = load_archive(path, maps)
-            for name, t in states[path].items():
-                tensors[name] = SourceTensor(
-                    name, tuple(t.shape), dtypes.of(t.dtype), [Piece(path, f"expert/{name}", Block.whole(t.shape))]
-                )
+        tensors.update(_module_weights(first_model, model_state, expert_files, states, maps))
     else:
         masters = _zero12_masters if stage <= 2 else _zero3_masters
         for name, shape, pieces in masters(param_shapes, optims, states, world):
@@ -170,6 +151,38 @@ def open_folder(src: Path, weights: str = "master", tag: str | None = None) -> D
     return DeepSpeedZero(
         layout=LAYOUT, path=folder, tensors=tensors, hf_folder=hf, facts=facts, maps=maps, states=states
     )
+
+
+def _tag_folder(src: Path, tag: str | None) -> Path:
+    """The tag folder to read (--tag's, else the one `latest` names, else src itself); where there is none, one line
+    saying which tags are here."""
+    folder = find_folder(src, tag)
+    if folder is not None:
+        return folder
+    tags = sorted(p.name for p in src.iterdir() if p.is_dir() and any(MODEL_FILE.match(f.name) for f in p.iterdir()))
+    found = f"tags here: {', '.join(tags) or 'none'}"
+    if tag is not None:
+        raise CheckpointError(f"{src}: no tag folder {tag!r}; {found}")
+    if (src / "latest").is_file():
+        named = latest_tag(src)
+        what = f"names {named!r}, which is not here" if named else "is empty"
+        raise CheckpointError(f"{src / 'latest'}: {what}; {found}; pass --tag")
+    raise CheckpointError(f"{src}: no DeepSpeed `latest` file or *_model_states.pt files here")
+
+
+def _module_weights(
+    first_model: Path, model_state: dict, expert_files: list[Path], states: dict, maps: dict
+) -> dict[str, SourceTensor]:
+    """--weights module: the training dtype's weights the model states keep whole (ZeRO-1 and -2), and the experts'
+    from their own files."""
+    tensors = {name: _from_module(first_model, name, t) for name, t in model_state["module"].items()}
+    for path in sorted(expert_files):
+        states[path] = load_archive(path, maps)
+        for name, t in states[path].items():
+            tensors[name] = SourceTensor(
+                name, tuple(t.shape), dtypes.of(t.dtype), [Piece(path, f"expert/{name}", Block.whole(t.shape))]
+            )
+    return tensors
 
 
 def _from_module(path: Path, name: str, tensor: torch.Tensor) -> SourceTensor:

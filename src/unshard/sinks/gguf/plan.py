@@ -143,32 +143,18 @@ def _plan_tensors(
     kv_heads = hparams.get("num_key_value_heads") or heads
     ordered = sorted(outputs, key=lambda o: o.name)  # (the converter's order, from a one-file folder: sorted)
     llama_names, stacks, row_of, rearranged = _file_names(plan, ordered, hparams, part, names, experts, where)
-    # The converter stacks a block's experts once it has read the last of them (in its order), then writes the
-    # stacks in the order of their Hugging Face names (w1, w2, w3; down, gate, up); a norm's heads, and the family's
-    # stacks, once it has read the last of them.
-    last_expert, last_head = {}, {}
-    for output, name in zip(ordered, llama_names):
-        if name in stacks and EXPERT.match(output.name):
-            last_expert[name.split(".")[1]] = output.name
-        elif name in stacks:
-            last_head[name] = output.name
+    placed_after = _placed_after(ordered, llama_names, stacks, part)
     # llama-quantize's output layer: output.weight, or the embedding where the model ties the two
     output_layer = "output.weight" if "output.weight" in llama_names else "token_embd.weight"
     mixed = {}
-    if file_type in kquants.MIXES:  # (llama-quantize's choices follow its order of the file's tensors)
+    if file_type in kquants.MIXES:
         shapes = [
             rearranged[o.name][1] if o.name in rearranged else {name: o.shape} for o, name in zip(ordered, llama_names)
         ]
         shapes.append({name: values.shape for name, values in beside.items()})
-        quantized = {
-            name: shape[-1]
-            for each in shapes
-            for name, shape in each.items()
-            if _quantized(name, shape, file_type) and not any(part in name for part in plan.kept_in_f32)
-        }
         first_kv_heads = part.first_kv_heads(hparams) if part.first_kv_heads else kv_heads
         model = kquants.Model(plan.architecture, blocks, heads, first_kv_heads, experts, plan.q8_0_or_more)
-        mixed = kquants.choose_types(file_type, model, sorted(quantized.items(), key=lambda t: _in_blocks(t[0])))
+        mixed = _mixed_types(plan, shapes, model)
     file_shapes = {}  # (every tensor of the file, by llama.cpp's name: gguf-py counts the parameters from them)
     for output, name in zip(ordered, llama_names):
         if output.name in rearranged:
@@ -206,22 +192,51 @@ def _plan_tensors(
         plan.encoded[output.name] = GGUFTensor(
             (stored,), tensor_type, output.dtype, permuted, rows_per_band, shift, scales, padding, centred
         )
-        if file_type in QUANTIZED:
-            plan.positions[name] = _in_blocks(name)
-        elif name in last_head:
-            plan.positions[name] = (last_head[name],)
-        elif stack:
-            kind = EXPERT.match(output.name)[3]
-            order = part.expert_stack_order
-            plan.positions[name] = (last_expert[name.split(".")[1]], order.index(kind) if order else kind)
-        else:
-            plan.positions[name] = (output.name,)
+        plan.positions[name] = _in_blocks(name) if file_type in QUANTIZED else placed_after[name]
     for name, values in beside.items():  # (the converter's first tensors: plan.computed's, placed with them)
         tensor_type, _ = gguf_type(plan, name, values.shape, qtype, False, experts, mixed.get(name))
         plan.computed[name] = in_file_type(values, tensor_type)
         plan.computed_types[name] = tensor_type
         file_shapes[name] = values.shape
     return parameter_counts(file_shapes)
+
+
+def _placed_after(
+    ordered: list[OutputTensor], llama_names: list[str], stacks: dict[str, dict], part: GGUFPart
+) -> dict[str, tuple]:
+    """Where the converter writes each tensor of a file it does not quantize: after the tensor it read it with. A
+    block's experts are stacked once it has read the last of them (in its order), the stacks written in the order of
+    their Hugging Face names (w1, w2, w3; down, gate, up); a norm's heads, and the family's stacks, once it has read
+    the last of them; any other tensor as it reads it."""
+    last_expert, last_head = {}, {}
+    for output, name in zip(ordered, llama_names):
+        if name in stacks and EXPERT.match(output.name):
+            last_expert[name.split(".")[1]] = output.name
+        elif name in stacks:
+            last_head[name] = output.name
+    placed = {}
+    for output, name in zip(ordered, llama_names):
+        if name in last_head:
+            placed[name] = (last_head[name],)
+        elif name in stacks:
+            kind = EXPERT.match(output.name)[3]
+            order = part.expert_stack_order
+            placed[name] = (last_expert[name.split(".")[1]], order.index(kind) if order else kind)
+        else:
+            placed[name] = (output.name,)
+    return placed
+
+
+def _mixed_types(plan: GGUFPlan, shapes: list[dict[str, tuple]], model) -> dict[str, tuple[str, str | None]]:
+    """llama-quantize's type of each tensor it quantizes in a K-quant mix (shapes: the file's tensors, by llama.cpp's
+    name, in the converter's order; its choices follow its order of them, block by block)."""
+    quantized = {
+        name: shape[-1]
+        for each in shapes
+        for name, shape in each.items()
+        if _quantized(name, shape, plan.file_type) and not any(part in name for part in plan.kept_in_f32)
+    }
+    return kquants.choose_types(plan.file_type, model, sorted(quantized.items(), key=lambda t: _in_blocks(t[0])))
 
 
 def _file_names(
