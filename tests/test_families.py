@@ -100,7 +100,7 @@ def test_megatron_refuses_with_the_reason_it_shows(family):
             megatron_hf.family_of(family.model_type, "ckpt")
     with pytest.raises(
         CheckpointError,
-        match="no Megatron name table for model_type 'rwkv'; unshard knows deepseek_v3, glm4_moe, gpt_oss, llama,",
+        match="no Megatron name table for model_type 'rwkv'; unshard knows deepseek_v2, deepseek_v3, glm4_moe, gpt_oss,",
     ):
         megatron_hf.family_of("rwkv", "ckpt")
 
@@ -207,6 +207,7 @@ TESTED = {
         "qwen2_moe": "megatron-qwen2moe-tp2-pp2-ep2",
         "qwen3_moe": "megatron-qwen3moe-pp2-ep2-dp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",
+        "deepseek_v2": "megatron-deepseekv2-tp2-pp2-ep2",
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "gpt_oss": "megatron-gptoss-tp2-pp2-ep2",
     },
@@ -236,6 +237,7 @@ TESTED = {
         "qwen3_moe": "megatron-qwen3moe-pp2-ep2-dp2",
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",
+        "deepseek_v2": "megatron-deepseekv2-tp2-pp2-ep2",
         "gpt_oss": "megatron-gptoss-tp2-pp2-ep2",
     },
     # (test_way_back writes torchtitan's names from these fixtures' models and loads them in torchtitan)

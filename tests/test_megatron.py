@@ -15,6 +15,7 @@ from test_cli_and_errors import leftovers, run_cli
 from unshard_forks import run_unshard
 
 import unshard
+from unshard import OutputOptions
 
 transformers = pytest.importorskip("transformers")
 
@@ -276,6 +277,52 @@ def test_moe_layers_after_dense_ones_only(tmp_path):
     assert code == 1 and err.count("\n") == 1
     assert "moe_layer_freq [1, 0, 1, 1] puts dense layers after MoE ones" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        ({"moe_router_pre_softmax": False}, "take the top-k experts before the softmax"),
+        (
+            {"moe_router_num_groups": 2, "moe_router_group_topk": 1},
+            "rank 2 groups of experts by the sum of each one's best 2",
+        ),
+    ],
+)
+def test_deepseek_v2_routers_transformers_cannot_compute_are_refused(args, said, tmp_path):
+    """DeepSeek-V2 (latent attention, shared experts, a softmax router) whose Megatron router transformers' DeepSeek-V2
+    would not compute: the top-k before the softmax (Megatron's default, which renormalises the chosen weights), or
+    groups ranked by more than their best expert. One line, nothing written."""
+    ckpt = copy_fixture(tmp_path, "torch", "megatron-deepseekv2-tp2-pp2-ep2")
+    for path in (ckpt / "iter_0000010").glob("mp_rank_*/model_optim_rng.pt"):
+        resave_rank_file(path, lambda state: [setattr(state["args"], k, v) for k, v in args.items()])
+    code, _, err = run_cli("convert", ckpt, tmp_path / "out")
+    assert code == 1 and err.count("\n") == 1 and said in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_deepseek_v2_groups_megatron_cannot_rank_are_refused_on_the_way_back(tmp_path):
+    """The other way: a DeepSeek-V2 config whose groups transformers ranks by their best expert where Megatron would
+    rank them by the sum of more (DeepSeek-V2's own 6 experts from 3 of 8 groups) is refused by --to megatron in one
+    line; one group per expert taken is written as Megatron's groups, and read back as they were."""
+    src = tmp_path / "hf"
+    unshard.convert(SHIPPED / "megatron-deepseekv2-tp2-pp2-ep2" / "torch", src, progress=False)
+    config = json.loads((src / "config.json").read_text())
+    grouped = {**config, "topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1}
+    (src / "config.json").write_text(json.dumps(grouped))
+    code, _, err = run_cli("convert", src, tmp_path / "out", "--to", "megatron")
+    assert code == 1 and err.count("\n") == 1 and "by the sum of its best 2" in err, err
+    assert not (tmp_path / "out").exists()
+    (src / "config.json").write_text(json.dumps({**grouped, "num_experts_per_tok": 1}))
+    unshard.convert(src, tmp_path / "megatron", output=OutputOptions(to="megatron"), progress=False)
+    unshard.convert(tmp_path / "megatron", tmp_path / "back", progress=False)
+    back = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert [back[k] for k in ("topk_method", "n_group", "topk_group", "num_experts_per_tok")] == [
+        "group_limited_greedy",
+        2,
+        1,
+        1,
+    ]
 
 
 def test_gpt_oss_from_every_layout(tmp_path, monkeypatch):

@@ -363,6 +363,9 @@ MEGATRON = [
     # (DeepSeek-V3: latent attention with YaRN, a dense first layer, shared experts; its MTP layer, which the Hugging
     # Face folder holds as the Hub's DeepSeek-V3 does, back in megatron-core's MultiTokenPredictionBlock)
     "megatron-deepseekv3-tp2-pp2-ep2",
+    # (DeepSeek-V2-Lite: latent attention without the query's down projection; a softmax router before the top-k, its
+    # weights scaled)
+    "megatron-deepseekv2-tp2-pp2-ep2",
     # (gpt-oss: each expert a row of transformers' fused tensors, turned back into SequentialMLP's, with its biases;
     # the sinks, the window on every other layer, YaRN)
     "megatron-gptoss-tp2-pp2-ep2",
@@ -371,8 +374,13 @@ MEGATRON = [
     "megatron-qwen3moe-gmm-tp2-ep2-etp2",
 ]
 # (every case's tensors equal megatron-core's own checkpoint's, whose logits are the fixture's: the forward pass is
-# run again on three, the dense family with the most parts, latent attention and gpt-oss, to show it)
-FORWARD = ("megatron-qwen2-tp2-pp2", "megatron-deepseekv3-tp2-pp2-ep2", "megatron-gptoss-tp2-pp2-ep2")
+# run again on four, the dense family with the most parts, both latent attentions and routers, and gpt-oss, to show it)
+FORWARD = (
+    "megatron-qwen2-tp2-pp2",
+    "megatron-deepseekv3-tp2-pp2-ep2",
+    "megatron-deepseekv2-tp2-pp2-ep2",
+    "megatron-gptoss-tp2-pp2-ep2",
+)
 
 
 def norms_under_each_spec_name(dist) -> set[str]:
@@ -443,12 +451,12 @@ def test_megatron_core_loads_it_at_its_parallelism(case, layout, tmp_path, monke
     # norms: each written under both names; a dense model's norms under the one name both specs load)
     config = json.loads((src / "config.json").read_text())
     twice = norms_under_each_spec_name(dist)
-    if config.get("kv_lora_rank"):
+    if config.get("kv_lora_rank"):  # (the query's norm where it has a down projection: not DeepSeek-V2-Lite's)
+        query = ("self_attention.linear_q_up_proj.layer_norm_weight", "self_attention.q_layernorm.weight")
         assert {name.rpartition("layers.")[2].removeprefix("transformer_layer.") for name in twice} == {
             "mlp.linear_fc1.layer_norm_weight",
             "pre_mlp_layernorm.weight",
-            "self_attention.linear_q_up_proj.layer_norm_weight",
-            "self_attention.q_layernorm.weight",
+            *(query if config.get("q_lora_rank") else ()),
             "self_attention.linear_kv_up_proj.layer_norm_weight",
             "self_attention.kv_layernorm.weight",
         }

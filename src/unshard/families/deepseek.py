@@ -61,6 +61,8 @@ MEGATRON_SIGMOID_MOE = {
     ),
     "decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight": L + "mlp.shared_experts.down_proj.weight",
 }
+# DeepSeek-V2's MoE block: V3's without the router's expert bias (its router scores by softmax)
+MEGATRON_SOFTMAX_MOE = {k: v for k, v in MEGATRON_SIGMOID_MOE.items() if not k.endswith(".router.expert_bias")}
 
 # torchtitan's DeepSeek-V3 (its DeepSeekV3StateDictAdapter's names): latent attention, the dense first layers'
 # feed_forward, the MoE layers' grouped experts, shared experts and the router's bias. Its rotary turns interleaved
@@ -112,8 +114,9 @@ def dense_layers_first(args: dict[str, Any]) -> int:
     )
 
 
-def sigmoid_moe_config(args: dict[str, Any]) -> dict[str, Any]:
-    """config.json's MoE keys for a sigmoid router with an expert bias (DeepSeek-V3, GLM-4.5), from Megatron-LM's."""
+def _shared_experts_moe_config(args: dict[str, Any]) -> dict[str, Any]:
+    """config.json's keys of DeepSeek's MoE block (routed and shared experts, dense first layers, the chosen experts'
+    scale), whatever its router, from Megatron-LM's args."""
     width = args.get("moe_ffn_hidden_size") or args["ffn_hidden_size"]
     shared = args.get("moe_shared_expert_intermediate_size") or 0
     if shared % width:
@@ -121,18 +124,51 @@ def sigmoid_moe_config(args: dict[str, Any]) -> dict[str, Any]:
             f"the args' shared expert width {shared} is not a multiple of the experts' {width}; transformers counts "
             "shared experts of the routed experts' width (n_shared_experts)"
         )
-    groups = args.get("moe_router_num_groups") or 1
     return {
         "n_routed_experts": args["num_experts"],
         "n_shared_experts": shared // width,
         "moe_intermediate_size": width,
         "num_experts_per_tok": args.get("moe_router_topk", 2),
+        "routed_scaling_factor": args.get("moe_router_topk_scaling_factor") or 1.0,
+        "first_k_dense_replace": dense_layers_first(args),
+    }
+
+
+def sigmoid_moe_config(args: dict[str, Any]) -> dict[str, Any]:
+    """config.json's MoE keys for a sigmoid router with an expert bias (DeepSeek-V3, GLM-4.5), from Megatron-LM's."""
+    groups = args.get("moe_router_num_groups") or 1
+    return {
+        **_shared_experts_moe_config(args),
         # Megatron renormalises the chosen experts' sigmoid scores whenever it picks more than one
         "norm_topk_prob": args.get("moe_router_topk", 2) > 1,
-        "routed_scaling_factor": args.get("moe_router_topk_scaling_factor") or 1.0,
         "n_group": groups,
         "topk_group": args.get("moe_router_group_topk") or groups,
-        "first_k_dense_replace": dense_layers_first(args),
+    }
+
+
+def softmax_moe_config(args: dict[str, Any]) -> dict[str, Any]:
+    """config.json's MoE keys for DeepSeek-V2's router, from Megatron-LM's: a softmax over every expert, then the top-k
+    (--moe-router-pre-softmax), their weights scaled and not renormalised; in groups, the best groups first, where
+    Megatron's rank of a group (the sum of its best topk / group-topk experts) is transformers' (its best one)."""
+    topk = args.get("moe_router_topk", 2)
+    if not args.get("moe_router_pre_softmax"):
+        raise CheckpointError(
+            "the args take the top-k experts before the softmax, which renormalises their weights; transformers' "
+            "DeepSeek-V2 takes them after it, and would compute another model"
+        )
+    groups, chosen = args.get("moe_router_num_groups") or 1, args.get("moe_router_group_topk")
+    if groups > 1 and chosen and topk // chosen != 1:
+        raise CheckpointError(
+            f"the args rank {groups} groups of experts by the sum of each one's best {topk // chosen}, transformers' "
+            "DeepSeek-V2 by its best one, and would compute another model"
+        )
+    grouped = groups > 1 and bool(chosen)
+    return {
+        **_shared_experts_moe_config(args),
+        "norm_topk_prob": False,
+        "topk_method": "group_limited_greedy" if grouped else "greedy",
+        "n_group": groups if grouped else None,
+        "topk_group": chosen if grouped else None,
     }
 
 
@@ -154,12 +190,10 @@ def _rope(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _config(args: dict[str, Any]) -> dict[str, Any]:
-    if (args.get("moe_router_score_function") or "softmax") != "sigmoid" and args.get("num_experts"):
-        raise CheckpointError(
-            "the args route experts by softmax; transformers' DeepSeek-V3 scores them by sigmoid (DeepSeek-V2's "
-            "softmax routing is not mapped yet)"
-        )
+def _latent_attention_config(args: dict[str, Any]) -> dict[str, Any]:
+    """config.json's keys of the latent attention and its rotary embedding (DeepSeek-V2's and V3's), from
+    Megatron-LM's args. (Its rotary pairs interleaved, as DeepSeek's weights keep them and Megatron's MLA reads them:
+    V2's rotary always, V3's with rope_interleave.)"""
     rope_dim = args.get("qk_pos_emb_head_dim", 64)
     return {
         "q_lora_rank": args.get("q_lora_rank"),
@@ -169,11 +203,17 @@ def _config(args: dict[str, Any]) -> dict[str, Any]:
         "v_head_dim": args.get("v_head_dim", 128),
         "head_dim": rope_dim,
         "num_key_value_heads": args["num_attention_heads"],
-        "rope_interleave": True,  # (DeepSeek's weights keep rotary pairs interleaved; Megatron's MLA reads them so)
         "attention_bias": False,
         **_rope(args),
-        **sigmoid_moe_config(args),
     }
+
+
+def _config(args: dict[str, Any]) -> dict[str, Any]:
+    return {**_latent_attention_config(args), "rope_interleave": True, **sigmoid_moe_config(args)}
+
+
+def _v2_config(args: dict[str, Any]) -> dict[str, Any]:
+    return {**_latent_attention_config(args), **softmax_moe_config(args)}
 
 
 def _args(config: dict[str, Any]) -> dict[str, Any]:
@@ -222,6 +262,27 @@ def _args(config: dict[str, Any]) -> dict[str, Any]:
         # (both given, or neither: megatron-core's 1 and 0 then give transformers' factor)
         "mscale": mscale if mscale and mscale_all_dim else 1.0,
         "mscale_all_dim": mscale_all_dim if mscale and mscale_all_dim else 0.0,
+    }
+
+
+def _v2_args(config: dict[str, Any]) -> dict[str, Any]:
+    """Megatron-LM's args of DeepSeek-V2 from config.json (_v2_config's other way): the latent attention's, and its
+    router's: softmax over every expert before the top-k, the chosen weights scaled; its groups where Megatron ranks
+    them as transformers does (by their best expert: one group chosen per expert taken)."""
+    topk, groups = config.get("num_experts_per_tok", 2), config.get("n_group") or 1
+    grouped = config.get("topk_method", "greedy") == "group_limited_greedy" and groups > 1
+    chosen = config.get("topk_group") or groups
+    if grouped and topk // chosen != 1:
+        raise CheckpointError(
+            f"the config ranks {groups} groups of experts by each one's best, and Megatron by the sum of its best "
+            f"{topk // chosen} (num_experts_per_tok {topk} over topk_group {chosen}): it would compute another model"
+        )
+    return {
+        **_args(config),
+        "moe_router_pre_softmax": True,
+        "moe_router_topk_scaling_factor": config.get("routed_scaling_factor") or None,
+        "moe_router_num_groups": groups if grouped else None,
+        "moe_router_group_topk": chosen if grouped else None,
     }
 
 
@@ -418,8 +479,17 @@ FAMILIES = (
         "deepseek_v2",
         "DeepseekV2ForCausalLM",
         tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's DeepSeek-V2 layout (its softmax router) is not mapped yet"),
+        megatron=MegatronRules(
+            {**MEGATRON_COMMON, **MEGATRON_LATENT_ATTENTION, **MEGATRON_SOFTMAX_MOE},
+            m.Signature(experts=True, shared_experts=True, latent_attention=True, qk_norm=None),
+            _v2_config,
+            _v2_args,
+        ),
         **no_trainer_model("DeepSeek-V2"),
+        notes={
+            path: "its softmax router before the top-k, scaled; expert groups where Megatron ranks them as transformers"
+            for path in ("megatron_legacy", "megatron_dist", "to_megatron")
+        },
         fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
         gguf=replace(DEEPSEEK2, check_config=deepseek_v2_checked),
         mmproj=TEXT_ONLY,
