@@ -325,6 +325,42 @@ def test_deepseek_v2_groups_megatron_cannot_rank_are_refused_on_the_way_back(tmp
     ]
 
 
+@pytest.mark.parametrize(
+    "case, family, read_as",
+    [
+        ("megatron-deepseekv3-tp2-pp2-ep2", "glm4_moe_lite", "DeepSeek-V3"),
+        ("megatron-qwen2-tp2-pp2", "seed_oss", "Qwen2"),
+    ],
+)
+def test_a_family_the_args_describe_as_another_is_read_with_its_config(case, family, read_as, tmp_path):
+    """GLM-4.7-Flash is DeepSeek-V3's latent attention and MoE block under DeepSeek-V3's names, Seed-OSS is Qwen2's
+    layers with q, k and v biases, and Megatron-LM's args describe the other. Read with --config-from the family's
+    config (transformers' own, of the same sizes), the folder holds the other reading's tensors and transformers' model
+    of the family computes megatron-core's logits from it. Written back into Megatron: one line, as the args cannot
+    say it."""
+    fixture = SHIPPED / case
+    unshard.convert(fixture / "torch", tmp_path / "read", progress=False)
+    read = json.loads((tmp_path / "read" / "config.json").read_text())
+    sizes = {k: v for k, v in read.items() if k not in ("model_type", "architectures", "first_k_dense_replace")}
+    if family == "glm4_moe_lite":  # (its dense first layers as a type per layer)
+        dense = read["first_k_dense_replace"]
+        sizes["mlp_layer_types"] = ["dense"] * dense + ["sparse"] * (read["num_hidden_layers"] - dense)
+    else:  # (Seed-OSS's released biases: on q, k and v, not on o)
+        sizes.update(attention_bias=True, attention_out_bias=False)
+    config = transformers.AutoConfig.for_model(family, **sizes)
+    config.architectures = [type(config).__name__.replace("Config", "ForCausalLM")]
+    config.save_pretrained(tmp_path / "config")
+    code, _, err = run_cli("convert", fixture / "torch_dist", tmp_path / "out", "--config-from", tmp_path / "config")
+    assert code == 0, err
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == family
+    same = load_file(tmp_path / "read" / "model.safetensors")
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    assert sorted(written) == sorted(same) and all(torch.equal(written[n], t) for n, t in same.items())
+    megatron_logits_match(fixture, tmp_path / "out")
+    code, _, err = run_cli("convert", tmp_path / "out", tmp_path / "back", "--to", "megatron")
+    assert code == 1 and f"they would describe a {read_as}" in err and err.count("\n") == 1
+
+
 def test_gpt_oss_from_every_layout(tmp_path, monkeypatch):
     """gpt-oss trained with megatron-core (attention sinks, biases on every linear layer, a sliding window on every
     other layer, the clamped SwiGLU, YaRN; experts over two expert-parallel ranks): Megatron-LM's two formats and

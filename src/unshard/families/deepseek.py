@@ -61,6 +61,8 @@ MEGATRON_SIGMOID_MOE = {
     ),
     "decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight": L + "mlp.shared_experts.down_proj.weight",
 }
+# DeepSeek-V3's layers (GLM-4.7-Flash's too): latent attention, the MoE block, the MTP layers
+MEGATRON_V3 = {**MEGATRON_COMMON, **MEGATRON_LATENT_ATTENTION, **MEGATRON_SIGMOID_MOE, **m.MTP_LAYER}
 # DeepSeek-V2's MoE block: V3's without the router's expert bias (its router scores by softmax)
 MEGATRON_SOFTMAX_MOE = {k: v for k, v in MEGATRON_SIGMOID_MOE.items() if not k.endswith(".router.expert_bias")}
 
@@ -437,7 +439,7 @@ FAMILIES = (
         "DeepseekV3ForCausalLM",
         tensors=NO_TABLE,
         megatron=MegatronRules(
-            {**MEGATRON_COMMON, **MEGATRON_LATENT_ATTENTION, **MEGATRON_SIGMOID_MOE, **m.MTP_LAYER},
+            MEGATRON_V3,
             m.Signature(experts=True, shared_experts=True, sigmoid_router=True, latent_attention=True, qk_norm=None),
             _config,
             _args,

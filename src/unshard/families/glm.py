@@ -34,6 +34,7 @@ from ..errors import ConfigMismatchError
 from ..names import megatron_rules as m
 from .deepseek import (
     MEGATRON_SIGMOID_MOE,
+    MEGATRON_V3,
     deepseek2_hyperparameters,
     latent_kv,
     latent_query_checked,
@@ -460,8 +461,13 @@ FAMILIES = (
         "glm4_moe_lite",
         "Glm4MoeLiteForCausalLM",
         tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's GLM-4.7-Flash (latent attention with GLM's MoE) is not mapped yet"),
+        # (DeepSeek-V3's layers under DeepSeek-V3's names: Megatron-LM's args describe a DeepSeek-V3, which computes it)
+        megatron=MegatronRules(MEGATRON_V3, None, read_as="a DeepSeek-V3"),
         **no_trainer_model("GLM-4.7-Flash"),
+        notes={
+            "megatron_legacy": "with --config-from (the args describe a DeepSeek-V3, which it is)",
+            "megatron_dist": "with --config-from (the args describe a DeepSeek-V3, which it is)",
+        },
         fused_siblings=(("gate_proj", "up_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
         gguf=GLM_LATENT,
         mmproj=TEXT_ONLY,

@@ -37,6 +37,8 @@ class MegatronRules:
     # The other way (--to megatron): the family's own Megatron-LM args from config.json (latent attention's ranks and
     # its rotary embedding), over those every family has; raises CheckpointError for a config they cannot say.
     args: Callable[[dict[str, Any]], dict[str, Any]] = lambda config: {}
+    # (no signature: the family Megatron-LM's args would describe instead, which it is read as without --config-from)
+    read_as: str = "a Llama"
 
 
 @dataclass(frozen=True)
@@ -457,7 +459,7 @@ class Family:
             return rules
         found = rules.signature
         if found is None:
-            return Unsupported("Megatron-LM's args cannot say this family (they would describe a Llama)")
+            return Unsupported(f"Megatron-LM's args cannot say this family (they would describe {rules.read_as})")
         return rules
 
 
