@@ -212,6 +212,7 @@ TESTED = {
         "glm4_moe_lite": "megatron-deepseekv3-tp2-pp2-ep2",
         "seed_oss": "megatron-qwen2-tp2-pp2",
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
+        "solar_open": "megatron-solaropen-tp2-pp2-ep2",
         "gpt_oss": "megatron-gptoss-tp2-pp2-ep2",
     },
     "meta_names": {
@@ -239,6 +240,7 @@ TESTED = {
         "qwen2_moe": "megatron-qwen2moe-tp2-pp2-ep2",
         "qwen3_moe": "megatron-qwen3moe-pp2-ep2-dp2",
         "glm4_moe": "megatron-glm45-tp2-ep2-dp2",
+        "solar_open": "megatron-solaropen-tp2-pp2-ep2",
         "deepseek_v3": "megatron-deepseekv3-tp2-pp2-ep2",
         "deepseek_v2": "megatron-deepseekv2-tp2-pp2-ep2",
         "gpt_oss": "megatron-gptoss-tp2-pp2-ep2",

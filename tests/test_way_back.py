@@ -360,6 +360,8 @@ MEGATRON = [
     # (GLM-4.5: partial rotary, a sigmoid router with an expert bias and expert groups, a dense first layer: each
     # layer keyed on its own)
     "megatron-glm45-tp2-ep2-dp2",
+    # (Solar Open: GLM-4.5's MoE block in every layer, Llama's attention; no dense width in its config)
+    "megatron-solaropen-tp2-pp2-ep2",
     # (DeepSeek-V3: latent attention with YaRN, a dense first layer, shared experts; its MTP layer, which the Hugging
     # Face folder holds as the Hub's DeepSeek-V3 does, back in megatron-core's MultiTokenPredictionBlock)
     "megatron-deepseekv3-tp2-pp2-ep2",

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigMismatchError
+from ..errors import CheckpointError, ConfigMismatchError
 from ..names import megatron_rules as m
 from .deepseek import (
     MEGATRON_SIGMOID_MOE,
@@ -78,6 +78,18 @@ def _config(args: dict[str, Any]) -> dict[str, Any]:
         "num_nextn_predict_layers": 0,
         **sigmoid_moe_config(args),
     }
+
+
+def _solar_open_config(args: dict[str, Any]) -> dict[str, Any]:
+    """Solar Open's config.json keys from Megatron-LM's args: GLM-4.5's MoE block in every layer (its config has no
+    dense first layers), Llama's attention (no biases, no q/k norms: its signature), rotary over whole heads."""
+    moe = sigmoid_moe_config(args)
+    if moe.pop("first_k_dense_replace"):
+        raise CheckpointError(
+            f"the args' moe_layer_freq {args.get('moe_layer_freq')!r} has dense layers, which transformers' Solar Open "
+            "(experts in every layer) cannot hold"
+        )
+    return {"attention_bias": False, "partial_rotary_factor": 1.0, **moe}
 
 
 # the special tokens the converter's GLM-4 vocabulary sets by their text (over tokenizer_config.json's), in its order
@@ -443,7 +455,11 @@ FAMILIES = (
         "solar_open",
         "SolarOpenForCausalLM",
         tensors=NO_TABLE,
-        megatron=Unsupported("Megatron's Solar Open layout is not mapped yet"),
+        megatron=MegatronRules(
+            {**m.COMMON, **MEGATRON_SIGMOID_MOE},
+            m.Signature(experts=True, shared_experts=True, sigmoid_router=True),
+            _solar_open_config,
+        ),
         **no_trainer_model("Solar Open"),
         fused_siblings=(("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj")),
         gguf=GGUFPart(

@@ -133,7 +133,7 @@ def _check_parallelism(config: dict[str, Any], moe: dict[str, Any], options, whe
     for what, size, parts, flag in (
         ("attention heads", config["num_attention_heads"], options.tp, "--tp"),
         ("query groups", config.get("num_key_value_heads") or config["num_attention_heads"], options.tp, "--tp"),
-        ("MLP rows", config["intermediate_size"], options.tp, "--tp"),
+        ("MLP rows", _dense_width(config), options.tp, "--tp"),
         ("layers", config["num_hidden_layers"], stages, "--pp times --vpp"),
         ("experts", moe.get("num_experts") or options.ep, options.ep, "--ep"),
         ("experts' rows", moe.get("moe_ffn_hidden_size") or options.etp, options.etp, "--etp"),
@@ -142,6 +142,15 @@ def _check_parallelism(config: dict[str, Any], moe: dict[str, Any], options, whe
             raise UnshardError(
                 f"{where}: --to {options.to}: {size} {what} do not split over {flag} {parts}; choose another"
             )
+
+
+def _dense_width(config: dict[str, Any]) -> int:
+    """A dense MLP's width (--ffn-hidden-size); a model with experts in every layer and no dense width in its config
+    (Solar Open's) gets its experts' width, which Megatron-LM then builds no layer of."""
+    width = config.get("intermediate_size") or config.get("moe_intermediate_size")
+    if not width:
+        raise UnshardError("the config gives no MLP width (intermediate_size, or moe_intermediate_size)")
+    return width
 
 
 def moe_args(config: dict[str, Any], signature, options, where: str) -> dict[str, Any]:
@@ -211,7 +220,7 @@ def megatron_args(
     return {
         "num_layers": config["num_hidden_layers"],
         "hidden_size": config["hidden_size"],
-        "ffn_hidden_size": config["intermediate_size"],
+        "ffn_hidden_size": _dense_width(config),
         "num_attention_heads": heads,
         "group_query_attention": groups != heads,
         "num_query_groups": groups,
