@@ -87,80 +87,22 @@ def sh(cmd: list[str], **kw) -> None:
 
 
 def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
-    # (Both Megatron layouts come from one run of make_megatron.py, which writes both formats.)
-    if layout in (
-        "quantize",
-        "gguf",
-        "way-back",
-    ):  # verl's rank files, and their conversion for other tools to start from
-        folder = make_checkpoint(work, "verl", gb)
-        hf = folder / "ckpt" / "actor" / "huggingface"
-        if layout == "gguf" and not (hf / "tokenizer.model").exists():
-            # a SentencePiece tokenizer: the converter takes no BPE tokenizer it does not know by its hash
-            spm = (
-                ROOT
-                / "tests"
-                / "fixtures"
-                / "checkpoints"
-                / "llama-fsdp2-spm"
-                / "global_step_1"
-                / "actor"
-                / "huggingface"
-            )
-            (hf / "tokenizer.json").unlink(missing_ok=True)
-            for name in ("tokenizer.model", "tokenizer_config.json"):
-                shutil.copyfile(spm / name, hf / name)
-            shutil.rmtree(folder / "hf-model", ignore_errors=True)
-        if not (folder / "hf-model" / "config.json").exists():
-            sh(
-                [
-                    sys.executable,
-                    "-m",
-                    "unshard",
-                    "convert",
-                    str(folder / "ckpt"),
-                    str(folder / "hf-model"),
-                    "--overwrite",
-                    "--no-progress",
-                ],
-                stderr=subprocess.DEVNULL,
-            )
-        if layout == "quantize" and not (folder / "hf-model-bf16" / "config.json").exists():  # (most models are bf16)
-            sh(
-                [
-                    sys.executable,
-                    "-m",
-                    "unshard",
-                    "convert",
-                    str(folder / "ckpt"),
-                    str(folder / "hf-model-bf16"),
-                    "--overwrite",
-                    "--no-progress",
-                    "--dtype",
-                    "bfloat16",
-                ],
-                stderr=subprocess.DEVNULL,
-            )
-        return folder
-    folder = work / f"{'megatron' if layout in ('megatron', 'megatron-dist') else layout}-{gb}gb"
-    if (folder / "done").exists():
-        return folder
-    shutil.rmtree(folder, ignore_errors=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", DS_BUILD_OPS="0")
+    """The layout's input of about `gb`, made once under `work` (kept, with a `done` mark, for the next run)."""
+    if layout in ("quantize", "gguf", "way-back"):  # verl's rank files, and their conversion for other tools
+        return _verl_and_its_folders(work, layout, gb)
     if layout in ("slices", "extract-lora", "moe", "search"):  # the merge benchmark's folders
         folder = make_checkpoint(work, "merge", gb)
-        if layout in (
-            "moe",
-            "search",
-        ):  # prompts need a tokenizer: the test fixtures', as bench/make_checkpoint.py uses
+        if layout in ("moe", "search"):  # prompts need a tokenizer: the test fixtures', as make_checkpoint.py uses
             from make_checkpoint import TOKENIZER
 
             for path in TOKENIZER.glob("tokenizer*"):
                 shutil.copy(path, folder / "base" / path.name)
         return folder
+    # (Both Megatron layouts come from one run of make_megatron.py, which writes both formats.)
+    folder = work / f"{'megatron' if layout in ('megatron', 'megatron-dist') else layout}-{gb}gb"
+    if (folder / "done").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
     if layout == "merge":  # three Hugging Face folders and a TIES recipe, written by transformers
         sh(
             [sys.executable, str(HERE / "make_models.py"), "--gb", str(gb), "--out", str(folder)],
@@ -170,59 +112,81 @@ def make_checkpoint(work: Path, layout: str, gb: float) -> Path:
         )
         (folder / "done").write_text("")
         return folder
-    if layout.startswith("zero"):
-        # DeepSpeed itself trains a step and saves; layers chosen so the fp32 weights are about `gb`.
-        from make_checkpoint import FFN, HIDDEN, VOCAB, layers_for
-
-        size = [str(HIDDEN), str(layers_for(gb)), str(VOCAB), str(FFN)]
-        script = [str(ROOT / "tests" / "fixtures" / "make_deepspeed.py"), "--stage", layout[-1], "--size", *size]
-        python = peer_python("deepspeed")
-    elif layout == "megatron-moe":
-        # megatron-core itself, a DeepSeek-V3 (multi-latent attention, 8 experts and a shared one, a dense first
-        # layer, an MTP layer) over TP2 x EP2, 32 layers widened until the weights are about `gb` (width 8 makes
-        # 0.6 GB; the size grows with the square of the width).
-        width = max(1, round(8 * (gb / 0.6) ** 0.5))
-        script = [str(ROOT / "tests" / "fixtures" / "make_megatron.py"), "--model", "deepseek_v3"]
-        script += ["--tp", "2", "--pp", "1", "--ep", "2", "--width", str(width), "--layers", "32"]
-        python = Path(sys.executable)
-    elif layout.startswith("megatron"):
-        # megatron-core itself, TP2, 32 Llama-shaped layers widened until the weights are about `gb`
-        # (width 16 makes 0.96 GB; the size grows with the square of the width).
-        width = max(1, round(16 * (gb / 0.96) ** 0.5))
-        script = [
-            str(ROOT / "tests" / "fixtures" / "make_megatron.py"),
-            "--tp",
-            "2",
-            "--pp",
-            "1",
-            "--width",
-            str(width),
-            "--layers",
-            "32",
-        ]
-        python = Path(sys.executable)
-    else:
-        script = [str(HERE / "make_checkpoint.py"), "--gb", str(gb), "--writer", layout]
-        python = Path(sys.executable)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", DS_BUILD_OPS="0")
+    python, script = _training_run(layout, gb)
+    run = [str(python), "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
     sh(
-        [
-            str(python),
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(port),
-            *script,
-            "--out",
-            str(folder),
-        ],
+        [*run, *script, "--out", str(folder)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=ROOT / "tests" / "fixtures",
     )
     (folder / "done").write_text("")
+    return folder
+
+
+def _training_run(layout: str, gb: float) -> tuple[Path, list[str]]:
+    """The Python and the script (with its options) whose two ranks, under torchrun, train and save the layout's
+    checkpoint of about `gb`."""
+    fixtures = ROOT / "tests" / "fixtures"
+    if layout.startswith("zero"):
+        # DeepSpeed itself trains a step and saves; layers chosen so the fp32 weights are about `gb`.
+        from make_checkpoint import FFN, HIDDEN, VOCAB, layers_for
+
+        size = [str(HIDDEN), str(layers_for(gb)), str(VOCAB), str(FFN)]
+        return peer_python("deepspeed"), [str(fixtures / "make_deepspeed.py"), "--stage", layout[-1], "--size", *size]
+    if layout == "megatron-moe":
+        # megatron-core itself, a DeepSeek-V3 (multi-latent attention, 8 experts and a shared one, a dense first
+        # layer, an MTP layer) over TP2 x EP2, 32 layers widened until the weights are about `gb` (width 8 makes
+        # 0.6 GB; the size grows with the square of the width).
+        width = max(1, round(8 * (gb / 0.6) ** 0.5))
+        script = [str(fixtures / "make_megatron.py"), "--model", "deepseek_v3"]
+        return Path(sys.executable), [
+            *script,
+            "--tp",
+            "2",
+            "--pp",
+            "1",
+            "--ep",
+            "2",
+            "--width",
+            str(width),
+            "--layers",
+            "32",
+        ]
+    if layout.startswith("megatron"):
+        # megatron-core itself, TP2, 32 Llama-shaped layers widened until the weights are about `gb`
+        # (width 16 makes 0.96 GB; the size grows with the square of the width).
+        width = max(1, round(16 * (gb / 0.96) ** 0.5))
+        script = [str(fixtures / "make_megatron.py"), "--tp", "2", "--pp", "1", "--width", str(width), "--layers", "32"]
+        return Path(sys.executable), script
+    return Path(sys.executable), [str(HERE / "make_checkpoint.py"), "--gb", str(gb), "--writer", layout]
+
+
+def _verl_and_its_folders(work: Path, layout: str, gb: float) -> Path:
+    """verl's rank files, and their Hugging Face folder (the converter's and llm-compressor's input; the gguf
+    layout's with a SentencePiece tokenizer, which the converter takes without knowing its hash; a bf16 one beside
+    for the quantize layout, as most models are)."""
+    folder = make_checkpoint(work, "verl", gb)
+    hf = folder / "ckpt" / "actor" / "huggingface"
+    if layout == "gguf" and not (hf / "tokenizer.model").exists():
+        spm = (
+            ROOT / "tests" / "fixtures" / "checkpoints" / "llama-fsdp2-spm" / "global_step_1" / "actor" / "huggingface"
+        )
+        (hf / "tokenizer.json").unlink(missing_ok=True)
+        for name in ("tokenizer.model", "tokenizer_config.json"):
+            shutil.copyfile(spm / name, hf / name)
+        shutil.rmtree(folder / "hf-model", ignore_errors=True)
+    convert = [sys.executable, "-m", "unshard", "convert", str(folder / "ckpt")]
+    if not (folder / "hf-model" / "config.json").exists():
+        sh([*convert, str(folder / "hf-model"), "--overwrite", "--no-progress"], stderr=subprocess.DEVNULL)
+    if layout == "quantize" and not (folder / "hf-model-bf16" / "config.json").exists():
+        bf16 = [str(folder / "hf-model-bf16"), "--overwrite", "--no-progress", "--dtype", "bfloat16"]
+        sh([*convert, *bf16], stderr=subprocess.DEVNULL)
     return folder
 
 
