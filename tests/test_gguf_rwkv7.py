@@ -60,6 +60,29 @@ def test_rwkv7_as_the_converter_and_llama_quantize_write_it(converter, ggml_libr
     assert list(lerp[2]) == [64, 1, 1, 6]
 
 
+def test_dummy_first_layer_v_projections_are_left_out_as_the_converter_leaves_them(converter, tmp_path):
+    """Some RWKV-7 conversions keep dummy `v` projections in the first layer, which no first layer computes (fla's and
+    rwkv7-hf's own leave them out: the trained model here has none, so the second layer's are copied in as them). The
+    converter skips them and writes the first layer's `a` projections as its `v` ones; so does unshard, with a note,
+    and the file is the converter's."""
+    from safetensors.torch import load_file, save_file
+
+    folder = the_trained_folder(FIXTURE, tmp_path)
+    (weights,) = folder.glob("*.safetensors")
+    state = load_file(weights)
+    dummy = {
+        k.replace("layers.1.", "layers.0."): v.clone()
+        for k, v in state.items()
+        if k.startswith("model.layers.1.attn.v_lora.")
+    }
+    assert len(dummy) == 3 and not any(name in state for name in dummy)
+    save_file({**state, **dummy}, weights, metadata={"format": "pt"})
+    done = unshard_with_llama_cpp_gguf_py("convert", folder, tmp_path / "m.gguf", "--gguf-type", "f32", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "3 dummy v projections of the first layer left out" in done.stderr
+    assert_same_file(tmp_path / "m.gguf", converter(folder, "f32", tmp_path / "oracle.gguf"))
+
+
 def test_rwkv7_runs_in_llama_cpp_as_in_rwkv7_hf(tmp_path):
     """llama.cpp runs unshard's f32 and q8_0 files of the DCP checkpoint and computes the logits rwkv7-hf's own
     RWKV7ForCausalLM computes of the trained model, within the type's tolerance."""

@@ -302,7 +302,13 @@ FAMILIES = (
             "MINIMAX01",
             hyperparameters=minimax01_hyperparameters,
             check_config=minimax01_checked,
-            computed_buffers=r"\.self_attn\.(slope_rate|query_decay|key_decay|diagonal_decay)$",
+            skipped=(
+                (
+                    r"\.self_attn\.(slope_rate|query_decay|key_decay|diagonal_decay)$",
+                    "buffers transformers computes from the config left out (the Hub's checkpoints lack them, and "
+                    "llama.cpp computes them too)",
+                ),
+            ),
             suppresses_zero_embeddings=True,
         ),
         mmproj=TEXT_ONLY,

@@ -279,10 +279,10 @@ class GGUFPart:
     # (first row, end row, factor) each, in the tensor's dtype as torch multiplies (Falcon-H1's muP multipliers, which
     # it folds into the weights); () or None: none
     scaled: Callable[..., tuple[tuple[int, int, float], ...]] | None = None
-    # A regular expression matching tensors transformers saves and the Hub's checkpoints lack, which the model computes
-    # from its config (MiniMax-01's decay tables of its lightning attention): left out of the file, as the converter
-    # never sees them
-    computed_buffers: str | None = None
+    # Tensors the converter's file leaves out, each (a regular expression of their names, why; a note says how many
+    # and why): MiniMax-01's decay tables, which transformers saves and the model computes from its config; RWKV-7's
+    # dummy first-layer v projections, which some conversions keep and no layer 0 computes
+    skipped: tuple[tuple[str, str], ...] = ()
     # the tokens past the tokenizer's own whose embedding rows are zero, which the converter's file suppresses (the
     # padding of MiniMax-01's vocabulary): the plan reads those rows and gives the hyperparameters hook their ids in
     # hparams["zero_embedding_tokens"]

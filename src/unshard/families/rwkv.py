@@ -109,6 +109,15 @@ GGUF = GGUFPart(
     check_config=rwkv7_checked,
     vocabulary="rwkv",
     rearranged=rwkv7_tensors,
+    # (as the converter skips them: the first layer computes its values' mix from nothing, and llama.cpp takes its
+    # `a` projections for them)
+    skipped=(
+        (
+            r"^model\.layers\.0\.attn\.v_lora\.",
+            "dummy v projections of the first layer left out, as llama.cpp's converter leaves them (no first layer "
+            "computes them)",
+        ),
+    ),
     # (a layer's six token-shift mixes, each 1 x 1 x width, stacked in the converter's order once it has read the last)
     stacked=r"^(model\.layers\.\d+\.attn)\.x_([rwkvag])()$",
     stack_order=("r", "w", "k", "v", "a", "g"),

@@ -89,8 +89,8 @@ def plan_gguf(
         outputs = _into_header(plan, outputs, part, hparams, read, where)
     last = {o.name: read(o.name) for o in outputs if part.written_last and re.search(part.written_last, o.name)}
     outputs = [o for o in outputs if o.name not in last]
-    if part.computed_buffers:
-        outputs = _without_computed_buffers(plan, outputs, part.computed_buffers)
+    for pattern, why in part.skipped:
+        outputs = _leaving_out(plan, outputs, {o.name for o in outputs if re.search(pattern, o.name)}, why)
     if part.suppresses_zero_embeddings:
         hparams = {**hparams, "zero_embedding_tokens": zero_embedding_tokens(outputs, config_folder, read)}
     beside = part.beside_model(plan.writer, hparams, config_folder) if part.beside_model else {}
@@ -320,14 +320,6 @@ def _written_last(plan: GGUFPlan, made: dict[str, Any], read: dict[str, Any]) ->
             f"{', '.join(unused)}: left out, as llama.cpp's converter leaves it out (llama.cpp reads none)"
         )
     plan.left_out.update(read)  # (read now: the file's own tensors written from plan.computed)
-
-
-def _without_computed_buffers(plan: GGUFPlan, outputs: list[OutputTensor], pattern: str) -> list[OutputTensor]:
-    """The outputs but the buffers transformers saves and the Hub's checkpoints lack (GGUFPart.computed_buffers),
-    which the converter never sees and llama.cpp computes."""
-    buffers = {o.name for o in outputs if re.search(pattern, o.name)}
-    note = "buffers transformers computes from the config left out (the Hub's checkpoints lack them, and llama.cpp "
-    return _leaving_out(plan, outputs, buffers, note + "computes them too)")
 
 
 def _without_layers_past(plan: GGUFPlan, outputs: list[OutputTensor], blocks: int) -> list[OutputTensor]:
