@@ -109,8 +109,8 @@ GGUF = GGUFPart(
     check_config=rwkv7_checked,
     vocabulary="rwkv",
     rearranged=rwkv7_tensors,
-    # (as the converter skips them: the first layer computes its values' mix from nothing, and llama.cpp takes its
-    # `a` projections for them)
+    # (the converter skips them: the first layer has no value residual to mix, and llama.cpp takes its `a`
+    # projections in their place)
     skipped=(
         (
             r"^model\.layers\.0\.attn\.v_lora\.",

@@ -133,7 +133,7 @@ def _check_parallelism(config: dict[str, Any], moe: dict[str, Any], options, whe
     for what, size, parts, flag in (
         ("attention heads", config["num_attention_heads"], options.tp, "--tp"),
         ("query groups", config.get("num_key_value_heads") or config["num_attention_heads"], options.tp, "--tp"),
-        ("MLP rows", _dense_width(config), options.tp, "--tp"),
+        ("MLP rows", _dense_width(config, where), options.tp, "--tp"),
         ("layers", config["num_hidden_layers"], stages, "--pp times --vpp"),
         ("experts", moe.get("num_experts") or options.ep, options.ep, "--ep"),
         ("experts' rows", moe.get("moe_ffn_hidden_size") or options.etp, options.etp, "--etp"),
@@ -144,12 +144,12 @@ def _check_parallelism(config: dict[str, Any], moe: dict[str, Any], options, whe
             )
 
 
-def _dense_width(config: dict[str, Any]) -> int:
+def _dense_width(config: dict[str, Any], where: str) -> int:
     """A dense MLP's width (--ffn-hidden-size); a model with experts in every layer and no dense width in its config
     (Solar Open's) gets its experts' width, which Megatron-LM then builds no layer of."""
     width = config.get("intermediate_size") or config.get("moe_intermediate_size")
     if not width:
-        raise UnshardError("the config gives no MLP width (intermediate_size, or moe_intermediate_size)")
+        raise UnshardError(f"{where}: the config gives no MLP width (intermediate_size or moe_intermediate_size)")
     return width
 
 
@@ -220,7 +220,7 @@ def megatron_args(
     return {
         "num_layers": config["num_hidden_layers"],
         "hidden_size": config["hidden_size"],
-        "ffn_hidden_size": _dense_width(config),
+        "ffn_hidden_size": _dense_width(config, where),
         "num_attention_heads": heads,
         "group_query_attention": groups != heads,
         "num_query_groups": groups,
